@@ -1,0 +1,99 @@
+"""The one error family of dtrain: every failure a user can see is a DtrainError.
+
+    DtrainError (exit 1)
+    ├── UsageError (exit 2)          bad input, caught before anything connects
+    │   ├── HostfileError            carries file:line
+    │   └── ConfigError
+    ├── ConnectError (exit 255)      a node could not be reached
+    │   ├── AuthError                permission denied, too many auth failures
+    │   └── HostKeyError             unknown or changed host key
+    ├── NodeLost (exit 255)          heartbeats stopped / connection dropped mid-job
+    ├── RemoteCommandError (exit 1)  a remote helper (probe, keys script) failed
+    ├── PreflightFailed (exit 1)     doctor/preflight found a blocking problem
+    ├── JobTimeout (exit 124)
+    └── JobFailed (exit = the root cause's code)
+
+Messages say what failed, on which host, and what to try (``hint``).
+"""
+
+from __future__ import annotations
+
+
+class DtrainError(Exception):
+    """Base of every user-facing failure."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, host: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.host = host
+
+    def __str__(self) -> str:
+        text = f"{self.host}: {self.message}" if self.host else self.message
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class UsageError(DtrainError):
+    """Bad input: exit 2 before anything starts."""
+
+    exit_code = 2
+
+
+class HostfileError(UsageError):
+    """A hostfile or host expression is wrong; the message carries file:line."""
+
+    def __init__(self, message: str, *, source: str = "", line: int | None = None,
+                 hint: str | None = None) -> None:
+        where = f"{source}:{line}: " if source and line is not None else (f"{source}: " if source else "")
+        super().__init__(f"{where}{message}", hint=hint)
+        self.source = source
+        self.line = line
+
+
+class ConfigError(UsageError):
+    """A YAML config / env file / profile is wrong."""
+
+
+class ConnectError(DtrainError):
+    """A node could not be reached (exit 255, as ssh and pdsh)."""
+
+    exit_code = 255
+
+
+class AuthError(ConnectError):
+    """Authentication was refused."""
+
+
+class HostKeyError(ConnectError):
+    """The node's host key is unknown or has changed."""
+
+
+class NodeLost(DtrainError):
+    """A node stopped answering mid-job (heartbeat timeout or connection lost)."""
+
+    exit_code = 255
+
+
+class RemoteCommandError(DtrainError):
+    """A dtrain helper program on a node failed."""
+
+
+class PreflightFailed(DtrainError):
+    """A preflight check failed; nothing was started."""
+
+
+class JobTimeout(DtrainError):
+    """The job ran past --timeout (exit 124)."""
+
+    exit_code = 124
+
+
+class JobFailed(DtrainError):
+    """The job failed; exit_code is the root cause's exit code."""
+
+    def __init__(self, message: str, *, exit_code: int, hint: str | None = None,
+                 host: str | None = None) -> None:
+        super().__init__(message, hint=hint, host=host)
+        self.exit_code = exit_code

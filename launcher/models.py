@@ -1,0 +1,63 @@
+"""Frozen dataclasses shared by every layer (hosts, output lines, results)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node as the user named it, with per-host settings from the hostfile.
+
+    ``name`` is the host as written (the display tag and what ~/.ssh/config is matched on);
+    ``port``/``user`` are None when not given, so ssh config and defaults still apply.
+    """
+
+    name: str
+    user: str | None = None
+    port: int | None = None
+    slots: int | None = None
+    python: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    source: str = ""  # "file:line" (or "-H") for error messages
+
+    @property
+    def label(self) -> str:
+        """The tag shown before each output line: the host, plus the port when one was given."""
+        return f"{self.name}:{self.port}" if self.port else self.name
+
+    @property
+    def is_local(self) -> bool:
+        """Entries naming this machine run as subprocesses, with no sshd involved."""
+        return self.name in LOCAL_NAMES and self.user is None and self.port is None
+
+
+@dataclass(frozen=True)
+class OutputLine:
+    """One whole line of remote output, attributed at the source.
+
+    ``rank`` is the global rank, or None for the node-level program (exec's command,
+    the torchrun agent). ``stream`` is "out", "err" or "dtrain" (our own messages).
+    """
+
+    host: str
+    stream: str
+    text: str
+    rank: int | None = None
+    node_rank: int | None = None
+    t: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """How one node's job ended."""
+
+    host: str
+    exit_code: int | None  # None: never started / unreachable
+    error: str | None = None  # a one-line reason when the node failed outside the job
+    stopped_by_dtrain: bool = False
+    duration_s: float = 0.0
+    rank_codes: dict[int, int] = field(default_factory=dict)
+    tail: tuple[str, ...] = ()  # last stderr lines (for the failure summary)
