@@ -1,0 +1,590 @@
+"""Hostfiles, ``-H`` expressions and ``--include/--exclude``: what the user wrote -> list[Host].
+
+Pure and strict on purpose: every mistake is a HostfileError naming ``file:line`` (or the YAML
+key path) and what to do, raised before anything connects; a missing hostfile is an error,
+never a silent fall-back to localhost. Host ranges are expanded by ClusterShell's NodeSet
+(with node groups off), so ``gpu[01-16]`` means exactly what it means to pdsh and clush.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ClusterShell.NodeSet import (
+    RESOLVER_NOGROUP,
+    NodeSet,
+    NodeSetException,
+    NodeSetParseRangeError,
+)
+
+from launcher.errors import HostfileError, UsageError
+from launcher.models import Host
+
+ENV_HOSTFILE = "DTRAIN_HOSTFILE"
+TEXT_KEYS = ("port", "python", "slots", "user")
+IGNORED_KEYS = ("max_slots", "max-slots")  # OpenMPI's; accepted so MPI hostfiles load unchanged
+YAML_TOP_KEYS = ("defaults", "hosts")
+YAML_DEFAULT_KEYS = ("env", "port", "python", "slots", "user")
+YAML_HOST_KEYS = ("env", "host", "port", "python", "slots", "user")
+MAX_HOSTS = 65536  # per entry: a typo like node[1-1000000] should fail, not eat memory
+
+_LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.ASCII)
+_PATTERN_CHARS = re.compile(r"[^A-Za-z0-9._\-\[\],]", re.ASCII)
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]*", re.ASCII)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NAME_HINT = "write [user@]host[:port], e.g. dtuser@node[1-4]:2222"
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """Where an entry came from, so every error can point at it."""
+
+    source: str
+    line: int | None = None
+    path: str = ""  # YAML key path, e.g. hosts[3].slots
+
+    def error(self, message: str, hint: str | None = None) -> HostfileError:
+        text = f"{self.path}: {message}" if self.path else message
+        return HostfileError(text, source=self.source, line=self.line, hint=hint)
+
+    def at(self, line: int | None = None, path: str | None = None) -> _Ctx:
+        return replace(self, line=self.line if line is None else line,
+                       path=self.path if path is None else path)
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}:{self.line}" if self.line is not None else self.source
+
+
+@dataclass
+class _Spec:
+    """One entry's settings before its host pattern is expanded (None: not given)."""
+
+    pattern: str | None = None
+    literal: bool = False  # an IPv6 address: no range expansion
+    user: str | None = None
+    port: int | None = None
+    slots: int | None = None
+    python: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def over(self, defaults: _Spec) -> _Spec:
+        """This entry's values win over the defaults; env is merged, the entry's keys winning."""
+        return _Spec(
+            pattern=self.pattern, literal=self.literal,
+            user=_first(self.user, defaults.user), port=_first(self.port, defaults.port),
+            slots=_first(self.slots, defaults.slots), python=_first(self.python, defaults.python),
+            env={**defaults.env, **self.env},
+        )
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _integer(value: object) -> int | None:
+    """An int, or a string of plain digits; never a bool (YAML's yes/no)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def _port(value: object, ctx: _Ctx) -> int:
+    """1..65535, as an int or a string of digits (from a text line or a quoted YAML value)."""
+    number = _integer(value)
+    if number is not None and 1 <= number <= 65535:
+        return number
+    raise ctx.error(f"bad port {value!r}: must be a number from 1 to 65535",
+                    hint="e.g. node1:2222 or port=2222")
+
+
+def _slots(value: object, ctx: _Ctx) -> int:
+    """Processes per host: a positive integer."""
+    number = _integer(value)
+    if number is not None and number > 0:
+        return number
+    raise ctx.error(f"slots must be a positive integer, got {value!r}", hint="e.g. slots=8")
+
+
+def _user(value: object, ctx: _Ctx) -> str:
+    """A login name; a leading '-' could be read by ssh as an option, so it is refused."""
+    if isinstance(value, str) and _USER.fullmatch(value):
+        return value
+    raise ctx.error(f"invalid user name {value!r}",
+                    hint="use letters, digits, '.', '-', '_', e.g. dtuser@node1")
+
+
+def _python(value: object, ctx: _Ctx) -> str:
+    """The interpreter on that node: an absolute path or a command on its PATH."""
+    if isinstance(value, str) and value.strip() and not _CONTROL.search(value):
+        return value
+    raise ctx.error(f"invalid python {value!r}: give the interpreter's path on the node",
+                    hint="e.g. python=/opt/venv/bin/python")
+
+
+_SETTERS = {"port": _port, "python": _python, "slots": _slots, "user": _user}
+
+
+def _set(spec: _Spec, key: str, value: object, ctx: _Ctx) -> None:
+    """Set one key, refusing a second, different value (user@ vs user=, :port vs port=)."""
+    new = _SETTERS[key](value, ctx)
+    old = getattr(spec, key)
+    if old is not None and old != new:
+        raise ctx.error(f"{key} given twice: {old!r} and {new!r}", hint=f"keep one {key}")
+    setattr(spec, key, new)
+
+
+# --------------------------------------------------------------------------- names
+
+
+def _name_problem(name: str) -> str | None:
+    """Why ``name`` (already free of odd characters) is not an RFC 1123 host name."""
+    if len(name) > 253:
+        return "longer than 253 characters"
+    for label in name.split("."):
+        if not label:
+            return "empty part between dots"
+        if label.startswith("-") or label.endswith("-"):
+            return "a part may not start or end with '-'"
+        if len(label) > 63:
+            return "a part is longer than 63 characters"
+    return None if _HOSTNAME.fullmatch(name) else "only letters, digits, '.', '-' and '_'"
+
+
+def _check_name(name: str, ctx: _Ctx) -> str:
+    """RFC 1123 names (plus '_'), and dotted-quad IPv4 when every label is a number."""
+    problem = _name_problem(name)
+    if problem:
+        raise ctx.error(f"invalid host name {name!r}: {problem}", hint=_NAME_HINT)
+    if all(label.isdigit() for label in name.split(".")):
+        try:
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            raise ctx.error(f"invalid host name {name!r}: not a valid IPv4 address",
+                            hint="e.g. 198.18.0.11 or 198.18.0.[11-14]") from None
+    return name
+
+
+def _ipv6(text: str, ctx: _Ctx) -> str:
+    """Normalized so that duplicates spelled differently are still caught."""
+    try:
+        return str(ipaddress.IPv6Address(text))
+    except ValueError:
+        raise ctx.error(f"invalid IPv6 address {text!r}", hint="e.g. [fe80::1]:22") from None
+
+
+def _top_level_comma(pattern: str) -> bool:
+    depth = 0
+    for ch in pattern:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth <= 0:
+            return True
+    return False
+
+
+def _expand(pattern: str, ctx: _Ctx) -> list[str]:
+    """A host pattern -> names. Characters are checked first: NodeSet would read '!', '&',
+    '^' and '@' as set operators and groups, and shells would read much more."""
+    bad = _PATTERN_CHARS.search(pattern)
+    if bad:
+        raise ctx.error(f"invalid host name {pattern!r}: {bad.group()!r} is not allowed "
+                        "in a host name", hint=_NAME_HINT)
+    if _top_level_comma(pattern):
+        raise ctx.error(f"one host entry at a time, got {pattern!r}",
+                        hint="put each host on its own line, or use a range: node[1,3-4]")
+    if "[" not in pattern and "]" not in pattern:
+        return [_check_name(pattern, ctx)]
+    try:
+        nodes = NodeSet(pattern, resolver=RESOLVER_NOGROUP)
+    except NodeSetException as exc:
+        detail = exc.part if isinstance(exc, NodeSetParseRangeError) else str(exc)
+        raise ctx.error(f"bad host range {pattern!r}: {detail.replace(' : ', ': ')}",
+                        hint="write ranges as node[1-4], gpu[01-16] or node[1,3-5]") from None
+    if len(nodes) > MAX_HOSTS:
+        raise ctx.error(f"host range {pattern!r} expands to {len(nodes)} hosts "
+                        f"(more than {MAX_HOSTS})", hint="check the range bounds")
+    return [_check_name(name, ctx) for name in nodes]
+
+
+def _address(token: str, spec: _Spec, ctx: _Ctx) -> None:
+    """Parse ``[user@]host[:port]`` (host: a pattern, ``[v6addr]`` or a bare v6 address)."""
+    if "@" in token:
+        user, _, token = token.rpartition("@")
+        _set(spec, "user", user, ctx)
+    port: str | None = None
+    if token.startswith("[") and ":" in token.partition("]")[0]:
+        end = token.find("]")
+        if end < 0:
+            raise ctx.error(f"missing ']' in {token!r}", hint="e.g. [fe80::1]:22")
+        rest = token[end + 1:]
+        if rest and not rest.startswith(":"):
+            raise ctx.error(f"unexpected {rest!r} after {token[:end + 1]!r}",
+                            hint="e.g. [fe80::1]:22")
+        spec.pattern, spec.literal = _ipv6(token[1:end], ctx), True
+        port = rest[1:] if rest else None
+    elif token.count(":") > 1 and "[" not in token:
+        spec.pattern, spec.literal = _ipv6(token, ctx), True
+    elif ":" in token:
+        token, _, port = token.partition(":")
+        spec.pattern = token
+    else:
+        spec.pattern = token
+    if not spec.pattern:
+        raise ctx.error("missing host name", hint=_NAME_HINT)
+    if port is not None:
+        _set(spec, "port", port, ctx)
+
+
+def _hosts(spec: _Spec, ctx: _Ctx) -> list[Host]:
+    """Expand one entry into Hosts, all tagged with the entry's file:line."""
+    assert spec.pattern is not None
+    names = [spec.pattern] if spec.literal else _expand(spec.pattern, ctx)
+    env = tuple(sorted(spec.env.items()))
+    return [Host(name=name, user=spec.user, port=spec.port, slots=spec.slots,
+                 python=spec.python, env=env, source=ctx.label) for name in names]
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _strip_comment(line: str) -> str:
+    return line.partition("#")[0].strip()
+
+
+def _parse_line(text: str, ctx: _Ctx) -> _Spec:
+    """``[user@]host[:port] [slots=N] [key=value ...]`` (already without its comment)."""
+    first, *settings = text.split()
+    if "=" in first:
+        raise ctx.error(f"expected a host first, got {first!r}",
+                        hint="write [user@]host[:port] [slots=N] [key=value ...]")
+    spec = _Spec()
+    _address(first, spec, ctx)
+    seen: set[str] = set()
+    for token in settings:
+        key, eq, value = token.partition("=")
+        if not eq:
+            raise ctx.error(f"unexpected {token!r}: settings are key=value",
+                            hint="one host per line, e.g. 'node1 slots=8'")
+        if key in IGNORED_KEYS:
+            continue
+        if key not in TEXT_KEYS:
+            raise ctx.error(f"unknown key {key!r}; known keys: {', '.join(TEXT_KEYS)}",
+                            hint="max_slots is accepted and ignored")
+        if key in seen:
+            raise ctx.error(f"{key} given twice", hint=f"keep one {key}=")
+        seen.add(key)
+        _set(spec, key, value, ctx)
+    return spec
+
+
+def parse_hostfile_text(text: str, source: str) -> list[Host]:
+    """Parse the text format (one entry a line; also DeepSpeed and OpenMPI hostfiles)."""
+    hosts: list[Host] = []
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = _strip_comment(raw)
+        if line:
+            ctx = _Ctx(source, number)
+            hosts += _hosts(_parse_line(line, ctx), ctx)
+    return _checked(hosts, source)
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+class _Yaml:
+    """A composed YAML document: values come with their line numbers, for the errors."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.source = source
+        self.loader = yaml.SafeLoader(text)
+
+    def root(self) -> yaml.Node | None:
+        try:
+            return self.loader.get_single_node()
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise HostfileError(f"not valid YAML: {problem}", source=self.source, line=line,
+                                hint="check the indentation and quoting") from None
+
+    def ctx(self, node: yaml.Node, path: str) -> _Ctx:
+        return _Ctx(self.source, node.start_mark.line + 1, path)
+
+    def value(self, node: yaml.Node, path: str) -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            raise self.ctx(node, path).error(f"bad value: {exc}") from None
+
+    def mapping(self, node: yaml.Node, path: str, keys: Iterable[str]) -> dict[str, yaml.Node]:
+        """The mapping's items by key; unknown and repeated keys are errors."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.ctx(node, path).error("expected a mapping of key: value")
+        self.loader.flatten_mapping(node)  # resolves '<<' merge keys
+        known = tuple(keys)
+        items: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node, path)
+            where = self.ctx(key_node, _join(path, str(key)))
+            if key not in known:
+                raise where.error(f"unknown key {key!r}; known keys: {', '.join(known)}")
+            if key in items:
+                raise where.error("key given twice", hint="keep one")
+            items[key] = value_node
+        return items
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _yaml_env(doc: _Yaml, node: yaml.Node, path: str) -> dict[str, str]:
+    """env: NAME: value; numbers become strings, booleans and nulls must be quoted."""
+    if not isinstance(node, yaml.MappingNode):
+        raise doc.ctx(node, path).error("expected a mapping of NAME: value",
+                                        hint="e.g. env: {NCCL_DEBUG: INFO}")
+    env: dict[str, str] = {}
+    for key_node, value_node in node.value:
+        name = doc.value(key_node, path)
+        ctx = doc.ctx(key_node, _join(path, str(name)))
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ctx.error(f"invalid environment variable name {name!r}",
+                            hint="letters, digits and '_', not starting with a digit")
+        value = doc.value(value_node, ctx.path)
+        if isinstance(value, bool) or value is None or not isinstance(value, str | int | float):
+            raise ctx.error(f"value must be a string, got {value!r}",
+                            hint="quote it, e.g. \"1\", \"true\" or \"\"")
+        env[name] = str(value)
+    return env
+
+
+def _yaml_spec(doc: _Yaml, node: yaml.Node, path: str, keys: tuple[str, ...]) -> _Spec:
+    """defaults: or one hosts: mapping -> _Spec (host: takes [user@]name[:port] too)."""
+    items = doc.mapping(node, path, keys)
+    spec = _Spec()
+    if "host" in items:
+        host_node = items["host"]
+        ctx = doc.ctx(host_node, _join(path, "host"))
+        value = doc.value(host_node, ctx.path)
+        if not isinstance(value, str) or not value.strip() or len(value.split()) > 1:
+            raise ctx.error(f"expected one host name or range, got {value!r}",
+                            hint='e.g. host: "gpu[01-16]"')
+        _address(value.strip(), spec, ctx)
+    elif "host" in keys:
+        raise doc.ctx(node, path).error("missing 'host:'", hint='e.g. {host: "gpu[1-2]", slots: 8}')
+    for key, value_node in items.items():
+        ctx = doc.ctx(value_node, _join(path, key))
+        if key == "env":
+            spec.env = _yaml_env(doc, value_node, ctx.path)
+        elif key != "host":
+            _set(spec, key, doc.value(value_node, ctx.path), ctx)
+    return spec
+
+
+def _yaml_entry(doc: _Yaml, node: yaml.Node, path: str) -> _Spec:
+    """A hosts: item: a text-format line as a string, or a mapping."""
+    if isinstance(node, yaml.ScalarNode):
+        ctx = doc.ctx(node, path)
+        value = doc.value(node, path)
+        line = _strip_comment(value) if isinstance(value, str) else ""
+        if not line:
+            raise ctx.error(f"expected a host entry, got {value!r}", hint='e.g. "node1 slots=8"')
+        return _parse_line(line, ctx)
+    return _yaml_spec(doc, node, path, YAML_HOST_KEYS)
+
+
+def parse_hostfile_yaml(text: str, source: str) -> list[Host]:
+    """Parse the YAML format: ``defaults:`` then ``hosts:`` (strings or mappings)."""
+    doc = _Yaml(text, source)
+    try:
+        root = doc.root()
+        if root is None:
+            return _checked([], source)
+        top = doc.mapping(root, "", YAML_TOP_KEYS)
+        defaults = _yaml_spec(doc, top["defaults"], "defaults", YAML_DEFAULT_KEYS) \
+            if "defaults" in top else _Spec()
+        if "hosts" not in top:
+            raise doc.ctx(root, "").error("missing 'hosts:'", hint="add hosts: [node1, node2]")
+        seq = top["hosts"]
+        if not isinstance(seq, yaml.SequenceNode):
+            raise doc.ctx(seq, "hosts").error("expected a list of hosts",
+                                              hint='e.g. hosts: ["gpu[01-04] slots=8"]')
+        hosts: list[Host] = []
+        for index, item in enumerate(seq.value):
+            path = f"hosts[{index}]"
+            hosts += _hosts(_yaml_entry(doc, item, path).over(defaults), doc.ctx(item, path))
+    finally:
+        doc.loader.dispose()
+    return _checked(hosts, source)
+
+
+# --------------------------------------------------------------------------- files, -H
+
+
+def _looks_like_yaml(text: str) -> bool:
+    for raw in text.split("\n"):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            return line.startswith(("defaults:", "hosts:", "---"))
+    return False
+
+
+def _read(path: str | os.PathLike[str], via: str = "") -> str:
+    """The file's text; each way of not having one is its own clear error."""
+    source = os.fspath(path)
+    origin = f" (from {via})" if via else ""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise HostfileError(f"hostfile not found: {source}{origin}",
+                            hint="check the path given to -f, or use -H HOSTS") from None
+    except IsADirectoryError:
+        raise HostfileError(f"hostfile is a directory: {source}{origin}") from None
+    except UnicodeDecodeError as exc:
+        raise HostfileError(f"hostfile is not UTF-8 text: {source}{origin} ({exc.reason})") \
+            from None
+    except OSError as exc:
+        raise HostfileError(f"cannot read hostfile {source}{origin}: {exc.strerror}") from None
+
+
+def _load(path: str | os.PathLike[str], via: str = "") -> list[Host]:
+    text = _read(path, via)
+    source = os.fspath(path)
+    if Path(path).suffix.lower() in (".yaml", ".yml") or _looks_like_yaml(text):
+        return parse_hostfile_yaml(text, source)
+    return parse_hostfile_text(text, source)
+
+
+def load_hostfile(path: str | os.PathLike[str]) -> list[Host]:
+    """Read a hostfile: YAML by extension (.yaml/.yml) or content, else the text format."""
+    return _load(path)
+
+
+def _split_commas(expr: str) -> list[str]:
+    """Split at commas outside brackets: in ``node[1,3],login2`` the first comma is a range's."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(expr):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth <= 0:
+            parts.append(expr[start:i])
+            start = i + 1
+    parts.append(expr[start:])
+    return [part.strip() for part in parts]
+
+
+def parse_host_expr(expr: str, source: str = "-H") -> list[Host]:
+    """pdsh-style ``[user@]host[:port]`` entries separated by commas, ranges allowed."""
+    ctx = _Ctx(source)
+    hosts: list[Host] = []
+    for entry in filter(None, _split_commas(expr)):
+        if len(entry.split()) > 1:
+            raise ctx.error(f"unexpected space in {entry!r}",
+                            hint="separate hosts with commas: -H 'dtuser@node[1-4],login2:2222'")
+        spec = _Spec()
+        _address(entry, spec, ctx)
+        hosts += _hosts(spec, ctx)
+    if not hosts:
+        raise ctx.error("empty host expression", hint="e.g. -H 'node[1-4]'")
+    return _checked(hosts, source)
+
+
+# --------------------------------------------------------------------------- filters, checks
+
+
+def _nodeset(expr: str, option: str) -> NodeSet:
+    """A --include/--exclude expression: NodeSet syntax, without node groups."""
+    if "@" in expr:
+        raise HostfileError(f"node groups are not supported: {expr!r}", source=option,
+                            hint="list hosts or ranges, e.g. node[1-4],login2")
+    try:
+        return NodeSet(",".join(expr.split()), resolver=RESOLVER_NOGROUP)
+    except NodeSetException as exc:
+        raise HostfileError(f"bad host expression {expr!r}: {exc}", source=option,
+                            hint="e.g. node[1-4] or node[1-8]!node3") from None
+
+
+def filter_hosts(hosts: Iterable[Host], include: str | None,
+                 exclude: str | None) -> list[Host]:
+    """Keep hosts whose name is in ``include``, then drop those in ``exclude`` (order kept)."""
+    kept = list(hosts)
+    for option, expr, keep in (("--include", include, True), ("--exclude", exclude, False)):
+        if expr is None:
+            continue
+        nodes = _nodeset(expr, option)
+        before = kept
+        kept = [host for host in kept if (host.name in nodes) == keep]
+        if before and not kept:
+            raise HostfileError(f"no hosts left after {option} {expr!r}",
+                                hint=f"the hosts are {fold(h.name for h in before)}")
+    return kept
+
+
+def _split_source(label: str) -> tuple[str, int | None]:
+    source, _, line = label.rpartition(":")
+    return (source, int(line)) if source and line.isdigit() else (label, None)
+
+
+def _checked(hosts: list[Host], source: str) -> list[Host]:
+    """No empty list, and no host (same name and port) listed twice."""
+    if not hosts:
+        raise HostfileError("no hosts listed", source=source,
+                            hint="add one host a line, e.g. 'node1 slots=8'")
+    seen: dict[tuple[str, int | None], Host] = {}
+    for host in hosts:
+        first = seen.setdefault((host.name, host.port), host)
+        if first is not host:
+            where, line = _split_source(host.source)
+            also = f" (first at {first.source})" if first.source != host.source else ""
+            raise HostfileError(f"duplicate host {host.label!r}{also}", source=where, line=line,
+                                hint="list each host once; use slots=N for more processes")
+    return hosts
+
+
+def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | None = None,
+                  exclude: str | None = None,
+                  environ: Mapping[str, str] = os.environ) -> list[Host]:
+    """The job's hosts from -f or -H (or $DTRAIN_HOSTFILE), filtered and checked."""
+    if hostfile and hosts:
+        raise UsageError("both -f/--hostfile and -H/--hosts given",
+                         hint="pick one: -f FILE or -H EXPR")
+    if hosts:
+        source, found = "-H", parse_host_expr(hosts)
+    elif hostfile:
+        source, found = hostfile, _load(hostfile)
+    elif environ.get(ENV_HOSTFILE):
+        source = environ[ENV_HOSTFILE]
+        found = _load(source, via=ENV_HOSTFILE)
+    else:
+        raise HostfileError("no hosts given: use -f FILE or -H EXPR",
+                            hint=f"or set {ENV_HOSTFILE}=FILE")
+    return _checked(filter_hosts(found, include, exclude), source)
+
+
+def fold(names: Iterable[str]) -> str:
+    """Folded display for summaries: ``node[1-3]``, ``198.18.0.[11-14]``.
+
+    Names NodeSet would misread (operators, groups, brackets) are listed as they are.
+    """
+    plain, odd = [], []
+    for name in dict.fromkeys(names):
+        (plain if re.fullmatch(r"[A-Za-z0-9._:%-]+", name) else odd).append(name)
+    try:
+        folded = str(NodeSet.fromlist(plain, resolver=RESOLVER_NOGROUP)) if plain else ""
+    except NodeSetException:
+        folded = ",".join(plain)
+    return ",".join(filter(None, [folded, *odd]))
