@@ -451,8 +451,9 @@ def _read(path: str | os.PathLike[str], via: str = "") -> str:
     try:
         return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
+        where = f"check {via}" if via else "check the path given to -f"
         raise HostfileError(f"hostfile not found: {source}{origin}",
-                            hint="check the path given to -f, or use -H HOSTS") from None
+                            hint=f"{where}, or use -H HOSTS") from None
     except IsADirectoryError:
         raise HostfileError(f"hostfile is a directory: {source}{origin}") from None
     except UnicodeDecodeError as exc:
