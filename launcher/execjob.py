@@ -1,0 +1,103 @@
+"""`dtrain exec`: one command on every node, output tagged by host (the pdsh replacement)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher import render
+from launcher.console import Console, Gatherer, fold_hosts
+from launcher.models import Host, OutputLine
+from launcher.node import JobSpec
+from launcher.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
+from launcher.transports import AutoTransport
+from launcher.transports.ssh import SSHSettings
+
+EXEC_GRACE = 2.0
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """What the user asked `dtrain exec` for."""
+
+    command: tuple[str, ...]
+    gather: bool = False
+    timeout: float | None = None
+    fanout: int = 64
+    python: str = "python3"
+    color: bool | None = None
+
+
+def exec_spec(command: Sequence[str]) -> JobSpec:
+    """One argument is a shell command line (as ssh/pdsh take it); several are an exact argv."""
+    if len(command) == 1:
+        return JobSpec(shell=command[0], grace=EXEC_GRACE)
+    return JobSpec(argv=tuple(command), grace=EXEC_GRACE)
+
+
+def exit_code(outcome: JobOutcome) -> int:
+    """124 timeout, 128+N interrupted, 255 unreachable, else the largest remote code."""
+    if outcome.timed_out:
+        return 124
+    if outcome.interrupted:
+        return 128 + outcome.interrupted
+    codes = [n.exit_code for n in outcome.nodes.values() if n.exit_code is not None]
+    worst = max(codes, default=0)
+    if any(n.exit_code is None for n in outcome.nodes.values()):
+        return 255
+    return worst
+
+
+def summary(outcome: JobOutcome) -> list[str]:
+    """Failed hosts, folded, grouped by what went wrong."""
+    groups: dict[str, list[str]] = {}
+    for label, node in outcome.nodes.items():
+        if node.exit_code is None:
+            groups.setdefault(f"unreachable or failed to start: {node.error}", []).append(label)
+        elif node.exit_code != 0:
+            what = f"killed by signal {node.signal}" if node.signal else f"exit {node.exit_code}"
+            groups.setdefault(what, []).append(label)
+    return [f"{fold_hosts(hosts)}: {what}" for what, hosts in groups.items()]
+
+
+async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
+    """Run the command on every host and return the exit code."""
+    console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
+                      labels=[h.label for h in hosts])
+    gatherer = Gatherer() if req.gather else None
+
+    def sink(lines: list[OutputLine]) -> None:
+        own = [ln for ln in lines if ln.stream == "dtrain"]
+        for line in own:
+            render.note(f"{line.host}: {line.text}" if line.host != "dtrain" else line.text)
+        rest = [ln for ln in lines if ln.stream != "dtrain"] if own else lines
+        if gatherer is not None:
+            gatherer.add(rest)
+        else:
+            console.write(rest)
+
+    router = LineRouter(sink)
+    spec = exec_spec(req.command)
+    launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
+    policy = Policy(grace=EXEC_GRACE, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
+                    fanout_whole_job=True)
+    async with AutoTransport(settings) as transport:
+        outcome = await Job(hosts, launches, policy, router).run(transport)
+    console.flush()
+    if gatherer is not None:
+        sys.stdout.write(gatherer.render())
+        sys.stdout.flush()
+    for line in summary(outcome):
+        render.note(line)
+    return exit_code(outcome)
+
+
+def run_exec(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
+    """Synchronous entry for the CLI."""
+    try:
+        return asyncio.run(exec_async(hosts, req, settings))
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT

@@ -1,0 +1,209 @@
+"""One node's job, seen from the launcher: ship the supervisor, stream frames, heartbeat.
+
+A NodeSession owns one channel. It writes the supervisor and the job spec, then runs three
+loops: frames from stdout (output chunks and control messages), raw stderr (anything the
+remote shell printed before the supervisor started), and heartbeats both ways. It never
+decides policy (who to stop, when): the orchestrator does, through ``stop`` and ``kill``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from launcher import wire
+from launcher.errors import ConnectError
+from launcher.models import Host
+from launcher.transports.base import Connection, Process
+
+ChunkSink = Callable[[Host, int | None, str, bytes], None]
+EventSink = Callable[[Host, dict[str, object]], None]
+READ_SIZE = 1 << 18
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the supervisor runs on one node (the env may hold secrets: it goes over stdin)."""
+
+    argv: tuple[str, ...] | None = None
+    shell: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    rank_shim: bool = False
+    grace: float = 10.0
+    heartbeat_timeout: float = 30.0
+    heartbeat_interval: float = 2.0
+
+    def wire(self) -> dict[str, object]:
+        return {
+            "v": 1, "argv": list(self.argv) if self.argv is not None else None,
+            "shell": self.shell, "env": dict(self.env), "rank_shim": self.rank_shim,
+            "grace": self.grace, "heartbeat_timeout": self.heartbeat_timeout,
+            "heartbeat_interval": self.heartbeat_interval,
+        }
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """How the node's job ended, as far as the launcher knows."""
+
+    host: Host
+    exit_code: int | None  # the job's code (128+N for signal N); None if it never ran/ended
+    error: str | None = None  # why the node failed outside the job (start-up, lost)
+    lost: bool = False
+    signal: int | None = None
+    stopped: str | None = None  # the supervisor's stop reason, if it was stopped
+    ranks: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    started: float | None = None
+    ended: float = 0.0
+    stderr_tail: tuple[str, ...] = ()
+
+
+class NodeSession:
+    """Runs a JobSpec on one node under the dtrain supervisor."""
+
+    def __init__(self, conn: Connection, spec: JobSpec, *, python: str = "python3",
+                 workdir: str | None = None, setup: str | None = None,
+                 on_chunk: ChunkSink, on_event: EventSink) -> None:
+        self.conn = conn
+        self.host = conn.host
+        self.spec = spec
+        self.python = python
+        self.workdir = workdir
+        self.setup = setup
+        self.on_chunk = on_chunk
+        self.on_event = on_event
+        self.proc: Process | None = None
+        self.hello: dict[str, object] | None = None
+        self.started = asyncio.Event()  # hello received (or start failed)
+        self.exit_msg: dict[str, object] | None = None
+        self._last_frame = time.monotonic()
+        self._lost = False
+        self._raw_err: list[bytes] = []
+
+    async def _send(self, data: bytes) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ConnectionError, OSError):
+            async with asyncio.timeout(5):
+                await self.proc.write(data)
+
+    async def stop(self, reason: str, grace: float | None = None) -> None:
+        """Ask the supervisor to TERM the job, then KILL after the grace period."""
+        await self._send(wire.control("stop", reason=reason, grace=grace))
+
+    async def kill(self, reason: str) -> None:
+        """Ask the supervisor to KILL the job now."""
+        await self._send(wire.control("kill", reason=reason))
+
+    def abort(self) -> None:
+        """Drop the channel: the supervisor sees EOF and tears the job down by itself."""
+        if self.proc is not None:
+            self.proc.abort()
+
+    async def run(self) -> NodeOutcome:
+        """Start the job and follow it to the end; never raises for a node-level failure."""
+        cmd = wire.remote_command(self.python, workdir=self.workdir, setup=self.setup)
+        try:
+            self.proc = await self.conn.start(cmd)
+            await self._send(wire.payload(wire.program_source("supervisor"), self.spec.wire()))
+        except ConnectError as exc:
+            self.started.set()
+            return NodeOutcome(self.host, None, error=str(exc.message), ended=time.time())
+        try:
+            async with asyncio.TaskGroup() as tg:
+                frames = tg.create_task(self._frames(), name=f"{self.host.label}:frames")
+                errs = tg.create_task(self._stderr(), name=f"{self.host.label}:stderr")
+                beat = tg.create_task(self._heartbeat(), name=f"{self.host.label}:hb")
+                await asyncio.wait([frames, beat], return_when=asyncio.FIRST_COMPLETED)
+                beat.cancel()
+                if self._lost:
+                    frames.cancel()
+                    errs.cancel()
+                else:
+                    await asyncio.wait([errs], timeout=1.0)
+                    errs.cancel()
+        finally:
+            self.started.set()
+            if self.exit_msg is None:
+                self.abort()
+        status = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                status = await self.proc.wait()
+        return self._outcome(status)
+
+    async def _frames(self) -> None:
+        assert self.proc is not None
+        decoder = wire.FrameDecoder()
+        while True:
+            data = await self.proc.read_stdout(READ_SIZE)
+            if not data:
+                return
+            self._last_frame = time.monotonic()
+            for frame in decoder.feed(data):
+                if frame.kind == wire.KIND_CTL:
+                    self._control(frame.message())
+                else:
+                    stream = "out" if frame.kind == wire.KIND_OUT else "err"
+                    self.on_chunk(self.host, None if frame.rank < 0 else frame.rank, stream,
+                                  frame.data)
+
+    def _control(self, msg: dict[str, object]) -> None:
+        kind = msg.get("type")
+        if kind == "hello":
+            self.hello = msg
+            self.started.set()
+        elif kind == "exit":
+            self.exit_msg = msg
+        if kind != "hb":
+            self.on_event(self.host, msg)
+
+    async def _stderr(self) -> None:
+        assert self.proc is not None
+        while data := await self.proc.read_stderr(READ_SIZE):
+            self._raw_err.append(data)
+            if self.hello is not None:  # the supervisor itself crashed: show it
+                self.on_chunk(self.host, None, "err", data)
+
+    async def _heartbeat(self) -> None:
+        """Send ours; return (node lost) when its frames stop for heartbeat_timeout."""
+        interval = self.spec.heartbeat_interval
+        while True:
+            await self._send(wire.control("hb"))
+            await asyncio.sleep(interval)
+            silent = time.monotonic() - self._last_frame
+            if self.spec.heartbeat_timeout > 0 and silent > self.spec.heartbeat_timeout:
+                self._lost = True
+                self.abort()
+                return
+
+    def _outcome(self, status: int | None) -> NodeOutcome:
+        raw = b"".join(self._raw_err).decode(errors="replace").strip()
+        tail = tuple(raw.splitlines()[-5:])
+        if self._lost:
+            return NodeOutcome(self.host, None, lost=True, ended=time.time(),
+                               error=f"no heartbeat for {self.spec.heartbeat_timeout:g} s "
+                                     "(node or network down)")
+        if self.hello is not None and self.hello.get("error"):
+            return NodeOutcome(self.host, 127, error=str(self.hello["error"]), ended=time.time())
+        if self.exit_msg is None:
+            if self.hello is None:
+                why = tail[-1] if tail else f"remote shell exited with status {status}"
+                return NodeOutcome(self.host, None, error=why, stderr_tail=tail,
+                                   ended=time.time())
+            return NodeOutcome(self.host, None, lost=True, ended=time.time(),
+                               error="connection lost before the job ended")
+        msg = self.exit_msg
+        code = msg.get("code")
+        return NodeOutcome(
+            self.host, int(code) if isinstance(code, int) else None,
+            signal=msg.get("signal") if isinstance(msg.get("signal"), int) else None,  # type: ignore[arg-type]
+            stopped=str(msg["stopped"]) if msg.get("stopped") else None,
+            ranks=msg.get("ranks") or {},  # type: ignore[arg-type]
+            started=float(self.hello["t"]) if self.hello and "t" in self.hello else None,  # type: ignore[arg-type]
+            ended=float(msg.get("t") or time.time()),  # type: ignore[arg-type]
+            stderr_tail=tail,
+        )

@@ -1,0 +1,307 @@
+"""Launch -> supervise -> tear down: the one place that owns concurrency and stop policy.
+
+Every node runs under its supervisor in one TaskGroup. This module decides when to stop
+the others (first failure, Ctrl-C, SIGTERM, --timeout, a node lost) and how hard (TERM with
+a grace period, then KILL); the supervisors carry it out on the nodes. A second Ctrl-C kills
+at once. Output chunks are cut into whole lines per (host, rank, stream) and handed to the
+output sink as OutputLine records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from launcher.errors import ConnectError
+from launcher.linesplit import LineSplitter
+from launcher.models import Host, OutputLine
+from launcher.node import JobSpec, NodeOutcome, NodeSession
+from launcher.transports.base import Connection, Transport
+
+LineSink = Callable[[list[OutputLine]], None]
+
+
+class JobState(enum.Enum):
+    """Lifecycle of a job; transitions only move forward."""
+
+    PLANNED = 0
+    LAUNCHING = 1
+    RUNNING = 2
+    TEARING_DOWN = 3
+    DONE = 4
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """What to start on one node."""
+
+    spec: JobSpec
+    python: str = "python3"
+    workdir: str | None = None
+    setup: str | None = None
+    node_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Stop policy and bounds for one job."""
+
+    grace: float = 10.0
+    timeout: float | None = None  # whole job; exit 124
+    start_timeout: float | None = None  # every node's supervisor said hello
+    fail_fast: bool = True  # stop every node at the first failure (run); exec lets all finish
+    fanout: int = 64
+    fanout_whole_job: bool = False  # exec: bound running commands too, like pdsh
+
+
+@dataclass
+class JobOutcome:
+    """Everything the summary, the archive and the exit code need."""
+
+    nodes: dict[str, NodeOutcome] = field(default_factory=dict)
+    connect_errors: dict[str, str] = field(default_factory=dict)
+    interrupted: int | None = None  # the signal that stopped us (SIGINT/SIGTERM)
+    timed_out: bool = False
+    start_timed_out: tuple[str, ...] = ()
+    first_failure: str | None = None  # host label of the root cause
+    first_failure_t: float | None = None
+    stop_reason: str | None = None
+    started: float = field(default_factory=time.time)
+    ended: float = 0.0
+
+
+class LineRouter:
+    """Chunks -> whole lines, one splitter per (host, rank, stream)."""
+
+    def __init__(self, sink: LineSink, node_ranks: dict[str, int] | None = None) -> None:
+        self._sink = sink
+        self._splitters: dict[tuple[str, int | None, str], LineSplitter] = {}
+        self._node_ranks = node_ranks or {}
+
+    def chunk(self, host: Host, rank: int | None, stream: str, data: bytes) -> None:
+        key = (host.label, rank, stream)
+        splitter = self._splitters.get(key)
+        if splitter is None:
+            splitter = self._splitters[key] = LineSplitter()
+        self._emit(key, splitter.feed(data))
+
+    def _emit(self, key: tuple[str, int | None, str], texts: list[str]) -> None:
+        if texts:
+            host, rank, stream = key
+            t = time.time()
+            node_rank = self._node_ranks.get(host)
+            self._sink([OutputLine(host, stream, text, rank, node_rank, t) for text in texts])
+
+    def flush(self, host: str | None = None) -> None:
+        """Emit partial last lines (at the end of a node's output)."""
+        for key, splitter in list(self._splitters.items()):
+            if host is None or key[0] == host:
+                self._emit(key, splitter.flush())
+
+    def say(self, host: str, text: str) -> None:
+        """A message of dtrain's own about a host."""
+        self._sink([OutputLine(host, "dtrain", text, None, self._node_ranks.get(host),
+                               time.time())])
+
+
+async def connect_one(transport: Transport, host: Host, timeout: float) -> Connection:
+    """Connect with an overall bound (the transport bounds each attempt too)."""
+    async with asyncio.timeout(timeout * 2 + 5):
+        return await transport.connect(host)
+
+
+async def connect_all(transport: Transport, hosts: Sequence[Host], *, fanout: int,
+                      timeout: float) -> tuple[dict[str, Connection], dict[str, str]]:
+    """Connect to every host in parallel (at most ``fanout`` at once)."""
+    sem = asyncio.Semaphore(fanout)
+    conns: dict[str, Connection] = {}
+    errors: dict[str, str] = {}
+
+    async def one(host: Host) -> None:
+        async with sem:
+            try:
+                conns[host.label] = await connect_one(transport, host, timeout)
+            except ConnectError as exc:
+                errors[host.label] = _one_line(exc)
+            except TimeoutError:
+                errors[host.label] = f"timed out connecting after {timeout:g} s"
+
+    async with asyncio.TaskGroup() as tg:
+        for host in hosts:
+            tg.create_task(one(host), name=f"connect:{host.label}")
+    return conns, errors
+
+
+def _one_line(exc: ConnectError) -> str:
+    return f"{exc.message} ({exc.hint})" if exc.hint else exc.message
+
+
+class Job:
+    """One job across nodes: start every node's session, apply the stop policy."""
+
+    def __init__(self, hosts: Sequence[Host], launches: dict[str, NodeLaunch],
+                 policy: Policy, router: LineRouter,
+                 on_event: Callable[[Host, dict[str, object]], None] | None = None) -> None:
+        self.hosts = list(hosts)
+        self.launches = launches
+        self.policy = policy
+        self.router = router
+        self.on_event = on_event
+        self.state = JobState.PLANNED
+        self.outcome = JobOutcome()
+        self.sessions: dict[str, NodeSession] = {}
+        self._stopping = False
+        self._interrupts = 0
+
+    def _advance(self, state: JobState) -> None:
+        if state.value < self.state.value:
+            raise RuntimeError(f"job state cannot go from {self.state.name} to {state.name}")
+        self.state = state
+
+    # -- stop policy ------------------------------------------------------------------------
+    async def stop_all(self, reason: str, *, kill: bool = False) -> None:
+        """Ask every running node to stop (TERM + grace, or KILL)."""
+        if self.state.value < JobState.TEARING_DOWN.value:
+            self._advance(JobState.TEARING_DOWN)
+        if self.outcome.stop_reason is None:
+            self.outcome.stop_reason = reason
+        self._stopping = True
+        async with asyncio.TaskGroup() as tg:
+            for label, session in self.sessions.items():
+                if label not in self.outcome.nodes:
+                    coro = session.kill(reason) if kill else session.stop(reason,
+                                                                          self.policy.grace)
+                    tg.create_task(coro, name=f"stop:{label}")
+
+    def _interrupt(self, signum: int, tg: asyncio.TaskGroup) -> None:
+        self._interrupts += 1
+        if self.outcome.interrupted is None:
+            self.outcome.interrupted = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self._interrupts == 1:
+            self.router.say("dtrain", f"{name}: stopping every node (again to kill now)")
+            tg.create_task(self.stop_all(f"{name} from the user"), name="stop-all")
+        else:
+            self.router.say("dtrain", f"{name} again: killing every node now")
+            tg.create_task(self.stop_all(f"{name} from the user", kill=True), name="kill-all")
+
+    def _node_done(self, label: str, outcome: NodeOutcome, tg: asyncio.TaskGroup) -> None:
+        self.outcome.nodes[label] = outcome
+        self.router.flush(label)
+        failed = outcome.lost or (outcome.exit_code not in (0, None)) or outcome.error
+        if failed and not self._stopping and self.outcome.first_failure is None:
+            self.outcome.first_failure = label
+            self.outcome.first_failure_t = time.time()
+            if self.policy.fail_fast and len(self.outcome.nodes) < len(self.sessions):
+                why = "lost" if outcome.lost else f"failed (exit {outcome.exit_code})"
+                tg.create_task(self.stop_all(f"{label} {why}"), name="stop-all")
+
+    def _rank_event(self, host: Host, msg: dict[str, object], tg: asyncio.TaskGroup) -> None:
+        """A rank that fails is the first failure, before its agent even notices."""
+        if msg.get("type") == "rank_exit" and msg.get("code") not in (0, None):
+            if not self._stopping and self.outcome.first_failure is None:
+                self.outcome.first_failure = host.label
+                self.outcome.first_failure_t = float(msg.get("t") or time.time())  # type: ignore[arg-type]
+                if self.policy.fail_fast and len(self.hosts) > 1:
+                    reason = f"{host.label} rank {msg.get('rank')} exited {msg.get('code')}"
+                    tg.create_task(self.stop_all(reason), name="stop-all")
+        if self.on_event is not None:
+            self.on_event(host, msg)
+
+    # -- run --------------------------------------------------------------------------------
+    async def run(self, transport: Transport, conns: dict[str, Connection] | None = None,
+                  ) -> JobOutcome:
+        """Connect (unless given connections), run every node, return the outcome."""
+        self._advance(JobState.LAUNCHING)
+        loop = asyncio.get_running_loop()
+        conns = dict(conns or {})
+        sem = asyncio.Semaphore(self.policy.fanout)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    with contextlib.suppress(NotImplementedError, RuntimeError):
+                        loop.add_signal_handler(signum, self._interrupt, signum, tg)
+                nodes = [tg.create_task(self._node(h, transport, conns, sem, tg),
+                                        name=f"node:{h.label}") for h in self.hosts]
+                tg.create_task(self._deadlines(nodes, tg), name="deadlines")
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signum)
+            for conn in conns.values():
+                with contextlib.suppress(Exception):
+                    await conn.aclose()
+        self.outcome.ended = time.time()
+        self._advance(JobState.DONE)
+        return self.outcome
+
+    async def _node(self, host: Host, transport: Transport, conns: dict[str, Connection],
+                    sem: asyncio.Semaphore, tg: asyncio.TaskGroup) -> None:
+        label = host.label
+        bound = sem if self.policy.fanout_whole_job else contextlib.nullcontext()
+        async with bound:
+            conn = conns.get(label)
+            if conn is None:
+                async with sem if not self.policy.fanout_whole_job else contextlib.nullcontext():
+                    try:
+                        conn = conns[label] = await connect_one(transport, host, 30)
+                    except (ConnectError, TimeoutError) as exc:
+                        why = _one_line(exc) if isinstance(exc, ConnectError) else "timed out"
+                        self.outcome.connect_errors[label] = why
+                        self.router.say(label, why)
+                        self._node_done(label, NodeOutcome(host, None, error=why), tg)
+                        return
+            if self._stopping:
+                return
+            launch = self.launches[label]
+            session = NodeSession(conn, launch.spec, python=launch.python,
+                                  workdir=launch.workdir, setup=launch.setup,
+                                  on_chunk=self.router.chunk,
+                                  on_event=lambda h, m: self._rank_event(h, m, tg))
+            self.sessions[label] = session
+            outcome = await session.run()
+            if outcome.error and not outcome.lost and outcome.exit_code is None:
+                self.router.say(label, outcome.error)
+            elif outcome.lost:
+                self.router.say(label, f"node lost: {outcome.error}")
+            self._node_done(label, outcome, tg)
+            with contextlib.suppress(Exception):
+                await conn.aclose()
+
+    async def _deadlines(self, nodes: list[asyncio.Task[None]], tg: asyncio.TaskGroup) -> None:
+        """--start-timeout and --timeout; returns when every node task is done."""
+        start = time.monotonic()
+        if self.policy.start_timeout:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.policy.start_timeout):
+                    while len(self.sessions) + len(self.outcome.connect_errors) < len(self.hosts):
+                        await asyncio.sleep(0.05)
+                    await asyncio.gather(*(s.started.wait() for s in self.sessions.values()))
+            late = [h.label for h in self.hosts if h.label not in self.outcome.nodes
+                    and (h.label not in self.sessions or not self.sessions[h.label].started.is_set())]
+            if late and not self._stopping:
+                self.outcome.start_timed_out = tuple(late)
+                for label in late:
+                    self.router.say(label, f"did not start within {self.policy.start_timeout:g} s")
+                    if label in self.sessions:
+                        self.sessions[label].abort()
+                await self.stop_all("start timeout")
+        if self.policy.timeout:
+            remaining = self.policy.timeout - (time.monotonic() - start)
+            done, _ = await asyncio.wait(nodes, timeout=max(0.0, remaining))
+            if len(done) < len(nodes) and not self._stopping:
+                self.outcome.timed_out = True
+                self.router.say("dtrain", f"--timeout {self.policy.timeout:g} s reached: "
+                                          "stopping every node")
+                await self.stop_all("timeout")
+        if self._stopping or self.policy.timeout:
+            # a node that ignores our stop (or whose supervisor is unreachable) is cut off
+            done, pending = await asyncio.wait(nodes, timeout=self.policy.grace + 10)
+            for label, session in self.sessions.items():
+                if label not in self.outcome.nodes and pending:
+                    session.abort()

@@ -1,0 +1,454 @@
+"""dtrain node supervisor: THIS PROGRAM RUNS ON THE NODES, not on the login node.
+
+Standard library only, Python >= 3.8. The launcher ships this file over the SSH channel
+(see launcher/wire.py: a length line, this source, then one JSON line with the job spec);
+nothing is installed on the nodes and no secret travels on a command line.
+
+Why it exists: OpenSSH ignores channel signals for root logins before 9.8, and a process
+without a pty outlives its connection. So the supervisor owns the job:
+
+- it becomes a child subreaper and starts the job in its own session, so every descendant
+  (torchrun starts each worker in a session of its own) stays findable under our pid;
+- it kills the whole descendant tree (TERM, grace, KILL) when told to (``stop``/``kill``),
+  when its stdin reaches EOF (launcher or connection gone), on SIGTERM/SIGHUP/SIGINT, or when
+  the launcher's heartbeats stop for ``heartbeat_timeout`` seconds (a partition TCP misses);
+- it never kills by name: only processes descending from itself.
+
+Output goes to stdout as frames: ``struct "!BiI"`` (kind, rank, length) + payload, where kind
+1 = job stdout bytes, 2 = job stderr bytes, 3 = a JSON control message. rank is the global
+rank (-1 for the node-level program). Ranks are attributed at the source: in ``run`` mode the
+job's workers are started through this same file in *shim* mode, which connects each rank's
+stdout/stderr straight to the supervisor over a unix socket and reports its exit status.
+"""
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PROTOCOL = 1
+FRAME = struct.Struct("!BiI")
+OUT, ERR, CTL = 1, 2, 3
+CHUNK = 65536
+SHIM_ENV = "DTRAIN_SHIM_SOCK"
+SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def now():
+    return time.time()
+
+
+class Writer:
+    """Frame writer shared by the main loop and the watchdog thread."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.dead = False
+
+    def frame(self, kind, rank, payload):
+        if self.dead:
+            return
+        data = FRAME.pack(kind, rank, len(payload)) + payload
+        with self.lock:
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(self.fd, view)
+                    view = view[n:]
+            except OSError:
+                self.dead = True
+
+    def control(self, msg):
+        self.frame(CTL, -1, json.dumps(msg, separators=(",", ":")).encode())
+
+
+def set_subreaper():
+    """Orphaned descendants reparent to us, so the tree walk finds double-forked processes."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def descendants(root_pid):
+    """Every live process descending from root_pid, found through /proc ppid links."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # the comm field may contain spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) < 2 or fields[0] == b"Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_tree(sig):
+    """Send sig to every descendant of this supervisor; returns how many were signalled."""
+    count = 0
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, sig)
+            count += 1
+        except OSError:
+            pass
+    return count
+
+
+class Supervisor:
+    """Runs one job, forwards its output as frames, and guarantees its teardown."""
+
+    def __init__(self, spec, source):
+        self.spec = spec
+        self.source = source
+        self.out = Writer(sys.stdout.fileno())
+        self.sel = selectors.DefaultSelector()
+        self.grace = float(spec.get("grace", 10))
+        self.hb_timeout = float(spec.get("heartbeat_timeout", 30))
+        self.hb_interval = float(spec.get("heartbeat_interval", 2))
+        self.last_hb = now()
+        self.job = None
+        self.job_status = None  # raw wait status
+        self.kill_at = None  # when set, KILL the tree at this time
+        self.stopping = None  # reason
+        self.rank_status = {}
+        self.open_streams = 0
+        self.tmpdir = None
+        self.lock = threading.Lock()
+
+    # -- teardown ---------------------------------------------------------------------------
+    def teardown(self, reason, grace=None):
+        """TERM the tree now and schedule KILL after the grace period (idempotent)."""
+        with self.lock:
+            if grace is None:
+                grace = self.grace
+            if self.stopping is None:
+                self.stopping = reason
+                self.out.control({"type": "stopping", "reason": reason, "t": now()})
+            deadline = now() + max(0.0, grace)
+            if self.kill_at is None or deadline < self.kill_at:
+                self.kill_at = deadline
+        if grace and grace > 0:
+            signal_tree(signal.SIGTERM)
+        else:
+            signal_tree(signal.SIGKILL)
+
+    def watchdog(self):
+        """Independent of the main loop: a blocked stdout write must not stop the kill."""
+        while True:
+            time.sleep(0.2)
+            if self.hb_timeout > 0 and now() - self.last_hb > self.hb_timeout:
+                self.teardown("heartbeat lost", grace=min(self.grace, 5.0))
+                self.last_hb = now()  # do not re-trigger every tick
+            kill_at = self.kill_at
+            if kill_at is not None and now() >= kill_at:
+                signal_tree(signal.SIGKILL)
+
+    # -- job --------------------------------------------------------------------------------
+    def job_argv(self):
+        spec = self.spec
+        if spec.get("shell") is not None:
+            shell = os.environ.get("SHELL") or "/bin/sh"
+            return [shell, "-c", spec["shell"]]
+        argv = list(spec["argv"])
+        if self.tmpdir:
+            shim = os.path.join(self.tmpdir, "dtrain_shim.py")
+            argv = [shim if a == SHIM_PLACEHOLDER else a for a in argv]
+        return argv
+
+    def start(self):
+        env = dict(os.environ)
+        env.update(self.spec.get("env") or {})
+        if self.spec.get("rank_shim"):
+            self.tmpdir = tempfile.mkdtemp(prefix="dtrain-")
+            with open(os.path.join(self.tmpdir, "dtrain_shim.py"), "wb") as f:
+                f.write(self.source)
+            path = os.path.join(self.tmpdir, "ranks.sock")
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(path)
+            listener.listen(256)
+            listener.setblocking(False)
+            self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+            env[SHIM_ENV] = path
+        argv = self.job_argv()
+        try:
+            self.job = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env, start_new_session=True,
+            )
+        except OSError as exc:
+            self.out.control({"type": "hello", "v": PROTOCOL, "error": "cannot start %s: %s"
+                              % (argv[0], exc.strerror or exc), "hostname": socket.gethostname()})
+            return False
+        for stream, kind in ((self.job.stdout, OUT), (self.job.stderr, ERR)):
+            os.set_blocking(stream.fileno(), False)
+            self.sel.register(stream.fileno(), selectors.EVENT_READ, ("pipe", (kind, -1)))
+            self.open_streams += 1
+        self.out.control({
+            "type": "hello", "v": PROTOCOL, "pid": self.job.pid, "pgid": self.job.pid,
+            "supervisor_pid": os.getpid(), "hostname": socket.gethostname(), "t": now(),
+        })
+        return True
+
+    def reap(self):
+        """Reap every exited child (we are a subreaper); remember the job's own status."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.job is not None and pid == self.job.pid:
+                self.job_status = status
+                self.job.returncode = 0  # keep Popen from waiting on a reaped pid
+
+    # -- main loop --------------------------------------------------------------------------
+    def on_control_line(self, line):
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        op = msg.get("op")
+        if op == "hb":
+            self.last_hb = now()
+        elif op == "stop":
+            self.teardown(msg.get("reason", "stopped by dtrain"), msg.get("grace"))
+        elif op == "kill":
+            self.teardown(msg.get("reason", "killed by dtrain"), 0)
+        elif op == "signal":
+            signal_tree(int(msg["sig"]))
+
+    def handle(self, key, stdin_buf):
+        kind, data = key.data
+        if kind == "stdin":
+            chunk = os.read(key.fd, CHUNK)
+            if not chunk:
+                self.sel.unregister(key.fd)
+                self.teardown("launcher connection closed (stdin EOF)")
+                return stdin_buf
+            stdin_buf += chunk
+            while b"\n" in stdin_buf:
+                line, stdin_buf = stdin_buf.split(b"\n", 1)
+                self.on_control_line(line)
+            return stdin_buf
+        if kind == "listen":
+            conn, _ = key.fileobj.accept()
+            conn.setblocking(False)
+            self.open_streams += 1
+            self.sel.register(conn, selectors.EVENT_READ, ("shim", {"buf": b"", "hdr": None}))
+            return stdin_buf
+        if kind == "pipe":
+            try:
+                chunk = os.read(key.fd, CHUNK)
+            except BlockingIOError:
+                return stdin_buf
+            if chunk:
+                self.out.frame(data[0], data[1], chunk)
+            else:
+                self.sel.unregister(key.fd)
+                self.open_streams -= 1
+            return stdin_buf
+        if kind == "shim":
+            self.on_shim(key, data)
+        return stdin_buf
+
+    def on_shim(self, key, st):
+        """One rank connection: a JSON header line, then raw bytes (out/err) or status (ctl)."""
+        try:
+            chunk = key.fileobj.recv(CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.sel.unregister(key.fileobj)
+            key.fileobj.close()
+            self.open_streams -= 1
+            return
+        if st["hdr"] is None:
+            st["buf"] += chunk
+            if b"\n" not in st["buf"]:
+                return
+            line, chunk = st["buf"].split(b"\n", 1)
+            st["buf"] = b""
+            st["hdr"] = json.loads(line)
+            if not chunk:
+                return
+        rank = int(st["hdr"].get("rank", -1))
+        stream = st["hdr"].get("stream")
+        if stream == "ctl":
+            st["buf"] += chunk
+            while b"\n" in st["buf"]:
+                line, st["buf"] = st["buf"].split(b"\n", 1)
+                msg = json.loads(line)
+                msg.update({"type": "rank_exit", "rank": rank})
+                self.rank_status[str(rank)] = msg
+                self.out.control(msg)
+        else:
+            self.out.frame(OUT if stream == "out" else ERR, rank, chunk)
+
+    def run(self):
+        set_subreaper()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda s, f: self.teardown("supervisor got signal %d" % s))
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        stdin_fd = 0
+        if not self.start():
+            return 127
+        os.set_blocking(stdin_fd, False)
+        self.sel.register(stdin_fd, selectors.EVENT_READ, ("stdin", None))
+        threading.Thread(target=self.watchdog, daemon=True).start()
+        stdin_buf = b""
+        next_hb = now() + self.hb_interval
+        drain_until = None
+        while True:
+            for key, _ in self.sel.select(timeout=0.05):
+                try:
+                    stdin_buf = self.handle(key, stdin_buf)
+                except OSError:
+                    pass
+            self.reap()
+            if now() >= next_hb:
+                self.out.control({"type": "hb", "t": now()})
+                next_hb = now() + self.hb_interval
+            if self.job_status is not None:
+                if drain_until is None:
+                    # the job is over: nothing of it may outlive it (background children too)
+                    drain_until = now() + 2.0
+                    if descendants(os.getpid()):
+                        self.teardown_leftovers()
+                if self.open_streams <= 0 or now() >= drain_until:
+                    break
+        self.drain_pipes()
+        signal_tree(signal.SIGKILL)
+        self.reap()
+        return self.finish()
+
+    def teardown_leftovers(self):
+        signal_tree(signal.SIGTERM)
+        with self.lock:
+            if self.kill_at is None:
+                self.kill_at = now() + 1.0
+
+    def drain_pipes(self):
+        for key in list(self.sel.get_map().values()):
+            if key.data[0] == "pipe":
+                try:
+                    chunk = os.read(key.fd, CHUNK)
+                    while chunk:
+                        self.out.frame(key.data[1][0], key.data[1][1], chunk)
+                        chunk = os.read(key.fd, CHUNK)
+                except OSError:
+                    pass
+
+    def finish(self):
+        status = self.job_status or 0
+        if os.WIFSIGNALED(status):
+            sig, code = os.WTERMSIG(status), 128 + os.WTERMSIG(status)
+        else:
+            sig, code = None, os.WEXITSTATUS(status)
+        self.out.control({"type": "exit", "code": code, "signal": sig, "t": now(),
+                          "stopped": self.stopping, "ranks": self.rank_status})
+        if self.tmpdir:
+            for name in ("dtrain_shim.py", "ranks.sock"):
+                try:
+                    os.unlink(os.path.join(self.tmpdir, name))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self.tmpdir)
+            except OSError:
+                pass
+        return code
+
+
+def shim_main(argv):
+    """Rank shim: run one worker with stdout/stderr wired straight to the supervisor.
+
+    torchrun starts ``python -u dtrain_shim.py [-m] script args`` as each worker; we connect
+    three unix sockets (out, err, ctl), start the real worker with the first two as its
+    stdout/stderr, forward termination signals, report its exit status and exit the same way.
+    """
+    path = os.environ.pop(SHIM_ENV)
+    rank = int(os.environ.get("RANK", "-1"))
+
+    def connect(stream):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall(json.dumps({"rank": rank, "stream": stream, "pid": os.getpid()}).encode()
+                  + b"\n")
+        return s
+
+    out, err, ctl = connect("out"), connect("err"), connect("ctl")
+    child = subprocess.Popen([sys.executable, "-u"] + argv, stdout=out.fileno(),
+                             stderr=err.fileno())
+    out.close()
+    err.close()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: child.send_signal(s))
+    started = now()
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    sig = -code if code < 0 else None
+    msg = {"code": 128 + sig if sig else code, "signal": sig, "t": now(),
+           "duration": now() - started, "pid": child.pid}
+    try:
+        ctl.sendall(json.dumps(msg).encode() + b"\n")
+        ctl.close()
+    except OSError:
+        pass
+    if sig:
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return code
+
+
+def main():
+    if os.environ.get(SHIM_ENV) and len(sys.argv) > 1:
+        sys.exit(shim_main(sys.argv[1:]))
+    # shipped by launcher/wire.py: the bootstrap hands us our source and the spec, having
+    # read exactly their lengths from fd 0, so the rest of fd 0 is ours, unbuffered
+    source = globals().get("DTRAIN_SOURCE")
+    spec = globals().get("DTRAIN_SPEC")
+    if source is None:
+        with open(__file__, "rb") as f:
+            source = f.read()
+    if spec is None:
+        line = b""
+        while not line.endswith(b"\n"):
+            c = os.read(0, 1)
+            if not c:
+                break
+            line += c
+        spec = line
+    sys.exit(Supervisor(json.loads(spec), source).run())
+
+
+if __name__ == "__main__":
+    main()

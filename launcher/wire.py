@@ -1,0 +1,131 @@
+"""The launcher's side of the node protocol: how node programs are shipped and spoken to.
+
+A node program (the supervisor, the probe) is never installed on the node. The remote
+command is a short bootstrap given to the node's Python with ``-c``; it reads a header line
+``"<source length> <spec length>"`` from fd 0, then exactly that many bytes of source and of
+spec (JSON), and executes the source. Secrets travel inside the spec, over the encrypted
+channel, never on a command line that ``ps`` would show. The rest of stdin is control lines.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+FRAME = struct.Struct("!BiI")
+KIND_OUT, KIND_ERR, KIND_CTL = 1, 2, 3
+SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
+
+BOOTSTRAP = (
+    "import os\n"
+    "def r(n):\n"
+    "    d = b''\n"
+    "    while len(d) < n:\n"
+    "        c = os.read(0, n - len(d))\n"
+    "        if not c:\n"
+    "            raise SystemExit('dtrain: launcher closed the channel during start-up')\n"
+    "        d += c\n"
+    "    return d\n"
+    "h = b''\n"
+    "while not h.endswith(b'\\n'):\n"
+    "    h += r(1)\n"
+    "n, m = map(int, h.split())\n"
+    "s = r(n)\n"
+    "g = {'__name__': '__main__', 'DTRAIN_SOURCE': s}\n"
+    "if m:\n"
+    "    g['DTRAIN_SPEC'] = r(m)\n"
+    "exec(compile(s, 'dtrain-node-program', 'exec'), g)\n"
+)
+
+
+@cache
+def program_source(name: str) -> bytes:
+    """The source of a node program shipped from this package (supervisor, probe)."""
+    return resources.files("launcher").joinpath(f"{name}.py").read_bytes()
+
+
+def remote_command(python: str = "python3", *, workdir: str | None = None,
+                   setup: str | None = None) -> str:
+    """The shell command line that starts a node program under the remote user's shell.
+
+    Remote shells are non-login shells: nothing may depend on .bashrc, so the setup snippet
+    (``source venv/bin/activate``, ``module load``) runs first, in the same shell, and the
+    program is exec'd so no shell lingers between sshd and the supervisor.
+    """
+    parts = []
+    if workdir:
+        q = shlex.quote(workdir)
+        parts.append(
+            f"cd -- {q} 2>/dev/null || {{ echo \"dtrain: working directory {workdir!s} "
+            f"does not exist on this node\" >&2; exit 97; }}"
+        )
+    if setup:
+        parts.append(setup)
+    # a leading ~/ must stay unquoted to be expanded by the remote shell
+    py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
+    parts.append(
+        f"command -v {py} >/dev/null 2>&1 || {{ echo \"dtrain: {python} not found on this "
+        f"node (set --python or the hostfile's python=)\" >&2; exit 98; }}"
+    )
+    parts.append(f"exec {py} -u -c {shlex.quote(BOOTSTRAP)}")
+    return "\n".join(parts)
+
+
+WORKDIR_MISSING = 97
+PYTHON_MISSING = 98
+
+
+def payload(source: bytes, spec: Mapping[str, object] | None = None) -> bytes:
+    """Header + source + spec: what is written to the channel's stdin first."""
+    body = json.dumps(spec, separators=(",", ":")).encode() if spec is not None else b""
+    return f"{len(source)} {len(body)}\n".encode() + source + body
+
+
+def control(op: str, **fields: object) -> bytes:
+    """One control line for the supervisor's stdin."""
+    return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame from a supervisor: output bytes of a rank/stream, or a control message."""
+
+    kind: int
+    rank: int
+    data: bytes
+
+    def message(self) -> dict[str, object]:
+        """The decoded control message (kind 3)."""
+        return json.loads(self.data)  # type: ignore[no-any-return]
+
+
+class FrameDecoder:
+    """Incremental decoder for the supervisor's stdout."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Frames completed by this chunk."""
+        self._buf += data
+        frames: list[Frame] = []
+        pos, buf, size = 0, self._buf, FRAME.size
+        while len(buf) - pos >= size:
+            kind, rank, length = FRAME.unpack_from(buf, pos)
+            if len(buf) - pos - size < length:
+                break
+            start = pos + size
+            frames.append(Frame(kind, rank, bytes(buf[start:start + length])))
+            pos = start + length
+        del buf[:pos]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame (non-zero at EOF means a truncated stream)."""
+        return len(self._buf)
