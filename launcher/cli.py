@@ -21,8 +21,6 @@ app = typer.Typer(
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
          "every node), keys, doctor, logs.",
 )
-keys_app = typer.Typer(no_args_is_help=True, help="Passwordless SSH bootstrap for every node.")
-app.add_typer(keys_app, name="keys")
 
 PASSTHROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
 
@@ -120,8 +118,15 @@ def exec_cmd(
     _run(body)
 
 
+def _register_subapps() -> None:
+    from launcher.cli_keys import keys_app
+
+    app.add_typer(keys_app, name="keys", help="Passwordless SSH bootstrap for every node.")
+
+
 def main() -> None:
     """Console-script entry point."""
+    _register_subapps()
     app()
 
 
