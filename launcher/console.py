@@ -1,0 +1,220 @@
+"""The live console: one tagged text line per remote line, plus the --gather renderer.
+
+Formats (``<host>`` is the host label, padded to the widest label on a terminal only):
+
+    terminal (colour)          plain (pipe, NO_COLOR, color=False)
+    node1 r3 │ text            node1 r3: text
+    node1 r3 ! text  (stderr)  node1 r3 [err]: text
+    node1    │ text  (node)    node1: text        <- exactly pdsh's "host: text" in exec mode
+    dtrain   │ text            dtrain: text
+
+On a terminal each host gets its own colour and a stderr line swaps the dim "│" for a red
+"!". The plain format is unpadded so that ``cut -d: -f1``, ``sort`` and ``dshbak`` work on
+it. With ``err_stream`` set, stderr lines and dtrain's own messages go there instead, with
+no ``[err]`` mark (as pdsh does).
+
+Colours are raw ANSI codes with a prefix cached per source: going through rich for every
+line would cost more than everything else on the output path together.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from ClusterShell.NodeSet import NodeSet, NodeSetException  # type: ignore[import-untyped]
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Iterable, Mapping, Sequence
+
+    from launcher.models import OutputLine
+
+RESET = "\x1b[0m"
+BOLD = "\x1b[1m"
+DIM = "\x1b[2m"
+RED = "\x1b[1;31m"
+# Bright-ish colours that stay readable on both dark and light backgrounds; no red (stderr).
+PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
+DTRAIN_TAG = "dtrain"
+
+
+def should_color(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
+    """Colour only a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    env = os.environ if env is None else env
+    if env.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class Console:
+    """Format OutputLines and write them in batches to a text stream."""
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        color: bool | None = None,
+        err_stream: TextIO | None = None,
+        ranks: Collection[int] | None = None,
+        hosts: Collection[str] | None = None,
+        labels: Sequence[str] = (),
+        world_size: int | None = None,
+    ) -> None:
+        self.stream = sys.stdout if stream is None else stream
+        self.err_stream = err_stream
+        self.color = should_color(self.stream) if color is None else color
+        self.ranks = frozenset(ranks) if ranks is not None else None
+        self.hosts = frozenset(hosts) if hosts is not None else None
+        self.broken = False  # the reader went away (EPIPE): drop further output
+        self._colors: dict[str, str] = {}
+        self._prefixes: dict[tuple[str, int | None, str], str] = {}
+        self._host_w = 0
+        self._rank_w = len(str(world_size - 1)) if world_size else 0
+        for label in labels:
+            self._see(label, None)
+
+    def wants(self, line: OutputLine) -> bool:
+        """Apply the --rank/--host filters; dtrain's own messages always pass."""
+        if line.stream == "dtrain":
+            return True
+        if self.hosts is not None and line.host not in self.hosts:
+            return False
+        # With a rank filter, node-level lines (the torchrun agent) belong to no asked rank.
+        return self.ranks is None or line.rank in self.ranks
+
+    def select(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
+        """The lines the filters let through (the same list when there are no filters)."""
+        if self.ranks is None and self.hosts is None:
+            return lines
+        return [line for line in lines if self.wants(line)]
+
+    def format_line(self, line: OutputLine) -> str:
+        """One line as the console shows it, without the newline."""
+        text = line.text
+        if line.stream == "dtrain" and line.host:
+            text = f"{line.host}: {text}"
+        prefix = self._prefix(line)
+        if "\n" in text:
+            text = text.replace("\n", "\n" + prefix)
+        if self.color and "\x1b" in text:
+            text += RESET  # the remote program's colours must not leak into our next tag
+        return prefix + text
+
+    def write(self, lines: Iterable[OutputLine]) -> None:
+        """Filter, format and write lines with one write() per destination."""
+        if self.broken:
+            return
+        out: list[str] = []
+        err: list[str] = []
+        split = self.err_stream is not None
+        fmt = self.format_line
+        if self.ranks is not None or self.hosts is not None:
+            lines = [line for line in lines if self.wants(line)]
+        for line in lines:
+            if split and line.stream != "out":
+                err.append(fmt(line))
+            else:
+                out.append(fmt(line))
+        self._write(self.stream, out)
+        if err and self.err_stream is not None:
+            self._write(self.err_stream, err)
+
+    def write_raw(self, texts: Sequence[str]) -> None:
+        """Write ready-made lines (replay --json) with the same EPIPE handling."""
+        self._write(self.stream, list(texts))
+
+    def flush(self) -> None:
+        """Flush the underlying streams (an EPIPE marks the console broken)."""
+        for stream in (self.stream, self.err_stream):
+            if stream is not None and not self.broken:
+                try:
+                    stream.flush()
+                except (BrokenPipeError, ValueError, OSError):
+                    self.broken = True
+
+    def _write(self, stream: TextIO, parts: list[str]) -> None:
+        if not parts or self.broken:
+            return
+        parts.append("")
+        try:
+            stream.write("\n".join(parts))
+        except (BrokenPipeError, ValueError, OSError):
+            # `dtrain run ... | head` closed the pipe: the job goes on, the archive keeps all.
+            self.broken = True
+
+    def _prefix(self, line: OutputLine) -> str:
+        key = (line.host, line.rank, line.stream)
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            self._see(line.host if line.stream != "dtrain" else "", line.rank)
+            prefix = self._prefixes[key] = self._build_prefix(*key)
+        return prefix
+
+    def _see(self, host: str, rank: int | None) -> None:
+        """Widen the label columns when a longer host or rank appears."""
+        host_w = max(self._host_w, len(host))
+        rank_w = max(self._rank_w, len(str(rank)) if rank is not None else 0)
+        if (host_w, rank_w) != (self._host_w, self._rank_w):
+            self._host_w, self._rank_w = host_w, rank_w
+            self._prefixes.clear()
+        if host and host not in self._colors:
+            self._colors[host] = PALETTE[len(self._colors) % len(PALETTE)]
+
+    def _build_prefix(self, host: str, rank: int | None, stream: str) -> str:
+        if not self.color:
+            return _plain_prefix(host, rank, stream, marked=self.err_stream is None)
+        tag_w = self._host_w + (self._rank_w + 2 if self._rank_w else 0)
+        if stream == "dtrain":
+            return f"{BOLD}{DTRAIN_TAG:<{tag_w}}{RESET} {DIM}│{RESET} "
+        sep = f"{RED}!{RESET}" if stream == "err" else f"{DIM}│{RESET}"
+        label = f"{host:<{self._host_w}}"
+        if self._rank_w:
+            label += f" r{rank:<{self._rank_w}}" if rank is not None else " " * (self._rank_w + 2)
+        return f"\x1b[{self._colors[host]}m{label}{RESET} {sep} "
+
+
+def _plain_prefix(host: str, rank: int | None, stream: str, *, marked: bool) -> str:
+    if stream == "dtrain":
+        return f"{DTRAIN_TAG}: "
+    tag = host if rank is None else f"{host} r{rank}"
+    mark = " [err]" if marked and stream == "err" else ""
+    return f"{tag}{mark}: "
+
+
+class Gatherer:
+    """--gather: keep each host's output, then print each distinct output once (dshbak -c)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, list[str]] = {}
+
+    def add(self, lines: Iterable[OutputLine]) -> None:
+        """Collect lines; dtrain's own messages are not host output and are skipped."""
+        for line in lines:
+            if line.stream != "dtrain":
+                self._texts.setdefault(line.host, []).append(line.text)
+
+    def groups(self) -> list[tuple[str, list[str]]]:
+        """(folded host set, output lines) per distinct output, in first-seen order."""
+        by_output: dict[tuple[str, ...], list[str]] = {}
+        for host, texts in self._texts.items():
+            by_output.setdefault(tuple(texts), []).append(host)
+        return [(fold_hosts(hosts), list(texts)) for texts, hosts in by_output.items()]
+
+    def render(self) -> str:
+        """The dshbak -c style report: a ruled header per host set, then its lines."""
+        blocks: list[str] = []
+        for header, texts in self.groups():
+            rule = "-" * len(header)
+            blocks.append("\n".join([rule, header, rule, *texts]) + "\n")
+        return "".join(blocks)
+
+
+def fold_hosts(hosts: Iterable[str]) -> str:
+    """Fold host names the ClusterShell way (198.18.0.[11-14]); plain list if it can't."""
+    names = list(hosts)
+    try:
+        return str(NodeSet.fromlist(names))
+    except NodeSetException:
+        return ",".join(sorted(names))
