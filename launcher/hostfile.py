@@ -69,8 +69,7 @@ class _Ctx:
 class _Spec:
     """One entry's settings before its host pattern is expanded (None: not given)."""
 
-    pattern: str | None = None
-    literal: bool = False  # an IPv6 address: no range expansion
+    names: list[str] = field(default_factory=list)  # the host pattern, expanded
     user: str | None = None
     port: int | None = None
     slots: int | None = None
@@ -80,7 +79,7 @@ class _Spec:
     def over(self, defaults: _Spec) -> _Spec:
         """This entry's values win over the defaults; env is merged, the entry's keys winning."""
         return _Spec(
-            pattern=self.pattern, literal=self.literal,
+            names=self.names,
             user=_first(self.user, defaults.user), port=_first(self.port, defaults.port),
             slots=_first(self.slots, defaults.slots), python=_first(self.python, defaults.python),
             env={**defaults.env, **self.env},
@@ -196,6 +195,21 @@ def _top_level_comma(pattern: str) -> bool:
     return False
 
 
+def _range_size(pattern: str) -> int:
+    """How many names the pattern's well-formed ranges make, before NodeSet builds them all
+    (it takes seconds on node[1-9999999]); anything malformed is left to NodeSet to report."""
+    size = 1
+    for group in re.findall(r"\[([^\[\]]*)\]", pattern):
+        count = 0
+        for part in group.split(","):
+            match = re.fullmatch(r"(\d+)(?:-(\d+)(?:/(\d+))?)?", part.strip())
+            if match:
+                low, high, step = match.group(1), match.group(2) or match.group(1), match.group(3)
+                count += max(0, (int(high) - int(low)) // max(1, int(step or 1)) + 1)
+        size *= max(count, 1)
+    return size
+
+
 def _expand(pattern: str, ctx: _Ctx) -> list[str]:
     """A host pattern -> names. Characters are checked first: NodeSet would read '!', '&',
     '^' and '@' as set operators and groups, and shells would read much more."""
@@ -208,15 +222,16 @@ def _expand(pattern: str, ctx: _Ctx) -> list[str]:
                         hint="put each host on its own line, or use a range: node[1,3-4]")
     if "[" not in pattern and "]" not in pattern:
         return [_check_name(pattern, ctx)]
+    size = _range_size(pattern)
+    if size > MAX_HOSTS:
+        raise ctx.error(f"host range {pattern!r} expands to {size} hosts "
+                        f"(more than {MAX_HOSTS})", hint="check the range bounds")
     try:
         nodes = NodeSet(pattern, resolver=RESOLVER_NOGROUP)
     except NodeSetException as exc:
         detail = exc.part if isinstance(exc, NodeSetParseRangeError) else str(exc)
         raise ctx.error(f"bad host range {pattern!r}: {detail.replace(' : ', ': ')}",
                         hint="write ranges as node[1-4], gpu[01-16] or node[1,3-5]") from None
-    if len(nodes) > MAX_HOSTS:
-        raise ctx.error(f"host range {pattern!r} expands to {len(nodes)} hosts "
-                        f"(more than {MAX_HOSTS})", hint="check the range bounds")
     return [_check_name(name, ctx) for name in nodes]
 
 
@@ -234,28 +249,25 @@ def _address(token: str, spec: _Spec, ctx: _Ctx) -> None:
         if rest and not rest.startswith(":"):
             raise ctx.error(f"unexpected {rest!r} after {token[:end + 1]!r}",
                             hint="e.g. [fe80::1]:22")
-        spec.pattern, spec.literal = _ipv6(token[1:end], ctx), True
+        spec.names = [_ipv6(token[1:end], ctx)]
         port = rest[1:] if rest else None
     elif token.count(":") > 1 and "[" not in token:
-        spec.pattern, spec.literal = _ipv6(token, ctx), True
-    elif ":" in token:
-        token, _, port = token.partition(":")
-        spec.pattern = token
+        spec.names = [_ipv6(token, ctx)]
     else:
-        spec.pattern = token
-    if not spec.pattern:
-        raise ctx.error("missing host name", hint=_NAME_HINT)
+        token, colon, port = token.partition(":")
+        if not token:
+            raise ctx.error("missing host name", hint=_NAME_HINT)
+        spec.names = _expand(token, ctx)
+        port = port if colon else None
     if port is not None:
         _set(spec, "port", port, ctx)
 
 
 def _hosts(spec: _Spec, ctx: _Ctx) -> list[Host]:
-    """Expand one entry into Hosts, all tagged with the entry's file:line."""
-    assert spec.pattern is not None
-    names = [spec.pattern] if spec.literal else _expand(spec.pattern, ctx)
+    """One entry's Hosts, all tagged with the entry's file:line."""
     env = tuple(sorted(spec.env.items()))
     return [Host(name=name, user=spec.user, port=spec.port, slots=spec.slots,
-                 python=spec.python, env=env, source=ctx.label) for name in names]
+                 python=spec.python, env=env, source=ctx.label) for name in spec.names]
 
 
 # --------------------------------------------------------------------------- text

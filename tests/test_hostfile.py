@@ -1,0 +1,593 @@
+"""Hostfile, -H and --include/--exclude parsing: good input, and exact messages for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import HostfileError, UsageError
+from launcher.hostfile import (
+    filter_hosts,
+    fold,
+    load_hostfile,
+    parse_host_expr,
+    parse_hostfile_text,
+    parse_hostfile_yaml,
+    resolve_hosts,
+)
+from launcher.models import Host
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "hostfiles"
+
+
+def names(hosts: list[Host]) -> list[str]:
+    return [host.name for host in hosts]
+
+
+def labels(hosts: list[Host]) -> list[str]:
+    return [host.label for host in hosts]
+
+
+def text_error(text: str, source: str = "h.txt") -> HostfileError:
+    with pytest.raises(HostfileError) as info:
+        parse_hostfile_text(text, source)
+    return info.value
+
+
+def yaml_error(text: str, source: str = "c.yaml") -> HostfileError:
+    with pytest.raises(HostfileError) as info:
+        parse_hostfile_yaml(text, source)
+    return info.value
+
+
+# --------------------------------------------------------------------------- text format
+
+
+def test_text_format_entries_and_settings() -> None:
+    text = (
+        "# cluster\n"
+        "\n"
+        "gpu[01-03] slots=8   # trailing comment\n"
+        "dtuser@login1:2222 python=/opt/venv/bin/python\n"
+        "login2 user=ops port=2200 slots=1\n"
+    )
+    hosts = parse_hostfile_text(text, "cluster.txt")
+    assert hosts == [
+        Host("gpu01", slots=8, source="cluster.txt:3"),
+        Host("gpu02", slots=8, source="cluster.txt:3"),
+        Host("gpu03", slots=8, source="cluster.txt:3"),
+        Host("login1", user="dtuser", port=2222, python="/opt/venv/bin/python",
+             source="cluster.txt:4"),
+        Host("login2", user="ops", port=2200, slots=1, source="cluster.txt:5"),
+    ]
+
+
+def test_port_and_user_are_none_when_not_given() -> None:
+    (host,) = parse_hostfile_text("node1\n", "h.txt")
+    assert (host.user, host.port, host.slots, host.python, host.env) == (None, None, None, None, ())
+
+
+def test_crlf_tabs_and_blank_lines() -> None:
+    hosts = parse_hostfile_text("# x\r\n\r\nnode1\tslots=2\r\n  node2  \r\n", "h.txt")
+    assert labels(hosts) == ["node1", "node2"]
+    assert [h.source for h in hosts] == ["h.txt:3", "h.txt:4"]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param("gpu[01-04]", ["gpu01", "gpu02", "gpu03", "gpu04"], id="padded"),
+        pytest.param("node[1,3-4]", ["node1", "node3", "node4"], id="list-in-range"),
+        pytest.param("rack[1-2]-node[1-2]",
+                     ["rack1-node1", "rack1-node2", "rack2-node1", "rack2-node2"], id="2d"),
+        pytest.param("198.18.0.[11-13]", ["198.18.0.11", "198.18.0.12", "198.18.0.13"],
+                     id="ipv4-range"),
+        pytest.param("10.0.0.1", ["10.0.0.1"], id="ipv4"),
+        pytest.param("node-1.example.com", ["node-1.example.com"], id="fqdn"),
+        pytest.param("my_host", ["my_host"], id="underscore"),
+        pytest.param("[fe80::1]:22", ["fe80::1"], id="ipv6-bracketed"),
+        pytest.param("::1", ["::1"], id="ipv6-bare"),
+    ],
+)
+def test_host_patterns(line: str, expected: list[str]) -> None:
+    assert names(parse_hostfile_text(line, "h.txt")) == expected
+
+
+def test_ipv6_with_user_and_port() -> None:
+    (host,) = parse_hostfile_text("ops@[FE80::0001]:2222 slots=2", "h.txt")
+    assert (host.name, host.user, host.port, host.slots) == ("fe80::1", "ops", 2222, 2)
+    assert not host.is_local
+
+
+def test_same_user_both_ways_is_fine() -> None:
+    (host,) = parse_hostfile_text("dtuser@node1:22 user=dtuser port=22", "h.txt")
+    assert (host.user, host.port) == ("dtuser", 22)
+
+
+def test_hash_starts_a_comment_anywhere() -> None:
+    assert labels(parse_hostfile_text("node1#comment\nnode2 slots=2#x", "h.txt")) == [
+        "node1", "node2"]
+
+
+BAD_TEXT = [
+    pytest.param("node1 slot=2",
+                 "h.txt:1: unknown key 'slot'; known keys: port, python, slots, user",
+                 id="unknown-key"),
+    pytest.param("node1 slots=two",
+                 "h.txt:1: slots must be a positive integer, got 'two'", id="slots-word"),
+    pytest.param("node1 slots=0",
+                 "h.txt:1: slots must be a positive integer, got '0'", id="slots-zero"),
+    pytest.param("node1 slots=-1",
+                 "h.txt:1: slots must be a positive integer, got '-1'", id="slots-negative"),
+    pytest.param("node1 slots=",
+                 "h.txt:1: slots must be a positive integer, got ''", id="slots-empty"),
+    pytest.param("node1 slots=2 slots=4", "h.txt:1: slots given twice", id="slots-twice"),
+    pytest.param("node1:99999",
+                 "h.txt:1: bad port '99999': must be a number from 1 to 65535", id="port-big"),
+    pytest.param("node1:0",
+                 "h.txt:1: bad port '0': must be a number from 1 to 65535", id="port-zero"),
+    pytest.param("node1:ssh",
+                 "h.txt:1: bad port 'ssh': must be a number from 1 to 65535", id="port-word"),
+    pytest.param("node1 port=x",
+                 "h.txt:1: bad port 'x': must be a number from 1 to 65535", id="port-key"),
+    pytest.param("node1:",
+                 "h.txt:1: bad port '': must be a number from 1 to 65535", id="port-empty"),
+    pytest.param("a@node1 user=b", "h.txt:1: user given twice: 'a' and 'b'", id="user-conflict"),
+    pytest.param("node1:22 port=2222", "h.txt:1: port given twice: 22 and 2222",
+                 id="port-conflict"),
+    pytest.param("@node1", "h.txt:1: invalid user name ''", id="user-empty"),
+    pytest.param("-oProxyCommand@node1", "h.txt:1: invalid user name '-oProxyCommand'",
+                 id="user-dash"),
+    pytest.param("node1 extra", "h.txt:1: unexpected 'extra': settings are key=value",
+                 id="bare-word"),
+    pytest.param("slots=4 node1", "h.txt:1: expected a host first, got 'slots=4'",
+                 id="key-first"),
+    pytest.param("node1,node2",
+                 "h.txt:1: one host entry at a time, got 'node1,node2'", id="comma"),
+    pytest.param("node[3-1]",
+                 "h.txt:1: bad host range 'node[3-1]': invalid values in range: \"3-1\"",
+                 id="range-reversed"),
+    pytest.param("node[a-c]",
+                 "h.txt:1: bad host range 'node[a-c]': cannot convert string to integer: "
+                 "\"a-c\"", id="range-letters"),
+    pytest.param("node[1-", "h.txt:1: bad host range 'node[1-': missing bracket: \"node[1-\"",
+                 id="range-unclosed"),
+    pytest.param("node[]", "h.txt:1: bad host range 'node[]': empty range", id="range-empty"),
+    pytest.param("node[1-9999999]",
+                 "h.txt:1: host range 'node[1-9999999]' expands to 9999999 hosts "
+                 "(more than 65536)", id="range-huge"),
+    pytest.param("[fe80::1", "h.txt:1: missing ']' in '[fe80::1'", id="ipv6-unclosed"),
+    pytest.param("[fe80::zz]:22", "h.txt:1: invalid IPv6 address 'fe80::zz'", id="ipv6-bad"),
+    pytest.param("node1:22:33", "h.txt:1: invalid IPv6 address 'node1:22:33'",
+                 id="two-colons"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_TEXT)
+def test_bad_text_lines(text: str, message: str) -> None:
+    error = text_error(text)
+    assert error.message == message
+    assert error.source == "h.txt" and error.line == 1
+    assert error.exit_code == 2
+
+
+def test_unknown_key_hint_mentions_max_slots() -> None:
+    assert text_error("node1 slot=2").hint == "max_slots is accepted and ignored"
+
+
+def test_error_line_numbers_count_comments_and_blanks() -> None:
+    error = text_error("# a\n\nnode1\r\n\r\nnode2 slots=x\n")
+    assert error.message == "h.txt:5: slots must be a positive integer, got 'x'"
+
+
+BAD_NAMES = [
+    pytest.param("node1;rm", "';' is not allowed in a host name", id="semicolon"),
+    pytest.param("a$b", "'$' is not allowed in a host name", id="dollar"),
+    pytest.param("a`id`", "'`' is not allowed in a host name", id="backtick"),
+    pytest.param("'node1'", "\"'\" is not allowed in a host name", id="quote"),
+    pytest.param('"node1"', "'\"' is not allowed in a host name", id="dquote"),
+    pytest.param("a/b", "'/' is not allowed in a host name", id="slash"),
+    pytest.param("a!b", "'!' is not allowed in a host name", id="nodeset-operator"),
+    pytest.param("a&b", "'&' is not allowed in a host name", id="ampersand"),
+    pytest.param("nöde", "'ö' is not allowed in a host name", id="non-ascii"),
+    pytest.param("-oProxyCommand=x", None, id="option-like"),
+    pytest.param("-node1", "a part may not start or end with '-'", id="leading-dash"),
+    pytest.param("node1-", "a part may not start or end with '-'", id="trailing-dash"),
+    pytest.param("a..b", "empty part between dots", id="empty-label"),
+    pytest.param("node1.", "empty part between dots", id="trailing-dot"),
+    pytest.param("x" * 64, "a part is longer than 63 characters", id="long-label"),
+    pytest.param("999.1.1.1", "not a valid IPv4 address", id="ipv4-octet"),
+    pytest.param("198.18.0.[01-02]", "not a valid IPv4 address", id="ipv4-padded-range"),
+    pytest.param("12", "not a valid IPv4 address", id="all-digits"),
+]
+
+
+@pytest.mark.parametrize(("name", "reason"), BAD_NAMES)
+def test_invalid_host_names(name: str, reason: str | None) -> None:
+    error = text_error(f"{name} slots=1")
+    assert error.message.startswith("h.txt:1: ")
+    if reason is None:  # "key first": the '=' makes it not a host at all
+        assert "expected a host first" in error.message
+    else:
+        assert error.message.endswith(reason)
+        assert "invalid host name" in error.message
+    assert error.hint
+
+
+def test_invalid_name_from_a_range_is_named() -> None:
+    error = text_error("gpu[1-2]-")
+    assert error.message == ("h.txt:1: invalid host name 'gpu1-': "
+                             "a part may not start or end with '-'")
+
+
+def test_duplicates_name_both_lines() -> None:
+    error = text_error("node[1-4] slots=2\n# more\nnode3\n", "cluster.txt")
+    assert error.message == "cluster.txt:3: duplicate host 'node3' (first at cluster.txt:1)"
+    assert error.line == 3
+
+
+def test_same_name_other_port_is_not_a_duplicate() -> None:
+    hosts = parse_hostfile_text("localhost:2222\nlocalhost:2223\nlocalhost\n", "h.txt")
+    assert labels(hosts) == ["localhost:2222", "localhost:2223", "localhost"]
+
+
+def test_same_name_same_port_is_a_duplicate() -> None:
+    assert text_error("node1:22\nnode1 port=22").message == (
+        "h.txt:2: duplicate host 'node1:22' (first at h.txt:1)")
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("", id="empty"),
+    pytest.param("# only comments\n\n   \n", id="comments"),
+])
+def test_empty_hostfile(text: str) -> None:
+    assert text_error(text).message == "h.txt: no hosts listed"
+
+
+# --------------------------------------------------------------------------- compatibility
+
+
+def test_deepspeed_hostfile_loads_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "hostfile"
+    path.write_text("worker-1 slots=4\nworker-2 slots=4\n")
+    hosts = load_hostfile(path)
+    assert [(h.name, h.slots) for h in hosts] == [("worker-1", 4), ("worker-2", 4)]
+
+
+def test_openmpi_hostfile_loads_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("# mpi\nnode1 slots=4 max_slots=8\nnode2 max-slots=8\nnode3\n")
+    hosts = load_hostfile(path)
+    assert [(h.name, h.slots) for h in hosts] == [("node1", 4), ("node2", None), ("node3", None)]
+
+
+@pytest.mark.parametrize(("name", "count", "folded"), [
+    pytest.param("cluster.txt", 23, "gpu[01-16],login1,rack[1-2]-node[1-3]", id="cluster"),
+    pytest.param("cluster.yaml", 13, "bigmem[1-2],gpu[01-10],login1", id="yaml"),
+    pytest.param("deepspeed.txt", 2, "worker-[1-2]", id="deepspeed"),
+    pytest.param("openmpi.txt", 3, "node[1-3]", id="openmpi"),
+    pytest.param("testcluster.txt", 4, "198.18.0.[11-14]", id="testcluster"),
+])
+def test_example_hostfiles_load(name: str, count: int, folded: str) -> None:
+    hosts = load_hostfile(EXAMPLES / name)
+    assert len(hosts) == count
+    assert fold(h.name for h in hosts) == folded
+
+
+def test_testcluster_example() -> None:
+    hosts = load_hostfile(EXAMPLES / "testcluster.txt")
+    assert {(h.user, h.port, h.slots) for h in hosts} == {("dtuser", None, 2)}
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+CLUSTER_YAML = """\
+defaults:
+  user: dtuser
+  port: 2222
+  slots: 8
+  python: /opt/venv/bin/python
+  env: {NCCL_DEBUG: WARN, OMP_NUM_THREADS: 4}
+hosts:
+  - "gpu[01-02] slots=4"
+  - host: "big[1-2]"
+    user: root
+    env: {NCCL_DEBUG: INFO, A: "1"}
+  - {host: "ops@login1:22"}
+"""
+
+
+def test_yaml_defaults_and_overrides() -> None:
+    hosts = parse_hostfile_yaml(CLUSTER_YAML, "c.yaml")
+    default_env = (("NCCL_DEBUG", "WARN"), ("OMP_NUM_THREADS", "4"))
+    py = "/opt/venv/bin/python"
+    assert hosts == [
+        Host("gpu01", "dtuser", 2222, 4, py, default_env, "c.yaml:8"),
+        Host("gpu02", "dtuser", 2222, 4, py, default_env, "c.yaml:8"),
+        Host("big1", "root", 2222, 8, py,
+             (("A", "1"), ("NCCL_DEBUG", "INFO"), ("OMP_NUM_THREADS", "4")), "c.yaml:9"),
+        Host("big2", "root", 2222, 8, py,
+             (("A", "1"), ("NCCL_DEBUG", "INFO"), ("OMP_NUM_THREADS", "4")), "c.yaml:9"),
+        Host("login1", "ops", 22, 8, py, default_env, "c.yaml:12"),
+    ]
+
+
+def test_yaml_without_defaults_and_with_merge_keys() -> None:
+    text = "defaults: &d\n  slots: 2\nhosts:\n  - node1\n  - {<<: *d, host: node2, port: 22}\n"
+    hosts = parse_hostfile_yaml(text, "m.yaml")
+    assert [(h.name, h.slots, h.port) for h in hosts] == [("node1", 2, None), ("node2", 2, 22)]
+
+
+BAD_YAML = [
+    pytest.param("hosts:\n  - node1\n  - host: node2\n    slots: two\n",
+                 "c.yaml:4: hosts[1].slots: slots must be a positive integer, got 'two'",
+                 id="slots"),
+    pytest.param("hosts:\n  - {host: node1, slots: true}\n",
+                 "c.yaml:2: hosts[0].slots: slots must be a positive integer, got True",
+                 id="slots-bool"),
+    pytest.param("hosts:\n  - host: node2\n    slot: 2\n",
+                 "c.yaml:3: hosts[0].slot: unknown key 'slot'; "
+                 "known keys: env, host, port, python, slots, user", id="unknown-host-key"),
+    pytest.param("defaults:\n  slots: 1\n  host: a\nhosts: [a]\n",
+                 "c.yaml:3: defaults.host: unknown key 'host'; "
+                 "known keys: env, port, python, slots, user", id="unknown-default-key"),
+    pytest.param("hostz: [a]\n",
+                 "c.yaml:1: hostz: unknown key 'hostz'; known keys: defaults, hosts",
+                 id="unknown-top-key"),
+    pytest.param("defaults: {slots: 2}\n", "c.yaml:1: missing 'hosts:'", id="no-hosts-key"),
+    pytest.param("hosts: node1\n", "c.yaml:1: hosts: expected a list of hosts", id="not-list"),
+    pytest.param("hosts: []\n", "c.yaml: no hosts listed", id="empty-list"),
+    pytest.param("", "c.yaml: no hosts listed", id="empty-file"),
+    pytest.param("- node1\n", "c.yaml:1: expected a mapping of key: value", id="top-list"),
+    pytest.param("hosts:\n  - slots: 2\n", "c.yaml:2: hosts[0]: missing 'host:'", id="no-host"),
+    pytest.param("hosts:\n  - 12\n", "c.yaml:2: hosts[0]: expected a host entry, got 12",
+                 id="number-entry"),
+    pytest.param("hosts:\n  - {host: 'a b'}\n",
+                 "c.yaml:2: hosts[0].host: expected one host name or range, got 'a b'",
+                 id="host-with-space"),
+    pytest.param("hosts:\n  - {host: n1, host: n2}\n",
+                 "c.yaml:2: hosts[0].host: key given twice", id="repeated-key"),
+    pytest.param("hosts:\n  - {host: a@n1, user: b}\n",
+                 "c.yaml:2: hosts[0].user: user given twice: 'a' and 'b'", id="user-conflict"),
+    pytest.param("hosts:\n  - {host: n1, port: 70000}\n",
+                 "c.yaml:2: hosts[0].port: bad port 70000: must be a number from 1 to 65535",
+                 id="port"),
+    pytest.param("defaults:\n  env: {A: yes}\nhosts: [a]\n",
+                 "c.yaml:2: defaults.env.A: value must be a string, got True", id="env-bool"),
+    pytest.param("hosts:\n  - {host: a, env: {1A: x}}\n",
+                 "c.yaml:2: hosts[0].env.1A: invalid environment variable name '1A'",
+                 id="env-name"),
+    pytest.param("hosts:\n  - {host: a, env: [A]}\n",
+                 "c.yaml:2: hosts[0].env: expected a mapping of NAME: value", id="env-list"),
+    pytest.param("hosts:\n  - node1 slots=x\n",
+                 "c.yaml:2: hosts[0]: slots must be a positive integer, got 'x'",
+                 id="string-entry"),
+    pytest.param("hosts:\n  - node1\n  - host: node[0-2]\n",
+                 "c.yaml:3: duplicate host 'node1' (first at c.yaml:2)", id="duplicate"),
+    pytest.param("hosts:\n  - a\n - b\n",
+                 "c.yaml:3: not valid YAML: expected <block end>, but found "
+                 "'<block sequence start>'", id="syntax"),
+    pytest.param("hosts:\n  - {host: 'n;1'}\n",
+                 "c.yaml:2: hosts[0].host: invalid host name 'n;1': "
+                 "';' is not allowed in a host name", id="bad-name"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_YAML)
+def test_bad_yaml(text: str, message: str) -> None:
+    assert yaml_error(text).message == message
+
+
+# --------------------------------------------------------------------------- load_hostfile
+
+
+@pytest.mark.parametrize(("filename", "content"), [
+    pytest.param("h.yaml", "hosts: [node1, node2]\n", id="yaml-ext"),
+    pytest.param("h.yml", "hosts:\n  - node1\n  - node2\n", id="yml-ext"),
+    pytest.param("hosts", "# comment\nhosts:\n  - node1\n  - node2\n", id="sniffed-hosts"),
+    pytest.param("hosts", "defaults: {slots: 1}\nhosts: [node1, node2]\n", id="sniffed-defaults"),
+    pytest.param("hosts.txt", "node1\nnode2\n", id="text"),
+    pytest.param("hosts.txt", "\ufeffnode1\nnode2\n", id="bom"),
+])
+def test_load_dispatch(tmp_path: Path, filename: str, content: str) -> None:
+    path = tmp_path / filename
+    path.write_text(content, encoding="utf-8")
+    hosts = load_hostfile(path)
+    assert names(hosts) == ["node1", "node2"]
+    assert hosts[0].source.startswith(f"{path}:")
+
+
+def test_missing_hostfile_is_an_error_not_localhost(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(HostfileError) as info:
+        load_hostfile(missing)
+    assert info.value.message == f"hostfile not found: {missing}"
+    assert info.value.exit_code == 2
+
+
+def test_directory_as_hostfile(tmp_path: Path) -> None:
+    with pytest.raises(HostfileError, match="hostfile is a directory"):
+        load_hostfile(tmp_path)
+
+
+def test_binary_hostfile(tmp_path: Path) -> None:
+    path = tmp_path / "h"
+    path.write_bytes(b"\xff\xfe\x00node")
+    with pytest.raises(HostfileError, match="hostfile is not UTF-8 text"):
+        load_hostfile(path)
+
+
+def test_file_errors_carry_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "c.txt"
+    path.write_text("node1\nnode2 slots=two\n")
+    with pytest.raises(HostfileError) as info:
+        load_hostfile(str(path))
+    assert info.value.message == f"{path}:2: slots must be a positive integer, got 'two'"
+    assert (info.value.source, info.value.line) == (str(path), 2)
+
+
+# --------------------------------------------------------------------------- -H
+
+
+def test_host_expr_with_bracket_commas() -> None:
+    hosts = parse_host_expr("dtuser@node[1,3-4],login2:2222")
+    assert [(h.name, h.user, h.port) for h in hosts] == [
+        ("node1", "dtuser", None), ("node3", "dtuser", None), ("node4", "dtuser", None),
+        ("login2", None, 2222),
+    ]
+    assert {h.source for h in hosts} == {"-H"}
+
+
+@pytest.mark.parametrize(("expr", "expected"), [
+    pytest.param("node1", ["node1"], id="single"),
+    pytest.param(" node1 , node2 ,", ["node1", "node2"], id="spaces-trailing-comma"),
+    pytest.param("rack[1-2]-n[1,2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"], id="2d"),
+    pytest.param("198.18.0.[11-12],[fe80::1]:22", ["198.18.0.11", "198.18.0.12", "fe80::1:22"],
+                 id="ip"),
+    pytest.param("localhost:2222,localhost:2223", ["localhost:2222", "localhost:2223"],
+                 id="ports"),
+])
+def test_host_exprs(expr: str, expected: list[str]) -> None:
+    assert labels(parse_host_expr(expr)) == expected
+
+
+@pytest.mark.parametrize(("expr", "message"), [
+    pytest.param("", "-H: empty host expression", id="empty"),
+    pytest.param(" , ", "-H: empty host expression", id="only-commas"),
+    pytest.param("node1 node2", "-H: unexpected space in 'node1 node2'", id="space"),
+    pytest.param("node1 slots=2", "-H: unexpected space in 'node1 slots=2'", id="settings"),
+    pytest.param("node[1-2],node2", "-H: duplicate host 'node2'", id="duplicate"),
+    pytest.param("node$(id)", "-H: invalid host name 'node$(id)': '$' is not allowed in a "
+                 "host name", id="injection"),
+    pytest.param("node[1-3", "-H: bad host range 'node[1-3': missing bracket: \"node[1-3\"",
+                 id="unclosed"),
+    pytest.param("@group", "-H: invalid user name ''", id="group"),
+])
+def test_bad_host_exprs(expr: str, message: str) -> None:
+    with pytest.raises(HostfileError) as info:
+        parse_host_expr(expr)
+    assert info.value.message == message
+
+
+# --------------------------------------------------------------------------- filters
+
+
+HOSTS = parse_host_expr("node[1-4],login2:2222")
+
+
+@pytest.mark.parametrize(("include", "exclude", "expected"), [
+    pytest.param(None, None, ["node1", "node2", "node3", "node4", "login2:2222"], id="none"),
+    pytest.param("node[2-9]", None, ["node2", "node3", "node4"], id="include"),
+    pytest.param(None, "node[1-2],login2", ["node3", "node4"], id="exclude"),
+    pytest.param("node[1-3]", "node2", ["node1", "node3"], id="both"),
+    pytest.param("node[1-4]!node2", None, ["node1", "node3", "node4"], id="nodeset-operator"),
+    pytest.param("node1 login2", None, ["node1", "login2:2222"], id="space-separated"),
+])
+def test_filter_hosts(include: str | None, exclude: str | None, expected: list[str]) -> None:
+    assert labels(filter_hosts(HOSTS, include, exclude)) == expected
+
+
+@pytest.mark.parametrize(("include", "exclude", "message", "hint"), [
+    pytest.param(None, "node[1-4],login2", "no hosts left after --exclude 'node[1-4],login2'",
+                 "the hosts are login2,node[1-4]", id="exclude-all"),
+    pytest.param("gpu1", None, "no hosts left after --include 'gpu1'",
+                 "the hosts are login2,node[1-4]", id="include-none"),
+    pytest.param("node1", "node1", "no hosts left after --exclude 'node1'",
+                 "the hosts are node1", id="include-then-exclude"),
+    pytest.param("@gpus", None, "--include: node groups are not supported: '@gpus'",
+                 "list hosts or ranges, e.g. node[1-4],login2", id="group"),
+    pytest.param(None, "node[1-", "--exclude: bad host expression 'node[1-': missing "
+                 "bracket: \"node[1-\"", "e.g. node[1-4] or node[1-8]!node3", id="bad-range"),
+])
+def test_filter_errors(include: str | None, exclude: str | None, message: str,
+                       hint: str) -> None:
+    with pytest.raises(HostfileError) as info:
+        filter_hosts(HOSTS, include, exclude)
+    assert (info.value.message, info.value.hint) == (message, hint)
+
+
+# --------------------------------------------------------------------------- resolve_hosts
+
+
+def test_resolve_from_expr_with_filters() -> None:
+    hosts = resolve_hosts(hostfile=None, hosts="node[1-4]", exclude="node3", environ={})
+    assert names(hosts) == ["node1", "node2", "node4"]
+
+
+def test_resolve_from_file(tmp_path: Path) -> None:
+    path = tmp_path / "h.txt"
+    path.write_text("node[1-2] slots=4\n")
+    hosts = resolve_hosts(hostfile=str(path), hosts=None, include="node2", environ={})
+    assert [(h.name, h.slots) for h in hosts] == [("node2", 4)]
+
+
+def test_resolve_from_environment(tmp_path: Path) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text("hosts: [a, b]\n")
+    hosts = resolve_hosts(hostfile=None, hosts=None, environ={"DTRAIN_HOSTFILE": str(path)})
+    assert names(hosts) == ["a", "b"]
+
+
+def test_explicit_source_beats_environment() -> None:
+    hosts = resolve_hosts(hostfile=None, hosts="x1", environ={"DTRAIN_HOSTFILE": "/nope"})
+    assert names(hosts) == ["x1"]
+
+
+def test_resolve_missing_file_from_environment(tmp_path: Path) -> None:
+    missing = tmp_path / "gone"
+    with pytest.raises(HostfileError) as info:
+        resolve_hosts(hostfile=None, hosts=None, environ={"DTRAIN_HOSTFILE": str(missing)})
+    assert info.value.message == f"hostfile not found: {missing} (from DTRAIN_HOSTFILE)"
+
+
+def test_resolve_both_is_a_usage_error() -> None:
+    with pytest.raises(UsageError) as info:
+        resolve_hosts(hostfile="h.txt", hosts="node1", environ={})
+    assert info.value.message == "both -f/--hostfile and -H/--hosts given"
+    assert info.value.hint == "pick one: -f FILE or -H EXPR"
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("environ", [
+    pytest.param({}, id="unset"),
+    pytest.param({"DTRAIN_HOSTFILE": ""}, id="empty"),
+])
+def test_resolve_nothing_given(environ: dict[str, str]) -> None:
+    with pytest.raises(HostfileError) as info:
+        resolve_hosts(hostfile=None, hosts=None, environ=environ)
+    assert info.value.message == "no hosts given: use -f FILE or -H EXPR"
+
+
+def test_resolve_never_falls_back_to_localhost(tmp_path: Path) -> None:
+    with pytest.raises(HostfileError, match="hostfile not found"):
+        resolve_hosts(hostfile=str(tmp_path / "missing"), hosts=None, environ={})
+
+
+def test_resolve_exclude_everything() -> None:
+    with pytest.raises(HostfileError) as info:
+        resolve_hosts(hostfile=None, hosts="node[1-2]", exclude="node[1-2]", environ={})
+    assert info.value.message == "no hosts left after --exclude 'node[1-2]'"
+
+
+# --------------------------------------------------------------------------- fold
+
+
+@pytest.mark.parametrize(("items", "expected"), [
+    pytest.param(["198.18.0.11", "198.18.0.12", "198.18.0.13", "198.18.0.14"],
+                 "198.18.0.[11-14]", id="ipv4"),
+    pytest.param(["node1", "node2", "node3"], "node[1-3]", id="simple"),
+    pytest.param(["node3", "node1", "node2", "node1"], "node[1-3]", id="unsorted-dupes"),
+    pytest.param(["gpu01", "gpu02", "login2"], "gpu[01-02],login2", id="padded-mixed"),
+    pytest.param(["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"], "rack[1-2]-n[1-2]", id="2d"),
+    pytest.param(["fe80::1", "fe80::2"], "fe80::[1-2]", id="ipv6"),
+    pytest.param(["node1", "odd!name"], "node1,odd!name", id="unfoldable-kept"),
+    pytest.param([], "", id="empty"),
+])
+def test_fold(items: list[str], expected: str) -> None:
+    assert fold(items) == expected
+
+
+def test_fold_accepts_a_generator() -> None:
+    assert fold(h.name for h in HOSTS) == "login2,node[1-4]"
