@@ -12,7 +12,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,6 @@ class _Ctx:
         text = f"{self.path}: {message}" if self.path else message
         return HostfileError(text, source=self.source, line=self.line, hint=hint)
 
-    def at(self, line: int | None = None, path: str | None = None) -> _Ctx:
-        return replace(self, line=self.line if line is None else line,
-                       path=self.path if path is None else path)
-
     @property
     def label(self) -> str:
         return f"{self.source}:{self.line}" if self.line is not None else self.source
@@ -67,7 +63,7 @@ class _Ctx:
 
 @dataclass
 class _Spec:
-    """One entry's settings before its host pattern is expanded (None: not given)."""
+    """One entry: its host names and settings (None: not given, so defaults/ssh config apply)."""
 
     names: list[str] = field(default_factory=list)  # the host pattern, expanded
     user: str | None = None
@@ -210,6 +206,12 @@ def _range_size(pattern: str) -> int:
     return size
 
 
+def _why(exc: NodeSetException) -> str:
+    """NodeSet's reason, without its 'bad range: "..."' wrapping."""
+    detail = exc.part if isinstance(exc, NodeSetParseRangeError) else str(exc)
+    return detail.replace(" : ", ": ")
+
+
 def _expand(pattern: str, ctx: _Ctx) -> list[str]:
     """A host pattern -> names. Characters are checked first: NodeSet would read '!', '&',
     '^' and '@' as set operators and groups, and shells would read much more."""
@@ -229,8 +231,7 @@ def _expand(pattern: str, ctx: _Ctx) -> list[str]:
     try:
         nodes = NodeSet(pattern, resolver=RESOLVER_NOGROUP)
     except NodeSetException as exc:
-        detail = exc.part if isinstance(exc, NodeSetParseRangeError) else str(exc)
-        raise ctx.error(f"bad host range {pattern!r}: {detail.replace(' : ', ': ')}",
+        raise ctx.error(f"bad host range {pattern!r}: {_why(exc)}",
                         hint="write ranges as node[1-4], gpu[01-16] or node[1,3-5]") from None
     return [_check_name(name, ctx) for name in nodes]
 
@@ -527,7 +528,7 @@ def _nodeset(expr: str, option: str) -> NodeSet:
     try:
         return NodeSet(",".join(expr.split()), resolver=RESOLVER_NOGROUP)
     except NodeSetException as exc:
-        raise HostfileError(f"bad host expression {expr!r}: {exc}", source=option,
+        raise HostfileError(f"bad host expression {expr!r}: {_why(exc)}", source=option,
                             hint="e.g. node[1-4] or node[1-8]!node3") from None
 
 
@@ -572,12 +573,12 @@ def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | Non
                   exclude: str | None = None,
                   environ: Mapping[str, str] = os.environ) -> list[Host]:
     """The job's hosts from -f or -H (or $DTRAIN_HOSTFILE), filtered and checked."""
-    if hostfile and hosts:
+    if hostfile is not None and hosts is not None:
         raise UsageError("both -f/--hostfile and -H/--hosts given",
                          hint="pick one: -f FILE or -H EXPR")
-    if hosts:
+    if hosts is not None:
         source, found = "-H", parse_host_expr(hosts)
-    elif hostfile:
+    elif hostfile is not None:
         source, found = hostfile, _load(hostfile)
     elif environ.get(ENV_HOSTFILE):
         source = environ[ENV_HOSTFILE]

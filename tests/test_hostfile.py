@@ -500,6 +500,9 @@ def test_filter_hosts(include: str | None, exclude: str | None, expected: list[s
                  "list hosts or ranges, e.g. node[1-4],login2", id="group"),
     pytest.param(None, "node[1-", "--exclude: bad host expression 'node[1-': missing "
                  "bracket: \"node[1-\"", "e.g. node[1-4] or node[1-8]!node3", id="bad-range"),
+    pytest.param(None, "node[2-1]", "--exclude: bad host expression 'node[2-1]': invalid "
+                 "values in range: \"2-1\"", "e.g. node[1-4] or node[1-8]!node3",
+                 id="reversed-range"),
 ])
 def test_filter_errors(include: str | None, exclude: str | None, message: str,
                        hint: str) -> None:
@@ -509,6 +512,12 @@ def test_filter_errors(include: str | None, exclude: str | None, message: str,
 
 
 # --------------------------------------------------------------------------- resolve_hosts
+
+
+def test_resolve_empty_expr_is_not_nothing_given() -> None:
+    with pytest.raises(HostfileError) as info:
+        resolve_hosts(hostfile=None, hosts="", environ={"DTRAIN_HOSTFILE": "/nope"})
+    assert info.value.message == "-H: empty host expression"
 
 
 def test_resolve_from_expr_with_filters() -> None:
