@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 from launcher import render
 from launcher.console import Console, Gatherer, fold_hosts
-from launcher.models import Host, OutputLine
+from launcher.models import Host
 from launcher.node import JobSpec
 from launcher.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
+from launcher.pipeline import OutputPipeline
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
@@ -68,25 +69,13 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
     console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
                       labels=[h.label for h in hosts])
     gatherer = Gatherer() if req.gather else None
-
-    def sink(lines: list[OutputLine]) -> None:
-        own = [ln for ln in lines if ln.stream == "dtrain"]
-        for line in own:
-            render.note(f"{line.host}: {line.text}" if line.host != "dtrain" else line.text)
-        rest = [ln for ln in lines if ln.stream != "dtrain"] if own else lines
-        if gatherer is not None:
-            gatherer.add(rest)
-        else:
-            console.write(rest)
-
-    router = LineRouter(sink)
     spec = exec_spec(req.command)
     launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
     policy = Policy(grace=EXEC_GRACE, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
                     fanout_whole_job=True)
-    async with AutoTransport(settings) as transport:
-        outcome = await Job(hosts, launches, policy, router).run(transport)
-    console.flush()
+    async with OutputPipeline(console, gatherer=gatherer) as out:
+        async with AutoTransport(settings) as transport:
+            outcome = await Job(hosts, launches, policy, LineRouter(out)).run(transport)
     if gatherer is not None:
         sys.stdout.write(gatherer.render())
         sys.stdout.flush()

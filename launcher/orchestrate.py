@@ -18,12 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from launcher.errors import ConnectError
-from launcher.linesplit import LineSplitter
-from launcher.models import Host, OutputLine
+from launcher.models import Host
 from launcher.node import JobSpec, NodeOutcome, NodeSession
+from launcher.pipeline import OutputPipeline
 from launcher.transports.base import Connection, Transport
-
-LineSink = Callable[[list[OutputLine]], None]
 
 
 class JobState(enum.Enum):
@@ -76,37 +74,25 @@ class JobOutcome:
 
 
 class LineRouter:
-    """Chunks -> whole lines, one splitter per (host, rank, stream)."""
+    """Routes supervisor chunks into the output pipeline, tracking each host's sources."""
 
-    def __init__(self, sink: LineSink, node_ranks: dict[str, int] | None = None) -> None:
-        self._sink = sink
-        self._splitters: dict[tuple[str, int | None, str], LineSplitter] = {}
+    def __init__(self, out: OutputPipeline, node_ranks: dict[str, int] | None = None) -> None:
+        self._out = out
+        self._sources: dict[str, set[tuple[int | None, str]]] = {}
         self._node_ranks = node_ranks or {}
 
     def chunk(self, host: Host, rank: int | None, stream: str, data: bytes) -> None:
-        key = (host.label, rank, stream)
-        splitter = self._splitters.get(key)
-        if splitter is None:
-            splitter = self._splitters[key] = LineSplitter()
-        self._emit(key, splitter.feed(data))
+        self._sources.setdefault(host.label, set()).add((rank, stream))
+        self._out.feed(host.label, rank, stream, data, node_rank=self._node_ranks.get(host.label))
 
-    def _emit(self, key: tuple[str, int | None, str], texts: list[str]) -> None:
-        if texts:
-            host, rank, stream = key
-            t = time.time()
-            node_rank = self._node_ranks.get(host)
-            self._sink([OutputLine(host, stream, text, rank, node_rank, t) for text in texts])
-
-    def flush(self, host: str | None = None) -> None:
-        """Emit partial last lines (at the end of a node's output)."""
-        for key, splitter in list(self._splitters.items()):
-            if host is None or key[0] == host:
-                self._emit(key, splitter.flush())
+    def flush(self, host: str) -> None:
+        """Emit a host's partial last lines (its output is over)."""
+        for rank, stream in self._sources.pop(host, ()):
+            self._out.eof(host, rank, stream)
 
     def say(self, host: str, text: str) -> None:
-        """A message of dtrain's own about a host."""
-        self._sink([OutputLine(host, "dtrain", text, None, self._node_ranks.get(host),
-                               time.time())])
+        """A message of dtrain's own, about a host ("dtrain" for the job as a whole)."""
+        self._out.message(text, host="" if host == "dtrain" else host)
 
 
 async def connect_one(transport: Transport, host: Host, timeout: float) -> Connection:

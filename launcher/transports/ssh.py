@@ -158,7 +158,7 @@ def map_ssh_errors(label: str, settings: SSHSettings,
                             hint="too many keys offered? set IdentitiesOnly/IdentityFile "
                                  "in ~/.ssh/config") from exc
         raise ConnectError(f"SSH session failed: {exc.reason}", host=label) from exc
-    except (TimeoutError, asyncio.TimeoutError) as exc:
+    except TimeoutError as exc:
         raise ConnectError(f"timed out connecting after {settings.connect_timeout:g} s",
                            host=label, hint="is the node up and reachable? raise "
                                             "--connect-timeout for slow links") from exc

@@ -1,0 +1,60 @@
+"""Short node programs (the probe) run over a connection: params in, one JSON object out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from launcher import wire
+from launcher.errors import RemoteCommandError
+from launcher.transports.base import Connection, Process
+
+
+async def start_program(conn: Connection, name: str, params: Mapping[str, Any], *,
+                        python: str = "python3", setup: str | None = None) -> Process:
+    """Ship a node program and its params line; the caller reads its output."""
+    proc = await conn.start(wire.remote_command(python, setup=setup))
+    body = json.dumps(dict(params)).encode() + b"\n"
+    await proc.write(wire.payload(wire.program_source(name)) + body)
+    return proc
+
+
+async def read_json_line(proc: Process, label: str, what: str) -> dict[str, Any]:
+    """The program's first stdout line as JSON, or a RemoteCommandError with its stderr."""
+    buf = b""
+    while b"\n" not in buf:
+        chunk = await proc.read_stdout(65536)
+        if not chunk:
+            break
+        buf += chunk
+    if not buf.strip():
+        err = b""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1):
+                while chunk := await proc.read_stderr(65536):
+                    err += chunk
+        text = err.decode(errors="replace").strip().splitlines()
+        raise RemoteCommandError(f"{what} failed: {text[-1] if text else 'no output'}",
+                                 host=label)
+    try:
+        result = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError as exc:
+        raise RemoteCommandError(f"{what} printed something that is not JSON", host=label,
+                                 hint="does the remote shell print text on start-up?") from exc
+    return result  # type: ignore[no-any-return]
+
+
+async def run_program(conn: Connection, name: str, params: Mapping[str, Any], *,
+                      python: str = "python3", setup: str | None = None,
+                      timeout: float = 20.0) -> dict[str, Any]:
+    """Run a node program to completion and return its JSON result."""
+    async with asyncio.timeout(timeout):
+        proc = await start_program(conn, name, params, python=python, setup=setup)
+        try:
+            proc.write_eof()
+            return await read_json_line(proc, conn.host.label, name)
+        finally:
+            proc.abort()
