@@ -37,6 +37,7 @@ RED = "\x1b[1;31m"
 # Bright-ish colours that stay readable on both dark and light backgrounds; no red (stderr).
 PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
 DTRAIN_TAG = "dtrain"
+GATHER_RULE = "-" * 16  # what pdsh's dshbak prints, whatever the header's length
 
 
 def should_color(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
@@ -206,8 +207,7 @@ class Gatherer:
         """The dshbak -c style report: a ruled header per host set, then its lines."""
         blocks: list[str] = []
         for header, texts in self.groups():
-            rule = "-" * len(header)
-            blocks.append("\n".join([rule, header, rule, *texts]) + "\n")
+            blocks.append("\n".join([GATHER_RULE, header, GATHER_RULE, *texts]) + "\n")
         return "".join(blocks)
 
 

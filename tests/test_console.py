@@ -155,7 +155,7 @@ def test_gather_folds_hosts_with_identical_output() -> None:
     gatherer.add([out("other", "different"), out("", "note", None, "dtrain")])
     assert gatherer.render() == (
         "----------------\n198.18.0.[11-14]\n----------------\nLinux\nok\n"
-        "-----\nother\n-----\ndifferent\n"
+        "----------------\nother\n----------------\ndifferent\n"
     )
 
 
