@@ -93,7 +93,7 @@ class RunArchive:
         self.path = path
         self.run_id = run_id
         self._clock = clock  # tests pass a fake one to check the flush interval
-        self._meta: dict[str, Any] = {}
+        self._meta: dict[str, Any] = read_meta(path)  # continue an existing run's meta
         self._out: TextIO | None = open(  # closed by close()
             path / OUTPUT,
             "a",

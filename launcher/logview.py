@@ -1,0 +1,161 @@
+"""`dtrain logs`: replay (or follow) a run's output.jsonl with the live console's tags.
+
+Filters match the live console's (``--rank``, ``--host``; dtrain's own messages always
+pass) plus ``--grep`` (a regular expression searched in the line text). ``--json`` prints
+the archived objects unchanged. ``--follow`` tails a run that is still going and returns
+once meta.json records an ``end`` or ``outcome`` and the file has been read to its end:
+the pipeline closes output.jsonl before the outcome is written, so nothing is missed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ClusterShell.NodeSet import NodeSet, NodeSetException  # type: ignore[import-untyped]
+
+from launcher.archive import OUTPUT, read_meta
+from launcher.console import Console
+from launcher.errors import UsageError
+from launcher.models import OutputLine
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Iterator
+    from pathlib import Path
+
+POLL_S = 0.2
+_Record = tuple[str, OutputLine]  # (the raw JSON text, the parsed line)
+_READ_SIZE = 1 << 20
+
+
+def replay(
+    run_dir: Path,
+    *,
+    ranks: Collection[int] | None = None,
+    host: str | None = None,
+    grep: str | None = None,
+    follow: bool = False,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    color: bool | None = None,
+    poll_s: float = POLL_S,
+) -> int:
+    """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow)."""
+    meta = read_meta(run_dir)
+    console = Console(
+        out,
+        color=False if as_json else color,
+        ranks=ranks,
+        hosts=expand_hosts(host),
+        labels=[h for h in meta.get("hosts", []) if isinstance(h, str)],
+        world_size=meta.get("world_size") if isinstance(meta.get("world_size"), int) else None,
+    )
+    pattern = _compile(grep)
+    try:
+        for batch in _batches(run_dir, follow=follow, poll_s=poll_s):
+            _show(console, batch, pattern, as_json=as_json)
+            if console.broken:
+                break  # `dtrain logs | head` is done reading
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        console.flush()
+        return 130
+    console.flush()
+    return 0
+
+
+def expand_hosts(host: str | None) -> set[str] | None:
+    """A --host value (a name, a comma list or a folded set like node[1-4]) as names."""
+    if not host:
+        return None
+    try:
+        return set(NodeSet(host))
+    except NodeSetException:
+        return {part.strip() for part in host.split(",") if part.strip()}
+
+
+def record_line(record: dict[str, Any]) -> OutputLine:
+    """An output.jsonl object back as the OutputLine it was written from."""
+    return OutputLine(
+        host=str(record.get("host") or ""),
+        stream=str(record.get("stream") or "out"),
+        text=str(record.get("line") or ""),
+        rank=record.get("rank"),
+        node_rank=record.get("node_rank"),
+        t=float(record.get("t") or 0.0),
+    )
+
+
+def is_finished(run_dir: Path) -> bool:
+    """True once the launcher recorded how the run ended."""
+    meta = read_meta(run_dir)
+    return bool(meta.get("end") or meta.get("outcome"))
+
+
+def _compile(grep: str | None) -> re.Pattern[str] | None:
+    if grep is None:
+        return None
+    try:
+        return re.compile(grep)
+    except re.error as exc:
+        raise UsageError(f"invalid --grep pattern {grep!r}: {exc}") from None
+
+
+def _show(
+    console: Console,
+    batch: list[_Record],
+    pattern: re.Pattern[str] | None,
+    *,
+    as_json: bool,
+) -> None:
+    wanted = [
+        (raw, line)
+        for raw, line in batch
+        if console.wants(line) and (pattern is None or pattern.search(line.text))
+    ]
+    if as_json:
+        console.write_raw([raw for raw, _ in wanted])
+    else:
+        console.write(line for _, line in wanted)
+    console.flush()
+
+
+def _batches(run_dir: Path, *, follow: bool, poll_s: float) -> Iterator[list[_Record]]:
+    """Parsed output.jsonl records, a read at a time; in follow mode, until the run ends."""
+    path = run_dir / OUTPUT
+    while not path.exists():
+        if not follow or is_finished(run_dir):
+            return
+        time.sleep(poll_s)
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+        partial = ""
+        done = False
+        while True:
+            chunk = fh.read(_READ_SIZE)
+            if chunk:
+                *complete, partial = (partial + chunk).split("\n")
+                yield _parse(complete)
+                continue
+            if done or not follow:
+                break
+            # Read to the end once more after seeing the outcome: lines written before it.
+            done = is_finished(run_dir)
+            if not done:
+                time.sleep(poll_s)
+        if partial:
+            yield _parse([partial])
+
+
+def _parse(raws: list[str]) -> list[_Record]:
+    parsed: list[_Record] = []
+    for raw in raws:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue  # a line torn by a crash mid-write: skip it, keep the rest
+        if isinstance(record, dict):
+            parsed.append((raw, record_line(record)))
+    return parsed
