@@ -108,7 +108,7 @@ class Node:
 
 @dataclass(frozen=True)
 class Cluster:
-    """A built cluster. Run dtrain with ``env=cluster.client_env()`` so asyncssh reads its ~/.ssh."""
+    """A built cluster. Run dtrain with ``env=cluster.client_env()``: asyncssh reads ~/.ssh."""
 
     state_dir: Path
     nodes: tuple[Node, ...]

@@ -1,4 +1,7 @@
-"""CLI: python -m tests.cluster {up [--nodes N] | down [--purge] | status | exec [-u USER] K [-- CMD...]}."""
+"""CLI for the test cluster.
+
+python -m tests.cluster up [--nodes N] | down [--purge] | status | exec [-u USER] K [-- CMD...]
+"""
 
 from __future__ import annotations
 

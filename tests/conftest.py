@@ -1,0 +1,30 @@
+"""Shared fixtures: the real-sshd test cluster, and a test environment free of job settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests import cluster as test_cluster
+
+
+@pytest.fixture(scope="session")
+def cluster() -> test_cluster.Cluster:
+    """A 4-node real-sshd cluster (built or reused; left up for the next session).
+
+    Skips only where the machine cannot host it (not root, no netns, no sshd); any other
+    failure to build is an error, not a skip.
+    """
+    reason = test_cluster.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return test_cluster.up(4)
+
+
+@pytest.fixture(autouse=True)
+def _clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL_*/GLOO_*/DTRAIN_* from the developer's shell must not leak into tests."""
+    for name in list(os.environ):
+        if name.startswith(("NCCL_", "GLOO_", "DTRAIN_")):
+            monkeypatch.delenv(name, raising=False)
