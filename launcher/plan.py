@@ -1,0 +1,174 @@
+"""Pure: a run request + hosts + node facts -> a LaunchPlan (ranks, rendezvous, argv, env).
+
+No I/O here: the probe supplies NodeFacts, netenv decides each node's network environment,
+and this module lays out node ranks, global ranks and the exact torchrun command per node,
+so `--dry-run` shows precisely what would start.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.errors import UsageError
+from launcher.facts import NodeFacts
+from launcher.models import Host
+from launcher.netenv import EnvDecision, EnvVar
+from launcher.redact import redact_env
+from launcher.wire import SHIM_PLACEHOLDER
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asked `dtrain run` for (validated by the CLI)."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    nproc_per_node: str | None = None  # "N", "gpu", "auto", or None (slots, else gpu)
+    python: str = "python3"
+    setup: str | None = None
+    workdir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # --env and --env-file, in order (later wins)
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv: str = "static"
+    max_restarts: int = 0
+    run_id: str = "dtrain"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Everything that starts on one node."""
+
+    host: Host
+    node_rank: int
+    nproc: int
+    first_rank: int
+    python: str
+    argv: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+    def exported_env(self) -> dict[str, str]:
+        """The variables sent to the node (site values are already in effect there)."""
+        return {v.name: v.value for v in self.env if v.exported}
+
+    def command_line(self) -> str:
+        """The argv as a shell would show it, for dry runs."""
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole job: one NodePlan per host, in node-rank order."""
+
+    nodes: tuple[NodePlan, ...]
+    master_addr: str
+    master_port: int
+    master_reason: str
+    world_size: int
+    rdzv: str
+
+    def rank_owner(self) -> dict[int, str]:
+        return {r: n.host.label for n in self.nodes for r in n.ranks}
+
+
+def nproc_for(host: Host, facts: NodeFacts, requested: str | None) -> tuple[str, int]:
+    """(torchrun's --nproc-per-node value, the number of ranks it means on this node)."""
+    value = requested
+    if value is None:
+        value = str(host.slots) if host.slots else "gpu"
+    if value.isdigit() and int(value) > 0:
+        return value, int(value)
+    if value == "gpu":
+        if facts.gpus <= 0:
+            raise UsageError(
+                f"{host.label}: --nproc-per-node gpu, but the node shows no GPU",
+                hint="give slots=N in the hostfile or --nproc-per-node N (CPU jobs use gloo)")
+        return value, facts.gpus
+    if value == "auto":
+        # torchrun's auto: one per GPU, else one per CPU; we only know GPUs: be explicit
+        count = facts.gpus if facts.gpus > 0 else 1
+        return str(count), count
+    raise UsageError(f"--nproc-per-node {value!r} is not a positive number, 'gpu' or 'auto'")
+
+
+def torchrun_argv(req: RunRequest, *, python: str, nnodes: int, node_rank: int, nproc: str,
+                  master_addr: str, master_port: int) -> tuple[str, ...]:
+    """One torchrun agent per node; workers start through the dtrain rank shim."""
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+            "--nproc-per-node", nproc, "--max-restarts", str(req.max_restarts),
+            "--monitor-interval", "0.2"]
+    if req.rdzv == "static":
+        argv += ["--node-rank", str(node_rank), "--master-addr", master_addr,
+                 "--master-port", str(master_port)]
+    else:
+        # torch picks the store host by hostname otherwise, which fails where hostnames
+        # resolve to 127.0.1.1: node 0 is told it hosts the store
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{master_port}",
+                 "--rdzv-id", req.run_id,
+                 "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}"]
+    argv.append(SHIM_PLACEHOLDER)
+    argv += (["-m", req.script] if req.module else [req.script])
+    argv += list(req.args)
+    return tuple(argv)
+
+
+def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ...]:
+    """Variables dtrain always sets: live output and where the rank is."""
+    return (
+        EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live output without a pty"),
+        EnvVar("DTRAIN_RUN_ID", req.run_id, "dtrain", "run archive id"),
+        EnvVar("DTRAIN_NODE_RANK", str(node_rank), "dtrain", "node rank"),
+        EnvVar("DTRAIN_NNODES", str(nnodes), "dtrain", "number of nodes"),
+    )
+
+
+def merge_env(*layers: Sequence[EnvVar]) -> tuple[EnvVar, ...]:
+    """Later layers win, keeping first-seen order."""
+    merged: dict[str, EnvVar] = {}
+    for layer in layers:
+        for var in layer:
+            merged[var.name] = var
+    return tuple(merged.values())
+
+
+def build_plan(req: RunRequest, hosts: Sequence[Host], facts: Mapping[str, NodeFacts],
+               decisions: Mapping[str, EnvDecision], *, master_addr: str, master_port: int,
+               master_reason: str) -> LaunchPlan:
+    """Lay out node ranks in host order and global ranks by cumulative nproc."""
+    nodes: list[NodePlan] = []
+    first = 0
+    for node_rank, host in enumerate(hosts):
+        nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
+        python = host.python or req.python
+        argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
+                             nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
+        decision = decisions[host.label]
+        env = merge_env(dtrain_env(req, node_rank, len(hosts)), decision.env)
+        nodes.append(NodePlan(host, node_rank, nproc, first, python, argv, env,
+                              tuple(decision.warnings)))
+        first += nproc
+    return LaunchPlan(tuple(nodes), master_addr, master_port, master_reason, first, req.rdzv)
+
+
+def plan_json(plan: LaunchPlan) -> dict[str, object]:
+    """The plan as stored in meta.json and printed by --dry-run --json (secrets redacted)."""
+    return {
+        "master_addr": plan.master_addr, "master_port": plan.master_port,
+        "master_reason": plan.master_reason, "world_size": plan.world_size, "rdzv": plan.rdzv,
+        "nodes": [{
+            "host": n.host.label, "node_rank": n.node_rank, "nproc": n.nproc,
+            "ranks": list(n.ranks), "command": list(n.argv),
+            "env": [{"name": v.name, "value": redact_env({v.name: v.value})[v.name],
+                     "source": v.source, "reason": v.reason, "exported": v.exported}
+                    for v in n.env],
+            "warnings": list(n.warnings),
+        } for n in plan.nodes],
+    }

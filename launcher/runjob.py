@@ -1,0 +1,477 @@
+"""`dtrain run`: probe every node, decide, then torchrun on every node under the supervisor.
+
+Phases, each bounded: connect (--connect-timeout) -> probe facts (one short node program)
+-> choose and validate the master (routes from every worker, a real TCP connect to the port)
+-> decide each node's environment (pure) -> plan (pure) -> launch, stream, tear down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher import __version__, render
+from launcher.errors import ConnectError, DtrainError, PreflightFailed, RemoteCommandError
+from launcher.facts import NodeFacts
+from launcher.hostfile import fold
+from launcher.models import Host, OutputLine
+from launcher.netenv import EnvDecision, choose_master, decide_env, pick_master_addr
+from launcher.node import JobSpec
+from launcher.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy, connect_all
+from launcher.pipeline import OutputPipeline
+from launcher.plan import LaunchPlan, RunRequest, build_plan, plan_json
+from launcher.redact import redact_env
+from launcher.remote import read_json_line, run_program, start_program
+from launcher.transports import AutoTransport
+from launcher.transports.base import Connection
+from launcher.transports.ssh import SSHSettings
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run (as opposed to what: that is the RunRequest)."""
+
+    fanout: int = 64
+    grace: float = 10.0
+    timeout: float | None = None
+    start_timeout: float | None = 120.0
+    heartbeat_timeout: float = 30.0
+    archive_dir: Path = Path("dtrain-runs")
+    dry_run: bool = False
+    as_json: bool = False
+    color: bool | None = None
+    ranks: frozenset[int] | None = None
+    hosts_filter: frozenset[str] | None = None
+    profile: Mapping[str, str] | None = None
+    profile_name: str = "profile"
+    probe_timeout: float = 30.0
+
+
+@dataclass
+class Preflight:
+    """What the probe phase learned and decided."""
+
+    facts: dict[str, NodeFacts] = field(default_factory=dict)
+    decisions: dict[str, EnvDecision] = field(default_factory=dict)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    master_reason: str = ""
+
+
+# -- probing ---------------------------------------------------------------------------------
+
+async def _probe(conn: Connection, params: Mapping[str, Any], req: RunRequest,
+                 timeout: float) -> dict[str, Any]:
+    python = conn.host.python or req.python
+    try:
+        return await run_program(conn, "probe", params, python=python, setup=req.setup,
+                                 timeout=timeout)
+    except TimeoutError:
+        raise RemoteCommandError(f"the probe did not answer within {timeout:g} s",
+                                 host=conn.host.label) from None
+
+
+async def probe_facts(conns: Mapping[str, Connection], req: RunRequest, targets: Sequence[str],
+                      timeout: float) -> dict[str, NodeFacts]:
+    """Facts of every node, in parallel."""
+    params = {"mode": "facts", "workdir": req.workdir, "targets": list(targets)}
+    results: dict[str, NodeFacts] = {}
+
+    async def one(label: str, conn: Connection) -> None:
+        results[label] = NodeFacts.from_json(await _probe(conn, params, req, timeout))
+
+    await _gather_named({label: one(label, c) for label, c in conns.items()})
+    return results
+
+
+async def _gather_named(coros: Mapping[str, Any]) -> None:
+    """Run per-host coroutines; raise one PreflightFailed listing every host that failed."""
+    failures: list[str] = []
+
+    async def guard(label: str, coro: Any) -> None:
+        try:
+            await coro
+        except DtrainError as exc:
+            failures.append(f"{label}: {exc.message}")
+
+    async with asyncio.TaskGroup() as tg:
+        for label, coro in coros.items():
+            tg.create_task(guard(label, coro), name=f"probe:{label}")
+    if failures:
+        raise PreflightFailed("; ".join(sorted(failures)),
+                              hint="check the --python/--setup for those nodes")
+
+
+def _is_ip(text: str | None) -> bool:
+    try:
+        ipaddress.ip_address(text or "")
+    except ValueError:
+        return False
+    return True
+
+
+async def check_master_port(conns: Sequence[Connection], req: RunRequest, addr: str,
+                            port: int, timeout: float) -> int:
+    """Bind the master port on node 0 and connect to it from every other node.
+
+    Port 0 lets node 0 pick a free one. An unreachable master is a preflight error here,
+    not a 15-minute rendezvous hang later.
+    """
+    master, workers = conns[0], conns[1:]
+    python = master.host.python or req.python
+    async with asyncio.timeout(timeout):
+        proc = await start_program(master, "probe", {"mode": "listen", "addr": addr,
+                                                     "port": port},
+                                   python=python, setup=req.setup)
+        try:
+            res = await read_json_line(proc, master.host.label, "master port check")
+            if not res.get("ok"):
+                raise PreflightFailed(f"cannot bind the master port {addr}:{port}: "
+                                      f"{res.get('error')}", host=master.host.label,
+                                      hint="pick another --master-port")
+            port = int(res["port"])
+            failures: list[str] = []
+
+            async def one(conn: Connection) -> None:
+                got = await _probe(conn, {"mode": "connect", "addr": addr, "port": port,
+                                          "timeout": 3}, req, timeout)
+                if not got.get("ok"):
+                    failures.append(f"{conn.host.label} ({got.get('error')})")
+
+            async with asyncio.TaskGroup() as tg:
+                for conn in workers:
+                    tg.create_task(one(conn))
+            if failures:
+                raise PreflightFailed(
+                    f"the master {addr}:{port} is unreachable from {', '.join(failures)}",
+                    hint="check firewalls between the nodes, or pass --master-addr")
+        finally:
+            proc.write_eof()
+            proc.abort()
+    return port
+
+
+async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: RunRequest,
+                    opts: RunOptions) -> Preflight:
+    """Probe, choose and validate the master, decide every node's environment."""
+    ordered = [conns[h.label] for h in hosts]
+    pre = Preflight()
+    first_guess = [a for a in ([req.master_addr] if req.master_addr else
+                               [ordered[0].peer_addr]) if _is_ip(a)]
+    if len(hosts) == 1:
+        first_guess = [req.master_addr or "127.0.0.1"]
+    pre.facts = await probe_facts(conns, req, first_guess, opts.probe_timeout)
+    missing = [h.label for h in hosts if pre.facts[h.label].workdir_ok is False]
+    if missing:
+        raise PreflightFailed(f"working directory {req.workdir} does not exist on "
+                              f"{fold(missing)}", hint="create it there, or pass --workdir")
+    master_facts = pre.facts[hosts[0].label]
+    if len(hosts) == 1:
+        candidates = first_guess
+        pre.master_addr, pre.master_reason = candidates[0], "single node: loopback"
+    else:
+        candidates = [req.master_addr] if req.master_addr else pick_master_addr(master_facts)
+        workers = {h.label: pre.facts[h.label] for h in hosts[1:]}
+        if any(c not in f.routes for c in candidates for f in workers.values()):
+            more = await probe_facts({h.label: conns[h.label] for h in hosts[1:]}, req,
+                                     candidates, opts.probe_timeout)
+            workers.update(more)
+        choice = choose_master(candidates, {k: f.routes for k, f in workers.items()})
+        pre.master_addr, pre.master_reason = choice.addr, choice.reason
+        pre.facts.update(workers)
+    pre.master_port = req.master_port or 0
+    pre.master_port = await check_master_port(ordered, req, pre.master_addr, pre.master_port,
+                                              opts.probe_timeout)
+    errors: list[str] = []
+    for i, host in enumerate(hosts):
+        decision = decide_env(pre.facts[host.label], master_addr=pre.master_addr,
+                              is_master=i == 0, user_env=dict(req.env), profile=opts.profile,
+                              nnodes=len(hosts), profile_name=opts.profile_name)
+        errors += [f"{host.label}: {e}" for e in decision.errors]
+        pre.decisions[host.label] = decision
+    if errors:
+        raise PreflightFailed("; ".join(errors))
+    return pre
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+def render_plan(plan: LaunchPlan, out: Any = None) -> None:
+    """The dry run: per node, the exact command and each variable with its source."""
+    out = out or sys.stdout
+    w = out.write
+    w(f"master {plan.master_addr}:{plan.master_port} ({plan.master_reason}); "
+      f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
+    for node in plan.nodes:
+        ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
+            node.ranks.start)
+        w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
+        w(f"  command: {node.command_line()}\n")
+        shown = redact_env([(v.name, v.value) for v in node.env])
+        for var in node.env:
+            state = "" if var.exported else " (already set on the node, not exported)"
+            w(f"  {var.name}={shlex.quote(shown[var.name])}  [{var.source}: {var.reason}]"
+              f"{state}\n")
+        for warning in node.warnings:
+            w(f"  warning: {warning}\n")
+    out.flush()
+
+
+class TailKeeper:
+    """The last stderr lines of each rank, for the failure summary."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.tails: dict[tuple[str, int | None], deque[str]] = {}
+
+    def add(self, lines: Sequence[OutputLine]) -> None:
+        for line in lines:
+            if line.stream == "err":
+                key = (line.host, line.rank)
+                if key not in self.tails:
+                    self.tails[key] = deque(maxlen=self.size)
+                self.tails[key].append(line.text)
+
+
+class RunPipeline(OutputPipeline):
+    """The output pipeline, keeping stderr tails on the way."""
+
+    def __init__(self, *args: Any, tails: TailKeeper, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tails = tails
+
+    def emit(self, lines: Sequence[OutputLine]) -> None:
+        self.tails.add(lines)
+        super().emit(lines)
+
+
+# -- outcome ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankExit:
+    host: str
+    rank: int
+    code: int
+    signal: int | None
+    t: float
+    duration: float | None
+
+
+@dataclass
+class Verdict:
+    """The exit code and the story behind it."""
+
+    code: int
+    outcome: str
+    root_host: str | None = None
+    root_rank: int | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+def rank_exits(outcome: JobOutcome) -> list[RankExit]:
+    exits = []
+    for label, node in outcome.nodes.items():
+        for rank, msg in node.ranks.items():
+            exits.append(RankExit(label, int(rank), int(msg.get("code", 0)),  # type: ignore[call-overload]
+                                  msg.get("signal"), float(msg.get("t", 0.0)),  # type: ignore[arg-type]
+                                  msg.get("duration")))  # type: ignore[arg-type]
+    return sorted(exits, key=lambda e: e.t)
+
+
+def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict:
+    """Exit code: the first failing rank's (root cause), 130/143 interrupted, 124 timeout,
+    255 a node lost or unreachable."""
+    exits = rank_exits(outcome)
+    cutoff = outcome.first_failure_t
+    failed = [e for e in exits if e.code != 0 and (cutoff is None or e.t <= cutoff + 0.05)]
+    lost = [label for label, n in outcome.nodes.items() if n.lost or n.exit_code is None]
+    lines: list[str] = []
+    if outcome.interrupted:
+        v = Verdict(128 + outcome.interrupted,
+                    f"interrupted ({signal.Signals(outcome.interrupted).name})")
+    elif outcome.timed_out:
+        v = Verdict(124, "timed out")
+    elif failed:
+        root = failed[0]
+        how = f"killed by signal {root.signal}" if root.signal else f"exited {root.code}"
+        v = Verdict(root.code, f"rank {root.rank} on {root.host} {how}", root.host, root.rank)
+        tail = list(tails.tails.get((root.host, root.rank), ()))
+        if tail:
+            lines.append(f"last stderr lines of rank {root.rank} on {root.host}:")
+            lines += [f"  {t}" for t in tail]
+    elif lost:
+        first = outcome.first_failure if outcome.first_failure in lost else lost[0]
+        why = outcome.nodes[first].error or "lost"
+        v = Verdict(255, f"node {first} lost: {why}", first)
+    else:
+        bad = {label: n for label, n in outcome.nodes.items() if n.exit_code}
+        if bad:
+            first = outcome.first_failure or next(iter(bad))
+            code = bad.get(first, next(iter(bad.values()))).exit_code or 1
+            v = Verdict(code, f"torchrun on {first} exited {code}", first)
+            tail = list(tails.tails.get((first, None), ()))
+            lines += [f"  {t}" for t in tail]
+        else:
+            v = Verdict(0, "succeeded")
+    v.lines = lines
+    return v
+
+
+def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str]:
+    """Per node: how it ended; the root cause first, followers marked as stopped by dtrain."""
+    out = [f"{'FAILED' if v.code else 'ok'}: {v.outcome} (exit {v.code})"]
+    exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
+    order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
+    for node in order:
+        res = outcome.nodes.get(node.host.label)
+        if res is None:
+            out.append(f"  {node.host.label}: not started")
+            continue
+        parts = []
+        for rank in node.ranks:
+            e = exits.get((node.host.label, rank))
+            if e is None:
+                parts.append(f"r{rank} ?")
+                continue
+            mark = " (root cause)" if (node.host.label, rank) == (v.root_host, v.root_rank) else ""
+            if e.code and not mark and outcome.stop_reason:
+                mark = " (stopped by dtrain)"
+            dur = f" {e.duration:.1f}s" if isinstance(e.duration, float) else ""
+            parts.append(f"r{rank} exit {e.code}{dur}{mark}")
+        state = res.error if res.exit_code is None else f"agent exit {res.exit_code}"
+        out.append(f"  {node.host.label} (node {node.node_rank}): {', '.join(parts)}; {state}")
+    out += v.lines
+    return out
+
+
+def node_results(outcome: JobOutcome, plan: LaunchPlan) -> list[dict[str, Any]]:
+    exits = rank_exits(outcome)
+    results = []
+    for node in plan.nodes:
+        res = outcome.nodes.get(node.host.label)
+        results.append({
+            "host": node.host.label, "node_rank": node.node_rank,
+            "exit_code": res.exit_code if res else None,
+            "error": res.error if res else "not started", "lost": bool(res and res.lost),
+            "stopped": res.stopped if res else None,
+            "ranks": {str(e.rank): {"exit_code": e.code, "signal": e.signal,
+                                    "duration": e.duration}
+                      for e in exits if e.host == node.host.label},
+        })
+    return results
+
+
+# -- the command -----------------------------------------------------------------------------
+
+async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
+                    settings: SSHSettings) -> int:
+    """The whole `dtrain run`."""
+    async with AutoTransport(settings) as transport:
+        conns, errors = await connect_all(transport, hosts, fanout=opts.fanout,
+                                          timeout=settings.connect_timeout)
+        try:
+            if errors:
+                for label, why in errors.items():
+                    render.note(f"{label}: {why}")
+                raise ConnectError(f"cannot reach {fold(errors)}; nothing was started",
+                                   hint="fix the nodes or leave them out with --exclude")
+            pre = await preflight(conns, hosts, req, opts)
+            plan = build_plan(req, hosts, pre.facts, pre.decisions,
+                              master_addr=pre.master_addr, master_port=pre.master_port,
+                              master_reason=pre.master_reason)
+            if opts.dry_run:
+                if opts.as_json:
+                    sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
+                else:
+                    render_plan(plan)
+                return 0
+            return await launch(plan, req, opts, transport, conns, pre)
+        finally:
+            for conn in conns.values():
+                with contextlib.suppress(Exception):
+                    await conn.aclose()
+
+
+def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, Any]:
+    torch_versions = {label: f.torch_version for label, f in pre.facts.items()}
+    return {
+        "run_id": req.run_id, "dtrain_version": __version__,
+        "command": ["dtrain", "run", *sys.argv[2:]] if len(sys.argv) > 1 else [],
+        "script": req.script, "args": list(req.args), "module": req.module,
+        "workdir": req.workdir, "torch_versions": torch_versions,
+        "start": time.time(), "plan": plan_json(plan),
+        "hosts": [{"host": n.host.label, "node_rank": n.node_rank, "ranks": list(n.ranks)}
+                  for n in plan.nodes],
+    }
+
+
+async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: AutoTransport,
+                 conns: dict[str, Connection], pre: Preflight) -> int:
+    """Start torchrun on every node and follow the job to its verdict."""
+    from launcher.archive import RunArchive
+    from launcher.console import Console
+
+    archive = RunArchive.create(opts.archive_dir, req.run_id or None)
+    req = _with_run_id(req, archive.run_id)
+    archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})
+    console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
+                      labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
+    launches = {}
+    for node in plan.nodes:
+        spec = JobSpec(argv=node.argv, env={**node.exported_env(), "DTRAIN_RUN_ID":
+                                           archive.run_id},
+                       rank_shim=True, grace=opts.grace,
+                       heartbeat_timeout=opts.heartbeat_timeout,
+                       heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4))
+        launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
+                                               setup=req.setup, node_rank=node.node_rank)
+    policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
+                    fail_fast=True, fanout=opts.fanout)
+    tails = TailKeeper()
+    node_ranks = {n.host.label: n.node_rank for n in plan.nodes}
+    hosts = [n.host for n in plan.nodes]
+    async with RunPipeline(console, archive, tails=tails) as out:
+        out.message(f"run {archive.run_id}: {len(hosts)} nodes, world size {plan.world_size}, "
+                    f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
+        job = Job(hosts, launches, policy, LineRouter(out, node_ranks))
+        outcome = await job.run(transport, conns)
+        v = verdict(outcome, plan, tails)
+        for line in summary_lines(outcome, plan, v):
+            out.message(line)
+    archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome,
+                        root_cause={"host": v.root_host, "rank": v.root_rank},
+                        nodes=node_results(outcome, plan),
+                        console_skipped=out.skipped)
+    return v.code
+
+
+def _with_run_id(req: RunRequest, run_id: str) -> RunRequest:
+    from dataclasses import replace
+
+    return replace(req, run_id=run_id)
+
+
+def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
+             settings: SSHSettings) -> int:
+    """Synchronous entry for the CLI."""
+    try:
+        return asyncio.run(run_async(hosts, req, opts, settings))
+    except KeyboardInterrupt:
+        return 130
+
+
+def default_workdir() -> str:
+    """The shared-filesystem convention: the current directory, as the login node sees it."""
+    return os.getcwd()
