@@ -1,0 +1,398 @@
+"""The node probe: stdlib/3.8 contract, readers on fake sysfs trees, the three modes."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import probe
+from launcher.facts import NodeFacts
+
+PROBE = Path(probe.__file__)
+DATA = Path(__file__).parent / "data" / "sysfs"
+ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+FE80 = "fe80:0000:0000:0000:0ac0:ebff:fe3d:ca54"
+
+
+def mapped(ip: str) -> str:
+    """The GID text of an IPv4-mapped address, as the kernel prints it (%pI6)."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+GidRow = tuple[int, str, "str | None", "str | None"]  # index, gid, type (None: EINVAL), ndev
+
+
+def make_ib_device(base: Path, name: str, *, driver: str = "mlx5_core",
+                   netdevs: Sequence[str] = ("ens1f0",), state: str = "4: ACTIVE",
+                   phys_state: str = "5: LinkUp", link_layer: str = "Ethernet",
+                   rate: str = "200 Gb/sec (4X HDR)", gids: Sequence[GidRow] = (),
+                   table_len: int = 8) -> Path:
+    """Write one /sys/class/infiniband/<name> device with port 1 under ``base``.
+
+    Unpopulated GID slots read as zeros and their attributes fail, as in the kernel
+    (EINVAL there; here a dangling symlink, ENOENT, which the probe must treat the same).
+    """
+    dev = base / name
+    pci = base.parent / "devices" / name  # the PCI function, outside the class dir
+    (pci / "net").mkdir(parents=True)
+    for nd in netdevs:
+        (pci / "net" / nd).mkdir()
+        (pci / "net" / nd / "ifindex").write_text("2\n")
+    drv = base.parent / "drivers" / driver
+    drv.mkdir(parents=True, exist_ok=True)
+    (pci / "driver").symlink_to(os.path.relpath(drv, pci))
+    dev.mkdir(parents=True)
+    (dev / "device").symlink_to(os.path.relpath(pci, dev))
+    port = dev / "ports" / "1"
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (port / sub).mkdir(parents=True)
+    for key, value in (("state", state), ("phys_state", phys_state),
+                       ("link_layer", link_layer), ("rate", rate)):
+        (port / key).write_text(value + "\n")
+    rows = {g[0]: g for g in gids}
+    for idx in range(max([table_len, *[i + 1 for i in rows]])):
+        _, gid, kind, ndev = rows.get(idx, (idx, ZERO, None, None))
+        (port / "gids" / str(idx)).write_text(gid + "\n")
+        for sub, value in (("types", kind), ("ndevs", ndev)):
+            target = port / "gid_attrs" / sub / str(idx)
+            if value is None:
+                target.symlink_to("does-not-exist")
+            else:
+                target.write_text(value + "\n")
+    return dev
+
+
+def roce_basic_gids(ip: str = "10.0.0.5", ndev: str = "ens1f0") -> list[GidRow]:
+    """The usual layout: fe80 v1, fe80 v2, IPv4 v1, IPv4 v2."""
+    return [(0, FE80, "IB/RoCE v1", ndev), (1, FE80, "RoCE v2", ndev),
+            (2, mapped(ip), "IB/RoCE v1", ndev), (3, mapped(ip), "RoCE v2", ndev)]
+
+
+def make_net(root: Path, name: str, *, operstate: str = "up", mtu: int = 1500,
+             kind: int = 1, virtual: bool = False, bridge: bool = False,
+             lower: Sequence[str] = ()) -> None:
+    """Write /sys/class/net/<name> as a link into /sys/devices, like the kernel does."""
+    parent = "virtual/net" if virtual else "pci0000:00/0000:00:03.0/net"
+    real = root / "sys/devices" / parent / name
+    real.mkdir(parents=True)
+    for key, value in (("operstate", operstate), ("mtu", mtu), ("type", kind), ("carrier", 1)):
+        (real / key).write_text(f"{value}\n")
+    if bridge:
+        (real / "bridge").mkdir()
+    for low in lower:
+        (real / f"lower_{low}").symlink_to(f"../{low}")
+    link = root / "sys/class/net" / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(real, link.parent))
+
+
+def fake_system(root: Path, *, environ: dict[str, str] | None = None,
+                addrs: dict[str, list[dict[str, Any]]] | None = None,
+                sources: dict[str, str] | None = None) -> probe.System:
+    """A System on a fake tree: no iproute2, ioctl and UDP answers from tables."""
+    addrs = addrs or {}
+
+    def ipv4_of(name: str) -> list[dict[str, Any]]:
+        return [a for a in addrs.get(name, []) if a["family"] == "inet"]
+
+    return probe.System(root=str(root), environ=environ or {}, ip="", ipv4_of=ipv4_of,
+                        source_for=lambda t: (sources or {}).get(t), home="/home/u")
+
+
+def run_probe(params: dict[str, Any], *, env: dict[str, str] | None = None,
+              python: str = sys.executable) -> dict[str, Any]:
+    """Run probe.py as the nodes do: a subprocess, params on stdin, JSON on stdout."""
+    proc = subprocess.run([python, str(PROBE)], input=json.dumps(params) + "\n",
+                          capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **(env or {})}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+def test_probe_is_stdlib_only_and_parses_as_python38() -> None:
+    tree = ast.parse(PROBE.read_text(), feature_version=(3, 8))
+    assert ast.get_docstring(tree) and "RUNS ON THE NODES" in (ast.get_docstring(tree) or "")
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "relative import in a node-side program"
+            names.add((node.module or "").split(".")[0])
+    names.discard("__future__")
+    assert names <= sys.stdlib_module_names, names - sys.stdlib_module_names
+
+
+def test_probe_runs_when_execed_by_a_bootstrap() -> None:
+    boot = ("import sys; src = open(sys.argv[1]).read(); "
+            "exec(compile(src, '<probe>', 'exec'), {'__name__': '__main__'})")
+    proc = subprocess.run([sys.executable, "-c", boot, str(PROBE)],
+                          input='{"mode": "facts", "python_check": false}\n',
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["mode"] == "facts"
+
+
+def _python38() -> str | None:
+    for cand in ("python3.8", os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3")):
+        path = shutil.which(cand) or (cand if os.path.isfile(cand) else None)
+        if path and subprocess.run([path, "-c", "pass"], capture_output=True,
+                                   check=False).returncode == 0:
+            return path
+    return None
+
+
+def test_probe_runs_on_python38(tmp_path: Path) -> None:
+    python = _python38()
+    if python is None:
+        pytest.skip("no Python 3.8 interpreter here")
+    make_ib_device(tmp_path / "ib", "mlx5_0", gids=roce_basic_gids())
+    out = run_probe({"targets": ["127.0.0.1"]}, env={"DTRAIN_IB_SYSFS": str(tmp_path / "ib")},
+                    python=python)
+    assert out["python"]["version"].startswith("3.8.")
+    assert out["rdma"]["devices"][0]["ports"][0]["gids"][3]["type"] == "RoCE v2"
+    assert out["errors"] == {}
+
+
+def test_bad_params_answer_json_and_exit_2() -> None:
+    proc = subprocess.run([sys.executable, str(PROBE)], input="[1, 2]\n", capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["ok"] is False
+
+
+# --------------------------------------------------------------------------- facts mode
+
+
+def test_facts_against_the_real_machine_parse_into_nodefacts(tmp_path: Path) -> None:
+    out = run_probe({"targets": ["127.0.0.1"], "workdir": str(tmp_path)})
+    assert set(out) >= {"probe_version", "hostname", "python", "packages", "interfaces",
+                        "default_iface", "routes", "site_env", "gpus", "rdma", "shm_bytes",
+                        "limits", "time", "workdir", "uid", "user", "errors"}
+    assert out["errors"] == {}
+    facts = NodeFacts.from_json(out)
+    assert facts.iface("lo") is not None and facts.iface("lo").is_loopback  # type: ignore[union-attr]
+    assert facts.routes["127.0.0.1"].type == "local"
+    assert facts.routes["127.0.0.1"].dev == "lo"
+    assert facts.workdir_ok is True
+    assert facts.python == "{}.{}.{}".format(*sys.version_info[:3])
+
+
+def test_site_env_from_files_and_environment(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/nccl.conf").write_text(
+        "# admin settings\nNCCL_IB_TC=41\nNCCL_SOCKET_IFNAME = =bond0\n\njunk line\n")
+    (tmp_path / "home/u").mkdir(parents=True)
+    (tmp_path / "home/u/.nccl.conf").write_text("NCCL_IB_TC=106\n")
+    sys_ = fake_system(tmp_path, environ={"NCCL_DEBUG": "WARN", "PATH": "/bin",
+                                          "FI_PROVIDER": "efa", "TORCH_NCCL_X": "1"})
+    rows = probe.read_site_env(sys_)
+    assert [(r["key"], r["value"], r["source"]) for r in rows] == [
+        ("FI_PROVIDER", "efa", "env"),
+        ("NCCL_DEBUG", "WARN", "env"),
+        ("TORCH_NCCL_X", "1", "env"),
+        ("NCCL_IB_TC", "106", "/home/u/.nccl.conf"),
+        ("NCCL_IB_TC", "41", "/etc/nccl.conf"),
+        ("NCCL_SOCKET_IFNAME", "=bond0", "/etc/nccl.conf"),
+    ]
+    facts = NodeFacts.from_json({"site_env": rows})
+    assert facts.site_value("NCCL_IB_TC") == ("NCCL_IB_TC", "106", "/home/u/.nccl.conf")
+
+
+def test_nccl_conf_file_replaces_the_user_file(tmp_path: Path) -> None:
+    (tmp_path / "home/u").mkdir(parents=True)
+    (tmp_path / "home/u/.nccl.conf").write_text("NCCL_IB_TC=106\n")
+    (tmp_path / "site.conf").write_text("NCCL_IB_SL=3\n")
+    sys_ = fake_system(tmp_path, environ={"NCCL_CONF_FILE": "/site.conf"})
+    keys = [(r["key"], r["source"]) for r in probe.read_site_env(sys_)]
+    assert keys == [("NCCL_CONF_FILE", "env"), ("NCCL_IB_SL", "/site.conf")]
+
+
+def _fake_node(root: Path) -> dict[str, list[dict[str, Any]]]:
+    make_net(root, "lo", operstate="unknown", kind=772, virtual=True, mtu=65536)
+    make_net(root, "ens1f0", mtu=9000)
+    make_net(root, "ens1f0.100", virtual=True, lower=["ens1f0"])
+    make_net(root, "docker0", operstate="down", virtual=True, bridge=True)
+    (root / "proc/net").mkdir(parents=True)
+    (root / "proc/net/route").write_text(
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+        "ens1f0\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+        "ens1f0\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+        "ens1f0.100\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+        "docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n")
+    (root / "proc/net/if_inet6").write_text(
+        "fe800000000000000ac0ebfffe3dca54 02 40 20 80   ens1f0\n"
+        "00000000000000000000000000000001 01 80 10 80       lo\n")
+    (root / "proc/driver/nvidia/gpus/0000:17:00.0").mkdir(parents=True)
+    (root / "proc/driver/nvidia/gpus/0000:3d:00.0").mkdir(parents=True)
+    (root / "proc/driver/nvidia/version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\n")
+    make_ib_device(root / "sys/class/infiniband", "mlx5_0", gids=roce_basic_gids())
+    return {"lo": [{"family": "inet", "addr": "127.0.0.1", "prefixlen": 8, "scope": None}],
+            "ens1f0": [{"family": "inet", "addr": "10.0.0.5", "prefixlen": 24, "scope": None}],
+            "ens1f0.100": [{"family": "inet", "addr": "192.168.0.5", "prefixlen": 24,
+                            "scope": None}],
+            "docker0": [{"family": "inet", "addr": "172.17.0.1", "prefixlen": 16,
+                         "scope": None}]}
+
+
+def test_collect_facts_on_a_fake_tree_without_iproute2(tmp_path: Path) -> None:
+    addrs = _fake_node(tmp_path)
+    sys_ = fake_system(tmp_path, addrs=addrs, sources={"10.0.0.9": "10.0.0.5",
+                                                       "8.8.8.8": "10.0.0.5"})
+    out = probe.collect_facts({"targets": ["10.0.0.9", "10.0.0.5", "192.168.0.7", "8.8.8.8",
+                                           "fd00::1", "not-an-ip"], "python_check": False},
+                              sys_)
+    assert out["errors"] == {}
+    assert out["addr_method"] == "ioctl"
+    facts = NodeFacts.from_json(out)
+    ens = facts.iface("ens1f0")
+    assert ens is not None and ens.mtu == 9000 and not ens.virtual
+    assert ens.ipv4 == ("10.0.0.5",) and ens.ipv6 == ("fe80::ac0:ebff:fe3d:ca54",)
+    vlan = facts.iface("ens1f0.100")
+    assert vlan is not None and vlan.virtual and vlan.lower == ("ens1f0",)
+    docker = facts.iface("docker0")
+    assert docker is not None and docker.is_bridge and not docker.is_up
+    assert facts.default_iface == "ens1f0"
+    r = facts.routes
+    assert (r["10.0.0.9"].dev, r["10.0.0.9"].src, r["10.0.0.9"].gateway) == (
+        "ens1f0", "10.0.0.5", None)
+    assert (r["10.0.0.5"].type, r["10.0.0.5"].dev) == ("local", "ens1f0")
+    assert r["192.168.0.7"].dev == "ens1f0.100"  # the /24 beats the default route
+    assert (r["8.8.8.8"].dev, r["8.8.8.8"].gateway) == ("ens1f0", "10.0.0.1")
+    assert r["fd00::1"].type == "unreachable" and not r["fd00::1"].reachable
+    assert r["not-an-ip"].error == "not an IP address"
+    assert (facts.gpus, facts.gpu_driver) == (2, "550.54.15")
+    assert [p.name for p in facts.rdma] == ["mlx5_0:1"]
+
+
+def test_ip_route_get_local_answer_names_the_owning_interface(tmp_path: Path) -> None:
+    ip_addr = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1",
+                                               "prefixlen": 8}]},
+               {"ifname": "eth0", "addr_info": [{"family": "inet", "local": "198.18.0.11",
+                                                 "prefixlen": 24, "scope": "global"}]}]
+    answers = {
+        ("addr",): (0, json.dumps(ip_addr), ""),
+        ("route", "get", "198.18.0.11"): (0, json.dumps(
+            [{"type": "local", "dst": "198.18.0.11", "dev": "lo", "prefsrc": "198.18.0.11"}]),
+            ""),
+        ("route", "get", "198.18.0.12"): (0, json.dumps(
+            [{"dst": "198.18.0.12", "dev": "eth0", "prefsrc": "198.18.0.11"}]), ""),
+        ("route", "get", "203.0.113.1"): (2, "", "RTNETLINK answers: Network is unreachable\n"),
+    }
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        assert argv[:2] == ["/fake/ip", "-j"]
+        return answers[tuple(argv[2:])]
+
+    make_net(tmp_path, "eth0")
+    sys_ = probe.System(root=str(tmp_path), environ={}, run=run, ip="/fake/ip", home="/h")
+    out = probe.collect_facts({"targets": ["198.18.0.11", "198.18.0.12", "203.0.113.1"],
+                               "python_check": False}, sys_)
+    assert out["addr_method"] == "ip"
+    routes = NodeFacts.from_json(out).routes
+    assert (routes["198.18.0.11"].type, routes["198.18.0.11"].dev) == ("local", "eth0")
+    assert routes["198.18.0.12"].reachable and routes["198.18.0.12"].src == "198.18.0.11"
+    assert routes["203.0.113.1"].error and "unreachable" in routes["203.0.113.1"].error
+
+
+# --------------------------------------------------------------------------- RDMA tree
+
+
+def test_gid_table_skips_zero_rows_and_unreadable_attributes_are_absent(tmp_path: Path) -> None:
+    gids = roce_basic_gids()
+    gids[3] = (3, gids[3][1], None, "ens1f0")  # type read fails (EINVAL in a container)
+    dev = make_ib_device(tmp_path, "mlx5_0", gids=gids)
+    (dev / "ports/1/gid_attrs/ndevs/2").unlink()
+    (dev / "ports/1/gid_attrs/ndevs/2").mkdir()  # EISDIR: another OSError, same answer
+    rows = probe.read_gids(str(dev / "ports/1"))
+    assert [(g["index"], g["type"], g["ndev"]) for g in rows] == [
+        (0, "IB/RoCE v1", "ens1f0"), (1, "RoCE v2", "ens1f0"), (2, "IB/RoCE v1", None),
+        (3, None, "ens1f0")]
+
+
+def test_rdma_devices_driver_netdevs_and_ports(tmp_path: Path) -> None:
+    make_ib_device(tmp_path, "mlx5_1", netdevs=("ens2f0",), state="1: DOWN",
+                   phys_state="3: Disabled", gids=roce_basic_gids(ndev="ens2f0"))
+    make_ib_device(tmp_path, "efa_0", driver="efa", netdevs=(), link_layer="Unspecified")
+    devices = probe.read_rdma(str(tmp_path))
+    assert [(d["name"], d["driver"], d["netdevs"]) for d in devices] == [
+        ("efa_0", "efa", []), ("mlx5_1", "mlx5_core", ["ens2f0"])]
+    port = devices[1]["ports"][0]
+    assert (port["port"], port["state"], port["phys_state"], port["netdev"]) == (
+        1, "1: DOWN", "3: Disabled", "ens2f0")
+
+
+def test_checked_in_tree_through_the_subprocess() -> None:
+    out = run_probe({"python_check": False},
+                    env={"DTRAIN_IB_SYSFS": str(DATA / "roce-vlan" / "infiniband")})
+    facts = NodeFacts.from_json(out)
+    assert out["rdma"]["dir"].endswith("roce-vlan/infiniband")
+    by_name = {p.name: p for p in facts.rdma}
+    assert set(by_name) == {"mlx5_0:1", "mlx5_1:1", "mlx5_2:1"}
+    assert by_name["mlx5_1:1"].netdev == "ens2f0"
+    assert by_name["mlx5_2:1"].state == "1: DOWN"
+    types = {g.index: g.type for g in by_name["mlx5_1:1"].gids}
+    assert types[6] is None  # a dangling attribute link: absent, not an error
+    assert out["errors"] == {}
+
+
+# --------------------------------------------------------------------------- listen / connect
+
+
+def _start_listener(port: int = 0) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen([sys.executable, str(PROBE)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps({"mode": "listen", "addr": "127.0.0.1", "port": port}) + "\n")
+    proc.stdin.flush()
+    return proc, json.loads(proc.stdout.readline())
+
+
+def test_listen_then_connect_then_stdin_eof_ends_the_listener() -> None:
+    listener, hello = _start_listener()
+    try:
+        assert hello["ok"] is True and hello["port"] > 0
+        for _ in range(2):  # accepted and closed, still listening
+            out = run_probe({"mode": "connect", "addr": "127.0.0.1", "port": hello["port"],
+                             "timeout": 2})
+            assert out["ok"] is True and out["ms"] >= 0
+    finally:
+        assert listener.stdin is not None
+        listener.stdin.close()
+    assert listener.wait(timeout=10) == 0
+
+
+def test_listen_on_a_busy_port_reports_the_error() -> None:
+    listener, hello = _start_listener()
+    try:
+        second, answer = _start_listener(hello["port"])
+        assert answer["ok"] is False and "Address already in use" in answer["error"]
+        assert second.wait(timeout=10) == 0
+    finally:
+        assert listener.stdin is not None
+        listener.stdin.close()
+        listener.wait(timeout=10)
+
+
+def test_connect_to_a_closed_port_fails_fast() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        out = run_probe({"mode": "connect", "addr": "127.0.0.1", "port": port, "timeout": 2})
+    assert out["ok"] is False and "Refused" in out["error"] and out["ms"] < 2000
