@@ -169,7 +169,8 @@ def map_ssh_errors(label: str, settings: SSHSettings,
         raise ConnectError("connection refused", host=label,
                            hint="is sshd running and listening on that port?") from exc
     except OSError as exc:
-        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        # EINVAL: a blackhole route (e.g. the test bridge is down)
+        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EINVAL):
             raise ConnectError("host unreachable", host=label,
                                hint="check the address and the network path") from exc
         raise ConnectError(f"connection failed: {exc.strerror or exc}", host=label) from exc

@@ -1,0 +1,137 @@
+"""`dtrain exec` against the real-sshd cluster: tags, exit codes, gather, quoting, failures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.util import dtrain
+
+pytestmark = pytest.mark.ssh
+
+ALL = "dtuser@198.18.0.[11-14]"
+
+
+def test_exec_tags_every_host_and_exits_zero(cluster):
+    res = dtrain(["exec", "-H", ALL, "--", "hostname"], env=cluster.client_env())
+    assert res.returncode == 0, res.stderr
+    lines = sorted(res.stdout.splitlines())
+    assert lines == [f"198.18.0.{10 + k}: node{k}" for k in range(1, 5)]
+
+
+def test_exec_exit_code_is_the_largest_remote_code(cluster):
+    cmd = 'case $(hostname) in node2) exit 3;; node3) exit 5;; esac; echo fine'
+    res = dtrain(["exec", "-H", ALL, "--", cmd], env=cluster.client_env())
+    assert res.returncode == 5
+    assert res.stdout.count("fine") == 2
+    assert "198.18.0.13: exit 5" in res.stderr and "198.18.0.12: exit 3" in res.stderr
+
+
+def test_exec_gather_folds_identical_outputs(cluster):
+    res = dtrain(["exec", "-H", ALL, "--gather", "--", "echo same; uname -s"],
+                 env=cluster.client_env())
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["-" * 16, "198.18.0.[11-14]", "-" * 16, "same", "Linux"]
+
+
+def test_exec_gather_keeps_distinct_outputs_apart(cluster):
+    res = dtrain(["exec", "-H", "node[1-4]", "-b", "--", "hostname"], env=cluster.client_env())
+    assert res.returncode == 0, res.stderr
+    for k in range(1, 5):
+        assert f"\nnode{k}\n" in res.stdout
+
+
+def test_exec_argv_arrives_exactly_as_typed(cluster):
+    res = dtrain(["exec", "-H", "node1", "--", "printf", "%s|", "a b", "$HOME", "`x`", "é"],
+                 env=cluster.client_env())
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "node1: a b|$HOME|`x`|é|\n"
+
+
+def test_exec_one_argument_is_a_shell_line(cluster):
+    res = dtrain(["exec", "-H", "node1", "--", "seq 1 3 | tail -n 1; echo $HOME"],
+                 env=cluster.client_env())
+    assert res.stdout == "node1: 3\nnode1: /home/dtuser\n"
+
+
+def test_exec_stderr_partial_line_and_long_line(cluster):
+    cmd = "echo to-err >&2; head -c 300000 /dev/zero | tr '\\0' x; echo; printf partial"
+    res = dtrain(["exec", "-H", "node2", "--", cmd], env=cluster.client_env())
+    assert res.returncode == 0
+    out = res.stdout.splitlines()
+    assert out[0] == "node2: " + "x" * 300000
+    assert out[1] == "node2: partial"
+    assert "node2: to-err" in res.stderr
+
+
+def test_exec_unreachable_node_fails_within_connect_timeout(cluster):
+    start = time.monotonic()
+    res = dtrain(["exec", "-H", "node[1-3],dtuser@198.18.0.200", "--connect-timeout", "2",
+                  "--", "echo up"], env=cluster.client_env())
+    elapsed = time.monotonic() - start
+    assert res.returncode == 255
+    assert sorted(res.stdout.splitlines()) == ["node1: up", "node2: up", "node3: up"]
+    assert "198.18.0.200" in res.stderr and "timed out" in res.stderr
+    assert elapsed < 15
+
+
+def test_exec_ssh_config_alias_and_port(cluster):
+    res = dtrain(["exec", "-H", "alt1,dtuser@198.18.0.12:2222", "--", "hostname"],
+                 env=cluster.client_env())
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["198.18.0.12:2222: node2", "alt1: node1"]
+
+
+def test_exec_changed_host_key_is_refused(cluster, tmp_path):
+    home = tmp_path / "home"
+    ssh = home / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "id_ed25519").write_bytes(cluster.identity.read_bytes())
+    (ssh / "id_ed25519").chmod(0o600)
+    # node1's address, but node2's key: the key "changed"
+    node2_key = [ln for ln in cluster.known_hosts.read_text().splitlines()
+                 if ln.startswith("198.18.0.12 ")][0].split(" ", 1)[1]
+    (ssh / "known_hosts").write_text(f"198.18.0.11 {node2_key}\n")
+    before = (ssh / "known_hosts").read_text()
+    res = dtrain(["exec", "-H", "dtuser@198.18.0.11", "--accept-new", "--", "true"],
+                 env=cluster.client_env(HOME=str(home)))
+    assert res.returncode == 255
+    assert "HOST KEY CHANGED" in res.stderr and "198.18.0.11" in res.stderr
+    assert (ssh / "known_hosts").read_text() == before
+
+
+def test_exec_unknown_host_key_refused_then_accept_new_records_it(cluster, tmp_path):
+    home = tmp_path / "home"
+    ssh = home / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "id_ed25519").write_bytes(cluster.identity.read_bytes())
+    (ssh / "id_ed25519").chmod(0o600)
+    env = cluster.client_env(HOME=str(home))
+    res = dtrain(["exec", "-H", "dtuser@198.18.0.13", "--", "true"], env=env)
+    assert res.returncode == 255 and "unknown host key SHA256:" in res.stderr
+    res = dtrain(["exec", "-H", "dtuser@198.18.0.13", "--accept-new", "--", "true"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert (ssh / "known_hosts").read_text().startswith("198.18.0.13 ssh-ed25519 ")
+    res = dtrain(["exec", "-H", "dtuser@198.18.0.13", "--", "true"], env=env)
+    assert res.returncode == 0, res.stderr
+
+
+def test_exec_timeout_kills_everywhere(cluster):
+    res = dtrain(["exec", "-H", "node[1-2]", "--timeout", "1", "--", "sleep 60"],
+                 env=cluster.client_env())
+    assert res.returncode == 124
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not any(cluster.node_pids(k, user="dtuser", match="sleep 60") for k in (1, 2)):
+            break
+        time.sleep(0.1)
+    assert not any(cluster.node_pids(k, user="dtuser", match="sleep 60") for k in (1, 2))
+
+
+def test_exec_bad_hostfile_is_exit_2_before_connecting(cluster, tmp_path):
+    hf = tmp_path / "hosts.txt"
+    hf.write_text("node1 slots=2\nnode2 slots=two\n")
+    res = dtrain(["exec", "-f", str(hf), "--", "true"], env=cluster.client_env())
+    assert res.returncode == 2
+    assert f"{hf}:2" in res.stderr and "slots" in res.stderr
