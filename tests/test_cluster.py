@@ -121,6 +121,30 @@ async def test_homes_are_per_node(cluster: tc.Cluster) -> None:
         (first.home / name).unlink(missing_ok=True)
 
 
+async def test_set_authorized_keys_revokes_and_restores(cluster: tc.Cluster) -> None:
+    node = cluster.nodes[-1]
+    tc.set_authorized_keys(cluster, node.index, "")
+    try:
+        with pytest.raises(asyncssh.PermissionDenied):
+            await _run(cluster, node.ip, "true")
+        result = await _run(cluster, node.ip, "hostname", client_keys=None,
+                            password=cluster.password)
+        assert result.stdout.strip() == node.name
+    finally:
+        tc.set_authorized_keys(cluster, node.index)
+    assert (await _run(cluster, node.ip, "hostname")).stdout.strip() == node.name
+
+
+def test_shared_dir_is_readable_on_nodes(cluster: tc.Cluster) -> None:
+    probe = cluster.shared_dir / f"probe-{uuid.uuid4().hex}"
+    probe.write_text("shared\n")
+    try:
+        proc = cluster.node_exec(2, ["cat", str(probe)], check=True)
+        assert proc.stdout == "shared\n"
+    finally:
+        probe.unlink()
+
+
 def test_home_and_key_modes(cluster: tc.Cluster) -> None:
     for node in cluster.nodes:
         ssh = node.home / ".ssh"

@@ -118,8 +118,9 @@ class Cluster:
     known_hosts: Path
     identity: Path
     ssh_config: Path
-    python: str  # an interpreter (with torch) that dtuser can run on every node
-    repo: Path  # the repository, readable by dtuser on every node (shared filesystem)
+    python: str  # this process's interpreter (with torch); dtuser can run it on every node
+    repo: Path  # this checkout, readable by dtuser on every node (shared filesystem)
+    shared_dir: Path  # mode 1777, same path on every node: for files the nodes must read
 
     def node(self, k: int) -> Node:
         """Node k (1-based, as in its name)."""
@@ -178,6 +179,7 @@ class _Paths:
         self.identity = self.ssh_dir / "id_ed25519"
         self.known_hosts = self.ssh_dir / "known_hosts"
         self.ssh_config = self.ssh_dir / "config"
+        self.shared = state_dir / "shared"
 
 
 # ---------------------------------------------------------------- small helpers
@@ -257,6 +259,13 @@ def _pids_in_ns(ns_ino: int) -> list[int]:
             if _proc_ns_inode(pid) == ns_ino and not _is_zombie(pid):
                 pids.append(pid)
     return sorted(pids)
+
+
+def _link_up(ifname: str) -> bool:
+    try:
+        return bool(int(Path(f"/sys/class/net/{ifname}/flags").read_text(), 16) & 0x1)
+    except (OSError, ValueError):
+        return False
 
 
 def _banner(ip: str, port: int = SSH_PORT, timeout: float = 1.0) -> bool:
@@ -420,13 +429,12 @@ def _cluster(state_dir: Path, n: int, meta: Mapping[str, object], password: str)
     return Cluster(state_dir=state_dir, nodes=tuple(_node(state_dir, k) for k in range(1, n + 1)),
                    user=str(meta["user"]), password=password, client_home=paths.client_home,
                    known_hosts=paths.known_hosts, identity=paths.identity,
-                   ssh_config=paths.ssh_config, python=str(meta["python"]),
-                   repo=Path(str(meta["repo"])))
+                   ssh_config=paths.ssh_config, python=sys.executable, repo=REPO,
+                   shared_dir=paths.shared)
 
 
 def _meta(cluster: Cluster) -> dict[str, object]:
-    return {"n_nodes": len(cluster.nodes), "user": cluster.user, "python": cluster.python,
-            "repo": str(cluster.repo)}
+    return {"n_nodes": len(cluster.nodes), "user": cluster.user}
 
 
 # ---------------------------------------------------------------- up / down
@@ -447,6 +455,12 @@ def up(n_nodes: int = 4, state_dir: Path = DEFAULT_STATE_DIR) -> Cluster:
     with _locked():
         # First of all: nothing addressed to a test node may leave this machine.
         _run(["ip", "route", "replace", "blackhole", BLACKHOLE])
+        # The shared filesystem is whatever this process runs from (cheap: a few stats).
+        _ensure_traversable([REPO, Path(sys.executable).parent, Path(sys.prefix),
+                             Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent])
+        paths = _Paths(state_dir)
+        paths.shared.mkdir(parents=True, exist_ok=True)
+        os.chmod(paths.shared, 0o1777)  # pytest's tmp_path is 0700 root: nodes can't read it
         existing = load(state_dir)
         if existing and len(existing.nodes) >= n_nodes and _all_nodes_ok(existing):
             cluster = existing
@@ -480,8 +494,9 @@ def down(state_dir: Path = DEFAULT_STATE_DIR, *, purge: bool = False) -> None:
 
 
 def _all_nodes_ok(cluster: Cluster) -> bool:
-    def ok(node: Node) -> bool:
-        return sshd_pid(node.index, cluster.state_dir) is not None and _banner(node.ip)
+    def ok(node: Node) -> bool:  # cheap local checks first: a cut link costs a timeout
+        return (sshd_pid(node.index, cluster.state_dir) is not None and _link_up(node.veth)
+                and _banner(node.ip))
     with ThreadPoolExecutor(max_workers=min(32, len(cluster.nodes))) as pool:
         return all(pool.map(ok, cluster.nodes))
 
@@ -491,14 +506,12 @@ def _build(state_dir: Path, n: int) -> Cluster:
     state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(state_dir, 0o711)
     password = _ensure_user(paths)
-    python = sys.executable
-    _ensure_traversable([REPO, Path(python).parent, Path(sys.prefix)])
     _ensure_client(paths)
     _ensure_bridge()
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privsep chroot
     with ThreadPoolExecutor(max_workers=min(16, n)) as pool:
         list(pool.map(lambda k: _ensure_node(state_dir, k), range(1, n + 1)))
-    cluster = _cluster(state_dir, n, {"user": USER, "python": python, "repo": str(REPO)}, password)
+    cluster = _cluster(state_dir, n, {"user": USER}, password)
     _write_client_files(cluster)
     for node in cluster.nodes:  # peers resolve like DNS; rewritten in place (bind-mounted)
         _write(node.dir / "hosts", _hosts_text(node, cluster.nodes), in_place=True)
@@ -671,7 +684,8 @@ def _create_node(state_dir: Path, node: Node) -> None:
 
     _run(["ip", "-batch", "-"], input=(
         f"netns add {node.ns}\n"
-        f"link add {node.veth} type veth peer name {node.ifname} netns {node.ns}\n"
+        f"link add {node.veth} address {_mac(1, node.index)} type veth"
+        f" peer name {node.ifname} address {_mac(0, node.index)} netns {node.ns}\n"
         f"link set {node.veth} master {BRIDGE} up\n"))
     _run(["ip", "-n", node.ns, "-batch", "-"], input=(
         "link set lo up\n"
@@ -699,6 +713,11 @@ def _create_node(state_dir: Path, node: Node) -> None:
             raise ClusterError(f"{node.name}: sshd did not start: {why.strip()}")
         time.sleep(0.01)
     _write(node.dir / "sshd.pid", f"{proc.pid}\n")  # same pid sshd wrote; don't depend on timing
+
+
+def _mac(side: int, k: int) -> str:
+    """Fixed MACs per node: a rebuilt node keeps its MAC, so stale ARP caches stay right."""
+    return f"02:d7:00:{side:02x}:{k >> 8:02x}:{k & 0xFF:02x}"
 
 
 def _tail(path: Path, n: int = 5) -> str:
