@@ -222,7 +222,9 @@ def render_plan(plan: LaunchPlan, out: Any = None) -> None:
         shown = redact_env([(v.name, v.value) for v in node.env])
         for var in node.env:
             state = "" if var.exported else " (already set on the node, not exported)"
-            w(f"  {var.name}={shlex.quote(shown[var.name])}  [{var.source}: {var.reason}]"
+            value = shown[var.name]
+            value = value if value == "***" else shlex.quote(value)
+            w(f"  {var.name}={value}  [{var.source}: {var.reason}]"
               f"{state}\n")
         for warning in node.warnings:
             w(f"  warning: {warning}\n")
@@ -404,11 +406,29 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                     await conn.aclose()
 
 
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with secret-looking --env values shown as ***."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        value = arg
+        if arg.startswith("--env="):
+            value = "--env=" + _redact_pair(arg[len("--env="):])
+        elif i > 0 and argv[i - 1] in ("--env", "-e"):
+            value = _redact_pair(arg)
+        out.append(value)
+    return out
+
+
+def _redact_pair(pair: str) -> str:
+    name, sep, value = pair.partition("=")
+    return f"{name}{sep}{redact_env({name: value})[name]}" if sep else pair
+
+
 def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, Any]:
     torch_versions = {label: f.torch_version for label, f in pre.facts.items()}
     return {
         "run_id": req.run_id, "dtrain_version": __version__,
-        "command": ["dtrain", "run", *sys.argv[2:]] if len(sys.argv) > 1 else [],
+        "command": redact_argv(["dtrain", *sys.argv[1:]]),
         "script": req.script, "args": list(req.args), "module": req.module,
         "workdir": req.workdir, "torch_versions": torch_versions,
         "start": time.time(), "plan": plan_json(plan),

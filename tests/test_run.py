@@ -1,0 +1,87 @@
+"""`dtrain run` on the real-sshd cluster: DDP across per-node NIC names, env, dry run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.util import dtrain
+
+pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+
+TRICKY = 'quote " single \' dollar $HOME back `id` semi ; newline\nend é ✓'
+
+
+def _reports(stdout: str) -> list[dict]:
+    return [json.loads(line.split("REPORT ", 1)[1]) for line in stdout.splitlines()
+            if "REPORT " in line]
+
+
+def _run(cluster, tmp_path, *args):
+    return dtrain(["run", "-H", "node[1-3]", "--python", cluster.python,
+                   "--archive-dir", str(tmp_path / "runs"), "--no-color", *args],
+                  env=cluster.client_env(), timeout=150)
+
+
+def test_three_node_ddp_gets_each_nodes_own_interface(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--env", f"TRICKY={TRICKY}",
+               "--env", "API_TOKEN=s3cr3t-value", "tests/workloads/env_report.py",
+               "GLOO_SOCKET_IFNAME", "TRICKY", "API_TOKEN", "PYTHONUNBUFFERED")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    reports = _reports(res.stdout)
+    assert sorted(r["rank"] for r in reports) == list(range(6))
+    ifname = {"node1": "ens1f0", "node2": "eth0", "node3": "enp3s0"}
+    for r in reports:
+        assert r["sum"] == 6.0
+        assert r["env"]["GLOO_SOCKET_IFNAME"] == ifname[r["host"]]
+        assert r["env"]["TRICKY"] == TRICKY
+        assert r["env"]["API_TOKEN"] == "s3cr3t-value"
+        assert r["env"]["PYTHONUNBUFFERED"] == "1"
+    # the console tags each line with host and global rank, from the source
+    for line in res.stdout.splitlines():
+        if "REPORT " in line:
+            r = json.loads(line.split("REPORT ", 1)[1])
+            assert line.startswith(f"node{r['rank'] // 2 + 1} r{r['rank']}")
+    runs = list((tmp_path / "runs").iterdir())
+    meta = json.loads((runs[0] / "meta.json").read_text())
+    assert meta["exit_code"] == 0
+    assert "s3cr3t-value" not in (runs[0] / "meta.json").read_text()
+    assert "s3cr3t-value" not in res.stderr
+
+
+def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--dry-run", "--env",
+               "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr", "3e-4")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "GLOO_SOCKET_IFNAME=ens1f0" in out and "GLOO_SOCKET_IFNAME=eth0" in out
+    assert "GLOO_SOCKET_IFNAME=enp3s0" in out
+    assert "route to 198.18.0.11 via eth0" in out
+    assert "hunter2" not in out and "MY_PASSWORD=***" in out
+    assert "--master-addr 198.18.0.11" in out and "--lr 3e-4" in out
+    assert "172.17.0.1" not in out and "127.0.1.1" not in out
+    assert not (tmp_path / "runs").exists()
+    for k in (1, 2, 3):
+        assert not cluster.node_pids(k, user="dtuser", match="torch.distributed.run")
+
+
+def test_dry_run_json_is_machine_readable(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--dry-run", "--json",
+               "examples/ddp_smoke.py")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["world_size"] == 3 and plan["master_addr"] == "198.18.0.11"
+    assert [n["node_rank"] for n in plan["nodes"]] == [0, 1, 2]
+
+
+def test_missing_workdir_names_the_node(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--workdir", "/nonexistent/dir",
+               "examples/ddp_smoke.py")
+    assert res.returncode != 0
+    assert "/nonexistent/dir" in res.stderr and "node[1-3]" in res.stderr
+
+
+def test_bad_env_is_exit_2(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--env", "NOEQUALS", "examples/ddp_smoke.py")
+    assert res.returncode == 2 and "NAME=VALUE" in res.stderr
