@@ -30,6 +30,15 @@ import struct
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: never evaluated, so 3.8 never sees list[str]
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import TextIO
+
+    Json = dict[str, Any]
+    CmdResult = tuple[int, str, str] | None
+    Runner = Callable[[list[str]], CmdResult]
 
 PROBE_VERSION = 1
 UNLIMITED = -1  # how RLIM_INFINITY is written in the JSON
@@ -48,7 +57,7 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 # --------------------------------------------------------------------------- plumbing
 
 
-def run_command(argv, timeout=3.0):
+def run_command(argv: list[str], timeout: float = 3.0) -> CmdResult:
     """Run a helper command; None when it does not exist, else (rc, stdout, stderr)."""
     try:
         proc = subprocess.run(
@@ -59,7 +68,7 @@ def run_command(argv, timeout=3.0):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def find_ip(root="/"):
+def find_ip(root: str = "/") -> str | None:
     """Locate iproute2's ``ip``: non-login SSH shells often lack /usr/sbin in PATH."""
     if root != "/":
         return None  # a fake tree: the real ip would describe the wrong machine
@@ -71,7 +80,7 @@ def find_ip(root="/"):
     return None
 
 
-def ioctl_ipv4(name):
+def ioctl_ipv4(name: str) -> list[Json]:
     """IPv4 address+prefix of one interface via SIOCGIFADDR/SIOCGIFNETMASK (no iproute2)."""
     try:
         import fcntl
@@ -91,7 +100,7 @@ def ioctl_ipv4(name):
     return [{"family": "inet", "addr": addr, "prefixlen": prefix, "scope": None}]
 
 
-def udp_source(target):
+def udp_source(target: str) -> str | None:
     """The source address the kernel would use towards ``target`` (UDP connect sends nothing)."""
     family = socket.AF_INET6 if ":" in target else socket.AF_INET
     try:
@@ -100,7 +109,7 @@ def udp_source(target):
         return None
     try:
         sock.connect((target, 9))
-        return sock.getsockname()[0]
+        return str(sock.getsockname()[0])
     except OSError:
         return None
     finally:
@@ -114,8 +123,11 @@ class System:
     the real machine.
     """
 
-    def __init__(self, root="/", environ=None, run=run_command, ip=None, ipv4_of=ioctl_ipv4,
-                 source_for=udp_source, home=None):
+    def __init__(self, root: str = "/", environ: dict[str, str] | None = None,
+                 run: Runner = run_command, ip: str | None = None,
+                 ipv4_of: Callable[[str], list[Json]] = ioctl_ipv4,
+                 source_for: Callable[[str], str | None] = udp_source,
+                 home: str | None = None) -> None:
         self.root = root
         self.environ = dict(os.environ if environ is None else environ)
         self.run = run
@@ -126,11 +138,11 @@ class System:
             home = self.environ.get("HOME") or os.path.expanduser("~")
         self.home = home
 
-    def path(self, *parts):
+    def path(self, *parts: str) -> str:
         """``root`` joined with an absolute node path."""
         return os.path.join(self.root, *[p.lstrip("/") for p in parts])
 
-    def ip_json(self, *args):
+    def ip_json(self, *args: str) -> Any:
         """``ip -j ARGS`` parsed, or None (no iproute2, too old for -j, or the lookup failed)."""
         if not self.ip:
             return None
@@ -143,7 +155,7 @@ class System:
             return None
 
 
-def read_text(path):
+def read_text(path: str) -> str | None:
     """A sysfs/proc file stripped, or None when it cannot be read (absent, EINVAL, a dir...)."""
     try:
         with open(path, "rb") as fh:
@@ -152,7 +164,7 @@ def read_text(path):
         return None
 
 
-def read_int(path):
+def read_int(path: str) -> int | None:
     """An integer file, or None."""
     text = read_text(path)
     try:
@@ -161,7 +173,7 @@ def read_int(path):
         return None
 
 
-def listdir(path):
+def listdir(path: str) -> list[str]:
     """Sorted directory entries, or [] when the directory cannot be listed."""
     try:
         return sorted(os.listdir(path))
@@ -169,14 +181,14 @@ def listdir(path):
         return []
 
 
-def _numeric_key(name):
+def _numeric_key(name: str) -> tuple[int, int | str]:
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
 # --------------------------------------------------------------------------- interfaces
 
 
-def read_interfaces(sys_):
+def read_interfaces(sys_: System) -> list[Json]:
     """/sys/class/net/*: state, MTU, type, virtual/bridge/bond and lower (VLAN parent) links."""
     base = sys_.path("/sys/class/net")
     virtual_root = os.path.realpath(sys_.path("/sys/devices/virtual")) + os.sep
@@ -198,9 +210,9 @@ def read_interfaces(sys_):
     return out
 
 
-def parse_ip_addr(data):
+def parse_ip_addr(data: Any) -> dict[str, list[Json]]:
     """``ip -j addr`` -> {ifname: [addr, ...]}."""
-    out = {}
+    out: dict[str, list[Json]] = {}
     for entry in data or []:
         rows = out.setdefault(entry.get("ifname", ""), [])
         for info in entry.get("addr_info") or []:
@@ -210,10 +222,10 @@ def parse_ip_addr(data):
     return out
 
 
-def parse_if_inet6(text):
+def parse_if_inet6(text: str | None) -> dict[str, list[Json]]:
     """/proc/net/if_inet6 -> {ifname: [inet6 addr, ...]}."""
     scopes = {"00": "global", "20": "link", "10": "host", "40": "site"}
-    out = {}
+    out: dict[str, list[Json]] = {}
     for line in (text or "").splitlines():
         f = line.split()
         if len(f) < 6 or len(f[0]) != 32:
@@ -225,7 +237,8 @@ def parse_if_inet6(text):
     return out
 
 
-def read_addresses(sys_, names):
+def read_addresses(sys_: System, names: Iterable[str]
+                   ) -> tuple[dict[str, list[Json]], str]:
     """Addresses per interface: ``ip -j addr``, else ioctl (IPv4) + /proc/net/if_inet6."""
     data = sys_.ip_json("addr")
     if data is not None:
@@ -236,11 +249,11 @@ def read_addresses(sys_, names):
     return out, "ioctl"
 
 
-def _hex_ipv4(text):
+def _hex_ipv4(text: str) -> str:
     return socket.inet_ntoa(struct.pack("<I", int(text, 16)))
 
 
-def parse_proc_route(text):
+def parse_proc_route(text: str | None) -> list[Json]:
     """/proc/net/route -> [{dev, dst, prefixlen, gateway, metric, flags}] (little-endian hex)."""
     rows = []
     for line in (text or "").splitlines()[1:]:
@@ -258,37 +271,37 @@ def parse_proc_route(text):
     return rows
 
 
-def default_iface(sys_, proc_routes):
+def default_iface(sys_: System, proc_routes: Sequence[Json]) -> str | None:
     """The interface of the IPv4 default route with the lowest metric (None when absent)."""
     defaults = [r for r in proc_routes if r["prefixlen"] == 0 and r["flags"] & 1]
     if defaults:
-        return min(defaults, key=lambda r: r["metric"])["dev"]
+        return str(min(defaults, key=lambda r: r["metric"])["dev"])
     data = sys_.ip_json("route", "show", "default")
     for entry in data or []:
         if entry.get("dev"):
-            return entry["dev"]
+            return str(entry["dev"])
     return None
 
 
-def _in_prefix(ip, net, prefixlen):
+def _in_prefix(ip: str, net: str, prefixlen: int) -> bool:
     if prefixlen == 0:
         return True
-    a = struct.unpack("!I", socket.inet_aton(ip))[0]
-    b = struct.unpack("!I", socket.inet_aton(net))[0]
+    a: int = struct.unpack("!I", socket.inet_aton(ip))[0]
+    b: int = struct.unpack("!I", socket.inet_aton(net))[0]
     shift = 32 - prefixlen
     return (a >> shift) == (b >> shift)
 
 
-def owner_of(ip, interfaces):
+def owner_of(ip: str, interfaces: Iterable[Json]) -> str | None:
     """The interface holding address ``ip`` (None when no interface has it)."""
     for iface in interfaces:
         for a in iface["addrs"]:
             if a["addr"] == ip:
-                return iface["name"]
+                return str(iface["name"])
     return None
 
 
-def route_via_ip(sys_, target, interfaces):
+def route_via_ip(sys_: System, target: str, interfaces: Sequence[Json]) -> Json | None:
     """The kernel's own answer (policy rules included); None when ``ip`` cannot tell."""
     if not sys_.ip:
         return None
@@ -314,7 +327,8 @@ def route_via_ip(sys_, target, interfaces):
     return route
 
 
-def route_fallback(sys_, target, interfaces, proc_routes):
+def route_fallback(sys_: System, target: str, interfaces: Sequence[Json],
+                   proc_routes: Sequence[Json]) -> Json:
     """Without iproute2: local address, else longest prefix in /proc/net/route (IPv4)."""
     owner = owner_of(target, interfaces)
     if owner:
@@ -337,7 +351,8 @@ def route_fallback(sys_, target, interfaces, proc_routes):
     return {"dev": best["dev"], "src": src, "gateway": gateway, "type": "unicast", "method": "proc"}
 
 
-def read_routes(sys_, targets, interfaces, proc_routes):
+def read_routes(sys_: System, targets: Iterable[Any] | None, interfaces: Sequence[Json],
+                proc_routes: Sequence[Json]) -> dict[str, Json]:
     """Route decision {dev, src, gateway, type, method, error?} for each target address."""
     out = {}
     for target in targets or []:
@@ -356,7 +371,7 @@ def read_routes(sys_, targets, interfaces, proc_routes):
 # --------------------------------------------------------------------------- site config
 
 
-def parse_nccl_conf(text, source):
+def parse_nccl_conf(text: str | None, source: str) -> list[Json]:
     """NCCL's KEY=VALUE file format: ``#`` comment lines, blank lines and junk skipped."""
     rows = []
     for line in (text or "").splitlines():
@@ -369,7 +384,7 @@ def parse_nccl_conf(text, source):
     return rows
 
 
-def read_site_env(sys_):
+def read_site_env(sys_: System) -> list[Json]:
     """Site NCCL settings, highest precedence first: environment, user file, /etc/nccl.conf.
 
     NCCL loads the files with setenv(..., overwrite=0): the environment beats the user file
@@ -388,12 +403,12 @@ def read_site_env(sys_):
 # --------------------------------------------------------------------------- RDMA
 
 
-def ib_dir(sys_):
+def ib_dir(sys_: System) -> str:
     """/sys/class/infiniband, or $DTRAIN_IB_SYSFS (a test tree) when set."""
     return sys_.environ.get("DTRAIN_IB_SYSFS") or sys_.path("/sys/class/infiniband")
 
 
-def read_gids(port_dir):
+def read_gids(port_dir: str) -> list[Json]:
     """GID rows (index, gid, type, ndev); all-zero and unreadable GIDs are skipped."""
     rows = []
     for idx in sorted(listdir(os.path.join(port_dir, "gids")), key=_numeric_key):
@@ -410,7 +425,7 @@ def read_gids(port_dir):
     return rows
 
 
-def read_rdma(base):
+def read_rdma(base: str) -> list[Json]:
     """Every RDMA device and port under ``base`` (the /sys/class/infiniband layout)."""
     devices = []
     for dev in listdir(base):
@@ -442,9 +457,9 @@ def read_rdma(base):
 # --------------------------------------------------------------------------- the rest
 
 
-def read_packages():
+def read_packages() -> Json:
     """torch and NCCL wheel versions from dist metadata, without importing torch."""
-    out = {"torch": None, "nccl": None, "nccl_dist": None}
+    out: Json = {"torch": None, "nccl": None, "nccl_dist": None}
     try:
         from importlib import metadata
     except ImportError:
@@ -462,7 +477,7 @@ def read_packages():
     return out
 
 
-def read_gpus(sys_):
+def read_gpus(sys_: System) -> Json:
     """GPU count from the driver's proc tree (else /dev/nvidiaN) and the driver version."""
     gpus = listdir(sys_.path("/proc/driver/nvidia/gpus"))
     count = len(gpus) or len([n for n in listdir(sys_.path("/dev"))
@@ -472,7 +487,7 @@ def read_gpus(sys_):
     return {"count": count, "driver": m.group(1) if m else None}
 
 
-def read_limits():
+def read_limits() -> Json:
     """Soft RLIMIT_MEMLOCK/NOFILE/STACK (-1 = unlimited): NCCL IB needs unlimited memlock."""
     try:
         import resource
@@ -486,7 +501,7 @@ def read_limits():
     return out
 
 
-def read_shm(sys_):
+def read_shm(sys_: System) -> int | None:
     """Size of /dev/shm in bytes (Docker's default 64 MiB breaks NCCL), or None."""
     try:
         st = os.statvfs(sys_.path("/dev/shm"))
@@ -495,7 +510,7 @@ def read_shm(sys_):
     return st.f_frsize * st.f_blocks
 
 
-def read_user():
+def read_user() -> Json:
     """uid, user name and home directory of the probing account."""
     uid = os.getuid()
     try:
@@ -507,14 +522,14 @@ def read_user():
         return {"uid": uid, "user": os.environ.get("USER"), "home": os.path.expanduser("~")}
 
 
-def read_workdir(path):
+def read_workdir(path: str) -> Json:
     """Whether the job's working directory exists, is a directory and is writable."""
     full = os.path.expanduser(path)
     return {"path": path, "exists": os.path.exists(full), "is_dir": os.path.isdir(full),
             "writable": os.access(full, os.W_OK)}
 
 
-def _section(errors, name, fn, default):
+def _section(errors: dict[str, str], name: str, fn: Callable[[], Any], default: Any) -> Any:
     """One reader failing must not cost the launcher all the other facts."""
     try:
         return fn()
@@ -523,10 +538,10 @@ def _section(errors, name, fn, default):
         return default
 
 
-def collect_facts(params, sys_=None):
+def collect_facts(params: Json, sys_: System | None = None) -> Json:
     """The ``facts`` mode: one JSON-ready dict describing this node."""
     sys_ = sys_ or System()
-    errors = {}
+    errors: dict[str, str] = {}
     out = {"probe_version": PROBE_VERSION, "mode": "facts", "ok": True,
            "hostname": socket.gethostname(), "time": time.time()}
     out.update(_section(errors, "user", read_user, {}))
@@ -566,13 +581,13 @@ def collect_facts(params, sys_=None):
 # --------------------------------------------------------------------------- sockets
 
 
-def _emit(obj, stream=None):
+def _emit(obj: Json, stream: TextIO | None = None) -> None:
     stream = stream or sys.stdout
     stream.write(json.dumps(obj) + "\n")
     stream.flush()
 
 
-def listen(params, stdin_fd=0, stream=None):
+def listen(params: Json, stdin_fd: int = 0, stream: TextIO | None = None) -> int:
     """Bind+listen, report the port, accept and close until stdin EOF."""
     import select
 
@@ -590,8 +605,8 @@ def listen(params, stdin_fd=0, stream=None):
     _emit({"ok": True, "port": srv.getsockname()[1]}, stream)
     try:
         while True:
-            ready, _, _ = select.select([srv, stdin_fd], [], [])
-            if srv in ready:
+            ready, _, _ = select.select([srv.fileno(), stdin_fd], [], [])
+            if srv.fileno() in ready:
                 try:
                     srv.accept()[0].close()
                 except OSError:
@@ -602,14 +617,14 @@ def listen(params, stdin_fd=0, stream=None):
         srv.close()
 
 
-def connect(params, stream=None):
+def connect(params: Json, stream: TextIO | None = None) -> int:
     """One TCP connect; how long it took or why it failed."""
     start = time.monotonic()
     try:
         sock = socket.create_connection((params["addr"], int(params["port"])),
                                         timeout=float(params.get("timeout") or 2.0))
         sock.close()
-        result = {"ok": True}
+        result: Json = {"ok": True}
     except (OSError, ValueError) as exc:
         detail = getattr(exc, "strerror", None) or exc
         reason = ("timed out" if isinstance(exc, socket.timeout)
@@ -620,9 +635,10 @@ def connect(params, stream=None):
     return 0
 
 
-def main():
+def main() -> int:
     """Read one JSON line of parameters, run the mode, write one JSON object."""
-    line = sys.stdin.readline()
+    spec = globals().get("DTRAIN_SPEC")  # the bootstrap may hand the params over directly
+    line = spec.decode() if isinstance(spec, bytes) else sys.stdin.readline()
     try:
         params = json.loads(line) if line.strip() else {}
         if not isinstance(params, dict):

@@ -30,7 +30,7 @@ def mapped(ip: str) -> str:
     return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
 
 
-GidRow = tuple[int, str, "str | None", "str | None"]  # index, gid, type (None: EINVAL), ndev
+GidRow = tuple[int, str, str | None, str | None]  # index, gid, type (None: EINVAL), ndev
 
 
 def make_ib_device(base: Path, name: str, *, driver: str = "mlx5_core",
@@ -64,12 +64,12 @@ def make_ib_device(base: Path, name: str, *, driver: str = "mlx5_core",
     for idx in range(max([table_len, *[i + 1 for i in rows]])):
         _, gid, kind, ndev = rows.get(idx, (idx, ZERO, None, None))
         (port / "gids" / str(idx)).write_text(gid + "\n")
-        for sub, value in (("types", kind), ("ndevs", ndev)):
+        for sub, attr in (("types", kind), ("ndevs", ndev)):
             target = port / "gid_attrs" / sub / str(idx)
-            if value is None:
+            if attr is None:
                 target.symlink_to("does-not-exist")
             else:
-                target.write_text(value + "\n")
+                target.write_text(attr + "\n")
     return dev
 
 
@@ -148,9 +148,23 @@ def test_probe_runs_when_execed_by_a_bootstrap() -> None:
     assert json.loads(proc.stdout)["mode"] == "facts"
 
 
+@pytest.mark.parametrize("as_spec", [False, True], ids=["params-on-stdin", "params-as-spec"])
+def test_probe_through_the_wire_bootstrap(as_spec: bool) -> None:
+    from launcher import wire
+
+    params = {"mode": "facts", "python_check": False, "targets": ["127.0.0.1"]}
+    source = wire.program_source("probe")
+    stdin = (wire.payload(source, params) if as_spec
+             else wire.payload(source) + json.dumps(params).encode() + b"\n")
+    proc = subprocess.run([sys.executable, "-u", "-c", wire.BOOTSTRAP], input=stdin,
+                          capture_output=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["routes"]["127.0.0.1"]["type"] == "local"
+
+
 def _python38() -> str | None:
     for cand in ("python3.8", os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3")):
-        path = shutil.which(cand) or (cand if os.path.isfile(cand) else None)
+        path: str | None = shutil.which(cand) or (cand if os.path.isfile(cand) else None)
         if path and subprocess.run([path, "-c", "pass"], capture_output=True,
                                    check=False).returncode == 0:
             return path
