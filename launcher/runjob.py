@@ -432,8 +432,9 @@ def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, 
         "script": req.script, "args": list(req.args), "module": req.module,
         "workdir": req.workdir, "torch_versions": torch_versions,
         "start": time.time(), "plan": plan_json(plan),
-        "hosts": [{"host": n.host.label, "node_rank": n.node_rank, "ranks": list(n.ranks)}
-                  for n in plan.nodes],
+        "hosts": [n.host.label for n in plan.nodes], "world_size": plan.world_size,
+        "layout": [{"host": n.host.label, "node_rank": n.node_rank, "ranks": list(n.ranks)}
+                   for n in plan.nodes],
     }
 
 
