@@ -440,11 +440,12 @@ def _meta(cluster: Cluster) -> dict[str, object]:
 # ---------------------------------------------------------------- up / down
 
 
-def up(n_nodes: int = 4, state_dir: Path = DEFAULT_STATE_DIR) -> Cluster:
+def up(n_nodes: int = 4, state_dir: Path = DEFAULT_STATE_DIR, *,
+       shrink: bool = False) -> Cluster:
     """Build or repair the cluster so nodes 1..n_nodes answer; returns those n nodes.
 
     Idempotent and cheap when healthy. Nodes beyond n_nodes recorded earlier (a 32-node
-    benchmark) are kept and repaired too, never shrunk: another session may be using them.
+    benchmark) are kept and repaired too unless ``shrink``: another session may use them.
     """
     if not 1 <= n_nodes <= MAX_NODES:
         raise ClusterError(f"n_nodes must be in 1..{MAX_NODES}")
@@ -462,10 +463,16 @@ def up(n_nodes: int = 4, state_dir: Path = DEFAULT_STATE_DIR) -> Cluster:
         paths.shared.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.shared, 0o1777)  # pytest's tmp_path is 0700 root: nodes can't read it
         existing = load(state_dir)
-        if existing and len(existing.nodes) >= n_nodes and _all_nodes_ok(existing):
+        recorded = len(existing.nodes) if existing else 0
+        if shrink and recorded > n_nodes:
+            for k in range(n_nodes + 1, recorded + 1):
+                _teardown_node(state_dir, k)
+            recorded = n_nodes
+            existing = None  # rewrite known_hosts, ssh config, hosts files and cluster.json
+        if existing and recorded >= n_nodes and _all_nodes_ok(existing):
             cluster = existing
         else:
-            cluster = _build(state_dir, max(n_nodes, len(existing.nodes) if existing else 0))
+            cluster = _build(state_dir, max(n_nodes, recorded))
     return _cluster(state_dir, n_nodes, _meta(cluster), cluster.password)
 
 

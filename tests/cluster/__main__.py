@@ -1,6 +1,7 @@
 """CLI for the test cluster.
 
-python -m tests.cluster up [--nodes N] | down [--purge] | status | exec [-u USER] K [-- CMD...]
+python -m tests.cluster up [--nodes N] [--shrink] | down [--purge] | status
+python -m tests.cluster exec [-u USER] K [-- CMD...]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="build or repair the cluster (idempotent)")
     p_up.add_argument("--nodes", "-n", type=int, default=4)
+    p_up.add_argument("--shrink", action="store_true",
+                      help="remove nodes above N left by an earlier, larger up")
     p_down = sub.add_parser("down", help="stop nodes, remove namespaces and bridge")
     p_down.add_argument("--purge", action="store_true", help="also delete the state dir")
     sub.add_parser("status", help="show nodes and whether their sshd answers")
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "up":
             t0 = time.monotonic()
-            c = tc.up(args.nodes, args.state_dir)
+            c = tc.up(args.nodes, args.state_dir, shrink=args.shrink)
             print(f"{len(c.nodes)} nodes up in {time.monotonic() - t0:.2f}s "
                   f"({c.nodes[0].ip}..{c.nodes[-1].ip}); state in {c.state_dir}")
             return 0
