@@ -127,6 +127,8 @@ def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ..
         EnvVar("DTRAIN_RUN_ID", req.run_id, "dtrain", "run archive id"),
         EnvVar("DTRAIN_NODE_RANK", str(node_rank), "dtrain", "node rank"),
         EnvVar("DTRAIN_NNODES", str(nnodes), "dtrain", "number of nodes"),
+        # torchrun sets 1 anyway when unset, with a banner on every node; --env overrides
+        EnvVar("OMP_NUM_THREADS", "1", "dtrain", "torchrun's default, made explicit"),
     )
 
 
