@@ -254,9 +254,9 @@ class RunPipeline(OutputPipeline):
         super().__init__(*args, **kwargs)
         self.tails = tails
 
-    def emit(self, lines: Sequence[OutputLine]) -> None:
+    def emit(self, lines: Sequence[OutputLine], **kwargs: Any) -> None:
         self.tails.add(lines)
-        super().emit(lines)
+        super().emit(lines, **kwargs)
 
 
 # -- outcome ---------------------------------------------------------------------------------
