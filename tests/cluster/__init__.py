@@ -77,7 +77,8 @@ ALT_PORT = 2222
 MAX_NODES = 244  # 198.18.0.(10+k) must stay <= .254
 SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parents[2]
-_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "ssh-keygen", "useradd", "chpasswd", "mount")
+_TOOLS = ("ip", "unshare", "nsenter", "setpriv", "setsid", "ssh-keygen", "useradd", "chpasswd",
+          "mount")
 
 
 class ClusterError(RuntimeError):
@@ -702,24 +703,34 @@ def _create_node(state_dir: Path, node: Node) -> None:
         f"addr add {DOCKER_CIDR} dev {DOCKER_BRIDGE}\n"
         f"link set {DOCKER_BRIDGE} up\n"))
 
-    # `ip netns exec`, unshare and `exec` all replace the process: the Popen pid is sshd's.
-    script = (f"hostname {node.name}"
+    # setsid -f: sshd is detached (own session, child of init) and outlives this process,
+    # which keeps no Popen to it. ip netns exec, unshare and sh all exec in place, so $$ is
+    # sshd's pid; sshd also writes its PidFile before it serves a banner.
+    launch = node.dir / "launch.pid"
+    launch.unlink(missing_ok=True)
+    script = (f"echo $$ > {launch} && hostname {node.name}"
               f" && mount --bind {node.dir}/hosts /etc/hosts"
               f" && mount --bind {node.dir}/hostname /etc/hostname"
               f" && mount --bind {node.home} {pw.pw_dir}"
               f" && exec {SSHD} -D -f {node.dir}/sshd_config -E {node.dir}/sshd.log")
-    with open(node.dir / "start.err", "w") as err:
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", node.ns, "unshare", "--mount", "--uts",
-             "--propagation", "private", "sh", "-c", script],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, cwd="/")
+    (node.dir / "sshd.pid").unlink(missing_ok=True)
+    errfile = node.dir / "start.err"
+    with open(errfile, "w") as err:
+        subprocess.run(["setsid", "-f", "ip", "netns", "exec", node.ns, "unshare", "--mount",
+                        "--uts", "--propagation", "private", "sh", "-c", script],
+                       stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd="/", check=True)
     deadline = time.monotonic() + 10
     while not _banner(node.ip, timeout=0.5):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            why = (node.dir / "start.err").read_text() + _tail(node.dir / "sshd.log")
+        try:
+            died = not _alive(int(launch.read_text()))  # config errors go to sshd.log
+        except (OSError, ValueError):
+            died = False  # not written yet
+        if died or time.monotonic() > deadline:
+            why = errfile.read_text() + _tail(node.dir / "sshd.log")
             raise ClusterError(f"{node.name}: sshd did not start: {why.strip()}")
         time.sleep(0.01)
-    _write(node.dir / "sshd.pid", f"{proc.pid}\n")  # same pid sshd wrote; don't depend on timing
+    if sshd_pid(node.index, state_dir) is None:
+        raise ClusterError(f"{node.name}: sshd answers but {node.dir}/sshd.pid is not its pid")
 
 
 def _mac(side: int, k: int) -> str:
