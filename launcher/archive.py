@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import re
 import secrets
@@ -42,6 +43,8 @@ OUTPUT = "output.jsonl"
 HOSTS_DIR = "hosts"
 FLUSH_INTERVAL_S = 1.0
 _HOST_BUFFER_CHARS = 4 * 1024 * 1024
+_SOURCE_KEY = operator.attrgetter("host", "node_rank", "rank", "stream")
+_Source = tuple[str, "int | None", "int | None", str]
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -105,8 +108,7 @@ class RunArchive:
         self._host_buf: dict[str, list[str]] = {}
         self._host_chars = 0
         self._host_files: dict[str, Path] = {}
-        self._json_keys: dict[tuple[str, int | None, int | None, str], str] = {}
-        self._log_keys: dict[tuple[str, int | None, str], str] = {}
+        self._sources: dict[_Source, tuple[str, str, list[str] | None]] = {}
         self._dirty = False
         self._last_flush = clock()
 
@@ -148,16 +150,19 @@ class RunArchive:
         if not lines:
             return
         now = time.time()
-        jkeys, lkeys, jkey, lkey = self._json_keys, self._log_keys, self._json_key, self._log_key
+        sources, source_of, source_key = self._sources, self._source, _SOURCE_KEY
         records: list[str] = []
-        host_buf = self._host_buf
+        last_t, t_text = None, ""
         for line in lines:
-            key = (line.host, line.node_rank, line.rank, line.stream)
-            middle = jkeys.get(key) or jkey(key)
-            records.append(f'{{"t":{line.t or now:.3f}{middle}{encode_basestring(line.text)}}}\n')
-            if line.host:
-                lk = (line.host, line.rank, line.stream)
-                host_buf.setdefault(line.host, []).append((lkeys.get(lk) or lkey(lk)) + line.text)
+            key = source_key(line)
+            middle, log_prefix, log = sources.get(key) or source_of(key)
+            t = line.t or now
+            if t != last_t:  # lines of one chunk share a time: format it once
+                last_t, t_text = t, f'{{"t":{t:.3f}'
+            text = line.text
+            records.append(f"{t_text}{middle}{encode_basestring(text)}}}\n")
+            if log is not None:
+                log.append(log_prefix + text)
         block = "".join(records)
         self._out.write(block)
         self._host_chars += len(block)  # a cheap upper bound of what the host logs hold
@@ -179,11 +184,12 @@ class RunArchive:
             return
         self._out.flush()
         for host, texts in self._host_buf.items():
-            with open(
-                self._host_path(host), "a", encoding="utf-8", errors="backslashreplace"
-            ) as fh:
-                fh.write("\n".join(texts) + "\n")
-        self._host_buf.clear()
+            if texts:
+                with open(
+                    self._host_path(host), "a", encoding="utf-8", errors="backslashreplace"
+                ) as fh:
+                    fh.write("\n".join(texts) + "\n")
+                texts.clear()  # in place: the per-source cache holds these lists
         self._host_chars = 0
         self._dirty = False
 
@@ -205,20 +211,17 @@ class RunArchive:
     ) -> None:
         self.close()
 
-    def _json_key(self, key: tuple[str, int | None, int | None, str]) -> str:
+    def _source(self, key: _Source) -> tuple[str, str, list[str] | None]:
+        """Per-source constants: the JSON middle, the host-log prefix, the host's log buffer."""
         host, node_rank, rank, stream = key
         middle = (
             f',"host":{json.dumps(host)},"node_rank":{json.dumps(node_rank)},'
             f'"rank":{json.dumps(rank)},"stream":{json.dumps(stream)},"line":'
         )
-        self._json_keys[key] = middle
-        return middle
-
-    def _log_key(self, key: tuple[str, int | None, str]) -> str:
-        _host, rank, stream = key
         prefix = "dtrain: " if stream == "dtrain" else (f"r{rank} " if rank is not None else "")
-        self._log_keys[key] = prefix
-        return prefix
+        log = self._host_buf.setdefault(host, []) if host else None
+        entry = self._sources[key] = (middle, prefix, log)
+        return entry
 
     def _host_path(self, host: str) -> Path:
         path = self._host_files.get(host)

@@ -83,27 +83,30 @@ class ConsoleSink:
         """Start the writer thread."""
         self._thread.start()
 
-    def put(self, lines: Sequence[OutputLine]) -> None:
+    def put(self, lines: Sequence[OutputLine], *, size: int | None = None) -> None:
         """Queue lines for the console, or count them as skipped; never waits for the writer.
 
-        The sink keeps a reference to ``lines``: do not mutate the sequence afterwards.
+        ``size`` is the text size when the caller knows it (the chunk's byte count), to
+        spare a pass over the lines. The sink keeps a reference to ``lines``: do not
+        mutate the sequence afterwards.
         """
         if self._closing or self.console.broken:
             return
-        lines = self.console.select(lines)
-        if not lines:
+        selected = self.console.select(lines)
+        if not selected:
             return
-        count = len(lines)
-        chars = sum(len(line.text) for line in lines)
+        count = len(selected)
+        if size is None or selected is not lines:
+            size = sum(len(line.text) for line in selected)
         with self._cond:
             if self._lines and (
-                self._lines + count > self.max_lines or self._chars + chars > self.max_chars
+                self._lines + count > self.max_lines or self._chars + size > self.max_chars
             ):
                 self._skip(count)
                 return
-            self._items.append(lines)
+            self._items.append(selected)
             self._lines += count
-            self._chars += chars
+            self._chars += size
             self._cond.notify()
 
     def close(self) -> None:
@@ -281,7 +284,7 @@ class OutputPipeline:
             entry = self._splitters[key] = (LineSplitter(self.max_line), node_rank)
         texts = entry[0].feed(data)
         if texts:
-            self._emit_texts(key, entry[1], texts)
+            self._emit_texts(key, entry[1], texts, size=len(data))
 
     def eof(self, host: str, rank: int | None, stream: str) -> None:
         """A source ended: its unfinished last line goes out."""
@@ -296,17 +299,20 @@ class OutputPipeline:
         for key in list(self._splitters):
             self.eof(*key)
 
-    def emit(self, lines: Sequence[OutputLine]) -> None:
-        """Archive the lines, then hand them to the console (or the gatherer)."""
+    def emit(self, lines: Sequence[OutputLine], *, size: int | None = None) -> None:
+        """Archive the lines, then hand them to the console (or the gatherer).
+
+        ``size``: the lines' total text size, when known (see ConsoleSink.put).
+        """
         if self._state != "open":
             raise RuntimeError(f"OutputPipeline.emit() on a {self._state} pipeline")
         if self.archive is not None:
             self.archive.write_lines(lines)
         if self.gatherer is not None:
             self.gatherer.add(lines)
-            lines = [line for line in lines if line.stream == "dtrain"]
+            lines, size = [line for line in lines if line.stream == "dtrain"], None
         if self.sink is not None and lines:
-            self.sink.put(lines)
+            self.sink.put(lines, size=size)
 
     def message(self, text: str, *, host: str = "") -> None:
         """One of dtrain's own messages, shown and archived in order with the output."""
@@ -317,10 +323,13 @@ class OutputPipeline:
         key: tuple[str, int | None, str],
         node_rank: int | None,
         texts: list[str],
+        *,
+        size: int | None = None,
     ) -> None:
         host, rank, stream = key
         t = time.time()
-        self.emit([OutputLine(host, stream, text, rank, node_rank, t) for text in texts])
+        lines = [OutputLine(host, stream, text, rank, node_rank, t) for text in texts]
+        self.emit(lines, size=size)
 
     def _arm_timer(self) -> None:
         self._timer = asyncio.get_running_loop().call_later(_FLUSH_TICK_S, self._tick)
