@@ -93,8 +93,8 @@ def exec_cmd(
     exclude: ExcludeOpt = None,
     gather: Annotated[bool, typer.Option("--gather", "-b", help="Print each distinct output "
                                          "once under the folded host set (dshbak -c).")] = False,
-    timeout: Annotated[float | None, typer.Option("--timeout", min=0.1, help="Kill the "
-                                                  "command everywhere after S s (exit 124).")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", min=0.1, help="Kill the command everywhere after S s (exit 124).")] = None,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
@@ -128,7 +128,8 @@ def run_cmd(
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
     nproc_per_node: Annotated[str | None, typer.Option(
-        "--nproc-per-node", help="N, gpu or auto (default: the hostfile's slots, else gpu).")] = None,
+        "--nproc-per-node",
+        help="N, gpu or auto (default: the hostfile's slots, else gpu).")] = None,
     python: Annotated[str, typer.Option("--python", help="Python on the nodes (a host's "
                                         "python= key wins).")] = "python3",
     setup: Annotated[str | None, typer.Option("--setup", help="Shell snippet run first on "
@@ -156,6 +157,8 @@ def run_cmd(
                                                      "only these hosts.")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="Fabric profile YAML "
                                                 "(NCCL_IB_TC, ...).")] = None,
+    no_auto: Annotated[list[str] | None, typer.Option("--no-auto", help="Do not set this "
+                                                      "detected variable (repeatable).")] = None,
     grace: Annotated[float, typer.Option("--grace", min=0, help="TERM -> KILL delay when "
                                          "stopping.")] = 10.0,
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.1, help="Whole job "
@@ -206,7 +209,7 @@ def run_cmd(
                           archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,
                           color=color, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
-                          else "profile")
+                          else "profile", no_auto=frozenset(no_auto or ()))
         return run_sync(host_list, req, opts, _ssh_settings(connect_timeout, accept_new))
 
     _run(body)
@@ -214,7 +217,8 @@ def run_cmd(
 
 @app.command("logs")
 def logs_cmd(
-    run: Annotated[str | None, typer.Argument(help="Run id or directory (default: latest).")] = None,
+    run: Annotated[str | None, typer.Argument(
+        help="Run id or directory (default: latest).")] = None,
     archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR")]
     = "dtrain-runs",
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Only this rank "

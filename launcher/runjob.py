@@ -37,6 +37,7 @@ from launcher.remote import read_json_line, run_program, start_program
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection
 from launcher.transports.ssh import SSHSettings
+from launcher.wire import SHIM_PLACEHOLDER
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class RunOptions:
     profile: Mapping[str, str] | None = None
     profile_name: str = "profile"
     probe_timeout: float = 30.0
+    no_auto: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Preflight:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     master_reason: str = ""
+    warnings: list[str] = field(default_factory=list)
 
 
 # -- probing ---------------------------------------------------------------------------------
@@ -190,6 +193,8 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
             workers.update(more)
         choice = choose_master(candidates, {k: f.routes for k, f in workers.items()})
         pre.master_addr, pre.master_reason = choice.addr, choice.reason
+        if choice.warning:
+            pre.warnings.append(choice.warning)
         pre.facts.update(workers)
     pre.master_port = req.master_port or 0
     pre.master_port = await check_master_port(ordered, req, pre.master_addr, pre.master_port,
@@ -197,8 +202,9 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
     errors: list[str] = []
     for i, host in enumerate(hosts):
         decision = decide_env(pre.facts[host.label], master_addr=pre.master_addr,
-                              is_master=i == 0, user_env=dict(req.env), profile=opts.profile,
-                              nnodes=len(hosts), profile_name=opts.profile_name)
+                              is_master=i == 0, user_env={**dict(host.env), **dict(req.env)},
+                              profile=opts.profile, nnodes=len(hosts),
+                              profile_name=opts.profile_name, no_auto=opts.no_auto)
         errors += [f"{host.label}: {e}" for e in decision.errors]
         pre.decisions[host.label] = decision
     if errors:
@@ -218,7 +224,8 @@ def render_plan(plan: LaunchPlan, out: Any = None) -> None:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
         w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
-        w(f"  command: {node.command_line()}\n")
+        command = node.command_line().replace(repr(SHIM_PLACEHOLDER), "<dtrain-rank-shim>")
+        w(f"  command: {command}\n")
         shown = redact_env([(v.name, v.value) for v in node.env])
         for var in node.env:
             state = "" if var.exported else " (already set on the node, not exported)"
@@ -380,6 +387,11 @@ def node_results(outcome: JobOutcome, plan: LaunchPlan) -> list[dict[str, Any]]:
 async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                     settings: SSHSettings) -> int:
     """The whole `dtrain run`."""
+    from dataclasses import replace
+
+    from launcher.archive import check_run_id, new_run_id
+
+    req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
     async with AutoTransport(settings) as transport:
         conns, errors = await connect_all(transport, hosts, fanout=opts.fanout,
                                           timeout=settings.connect_timeout)
@@ -393,6 +405,8 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
             plan = build_plan(req, hosts, pre.facts, pre.decisions,
                               master_addr=pre.master_addr, master_port=pre.master_port,
                               master_reason=pre.master_reason)
+            for warning in pre.warnings:
+                render.note(f"warning: {warning}")
             if opts.dry_run:
                 if opts.as_json:
                     sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
@@ -444,15 +458,13 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     from launcher.archive import RunArchive
     from launcher.console import Console
 
-    archive = RunArchive.create(opts.archive_dir, req.run_id or None)
-    req = _with_run_id(req, archive.run_id)
+    archive = RunArchive.create(opts.archive_dir, req.run_id)
     archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})
     console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
     launches = {}
     for node in plan.nodes:
-        spec = JobSpec(argv=node.argv, env={**node.exported_env(), "DTRAIN_RUN_ID":
-                                           archive.run_id},
+        spec = JobSpec(argv=node.argv, env=node.exported_env(),
                        rank_shim=True, grace=opts.grace,
                        heartbeat_timeout=opts.heartbeat_timeout,
                        heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4))
@@ -476,12 +488,6 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
                         nodes=node_results(outcome, plan),
                         console_skipped=out.skipped)
     return v.code
-
-
-def _with_run_id(req: RunRequest, run_id: str) -> RunRequest:
-    from dataclasses import replace
-
-    return replace(req, run_id=run_id)
 
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,

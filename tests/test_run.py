@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -51,8 +52,9 @@ def test_three_node_ddp_gets_each_nodes_own_interface(cluster, tmp_path):
 
 
 def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path):
+    marker = f"--marker-{uuid.uuid4().hex}"
     res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--dry-run", "--env",
-               "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr", "3e-4")
+               "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr", "3e-4", marker)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "GLOO_SOCKET_IFNAME=ens1f0" in out and "GLOO_SOCKET_IFNAME=eth0" in out
@@ -63,7 +65,7 @@ def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path
     assert "172.17.0.1" not in out and "127.0.1.1" not in out
     assert not (tmp_path / "runs").exists()
     for k in (1, 2, 3):
-        assert not cluster.node_pids(k, user="dtuser", match="torch.distributed.run")
+        assert not cluster.node_pids(k, user="dtuser", match=marker)
 
 
 def test_dry_run_json_is_machine_readable(cluster, tmp_path):
