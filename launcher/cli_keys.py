@@ -1,7 +1,260 @@
-"""`dtrain keys ...` commands (registered on the main app by launcher.cli)."""
+"""`dtrain keys setup|check|revoke` (registered on the main app by launcher.cli).
+
+This module parses options, asks the questions (host keys, password) and draws the per-node
+table; the work is in launcher.keys, imported lazily so `dtrain --help` stays fast. The
+password is read without echo (getpass) or as one line of stdin (--password-stdin), and is
+held in a ``keys.Secret`` from the moment it is read.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
 
+from launcher.cli import (
+    AcceptNewOpt,
+    ConnectTimeoutOpt,
+    ExcludeOpt,
+    FanoutOpt,
+    HostfileOpt,
+    HostsOpt,
+    IncludeOpt,
+    _hosts,
+    _run,
+    _ssh_settings,
+)
+from launcher.errors import UsageError
+
+if TYPE_CHECKING:
+    from launcher.keys import KeyPair, KeyResult, Secret, UnknownHostKey
+    from launcher.models import Host
+
 keys_app = typer.Typer(no_args_is_help=True, help="Passwordless SSH bootstrap for every node.")
+
+IdentityOpt = Annotated[Path | None, typer.Option(
+    "--identity", "-i", help="Key to install (created there if missing) instead of "
+                             "~/.ssh/id_ed25519_dtrain.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a JSON list of {host, status, "
+                                                      "detail} instead of the table.")]
+PasswordStdinOpt = Annotated[bool, typer.Option(
+    "--password-stdin", help="Read the password from the first line of stdin (scripts, CI) "
+                             "instead of asking on the terminal.")]
+
+LABELS = {"present": "already present"}
+STYLES = {"installed": "green", "present": "green", "ok": "green", "removed": "green",
+          "absent": "dim", "failed": "bold red"}
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def _has_tty() -> bool:
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR))
+    except OSError:
+        return False
+    return True
+
+
+def _who(hosts: Sequence[Host]) -> str:
+    from launcher.hostfile import fold
+
+    users = {h.user for h in hosts}
+    user = f"{users.pop()}@" if len(users) == 1 and None not in users else ""
+    return user + fold(h.label for h in hosts)
+
+
+class TerminalPrompts:
+    """Questions on the terminal; none at all when stdin carries the password."""
+
+    def __init__(self, password_stdin: bool, known_hosts: Path) -> None:
+        self.password_stdin = password_stdin
+        self.known_hosts = known_hosts
+
+    def confirm_host_keys(self, unknown: Sequence[UnknownHostKey]) -> bool:
+        from launcher import render
+
+        width = max(len(k.host) for k in unknown)
+        lines = [f"  {k.host:<{width}}  {k.algorithm}  {k.fingerprint}" for k in unknown]
+        render.note(f"{len(unknown)} host key(s) not in {self.known_hosts} yet:\n"
+                    + "\n".join(lines))
+        if self.password_stdin or not sys.stdin.isatty():
+            render.note("not recorded: no terminal to confirm them on (check them, then "
+                        "use --accept-new)")
+            return False
+        return typer.confirm(f"Trust these keys and record them in {self.known_hosts}?",
+                             default=False, err=True)
+
+    def password(self, hosts: Sequence[Host]) -> Secret:
+        from launcher.keys import Secret
+
+        who = _who(hosts)
+        if self.password_stdin:
+            line = sys.stdin.readline()
+            if not line:
+                raise UsageError("--password-stdin: no password on stdin",
+                                 hint="echo \"$PASSWORD\" | dtrain keys setup --password-stdin")
+            return Secret(line.removesuffix("\n").removesuffix("\r"))
+        if not _has_tty():
+            raise UsageError(f"{len(hosts)} node(s) need a password and there is no terminal "
+                             "to ask on", hint="pass it with --password-stdin")
+        import getpass
+
+        return Secret(getpass.getpass(f"Password for {who} (asked once): "))
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _table(results: Sequence[KeyResult], title: str) -> None:
+    """A rich table on a terminal, plain aligned columns otherwise (pipes, CI logs)."""
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left")
+        for column in ("host", "status", "detail"):
+            table.add_column(column, overflow="fold")
+        for r in results:
+            style = STYLES.get(r.status, "")
+            table.add_row(r.host, f"[{style}]{LABELS.get(r.status, r.status)}[/]", r.detail)
+        Console().print(table)
+        return
+    width = max(len(r.host) for r in results)
+    swidth = max(len(LABELS.get(r.status, r.status)) for r in results)
+    for r in results:
+        line = f"{r.host:<{width}}  {LABELS.get(r.status, r.status):<{swidth}}  {r.detail}"
+        typer.echo(line.rstrip())
+
+
+def _report(results: Sequence[KeyResult], title: str, as_json: bool) -> int:
+    """Print the results; 0 only when every node succeeded."""
+    from launcher import render
+
+    if as_json:
+        typer.echo(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        _table(results, title)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[LABELS.get(r.status, r.status)] = counts.get(LABELS.get(r.status, r.status), 0) + 1
+    render.note(f"{len(results)} node(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    for r in results:
+        if r.status == "failed" and "HOST KEY CHANGED" in r.detail:
+            render.note(f"WARNING: {r.host}: HOST KEY CHANGED; known_hosts left as it was. "
+                        "Do not connect until you know why.")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _keypair(identity: Path | None, *, create: bool) -> KeyPair:
+    from launcher import render
+    from launcher.keys import default_key_path, ensure_keypair
+
+    path = (identity or default_key_path()).expanduser()
+    if not create and not path.exists():
+        raise UsageError(f"no key at {path}", hint="create and install it with `dtrain keys "
+                                                   "setup`")
+    keypair = ensure_keypair(path)
+    if keypair.created:
+        render.note(f"created {keypair.private} ({keypair.key.algorithm} {keypair.fingerprint})")
+    return keypair
+
+
+def _identities(identity: Path | None) -> tuple[str, ...]:
+    """--identity for the transport (the default dtrain key it offers by itself)."""
+    return (str(identity.expanduser()),) if identity is not None else ()
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@keys_app.command("setup")
+def setup_cmd(
+    hostfile: HostfileOpt = None,
+    hosts: HostsOpt = None,
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    fanout: FanoutOpt = 32,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    identity: IdentityOpt = None,
+    password_stdin: PasswordStdinOpt = False,
+    accept_new: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Install the dtrain key on every node (password asked once, only where needed).
+
+    Exit codes: 0 every node accepts the key; 1 some node failed (see the table);
+    2 bad input (no hosts, unusable key, no password on stdin).
+    """
+    def body() -> int:
+        from launcher.keys import setup_keys
+
+        host_list = _hosts(hostfile, hosts, include, exclude)
+        keypair = _keypair(identity, create=True)
+        settings = _ssh_settings(connect_timeout, accept_new)
+        prompts = TerminalPrompts(password_stdin, settings.known_hosts)
+        results = setup_keys(host_list, settings, keypair, prompts, fanout=fanout)
+        return _report(results, f"dtrain keys setup ({keypair.private})", as_json)
+
+    _run(body)
+
+
+@keys_app.command("check")
+def check_cmd(
+    hostfile: HostfileOpt = None,
+    hosts: HostsOpt = None,
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    fanout: FanoutOpt = 32,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    identity: IdentityOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Log in to every node with the dtrain key alone (no agent, no password).
+
+    Exit codes: 0 every node accepts the key; 1 some node does not; 2 bad input.
+    """
+    def body() -> int:
+        from launcher.keys import check_keys
+
+        host_list = _hosts(hostfile, hosts, include, exclude)
+        keypair = _keypair(identity, create=False)
+        settings = _ssh_settings(connect_timeout, False)
+        results = check_keys(host_list, settings, keypair, fanout=fanout)
+        return _report(results, f"dtrain keys check ({keypair.private})", as_json)
+
+    _run(body)
+
+
+@keys_app.command("revoke")
+def revoke_cmd(
+    hostfile: HostfileOpt = None,
+    hosts: HostsOpt = None,
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    fanout: FanoutOpt = 32,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    identity: IdentityOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove the dtrain key's lines from every node's authorized_keys.
+
+    Logs in as every dtrain command does (your keys, agent, ~/.ssh/config). The local key
+    files are kept. Exit codes: 0 removed or absent everywhere; 1 some node failed.
+    """
+    def body() -> int:
+        from launcher.keys import revoke_keys
+
+        host_list = _hosts(hostfile, hosts, include, exclude)
+        keypair = _keypair(identity, create=False)
+        settings = _ssh_settings(connect_timeout, False, identities=_identities(identity))
+        results = revoke_keys(host_list, settings, keypair, fanout=fanout)
+        return _report(results, f"dtrain keys revoke ({keypair.private})", as_json)
+
+    _run(body)

@@ -1,0 +1,531 @@
+"""`dtrain keys`: make every node accept one dtrain key (setup), test it (check), remove it.
+
+setup, each step on all nodes in parallel (at most ``fanout`` at once):
+
+1. a key-only login (this key alone: no agent, no default keys, no password). Nodes that
+   accept it are "present" and never see the password;
+2. unknown host keys met in step 1 are shown with their fingerprints and recorded in
+   known_hosts once the user confirms them, or at once with --accept-new. We record the very
+   key that was shown, so nothing can swap it between the question and the answer. A changed
+   key is refused and never overwritten;
+3. the password is asked once, and only if some node refused the key. Each such node gets
+   exactly one password or keyboard-interactive attempt: a wrong password fails fast and
+   cannot lock the account through retries. The install script (authorized_keys.py) goes over
+   stdin, so the command line holds nothing but ``sh -s``;
+4. each node that got the key is checked with a fresh key-only login.
+
+asyncssh is used directly here rather than through SSHTransport: the transport offers the
+agent and every default key, which would hide whether *this* key works, and it has no
+password-only mode. Its errors still go through ``transports.ssh.map_ssh_errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import asyncssh
+
+from launcher.authorized_keys import (
+    PublicKey,
+    ScriptReport,
+    install_script,
+    parse_report,
+    remove_script,
+)
+from launcher.errors import AuthError, ConnectError, DtrainError, HostKeyError, UsageError
+from launcher.models import Host
+from launcher.transports.ssh import (
+    CIPHERS,
+    DTRAIN_KEY_NAME,
+    KEX_ALGS,
+    HostKeyPolicy,
+    SSHSettings,
+    SSHTransport,
+    fingerprint,
+    map_ssh_errors,
+)
+
+INSTALLED, PRESENT, FAILED = "installed", "present", "failed"
+OK, REMOVED, ABSENT = "ok", "removed", "absent"
+SCRIPT_TIMEOUT = 30.0
+RETRIES = 3  # for the drops sshd's MaxStartups produces before authentication
+_TRANSIENT = (asyncssh.ConnectionLost, ConnectionResetError, BrokenPipeError)
+_T = TypeVar("_T")
+_KEY_HINT = ("check sshd's AuthorizedKeysFile and StrictModes (home, ~/.ssh and "
+             "authorized_keys must not be group- or world-writable)")
+
+
+class Secret:
+    """A password: hidden from repr/str, so no traceback, log or message can show it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The password itself, for the one place that sends it to sshd."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    """How one node ended: installed/present/ok/removed/absent, or failed with a reason."""
+
+    host: str
+    status: str
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != FAILED
+
+    def to_json(self) -> dict[str, str]:
+        return {"host": self.host, "status": self.status, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class UnknownHostKey:
+    """A host key no known_hosts line vouches for, kept so the one shown is the one recorded."""
+
+    host: str  # the node's label
+    algorithm: str
+    fingerprint: str
+    where: tuple[str, str | None, int | None] = field(repr=False, compare=False)
+    key: asyncssh.SSHKey = field(repr=False, compare=False)
+
+    def record(self, policy: HostKeyPolicy) -> None:
+        """Append exactly this key to known_hosts."""
+        policy.record(*self.where, self.key)
+
+
+class Prompts(Protocol):
+    """The questions setup may need answered (the CLI asks them on the terminal)."""
+
+    def confirm_host_keys(self, unknown: Sequence[UnknownHostKey]) -> bool:
+        """True when the user trusts every one of these host keys."""
+
+    def password(self, hosts: Sequence[Host]) -> Secret:
+        """The login password for these hosts (asked once)."""
+
+
+def _failed(host: Host, exc: DtrainError | str) -> KeyResult:
+    if isinstance(exc, str):
+        return KeyResult(host.label, FAILED, exc)
+    text = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
+    return KeyResult(host.label, FAILED, text)
+
+
+# --------------------------------------------------------------------------- the local key
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """The dtrain key on this machine (the private file is always 0600)."""
+
+    private: Path
+    public: Path
+    key: PublicKey
+    fingerprint: str
+    created: bool
+    ssh_key: asyncssh.SSHKey = field(repr=False, compare=False)
+
+
+def default_key_path(home: Path | None = None) -> Path:
+    """~/.ssh/id_ed25519_dtrain, the key every dtrain command offers by itself."""
+    return (home or Path.home()) / ".ssh" / DTRAIN_KEY_NAME
+
+
+def _key_comment() -> str:
+    return f"dtrain {getpass.getuser()}@{socket.gethostname()}"
+
+
+def _create_private(path: Path) -> bool:
+    """Write a new ed25519 key, 0600 from the first byte; False when the file already exists.
+
+    asyncssh's write_private_key opens with plain open() (0644 until a chmod): not used here.
+    O_EXCL means two setups started at once cannot overwrite each other's key.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = asyncssh.generate_private_key("ssh-ed25519", comment=_key_comment())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.export_private_key("openssh"))
+    return True
+
+
+def _read_private(path: Path) -> asyncssh.SSHKey:
+    """Load an unencrypted private key OpenSSH will also accept (owner-only permissions)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        key = asyncssh.read_private_key(str(path))
+    except asyncssh.KeyImportError as exc:
+        hint = ("dtrain needs a key without a passphrase; omit --identity to use its own"
+                if "passphrase" in str(exc).lower() else "delete it to let dtrain create a new one")
+        raise UsageError(f"cannot use {path}: {exc}", hint=hint) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise UsageError(f"{path} is readable by others (mode {mode:04o}); OpenSSH refuses it",
+                         hint=f"chmod 600 {path}")
+    return key
+
+
+def _public_key(path: Path, key: asyncssh.SSHKey) -> PublicKey:
+    """The .pub line: the file's when it matches the private key, else written from it."""
+    derived = PublicKey.parse(key.export_public_key("openssh").decode())
+    try:
+        found = PublicKey.parse(path.read_text())
+    except FileNotFoundError:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(derived.line + "\n")
+        return derived
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the public key {path}: {exc}") from None
+    if found.blob != derived.blob:
+        raise UsageError(f"{path} does not belong to the private key next to it",
+                         hint=f"remove {path}; dtrain writes it again from the private key")
+    return found
+
+
+def ensure_keypair(path: Path) -> KeyPair:
+    """The key at ``path`` (``path``.pub beside it), generated first when missing."""
+    path = path.expanduser()
+    created = not path.exists() and _create_private(path)
+    key = _read_private(path)
+    public = path.with_name(path.name + ".pub")
+    return KeyPair(private=path, public=public, key=_public_key(public, key),
+                   fingerprint=fingerprint(key), created=created, ssh_key=key)
+
+
+# --------------------------------------------------------------------------- SSH
+
+
+class _Client(asyncssh.SSHClient):
+    """Host keys through HostKeyPolicy; the password offered once, by either method."""
+
+    def __init__(self, policy: HostKeyPolicy, password: Secret | None = None) -> None:
+        self._policy = policy
+        self._password = password
+        self.password_sent = False
+        self.refused: UnknownHostKey | None = None
+
+    def validate_host_public_key(self, host: str, addr: str, port: int,
+                                 key: asyncssh.SSHKey) -> bool:
+        ok = self._policy.validate(host, addr, port, key)
+        verdict = self._policy.verdicts.get(host, ("", ""))[0]
+        if not ok and verdict == "unknown":
+            self.refused = UnknownHostKey("", key.get_algorithm(), fingerprint(key),
+                                          (host, addr, port), key)
+        return ok
+
+    def _take_password(self) -> str | None:
+        if self._password is None or self.password_sent:
+            return None  # never a second try: a wrong password must fail at once
+        self.password_sent = True
+        return self._password.reveal()
+
+    def password_auth_requested(self) -> str | None:
+        return self._take_password()
+
+    def kbdint_auth_requested(self) -> str | None:
+        return "" if self._password is not None and not self.password_sent else None
+
+    def kbdint_challenge_received(self, name: str, instructions: str, lang: str,
+                                  prompts: Sequence[tuple[str, bool]]) -> list[str] | None:
+        if not prompts:
+            return []  # PAM sends empty rounds to show messages
+        text, echo = prompts[0]
+        if len(prompts) == 1 and (not echo or "password" in text.lower()):
+            password = self._take_password()
+            return None if password is None else [password]
+        return None  # an OTP or other question we cannot answer
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """A key-only login's outcome: a final result, or what setup has to do next."""
+
+    host: Host
+    result: KeyResult | None = None
+    needs_password: bool = False
+    unknown: UnknownHostKey | None = None
+
+
+class _Nodes:
+    """Logins to many nodes with one key and one settings object, ``fanout`` at a time."""
+
+    def __init__(self, settings: SSHSettings, keypair: KeyPair, fanout: int) -> None:
+        self.settings = settings
+        self.keypair = keypair
+        self.fanout = fanout
+        config = settings.config_path
+        self._config = [str(config)] if config.is_file() else []
+
+    def policy(self, accept_new: bool | None = None) -> HostKeyPolicy:
+        """One policy per connection, so its verdict is about that node only."""
+        accept = self.settings.accept_new if accept_new is None else accept_new
+        return HostKeyPolicy(self.settings.known_hosts, accept)
+
+    def _options(self, host: Host, policy: HostKeyPolicy, *, key_only: bool) -> dict[str, object]:
+        timeout = self.settings.connect_timeout
+        options: dict[str, object] = {
+            "known_hosts": policy.trusted_arg(), "config": self._config,
+            "connect_timeout": timeout, "login_timeout": timeout,
+            "kex_algs": KEX_ALGS, "encryption_algs": CIPHERS, "agent_path": None,
+            "gss_auth": False, "gss_kex": False, "host_based_auth": False,
+        }
+        if key_only:
+            options.update(client_keys=[self.keypair.ssh_key], public_key_auth=True,
+                           kbdint_auth=False, password_auth=False, preferred_auth="publickey")
+        else:
+            options.update(client_keys=None, public_key_auth=False, kbdint_auth=True,
+                           password_auth=True, preferred_auth="keyboard-interactive,password")
+        if host.user:
+            options["username"] = host.user
+        if host.port:
+            options["port"] = host.port
+        return options
+
+    async def connect(self, host: Host, client: _Client, policy: HostKeyPolicy, *,
+                      key_only: bool) -> asyncssh.SSHClientConnection:
+        """Log in; ConnectError/AuthError/HostKeyError name the host and what to try."""
+        options = self._options(host, policy, key_only=key_only)
+        delay = 0.1
+        for attempt in range(RETRIES + 1):
+            with map_ssh_errors(host.label, self.settings, policy):
+                try:
+                    async with asyncio.timeout(self.settings.connect_timeout + 1):
+                        conn, _ = await asyncssh.create_connection(
+                            lambda: client, host.name, **options)
+                    return conn
+                except asyncssh.PermissionDenied as exc:
+                    raise _auth_error(host, client, key_only) from exc
+                except _TRANSIENT:
+                    if attempt == RETRIES or client.password_sent:
+                        raise
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    async def run(self, host: Host, conn: asyncssh.SSHClientConnection, command: str,
+                  stdin: str | None = None) -> asyncssh.SSHCompletedProcess:
+        """Run one command to completion (bounded), errors mapped."""
+        with map_ssh_errors(host.label, self.settings):
+            return await conn.run(command, input=stdin, check=False, timeout=SCRIPT_TIMEOUT)
+
+    async def probe(self, host: Host, accept_new: bool | None = None) -> _Probe:
+        """Key-only login, then `true`: does this key alone get us in?"""
+        policy = self.policy(accept_new)
+        client = _Client(policy)
+        try:
+            conn = await self.connect(host, client, policy, key_only=True)
+        except AuthError as exc:
+            return _Probe(host, _failed(host, exc), needs_password=True)
+        except HostKeyError as exc:
+            unknown = client.refused and replace(client.refused, host=host.label)
+            return _Probe(host, _failed(host, exc), unknown=unknown)
+        except ConnectError as exc:
+            return _Probe(host, _failed(host, exc))
+        async with conn:
+            try:
+                done = await self.run(host, conn, "true")
+            except ConnectError as exc:
+                return _Probe(host, _failed(host, exc))
+        if done.exit_status != 0:
+            return _Probe(host, _failed(host, f"key login works, but `true` exited "
+                                              f"{done.exit_status}: {_last_line(done.stderr)}"))
+        return _Probe(host, KeyResult(host.label, OK, "key login works"))
+
+    async def install(self, host: Host, password: Secret) -> KeyResult:
+        """Password login, the install script, then a key-only login to prove it."""
+        policy = self.policy()
+        client = _Client(policy, password)
+        try:
+            conn = await self.connect(host, client, policy, key_only=False)
+            async with conn:
+                done = await self.run(host, conn, "sh -s", install_script(self.keypair.key))
+        except ConnectError as exc:
+            return _failed(host, exc)
+        report = parse_report(_text(done.stdout))
+        if report.state not in (INSTALLED, PRESENT):
+            why = report.error or f"unexpected answer {report.state!r}"
+            stderr = _last_line(done.stderr)
+            return _failed(host, f"on the node: {why}" + (f" ({stderr})" if stderr else ""))
+        return await self._verify(host, report)
+
+    async def _verify(self, host: Host, report: ScriptReport) -> KeyResult:
+        check = await self.probe(host)
+        notes = "; ".join(report.warnings)
+        if check.result is None or not check.result.ok:
+            why = check.result.detail if check.result else "no answer"
+            extra = f"; {notes}" if notes else f"; {_KEY_HINT}"
+            return _failed(host, f"key {report.state}, but a key-only login still fails: "
+                                 f"{why}{extra}")
+        if report.state == PRESENT:
+            notes = "; ".join(filter(None, ["key was in authorized_keys; modes fixed", notes]))
+        return KeyResult(host.label, report.state, notes)
+
+    async def revoke(self, transport: SSHTransport, host: Host) -> KeyResult:
+        """Log in as dtrain always does (any key) and remove this key's lines."""
+        try:
+            conn = await transport.connect(host)
+            async with conn:
+                proc = await conn.start("sh -s")
+                await proc.write(remove_script(self.keypair.key).encode())
+                proc.write_eof()
+                async with asyncio.timeout(SCRIPT_TIMEOUT):
+                    out, err = await asyncio.gather(_drain(proc.read_stdout),
+                                                    _drain(proc.read_stderr))
+                    await proc.wait()
+        except ConnectError as exc:
+            return _failed(host, exc)
+        except (TimeoutError, ConnectionError) as exc:
+            return _failed(host, f"the remove script did not finish: {exc or 'timed out'}")
+        report = parse_report(_text(out))
+        if report.state in (REMOVED, ABSENT):
+            return KeyResult(host.label, report.state, "; ".join(report.warnings))
+        return _failed(host, f"on the node: {report.error} {_last_line(err)}".strip())
+
+    async def each(self, hosts: Iterable[Host],
+                   step: Callable[[Host], Awaitable[_T]]) -> dict[str, _T | KeyResult]:
+        """``step`` on every host, at most ``fanout`` at once, each bounded in time."""
+        sem = asyncio.Semaphore(self.fanout)
+        out: dict[str, _T | KeyResult] = {}
+
+        async def one(host: Host) -> None:
+            async with sem:
+                try:
+                    async with asyncio.timeout(self.settings.connect_timeout * 3 + SCRIPT_TIMEOUT):
+                        out[host.label] = await step(host)
+                except TimeoutError:
+                    out[host.label] = _failed(host, "timed out")
+
+        async with asyncio.TaskGroup() as tg:
+            for host in hosts:
+                tg.create_task(one(host), name=f"keys:{host.label}")
+        return out
+
+
+def _auth_error(host: Host, client: _Client, key_only: bool) -> AuthError:
+    """Say which credential was refused (never the password itself)."""
+    if key_only:
+        return AuthError("the key is not accepted", host=host.label)
+    if not client.password_sent:
+        return AuthError("the node offers no password login (PasswordAuthentication and "
+                         "KbdInteractiveAuthentication are off)", host=host.label,
+                         hint="install the key another way, e.g. through the console")
+    return AuthError("authentication failed: wrong password? (tried once, not retried)",
+                     host=host.label, hint="check the user name and the password")
+
+
+def _text(data: object) -> str:
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data if isinstance(data, str) else ""
+
+
+def _last_line(data: object) -> str:
+    lines = _text(data).strip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+async def _drain(read: Callable[[int], Awaitable[bytes]]) -> bytes:
+    chunks = []
+    while chunk := await read(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def check_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
+               fanout: int = 64) -> list[KeyResult]:
+    """Key-only login on every node (strict host keys): ok or failed, in host order."""
+    nodes = _Nodes(settings, keypair, fanout)
+    probes = asyncio.run(nodes.each(hosts, lambda h: nodes.probe(h, accept_new=False)))
+    return [_probe_result(h, probes[h.label]) for h in hosts]
+
+
+def _probe_result(host: Host, probe: _Probe | KeyResult) -> KeyResult:
+    if isinstance(probe, KeyResult):
+        return probe
+    return probe.result or _failed(host, "no answer")
+
+
+def setup_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
+               prompts: Prompts, fanout: int = 64) -> list[KeyResult]:
+    """Every node accepts ``keypair`` afterwards, or says why not (see the module doc)."""
+    nodes = _Nodes(settings, keypair, fanout)
+    probes: dict[str, _Probe | KeyResult] = asyncio.run(nodes.each(hosts, nodes.probe))
+    probes.update(_confirm_host_keys(nodes, prompts, probes))
+    results: dict[str, KeyResult] = {}
+    need: list[Host] = []
+    for host in hosts:
+        probe = probes[host.label]
+        if isinstance(probe, _Probe) and probe.needs_password:
+            need.append(host)
+        elif isinstance(probe, _Probe) and probe.result and probe.result.ok:
+            results[host.label] = KeyResult(host.label, PRESENT, "key already accepted")
+        else:
+            results[host.label] = _probe_result(host, probe)
+    if need:
+        password = prompts.password(need)
+        results.update(asyncio.run(nodes.each(need, lambda h: nodes.install(h, password))))
+    return [results[h.label] for h in hosts]
+
+
+def _confirm_host_keys(nodes: _Nodes, prompts: Prompts,
+                       probes: dict[str, _Probe | KeyResult]) -> dict[str, _Probe | KeyResult]:
+    """Ask once about every unknown host key; record the confirmed ones and log in again."""
+    pending = [p for p in probes.values() if isinstance(p, _Probe) and p.unknown]
+    if not pending:
+        return {}
+    unknown = [p.unknown for p in pending if p.unknown]
+    if not prompts.confirm_host_keys(unknown):
+        return {p.host.label: _failed(p.host, _not_confirmed(p.unknown)) for p in pending
+                if p.unknown}
+    policy = nodes.policy()
+    for key in unknown:
+        key.record(policy)
+    return asyncio.run(nodes.each([p.host for p in pending], nodes.probe))
+
+
+def _not_confirmed(key: UnknownHostKey) -> str:
+    return (f"unknown host key {key.algorithm} {key.fingerprint}, not recorded (check it, "
+            "then rerun on a terminal and confirm, or with --accept-new)")
+
+
+def revoke_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
+                fanout: int = 64) -> list[KeyResult]:
+    """Remove the key's lines from every node's authorized_keys (removed/absent/failed)."""
+    nodes = _Nodes(settings, keypair, fanout)
+
+    async def run() -> dict[str, KeyResult]:
+        async with SSHTransport(settings) as transport:
+            return await nodes.each(hosts, lambda h: nodes.revoke(transport, h))
+
+    results = asyncio.run(run())
+    return [results[h.label] for h in hosts]
+

@@ -1,0 +1,495 @@
+"""dtrain keys: the local key file, the login rules, and setup/check/revoke on the real cluster."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import select
+import stat
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from launcher.authorized_keys import PublicKey, remove_key
+from launcher.errors import AuthError, UsageError
+from launcher.keys import (
+    KeyResult,
+    Secret,
+    _Client,
+    _Nodes,
+    default_key_path,
+    ensure_keypair,
+)
+from launcher.models import Host
+from launcher.transports.ssh import HostKeyPolicy, SSHSettings
+
+# --------------------------------------------------------------------------- the local key
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_ensure_keypair_creates_owner_only_files(tmp_path: Path) -> None:
+    old = os.umask(0)  # a careless umask must not leak the private key, even briefly
+    try:
+        pair = ensure_keypair(default_key_path(tmp_path))
+    finally:
+        os.umask(old)
+    assert pair.created
+    assert pair.private == tmp_path / ".ssh" / "id_ed25519_dtrain"
+    assert mode(tmp_path / ".ssh") == 0o700
+    assert mode(pair.private) == 0o600
+    assert mode(pair.public) == 0o644
+    assert pair.key.algorithm == "ssh-ed25519"
+    assert PublicKey.parse(pair.public.read_text()) == pair.key
+    assert pair.fingerprint.startswith("SHA256:")
+    again = ensure_keypair(pair.private)
+    assert not again.created and again.key == pair.key
+
+
+def test_ensure_keypair_keeps_an_existing_pub_comment(tmp_path: Path) -> None:
+    pair = ensure_keypair(tmp_path / "k")
+    pair.public.write_text(f"{pair.key.algorithm} {pair.key.blob} my laptop\n")
+    assert ensure_keypair(tmp_path / "k").key.comment == "my laptop"
+
+
+def test_ensure_keypair_rewrites_a_missing_pub(tmp_path: Path) -> None:
+    pair = ensure_keypair(tmp_path / "k")
+    pair.public.unlink()
+    assert ensure_keypair(tmp_path / "k").key.blob == pair.key.blob
+    assert pair.public.exists()
+
+
+def test_ensure_keypair_refuses_a_readable_private_key(tmp_path: Path) -> None:
+    pair = ensure_keypair(tmp_path / "k")
+    os.chmod(pair.private, 0o644)
+    with pytest.raises(UsageError, match="readable by others") as info:
+        ensure_keypair(pair.private)
+    assert info.value.hint == f"chmod 600 {pair.private}"
+
+
+def test_ensure_keypair_refuses_a_mismatched_pub(tmp_path: Path) -> None:
+    pair = ensure_keypair(tmp_path / "k")
+    other = ensure_keypair(tmp_path / "other")
+    pair.public.write_text(other.key.line + "\n")
+    with pytest.raises(UsageError, match="does not belong"):
+        ensure_keypair(pair.private)
+
+
+def test_ensure_keypair_refuses_an_encrypted_key(tmp_path: Path) -> None:
+    path = tmp_path / "enc"
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:  # PKCS#8: the openssh format would need bcrypt
+        f.write(key.export_private_key("pkcs8-pem", passphrase="pw"))
+    with pytest.raises(UsageError, match="passphrase") as info:
+        ensure_keypair(path)
+    assert "pw" not in str(info.value).replace("passphrase", "")
+
+
+def test_secret_never_shows() -> None:
+    secret = Secret("hunter2")
+    assert "hunter2" not in repr(secret) and "hunter2" not in str(secret)
+    assert "hunter2" not in repr([secret]) and secret.reveal() == "hunter2"
+
+
+def test_key_result_json() -> None:
+    assert KeyResult("n1", "installed").to_json() == {"host": "n1", "status": "installed",
+                                                      "detail": ""}
+    assert not KeyResult("n1", "failed", "x").ok and KeyResult("n1", "present").ok
+
+
+def test_cli_keys_does_not_import_asyncssh() -> None:
+    code = "import sys, launcher.cli, launcher.cli_keys; print('asyncssh' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
+
+
+# --------------------------------------------------------------------------- one password try
+
+
+def client(password: str | None = "pw") -> _Client:
+    policy = HostKeyPolicy(Path("/nonexistent/known_hosts"), accept_new=False)
+    return _Client(policy, Secret(password) if password is not None else None)
+
+
+def test_kbdint_answers_a_hidden_prompt_once() -> None:
+    c = client()
+    assert c.kbdint_auth_requested() == ""
+    assert c.kbdint_challenge_received("", "", "", []) == []  # PAM message rounds
+    assert c.kbdint_challenge_received("", "", "", [("Passwort: ", False)]) == ["pw"]
+    assert c.kbdint_challenge_received("", "", "", [("Password: ", False)]) is None
+    assert c.password_auth_requested() is None  # no second try by the other method
+    assert c.kbdint_auth_requested() is None
+
+
+def test_password_method_then_no_kbdint() -> None:
+    c = client()
+    assert c.password_auth_requested() == "pw"
+    assert c.kbdint_auth_requested() is None
+
+
+@pytest.mark.parametrize("prompts", [
+    pytest.param([("Verification code: ", True)], id="echoed-question"),
+    pytest.param([("Password: ", False), ("OTP: ", False)], id="two-prompts"),
+])
+def test_kbdint_declines_what_is_not_a_password(prompts: list[tuple[str, bool]]) -> None:
+    c = client()
+    assert c.kbdint_challenge_received("", "", "", prompts) is None
+    assert not c.password_sent
+
+
+def test_no_password_means_no_password_methods() -> None:
+    c = client(None)
+    assert c.kbdint_auth_requested() is None and c.password_auth_requested() is None
+
+
+# --------------------------------------------------------------------------- in-process sshd
+# Only for what real sshd in the cluster cannot be told to do per test: offer exactly one
+# method (the cluster's PAM setup always picks keyboard-interactive first).
+
+
+@dataclass
+class _Tries:
+    password: list[str] = field(default_factory=list)
+    kbdint: list[str] = field(default_factory=list)
+
+
+class _Server(asyncssh.SSHServer):
+    def __init__(self, method: str, tries: _Tries) -> None:
+        self.method, self.tries = method, tries
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return self.method == "password"
+
+    def validate_password(self, username: str, password: str) -> bool:
+        self.tries.password.append(password)
+        return password == "right"
+
+    def kbdint_auth_supported(self) -> bool:
+        return self.method == "kbdint"
+
+    def get_kbdint_challenge(self, username: str, lang: str, submethods: str
+                             ) -> tuple[str, str, str, list[tuple[str, bool]]]:
+        return "", "", "", [("Mot de passe : ", False)]
+
+    def validate_kbdint_response(self, username: str, responses: list[str]) -> bool:
+        self.tries.kbdint.extend(responses)
+        return responses == ["right"]
+
+
+async def _login(tmp_path: Path, method: str, password: str) -> tuple[_Tries, Exception | None]:
+    tries = _Tries()
+    server = await asyncssh.listen(
+        "127.0.0.1", 0, server_host_keys=[asyncssh.generate_private_key("ssh-ed25519")],
+        server_factory=lambda: _Server(method, tries))
+    port = server.sockets[0].getsockname()[1]
+    settings = SSHSettings(connect_timeout=5, accept_new=True, home=tmp_path)
+    nodes = _Nodes(settings, ensure_keypair(tmp_path / "k"), fanout=1)
+    policy = nodes.policy()
+    c = _Client(policy, Secret(password))
+    error: Exception | None = None
+    try:
+        conn = await nodes.connect(Host("127.0.0.1", user="u", port=port), c, policy,
+                                   key_only=False)
+        conn.close()
+    except AuthError as exc:
+        error = exc
+    finally:
+        server.close()
+    return tries, error
+
+
+@pytest.mark.parametrize("method", ["password", "kbdint"])
+async def test_password_login_by_either_method(tmp_path: Path, method: str) -> None:
+    tries, error = await _login(tmp_path, method, "right")
+    assert error is None
+    assert (tries.password, tries.kbdint) == ((["right"], []) if method == "password"
+                                              else ([], ["right"]))
+
+
+@pytest.mark.parametrize("method", ["password", "kbdint"])
+async def test_wrong_password_is_tried_once(tmp_path: Path, method: str) -> None:
+    tries, error = await _login(tmp_path, method, "s3cr3t-guess")
+    assert isinstance(error, AuthError) and "wrong password" in error.message
+    assert len(tries.password) + len(tries.kbdint) == 1
+    assert "s3cr3t" not in str(error) and "s3cr3t" not in repr(error.__cause__)
+
+
+# --------------------------------------------------------------------------- real sshd
+
+
+@dataclass
+class KeysEnv:
+    """A fresh client HOME (empty ~/.ssh) against the 4-node cluster."""
+
+    cluster: object
+    home: Path
+    hosts: str
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def ssh(self) -> Path:
+        return self.home / ".ssh"
+
+    @property
+    def key_path(self) -> Path:
+        return self.ssh / "id_ed25519_dtrain"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.ssh / "known_hosts"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("NCCL_", "GLOO_", "DTRAIN_", "SSH_AUTH_SOCK"))}
+        env.update(HOME=str(self.home), NO_COLOR="1")
+        return env
+
+    def dtrain(self, *args: str, stdin: str | None = None, hosts: str | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        cut = args.index("--") if "--" in args else len(args)
+        argv = [sys.executable, "-m", "launcher", *args[:cut], "-H", hosts or self.hosts,
+                *args[cut:]]
+        proc = subprocess.run(argv, input=stdin, stdin=None if stdin is not None
+                              else subprocess.DEVNULL, capture_output=True, text=True,
+                              env=self.env(), timeout=timeout, check=False)
+        self.outputs += [proc.stdout, proc.stderr]
+        return proc
+
+
+def _node_keys(node: object) -> Path:
+    return node.home / ".ssh" / "authorized_keys"  # type: ignore[attr-defined]
+
+
+def _write_in_place(path: Path, text: str) -> None:
+    """Keep inode, owner and mode: the file is bind-mounted into the node."""
+    with open(path, "r+") as f:
+        f.write(text)
+        f.truncate()
+
+
+@pytest.fixture
+def keys_env(cluster, tmp_path: Path) -> Iterator[KeysEnv]:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    hosts = ",".join(f"{cluster.user}@{n.ip}" for n in cluster.nodes)
+    before = {n.index: _node_keys(n).read_text() for n in cluster.nodes}
+    env = KeysEnv(cluster, home, hosts)
+    yield env
+    # Remove only this test's key, so a concurrent test's edits survive; the result must be
+    # the file as it was, with the cluster's own key still in it.
+    for node in cluster.nodes:
+        path = _node_keys(node)
+        if env.key_path.with_suffix(".pub").exists():
+            line = env.key_path.with_suffix(".pub").read_text()
+            text, changed = remove_key(path.read_text(), line)
+            if changed:
+                _write_in_place(path, text)
+        assert path.read_text() == before[node.index]
+    for text in env.outputs:
+        assert cluster.password not in text
+
+
+def _results(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
+    return {r["host"]: r for r in json.loads(proc.stdout)}
+
+
+def _statuses(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {host: r["status"] for host, r in _results(proc).items()}
+
+
+def _assert_node_files(cluster, blob: str) -> None:
+    uid = pwd.getpwnam(cluster.user).pw_uid
+    for node in cluster.nodes:
+        path = _node_keys(node)
+        assert path.read_text().count(blob) == 1, node.name
+        assert mode(path.parent) == 0o700 and mode(path) == 0o600
+        assert path.parent.stat().st_uid == uid and path.stat().st_uid == uid
+
+
+@pytest.mark.ssh
+def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
+    cluster = keys_env.cluster
+    ips = [n.ip for n in cluster.nodes]  # type: ignore[attr-defined]
+    before = keys_env.dtrain("keys", "check")
+    assert before.returncode == 2 and "no key at" in before.stderr
+
+    t0 = time.monotonic()
+    first = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
+                            stdin=cluster.password + "\n")  # type: ignore[attr-defined]
+    took = time.monotonic() - t0
+    assert first.returncode == 0, first.stderr
+    assert _statuses(first) == dict.fromkeys(ips, "installed")
+    assert "created" in first.stderr and took < 20
+    assert mode(keys_env.ssh) == 0o700 and mode(keys_env.key_path) == 0o600
+    blob = PublicKey.parse(keys_env.key_path.with_suffix(".pub").read_text()).blob
+    _assert_node_files(cluster, blob)
+
+    again = keys_env.dtrain("keys", "setup", "--json")  # no password, no --accept-new
+    assert again.returncode == 0, again.stderr
+    assert _statuses(again) == dict.fromkeys(ips, "present")
+    _assert_node_files(cluster, blob)
+
+    check = keys_env.dtrain("keys", "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count(" ok ") == 4
+
+    exec_ = keys_env.dtrain("exec", "--", "hostname")
+    assert exec_.returncode == 0, exec_.stderr
+    assert sorted(exec_.stdout.split()[1::2]) == ["node1", "node2", "node3", "node4"]
+
+    ssh = subprocess.run(
+        ["ssh", "-F", "/dev/null", "-i", str(keys_env.key_path), "-o", "BatchMode=yes",
+         "-o", f"UserKnownHostsFile={keys_env.known_hosts}", "-o", "IdentitiesOnly=yes",
+         f"{cluster.user}@{ips[0]}", "true"],  # type: ignore[attr-defined]
+        capture_output=True, text=True, timeout=30, env=keys_env.env(), check=False)
+    assert ssh.returncode == 0, ssh.stderr
+
+    revoke = keys_env.dtrain("keys", "revoke", "--json")
+    assert _statuses(revoke) == dict.fromkeys(ips, "removed"), revoke.stderr
+    for node in cluster.nodes:  # type: ignore[attr-defined]
+        assert blob not in _node_keys(node).read_text()
+    after = keys_env.dtrain("keys", "check", "--json")
+    assert after.returncode == 1
+    assert _statuses(after) == dict.fromkeys(ips, "failed")
+
+
+@pytest.mark.ssh
+def test_wrong_password_fails_fast_and_clearly(keys_env: KeysEnv) -> None:
+    t0 = time.monotonic()
+    proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
+                           stdin="not-the-password\n")
+    took = time.monotonic() - t0
+    assert proc.returncode == 1
+    for result in _results(proc).values():
+        assert result["status"] == "failed"
+        assert "authentication failed: wrong password" in result["detail"]
+    assert took < 15  # PAM's own delay (~2-3 s), once: no retries
+    assert "not-the-password" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.ssh
+def test_a_keyed_node_needs_no_password(keys_env: KeysEnv) -> None:
+    cluster = keys_env.cluster
+    pair = ensure_keypair(keys_env.key_path)
+    node2 = cluster.node(2)  # type: ignore[attr-defined]
+    path = _node_keys(node2)
+    _write_in_place(path, path.read_text() + pair.key.line + "\n")
+    hosts = f"{cluster.user}@{node2.ip}"  # type: ignore[attr-defined]
+    proc = keys_env.dtrain("keys", "setup", "--accept-new", "--json", hosts=hosts)
+    assert proc.returncode == 0, proc.stderr
+    assert _statuses(proc) == {node2.ip: "present"}
+    assert "Password" not in proc.stderr
+    assert path.read_text().count(pair.key.blob) == 1
+
+    node3 = cluster.node(3)  # type: ignore[attr-defined]
+    mixed = keys_env.dtrain("keys", "setup", "--accept-new", "--json", "--password-stdin",
+                            stdin=cluster.password + "\n",  # type: ignore[attr-defined]
+                            hosts=f"{hosts},{cluster.user}@{node3.ip}")
+    assert mixed.returncode == 0, mixed.stderr
+    assert _statuses(mixed) == {node2.ip: "present", node3.ip: "installed"}
+
+
+BOGUS = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFf0R2y4bq5pCx3AZjWJtZ1WwJkq6h0I0N6wQ8hY9Xk1"
+
+
+@pytest.mark.ssh
+def test_changed_host_key_is_refused_and_kept(keys_env: KeysEnv) -> None:
+    cluster = keys_env.cluster
+    node1 = cluster.node(1)  # type: ignore[attr-defined]
+    keys_env.ssh.mkdir(mode=0o700)
+    keys_env.known_hosts.write_text(f"{node1.ip} {BOGUS}\n")
+    proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
+                           stdin=cluster.password + "\n")  # type: ignore[attr-defined]
+    assert proc.returncode == 1
+    results = _results(proc)
+    assert results[node1.ip]["status"] == "failed"
+    assert "HOST KEY CHANGED" in results[node1.ip]["detail"]
+    assert "WARNING" in proc.stderr and node1.ip in proc.stderr
+    assert [r["status"] for h, r in results.items() if h != node1.ip] == ["installed"] * 3
+    lines = keys_env.known_hosts.read_text().splitlines()
+    assert [ln for ln in lines if ln.split()[0] == node1.ip] == [f"{node1.ip} {BOGUS}"]
+    assert len(lines) == 4  # the other three were accepted as new
+    assert PublicKey.parse(keys_env.key_path.with_suffix(".pub").read_text()).blob \
+        not in _node_keys(node1).read_text()
+
+
+@pytest.mark.ssh
+def test_unknown_host_keys_need_a_terminal_or_accept_new(keys_env: KeysEnv) -> None:
+    cluster = keys_env.cluster
+    proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--json",
+                           stdin=cluster.password + "\n")  # type: ignore[attr-defined]
+    assert proc.returncode == 1
+    for result in _results(proc).values():
+        assert result["status"] == "failed"
+        assert "unknown host key ssh-ed25519 SHA256:" in result["detail"]
+    assert "--accept-new" in proc.stderr
+    assert not keys_env.known_hosts.exists()
+
+
+def _take_terminal() -> None:
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _run_on_pty(argv: list[str], env: dict[str, str], answers: list[tuple[bytes, bytes]],
+                timeout: float = 60) -> tuple[int, str]:
+    """Run argv on a new terminal, answering each prompt as it appears."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
+                            preexec_fn=_take_terminal)  # noqa: PLW1509 - single-threaded here
+    os.close(slave)
+    out, seen, deadline = b"", 0, time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            out += data
+            if answers and answers[0][0] in out[seen:]:
+                seen = len(out)
+                os.write(master, answers.pop(0)[1])
+    finally:
+        os.close(master)
+        code = proc.wait(timeout=10)
+    return code, out.decode(errors="replace")
+
+
+@pytest.mark.ssh
+def test_interactive_confirm_and_hidden_password(keys_env: KeysEnv) -> None:
+    cluster = keys_env.cluster
+    argv = [sys.executable, "-m", "launcher", "keys", "setup", "-H", keys_env.hosts]
+    code, out = _run_on_pty(argv, keys_env.env(), [
+        (b"[y/N]", b"y\n"),
+        (b"(asked once): ", cluster.password.encode() + b"\n"),  # type: ignore[attr-defined]
+    ])
+    keys_env.outputs.append(out)
+    assert code == 0, out
+    assert "4 host key(s) not in" in out and out.count("SHA256:") >= 4
+    assert "Password for dtuser@198.18.0.[11-14]" in out
+    assert "4 installed" in out
+    known = keys_env.known_hosts.read_text()
+    for node in cluster.nodes:  # type: ignore[attr-defined]
+        host_key = (node.dir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        assert f"{node.ip} {' '.join(host_key)}" in known
