@@ -1,0 +1,60 @@
+"""On the cluster: only the node with an (emulated) RDMA fabric gets NCCL_IB_HCA."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tests.util import dtrain
+
+pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def make_ib_tree(root):
+    """A one-port InfiniBand HCA, as the kernel's sysfs shows it."""
+    dev = root / "mlx5_0"
+    port = dev / "ports" / "1"
+    _write(port / "state", "4: ACTIVE\n")
+    _write(port / "phys_state", "5: LinkUp\n")
+    _write(port / "link_layer", "InfiniBand\n")
+    _write(port / "rate", "200 Gb/sec (4X HDR)\n")
+    _write(port / "gids" / "0", "fe80:0000:0000:0000:0c42:a103:0065:1a2b\n")
+    driver = root.parent / "drivers" / "mlx5_core"
+    driver.mkdir(parents=True, exist_ok=True)
+    (dev / "device").mkdir(parents=True, exist_ok=True)
+    os.symlink(driver, dev / "device" / "driver")
+
+
+def test_only_the_rdma_node_gets_nccl_ib_hca(cluster, tmp_path):
+    node2 = cluster.node(2)
+    tree = node2.home / "fake-sys" / "infiniband"
+    shutil.rmtree(node2.home / "fake-sys", ignore_errors=True)
+    make_ib_tree(tree)
+    uid, gid = node2.home.stat().st_uid, node2.home.stat().st_gid
+    for dirpath, dirnames, filenames in os.walk(node2.home / "fake-sys"):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            os.lchown(name, uid, gid)
+    try:
+        setup = ('test -d "$HOME/fake-sys/infiniband" && '
+                 'export DTRAIN_IB_SYSFS="$HOME/fake-sys/infiniband"; true')
+        res = dtrain(["run", "-H", "node[1-2]", "--python", cluster.python,
+                      "--nproc-per-node", "1", "--archive-dir", str(tmp_path / "runs"),
+                      "--setup", setup, "tests/workloads/env_report.py", "NCCL_IB_HCA",
+                      "NCCL_IB_DISABLE"], env=cluster.client_env(), timeout=120)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        reports = {json.loads(ln.split("REPORT ", 1)[1])["host"]:
+                   json.loads(ln.split("REPORT ", 1)[1])["env"]
+                   for ln in res.stdout.splitlines() if "REPORT " in ln}
+        assert reports["node2"]["NCCL_IB_HCA"] == "=mlx5_0:1"
+        assert reports["node1"]["NCCL_IB_HCA"] is None
+        assert reports["node1"]["NCCL_IB_DISABLE"] is None
+    finally:
+        shutil.rmtree(node2.home / "fake-sys", ignore_errors=True)
