@@ -70,6 +70,11 @@ def _who(hosts: Sequence[Host]) -> str:
     return user + fold(h.label for h in hosts)
 
 
+def _fingerprints(keys: Sequence[UnknownHostKey]) -> str:
+    width = max(len(k.host) for k in keys)
+    return "\n".join(f"  {k.host:<{width}}  {k.algorithm}  {k.fingerprint}" for k in keys)
+
+
 class TerminalPrompts:
     """Questions on the terminal; none at all when stdin carries the password."""
 
@@ -77,13 +82,17 @@ class TerminalPrompts:
         self.password_stdin = password_stdin
         self.known_hosts = known_hosts
 
+    def host_keys_added(self, added: Sequence[UnknownHostKey]) -> None:
+        from launcher import render
+
+        render.note(f"--accept-new: recorded {len(added)} new host key(s) in "
+                    f"{self.known_hosts}:\n{_fingerprints(added)}")
+
     def confirm_host_keys(self, unknown: Sequence[UnknownHostKey]) -> bool:
         from launcher import render
 
-        width = max(len(k.host) for k in unknown)
-        lines = [f"  {k.host:<{width}}  {k.algorithm}  {k.fingerprint}" for k in unknown]
         render.note(f"{len(unknown)} host key(s) not in {self.known_hosts} yet:\n"
-                    + "\n".join(lines))
+                    + _fingerprints(unknown))
         if self.password_stdin or not sys.stdin.isatty():
             render.note("not recorded: no terminal to confirm them on (check them, then "
                         "use --accept-new)")

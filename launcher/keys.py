@@ -29,7 +29,7 @@ import stat
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import asyncssh
 
@@ -123,6 +123,9 @@ class Prompts(Protocol):
 
     def password(self, hosts: Sequence[Host]) -> Secret:
         """The login password for these hosts (asked once)."""
+
+    def host_keys_added(self, added: Sequence[UnknownHostKey]) -> None:
+        """Show the host keys --accept-new just recorded."""
 
 
 def _failed(host: Host, exc: DtrainError | str) -> KeyResult:
@@ -228,15 +231,18 @@ class _Client(asyncssh.SSHClient):
         self._policy = policy
         self._password = password
         self.password_sent = False
-        self.refused: UnknownHostKey | None = None
+        self.refused: UnknownHostKey | None = None  # unknown, not recorded
+        self.added: UnknownHostKey | None = None  # unknown, recorded (--accept-new)
 
     def validate_host_public_key(self, host: str, addr: str, port: int,
                                  key: asyncssh.SSHKey) -> bool:
         ok = self._policy.validate(host, addr, port, key)
         verdict = self._policy.verdicts.get(host, ("", ""))[0]
+        seen = UnknownHostKey("", key.get_algorithm(), fingerprint(key), (host, addr, port), key)
         if not ok and verdict == "unknown":
-            self.refused = UnknownHostKey("", key.get_algorithm(), fingerprint(key),
-                                          (host, addr, port), key)
+            self.refused = seen
+        elif ok and verdict == "added":
+            self.added = seen
         return ok
 
     def _take_password(self) -> str | None:
@@ -269,7 +275,8 @@ class _Probe:
     host: Host
     result: KeyResult | None = None
     needs_password: bool = False
-    unknown: UnknownHostKey | None = None
+    unknown: UnknownHostKey | None = None  # to confirm before anything else happens
+    added: UnknownHostKey | None = None  # recorded under --accept-new: to show the user
 
 
 class _Nodes:
@@ -287,9 +294,9 @@ class _Nodes:
         accept = self.settings.accept_new if accept_new is None else accept_new
         return HostKeyPolicy(self.settings.known_hosts, accept)
 
-    def _options(self, host: Host, policy: HostKeyPolicy, *, key_only: bool) -> dict[str, object]:
+    def _options(self, host: Host, policy: HostKeyPolicy, *, key_only: bool) -> dict[str, Any]:
         timeout = self.settings.connect_timeout
-        options: dict[str, object] = {
+        options: dict[str, Any] = {
             "known_hosts": policy.trusted_arg(), "config": self._config,
             "connect_timeout": timeout, "login_timeout": timeout,
             "kex_algs": KEX_ALGS, "encryption_algs": CIPHERS, "agent_path": None,
@@ -338,6 +345,12 @@ class _Nodes:
         """Key-only login, then `true`: does this key alone get us in?"""
         policy = self.policy(accept_new)
         client = _Client(policy)
+        probe = await self._probe(host, client, policy)
+        if client.added is not None:
+            return replace(probe, added=replace(client.added, host=host.label))
+        return probe
+
+    async def _probe(self, host: Host, client: _Client, policy: HostKeyPolicy) -> _Probe:
         try:
             conn = await self.connect(host, client, policy, key_only=True)
         except AuthError as exc:
@@ -479,6 +492,9 @@ def setup_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
     """Every node accepts ``keypair`` afterwards, or says why not (see the module doc)."""
     nodes = _Nodes(settings, keypair, fanout)
     probes: dict[str, _Probe | KeyResult] = asyncio.run(nodes.each(hosts, nodes.probe))
+    added = [p.added for p in probes.values() if isinstance(p, _Probe) and p.added]
+    if added:
+        prompts.host_keys_added(added)
     probes.update(_confirm_host_keys(nodes, prompts, probes))
     results: dict[str, KeyResult] = {}
     need: list[Host] = []
@@ -523,7 +539,8 @@ def revoke_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
     nodes = _Nodes(settings, keypair, fanout)
 
     async def run() -> dict[str, KeyResult]:
-        async with SSHTransport(settings) as transport:
+        transport = SSHTransport(settings)
+        async with transport:
             return await nodes.each(hosts, lambda h: nodes.revoke(transport, h))
 
     results = asyncio.run(run())

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from launcher.keys import (
 )
 from launcher.models import Host
 from launcher.transports.ssh import HostKeyPolicy, SSHSettings
+from tests.cluster import Cluster, Node
 
 # --------------------------------------------------------------------------- the local key
 
@@ -187,9 +188,9 @@ class _Server(asyncssh.SSHServer):
                              ) -> tuple[str, str, str, list[tuple[str, bool]]]:
         return "", "", "", [("Mot de passe : ", False)]
 
-    def validate_kbdint_response(self, username: str, responses: list[str]) -> bool:
+    def validate_kbdint_response(self, username: str, responses: Sequence[str]) -> bool:
         self.tries.kbdint.extend(responses)
-        return responses == ["right"]
+        return list(responses) == ["right"]
 
 
 async def _login(tmp_path: Path, method: str, password: str) -> tuple[_Tries, Exception | None]:
@@ -237,7 +238,7 @@ async def test_wrong_password_is_tried_once(tmp_path: Path, method: str) -> None
 class KeysEnv:
     """A fresh client HOME (empty ~/.ssh) against the 4-node cluster."""
 
-    cluster: object
+    cluster: Cluster
     home: Path
     hosts: str
     outputs: list[str] = field(default_factory=list)
@@ -272,8 +273,8 @@ class KeysEnv:
         return proc
 
 
-def _node_keys(node: object) -> Path:
-    return node.home / ".ssh" / "authorized_keys"  # type: ignore[attr-defined]
+def _node_keys(node: Node) -> Path:
+    return node.home / ".ssh" / "authorized_keys"
 
 
 def _write_in_place(path: Path, text: str) -> None:
@@ -284,7 +285,7 @@ def _write_in_place(path: Path, text: str) -> None:
 
 
 @pytest.fixture
-def keys_env(cluster, tmp_path: Path) -> Iterator[KeysEnv]:
+def keys_env(cluster: Cluster, tmp_path: Path) -> Iterator[KeysEnv]:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     hosts = ",".join(f"{cluster.user}@{n.ip}" for n in cluster.nodes)
@@ -313,7 +314,7 @@ def _statuses(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return {host: r["status"] for host, r in _results(proc).items()}
 
 
-def _assert_node_files(cluster, blob: str) -> None:
+def _assert_node_files(cluster: Cluster, blob: str) -> None:
     uid = pwd.getpwnam(cluster.user).pw_uid
     for node in cluster.nodes:
         path = _node_keys(node)
@@ -325,17 +326,19 @@ def _assert_node_files(cluster, blob: str) -> None:
 @pytest.mark.ssh
 def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
     cluster = keys_env.cluster
-    ips = [n.ip for n in cluster.nodes]  # type: ignore[attr-defined]
+    ips = [n.ip for n in cluster.nodes]
     before = keys_env.dtrain("keys", "check")
     assert before.returncode == 2 and "no key at" in before.stderr
 
     t0 = time.monotonic()
     first = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
-                            stdin=cluster.password + "\n")  # type: ignore[attr-defined]
+                            stdin=cluster.password + "\n")
     took = time.monotonic() - t0
     assert first.returncode == 0, first.stderr
     assert _statuses(first) == dict.fromkeys(ips, "installed")
     assert "created" in first.stderr and took < 20
+    assert "--accept-new: recorded 4 new host key(s)" in first.stderr
+    assert all(f"{ip}  ssh-ed25519  SHA256:" in first.stderr for ip in ips)
     assert mode(keys_env.ssh) == 0o700 and mode(keys_env.key_path) == 0o600
     blob = PublicKey.parse(keys_env.key_path.with_suffix(".pub").read_text()).blob
     _assert_node_files(cluster, blob)
@@ -356,13 +359,13 @@ def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
     ssh = subprocess.run(
         ["ssh", "-F", "/dev/null", "-i", str(keys_env.key_path), "-o", "BatchMode=yes",
          "-o", f"UserKnownHostsFile={keys_env.known_hosts}", "-o", "IdentitiesOnly=yes",
-         f"{cluster.user}@{ips[0]}", "true"],  # type: ignore[attr-defined]
+         f"{cluster.user}@{ips[0]}", "true"],
         capture_output=True, text=True, timeout=30, env=keys_env.env(), check=False)
     assert ssh.returncode == 0, ssh.stderr
 
     revoke = keys_env.dtrain("keys", "revoke", "--json")
     assert _statuses(revoke) == dict.fromkeys(ips, "removed"), revoke.stderr
-    for node in cluster.nodes:  # type: ignore[attr-defined]
+    for node in cluster.nodes:
         assert blob not in _node_keys(node).read_text()
     after = keys_env.dtrain("keys", "check", "--json")
     assert after.returncode == 1
@@ -387,19 +390,19 @@ def test_wrong_password_fails_fast_and_clearly(keys_env: KeysEnv) -> None:
 def test_a_keyed_node_needs_no_password(keys_env: KeysEnv) -> None:
     cluster = keys_env.cluster
     pair = ensure_keypair(keys_env.key_path)
-    node2 = cluster.node(2)  # type: ignore[attr-defined]
+    node2 = cluster.node(2)
     path = _node_keys(node2)
     _write_in_place(path, path.read_text() + pair.key.line + "\n")
-    hosts = f"{cluster.user}@{node2.ip}"  # type: ignore[attr-defined]
+    hosts = f"{cluster.user}@{node2.ip}"
     proc = keys_env.dtrain("keys", "setup", "--accept-new", "--json", hosts=hosts)
     assert proc.returncode == 0, proc.stderr
     assert _statuses(proc) == {node2.ip: "present"}
     assert "Password" not in proc.stderr
     assert path.read_text().count(pair.key.blob) == 1
 
-    node3 = cluster.node(3)  # type: ignore[attr-defined]
+    node3 = cluster.node(3)
     mixed = keys_env.dtrain("keys", "setup", "--accept-new", "--json", "--password-stdin",
-                            stdin=cluster.password + "\n",  # type: ignore[attr-defined]
+                            stdin=cluster.password + "\n",
                             hosts=f"{hosts},{cluster.user}@{node3.ip}")
     assert mixed.returncode == 0, mixed.stderr
     assert _statuses(mixed) == {node2.ip: "present", node3.ip: "installed"}
@@ -411,11 +414,11 @@ BOGUS = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFf0R2y4bq5pCx3AZjWJtZ1WwJkq6h0I0N6
 @pytest.mark.ssh
 def test_changed_host_key_is_refused_and_kept(keys_env: KeysEnv) -> None:
     cluster = keys_env.cluster
-    node1 = cluster.node(1)  # type: ignore[attr-defined]
+    node1 = cluster.node(1)
     keys_env.ssh.mkdir(mode=0o700)
     keys_env.known_hosts.write_text(f"{node1.ip} {BOGUS}\n")
     proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
-                           stdin=cluster.password + "\n")  # type: ignore[attr-defined]
+                           stdin=cluster.password + "\n")
     assert proc.returncode == 1
     results = _results(proc)
     assert results[node1.ip]["status"] == "failed"
@@ -433,7 +436,7 @@ def test_changed_host_key_is_refused_and_kept(keys_env: KeysEnv) -> None:
 def test_unknown_host_keys_need_a_terminal_or_accept_new(keys_env: KeysEnv) -> None:
     cluster = keys_env.cluster
     proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--json",
-                           stdin=cluster.password + "\n")  # type: ignore[attr-defined]
+                           stdin=cluster.password + "\n")
     assert proc.returncode == 1
     for result in _results(proc).values():
         assert result["status"] == "failed"
@@ -482,7 +485,7 @@ def test_interactive_confirm_and_hidden_password(keys_env: KeysEnv) -> None:
     argv = [sys.executable, "-m", "launcher", "keys", "setup", "-H", keys_env.hosts]
     code, out = _run_on_pty(argv, keys_env.env(), [
         (b"[y/N]", b"y\n"),
-        (b"(asked once): ", cluster.password.encode() + b"\n"),  # type: ignore[attr-defined]
+        (b"(asked once): ", cluster.password.encode() + b"\n"),
     ])
     keys_env.outputs.append(out)
     assert code == 0, out
@@ -490,6 +493,6 @@ def test_interactive_confirm_and_hidden_password(keys_env: KeysEnv) -> None:
     assert "Password for dtuser@198.18.0.[11-14]" in out
     assert "4 installed" in out
     known = keys_env.known_hosts.read_text()
-    for node in cluster.nodes:  # type: ignore[attr-defined]
+    for node in cluster.nodes:
         host_key = (node.dir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
         assert f"{node.ip} {' '.join(host_key)}" in known
