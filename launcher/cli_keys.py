@@ -121,13 +121,13 @@ class TerminalPrompts:
 # --------------------------------------------------------------------------- output
 
 
-def _table(results: Sequence[KeyResult], title: str) -> None:
+def _table(results: Sequence[KeyResult]) -> None:
     """A rich table on a terminal, plain aligned columns otherwise (pipes, CI logs)."""
     if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=title, title_justify="left")
+        table = Table()
         for column in ("host", "status", "detail"):
             table.add_column(column, overflow="fold")
         for r in results:
@@ -142,18 +142,19 @@ def _table(results: Sequence[KeyResult], title: str) -> None:
         typer.echo(line.rstrip())
 
 
-def _report(results: Sequence[KeyResult], title: str, as_json: bool) -> int:
+def _report(results: Sequence[KeyResult], keypair: KeyPair, as_json: bool) -> int:
     """Print the results; 0 only when every node succeeded."""
     from launcher import render
 
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in results], indent=2))
     else:
-        _table(results, title)
+        _table(results)
     counts: dict[str, int] = {}
     for r in results:
         counts[LABELS.get(r.status, r.status)] = counts.get(LABELS.get(r.status, r.status), 0) + 1
-    render.note(f"{len(results)} node(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    render.note(f"{len(results)} node(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
+                + f" (key {keypair.private})")
     for r in results:
         if r.status == "failed" and "HOST KEY CHANGED" in r.detail:
             render.note(f"WARNING: {r.host}: HOST KEY CHANGED; known_hosts left as it was. "
@@ -209,7 +210,7 @@ def setup_cmd(
         settings = _ssh_settings(connect_timeout, accept_new)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
         results = setup_keys(host_list, settings, keypair, prompts, fanout=fanout)
-        return _report(results, f"dtrain keys setup ({keypair.private})", as_json)
+        return _report(results, keypair, as_json)
 
     _run(body)
 
@@ -236,7 +237,7 @@ def check_cmd(
         keypair = _keypair(identity, create=False)
         settings = _ssh_settings(connect_timeout, False)
         results = check_keys(host_list, settings, keypair, fanout=fanout)
-        return _report(results, f"dtrain keys check ({keypair.private})", as_json)
+        return _report(results, keypair, as_json)
 
     _run(body)
 
@@ -264,6 +265,6 @@ def revoke_cmd(
         keypair = _keypair(identity, create=False)
         settings = _ssh_settings(connect_timeout, False, identities=_identities(identity))
         results = revoke_keys(host_list, settings, keypair, fanout=fanout)
-        return _report(results, f"dtrain keys revoke ({keypair.private})", as_json)
+        return _report(results, keypair, as_json)
 
     _run(body)

@@ -339,7 +339,11 @@ class _Nodes:
                   stdin: str | None = None) -> asyncssh.SSHCompletedProcess:
         """Run one command to completion (bounded), errors mapped."""
         with map_ssh_errors(host.label, self.settings):
-            return await conn.run(command, input=stdin, check=False, timeout=SCRIPT_TIMEOUT)
+            try:
+                return await conn.run(command, input=stdin, check=False, timeout=SCRIPT_TIMEOUT)
+            except asyncssh.TimeoutError as exc:  # else it would read as a connect timeout
+                raise ConnectError(f"`{command}` did not finish within {SCRIPT_TIMEOUT:g} s",
+                                   host=host.label) from exc
 
     async def probe(self, host: Host, accept_new: bool | None = None) -> _Probe:
         """Key-only login, then `true`: does this key alone get us in?"""
@@ -396,7 +400,8 @@ class _Nodes:
             return _failed(host, f"key {report.state}, but a key-only login still fails: "
                                  f"{why}{extra}")
         if report.state == PRESENT:
-            notes = "; ".join(filter(None, ["key was in authorized_keys; modes fixed", notes]))
+            notes = "; ".join(filter(None, ["key was already in authorized_keys, but refused: "
+                                            "permissions fixed", notes]))
         return KeyResult(host.label, report.state, notes)
 
     async def revoke(self, transport: SSHTransport, host: Host) -> KeyResult:
@@ -491,7 +496,8 @@ def setup_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
                prompts: Prompts, fanout: int = 64) -> list[KeyResult]:
     """Every node accepts ``keypair`` afterwards, or says why not (see the module doc)."""
     nodes = _Nodes(settings, keypair, fanout)
-    probes: dict[str, _Probe | KeyResult] = asyncio.run(nodes.each(hosts, nodes.probe))
+    done = asyncio.run(nodes.each(hosts, nodes.probe))
+    probes: dict[str, _Probe | KeyResult] = {h.label: done[h.label] for h in hosts}  # host order
     added = [p.added for p in probes.values() if isinstance(p, _Probe) and p.added]
     if added:
         prompts.host_keys_added(added)
