@@ -1,0 +1,83 @@
+"""Issue: one tagged stream and a run archive, on the cluster, without losing a line."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from tests.util import dtrain
+
+pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+N = 20000
+
+
+@pytest.fixture(scope="module")
+def chatter_run(cluster, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    res = dtrain(["run", "-H", "node[1-3]", "--python", cluster.python, "--nproc-per-node",
+                  "2", "--archive-dir", str(runs), "--run-id", "chatter", "--no-color",
+                  "tests/workloads/chatter.py", str(N)], env=cluster.client_env(), timeout=170)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return res, runs / "chatter"
+
+
+def test_every_line_once_on_the_console_with_its_rank(chatter_run):
+    res, _ = chatter_run
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in res.stdout.splitlines():
+        tag, sep, text = line.partition(": ")
+        if sep and text.startswith("rank") and " line" in text:
+            counts[(tag, text)] += 1
+    for rank in range(6):
+        host = f"node{rank // 2 + 1}"
+        for i in (0, 1, 4999, N - 1):
+            text = f"rank{rank} line{i} {'x' * (i % 50)}"
+            assert counts[(f"{host} r{rank}", text)] == 1, (rank, i)
+    assert sum(counts.values()) == 6 * N
+    assert max(counts.values()) == 1
+
+
+def test_every_line_once_in_output_jsonl_with_its_rank(chatter_run):
+    _, run = chatter_run
+    seen: Counter[tuple[int, int]] = Counter()
+    progress, big = [], []
+    with open(run / "output.jsonl", encoding="utf-8") as f:
+        for raw in f:
+            obj = json.loads(raw)
+            line = obj["line"]
+            if line.startswith("rank") and " line" in line:
+                head = line.split(" ", 2)
+                assert head[0] == f"rank{obj['rank']}" and obj["stream"] == "out"
+                assert obj["host"] == f"node{obj['rank'] // 2 + 1}"
+                assert obj["node_rank"] == obj["rank"] // 2
+                seen[(obj["rank"], int(head[1][4:]))] += 1
+            elif line.startswith("progress"):
+                progress.append(line)
+            elif line.startswith("BBBB"):
+                big.append((obj["rank"], len(line)))
+    assert len(seen) == 6 * N and set(seen.values()) == {1}
+    # \r progress bars collapse to their last state: one line per rank
+    assert sorted(progress) == ["progress 100%"] * 6
+    assert big == [(4, 5 * 1024 * 1024)]
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["exit_code"] == 0 and meta["hosts"] == ["node1", "node2", "node3"]
+    assert (run / "hosts" / "node2.log").is_file()
+
+
+def test_stderr_is_kept_apart(chatter_run):
+    res, _ = chatter_run
+    assert "node3 r5 [err]: rank5 to stderr" in res.stdout
+
+
+def test_logs_replays_only_the_chosen_rank(chatter_run, cluster):
+    _, run = chatter_run
+    res = dtrain(["logs", str(run), "--rank", "4", "--no-color"], env=cluster.client_env())
+    assert res.returncode == 0
+    tagged = [ln for ln in res.stdout.splitlines() if not ln.startswith("dtrain:")]
+    assert tagged and all(ln.startswith("node3 r4") for ln in tagged)
+    assert sum(1 for ln in tagged if " line" in ln) == N
+    res = dtrain(["logs", str(run), "--grep", "line1999 ", "--json"], env=cluster.client_env())
+    objs = [json.loads(ln) for ln in res.stdout.splitlines()]
+    assert sorted(o["rank"] for o in objs) == list(range(6))
