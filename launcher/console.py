@@ -20,7 +20,9 @@ line would cost more than everything else on the output path together.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException  # type: ignore[import-untyped]
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from launcher.models import OutputLine
 
 RESET = "\x1b[0m"
+CLEAR_LINE = "\r\x1b[K"
 BOLD = "\x1b[1m"
 DIM = "\x1b[2m"
 RED = "\x1b[1;31m"
@@ -69,6 +72,8 @@ class Console:
         self.ranks = frozenset(ranks) if ranks is not None else None
         self.hosts = frozenset(hosts) if hosts is not None else None
         self.broken = False  # the reader went away (EPIPE): drop further output
+        # a live status line under the log (terminal only): a callable giving its text
+        self.status: Callable[[], str] | None = None
         self._colors: dict[str, str] = {}
         self._prefixes: dict[tuple[str, int | None, str], str] = {}
         self._host_w = 0
@@ -118,9 +123,43 @@ class Console:
                 err.append(fmt(line))
             else:
                 out.append(fmt(line))
-        self._write(self.stream, out)
+        if self.live:
+            self._write_live(out)
+        else:
+            self._write(self.stream, out)
         if err and self.err_stream is not None:
             self._write(self.err_stream, err)
+
+    @property
+    def live(self) -> bool:
+        """A status line is kept under the log: a colour terminal, one stream, a provider."""
+        return self.status is not None and self.color and self.err_stream is None
+
+    def _write_live(self, parts: list[str]) -> None:
+        """Erase the status line, write the lines, redraw it: one write, no torn lines."""
+        assert self.status is not None
+        width = max(20, shutil.get_terminal_size((100, 24)).columns - 1)
+        status = self.status()[:width]
+        text = CLEAR_LINE + "".join(p + "\n" for p in parts) + f"{DIM}{status}{RESET}"
+        try:
+            self.stream.write(text)
+        except (BrokenPipeError, ValueError, OSError):
+            self.broken = True
+
+    def redraw_status(self) -> None:
+        """Refresh the status line when no output arrives (the clock, node states)."""
+        if self.live and not self.broken:
+            self._write_live([])
+            self.flush()
+
+    def clear_status(self) -> None:
+        """Remove the status line for good (the job is over)."""
+        if self.live and not self.broken:
+            try:
+                self.stream.write(CLEAR_LINE)
+            except (BrokenPipeError, ValueError, OSError):
+                self.broken = True
+        self.status = None
 
     def write_raw(self, texts: Sequence[str]) -> None:
         """Write ready-made lines (replay --json) with the same EPIPE handling."""

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_LINES = 100_000
 DEFAULT_MAX_CHARS = 32 * 1024 * 1024
-_FLUSH_TICK_S = 0.5  # with flush_if_due(0.5): archived lines reach the disk within 1 s
+_FLUSH_TICK_S = 0.5
+STATUS_REFRESH_S = 0.5  # with flush_if_due(0.5): archived lines reach the disk within 1 s
 
 
 class _Gap:
@@ -156,11 +157,21 @@ class ConsoleSink:
         while True:
             with self._cond:
                 while not self._items and not self._closing:
-                    self._cond.wait()
+                    if self.console.live:
+                        if not self._cond.wait(timeout=STATUS_REFRESH_S):
+                            break  # nothing arrived: refresh the status line below
+                    else:
+                        self._cond.wait()
                 items, self._items = self._items, []
                 self._lines = self._chars = 0
+                closing = self._closing
             if not items:
-                return
+                if closing:
+                    self.console.clear_status()
+                    self.console.flush()
+                    return
+                self.console.redraw_status()
+                continue
             try:
                 self.console.write(self._batch(items))
                 self.console.flush()

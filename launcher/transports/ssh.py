@@ -48,7 +48,7 @@ class SSHSettings:
     keepalive_count_max: int = 3
     retries: int = 4  # for the transient drops sshd's MaxStartups produces
     home: Path = field(default_factory=Path.home)
-    password: str | None = None  # only for `dtrain keys setup`; never logged
+    password: str | None = field(default=None, repr=False)  # only for keys setup; never shown
 
     @property
     def ssh_dir(self) -> Path:
@@ -271,8 +271,18 @@ class SSHTransport(Transport):
             ssh = self.settings.ssh_dir
             names = [*self.settings.identities, str(ssh / DTRAIN_KEY_NAME)]
             names += [str(ssh / n) for n in DEFAULT_KEY_NAMES]
-            self._keys = _load_keys(names)
-        return _load_keys(config_files) + self._keys
+            # the same file offered twice costs a failed attempt against MaxAuthTries
+            unique = list(dict.fromkeys(str(Path(n).expanduser().resolve()) for n in names))
+            self._keys = _load_keys(unique)
+        extra = [f for f in config_files
+                 if str(Path(f).expanduser().resolve()) not in self._key_paths()]
+        return _load_keys(extra) + self._keys
+
+    def _key_paths(self) -> set[str]:
+        ssh = self.settings.ssh_dir
+        names = [*self.settings.identities, str(ssh / DTRAIN_KEY_NAME)]
+        names += [str(ssh / n) for n in DEFAULT_KEY_NAMES]
+        return {str(Path(n).expanduser().resolve()) for n in names}
 
     async def _jump(self, spec: str) -> asyncssh.SSHClientConnection:
         """One connection per jump host, shared by every target behind it."""
