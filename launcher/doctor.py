@@ -435,40 +435,28 @@ def check_hca(facts_by_host: Mapping[str, NodeFacts],
     sockets = sockets or {}
     hcas = {h: _hca(f, _sock_if(sockets, h)) for h, f in facts_by_host.items()}
     sigs = {h: _hca_signature(c) for h, c in hcas.items()}
-    anyone = any(s is not None for s in sigs.values())
     ref = _reference(sigs) if sigs else None
     out = []
     for h, f in facts_by_host.items():
         hca, sig = hcas[h], sigs[h]
         skipped = "; ".join(f"{n}: {why}" for n, why in hca.excluded)
-        if not f.rdma:
-            if anyone:
-                out.append(CheckResult(h, "hca", FAIL, f"no RDMA devices, but "
-                                       f"{_others(sigs, ref) if ref else 'other nodes'} have "
-                                       f"{_describe(ref or _first(sigs))}"))
-            else:
-                out.append(CheckResult(h, "hca", SKIP, "no RDMA devices: NCCL uses TCP sockets"))
-            continue
-        if sig is None and not anyone:
+        if sig != ref:
+            mine = "no RDMA devices" if not f.rdma else _describe(sig) + (
+                f" ({skipped})" if sig is None and skipped else "")
+            out.append(CheckResult(h, "hca", FAIL, f"{mine} here, {_describe(ref)} on "
+                                   f"{_others(sigs, ref)}"))
+        elif not f.rdma:
+            out.append(CheckResult(h, "hca", SKIP, "no RDMA devices: NCCL uses TCP sockets"))
+        elif sig is None:
             out.append(CheckResult(h, "hca", WARN, f"RDMA devices present but none usable "
                                    f"({skipped}): NCCL uses TCP sockets"))
-            continue
-        if sig != ref:
-            theirs = _describe(ref) if ref is not None else "no usable RDMA port"
-            mine = _describe(sig) + (f" ({skipped})" if skipped and sig is None else "")
-            out.append(CheckResult(h, "hca", FAIL, f"{mine} here, {theirs} on "
-                                   f"{_others(sigs, ref)}"))
-            continue
-        if hca.efa:
+        elif hca.efa:
             out.append(CheckResult(h, "hca", OK, "AWS EFA (aws-ofi-nccl owns the transport)"))
-            continue
-        text = f"{hca.env_value} ({_describe(sig)})"
-        out.append(CheckResult(h, "hca", OK, text + (f"; excluded {skipped}" if skipped else "")))
+        else:
+            text = f"{hca.env_value} ({_describe(sig)})"
+            out.append(CheckResult(h, "hca", OK,
+                                   text + (f"; excluded {skipped}" if skipped else "")))
     return out
-
-
-def _first(values: Mapping[str, V | None]) -> V | None:
-    return next((v for v in values.values() if v is not None), None)
 
 
 def check_roce_gid(facts_by_host: Mapping[str, NodeFacts],
@@ -630,8 +618,8 @@ def check_master_port(probe: PortProbe | None, pick: MasterPick | None,
     out = []
     listen = probe.listen
     if isinstance(listen, str) or not listen.get("ok"):
-        why = listen if isinstance(listen, str) else listen.get("error")
-        out.append(CheckResult(master, "master_port", FAIL, f"cannot bind {target}: {why}"))
+        err = listen if isinstance(listen, str) else listen.get("error")
+        out.append(CheckResult(master, "master_port", FAIL, f"cannot bind {target}: {err}"))
         out += [CheckResult(h, "master_port", SKIP, "master port not bound")
                 for h in hosts if h != master]
         return out

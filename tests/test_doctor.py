@@ -1,0 +1,539 @@
+"""`dtrain doctor`: each pure check on hand-built NodeFacts, then the command on the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from launcher import doctor, probe
+from launcher.doctor import FAIL, OK, SKIP, WARN, CheckResult, Gathered, PortProbe
+from launcher.facts import UNLIMITED, Addr, Iface, NodeFacts, RdmaPort, Route, SiteVar
+from launcher.models import Host
+from tests.util import dtrain
+
+PROBE = Path(probe.__file__)
+TREE = Path(__file__).parent / "data" / "sysfs" / "roce-vlan" / "infiniband"
+GIB = 1 << 30
+MASTER = "10.0.0.1"
+FE80 = "fe80:0000:0000:0000:0ac0:ebff:fe3d:ca54"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def node(name: str, ip: str, *, ifname: str = "eth0", mtu: int = 1500,
+         torch: str | None = "2.13.0+cu124", gpus: int = 8, memlock: int = UNLIMITED,
+         shm: int | None = 32 * GIB, rdma: tuple[RdmaPort, ...] = (), t: float | None = 1000.0,
+         route_dev: str | None = None, nccl: str | None = None) -> NodeFacts:
+    """A healthy node on 10.0.0.0/24 whose route to MASTER leaves through ``ifname``."""
+    ifaces = (Iface("lo", "unknown", 65536, 772, addrs=(Addr("inet", "127.0.0.1", 8),)),
+              Iface(ifname, "up", mtu, 1, 1, addrs=(Addr("inet", ip, 24),)),
+              Iface("docker0", "down", 1500, 1, 0, virtual=True, is_bridge=True,
+                    addrs=(Addr("inet", "172.17.0.1", 16),)))
+    if ip == MASTER:
+        route = Route(MASTER, "lo", MASTER, None, "local", "ip")
+    else:
+        route = Route(MASTER, route_dev or ifname, ip, None, "unicast", "ip")
+    return NodeFacts(hostname=name, python="3.11.7", python_executable="/opt/venv/bin/python",
+                     torch_version=torch, nccl_version=nccl, interfaces=ifaces,
+                     default_iface=ifname, routes={MASTER: route}, gpus=gpus,
+                     gpu_driver="550.54" if gpus else None, rdma=rdma, shm_bytes=shm,
+                     memlock=memlock, nofile=1048576, stack=8 << 20, time=t)
+
+
+def cluster_facts(**overrides: NodeFacts) -> dict[str, NodeFacts]:
+    """gpu1 (the master, 10.0.0.1) .. gpu3, healthy unless overridden."""
+    facts = {"gpu1": node("gpu1", MASTER), "gpu2": node("gpu2", "10.0.0.2"),
+             "gpu3": node("gpu3", "10.0.0.3")}
+    facts.update(overrides)
+    return facts
+
+
+def by_host(rows: list[CheckResult], check: str | None = None) -> dict[str, CheckResult]:
+    return {r.host: r for r in rows if check is None or r.check == check}
+
+
+def ib_port(dev: str, *, state: str = "4: ACTIVE", rate: str = "400 Gb/sec (4X NDR)",
+            link: str = "InfiniBand") -> RdmaPort:
+    return RdmaPort(dev, 1, state, "5: LinkUp", link, rate, "mlx5_core", None, ())
+
+
+def probe_rdma(ib_dir: Path) -> tuple[RdmaPort, ...]:
+    """The probe's RDMA view of a fake /sys/class/infiniband (DTRAIN_IB_SYSFS), run for real."""
+    env = {**os.environ, "DTRAIN_IB_SYSFS": str(ib_dir)}
+    proc = subprocess.run([sys.executable, str(PROBE)], input='{"targets": []}\n', env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return NodeFacts.from_json(json.loads(proc.stdout)).rdma
+
+
+def roce_node(name: str, ip: str, rdma: tuple[RdmaPort, ...], **kw: object) -> NodeFacts:
+    """A node whose socket interface is eth0 and whose backend is ens2f0 (the tree's layout)."""
+    base = node(name, ip, **kw)  # type: ignore[arg-type]
+    backend = (Iface("ens2f0", "up", 9000, 1, 1, addrs=(Addr("inet", "10.200.2.10", 24),)),
+               Iface("ens2f0.100", "up", 9000, 1, 1, virtual=True, lower=("ens2f0",),
+                     addrs=(Addr("inet", "192.168.0.5", 24),)))
+    return replace(base, interfaces=base.interfaces + backend, rdma=rdma)
+
+
+# --------------------------------------------------------------------------- python, hostname
+
+
+def test_python_fails_naming_the_node_whose_probe_did_not_run() -> None:
+    facts = cluster_facts()
+    del facts["gpu2"]
+    err = "probe failed: dtrain: /opt/venv/bin/python not found on this node"
+    rows = by_host(doctor.check_python(facts, ["gpu1", "gpu2", "gpu3"], {"gpu2": err}))
+    assert rows["gpu2"].status == FAIL and "not found" in rows["gpu2"].detail
+    assert rows["gpu1"].status == OK and "3.11.7" in rows["gpu1"].detail
+
+
+def test_python_warns_when_probe_sections_failed() -> None:
+    facts = {"gpu1": replace(node("gpu1", MASTER), errors={"rdma": "OSError: boom"})}
+    row = doctor.check_python(facts, ["gpu1"])[0]
+    assert row.status == WARN and "rdma: OSError: boom" in row.detail
+
+
+def test_duplicate_hostnames_fail_naming_each_other() -> None:
+    facts = cluster_facts(gpu3=node("GPU1", "10.0.0.3"))
+    rows = by_host(doctor.check_hostnames(facts))
+    assert rows["gpu1"].status == FAIL and "gpu3" in rows["gpu1"].detail
+    assert rows["gpu3"].status == FAIL and "gpu1" in rows["gpu3"].detail
+    assert rows["gpu2"] == CheckResult("gpu2", "hostname", OK, "gpu2")
+
+
+# --------------------------------------------------------------------------- torch, nccl, gpu
+
+
+def test_odd_torch_version_fails_naming_the_odd_node() -> None:
+    facts = cluster_facts(gpu2=node("gpu2", "10.0.0.2", torch="2.12.1+cu124"))
+    rows = by_host(doctor.check_torch(facts))
+    assert rows["gpu2"].status == FAIL
+    assert "2.12.1+cu124 here, 2.13.0+cu124 on gpu[1,3]" in rows["gpu2"].detail
+    assert rows["gpu1"].status == rows["gpu3"].status == OK
+
+
+def test_cpu_and_cuda_builds_of_one_version_differ() -> None:
+    facts = cluster_facts(gpu3=node("gpu3", "10.0.0.3", torch="2.13.0+cpu"))
+    assert by_host(doctor.check_torch(facts))["gpu3"].status == FAIL
+
+
+def test_a_tie_goes_to_the_master_version() -> None:
+    facts = {"gpu1": node("gpu1", MASTER), "gpu2": node("gpu2", "10.0.0.2", torch="2.12.0")}
+    rows = by_host(doctor.check_torch(facts))
+    assert rows["gpu1"].status == OK and rows["gpu2"].status == FAIL
+
+
+def test_missing_torch_fails_on_that_node_only() -> None:
+    facts = cluster_facts(gpu3=node("gpu3", "10.0.0.3", torch=None))
+    rows = by_host(doctor.check_torch(facts))
+    assert rows["gpu3"].status == FAIL
+    assert rows["gpu3"].detail == "torch is not installed for /opt/venv/bin/python"
+    assert rows["gpu1"].status == rows["gpu2"].status == OK
+
+
+def test_nccl_versions_compared_only_when_known() -> None:
+    assert {r.status for r in doctor.check_nccl(cluster_facts())} == {SKIP}
+    facts = cluster_facts(gpu1=node("gpu1", MASTER, nccl="2.21.5"),
+                          gpu2=node("gpu2", "10.0.0.2", nccl="2.21.5"),
+                          gpu3=node("gpu3", "10.0.0.3", nccl="2.20.3"))
+    rows = by_host(doctor.check_nccl(facts))
+    assert rows["gpu3"].status == FAIL and "gpu[1-2]" in rows["gpu3"].detail
+    assert rows["gpu1"].status == OK
+
+
+def test_gpus_warn_when_absent_and_fail_below_slots() -> None:
+    facts = cluster_facts(gpu2=node("gpu2", "10.0.0.2", gpus=0),
+                          gpu3=node("gpu3", "10.0.0.3", gpus=4))
+    rows = by_host(doctor.check_gpus(facts, {"gpu1": 8, "gpu2": 2, "gpu3": 8}))
+    assert rows["gpu1"].status == OK and "8 GPU(s), driver 550.54" in rows["gpu1"].detail
+    assert rows["gpu2"].status == WARN and "CPU only" in rows["gpu2"].detail
+    assert rows["gpu3"].status == FAIL and "slots=8" in rows["gpu3"].detail
+
+
+def test_a_node_with_fewer_gpus_than_its_peers_warns() -> None:
+    facts = cluster_facts(gpu3=node("gpu3", "10.0.0.3", gpus=7))
+    row = by_host(doctor.check_gpus(facts))["gpu3"]
+    assert row.status == WARN and "8 on gpu[1-2]" in row.detail
+
+
+# --------------------------------------------------------------------------- network
+
+
+def test_master_and_socket_interfaces_on_a_healthy_cluster() -> None:
+    facts = cluster_facts(gpu3=node("gpu3", "10.0.0.3", ifname="ens1f0"))
+    pick = doctor.pick_master(facts)
+    assert pick is not None and pick.host == "gpu1" and pick.addr == MASTER
+    assert doctor.check_master(pick)[0].status == OK
+    rows = by_host(doctor.check_socket(facts, pick))
+    assert {h: r.status for h, r in rows.items()} == {"gpu1": OK, "gpu2": OK, "gpu3": OK}
+    assert rows["gpu3"].detail.startswith("ens1f0 (route to 10.0.0.1 via ens1f0")
+
+
+def test_socket_toward_the_master_over_docker0_fails() -> None:
+    facts = cluster_facts(gpu2=node("gpu2", "10.0.0.2", route_dev="docker0"))
+    pick = doctor.pick_master(facts)
+    rows = by_host(doctor.check_socket(facts, pick))
+    assert rows["gpu2"].status == FAIL and "docker0" in rows["gpu2"].detail
+    assert rows["gpu1"].status == OK
+
+
+def test_unreachable_master_names_the_worker() -> None:
+    bad = replace(node("gpu3", "10.0.0.3"),
+                  routes={MASTER: Route(MASTER, None, None, None, "unreachable", "ip",
+                                        "Network is unreachable")})
+    facts = cluster_facts(gpu3=bad)
+    pick = doctor.pick_master(facts)
+    assert pick is not None and pick.addr is None
+    master = doctor.check_master(pick)[0]
+    assert master.status == FAIL and "gpu3 (Network is unreachable)" in master.detail
+    rows = by_host(doctor.check_socket(facts, pick))
+    assert rows["gpu3"].status == FAIL and rows["gpu2"].status == OK
+
+
+def test_master_without_a_usable_address_fails() -> None:
+    lo = Iface("lo", "unknown", 65536, 772, addrs=(Addr("inet", "127.0.0.1", 8),))
+    lonely = replace(node("gpu1", MASTER), interfaces=(lo,))
+    pick = doctor.pick_master(cluster_facts(gpu1=lonely))
+    assert pick is not None and pick.addr is None and pick.candidates == ()
+    assert doctor.check_master(pick)[0].status == FAIL
+    rows = doctor.check_socket(cluster_facts(gpu1=lonely), pick)
+    assert {r.status for r in rows} == {FAIL}
+
+
+def test_mtu_mismatch_warns_on_the_odd_node() -> None:
+    facts = cluster_facts(gpu2=node("gpu2", "10.0.0.2", mtu=9000))
+    sockets = doctor.socket_choices(facts, doctor.pick_master(facts))
+    rows = by_host(doctor.check_mtu(facts, sockets))
+    assert rows["gpu2"].status == WARN
+    assert rows["gpu2"].detail == "eth0 MTU 9000, 1500 on gpu[1,3]"
+    assert rows["gpu1"].status == rows["gpu3"].status == OK
+
+
+def test_master_port_rows_from_the_probe_answers() -> None:
+    pick = doctor.pick_master(cluster_facts())
+    probe_result = PortProbe(MASTER, 29500, {"ok": True, "port": 29500},
+                             {"gpu2": {"ok": True, "ms": 0.4},
+                              "gpu3": {"ok": False, "error": "timed out", "ms": 3000.0}})
+    rows = by_host(doctor.check_master_port(probe_result, pick, ["gpu1", "gpu2", "gpu3"]))
+    assert rows["gpu1"] == CheckResult("gpu1", "master_port", OK, "bound 10.0.0.1:29500")
+    assert rows["gpu2"].status == OK
+    assert rows["gpu3"].status == FAIL and "timed out" in rows["gpu3"].detail
+
+
+def test_master_port_that_cannot_be_bound_fails_on_the_master() -> None:
+    pick = doctor.pick_master(cluster_facts())
+    bad = PortProbe(MASTER, 22, {"ok": False, "error": "OSError: [Errno 98] in use"})
+    rows = by_host(doctor.check_master_port(bad, pick, ["gpu1", "gpu2", "gpu3"]))
+    assert rows["gpu1"].status == FAIL and "in use" in rows["gpu1"].detail
+    assert rows["gpu2"].status == SKIP
+
+
+# --------------------------------------------------------------------------- RDMA
+
+
+def test_hca_equal_ports_everywhere_are_ok() -> None:
+    ports = (ib_port("mlx5_0"), ib_port("mlx5_1"), ib_port("mlx5_2", state="1: DOWN"))
+    facts = {h: replace(f, rdma=ports) for h, f in cluster_facts().items()}
+    rows = by_host(doctor.check_hca(facts))
+    assert {r.status for r in rows.values()} == {OK}
+    assert rows["gpu1"].detail.startswith("=mlx5_0:1,mlx5_1:1 (2 x InfiniBand at 400 Gb/s)")
+    assert "mlx5_2:1: state 1: DOWN" in rows["gpu1"].detail
+
+
+def test_hca_port_down_on_one_node_fails_naming_it() -> None:
+    good = (ib_port("mlx5_0"), ib_port("mlx5_1"))
+    facts = {h: replace(f, rdma=good) for h, f in cluster_facts().items()}
+    facts["gpu2"] = replace(facts["gpu2"], rdma=(ib_port("mlx5_0"),
+                                                 ib_port("mlx5_1", state="1: DOWN")))
+    rows = by_host(doctor.check_hca(facts))
+    assert rows["gpu2"].status == FAIL
+    assert "1 x InfiniBand at 400 Gb/s here, 2 x InfiniBand at 400 Gb/s on gpu[1,3]" \
+        in rows["gpu2"].detail
+    assert rows["gpu1"].status == OK
+
+
+def test_hca_rate_mismatch_and_missing_rdma_fail() -> None:
+    facts = {h: replace(f, rdma=(ib_port("mlx5_0"),)) for h, f in cluster_facts().items()}
+    facts["gpu2"] = replace(facts["gpu2"], rdma=(ib_port("mlx5_0", rate="200 Gb/sec"),))
+    facts["gpu3"] = replace(facts["gpu3"], rdma=())
+    facts["gpu4"] = replace(node("gpu4", "10.0.0.4"), rdma=(ib_port("mlx5_0"),))
+    rows = by_host(doctor.check_hca(facts))
+    assert rows["gpu2"].status == FAIL and "200 Gb/s here" in rows["gpu2"].detail
+    assert rows["gpu3"].status == FAIL and "no RDMA devices" in rows["gpu3"].detail
+    assert rows["gpu1"].status == rows["gpu4"].status == OK
+
+
+def test_hca_one_rdma_node_among_socket_nodes_is_the_odd_one() -> None:
+    facts = cluster_facts()
+    facts["gpu3"] = replace(facts["gpu3"], rdma=(ib_port("mlx5_0"),))
+    rows = by_host(doctor.check_hca(facts))
+    assert rows["gpu3"].status == FAIL
+    assert rows["gpu3"].detail == ("1 x InfiniBand at 400 Gb/s here, no usable RDMA port on "
+                                   "gpu[1-2]")
+    assert rows["gpu1"].status == SKIP
+
+
+def test_hca_skipped_without_rdma_and_warned_when_none_usable() -> None:
+    assert {r.status for r in doctor.check_hca(cluster_facts())} == {SKIP}
+    down = (ib_port("mlx5_0", state="1: DOWN"),)
+    facts = {h: replace(f, rdma=down) for h, f in cluster_facts().items()}
+    row = doctor.check_hca(facts)[0]
+    assert row.status == WARN and "none usable" in row.detail
+
+
+def test_rdma_with_memlock_limited_fails() -> None:
+    ports = probe_rdma(TREE)
+    facts = {"gpu1": roce_node("gpu1", MASTER, ports),
+             "gpu2": roce_node("gpu2", "10.0.0.2", ports, memlock=64 << 20),
+             "gpu3": node("gpu3", "10.0.0.3", memlock=64 << 20)}
+    rows = by_host(doctor.check_memlock(facts))
+    assert rows["gpu1"].status == OK
+    assert rows["gpu2"].status == FAIL and "64 MiB with RDMA ports" in rows["gpu2"].detail
+    assert rows["gpu3"].status == SKIP and "no RDMA" in rows["gpu3"].detail
+
+
+def test_roce_gid_from_the_checked_in_tree() -> None:
+    ports = probe_rdma(TREE)
+    facts = {"gpu1": roce_node("gpu1", MASTER, ports), "gpu2": roce_node("gpu2", "10.0.0.2", ports)}
+    sockets = doctor.socket_choices(facts, doctor.pick_master(facts))
+    hca = by_host(doctor.check_hca(facts, sockets))
+    assert hca["gpu2"].status == OK and hca["gpu2"].detail.startswith("=mlx5_1:1 (1 x RoCE")
+    assert "front-end NIC" in hca["gpu2"].detail or "below the fastest" in hca["gpu2"].detail
+    rows = by_host(doctor.check_roce_gid(facts, sockets))
+    assert rows["gpu2"].status == OK
+    assert "backend GID 5 (10.200.2.10 on ens2f0)" in rows["gpu2"].detail
+
+
+def test_roce_port_without_an_ipv4_gid_fails(tmp_path: Path) -> None:
+    from tests.test_probe import make_ib_device
+
+    make_ib_device(tmp_path / "ib", "mlx5_0", netdevs=("ens2f0",),
+                   gids=[(0, FE80, "IB/RoCE v1", "ens2f0"), (1, FE80, "RoCE v2", "ens2f0")])
+    facts = {"gpu1": roce_node("gpu1", MASTER, probe_rdma(tmp_path / "ib"))}
+    row = doctor.check_roce_gid(facts)[0]
+    assert row.status == FAIL and "no RoCE v2 GID with a routable address" in row.detail
+
+
+def test_a_wrong_site_gid_index_fails_and_a_right_one_warns() -> None:
+    ports = probe_rdma(TREE)
+    base = roce_node("gpu1", MASTER, ports)
+    wrong = replace(base, site_env=(SiteVar("NCCL_IB_GID_INDEX", "3", "/etc/nccl.conf"),))
+    row = doctor.check_roce_gid({"gpu1": wrong}, {})[0]
+    assert row.status == FAIL and "NCCL_IB_GID_INDEX=3 (/etc/nccl.conf)" in row.detail
+    right = replace(base, site_env=(SiteVar("NCCL_IB_GID_INDEX", "5", "env"),))
+    row = doctor.check_roce_gid({"gpu1": right}, {})[0]
+    assert row.status == WARN and "should not need it" in row.detail
+
+
+def test_gpudirect_warns_without_peermem() -> None:
+    ports = (ib_port("mlx5_0"),)
+    facts = {"gpu1": replace(node("gpu1", MASTER), rdma=ports),
+             "gpu2": replace(node("gpu2", "10.0.0.2"), rdma=ports,
+                             files=("/sys/module/nvidia_peermem",)),
+             "gpu3": node("gpu3", "10.0.0.3")}
+    rows = by_host(doctor.check_gpudirect(facts))
+    assert rows["gpu1"].status == WARN and rows["gpu2"].status == OK
+    assert rows["gpu3"].status == SKIP
+
+
+# --------------------------------------------------------------------------- limits, clock
+
+
+def test_small_shm_warns() -> None:
+    facts = cluster_facts(gpu2=node("gpu2", "10.0.0.2", shm=64 << 20),
+                          gpu3=node("gpu3", "10.0.0.3", shm=None))
+    rows = by_host(doctor.check_shm(facts))
+    assert rows["gpu1"].status == OK
+    assert rows["gpu2"].status == WARN and "64 MiB" in rows["gpu2"].detail
+    assert rows["gpu3"].status == WARN
+
+
+def test_unlimited_stack_warns() -> None:
+    facts = {"gpu1": replace(node("gpu1", MASTER), stack=UNLIMITED)}
+    row = doctor.check_limits(facts)[0]
+    assert row.status == WARN and "stack unlimited" in row.detail
+    newer = {"gpu1": replace(facts["gpu1"], nccl_version="2.28.3")}
+    assert doctor.check_limits(newer)[0].status == OK
+
+
+def test_clock_skew_beyond_the_rtt_window_warns() -> None:
+    facts = cluster_facts(gpu2=node("gpu2", "10.0.0.2", t=1003.5),
+                          gpu3=node("gpu3", "10.0.0.3", t=None))
+    timing = {"gpu1": (999.9, 1000.1), "gpu2": (999.9, 1000.2), "gpu3": (999.9, 1000.1)}
+    rows = by_host(doctor.check_clock(facts, timing))
+    assert rows["gpu1"].status == OK and rows["gpu1"].detail.startswith("offset +0 ms")
+    assert rows["gpu2"].status == WARN and "3.3 s ahead of" in rows["gpu2"].detail
+    assert rows["gpu3"].status == SKIP
+
+
+# --------------------------------------------------------------------------- composition
+
+
+def test_fast_checks_subset_and_order() -> None:
+    facts = cluster_facts(gpu2=node("gpu2", "10.0.0.2", torch="2.12.0"),
+                          gpu3=node("gpu3", "10.0.0.3", shm=1 << 20))
+    hosts = [Host("gpu1"), Host("gpu2"), Host("gpu3"), Host("gpu4")]
+    rows = doctor.fast_checks(facts, hosts)
+    assert {r.check for r in rows} == set(doctor.FAST_CHECKS)
+    assert [r.host for r in rows if r.check == "python"] == ["gpu1", "gpu2", "gpu3", "gpu4"]
+    bad = {(r.host, r.check) for r in doctor.failures(rows)}
+    assert bad == {("gpu4", "python"), ("gpu2", "torch")}
+    assert by_host(rows, "shm")["gpu3"].status == WARN
+    message = doctor.failure_message(rows)
+    assert message is not None and "gpu2: torch: torch 2.12.0 here" in message
+    assert doctor.failure_message(doctor.fast_checks(cluster_facts(), ["gpu1"])) is None
+
+
+def test_evaluate_orders_rows_check_by_check_and_skips_unreached_nodes() -> None:
+    hosts = tuple(Host(h) for h in ("gpu1", "gpu2", "gpu3", "gpu4"))
+    facts = cluster_facts()
+    del facts["gpu3"]
+    g = Gathered(hosts, connect_errors={"gpu4": "timed out connecting after 2 s"},
+                 probe_errors={"gpu3": "probe failed: dtrain: python3 not found"},
+                 facts=facts, timing=dict.fromkeys(facts, (999.9, 1000.1)),
+                 master=doctor.pick_master(facts),
+                 port=PortProbe(MASTER, 29500, {"ok": True, "port": 29500},
+                                {"gpu2": {"ok": True, "ms": 1.0}}))
+    rows = doctor.evaluate(g)
+    checks = list(dict.fromkeys(r.check for r in rows))
+    assert checks == [c for c in doctor.CHECKS if c in checks]
+    assert by_host(rows, "ssh")["gpu4"].status == FAIL
+    assert "gpu4" not in by_host(rows, "python")
+    assert by_host(rows, "python")["gpu3"].status == FAIL
+    assert {r.host for r in rows if r.check == "torch"} == {"gpu1", "gpu2"}
+    assert doctor.exit_code(rows) == 255
+
+
+def test_exit_code_and_json_envelope() -> None:
+    warn = [CheckResult("a", "shm", WARN, "small"), CheckResult("a", "torch", OK, "2.13")]
+    assert doctor.exit_code(warn) == 0 and doctor.exit_code(warn, strict=True) == 1
+    failed = [*warn, CheckResult("b", "torch", FAIL, "missing")]
+    assert doctor.exit_code(failed) == 1
+    env = doctor.envelope(failed, 1)
+    assert env == {"doctor_version": 1, "ok": False, "checks": [
+        {"host": "a", "check": "shm", "status": "warn", "detail": "small"},
+        {"host": "a", "check": "torch", "status": "ok", "detail": "2.13"},
+        {"host": "b", "check": "torch", "status": "fail", "detail": "missing"}]}
+
+
+def test_plain_rendering_is_aligned(tmp_path: Path) -> None:
+    rows = [CheckResult("node1", "torch", OK, "torch 2.13.0"),
+            CheckResult("node10", "torch", FAIL, "torch is not installed")]
+    out = tmp_path / "out.txt"
+    with out.open("w") as fh:
+        doctor.render_plain(rows, fh)
+    assert out.read_text().splitlines() == ["torch  node1   ok    torch 2.13.0",
+                                            "torch  node10  FAIL  torch is not installed"]
+
+
+def test_doctor_on_localhost_without_ssh() -> None:
+    """localhost runs the probe as a subprocess: the whole command, no cluster needed."""
+    res = dtrain(["doctor", "-H", "localhost", "--python", sys.executable, "--json"],
+                 timeout=120)
+    doc = json.loads(res.stdout)
+    assert doc["doctor_version"] == 1
+    assert res.returncode == (0 if doc["ok"] else 1), res.stderr
+    rows = {(c["host"], c["check"]): c for c in doc["checks"]}
+    assert rows[("localhost", "ssh")]["status"] == OK
+    assert rows[("localhost", "python")]["status"] == OK
+    assert rows[("localhost", "master_port")]["detail"].startswith("bound 127.0.0.1:")
+
+
+# --------------------------------------------------------------------------- on the cluster
+
+
+def _doctor(cluster, *args: str):  # type: ignore[no-untyped-def]
+    return dtrain(["doctor", "--python", cluster.python, "--no-color", *args],
+                  env=cluster.client_env(), timeout=120)
+
+
+def _rows(stdout: str, check: str) -> dict[str, str]:
+    """host -> the whole plain-text line for one check."""
+    out = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == check:
+            out[parts[1]] = line
+    return out
+
+
+def _python_without_torch(cluster) -> str:  # type: ignore[no-untyped-def]
+    """/usr/bin/python3 on Debian (no torch); else a fresh venv in the shared dir."""
+    probe_cmd = "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.isfile(cand) and subprocess.run([cand, "-c", probe_cmd],
+                                                   capture_output=True).returncode == 0:
+            return cand
+    venv = Path(cluster.shared_dir) / "doctor-no-torch"
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([cluster.python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
+@pytest.mark.ssh
+def test_healthy_cluster_passes(cluster) -> None:  # type: ignore[no-untyped-def]
+    res = _doctor(cluster, "-H", "node[1-3]")
+    assert res.returncode == 0, res.stdout + res.stderr
+    for check in ("ssh", "python", "torch", "socket", "master_port"):
+        rows = _rows(res.stdout, check)
+        assert set(rows) == {"node1", "node2", "node3"}, (check, res.stdout)
+        assert all(" FAIL " not in line for line in rows.values())
+    assert "eth0 (route to 198.18.0.11 via eth0)" in _rows(res.stdout, "socket")["node2"]
+    assert "3 node(s)" in res.stderr
+
+
+@pytest.mark.ssh
+def test_healthy_cluster_json(cluster) -> None:  # type: ignore[no-untyped-def]
+    res = _doctor(cluster, "-H", "node[1-3]", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["doctor_version"] == 1 and doc["ok"] is True
+    assert {c["host"] for c in doc["checks"]} == {"node1", "node2", "node3"}
+    assert all(c["status"] in ("ok", "warn", "skip") for c in doc["checks"])
+
+
+@pytest.mark.ssh
+def test_node_whose_python_lacks_torch_fails(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    python = _python_without_torch(cluster)
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"node1\nnode2 python={python}\nnode3\n")
+    res = _doctor(cluster, "-f", str(hostfile))
+    assert res.returncode == 1, res.stdout + res.stderr
+    torch_rows = _rows(res.stdout, "torch")
+    assert " FAIL " in torch_rows["node2"] and "torch is not installed" in torch_rows["node2"]
+    assert " ok " in torch_rows["node1"] and " ok " in torch_rows["node3"]
+
+
+@pytest.mark.ssh
+def test_missing_interpreter_fails_naming_the_node(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    hostfile = tmp_path / "hosts.yaml"
+    hostfile.write_text("hosts:\n  - host: node1\n  - host: node3\n"
+                        "    python: /nonexistent/bin/python\n")
+    res = _doctor(cluster, "-f", str(hostfile))
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = _rows(res.stdout, "python")["node3"]
+    assert " FAIL " in line and "not found" in line
+
+
+@pytest.mark.ssh
+def test_unreachable_node_fails_by_name(cluster) -> None:  # type: ignore[no-untyped-def]
+    res = _doctor(cluster, "-H", "node1,node2,dtuser@198.18.0.200", "--connect-timeout", "2")
+    assert res.returncode == 255, res.stdout + res.stderr
+    line = _rows(res.stdout, "ssh")["198.18.0.200"]
+    assert " FAIL " in line and "timed out" in line
+    assert " ok " in _rows(res.stdout, "torch")["node2"]
+
+
+@pytest.mark.ssh
+def test_same_machine_twice_fails_hostname(cluster) -> None:  # type: ignore[no-untyped-def]
+    res = _doctor(cluster, "-H", "node1,alt1,node2")
+    assert res.returncode == 1
+    rows = _rows(res.stdout, "hostname")
+    assert " FAIL " in rows["alt1"] and "node1" in rows["alt1"]
+    assert " ok " in rows["node2"]
