@@ -14,6 +14,12 @@ without a pty outlives its connection. So the supervisor owns the job:
   the launcher's heartbeats stop for ``heartbeat_timeout`` seconds (a partition TCP misses);
 - it never kills by name: only processes descending from itself.
 
+Threads: the main loop is the only writer of stdout (frames); a reader thread takes the
+launcher's control lines from stdin (so a stdout write blocked by a slow or partitioned
+launcher never delays a ``stop`` or the heartbeat bookkeeping); a watchdog thread enforces
+the heartbeat timeout and the KILL deadline and, once the launcher is gone and the job tree
+is empty, ends the supervisor even if the main loop is stuck writing to a dead channel.
+
 Output goes to stdout as frames: ``struct "!BiI"`` (kind, rank, length) + payload, where kind
 1 = job stdout bytes, 2 = job stderr bytes, 3 = a JSON control message. rank is the global
 rank (-1 for the node-level program). Ranks are attributed at the source: in ``run`` mode the
@@ -23,6 +29,7 @@ stdout/stderr straight to the supervisor over a unix socket and reports its exit
 
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -47,7 +54,7 @@ def now():
 
 
 class Writer:
-    """Frame writer shared by the main loop and the watchdog thread."""
+    """Frame writer for stdout (only the main loop writes; the lock keeps frames whole)."""
 
     def __init__(self, fd):
         self.fd = fd
@@ -134,38 +141,80 @@ class Supervisor:
         self.job_status = None  # raw wait status
         self.kill_at = None  # when set, KILL the tree at this time
         self.stopping = None  # reason
+        self.stopping_sent = False
+        self.orphaned = None  # why the launcher is gone (stdin EOF, heartbeat lost)
         self.rank_status = {}
         self.open_streams = 0
         self.tmpdir = None
-        self.lock = threading.Lock()
+        self.done = False
+        # re-entrant: a signal handler runs teardown on the main thread, maybe inside it
+        self.lock = threading.RLock()
 
     # -- teardown ---------------------------------------------------------------------------
     def teardown(self, reason, grace=None):
-        """TERM the tree now and schedule KILL after the grace period (idempotent)."""
+        """TERM the tree now and schedule KILL after the grace period (idempotent).
+
+        Never writes to stdout (any thread, or a signal handler, may call it): the main
+        loop reports the stop; a blocked stdout must not delay a kill.
+        """
         with self.lock:
             if grace is None:
                 grace = self.grace
+            grace = max(0.0, float(grace))
             if self.stopping is None:
                 self.stopping = reason
-                self.out.control({"type": "stopping", "reason": reason, "t": now()})
-            deadline = now() + max(0.0, grace)
+            deadline = now() + grace
             if self.kill_at is None or deadline < self.kill_at:
                 self.kill_at = deadline
-        if grace and grace > 0:
-            signal_tree(signal.SIGTERM)
-        else:
-            signal_tree(signal.SIGKILL)
+        signal_tree(signal.SIGTERM if grace > 0 else signal.SIGKILL)
+
+    def launcher_gone(self, why, grace=None):
+        self.orphaned = self.orphaned or why
+        self.teardown(why, grace)
 
     def watchdog(self):
         """Independent of the main loop: a blocked stdout write must not stop the kill."""
+        empty_since = None
         while True:
-            time.sleep(0.2)
-            if self.hb_timeout > 0 and now() - self.last_hb > self.hb_timeout:
-                self.teardown("heartbeat lost", grace=min(self.grace, 5.0))
-                self.last_hb = now()  # do not re-trigger every tick
+            time.sleep(0.1)
+            if self.hb_timeout > 0 and self.orphaned is None \
+                    and now() - self.last_hb > self.hb_timeout:
+                self.launcher_gone("no heartbeat from the launcher for %g s" % self.hb_timeout,
+                                   grace=min(self.grace, 5.0))
             kill_at = self.kill_at
             if kill_at is not None and now() >= kill_at:
                 signal_tree(signal.SIGKILL)
+            if self.orphaned is not None and not self.done:
+                # nobody reads our frames any more: once the job tree is gone, give the main
+                # loop a moment to finish, then leave even if it is stuck on a dead channel
+                if descendants(os.getpid()):
+                    empty_since = None
+                elif empty_since is None:
+                    empty_since = now()
+                elif now() - empty_since > 3.0:
+                    self.cleanup_files()
+                    os._exit(self.exit_code()[0] if self.job_status is not None else 255)
+
+    def read_stdin(self):
+        """Control lines from the launcher; EOF means it is gone (or dropped us)."""
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(0, CHUNK)
+            except InterruptedError:
+                continue
+            except BlockingIOError:  # a non-blocking stdin: wait for it instead
+                select.select([0], [], [], 1.0)
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.launcher_gone("launcher connection closed (stdin EOF)")
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self.on_control_line(line)
 
     # -- job --------------------------------------------------------------------------------
     def job_argv(self):
@@ -236,45 +285,34 @@ class Supervisor:
         if op == "hb":
             self.last_hb = now()
         elif op == "stop":
-            self.teardown(msg.get("reason", "stopped by dtrain"), msg.get("grace"))
+            self.teardown(msg.get("reason") or "stopped by dtrain", msg.get("grace"))
         elif op == "kill":
-            self.teardown(msg.get("reason", "killed by dtrain"), 0)
+            self.teardown(msg.get("reason") or "killed by dtrain", 0)
         elif op == "signal":
-            signal_tree(int(msg["sig"]))
+            try:
+                signal_tree(int(msg["sig"]))
+            except (KeyError, TypeError, ValueError):
+                pass
 
-    def handle(self, key, stdin_buf):
+    def handle(self, key):
         kind, data = key.data
-        if kind == "stdin":
-            chunk = os.read(key.fd, CHUNK)
-            if not chunk:
-                self.sel.unregister(key.fd)
-                self.teardown("launcher connection closed (stdin EOF)")
-                return stdin_buf
-            stdin_buf += chunk
-            while b"\n" in stdin_buf:
-                line, stdin_buf = stdin_buf.split(b"\n", 1)
-                self.on_control_line(line)
-            return stdin_buf
         if kind == "listen":
             conn, _ = key.fileobj.accept()
             conn.setblocking(False)
             self.open_streams += 1
             self.sel.register(conn, selectors.EVENT_READ, ("shim", {"buf": b"", "hdr": None}))
-            return stdin_buf
-        if kind == "pipe":
+        elif kind == "pipe":
             try:
                 chunk = os.read(key.fd, CHUNK)
             except BlockingIOError:
-                return stdin_buf
+                return
             if chunk:
                 self.out.frame(data[0], data[1], chunk)
             else:
                 self.sel.unregister(key.fd)
                 self.open_streams -= 1
-            return stdin_buf
-        if kind == "shim":
+        elif kind == "shim":
             self.on_shim(key, data)
-        return stdin_buf
 
     def on_shim(self, key, st):
         """One rank connection: a JSON header line, then raw bytes (out/err) or status (ctl)."""
@@ -282,6 +320,8 @@ class Supervisor:
             chunk = key.fileobj.recv(CHUNK)
         except BlockingIOError:
             return
+        except OSError:
+            chunk = b""
         if not chunk:
             self.sel.unregister(key.fileobj)
             key.fileobj.close()
@@ -293,7 +333,10 @@ class Supervisor:
                 return
             line, chunk = st["buf"].split(b"\n", 1)
             st["buf"] = b""
-            st["hdr"] = json.loads(line)
+            try:
+                st["hdr"] = json.loads(line)
+            except ValueError:
+                st["hdr"] = {}
             if not chunk:
                 return
         rank = int(st["hdr"].get("rank", -1))
@@ -302,34 +345,40 @@ class Supervisor:
             st["buf"] += chunk
             while b"\n" in st["buf"]:
                 line, st["buf"] = st["buf"].split(b"\n", 1)
-                msg = json.loads(line)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
                 msg.update({"type": "rank_exit", "rank": rank})
                 self.rank_status[str(rank)] = msg
                 self.out.control(msg)
         else:
             self.out.frame(OUT if stream == "out" else ERR, rank, chunk)
 
+    def on_signal(self, signum, frame):
+        self.teardown("supervisor got signal %d" % signum)
+
     def run(self):
         set_subreaper()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sig, lambda s, f: self.teardown("supervisor got signal %d" % s))
+            signal.signal(sig, self.on_signal)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        stdin_fd = 0
         if not self.start():
             return 127
-        os.set_blocking(stdin_fd, False)
-        self.sel.register(stdin_fd, selectors.EVENT_READ, ("stdin", None))
-        threading.Thread(target=self.watchdog, daemon=True).start()
-        stdin_buf = b""
+        for target in (self.read_stdin, self.watchdog):
+            threading.Thread(target=target, daemon=True).start()
         next_hb = now() + self.hb_interval
         drain_until = None
         while True:
             for key, _ in self.sel.select(timeout=0.05):
                 try:
-                    stdin_buf = self.handle(key, stdin_buf)
+                    self.handle(key)
                 except OSError:
                     pass
             self.reap()
+            if self.stopping is not None and not self.stopping_sent:
+                self.stopping_sent = True
+                self.out.control({"type": "stopping", "reason": self.stopping, "t": now()})
             if now() >= next_hb:
                 self.out.control({"type": "hb", "t": now()})
                 next_hb = now() + self.hb_interval
@@ -342,8 +391,7 @@ class Supervisor:
                 if self.open_streams <= 0 or now() >= drain_until:
                     break
         self.drain_pipes()
-        signal_tree(signal.SIGKILL)
-        self.reap()
+        self.kill_all()
         return self.finish()
 
     def teardown_leftovers(self):
@@ -351,6 +399,16 @@ class Supervisor:
         with self.lock:
             if self.kill_at is None:
                 self.kill_at = now() + 1.0
+
+    def kill_all(self, wait=1.0):
+        """KILL whatever is left of the tree and wait (briefly) until it is really gone."""
+        deadline = now() + wait
+        while True:
+            signal_tree(signal.SIGKILL)
+            self.reap()
+            if not descendants(os.getpid()) or now() >= deadline:
+                return
+            time.sleep(0.01)
 
     def drain_pipes(self):
         for key in list(self.sel.get_map().values()):
@@ -363,14 +421,19 @@ class Supervisor:
                 except OSError:
                     pass
 
+    def exit_code(self):
+        """(code, signal) of the job: its exit status, or 128+N when killed by signal N."""
+        return exit_code(self.job_status or 0)
+
     def finish(self):
-        status = self.job_status or 0
-        if os.WIFSIGNALED(status):
-            sig, code = os.WTERMSIG(status), 128 + os.WTERMSIG(status)
-        else:
-            sig, code = None, os.WEXITSTATUS(status)
+        code, sig = self.exit_code()
         self.out.control({"type": "exit", "code": code, "signal": sig, "t": now(),
                           "stopped": self.stopping, "ranks": self.rank_status})
+        self.done = True
+        self.cleanup_files()
+        return code
+
+    def cleanup_files(self):
         if self.tmpdir:
             for name in ("dtrain_shim.py", "ranks.sock"):
                 try:
@@ -381,7 +444,13 @@ class Supervisor:
                 os.rmdir(self.tmpdir)
             except OSError:
                 pass
-        return code
+
+
+def exit_code(status):
+    """A raw wait status as (exit code, signal): 128+N and N for a death by signal N."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status), os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), None
 
 
 def shim_main(argv):
@@ -424,7 +493,12 @@ def shim_main(argv):
     except OSError:
         pass
     if sig:
-        signal.signal(sig, signal.SIG_DFL)
+        # die the same way, so torchrun sees the worker's signal (SIGKILL/SIGSTOP cannot
+        # have a handler: setting SIG_DFL for them raises)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
         os.kill(os.getpid(), sig)
     return code
 
