@@ -537,3 +537,12 @@ def test_same_machine_twice_fails_hostname(cluster) -> None:  # type: ignore[no-
     rows = _rows(res.stdout, "hostname")
     assert " FAIL " in rows["alt1"] and "node1" in rows["alt1"]
     assert " ok " in rows["node2"]
+
+
+@pytest.mark.ssh
+def test_master_port_in_use_fails_on_the_master(cluster) -> None:  # type: ignore[no-untyped-def]
+    res = _doctor(cluster, "-H", "node[1-2]", "--master-port", "2222")  # node1's second sshd
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = _rows(res.stdout, "master_port")
+    assert " FAIL " in rows["node1"] and "198.18.0.11:2222" in rows["node1"]
+    assert " skip " in rows["node2"]
