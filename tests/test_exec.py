@@ -135,3 +135,23 @@ def test_exec_bad_hostfile_is_exit_2_before_connecting(cluster, tmp_path):
     res = dtrain(["exec", "-f", str(hf), "--", "true"], env=cluster.client_env())
     assert res.returncode == 2
     assert f"{hf}:2" in res.stderr and "slots" in res.stderr
+
+
+def test_exec_proxyjump_from_ssh_config(cluster, tmp_path):
+    home = tmp_path / "home"
+    ssh = home / ".ssh"
+    ssh.mkdir(parents=True)
+    for name in ("id_ed25519", "known_hosts"):
+        src = cluster.identity if name == "id_ed25519" else cluster.known_hosts
+        (ssh / name).write_bytes(src.read_bytes())
+        (ssh / name).chmod(0o600)
+    (ssh / "config").write_text(
+        "Host jump\n    HostName 198.18.0.11\n    User dtuser\n"
+        "Host behind*\n    User dtuser\n    ProxyJump jump\n"
+        "Host behind2\n    HostName 198.18.0.12\nHost behind3\n    HostName 198.18.0.13\n")
+    res = dtrain(["exec", "-H", "behind[2-3]", "--", "echo $SSH_CONNECTION"],
+                 env=cluster.client_env(HOME=str(home)))
+    assert res.returncode == 0, res.stderr
+    # both sessions arrive from node1's address: they came through the jump host
+    peers = sorted(line.split(": ", 1)[1].split()[0] for line in res.stdout.splitlines())
+    assert peers == ["198.18.0.11", "198.18.0.11"]

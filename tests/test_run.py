@@ -87,3 +87,28 @@ def test_missing_workdir_names_the_node(cluster, tmp_path):
 def test_bad_env_is_exit_2(cluster, tmp_path):
     res = _run(cluster, tmp_path, "--env", "NOEQUALS", "examples/ddp_smoke.py")
     assert res.returncode == 2 and "NAME=VALUE" in res.stderr
+
+
+def test_unreachable_master_is_a_preflight_error(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--master-addr", "198.18.0.200",
+               "examples/ddp_smoke.py")
+    assert res.returncode == 1
+    assert "198.18.0.200" in res.stderr and "master" in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_c10d_rendezvous_with_node0_hosting_the_store(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--rdzv", "c10d",
+               "tests/workloads/env_report.py", "GLOO_SOCKET_IFNAME")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert sorted(r["rank"] for r in _reports(res.stdout)) == [0, 1, 2]
+
+
+def test_console_rank_filter_keeps_the_archive_whole(cluster, tmp_path):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--ranks", "0,3",
+               "tests/workloads/env_report.py")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(r["rank"] for r in _reports(res.stdout)) == [0, 3]
+    run = next((tmp_path / "runs").iterdir())
+    archived = [json.loads(ln) for ln in (run / "output.jsonl").read_text().splitlines()]
+    assert sorted(o["rank"] for o in archived if "REPORT " in o["line"]) == list(range(6))
