@@ -46,7 +46,9 @@ class HostfileError(UsageError):
 
     def __init__(self, message: str, *, source: str = "", line: int | None = None,
                  hint: str | None = None) -> None:
-        where = f"{source}:{line}: " if source and line is not None else (f"{source}: " if source else "")
+        where = f"{source}:{line}: " if source and line is not None else ""
+        if source and line is None:
+            where = f"{source}: "
         super().__init__(f"{where}{message}", hint=hint)
         self.source = source
         self.line = line
