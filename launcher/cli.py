@@ -159,6 +159,9 @@ def run_cmd(
                                                 "(NCCL_IB_TC, ...).")] = None,
     no_auto: Annotated[list[str] | None, typer.Option("--no-auto", help="Do not set this "
                                                       "detected variable (repeatable).")] = None,
+    preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="Run doctor's "
+                                            "fast checks first (torch, python, hostnames, "
+                                            "shm, memlock).")] = True,
     grace: Annotated[float, typer.Option("--grace", min=0, help="TERM -> KILL delay when "
                                          "stopping.")] = 10.0,
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.1, help="Whole job "
@@ -209,7 +212,8 @@ def run_cmd(
                           archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,
                           color=color, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
-                          else "profile", no_auto=frozenset(no_auto or ()))
+                          else "profile", no_auto=frozenset(no_auto or ()),
+                          preflight=preflight)
         return run_sync(host_list, req, opts, _ssh_settings(connect_timeout, accept_new))
 
     _run(body)

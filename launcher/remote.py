@@ -18,7 +18,10 @@ async def start_program(conn: Connection, name: str, params: Mapping[str, Any], 
     """Ship a node program and its params line; the caller reads its output."""
     proc = await conn.start(wire.remote_command(python, setup=setup))
     body = json.dumps(dict(params)).encode() + b"\n"
-    await proc.write(wire.payload(wire.program_source(name)) + body)
+    try:
+        await proc.write(wire.payload(wire.program_source(name)) + body)
+    except (ConnectionError, OSError):
+        pass  # the shell exited before reading (python missing): its stderr says why
     return proc
 
 

@@ -112,3 +112,14 @@ def test_console_rank_filter_keeps_the_archive_whole(cluster, tmp_path):
     run = next((tmp_path / "runs").iterdir())
     archived = [json.loads(ln) for ln in (run / "output.jsonl").read_text().splitlines()]
     assert sorted(o["rank"] for o in archived if "REPORT " in o["line"]) == list(range(6))
+
+
+def test_preflight_refuses_a_node_without_torch(cluster, tmp_path):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"node1 python={cluster.python}\nnode2 python=/usr/bin/python3\n")
+    res = dtrain(["run", "-f", str(hostfile), "--nproc-per-node", "1", "--archive-dir",
+                  str(tmp_path / "runs"), "examples/ddp_smoke.py"],
+                 env=cluster.client_env(), timeout=60)
+    assert res.returncode == 1
+    assert "node2" in res.stderr and "torch" in res.stderr
+    assert not (tmp_path / "runs").exists()
