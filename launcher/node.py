@@ -59,6 +59,13 @@ class NodeOutcome:
     started: float | None = None
     ended: float = 0.0
     stderr_tail: tuple[str, ...] = ()
+    supervisor_pid: int | None = None  # on the node, from the supervisor's hello
+    pid: int | None = None  # the job's pid (= its pgid and session id)
+    abandoned: bool = False  # cut off by the launcher (did not start/stop in time)
+
+    @property
+    def duration(self) -> float | None:
+        return self.ended - self.started if self.started is not None and self.ended else None
 
 
 class NodeSession:
@@ -76,12 +83,16 @@ class NodeSession:
         self.on_chunk = on_chunk
         self.on_event = on_event
         self.proc: Process | None = None
+        self._shipped = False
         self.hello: dict[str, object] | None = None
         self.started = asyncio.Event()  # hello received (or start failed)
         self.exit_msg: dict[str, object] | None = None
         self._last_frame = time.monotonic()
         self._lost = False
         self._raw_err: list[bytes] = []
+        self._pending: bytes | None = None  # a stop/kill asked for before the job was sent
+        self._abandoned: str | None = None
+        self._give_up = asyncio.Event()
 
     async def _send(self, data: bytes) -> None:
         if self.proc is None:
@@ -92,16 +103,31 @@ class NodeSession:
 
     async def stop(self, reason: str, grace: float | None = None) -> None:
         """Ask the supervisor to TERM the job, then KILL after the grace period."""
-        await self._send(wire.control("stop", reason=reason, grace=grace))
+        await self._request(wire.control("stop", reason=reason, grace=grace))
 
     async def kill(self, reason: str) -> None:
         """Ask the supervisor to KILL the job now."""
-        await self._send(wire.control("kill", reason=reason))
+        await self._request(wire.control("kill", reason=reason))
+
+    async def _request(self, line: bytes) -> None:
+        if not self._shipped:
+            # still starting: the supervisor gets it right after its spec (not lost)
+            self._pending = (self._pending or b"") + line
+            return
+        await self._send(line)
 
     def abort(self) -> None:
         """Drop the channel: the supervisor sees EOF and tears the job down by itself."""
         if self.proc is not None:
             self.proc.abort()
+
+    def abandon(self, reason: str) -> None:
+        """Stop following this node now (it did not start or stop in time): drop the channel
+        (its supervisor cleans up on EOF) and make ``run`` return at once."""
+        if self._abandoned is None:
+            self._abandoned = reason
+        self.abort()
+        self._give_up.set()
 
     async def run(self) -> NodeOutcome:
         """Start the job and follow it to the end; never raises for a node-level failure."""
@@ -112,14 +138,19 @@ class NodeSession:
         except ConnectError as exc:
             self.started.set()
             return NodeOutcome(self.host, None, error=str(exc.message), ended=time.time())
+        self._shipped = True
+        if self._pending:
+            await self._send(self._pending)
         try:
             async with asyncio.TaskGroup() as tg:
                 frames = tg.create_task(self._frames(), name=f"{self.host.label}:frames")
                 errs = tg.create_task(self._stderr(), name=f"{self.host.label}:stderr")
                 beat = tg.create_task(self._heartbeat(), name=f"{self.host.label}:hb")
-                await asyncio.wait([frames, beat], return_when=asyncio.FIRST_COMPLETED)
+                give_up = tg.create_task(self._give_up.wait(), name=f"{self.host.label}:give-up")
+                await asyncio.wait([frames, beat, give_up], return_when=asyncio.FIRST_COMPLETED)
                 beat.cancel()
-                if self._lost:
+                give_up.cancel()
+                if self._lost or self._abandoned:
                     frames.cancel()
                     errs.cancel()
                 else:
@@ -130,9 +161,10 @@ class NodeSession:
             if self.exit_msg is None:
                 self.abort()
         status = None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2):
-                status = await self.proc.wait()
+        if not (self._lost or self._abandoned):  # a dropped channel may never report
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    status = await self.proc.wait()
         return self._outcome(status)
 
     async def _frames(self) -> None:
@@ -183,10 +215,17 @@ class NodeSession:
     def _outcome(self, status: int | None) -> NodeOutcome:
         raw = b"".join(self._raw_err).decode(errors="replace").strip()
         tail = tuple(raw.splitlines()[-5:])
+        hello = self.hello or {}
+        pids = {"supervisor_pid": _int(hello.get("supervisor_pid")), "pid": _int(hello.get("pid")),
+                "started": float(hello["t"]) if isinstance(hello.get("t"), (int, float))  # type: ignore[arg-type]
+                else None}
         if self._lost:
-            return NodeOutcome(self.host, None, lost=True, ended=time.time(),
+            return NodeOutcome(self.host, None, lost=True, ended=time.time(), **pids,  # type: ignore[arg-type]
                                error=f"no heartbeat for {self.spec.heartbeat_timeout:g} s "
                                      "(node or network down)")
+        if self._abandoned and self.exit_msg is None:
+            return NodeOutcome(self.host, None, ended=time.time(), abandoned=True, **pids,  # type: ignore[arg-type]
+                               error=self._abandoned, stderr_tail=tail)
         if self.hello is not None and self.hello.get("error"):
             return NodeOutcome(self.host, 127, error=str(self.hello["error"]), ended=time.time())
         if self.exit_msg is None:
@@ -194,7 +233,7 @@ class NodeSession:
                 why = tail[-1] if tail else f"remote shell exited with status {status}"
                 return NodeOutcome(self.host, None, error=why, stderr_tail=tail,
                                    ended=time.time())
-            return NodeOutcome(self.host, None, lost=True, ended=time.time(),
+            return NodeOutcome(self.host, None, lost=True, ended=time.time(), **pids,  # type: ignore[arg-type]
                                error="connection lost before the job ended")
         msg = self.exit_msg
         code = msg.get("code")
@@ -203,7 +242,10 @@ class NodeSession:
             signal=msg.get("signal") if isinstance(msg.get("signal"), int) else None,  # type: ignore[arg-type]
             stopped=str(msg["stopped"]) if msg.get("stopped") else None,
             ranks=msg.get("ranks") or {},  # type: ignore[arg-type]
-            started=float(self.hello["t"]) if self.hello and "t" in self.hello else None,  # type: ignore[arg-type]
             ended=float(msg.get("t") or time.time()),  # type: ignore[arg-type]
-            stderr_tail=tail,
+            stderr_tail=tail, **pids,  # type: ignore[arg-type]
         )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -5,6 +5,13 @@ the others (first failure, Ctrl-C, SIGTERM, --timeout, a node lost) and how hard
 a grace period, then KILL); the supervisors carry it out on the nodes. A second Ctrl-C kills
 at once. Output chunks are cut into whole lines per (host, rank, stream) and handed to the
 output sink as OutputLine records.
+
+Root cause: failures are recorded in the order the launcher learns of them, until dtrain
+starts stopping the job; the first one is the root cause, everything that fails after the
+stop began is a follower (stopped by dtrain, or collateral of the root cause). Every stop is
+bounded: a node that has not ended ``grace + STOP_MARGIN`` s after the stop (``KILL_MARGIN``
+after a kill) is abandoned: its channel is dropped, and its supervisor, seeing stdin EOF,
+cleans up by itself.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from launcher.models import Host
 from launcher.node import JobSpec, NodeOutcome, NodeSession
 from launcher.pipeline import OutputPipeline
 from launcher.transports.base import Connection, Transport
+
+STOP_MARGIN = 5.0  # beyond the grace period, for the supervisors to report the end
+KILL_MARGIN = 5.0
 
 
 class JobState(enum.Enum):
@@ -57,6 +67,22 @@ class Policy:
     fanout_whole_job: bool = False  # exec: bound running commands too, like pdsh
 
 
+@dataclass(frozen=True)
+class Failure:
+    """One failure, as the launcher learned of it."""
+
+    kind: str  # rank (a rank exited non-zero), node (the node's program failed or never
+    #            started), lost (heartbeats stopped / connection dropped), start (did not
+    #            start within --start-timeout)
+    host: str
+    rank: int | None = None
+    code: int | None = None  # the exit code (128+N for signal N)
+    signal: int | None = None
+    t: float = 0.0  # when it happened (a rank's own clock), else when it was seen
+    seen: float = 0.0  # when the launcher learned of it (launcher clock)
+    error: str | None = None
+
+
 @dataclass
 class JobOutcome:
     """Everything the summary, the archive and the exit code need."""
@@ -64,13 +90,23 @@ class JobOutcome:
     nodes: dict[str, NodeOutcome] = field(default_factory=dict)
     connect_errors: dict[str, str] = field(default_factory=dict)
     interrupted: int | None = None  # the signal that stopped us (SIGINT/SIGTERM)
+    interrupted_t: float | None = None
+    killed: bool = False  # a second interrupt: KILL now
     timed_out: bool = False
     start_timed_out: tuple[str, ...] = ()
     first_failure: str | None = None  # host label of the root cause
     first_failure_t: float | None = None
+    failures: list[Failure] = field(default_factory=list)  # before the stop, in order seen
     stop_reason: str | None = None
+    stop_t: float | None = None  # when dtrain started stopping the job
+    abandoned: tuple[str, ...] = ()  # nodes cut off because they did not stop in time
     started: float = field(default_factory=time.time)
     ended: float = 0.0
+
+    @property
+    def root(self) -> Failure | None:
+        """The root cause: the first failure seen before dtrain started stopping."""
+        return self.failures[0] if self.failures else None
 
 
 class LineRouter:
@@ -143,6 +179,8 @@ class Job:
         self.sessions: dict[str, NodeSession] = {}
         self._stopping = False
         self._interrupts = 0
+        self._bound: asyncio.Task[None] | None = None
+        self._bound_s = 0.0
 
     def _advance(self, state: JobState) -> None:
         if state.value < self.state.value:
@@ -151,12 +189,20 @@ class Job:
 
     # -- stop policy ------------------------------------------------------------------------
     async def stop_all(self, reason: str, *, kill: bool = False) -> None:
-        """Ask every running node to stop (TERM + grace, or KILL)."""
+        """Ask every running node to stop (TERM + grace, or KILL); bounded (see module doc)."""
         if self.state.value < JobState.TEARING_DOWN.value:
             self._advance(JobState.TEARING_DOWN)
         if self.outcome.stop_reason is None:
             self.outcome.stop_reason = reason
+            self.outcome.stop_t = time.time()
         self._stopping = True
+        bound = KILL_MARGIN if kill else self.policy.grace + STOP_MARGIN
+        if self._bound is None or bound < self._bound_s:
+            if self._bound is not None:
+                self._bound.cancel()
+            self._bound_s = bound
+            self._bound = asyncio.get_running_loop().create_task(self._stop_bound(bound),
+                                                                 name="stop-bound")
         async with asyncio.TaskGroup() as tg:
             for label, session in self.sessions.items():
                 if label not in self.outcome.nodes:
@@ -164,38 +210,75 @@ class Job:
                                                                           self.policy.grace)
                     tg.create_task(coro, name=f"stop:{label}")
 
+    async def _stop_bound(self, seconds: float) -> None:
+        """Cut off every node still running ``seconds`` after the stop."""
+        await asyncio.sleep(seconds)
+        late = [label for label in self.sessions if label not in self.outcome.nodes]
+        self.outcome.abandoned = tuple(sorted(set(self.outcome.abandoned) | set(late)))
+        for label in late:
+            self.router.say(label, f"did not stop within {seconds:g} s of the stop: dropping "
+                                   "the connection (its supervisor kills the job on EOF)")
+            self.sessions[label].abandon(f"did not stop within {seconds:g} s")
+
+    def _stopping_now(self, reason: str, tg: asyncio.TaskGroup) -> None:
+        """Start stopping every node (synchronously marks the job as stopping)."""
+        if self.outcome.stop_t is None:
+            self.outcome.stop_t = time.time()
+        self._stopping = True
+        tg.create_task(self.stop_all(reason), name="stop-all")
+
     def _interrupt(self, signum: int, tg: asyncio.TaskGroup) -> None:
         self._interrupts += 1
         if self.outcome.interrupted is None:
             self.outcome.interrupted = signum
+            self.outcome.interrupted_t = time.time()
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self._interrupts == 1:
             self.router.say("dtrain", f"{name}: stopping every node (again to kill now)")
-            tg.create_task(self.stop_all(f"{name} from the user"), name="stop-all")
+            self._stopping_now(f"{name} from the user", tg)
         else:
+            self.outcome.killed = True
             self.router.say("dtrain", f"{name} again: killing every node now")
             tg.create_task(self.stop_all(f"{name} from the user", kill=True), name="kill-all")
+
+    def _failed(self, failure: Failure, tg: asyncio.TaskGroup) -> None:
+        """Record a failure; the first one before any stop is the root cause."""
+        if self._stopping:
+            return  # a follower: the job is being stopped already
+        self.outcome.failures.append(failure)
+        if self.outcome.first_failure is None:
+            self.outcome.first_failure = failure.host
+            self.outcome.first_failure_t = failure.t
+        if self.policy.fail_fast and any(label not in self.outcome.nodes
+                                         for label in self.sessions):
+            if failure.kind == "rank":
+                why = f"{failure.host} rank {failure.rank} exited {failure.code}"
+            elif failure.kind == "lost":
+                why = f"{failure.host} lost"
+            else:
+                why = f"{failure.host} failed ({failure.error or f'exit {failure.code}'})"
+            self._stopping_now(why, tg)
 
     def _node_done(self, label: str, outcome: NodeOutcome, tg: asyncio.TaskGroup) -> None:
         self.outcome.nodes[label] = outcome
         self.router.flush(label)
-        failed = outcome.lost or (outcome.exit_code not in (0, None)) or outcome.error
-        if failed and not self._stopping and self.outcome.first_failure is None:
-            self.outcome.first_failure = label
-            self.outcome.first_failure_t = time.time()
-            if self.policy.fail_fast and len(self.outcome.nodes) < len(self.sessions):
-                why = "lost" if outcome.lost else f"failed (exit {outcome.exit_code})"
-                tg.create_task(self.stop_all(f"{label} {why}"), name="stop-all")
+        now = time.time()
+        if outcome.lost:
+            self._failed(Failure("lost", label, code=255, t=now, seen=now,
+                                 error=outcome.error), tg)
+        elif outcome.exit_code not in (0, None) or outcome.error:
+            self._failed(Failure("node", label, code=outcome.exit_code, signal=outcome.signal,
+                                 t=now, seen=now, error=outcome.error), tg)
 
     def _rank_event(self, host: Host, msg: dict[str, object], tg: asyncio.TaskGroup) -> None:
         """A rank that fails is the first failure, before its agent even notices."""
         if msg.get("type") == "rank_exit" and msg.get("code") not in (0, None):
-            if not self._stopping and self.outcome.first_failure is None:
-                self.outcome.first_failure = host.label
-                self.outcome.first_failure_t = float(msg.get("t") or time.time())  # type: ignore[arg-type]
-                if self.policy.fail_fast and len(self.hosts) > 1:
-                    reason = f"{host.label} rank {msg.get('rank')} exited {msg.get('code')}"
-                    tg.create_task(self.stop_all(reason), name="stop-all")
+            now = time.time()
+            sig = msg.get("signal")
+            self._failed(Failure("rank", host.label, rank=_int(msg.get("rank")),
+                                 code=_int(msg.get("code")),
+                                 signal=sig if isinstance(sig, int) else None,
+                                 t=_float(msg.get("t"), now), seen=now), tg)
         if self.on_event is not None:
             self.on_event(host, msg)
 
@@ -214,8 +297,12 @@ class Job:
                         loop.add_signal_handler(signum, self._interrupt, signum, tg)
                 nodes = [tg.create_task(self._node(h, transport, conns, sem, tg),
                                         name=f"node:{h.label}") for h in self.hosts]
-                tg.create_task(self._deadlines(nodes, tg), name="deadlines")
+                deadlines = tg.create_task(self._deadlines(nodes, tg), name="deadlines")
+                await asyncio.wait(nodes)
+                deadlines.cancel()
         finally:
+            if self._bound is not None:
+                self._bound.cancel()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(signum)
@@ -243,7 +330,7 @@ class Job:
                         self._node_done(label, NodeOutcome(host, None, error=why), tg)
                         return
             if self._stopping:
-                return
+                return  # never started: the job was stopped while we connected
             launch = self.launches[label]
             session = NodeSession(conn, launch.spec, python=launch.python,
                                   workdir=launch.workdir, setup=launch.setup,
@@ -260,22 +347,33 @@ class Job:
                 await conn.aclose()
 
     async def _deadlines(self, nodes: list[asyncio.Task[None]], tg: asyncio.TaskGroup) -> None:
-        """--start-timeout and --timeout; returns when every node task is done."""
+        """--start-timeout and --timeout (cancelled when every node task is done)."""
         start = time.monotonic()
         if self.policy.start_timeout:
+            def all_started() -> bool:
+                return self._stopping or all(
+                    h.label in self.outcome.nodes or (h.label in self.sessions and
+                                                      self.sessions[h.label].started.is_set())
+                    for h in self.hosts)
+
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.policy.start_timeout):
-                    while len(self.sessions) + len(self.outcome.connect_errors) < len(self.hosts):
+                    while not all_started():
                         await asyncio.sleep(0.05)
-                    await asyncio.gather(*(s.started.wait() for s in self.sessions.values()))
             late = [h.label for h in self.hosts if h.label not in self.outcome.nodes
                     and (h.label not in self.sessions or not self.sessions[h.label].started.is_set())]
             if late and not self._stopping:
                 self.outcome.start_timed_out = tuple(late)
+                now = time.time()
                 for label in late:
-                    self.router.say(label, f"did not start within {self.policy.start_timeout:g} s")
+                    why = f"did not start within {self.policy.start_timeout:g} s"
+                    self.router.say(label, why)
+                    self.outcome.failures.append(Failure("start", label, t=now, seen=now,
+                                                         error=why))
                     if label in self.sessions:
-                        self.sessions[label].abort()
+                        self.sessions[label].abandon(why)
+                if self.outcome.first_failure is None:
+                    self.outcome.first_failure, self.outcome.first_failure_t = late[0], now
                 await self.stop_all("start timeout")
         if self.policy.timeout:
             remaining = self.policy.timeout - (time.monotonic() - start)
@@ -285,9 +383,11 @@ class Job:
                 self.router.say("dtrain", f"--timeout {self.policy.timeout:g} s reached: "
                                           "stopping every node")
                 await self.stop_all("timeout")
-        if self._stopping or self.policy.timeout:
-            # a node that ignores our stop (or whose supervisor is unreachable) is cut off
-            done, pending = await asyncio.wait(nodes, timeout=self.policy.grace + 10)
-            for label, session in self.sessions.items():
-                if label not in self.outcome.nodes and pending:
-                    session.abort()
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: object, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) else default

@@ -59,6 +59,7 @@ class RunOptions:
     profile_name: str = "profile"
     probe_timeout: float = 30.0
     no_auto: frozenset[str] = frozenset()
+    preflight: bool = True
 
 
 @dataclass
@@ -176,6 +177,13 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
     if len(hosts) == 1:
         first_guess = [req.master_addr or "127.0.0.1"]
     pre.facts = await probe_facts(conns, req, first_guess, opts.probe_timeout)
+    if opts.preflight:
+        from launcher.doctor import failure_message, fast_checks
+
+        problem = failure_message(fast_checks(pre.facts, hosts))
+        if problem:
+            raise PreflightFailed(problem, hint="`dtrain doctor` shows every check; "
+                                                "--no-preflight skips these")
     missing = [h.label for h in hosts if pre.facts[h.label].workdir_ok is False]
     if missing:
         raise PreflightFailed(f"working directory {req.workdir} does not exist on "
@@ -266,6 +274,39 @@ class RunPipeline(OutputPipeline):
         super().emit(lines, **kwargs)
 
 
+class NodeBoard:
+    """The live status line on a terminal: per-node state from the supervisors' messages."""
+
+    def __init__(self, labels: Sequence[str], world_size: int) -> None:
+        self.state = dict.fromkeys(labels, "starting")
+        self.world_size = world_size
+        self.ranks_done = 0
+        self.ranks_failed = 0
+        self.start = time.monotonic()
+
+    def event(self, host: Host, msg: Mapping[str, object]) -> None:
+        kind = msg.get("type")
+        if kind == "hello":
+            self.state[host.label] = "running"
+        elif kind == "stopping":
+            self.state[host.label] = "stopping"
+        elif kind == "exit":
+            self.state[host.label] = f"exit {msg.get('code')}"
+        elif kind == "rank_exit":
+            self.ranks_done += 1
+            self.ranks_failed += msg.get("code") not in (0, None)
+
+    def render(self) -> str:
+        counts: dict[str, int] = {}
+        for state in self.state.values():
+            counts[state] = counts.get(state, 0) + 1
+        elapsed = int(time.monotonic() - self.start)
+        nodes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        failed = f" ({self.ranks_failed} failed)" if self.ranks_failed else ""
+        return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | {len(self.state)} nodes: "
+                f"{nodes} | ranks finished {self.ranks_done}/{self.world_size}{failed}")
+
+
 # -- outcome ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -280,106 +321,207 @@ class RankExit:
 
 @dataclass
 class Verdict:
-    """The exit code and the story behind it."""
+    """The exit code and the story behind it (see docs/exit-codes.md)."""
 
     code: int
     outcome: str
     root_host: str | None = None
     root_rank: int | None = None
     lines: list[str] = field(default_factory=list)
+    root_kind: str | None = None  # rank, node, lost, start, interrupted, timeout
 
 
 def rank_exits(outcome: JobOutcome) -> list[RankExit]:
     exits = []
     for label, node in outcome.nodes.items():
         for rank, msg in node.ranks.items():
-            exits.append(RankExit(label, int(rank), int(msg.get("code", 0)),  # type: ignore[call-overload]
-                                  msg.get("signal"), float(msg.get("t", 0.0)),  # type: ignore[arg-type]
-                                  msg.get("duration")))  # type: ignore[arg-type]
+            code, sig, t, dur = msg.get("code"), msg.get("signal"), msg.get("t"), msg.get("duration")
+            exits.append(RankExit(label, int(rank), code if isinstance(code, int) else 0,
+                                  sig if isinstance(sig, int) else None,
+                                  float(t) if isinstance(t, (int, float)) else 0.0,
+                                  float(dur) if isinstance(dur, (int, float)) else None))
     return sorted(exits, key=lambda e: e.t)
 
 
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _how(code: int | None, sig: int | None) -> str:
+    if sig:
+        return f"was killed by {_signame(sig)}"
+    return f"exited {code}"
+
+
 def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict:
-    """Exit code: the first failing rank's (root cause), 130/143 interrupted, 124 timeout,
-    255 a node lost or unreachable."""
-    exits = rank_exits(outcome)
-    cutoff = outcome.first_failure_t
-    failed = [e for e in exits if e.code != 0 and (cutoff is None or e.t <= cutoff + 0.05)]
-    lost = [label for label, n in outcome.nodes.items() if n.lost or n.exit_code is None]
+    """The exit code: the root cause's (the first failure dtrain saw before it started
+    stopping the job): a rank's own code (128+N for signal N), 255 a node lost or unreachable,
+    124 --timeout or --start-timeout; 130/143 when interrupted first; 0 when every node ended
+    well."""
+    root = outcome.root
     lines: list[str] = []
-    if outcome.interrupted:
-        v = Verdict(128 + outcome.interrupted,
-                    f"interrupted ({signal.Signals(outcome.interrupted).name})")
-    elif outcome.timed_out:
-        v = Verdict(124, "timed out")
-    elif failed:
-        root = failed[0]
-        how = f"killed by signal {root.signal}" if root.signal else f"exited {root.code}"
-        v = Verdict(root.code, f"rank {root.rank} on {root.host} {how}", root.host, root.rank)
+    if outcome.interrupted and (root is None or outcome.interrupted_t is None
+                                or root.seen > outcome.interrupted_t):
+        how = "interrupted by Ctrl-C" if outcome.interrupted == signal.SIGINT else \
+            f"interrupted by {_signame(outcome.interrupted)}"
+        if outcome.killed:
+            how += ", then killed"
+        v = Verdict(128 + outcome.interrupted, how, root_kind="interrupted")
+    elif outcome.timed_out and root is None:
+        v = Verdict(124, "timed out (--timeout): every node stopped", root_kind="timeout")
+    elif root is not None and root.kind == "start":
+        late = fold(outcome.start_timed_out) or root.host
+        v = Verdict(124, f"{late} {root.error}", root.host, root_kind="start")
+    elif root is not None and root.kind == "rank":
+        v = Verdict(root.code or 1, f"rank {root.rank} on {root.host} {_how(root.code, root.signal)}",
+                    root.host, root.rank, root_kind="rank")
         tail = list(tails.tails.get((root.host, root.rank), ()))
         if tail:
             lines.append(f"last stderr lines of rank {root.rank} on {root.host}:")
             lines += [f"  {t}" for t in tail]
-    elif lost:
-        first = outcome.first_failure if outcome.first_failure in lost else lost[0]
-        why = outcome.nodes[first].error or "lost"
-        v = Verdict(255, f"node {first} lost: {why}", first)
-    else:
-        bad = {label: n for label, n in outcome.nodes.items() if n.exit_code}
-        if bad:
-            first = outcome.first_failure or next(iter(bad))
-            code = bad.get(first, next(iter(bad.values()))).exit_code or 1
-            v = Verdict(code, f"torchrun on {first} exited {code}", first)
-            tail = list(tails.tails.get((first, None), ()))
+    elif root is not None and root.kind == "lost":
+        v = Verdict(255, f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
+                    root_kind="lost")
+    elif root is not None:
+        if root.code is None:
+            v = Verdict(255, f"node {root.host} failed: {root.error}", root.host,
+                        root_kind="node")
+        else:
+            v = Verdict(root.code, f"torchrun on {root.host} {_how(root.code, root.signal)}",
+                        root.host, root_kind="node")
+        node = outcome.nodes.get(root.host)
+        tail = list(tails.tails.get((root.host, None), ())) or list(
+            node.stderr_tail if node else ())
+        if tail:
+            lines.append(f"last stderr lines of {root.host}:")
             lines += [f"  {t}" for t in tail]
+    else:
+        missing = [h.label for h in (n.host for n in plan.nodes)
+                   if h.label not in outcome.nodes or outcome.nodes[h.label].exit_code is None]
+        bad = {label: n.exit_code for label, n in outcome.nodes.items() if n.exit_code}
+        if missing:
+            v = Verdict(255, f"{fold(missing)} never reported an end", missing[0],
+                        root_kind="lost")
+        elif bad:
+            first = next(iter(bad))
+            v = Verdict(bad[first] or 1, f"torchrun on {first} exited {bad[first]}", first,
+                        root_kind="node")
         else:
             v = Verdict(0, "succeeded")
     v.lines = lines
     return v
 
 
+def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
+               e: RankExit | None) -> str:
+    """root cause, failed (on its own, before the stop), stopped (by dtrain or as collateral
+    of the root cause), ok, or unknown (no exit report: killed along with its node)."""
+    if e is None:
+        return "unknown"
+    if (host, rank) == (v.root_host, v.root_rank) and v.root_kind == "rank":
+        return "root cause"
+    if e.code == 0:
+        return "ok"
+    if any(f.kind == "rank" and (f.host, f.rank) == (host, rank) for f in outcome.failures):
+        return "failed"
+    return "stopped"
+
+
+def _exit_text(code: int | None, sig: int | None) -> str:
+    if sig:
+        return f"{_signame(sig)} ({code})"
+    return f"exit {code}"
+
+
 def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str]:
-    """Per node: how it ended; the root cause first, followers marked as stopped by dtrain."""
+    """Per node and rank: how it ended and after how long; the root cause first, followers
+    marked as stopped by dtrain; then the last stderr lines of the root cause."""
     out = [f"{'FAILED' if v.code else 'ok'}: {v.outcome} (exit {v.code})"]
     exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
     order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
+    by_dtrain = outcome.stop_reason is not None
     for node in order:
-        res = outcome.nodes.get(node.host.label)
+        label = node.host.label
+        res = outcome.nodes.get(label)
         if res is None:
-            out.append(f"  {node.host.label}: not started")
+            out.append(f"  {label} (node {node.node_rank}): not started")
             continue
+        ranks = sorted(node.ranks, key=lambda r: (r != v.root_rank or label != v.root_host, r))
         parts = []
-        for rank in node.ranks:
-            e = exits.get((node.host.label, rank))
+        for rank in ranks:
+            e = exits.get((label, rank))
+            role = _rank_role(outcome, v, label, rank, e)
             if e is None:
-                parts.append(f"r{rank} ?")
+                why = " (node lost)" if res.lost else " (killed by dtrain)" if by_dtrain else ""
+                parts.append(f"r{rank} no exit report{why}")
                 continue
-            mark = " (root cause)" if (node.host.label, rank) == (v.root_host, v.root_rank) else ""
-            if e.code and not mark and outcome.stop_reason:
-                mark = " (stopped by dtrain)"
-            dur = f" {e.duration:.1f}s" if isinstance(e.duration, float) else ""
-            parts.append(f"r{rank} exit {e.code}{dur}{mark}")
-        state = res.error if res.exit_code is None else f"agent exit {res.exit_code}"
-        out.append(f"  {node.host.label} (node {node.node_rank}): {', '.join(parts)}; {state}")
+            dur = f" after {e.duration:.1f}s" if e.duration is not None else ""
+            mark = {"root cause": " (ROOT CAUSE)", "failed": " (failed too)",
+                    "stopped": " (stopped by dtrain)" if by_dtrain else "",
+                    "ok": ""}[role]
+            parts.append(f"r{rank} {_exit_text(e.code, e.signal)}{dur}{mark}")
+        if res.lost:
+            state = f"LOST: {res.error}"
+        elif res.exit_code is None:
+            state = res.error or "no exit status"
+        else:
+            state = f"torchrun {_exit_text(res.exit_code, res.signal)}"
+            if res.duration is not None:
+                state += f" after {res.duration:.1f}s"
+            if res.stopped and label != v.root_host:
+                state += " (stopped by dtrain)"
+        out.append(f"  {label} (node {node.node_rank}): {', '.join(parts) or 'no ranks'}; "
+                   f"{state}")
     out += v.lines
     return out
 
 
-def node_results(outcome: JobOutcome, plan: LaunchPlan) -> list[dict[str, Any]]:
-    exits = rank_exits(outcome)
+def node_results(outcome: JobOutcome, plan: LaunchPlan,
+                 v: Verdict | None = None) -> list[dict[str, Any]]:
+    """meta.json ``nodes``: per node and rank, how it ended."""
+    exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
     results = []
     for node in plan.nodes:
-        res = outcome.nodes.get(node.host.label)
+        label = node.host.label
+        res = outcome.nodes.get(label)
+        ranks = {}
+        for rank in node.ranks:
+            e = exits.get((label, rank))
+            entry: dict[str, Any] = {"exit_code": e.code if e else None,
+                                     "signal": e.signal if e else None,
+                                     "duration": e.duration if e else None}
+            if v is not None:
+                entry["role"] = _rank_role(outcome, v, label, rank, e)
+            ranks[str(rank)] = entry
         results.append({
-            "host": node.host.label, "node_rank": node.node_rank,
+            "host": label, "node_rank": node.node_rank,
             "exit_code": res.exit_code if res else None,
+            "signal": res.signal if res else None,
             "error": res.error if res else "not started", "lost": bool(res and res.lost),
+            "abandoned": bool(res and res.abandoned),
             "stopped": res.stopped if res else None,
-            "ranks": {str(e.rank): {"exit_code": e.code, "signal": e.signal,
-                                    "duration": e.duration}
-                      for e in exits if e.host == node.host.label},
+            "duration": res.duration if res else None,
+            "supervisor_pid": res.supervisor_pid if res else None,
+            "pid": res.pid if res else None,
+            "ranks": ranks,
         })
     return results
+
+
+def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[str, Any]:
+    """meta.json ``root_cause``."""
+    root = outcome.root
+    data: dict[str, Any] = {"kind": v.root_kind, "host": v.root_host, "rank": v.root_rank,
+                            "exit_code": v.code, "summary": v.outcome}
+    if root is not None and v.root_kind in ("rank", "node", "lost", "start"):
+        data.update(signal=root.signal, error=root.error, t=root.t)
+        data["stderr_tail"] = list(tails.tails.get((root.host, root.rank), ()))
+    if outcome.stop_reason:
+        data["stop_reason"] = outcome.stop_reason
+    return data
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -475,17 +617,19 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     tails = TailKeeper()
     node_ranks = {n.host.label: n.node_rank for n in plan.nodes}
     hosts = [n.host for n in plan.nodes]
+    board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
+    console.status = board.render
     async with RunPipeline(console, archive, tails=tails) as out:
         out.message(f"run {archive.run_id}: {len(hosts)} nodes, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
-        job = Job(hosts, launches, policy, LineRouter(out, node_ranks))
+        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event)
         outcome = await job.run(transport, conns)
         v = verdict(outcome, plan, tails)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome,
-                        root_cause={"host": v.root_host, "rank": v.root_rank},
-                        nodes=node_results(outcome, plan),
+                        root_cause=root_cause_json(outcome, v, tails),
+                        nodes=node_results(outcome, plan, v),
                         console_skipped=out.skipped)
     return v.code
 
