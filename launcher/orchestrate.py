@@ -63,6 +63,8 @@ class Policy:
     timeout: float | None = None  # whole job; exit 124
     start_timeout: float | None = None  # every node's supervisor said hello
     fail_fast: bool = True  # stop every node at the first failure (run); exec lets all finish
+    rank_fail_fast: bool = True  # a rank's failure stops the job (not with --max-restarts:
+    #                              torchrun restarts the ranks; its own exit is the failure)
     fanout: int = 64
     fanout_whole_job: bool = False  # exec: bound running commands too, like pdsh
 
@@ -272,7 +274,8 @@ class Job:
 
     def _rank_event(self, host: Host, msg: dict[str, object], tg: asyncio.TaskGroup) -> None:
         """A rank that fails is the first failure, before its agent even notices."""
-        if msg.get("type") == "rank_exit" and msg.get("code") not in (0, None):
+        if msg.get("type") == "rank_exit" and msg.get("code") not in (0, None) \
+                and self.policy.rank_fail_fast:
             now = time.time()
             sig = msg.get("signal")
             self._failed(Failure("rank", host.label, rank=_int(msg.get("rank")),

@@ -385,6 +385,15 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
     elif root is not None and root.kind == "lost":
         v = Verdict(255, f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
                     root_kind="lost")
+    elif root is not None and (first := _first_failed_rank(outcome, root.host)) is not None:
+        # torchrun gave up on this node (say after --max-restarts): its ranks tell why
+        v = Verdict(first.code, f"rank {first.rank} on {first.host} "
+                                f"{_how(first.code, first.signal)}", first.host, first.rank,
+                    root_kind="rank")
+        tail = list(tails.tails.get((first.host, first.rank), ()))
+        if tail:
+            lines.append(f"last stderr lines of rank {first.rank} on {first.host}:")
+            lines += [f"  {t}" for t in tail]
     elif root is not None:
         if root.code is None:
             v = Verdict(255, f"node {root.host} failed: {root.error}", root.host,
@@ -413,6 +422,14 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
             v = Verdict(0, "succeeded")
     v.lines = lines
     return v
+
+
+def _first_failed_rank(outcome: JobOutcome, host: str) -> RankExit | None:
+    """The earliest failing rank of a node that failed as a whole (its own clock)."""
+    if outcome.root is None or outcome.root.kind != "node":
+        return None
+    failed = [e for e in rank_exits(outcome) if e.host == host and e.code != 0]
+    return failed[0] if failed else None
 
 
 def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
@@ -613,7 +630,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank)
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
-                    fail_fast=True, fanout=opts.fanout)
+                    fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0)
     tails = TailKeeper()
     node_ranks = {n.host.label: n.node_rank for n in plan.nodes}
     hosts = [n.host for n in plan.nodes]

@@ -12,7 +12,11 @@ without a pty outlives its connection. So the supervisor owns the job:
 - it kills the whole descendant tree (TERM, grace, KILL) when told to (``stop``/``kill``),
   when its stdin reaches EOF (launcher or connection gone), on SIGTERM/SIGHUP/SIGINT, or when
   the launcher's heartbeats stop for ``heartbeat_timeout`` seconds (a partition TCP misses);
-- it never kills by name: only processes descending from itself.
+- it never kills by name: only processes descending from itself;
+- in ``run`` mode, once a stop is under way and every rank on the node has exited, what is
+  left is torchrun's agent, which has nothing to save: it is KILLed at once rather than
+  given the grace period (an agent importing torch takes ~0.3 s of CPU to exit, 16 of them
+  on a small box take seconds). The grace period is for the ranks.
 
 Threads: the main loop is the only writer of stdout (frames); a reader thread takes the
 launcher's control lines from stdin (so a stdout write blocked by a slow or partitioned
@@ -144,6 +148,9 @@ class Supervisor:
         self.stopping_sent = False
         self.orphaned = None  # why the launcher is gone (stdin EOF, heartbeat lost)
         self.rank_status = {}
+        self.ctl_open = 0  # rank shims whose status connection is open
+        self.ctl_seen = False
+        self.agent_killed = False
         self.open_streams = 0
         self.tmpdir = None
         self.done = False
@@ -326,6 +333,8 @@ class Supervisor:
             self.sel.unregister(key.fileobj)
             key.fileobj.close()
             self.open_streams -= 1
+            if st["hdr"] is not None and st["hdr"].get("stream") == "ctl":
+                self.ctl_open -= 1
             return
         if st["hdr"] is None:
             st["buf"] += chunk
@@ -337,6 +346,9 @@ class Supervisor:
                 st["hdr"] = json.loads(line)
             except ValueError:
                 st["hdr"] = {}
+            if st["hdr"].get("stream") == "ctl":
+                self.ctl_open += 1
+                self.ctl_seen = True
             if not chunk:
                 return
         rank = int(st["hdr"].get("rank", -1))
@@ -379,6 +391,11 @@ class Supervisor:
             if self.stopping is not None and not self.stopping_sent:
                 self.stopping_sent = True
                 self.out.control({"type": "stopping", "reason": self.stopping, "t": now()})
+            if self.stopping is not None and self.ctl_seen and self.ctl_open <= 0 \
+                    and not self.agent_killed and self.job_status is None:
+                # every rank has exited: only the agent is left, and it has nothing to save
+                self.agent_killed = True
+                signal_tree(signal.SIGKILL)
             if now() >= next_hb:
                 self.out.control({"type": "hb", "t": now()})
                 next_hb = now() + self.hb_interval

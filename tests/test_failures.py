@@ -761,3 +761,15 @@ def test_verdict_lost_unreachable_and_success() -> None:
     assert _verdict(ok, "a")[0].code == 0
     missing = _outcome(nodes={"a": _node("a", 0)})
     assert _verdict(missing, "a", "b")[0].code == 255
+
+
+def test_verdict_node_root_reports_its_failing_rank() -> None:
+    """With --max-restarts, rank failures do not stop the job; when torchrun finally gives up
+    (exit 1), the exit code is still its first failing rank's."""
+    from launcher.orchestrate import Failure
+
+    out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 0, "t": 2.0},
+                                              "1": {"code": 9, "t": 1.5, "duration": 1.0}})},
+                   failures=[Failure("node", "a", code=1, seen=3.0)])
+    v, lines = _verdict(out, "a")
+    assert (v.code, v.root_rank, v.outcome) == (9, 1, "rank 1 on a exited 9")

@@ -425,3 +425,27 @@ def test_rank_shim_reports_a_signal(sups, tmp_path: Path) -> None:
     assert s.wait() == 0  # the shim dies by the same signal: its parent sees -9
     (m,) = [m for m in s.msgs if m.get("type") == "rank_exit"]
     assert (m["code"], m["signal"]) == (137, 9)
+
+
+def test_stop_kills_the_agent_once_every_rank_is_gone(sups, tmp_path: Path) -> None:
+    """The grace period is for the ranks: an agent (torchrun) that lingers after its ranks
+    exited on TERM is KILLed at once, not after the grace."""
+    script = tmp_path / "worker.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(100)\n")
+    agent = py(f"""
+        import os, signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: None)  # a slow agent (not SIG_IGN:
+        # that would be inherited by the ranks)
+        procs = [subprocess.Popen([sys.executable, '-u', sys.argv[1], {str(script)!r}],
+                                  env={{**os.environ, 'RANK': str(r)}}) for r in (0, 1)]
+        time.sleep(100)
+    """) + [supervisor.SHIM_PLACEHOLDER]
+    s = sups({"argv": agent, "rank_shim": True, "grace": 20})
+    s.wait_output(b"up", rank=0)
+    s.wait_output(b"up", rank=1)
+    t0 = time.monotonic()
+    s.send("stop", reason="test")
+    assert s.wait(10) == 128 + signal.SIGKILL
+    assert time.monotonic() - t0 < 3.0
+    exits = {m["rank"]: m["code"] for m in s.msgs if m.get("type") == "rank_exit"}
+    assert exits == {0: 143, 1: 143}

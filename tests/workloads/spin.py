@@ -1,8 +1,9 @@
-"""Torch-free workload for teardown benchmarks: prints a line, then idles until killed.
+"""Torch-free workload for teardown tests and benchmarks: prints a line, then idles.
 
-``spin.py [seconds] [fail_code]``: after ``seconds`` (default: never) exits with fail_code
-(default 7), printing ``FAIL <unix time>`` first so a benchmark can time the failure.
-Honours SIGTERM (the default action). Ends with os._exit so it never lingers.
+``spin.py [seconds] [code]``: after ``seconds`` (default: never; ``inf`` too) exits with
+``code`` (default 7), printing ``FAIL <unix time>`` first so a benchmark can time the
+failure. Under torchrun, ``SPIN_FAIL_RANK=N`` makes only global rank N fail; the others idle.
+Honours SIGTERM (the default action). Ends with os._exit.
 """
 
 import os
@@ -11,11 +12,14 @@ import time
 
 
 def main() -> None:
-    after = float(sys.argv[1]) if len(sys.argv) > 1 else None
+    after = float(sys.argv[1]) if len(sys.argv) > 1 else float("inf")
     code = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+    only = os.environ.get("SPIN_FAIL_RANK")
+    if only is not None and os.environ.get("RANK") != only:
+        after = float("inf")
     print(f"spin pid {os.getpid()} up", flush=True)
     start = time.monotonic()
-    while after is None or time.monotonic() - start < after:
+    while time.monotonic() - start < after:
         time.sleep(0.05)
     print(f"FAIL {time.time():.6f}", flush=True)
     os._exit(code)
