@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from launcher import render
 from launcher.console import Console, Gatherer, fold_hosts
+from launcher.fastout import ExecOutput
 from launcher.models import Host
 from launcher.node import JobSpec
 from launcher.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
@@ -66,19 +67,26 @@ def summary(outcome: JobOutcome) -> list[str]:
 
 async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
     """Run the command on every host and return the exit code."""
-    console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
-                      labels=[h.label for h in hosts])
-    gatherer = Gatherer() if req.gather else None
     spec = exec_spec(req.command)
     launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
     policy = Policy(grace=EXEC_GRACE, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
                     fanout_whole_job=True)
-    async with OutputPipeline(console, gatherer=gatherer) as out:
-        async with AutoTransport(settings) as transport:
-            outcome = await Job(hosts, launches, policy, LineRouter(out)).run(transport)
-    if gatherer is not None:
+    if req.gather:
+        gatherer = Gatherer()
+        console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
+                          labels=[h.label for h in hosts])
+        async with OutputPipeline(console, gatherer=gatherer) as out:
+            async with AutoTransport(settings) as transport:
+                outcome = await Job(hosts, launches, policy, LineRouter(out)).run(transport)
         sys.stdout.write(gatherer.render())
         sys.stdout.flush()
+    else:
+        fast = ExecOutput([h.label for h in hosts], color=req.color)
+        try:
+            async with AutoTransport(settings) as transport:
+                outcome = await Job(hosts, launches, policy, fast).run(transport)
+        finally:
+            fast.close()
     for line in summary(outcome):
         render.note(line)
     return exit_code(outcome)
