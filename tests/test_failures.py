@@ -410,6 +410,45 @@ def test_launcher_sigkill_nodes_clean_themselves(cluster: tc.Cluster, tmp_path: 
     print(f"kill -9 dtrain: nodes clean {took:.2f}s later")
 
 
+# -- phase bounds --------------------------------------------------------------------------------
+
+@pytest.mark.ssh
+@pytest.mark.torch
+def test_run_timeout_is_124(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
+    run_id = new_id("timeout")
+    job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, TRAIN, "--timeout", "12"))
+    jobs.append(job)
+    with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+        reached = job.wait_line(r"--timeout 12 s reached: stopping every node", timeout=60)
+        rc = job.wait(30)
+        watch.assert_clean(5)
+    assert rc == 124, job.output
+    assert watch.supervisors() == 3
+    assert "FAILED: timed out (--timeout)" in job.output
+    assert job.ended is not None and job.ended - reached < 5.0
+
+
+@pytest.mark.ssh
+def test_unreachable_node_is_named_and_nothing_starts(cluster: tc.Cluster, tmp_path: Path,
+                                                      jobs) -> None:
+    """node3 cut off before the run: the connect phase is bounded (--connect-timeout), the
+    node is named, exit 255, and nothing was started on the others."""
+    run_id = new_id("unreach")
+    cluster.link_down(3)
+    try:
+        job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, SPIN, "--connect-timeout", "2"))
+        jobs.append(job)
+        with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+            rc = job.wait(30)
+            watch.assert_clean(1)
+    finally:
+        cluster.link_up(3)
+    assert rc == 255, job.output
+    assert "node3" in job.output and "nothing was started" in job.output
+    assert watch.count() == 0
+    assert job.ended is not None and job.ended - job.t0 < 15
+
+
 # -- a node is lost ------------------------------------------------------------------------------
 
 @pytest.mark.ssh
