@@ -147,7 +147,8 @@ class Proc:
 
     def first(self, text: str) -> float | None:
         with self.cond:
-            return next((t for t, line in zip(self.times, self.lines) if text in line), None)
+            hits = (t for t, line in zip(self.times, self.lines, strict=True) if text in line)
+            return next(hits, None)
 
     def count(self, text: str) -> int:
         with self.cond:

@@ -364,7 +364,8 @@ class Job:
                     while not all_started():
                         await asyncio.sleep(0.05)
             late = [h.label for h in self.hosts if h.label not in self.outcome.nodes
-                    and (h.label not in self.sessions or not self.sessions[h.label].started.is_set())]
+                    and (h.label not in self.sessions
+                         or not self.sessions[h.label].started.is_set())]
             if late and not self._stopping:
                 self.outcome.start_timed_out = tuple(late)
                 now = time.time()

@@ -335,7 +335,8 @@ def rank_exits(outcome: JobOutcome) -> list[RankExit]:
     exits = []
     for label, node in outcome.nodes.items():
         for rank, msg in node.ranks.items():
-            code, sig, t, dur = msg.get("code"), msg.get("signal"), msg.get("t"), msg.get("duration")
+            code, sig = msg.get("code"), msg.get("signal")
+            t, dur = msg.get("t"), msg.get("duration")
             exits.append(RankExit(label, int(rank), code if isinstance(code, int) else 0,
                                   sig if isinstance(sig, int) else None,
                                   float(t) if isinstance(t, (int, float)) else 0.0,
@@ -376,7 +377,8 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
         late = fold(outcome.start_timed_out) or root.host
         v = Verdict(124, f"{late} {root.error}", root.host, root_kind="start")
     elif root is not None and root.kind == "rank":
-        v = Verdict(root.code or 1, f"rank {root.rank} on {root.host} {_how(root.code, root.signal)}",
+        v = Verdict(root.code or 1,
+                    f"rank {root.rank} on {root.host} {_how(root.code, root.signal)}",
                     root.host, root.rank, root_kind="rank")
         tail = list(tails.tails.get((root.host, root.rank), ()))
         if tail:
@@ -415,8 +417,8 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
             v = Verdict(255, f"{fold(missing)} never reported an end", missing[0],
                         root_kind="lost")
         elif bad:
-            first = next(iter(bad))
-            v = Verdict(bad[first] or 1, f"torchrun on {first} exited {bad[first]}", first,
+            label = next(iter(bad))
+            v = Verdict(bad[label] or 1, f"torchrun on {label} exited {bad[label]}", label,
                         root_kind="node")
         else:
             v = Verdict(0, "succeeded")

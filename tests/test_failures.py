@@ -49,7 +49,8 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
 
 def _tagged(pid: int, env_tag: bytes | None, marker: bytes | None) -> bool:
     try:
-        if env_tag is not None and env_tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if env_tag is not None and env_tag in environ:
             return True
         if marker is not None and marker in Path(f"/proc/{pid}/cmdline").read_bytes():
             return True
