@@ -1,0 +1,208 @@
+"""`dtrain exec` against pdsh and clush (and a bare asyncssh loop, the floor) on the cluster.
+
+    python bench/bench_exec.py [--reps 5] [--nodes 32] [--seq-nodes 4] [--lines 400000]
+                               [--only true,seq,help] [--json results.json]
+
+Cases:
+
+* ``true`` on 32 nodes: connection set-up and teardown, nothing else;
+* ``seq 1 400000`` on 4 nodes (1,600,000 lines into a file): the output path. Every line
+  must arrive exactly once, in order, tagged with its host (``node5: 17``). It uses
+  node5-node8 (--seq-first): the test suite cuts links and swaps keys on node4;
+* ``dtrain --help``: start-up of the command itself, next to a bare ``python -c pass``.
+
+The cluster is grown to --nodes (32) and left that way. Targets (reported, never asserted):
+dtrain <= 0.5 x pdsh for both exec cases, ``dtrain --help`` <= 0.3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Callable
+
+from common import (
+    DTRAIN,
+    PYTHON,
+    Env,
+    Run,
+    Series,
+    check_tagged,
+    fmt_s,
+    log,
+    machine,
+    rounds,
+    run_timed,
+    save_json,
+    series_json,
+    table,
+    wall_table,
+)
+
+TOOLS = ("dtrain", "pdsh", "clush", "asyncssh loop")
+
+
+def seq_checker(n: int) -> Callable[[list[str]], str | None]:
+    expected = [str(i) for i in range(1, n + 1)]
+
+    def check(lines: list[str]) -> str | None:
+        if lines == expected:
+            return None
+        have = set(lines)
+        lost = sum(1 for e in expected if e not in have)
+        dup = len(lines) - len(have)
+        order = "" if lost or dup else ", out of order"
+        return f"{len(lines)} lines, {lost} lost, {dup} duplicated{order}"
+
+    return check
+
+
+def empty_checker(lines: list[str]) -> str | None:
+    return f"{len(lines)} unexpected lines" if lines else None
+
+
+def exec_case(env: Env, case: str, k: int, command: str, reps: int,
+              checker: Callable[[list[str]], str | None], args: argparse.Namespace) -> Series:
+    series = Series(case)
+    cenv = env.env()
+    argvs = {"dtrain": env.dtrain_exec(k, command), "pdsh": env.pdsh(k, command),
+             "clush": env.clush(k, command), "asyncssh loop": env.floor(k, command)}
+    names = env.names(k)
+
+    def make(tool: str) -> Callable[[int], Run]:
+        def fn(r: int) -> Run:
+            out = env.tmp / f"{case.split()[0]}-{tool.split()[0]}-{r}.out"
+            run = run_timed(tool, argvs[tool], env=cenv, out=out)
+            if run.rc != 0:
+                run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
+            run.problems += check_tagged(run.text(), dict.fromkeys(names, checker))
+            lines = sum(1 for _ in open(out, "rb"))
+            run.extra["lines"] = lines
+            out.unlink()
+            return run
+        return fn
+
+    log(f"{case}: {reps} rounds of {', '.join(TOOLS)}")
+    rounds(series, [(t, make(t)) for t in TOOLS], reps, max_busy=args.max_busy,
+           patience=args.patience)
+    return series
+
+
+def help_case(env: Env, reps: int, args: argparse.Namespace) -> Series:
+    """dtrain --help, with the interpreter's own start-up and the CLI import beside it."""
+    series = Series("dtrain --help")
+    cenv = env.env()
+    argvs = {
+        "dtrain --help": [DTRAIN, "--help"],
+        "python -c pass": [PYTHON, "-c", "pass"],
+        "import launcher.cli": [PYTHON, "-c", "import launcher.cli"],
+    }
+
+    def make(tool: str) -> Callable[[int], Run]:
+        def fn(r: int) -> Run:
+            run = run_timed(tool, argvs[tool], env=cenv, out=env.tmp / f"help-{r}.out")
+            if run.rc != 0 or (tool == "dtrain --help" and "Usage" not in run.text()):
+                run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
+            return run
+        return fn
+
+    log(f"dtrain --help: {reps} rounds")
+    rounds(series, [(t, make(t)) for t in argvs], reps, max_busy=args.max_busy,
+           patience=args.patience)
+    return series
+
+
+def import_profile() -> list[tuple[str, float]]:
+    """The biggest top-level imports of `dtrain --help` (python -X importtime), in ms."""
+    p = subprocess.run([PYTHON, "-X", "importtime", DTRAIN, "--help"], capture_output=True,
+                       text=True)
+    out: dict[str, float] = {}
+    for line in p.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cumulative, name = line.split("|", 2)
+        if name.startswith(" ") and not name.startswith("  "):  # top level only
+            try:
+                out[name.strip()] = int(cumulative) / 1000
+            except ValueError:
+                continue
+    return sorted(out.items(), key=lambda kv: -kv[1])[:6]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--seq-nodes", type=int, default=4)
+    parser.add_argument("--seq-first", type=int, default=5,
+                        help="first node of the seq case (tests cut and re-key node4)")
+    parser.add_argument("--lines", type=int, default=400_000)
+    parser.add_argument("--help-reps", type=int, default=10)
+    parser.add_argument("--only", default="true,seq,help")
+    parser.add_argument("--max-busy", type=float, default=0.2,
+                        help="machine busy share (0-1) above which a round waits")
+    parser.add_argument("--patience", type=float, default=60.0,
+                        help="seconds a round waits for a quiet machine")
+    parser.add_argument("--json", help="write every run's numbers here")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+
+    env = Env.setup(max(args.nodes, args.seq_first + args.seq_nodes - 1))
+    log(machine())
+    series: list[Series] = []
+    try:
+        if "true" in only:
+            series.append(exec_case(env, f"true x {args.nodes} nodes", args.nodes, "true",
+                                    args.reps, empty_checker, args))
+        if "seq" in only:
+            series.append(exec_case(dataclasses.replace(env, first=args.seq_first),
+                                    f"seq 1 {args.lines} x {args.seq_nodes} nodes",
+                                    args.seq_nodes, f"seq 1 {args.lines}", args.reps,
+                                    seq_checker(args.lines), args))
+        help_series = help_case(env, args.help_reps, args) if "help" in only else None
+    finally:
+        env.cleanup()
+
+    print(f"\n{machine()}\n")
+    if series:
+        print(wall_table(series, others=("pdsh", "clush", "asyncssh loop")))
+        print()
+        rows = []
+        for s in series:
+            ratio = s.median("dtrain") / s.median("pdsh")
+            rows.append([s.case, f"dtrain/pdsh = {ratio:.2f}", "<= 0.5",
+                         "met" if ratio <= 0.5 else "NOT met"])
+    else:
+        rows = []
+    if help_series is not None:
+        print(wall_table([help_series], ref="dtrain --help",
+                         others=("python -c pass", "import launcher.cli")))
+        print("\nlargest top-level imports of `dtrain --help` (one run, -X importtime):")
+        for name, ms in import_profile():
+            print(f"  {name:<40} {ms:7.1f} ms")
+        h = help_series.median("dtrain --help")
+        rows.append(["dtrain --help", fmt_s(h), "<= 0.3 s", "met" if h <= 0.3 else "NOT met"])
+    if rows:
+        print("\ntargets (reported, not asserted):")
+        print(table(["case", "measured", "target", "verdict"], rows))
+    problems = [p for s in series for p in s.problems()]
+    if help_series is not None:
+        problems += help_series.problems()
+    busy = sum(s.busy_rounds() for s in series) + (help_series.busy_rounds()
+                                                    if help_series else 0)
+    print(f"\nlost or wrong lines / failed runs: {len(problems) or 'none'}")
+    for p in problems:
+        print(f"  {p}")
+    if busy:
+        print(f"{busy} runs started on a busy machine (other sessions): numbers are noisier")
+    save_json(args.json, {"machine": machine(), "series": {s.case: series_json(s) for s in
+                                                           [*series, *([help_series] if
+                                                                       help_series else [])]}})
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
