@@ -95,6 +95,10 @@ def exec_cmd(
                                          "once under the folded host set (dshbak -c).")] = False,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", min=0.1, help="Kill the command everywhere after S s (exit 124).")] = None,
+    grace: Annotated[float, typer.Option("--grace", min=0, help="TERM -> KILL delay when "
+                                         "stopping (timeout, Ctrl-C).")] = 2.0,
+    heartbeat_timeout: Annotated[float, typer.Option(
+        "--heartbeat-timeout", min=1, help="Declare a silent node lost after S s.")] = 30.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
@@ -113,7 +117,8 @@ def exec_cmd(
 
         host_list = _hosts(hostfile, hosts, include, exclude)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
-                          fanout=fanout, python=python, color=color)
+                          fanout=fanout, python=python, color=color, grace=grace,
+                          heartbeat_timeout=heartbeat_timeout)
         return run_exec(host_list, req, _ssh_settings(connect_timeout, accept_new))
 
     _run(body)

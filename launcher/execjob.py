@@ -31,13 +31,19 @@ class ExecRequest:
     fanout: int = 64
     python: str = "python3"
     color: bool | None = None
+    grace: float = EXEC_GRACE
+    heartbeat_timeout: float = 30.0
 
 
-def exec_spec(command: Sequence[str]) -> JobSpec:
+def exec_spec(command: Sequence[str], *, grace: float = EXEC_GRACE,
+              heartbeat_timeout: float = 30.0) -> JobSpec:
     """One argument is a shell command line (as ssh/pdsh take it); several are an exact argv."""
+    interval = min(2.0, heartbeat_timeout / 4)
     if len(command) == 1:
-        return JobSpec(shell=command[0], grace=EXEC_GRACE)
-    return JobSpec(argv=tuple(command), grace=EXEC_GRACE)
+        return JobSpec(shell=command[0], grace=grace, heartbeat_timeout=heartbeat_timeout,
+                       heartbeat_interval=interval)
+    return JobSpec(argv=tuple(command), grace=grace, heartbeat_timeout=heartbeat_timeout,
+                   heartbeat_interval=interval)
 
 
 def exit_code(outcome: JobOutcome) -> int:
@@ -67,9 +73,9 @@ def summary(outcome: JobOutcome) -> list[str]:
 
 async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
     """Run the command on every host and return the exit code."""
-    spec = exec_spec(req.command)
+    spec = exec_spec(req.command, grace=req.grace, heartbeat_timeout=req.heartbeat_timeout)
     launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
-    policy = Policy(grace=EXEC_GRACE, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
+    policy = Policy(grace=req.grace, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
                     fanout_whole_job=True)
     if req.gather:
         gatherer = Gatherer()
