@@ -11,6 +11,12 @@ Cases:
   node5-node8 (--seq-first): the test suite cuts links and swaps keys on node4;
 * ``dtrain --help``: start-up of the command itself, next to a bare ``python -c pass``.
 
+Two reference floors run beside them: ``asyncssh loop`` (a bare asyncssh client with
+dtrain's algorithms: connect, run, tag lines) and ``asyncssh+supervisor`` (the same, with
+the command under dtrain's node supervisor, shipped as dtrain ships it). dtrain minus the
+second is the launcher's own client-side cost; the second minus the first is the price of
+the supervisor (a Python interpreter per node).
+
 The cluster is grown to --nodes (32) and left that way. Targets (reported, never asserted):
 dtrain <= 0.5 x pdsh for both exec cases, ``dtrain --help`` <= 0.3 s.
 """
@@ -41,7 +47,7 @@ from common import (
     wall_table,
 )
 
-TOOLS = ("dtrain", "pdsh", "clush", "asyncssh loop")
+TOOLS = ("dtrain", "pdsh", "clush", "asyncssh loop", "asyncssh+supervisor")
 
 
 def seq_checker(n: int) -> Callable[[list[str]], str | None]:
@@ -68,12 +74,13 @@ def exec_case(env: Env, case: str, k: int, command: str, reps: int,
     series = Series(case)
     cenv = env.env()
     argvs = {"dtrain": env.dtrain_exec(k, command), "pdsh": env.pdsh(k, command),
-             "clush": env.clush(k, command), "asyncssh loop": env.floor(k, command)}
+             "clush": env.clush(k, command), "asyncssh loop": env.floor(k, command),
+             "asyncssh+supervisor": env.floor(k, command, supervisor=True)}
     names = env.names(k)
 
     def make(tool: str) -> Callable[[int], Run]:
         def fn(r: int) -> Run:
-            out = env.tmp / f"{case.split()[0]}-{tool.split()[0]}-{r}.out"
+            out = env.tmp / f"{case.split()[0]}-{tool.replace(' ', '_')}-{r}.out"
             run = run_timed(tool, argvs[tool], env=cenv, out=out)
             if run.rc != 0:
                 run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
@@ -168,7 +175,7 @@ def main() -> int:
 
     print(f"\n{machine()}\n")
     if series:
-        print(wall_table(series, others=("pdsh", "clush", "asyncssh loop")))
+        print(wall_table(series, others=TOOLS[1:]))
         print()
         rows = []
         for s in series:

@@ -8,9 +8,10 @@ share this box; a round that had to start on a busy machine is counted and repor
 
 Wall times are reported, never asserted: the tests do not depend on them.
 
-Also runnable: ``python bench/common.py asyncssh-loop NAME=ADDR... -- CMD`` is the reference
-floor, a bare asyncssh client with dtrain's algorithms (connect to every node at once, run
-the command, tag and print its lines as ``host: line``) and nothing else.
+Also runnable: ``python bench/common.py asyncssh-loop [--supervisor] NAME=ADDR... -- CMD``
+is the reference floor, a bare asyncssh client with dtrain's algorithms (connect to every
+node at once, run the command, tag and print its lines as ``host: line``) and nothing
+else; with --supervisor the command runs under dtrain's node supervisor, as dtrain runs it.
 """
 
 from __future__ import annotations
@@ -153,9 +154,10 @@ class Env:
         return [CLUSH, "-S", "-f", str(FANOUT), "-l", self.cluster.user,
                 "-o", " ".join(self.ssh_opts()), "-w", self.hostlist(k), command]
 
-    def floor(self, k: int, command: str) -> list[str]:
+    def floor(self, k: int, command: str, *, supervisor: bool = False) -> list[str]:
         """The bare asyncssh loop (by address: no ssh config to read)."""
         return [PYTHON, str(Path(__file__)), "asyncssh-loop",
+                *(["--supervisor"] if supervisor else []),
                 *[f"{n.name}={n.ip}" for n in self.nodes(k)], "--", command]
 
     def ssh(self, node: str, command: str) -> list[str]:
@@ -423,13 +425,23 @@ def check_tagged(text: str, expect: Mapping[str, Callable[[list[str]], str | Non
 
 
 def _floor_main(argv: list[str]) -> int:
-    """``asyncssh-loop NAME=ADDR... -- CMD``: connect to all, run CMD, print ``NAME: line``."""
+    """``asyncssh-loop [--supervisor] NAME=ADDR... -- CMD``: connect to all, run CMD, print
+    ``NAME: line``.
+
+    With --supervisor, CMD runs under dtrain's own node supervisor, shipped and spoken to
+    exactly as dtrain does it (launcher.wire), with none of the rest of dtrain: the floor
+    of dtrain's protocol.
+    """
     import asyncio
 
     import asyncssh
 
+    from launcher import wire
+    from launcher.node import JobSpec
     from launcher.transports.ssh import CIPHERS, KEX_ALGS  # the same algorithms as dtrain
 
+    supervised = argv[:1] == ["--supervisor"]
+    argv = argv[1:] if supervised else argv
     split = argv.index("--")
     hosts, command = argv[:split], " ".join(argv[split + 1:])
     ssh_dir = Path(os.environ["HOME"]) / ".ssh"
@@ -438,25 +450,51 @@ def _floor_main(argv: list[str]) -> int:
     out = sys.stdout.buffer
     worst = 0
 
+    def tagger(host: str) -> Callable[[bytes], None]:
+        prefix, nl, tail = f"{host}: ".encode(), b"\n" + f"{host}: ".encode(), [b""]
+
+        def emit(data: bytes) -> None:
+            if not data:  # end of stream
+                if tail[0]:
+                    out.write(prefix + tail[0] + b"\n")
+                return
+            data = tail[0] + data
+            cut = data.rfind(b"\n") + 1
+            tail[0] = data[cut:]
+            if cut:
+                out.write(prefix + nl.join(data[:cut - 1].split(b"\n")) + b"\n")
+        return emit
+
     async def one(spec: str) -> None:
         nonlocal worst
         host, _, addr = spec.partition("=")
+        emit = tagger(host)
         async with asyncssh.connect(addr or host, username="dtuser", client_keys=keys,
                                     known_hosts=known, config=[], agent_path=None,
                                     kex_algs=KEX_ALGS, encryption_algs=CIPHERS) as conn:
-            proc = await conn.create_process(command, encoding=None,
-                                             stdin=asyncssh.DEVNULL)
-            prefix, nl, tail = f"{host}: ".encode(), b"\n" + f"{host}: ".encode(), b""
+            if not supervised:
+                proc = await conn.create_process(command, encoding=None,
+                                                 stdin=asyncssh.DEVNULL)
+                while data := await proc.stdout.read(1 << 18):
+                    emit(data)
+                emit(b"")
+                result = await proc.wait()
+                worst = max(worst, result.exit_status or 0)
+                return
+            proc = await conn.create_process(wire.remote_command("python3"), encoding=None)
+            job = JobSpec(shell=command, grace=2.0)
+            proc.stdin.write(wire.payload(wire.program_source("supervisor"), job.wire()))
+            decoder = wire.FrameDecoder()
+            code = None
             while data := await proc.stdout.read(1 << 18):
-                data = tail + data
-                cut = data.rfind(b"\n") + 1
-                tail = data[cut:]
-                if cut:
-                    out.write(prefix + nl.join(data[:cut - 1].split(b"\n")) + b"\n")
-            if tail:
-                out.write(prefix + tail + b"\n")
-            result = await proc.wait()
-            worst = max(worst, result.exit_status or 0)
+                for frame in decoder.feed(data):
+                    if frame.kind == wire.KIND_OUT:
+                        emit(frame.data)
+                    elif frame.kind == wire.KIND_CTL and frame.message().get("type") == "exit":
+                        code = int(frame.message().get("code") or 0)
+            emit(b"")
+            proc.stdin.write_eof()
+            worst = max(worst, 255 if code is None else code)
 
     async def main() -> None:
         await asyncio.gather(*(one(h) for h in hosts))
