@@ -39,6 +39,7 @@ from common import (
     fmt_s,
     log,
     machine,
+    revision,
     rounds,
     run_timed,
     save_json,
@@ -173,7 +174,7 @@ def main() -> int:
     finally:
         env.cleanup()
 
-    print(f"\n{machine()}\n")
+    print(f"\n{machine()}\n{revision()}\n")
     if series:
         print(wall_table(series, others=TOOLS[1:]))
         print()
@@ -205,9 +206,9 @@ def main() -> int:
         print(f"  {p}")
     if busy:
         print(f"{busy} runs started on a busy machine (other sessions): numbers are noisier")
-    save_json(args.json, {"machine": machine(), "series": {s.case: series_json(s) for s in
-                                                           [*series, *([help_series] if
-                                                                       help_series else [])]}})
+    everything = [*series, *([help_series] if help_series else [])]
+    save_json(args.json, {"machine": machine(), "revision": revision(),
+                          "series": {s.case: series_json(s) for s in everything}})
     return 1 if problems else 0
 
 

@@ -43,6 +43,7 @@ from common import (
     fmt_s,
     log,
     machine,
+    revision,
     rounds,
     run_timed,
     save_json,
@@ -169,7 +170,7 @@ def main() -> int:
                      fmt_s(series.median(tool, lambda r: r.machine_cpu)),
                      f"{wall / base:.2f}" if base == base else "",
                      f"{sum(1 for r in runs if not r.problems)}/{len(runs)}"])
-    print(f"\n{machine()}\n")
+    print(f"\n{machine()}\n{revision()}\n")
     print(f"{series.case} (examples/ddp_smoke.py, gloo); medians of {args.reps}\n")
     print(table(["tool", "wall (median)", "range", "first rank line", "pre-flight",
                  "after all-reduce", "client CPU", "machine CPU", "x ssh loop", "ok runs"],
@@ -186,7 +187,8 @@ def main() -> int:
         print(f"  {p}")
     if series.busy_rounds():
         print(f"{series.busy_rounds()} runs started on a busy machine (other sessions)")
-    save_json(args.json, {"machine": machine(), "series": {series.case: series_json(series)}})
+    save_json(args.json, {"machine": machine(), "revision": revision(),
+                          "series": {series.case: series_json(series)}})
     return 1 if problems else 0
 
 

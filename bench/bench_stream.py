@@ -15,9 +15,11 @@ its start time. Tools:
 
 The benchmark reads each tool's stdout through a pipe itself (a fast terminal) and notes
 when every chunk arrived. Throughput = worker lines / (arrival of the last worker line -
-the earliest worker start). For dtrain run the archive's own receive times give the
-archive throughput. Checks: every (rank, line) exactly once, under the right host (and, for
-dtrain run, the right rank) on the console and in output.jsonl.
+the earliest worker start); "worker start spread" is how much later the last worker
+started (torchrun starts ranks when its agents meet; ssh tools when their session opens).
+For dtrain run the archive's own receive times give the archive throughput. Checks: every
+(rank, line) exactly once, under the right host (and, for dtrain run, the right rank) on
+the console and in output.jsonl.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def main() -> int:
         fmt_s,
         log,
         machine,
+        revision,
         rounds,
         run_timed,
         save_json,
@@ -153,7 +156,7 @@ def main() -> int:
                 start = min(t0s)
                 end = arrival_time(run, data.find(b"\n", last))
                 run.extra.update(window=end - start, rate=sum(seen.values()) / (end - start),
-                                 lines=sum(seen.values()))
+                                 lines=sum(seen.values()), start_spread=max(t0s) - start)
             if tool == "dtrain run":
                 check_archive(run, runs_dir / f"stream-{r + 1}", min(t0s) if t0s else None)
             out.unlink()
@@ -241,15 +244,17 @@ def main() -> int:
     for tool in tools:
         rate, arate = med(tool, "rate"), med(tool, "archive_rate")
         rows.append([tool, fmt_s(series.median(tool)), fmt_s(med(tool, "window")),
+                     fmt_s(med(tool, "start_spread")),
                      f"{rate:,.0f}", "-" if arate != arate else f"{arate:,.0f}",
                      fmt_s(series.median(tool, lambda r: r.client_cpu)),
                      "yes" if tool == "dtrain run" else "no",
                      f"{sum(1 for r in series.runs.get(tool, []) if not r.problems)}/"
                      f"{len(series.runs.get(tool, []))}"])
-    print(f"\n{machine()}\n")
+    print(f"\n{machine()}\n{revision()}\n")
     print(f"{series.case} ({total} lines, {k} nodes, bursts of {args.burst}, "
           f"pause {args.pause} s); medians of {args.reps}\n")
-    print(table(["tool", "wall", "stream window", "console lines/s", "archive lines/s",
+    print(table(["tool", "wall", "stream window", "worker start spread", "console lines/s",
+                 "archive lines/s",
                  "client CPU", "rank tags", "runs with every line"], rows))
     ratios = []
     for tool in ("dtrain run", "dtrain exec"):
@@ -268,7 +273,8 @@ def main() -> int:
         print(f"  {p}")
     if series.busy_rounds():
         print(f"{series.busy_rounds()} runs started on a busy machine (other sessions)")
-    save_json(args.json, {"machine": machine(), "series": {series.case: series_json(series)}})
+    save_json(args.json, {"machine": machine(), "revision": revision(),
+                          "series": {series.case: series_json(series)}})
     return 1 if problems else 0
 
 

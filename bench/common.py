@@ -383,6 +383,17 @@ def machine() -> str:
             f"{_version([PDSH, '-V'])}, clush {_version([CLUSH, '--version']).split()[-1]}")
 
 
+def revision() -> str:
+    """The commit measured, and whether launcher/ had uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True,
+                              text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--", "launcher")
+    stamp = time.strftime("%Y-%m-%d %H:%M %Z")
+    return (f"dtrain {git('rev-parse', '--short', 'HEAD')}"
+            f"{' + uncommitted changes in launcher/' if dirty else ''}, measured {stamp}")
+
+
 def _version(argv: list[str]) -> str:
     p = subprocess.run(argv, capture_output=True, text=True)
     return (p.stdout or p.stderr).strip().splitlines()[0]
