@@ -186,8 +186,8 @@ def run_cmd(
     def body() -> int:
         from launcher.envfile import load_env_file, parse_env_args
         from launcher.errors import UsageError
-        from launcher.plan import RunRequest
-        from launcher.runjob import RunOptions, default_workdir, run_sync
+        from launcher.plan import RunOptions, RunRequest
+        from launcher.runjob import default_workdir, run_sync
 
         if rdzv not in ("static", "c10d"):
             raise UsageError(f"--rdzv {rdzv!r}: use static or c10d")

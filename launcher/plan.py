@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.errors import UsageError
 from launcher.facts import NodeFacts
@@ -36,6 +37,28 @@ class RunRequest:
     rdzv: str = "static"
     max_restarts: int = 0
     run_id: str = "dtrain"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run (as opposed to what: that is the RunRequest)."""
+
+    fanout: int = 64
+    grace: float = 10.0
+    timeout: float | None = None
+    start_timeout: float | None = 120.0
+    heartbeat_timeout: float = 30.0
+    archive_dir: Path = Path("dtrain-runs")
+    dry_run: bool = False
+    as_json: bool = False
+    color: bool | None = None
+    ranks: frozenset[int] | None = None
+    hosts_filter: frozenset[str] | None = None
+    profile: Mapping[str, str] | None = None
+    profile_name: str = "profile"
+    probe_timeout: float = 30.0
+    no_auto: frozenset[str] = frozenset()
+    preflight: bool = True
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,15 @@ def test_only_the_rdma_node_gets_nccl_ib_hca(cluster, tmp_path):
     try:
         setup = ('test -d "$HOME/fake-sys/infiniband" && '
                  'export DTRAIN_IB_SYSFS="$HOME/fake-sys/infiniband"; true')
-        res = dtrain(["run", "-H", "node[1-2]", "--python", cluster.python,
-                      "--nproc-per-node", "1", "--archive-dir", str(tmp_path / "runs"),
-                      "--setup", setup, "tests/workloads/env_report.py", "NCCL_IB_HCA",
-                      "NCCL_IB_DISABLE"], env=cluster.client_env(), timeout=120)
+        args = ["run", "-H", "node[1-2]", "--python", cluster.python, "--nproc-per-node", "1",
+                "--archive-dir", str(tmp_path / "runs"), "--setup", setup,
+                "tests/workloads/env_report.py", "NCCL_IB_HCA", "NCCL_IB_DISABLE"]
+        # RDMA with a limited memlock is refused before launch, naming the node...
+        res = dtrain(args, env=cluster.client_env(), timeout=120)
+        assert res.returncode == 1 and "node2: memlock" in res.stderr, res.stderr
+        # ...and runs once the user takes responsibility for it
+        res = dtrain([*args[:1], "--no-preflight", *args[1:]], env=cluster.client_env(),
+                     timeout=120)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         reports = {json.loads(ln.split("REPORT ", 1)[1])["host"]:
                    json.loads(ln.split("REPORT ", 1)[1])["env"]

@@ -606,8 +606,8 @@ def _plan(*hosts: str, ranks: int = 1):  # type: ignore[no-untyped-def]
 
 async def test_first_failure_stops_every_other_node_local() -> None:
     from launcher.orchestrate import Policy
-    from launcher.runjob import TailKeeper, verdict
     from launcher.transports import LocalTransport
+    from launcher.verdict import TailKeeper, verdict
 
     job, _ = _local_job({"a": "sleep 0.3; exit 3", "b": "sleep 30", "c": "sleep 30"},
                         Policy(grace=2.0))
@@ -625,8 +625,8 @@ async def test_first_failure_stops_every_other_node_local() -> None:
 
 async def test_start_timeout_names_the_node_local() -> None:
     from launcher.orchestrate import Policy
-    from launcher.runjob import TailKeeper, verdict
     from launcher.transports import LocalTransport
+    from launcher.verdict import TailKeeper, verdict
 
     job, router = _local_job({"a": "sleep 30", "b": "sleep 30"},
                              Policy(grace=2.0, start_timeout=0.8), setup={"b": "sleep 1.5"})
@@ -742,7 +742,7 @@ def _node(host: str, code: int | None, ranks: dict | None = None, **kw):  # type
 
 
 def _verdict(out, *hosts: str):  # type: ignore[no-untyped-def]
-    from launcher.runjob import TailKeeper, summary_lines, verdict
+    from launcher.verdict import TailKeeper, summary_lines, verdict
 
     v = verdict(out, _plan(*hosts), TailKeeper())  # type: ignore[arg-type]
     return v, summary_lines(out, _plan(*hosts), v)  # type: ignore[arg-type]

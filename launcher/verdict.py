@@ -1,0 +1,268 @@
+"""How a run ended: the root cause, the exit code, the summary and meta.json's results.
+
+Pure functions over the JobOutcome (supervisor messages per node and rank) and the plan;
+docs/exit-codes.md is the table they implement.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.hostfile import fold
+from launcher.models import OutputLine
+from launcher.orchestrate import JobOutcome
+from launcher.plan import LaunchPlan
+
+
+class TailKeeper:
+    """The last stderr lines of each rank, for the failure summary."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.tails: dict[tuple[str, int | None], deque[str]] = {}
+
+    def add(self, lines: Sequence[OutputLine]) -> None:
+        for line in lines:
+            if line.stream == "err":
+                key = (line.host, line.rank)
+                if key not in self.tails:
+                    self.tails[key] = deque(maxlen=self.size)
+                self.tails[key].append(line.text)
+
+
+@dataclass(frozen=True)
+class RankExit:
+    host: str
+    rank: int
+    code: int
+    signal: int | None
+    t: float
+    duration: float | None
+
+
+@dataclass
+class Verdict:
+    """The exit code and the story behind it (see docs/exit-codes.md)."""
+
+    code: int
+    outcome: str
+    root_host: str | None = None
+    root_rank: int | None = None
+    lines: list[str] = field(default_factory=list)
+    root_kind: str | None = None  # rank, node, lost, start, interrupted, timeout
+
+
+def rank_exits(outcome: JobOutcome) -> list[RankExit]:
+    exits = []
+    for label, node in outcome.nodes.items():
+        for rank, msg in node.ranks.items():
+            code, sig = msg.get("code"), msg.get("signal")
+            t, dur = msg.get("t"), msg.get("duration")
+            exits.append(RankExit(label, int(rank), code if isinstance(code, int) else 0,
+                                  sig if isinstance(sig, int) else None,
+                                  float(t) if isinstance(t, (int, float)) else 0.0,
+                                  float(dur) if isinstance(dur, (int, float)) else None))
+    return sorted(exits, key=lambda e: e.t)
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _how(code: int | None, sig: int | None) -> str:
+    if sig:
+        return f"was killed by {_signame(sig)}"
+    return f"exited {code}"
+
+
+def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict:
+    """The exit code: the root cause's (the first failure dtrain saw before it started
+    stopping the job): a rank's own code (128+N for signal N), 255 a node lost or unreachable,
+    124 --timeout or --start-timeout; 130/143 when interrupted first; 0 when every node ended
+    well."""
+    root = outcome.root
+    lines: list[str] = []
+    if outcome.interrupted and (root is None or outcome.interrupted_t is None
+                                or root.seen > outcome.interrupted_t):
+        how = "interrupted by Ctrl-C" if outcome.interrupted == signal.SIGINT else \
+            f"interrupted by {_signame(outcome.interrupted)}"
+        if outcome.killed:
+            how += ", then killed"
+        v = Verdict(128 + outcome.interrupted, how, root_kind="interrupted")
+    elif outcome.timed_out and root is None:
+        v = Verdict(124, "timed out (--timeout): every node stopped", root_kind="timeout")
+    elif root is not None and root.kind == "start":
+        late = fold(outcome.start_timed_out) or root.host
+        v = Verdict(124, f"{late} {root.error}", root.host, root_kind="start")
+    elif root is not None and root.kind == "rank":
+        v = Verdict(root.code or 1,
+                    f"rank {root.rank} on {root.host} {_how(root.code, root.signal)}",
+                    root.host, root.rank, root_kind="rank")
+        tail = list(tails.tails.get((root.host, root.rank), ()))
+        if tail:
+            lines.append(f"last stderr lines of rank {root.rank} on {root.host}:")
+            lines += [f"  {t}" for t in tail]
+    elif root is not None and root.kind == "lost":
+        v = Verdict(255, f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
+                    root_kind="lost")
+    elif root is not None and (first := _first_failed_rank(outcome, root.host)) is not None:
+        # torchrun gave up on this node (say after --max-restarts): its ranks tell why
+        v = Verdict(first.code, f"rank {first.rank} on {first.host} "
+                                f"{_how(first.code, first.signal)}", first.host, first.rank,
+                    root_kind="rank")
+        tail = list(tails.tails.get((first.host, first.rank), ()))
+        if tail:
+            lines.append(f"last stderr lines of rank {first.rank} on {first.host}:")
+            lines += [f"  {t}" for t in tail]
+    elif root is not None:
+        if root.code is None:
+            v = Verdict(255, f"node {root.host} failed: {root.error}", root.host,
+                        root_kind="node")
+        else:
+            v = Verdict(root.code, f"torchrun on {root.host} {_how(root.code, root.signal)}",
+                        root.host, root_kind="node")
+        node = outcome.nodes.get(root.host)
+        tail = list(tails.tails.get((root.host, None), ())) or list(
+            node.stderr_tail if node else ())
+        if tail:
+            lines.append(f"last stderr lines of {root.host}:")
+            lines += [f"  {t}" for t in tail]
+    else:
+        missing = [h.label for h in (n.host for n in plan.nodes)
+                   if h.label not in outcome.nodes or outcome.nodes[h.label].exit_code is None]
+        bad = {label: n.exit_code for label, n in outcome.nodes.items() if n.exit_code}
+        if missing:
+            v = Verdict(255, f"{fold(missing)} never reported an end", missing[0],
+                        root_kind="lost")
+        elif bad:
+            label = next(iter(bad))
+            v = Verdict(bad[label] or 1, f"torchrun on {label} exited {bad[label]}", label,
+                        root_kind="node")
+        else:
+            v = Verdict(0, "succeeded")
+    v.lines = lines
+    return v
+
+
+def _first_failed_rank(outcome: JobOutcome, host: str) -> RankExit | None:
+    """The earliest failing rank of a node that failed as a whole (its own clock)."""
+    if outcome.root is None or outcome.root.kind != "node":
+        return None
+    failed = [e for e in rank_exits(outcome) if e.host == host and e.code != 0]
+    return failed[0] if failed else None
+
+
+def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
+               e: RankExit | None) -> str:
+    """root cause, failed (on its own, before the stop), stopped (by dtrain or as collateral
+    of the root cause), ok, or unknown (no exit report: killed along with its node)."""
+    if e is None:
+        return "unknown"
+    if (host, rank) == (v.root_host, v.root_rank) and v.root_kind == "rank":
+        return "root cause"
+    if e.code == 0:
+        return "ok"
+    if any(f.kind == "rank" and (f.host, f.rank) == (host, rank) for f in outcome.failures):
+        return "failed"
+    return "stopped"
+
+
+def _exit_text(code: int | None, sig: int | None) -> str:
+    if sig:
+        return f"{_signame(sig)} ({code})"
+    return f"exit {code}"
+
+
+def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str]:
+    """Per node and rank: how it ended and after how long; the root cause first, followers
+    marked as stopped by dtrain; then the last stderr lines of the root cause."""
+    out = [f"{'FAILED' if v.code else 'ok'}: {v.outcome} (exit {v.code})"]
+    exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
+    order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
+    by_dtrain = outcome.stop_reason is not None
+    for node in order:
+        label = node.host.label
+        res = outcome.nodes.get(label)
+        if res is None:
+            out.append(f"  {label} (node {node.node_rank}): not started")
+            continue
+        ranks = sorted(node.ranks, key=lambda r: (r != v.root_rank or label != v.root_host, r))
+        parts = []
+        for rank in ranks:
+            e = exits.get((label, rank))
+            role = _rank_role(outcome, v, label, rank, e)
+            if e is None:
+                why = " (node lost)" if res.lost else " (killed by dtrain)" if by_dtrain else ""
+                parts.append(f"r{rank} no exit report{why}")
+                continue
+            dur = f" after {e.duration:.1f}s" if e.duration is not None else ""
+            mark = {"root cause": " (ROOT CAUSE)", "failed": " (failed too)",
+                    "stopped": " (stopped by dtrain)" if by_dtrain else "",
+                    "ok": ""}[role]
+            parts.append(f"r{rank} {_exit_text(e.code, e.signal)}{dur}{mark}")
+        if res.lost:
+            state = f"LOST: {res.error}"
+        elif res.exit_code is None:
+            state = res.error or "no exit status"
+        else:
+            state = f"torchrun {_exit_text(res.exit_code, res.signal)}"
+            if res.duration is not None:
+                state += f" after {res.duration:.1f}s"
+            if res.stopped and label != v.root_host:
+                state += " (stopped by dtrain)"
+        out.append(f"  {label} (node {node.node_rank}): {', '.join(parts) or 'no ranks'}; "
+                   f"{state}")
+    out += v.lines
+    return out
+
+
+def node_results(outcome: JobOutcome, plan: LaunchPlan,
+                 v: Verdict | None = None) -> list[dict[str, Any]]:
+    """meta.json ``nodes``: per node and rank, how it ended."""
+    exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
+    results = []
+    for node in plan.nodes:
+        label = node.host.label
+        res = outcome.nodes.get(label)
+        ranks = {}
+        for rank in node.ranks:
+            e = exits.get((label, rank))
+            entry: dict[str, Any] = {"exit_code": e.code if e else None,
+                                     "signal": e.signal if e else None,
+                                     "duration": e.duration if e else None}
+            if v is not None:
+                entry["role"] = _rank_role(outcome, v, label, rank, e)
+            ranks[str(rank)] = entry
+        results.append({
+            "host": label, "node_rank": node.node_rank,
+            "exit_code": res.exit_code if res else None,
+            "signal": res.signal if res else None,
+            "error": res.error if res else "not started", "lost": bool(res and res.lost),
+            "abandoned": bool(res and res.abandoned),
+            "stopped": res.stopped if res else None,
+            "duration": res.duration if res else None,
+            "supervisor_pid": res.supervisor_pid if res else None,
+            "pid": res.pid if res else None,
+            "ranks": ranks,
+        })
+    return results
+
+
+def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[str, Any]:
+    """meta.json ``root_cause``."""
+    root = outcome.root
+    data: dict[str, Any] = {"kind": v.root_kind, "host": v.root_host, "rank": v.root_rank,
+                            "exit_code": v.code, "summary": v.outcome}
+    if root is not None and v.root_kind in ("rank", "node", "lost", "start"):
+        data.update(signal=root.signal, error=root.error, t=root.t)
+        data["stderr_tail"] = list(tails.tails.get((root.host, root.rank), ()))
+    if outcome.stop_reason:
+        data["stop_reason"] = outcome.stop_reason
+    return data
