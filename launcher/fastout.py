@@ -5,14 +5,16 @@ never need to become objects. Each chunk is cut at its last newline, the complet
 prefixed in one ``bytes.replace`` and queued; the unfinished tail waits for the next chunk
 (or EOF). Bytes pass through unchanged, so invalid UTF-8 and very long lines survive.
 
-A writer thread does the writes. A blocked stdout (`| less`, paused) therefore never
-blocks the event loop, which must keep heartbeats flowing. The queue is bounded: past the
-bound, lines are dropped and counted, and a marker says how many (the same policy as the
-run console, see docs/output-and-archive.md).
+A writer thread does the writes, so a blocked stdout (`| less`, paused) never blocks the
+event loop, which must keep heartbeats flowing. exec keeps no archive, so it never drops a
+line: past HIGH_WATER queued bytes, ``backpressure()`` makes the node sessions stop
+reading until the writer is below LOW_WATER. The SSH window then carries the pause back to
+the node, where the command blocks on its pipe, exactly as it would under pdsh.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -20,7 +22,8 @@ from typing import BinaryIO
 
 from launcher.models import Host
 
-MAX_QUEUED = 64 * 1024 * 1024
+HIGH_WATER = 16 * 1024 * 1024
+LOW_WATER = 4 * 1024 * 1024
 PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
 
 
@@ -39,9 +42,9 @@ class ExecOutput:
         self._partial: dict[tuple[str, str], bytes] = {}
         self._queue: list[tuple[BinaryIO, bytes]] = []
         self._queued = 0
-        self.skipped = 0
-        self._skipped_pending = 0
         self._closing = False
+        self._room: asyncio.Event | None = None  # set while the queue is below LOW_WATER
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._writer, name="dtrain-exec-out",
                                         daemon=True)
@@ -84,23 +87,33 @@ class ExecOutput:
     def say(self, host: str, text: str) -> None:
         """dtrain's own messages go to stderr, like pdsh's."""
         where = "" if host == "dtrain" else f"{host}: "
-        self._put(self._err, f"dtrain: {where}{text}\n".encode(), force=True)
+        self._put(self._err, f"dtrain: {where}{text}\n".encode())
 
-    def _put(self, target: BinaryIO, data: bytes, *, force: bool = False) -> None:
+    def _put(self, target: BinaryIO, data: bytes) -> None:
         with self._cond:
-            if not force and self._queued + len(data) > MAX_QUEUED:
-                lines = data.count(b"\n")
-                self.skipped += lines
-                self._skipped_pending += lines
-                return
-            if self._skipped_pending:
-                marker = (f"[dtrain: {self._skipped_pending} lines skipped on the console: "
-                          "it could not keep up]\n").encode()
-                self._queue.append((self._err, marker))
-                self._skipped_pending = 0
             self._queue.append((target, data))
             self._queued += len(data)
             self._cond.notify()
+
+    async def backpressure(self) -> None:
+        """Wait (in a node session, between reads) while the writer is far behind."""
+        if self._queued < HIGH_WATER:
+            return
+        if self._room is None:
+            self._loop = asyncio.get_running_loop()
+            self._room = asyncio.Event()
+        with self._cond:
+            if self._queued < LOW_WATER:
+                return
+            self._room.clear()
+        await self._room.wait()
+
+    def _wake(self) -> None:
+        if self._room is not None and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._room.set)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits
 
     def _writer(self) -> None:
         while True:
@@ -108,7 +121,6 @@ class ExecOutput:
                 while not self._queue and not self._closing:
                     self._cond.wait()
                 items, self._queue = self._queue, []
-                self._queued = 0
                 closing = self._closing
             touched: set[int] = set()
             for target, data in items:
@@ -123,6 +135,11 @@ class ExecOutput:
                         target.flush()
                     except (BrokenPipeError, ValueError, OSError):
                         pass
+            with self._cond:
+                self._queued -= sum(len(data) for _, data in items)
+                wake = self._queued < LOW_WATER
+            if wake:
+                self._wake()
             if closing and not items:
                 return
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from launcher import wire
@@ -73,8 +73,13 @@ class NodeSession:
 
     def __init__(self, conn: Connection, spec: JobSpec, *, python: str = "python3",
                  workdir: str | None = None, setup: str | None = None,
-                 on_chunk: ChunkSink, on_event: EventSink) -> None:
+                 on_chunk: ChunkSink, on_event: EventSink,
+                 backpressure: Callable[[], Awaitable[None]] | None = None) -> None:
         self.conn = conn
+        # awaited between reads: an output sink that never drops (exec) slows the reads
+        # instead, which the SSH window carries back to the node like pdsh's pipes do
+        self.backpressure = backpressure
+        self._throttled = False
         self.host = conn.host
         self.spec = spec
         self.python = python
@@ -182,6 +187,14 @@ class NodeSession:
                     stream = "out" if frame.kind == wire.KIND_OUT else "err"
                     self.on_chunk(self.host, None if frame.rank < 0 else frame.rank, stream,
                                   frame.data)
+            if self.backpressure is not None:
+                self._throttled = True
+                try:
+                    await self.backpressure()
+                finally:
+                    self._throttled = False
+                # time spent waiting for our own console is not the node's silence
+                self._last_frame = time.monotonic()
 
     def _control(self, msg: dict[str, object]) -> None:
         kind = msg.get("type")
@@ -207,6 +220,8 @@ class NodeSession:
             await self._send(wire.control("hb"))
             await asyncio.sleep(interval)
             silent = time.monotonic() - self._last_frame
+            if self._throttled:
+                continue  # we are not reading: the node's silence is ours
             if self.spec.heartbeat_timeout > 0 and silent > self.spec.heartbeat_timeout:
                 self._lost = True
                 self.abort()

@@ -338,7 +338,8 @@ class Job:
             session = NodeSession(conn, launch.spec, python=launch.python,
                                   workdir=launch.workdir, setup=launch.setup,
                                   on_chunk=self.router.chunk,
-                                  on_event=lambda h, m: self._rank_event(h, m, tg))
+                                  on_event=lambda h, m: self._rank_event(h, m, tg),
+                                  backpressure=getattr(self.router, "backpressure", None))
             self.sessions[label] = session
             outcome = await session.run()
             if outcome.error and not outcome.lost and outcome.exit_code is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import threading
 
 from launcher import fastout
 from launcher.fastout import ExecOutput
@@ -37,18 +39,29 @@ def test_long_line_is_not_torn():
     assert out.getvalue() == b"a: " + line + b"\n"
 
 
-def test_overflow_drops_lines_with_a_marker(monkeypatch):
-    monkeypatch.setattr(fastout, "MAX_QUEUED", 10)
-    o, out, err = _out()
-    o._cond.acquire()  # hold the writer so the queue fills up
-    try:
-        o._queue.append((out, b""))
-        o._queued = 10
-    finally:
-        o._cond.release()
-    o.chunk(Host("a"), None, "out", b"lost\n")
-    assert o.skipped == 1
-    o._queued = 0
-    o.chunk(Host("a"), None, "out", b"kept\n")
+class SlowStream(io.BytesIO):
+    """A stdout whose reader is paused until released (`| less`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def write(self, data):  # type: ignore[override]
+        self.release.wait(10)
+        return super().write(data)
+
+
+async def test_a_slow_reader_slows_the_reads_and_loses_nothing(monkeypatch):
+    monkeypatch.setattr(fastout, "HIGH_WATER", 100)
+    monkeypatch.setattr(fastout, "LOW_WATER", 50)
+    out = SlowStream()
+    o = ExecOutput(["a"], color=False, out=out, err=io.BytesIO())
+    for i in range(50):
+        o.chunk(Host("a"), None, "out", b"%d\n" % i)
+    waiter = asyncio.ensure_future(o.backpressure())
+    await asyncio.sleep(0.2)
+    assert not waiter.done()  # the reads wait for the console...
+    out.release.set()
+    await asyncio.wait_for(waiter, 5)  # ...and resume once it drained
     o.close()
-    assert b"1 lines skipped" in err.getvalue() and out.getvalue().endswith(b"a: kept\n")
+    assert out.getvalue() == b"".join(b"a: %d\n" % i for i in range(50))
