@@ -255,15 +255,21 @@ class SSHTransport(Transport):
         self._keys: list[asyncssh.SSHKeyPair] | None = None
         self._jumps: dict[str, asyncssh.SSHClientConnection] = {}
         self._jump_lock = asyncio.Lock()
+        self._configs: dict[tuple[str, str | None, int | None], SSHClientConfig] = {}
 
     def _config_paths(self) -> list[str]:
         path = self.settings.config_path
         return [str(path)] if path.is_file() else []
 
     def _host_config(self, host: Host) -> SSHClientConfig:
-        return SSHClientConfig.load(None, self._config_paths(), False, False, False,
-                                    getpass.getuser(), host.user or (), host.name,
-                                    host.port or ())
+        """~/.ssh/config as it applies to host, parsed once per host (ProxyJump, keys)."""
+        key = (host.name, host.user, host.port)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._configs[key] = SSHClientConfig.load(
+                None, self._config_paths(), False, False, False, getpass.getuser(),
+                host.user or (), host.name, host.port or ())
+        return cfg
 
     def _client_keys(self, config_files: Sequence[str]) -> list[asyncssh.SSHKeyPair]:
         """Config IdentityFile(s), --identity, the dtrain key and the default keys."""
