@@ -136,7 +136,8 @@ class NodeSession:
 
     async def run(self) -> NodeOutcome:
         """Start the job and follow it to the end; never raises for a node-level failure."""
-        cmd = wire.remote_command(self.python, workdir=self.workdir, setup=self.setup)
+        cmd = wire.remote_command(self.python, workdir=self.workdir, setup=self.setup,
+                                  stdlib_only=True)
         try:
             self.proc = await self.conn.start(cmd)
             await self._send(wire.payload(wire.program_source("supervisor"), self.spec.wire()))

@@ -40,7 +40,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -239,6 +238,8 @@ class Supervisor:
         env = dict(os.environ)
         env.update(self.spec.get("env") or {})
         if self.spec.get("rank_shim"):
+            import tempfile  # only run mode needs it: exec's start-up stays lean
+
             self.tmpdir = tempfile.mkdtemp(prefix="dtrain-")
             with open(os.path.join(self.tmpdir, "dtrain_shim.py"), "wb") as f:
                 f.write(self.source)

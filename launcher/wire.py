@@ -50,12 +50,14 @@ def program_source(name: str) -> bytes:
 
 
 def remote_command(python: str = "python3", *, workdir: str | None = None,
-                   setup: str | None = None) -> str:
+                   setup: str | None = None, stdlib_only: bool = False) -> str:
     """The shell command line that starts a node program under the remote user's shell.
 
     Remote shells are non-login shells: nothing may depend on .bashrc, so the setup snippet
     (``source venv/bin/activate``, ``module load``) runs first, in the same shell, and the
     program is exec'd so no shell lingers between sshd and the supervisor.
+    ``stdlib_only`` is for the supervisor, which needs nothing from site-packages (the probe
+    does: it reads installed package versions).
     """
     parts = []
     if workdir:
@@ -72,7 +74,9 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
         f"command -v {py} >/dev/null 2>&1 || {{ echo \"dtrain: {python} not found on this "
         f"node (set --python or the hostfile's python=)\" >&2; exit 98; }}"
     )
-    parts.append(f"exec {py} -u -c {shlex.quote(BOOTSTRAP)}")
+    # -S skips site (.pth files, site-packages): ~50 ms per node for a stdlib-only program
+    flags = "-u -S" if stdlib_only else "-u"
+    parts.append(f"exec {py} {flags} -c {shlex.quote(BOOTSTRAP)}")
     return "\n".join(parts)
 
 
