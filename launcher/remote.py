@@ -15,8 +15,13 @@ from launcher.transports.base import Connection, Process
 
 async def start_program(conn: Connection, name: str, params: Mapping[str, Any], *,
                         python: str = "python3", setup: str | None = None) -> Process:
-    """Ship a node program and its params line; the caller reads its output."""
-    proc = await conn.start(wire.remote_command(python, setup=setup))
+    """Ship a node program and its params line; the caller reads its output.
+
+    Only the probe's facts mode reads site-packages (package versions): the port checks
+    start without site, which is faster.
+    """
+    stdlib_only = params.get("mode", "facts") != "facts"
+    proc = await conn.start(wire.remote_command(python, setup=setup, stdlib_only=stdlib_only))
     body = json.dumps(dict(params)).encode() + b"\n"
     try:
         await proc.write(wire.payload(wire.program_source(name)) + body)
