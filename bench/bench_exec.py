@@ -35,6 +35,7 @@ from common import (
     Env,
     Run,
     Series,
+    bench_parser,
     check_tagged,
     fmt_s,
     log,
@@ -140,21 +141,13 @@ def import_profile() -> list[tuple[str, float]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
+    parser = bench_parser(__doc__, reps=5, only="true,seq,help", first_node=None)
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--seq-nodes", type=int, default=4)
     parser.add_argument("--seq-first", type=int, default=5,
                         help="first node of the seq case (tests cut and re-key node4)")
     parser.add_argument("--lines", type=int, default=400_000)
     parser.add_argument("--help-reps", type=int, default=10)
-    parser.add_argument("--only", default="true,seq,help")
-    parser.add_argument("--max-busy", type=float, default=0.2,
-                        help="machine busy share (0-1) above which a round waits")
-    parser.add_argument("--patience", type=float, default=60.0,
-                        help="seconds a round waits for a quiet machine")
-    parser.add_argument("--json", help="write every run's numbers here")
     args = parser.parse_args()
     only = set(args.only.split(","))
 

@@ -25,7 +25,6 @@ all-reduce line to the tool's exit (teardown), and for dtrain the pre-flight pha
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -40,6 +39,7 @@ from common import (
     Run,
     Series,
     arrival_time,
+    bench_parser,
     fmt_s,
     log,
     machine,
@@ -56,19 +56,10 @@ RANK_LINE = re.compile(r"rank (\d+)/(\d+) on (\S+) ")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3)
+    parser = bench_parser(__doc__, reps=3, only="dtrain run,ssh loop,pdsh,clush")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--only", default="dtrain run,ssh loop,pdsh,clush")
-    parser.add_argument("--first-node", type=int, default=5,
-                        help="use node<N>...: the test suite cuts links and swaps keys on "
-                             "node1-4")
-    parser.add_argument("--max-busy", type=float, default=0.2)
-    parser.add_argument("--patience", type=float, default=60.0)
-    parser.add_argument("--json")
     args = parser.parse_args()
 
     env = Env.setup(args.nodes, args.first_node)

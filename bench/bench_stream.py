@@ -83,6 +83,7 @@ def main() -> int:
         Run,
         Series,
         arrival_time,
+        bench_parser,
         fmt_s,
         log,
         machine,
@@ -94,21 +95,13 @@ def main() -> int:
         table,
     )
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3)
+    parser = bench_parser(__doc__, reps=3,
+                          only="dtrain run,dtrain exec,pdsh,clush,asyncssh loop")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--ranks-per-node", type=int, default=2)
     parser.add_argument("--lines", type=int, default=20000)
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--pause", type=float, default=0.005)
-    parser.add_argument("--only", default="dtrain run,dtrain exec,pdsh,clush,asyncssh loop")
-    parser.add_argument("--first-node", type=int, default=5,
-                        help="use node<N>...: the test suite cuts links and swaps keys on "
-                             "node1-4")
-    parser.add_argument("--max-busy", type=float, default=0.2)
-    parser.add_argument("--patience", type=float, default=60.0)
-    parser.add_argument("--json")
     args = parser.parse_args()
 
     env = Env.setup(args.nodes, args.first_node)

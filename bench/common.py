@@ -16,6 +16,7 @@ else; with --supervisor the command runs under dtrain's node supervisor, as dtra
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -320,6 +321,25 @@ def rounds(series: Series, tools: Sequence[tuple[str, Callable[[int], Run]]], re
                     f"{run.client_cpu:6.2f} s  machine CPU {run.machine_cpu:6.2f} s{flag}{bad}")
                 if not run.problems:
                     break
+
+
+def bench_parser(doc: str | None, *, reps: int, only: str,
+                 first_node: int | None = 5) -> argparse.ArgumentParser:
+    """The options every benchmark shares: rounds, a subset, quiet-machine wait, JSON out."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--only", default=only)
+    if first_node is not None:
+        parser.add_argument("--first-node", type=int, default=first_node,
+                            help="use node<N>...: the test suite cuts links and swaps keys "
+                                 "on node1-4")
+    parser.add_argument("--max-busy", type=float, default=0.2,
+                        help="wait for the machine to be less busy than this before a run")
+    parser.add_argument("--patience", type=float, default=60.0,
+                        help="seconds to wait for a quiet machine before running anyway")
+    parser.add_argument("--json", help="write every run's numbers here")
+    return parser
 
 
 def fmt_s(x: float) -> str:
