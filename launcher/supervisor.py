@@ -382,6 +382,7 @@ class Supervisor:
             threading.Thread(target=target, daemon=True).start()
         next_hb = now() + self.hb_interval
         drain_until = None
+        tree_empty = False
         while True:
             for key, _ in self.sel.select(timeout=0.05):
                 try:
@@ -404,12 +405,16 @@ class Supervisor:
                 if drain_until is None:
                     # the job is over: nothing of it may outlive it (background children too)
                     drain_until = now() + 2.0
-                    if descendants(os.getpid()):
+                    # an empty tree cannot grow again (nobody is left to fork): remember it,
+                    # and spare the final /proc scans (each reads every process's stat)
+                    tree_empty = not descendants(os.getpid())
+                    if not tree_empty:
                         self.teardown_leftovers()
                 if self.open_streams <= 0 or now() >= drain_until:
                     break
         self.drain_pipes()
-        self.kill_all()
+        if not tree_empty:
+            self.kill_all()
         return self.finish()
 
     def teardown_leftovers(self):
