@@ -10,11 +10,22 @@ from launcher import wire
 
 def _run_supervisor(spec: dict, *, workdir: str | None = None, python: str = "python3"):
     cmd = wire.remote_command(python, workdir=workdir)
-    proc = subprocess.run(["/bin/sh", "-c", cmd],
-                          input=wire.payload(wire.program_source("supervisor"), spec),
-                          capture_output=True, timeout=30)
-    frames = wire.FrameDecoder().feed(proc.stdout)
-    return proc, frames
+    proc = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(wire.payload(wire.program_source("supervisor"), spec))
+        proc.stdin.flush()
+    except BrokenPipeError:
+        pass  # the shell exited before reading (missing workdir or python)
+    # stdin stays open until the supervisor is done, as the launcher's channel does:
+    # its EOF would mean "the launcher is gone, tear the job down"
+    out = proc.stdout.read()
+    proc.stdin.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), \
+        wire.FrameDecoder().feed(out)
 
 
 def test_frame_decoder_handles_split_chunks():
