@@ -200,7 +200,8 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
     console.status = board.render
     async with RunPipeline(console, archive, tails=tails) as out:
-        out.message(f"run {archive.run_id}: {len(hosts)} nodes, world size {plan.world_size}, "
+        nodes = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}"
+        out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
         job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event)
         outcome = await job.run(transport, conns)
