@@ -7,11 +7,11 @@
     ├── ConnectError (exit 255)      a node could not be reached
     │   ├── AuthError                permission denied, too many auth failures
     │   └── HostKeyError             unknown or changed host key
-    ├── NodeLost (exit 255)          heartbeats stopped / connection dropped mid-job
     ├── RemoteCommandError (exit 1)  a remote helper (probe, keys script) failed
-    ├── PreflightFailed (exit 1)     doctor/preflight found a blocking problem
-    ├── JobTimeout (exit 124)
-    └── JobFailed (exit = the root cause's code)
+    └── PreflightFailed (exit 1)     doctor/preflight found a blocking problem
+
+A job that ran and failed is not an exception: its exit code (the root cause's, 124, 130,
+255 for a lost node) is decided by launcher/verdict.py from what the supervisors reported.
 
 Messages say what failed, on which host, and what to try (``hint``).
 """
@@ -72,30 +72,9 @@ class HostKeyError(ConnectError):
     """The node's host key is unknown or has changed."""
 
 
-class NodeLost(DtrainError):
-    """A node stopped answering mid-job (heartbeat timeout or connection lost)."""
-
-    exit_code = 255
-
-
 class RemoteCommandError(DtrainError):
     """A dtrain helper program on a node failed."""
 
 
 class PreflightFailed(DtrainError):
     """A preflight check failed; nothing was started."""
-
-
-class JobTimeout(DtrainError):
-    """The job ran past --timeout (exit 124)."""
-
-    exit_code = 124
-
-
-class JobFailed(DtrainError):
-    """The job failed; exit_code is the root cause's exit code."""
-
-    def __init__(self, message: str, *, exit_code: int, hint: str | None = None,
-                 host: str | None = None) -> None:
-        super().__init__(message, hint=hint, host=host)
-        self.exit_code = exit_code

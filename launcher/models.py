@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -51,16 +51,3 @@ class OutputLine(NamedTuple):
     rank: int | None = None
     node_rank: int | None = None
     t: float = 0.0
-
-
-@dataclass(frozen=True)
-class NodeResult:
-    """How one node's job ended."""
-
-    host: str
-    exit_code: int | None  # None: never started / unreachable
-    error: str | None = None  # a one-line reason when the node failed outside the job
-    stopped_by_dtrain: bool = False
-    duration_s: float = 0.0
-    rank_codes: dict[int, int] = field(default_factory=dict)
-    tail: tuple[str, ...] = ()  # last stderr lines (for the failure summary)

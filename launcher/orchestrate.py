@@ -97,7 +97,6 @@ class JobOutcome:
     timed_out: bool = False
     start_timed_out: tuple[str, ...] = ()
     first_failure: str | None = None  # host label of the root cause
-    first_failure_t: float | None = None
     failures: list[Failure] = field(default_factory=list)  # before the stop, in order seen
     stop_reason: str | None = None
     stop_t: float | None = None  # when dtrain started stopping the job
@@ -250,7 +249,6 @@ class Job:
         self.outcome.failures.append(failure)
         if self.outcome.first_failure is None:
             self.outcome.first_failure = failure.host
-            self.outcome.first_failure_t = failure.t
         if self.policy.fail_fast and any(label not in self.outcome.nodes
                                          for label in self.sessions):
             if failure.kind == "rank":
@@ -282,6 +280,10 @@ class Job:
                                  code=_int(msg.get("code")),
                                  signal=sig if isinstance(sig, int) else None,
                                  t=_float(msg.get("t"), now), seen=now), tg)
+        if msg.get("type") == "hello" and self.state is JobState.LAUNCHING and all(
+                label in self.sessions and self.sessions[label].hello is not None
+                for label in (h.label for h in self.hosts)):
+            self._advance(JobState.RUNNING)  # every node's job has started
         if self.on_event is not None:
             self.on_event(host, msg)
 
@@ -378,7 +380,7 @@ class Job:
                     if label in self.sessions:
                         self.sessions[label].abandon(why)
                 if self.outcome.first_failure is None:
-                    self.outcome.first_failure, self.outcome.first_failure_t = late[0], now
+                    self.outcome.first_failure = late[0]
                 await self.stop_all("start timeout")
         if self.policy.timeout:
             remaining = self.policy.timeout - (time.monotonic() - start)

@@ -98,9 +98,6 @@ class LaunchPlan:
     world_size: int
     rdzv: str
 
-    def rank_owner(self) -> dict[int, str]:
-        return {r: n.host.label for n in self.nodes for r in n.ranks}
-
 
 def nproc_for(host: Host, facts: NodeFacts, requested: str | None) -> tuple[str, int]:
     """(torchrun's --nproc-per-node value, the number of ranks it means on this node)."""
