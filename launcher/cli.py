@@ -7,7 +7,6 @@ DtrainError into a message and an exit code; anything else is a bug and shows a 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -268,4 +267,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

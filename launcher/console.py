@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException  # type: ignore[import-untyped]
+from ClusterShell.NodeSet import NodeSet, NodeSetException
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Mapping, Sequence

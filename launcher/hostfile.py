@@ -594,7 +594,8 @@ def fold(names: Iterable[str]) -> str:
 
     Names NodeSet would misread (operators, groups, brackets) are listed as they are.
     """
-    plain, odd = [], []
+    plain: list[str] = []
+    odd: list[str] = []
     for name in dict.fromkeys(names):
         (plain if re.fullmatch(r"[A-Za-z0-9._:%-]+", name) else odd).append(name)
     try:

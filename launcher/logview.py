@@ -14,7 +14,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException  # type: ignore[import-untyped]
+from ClusterShell.NodeSet import NodeSet, NodeSetException
 
 from launcher.archive import OUTPUT, read_meta
 from launcher.console import Console

@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from launcher.errors import ConnectError
 from launcher.models import Host
@@ -110,6 +111,19 @@ class JobOutcome:
         return self.failures[0] if self.failures else None
 
 
+class Output(Protocol):
+    """Where a job's output goes: the run pipeline (LineRouter) or exec's byte path."""
+
+    def chunk(self, host: Host, rank: int | None, stream: str, data: bytes) -> None:
+        """Raw bytes of one (host, rank, stream) source."""
+
+    def flush(self, host: str) -> None:
+        """The host's output is over: emit its unfinished last lines."""
+
+    def say(self, host: str, text: str) -> None:
+        """A message of dtrain's own."""
+
+
 class LineRouter:
     """Routes supervisor chunks into the output pipeline, tracking each host's sources."""
 
@@ -168,7 +182,7 @@ class Job:
     """One job across nodes: start every node's session, apply the stop policy."""
 
     def __init__(self, hosts: Sequence[Host], launches: dict[str, NodeLaunch],
-                 policy: Policy, router: LineRouter,
+                 policy: Policy, router: Output,
                  on_event: Callable[[Host, dict[str, object]], None] | None = None) -> None:
         self.hosts = list(hosts)
         self.launches = launches

@@ -133,8 +133,8 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
     """Probe, choose and validate the master, decide every node's environment."""
     ordered = [conns[h.label] for h in hosts]
     pre = Preflight()
-    first_guess = [a for a in ([req.master_addr] if req.master_addr else
-                               [ordered[0].peer_addr]) if _is_ip(a)]
+    guess = req.master_addr or ordered[0].peer_addr
+    first_guess: list[str] = [guess] if guess and _is_ip(guess) else []
     if len(hosts) == 1:
         first_guess = [req.master_addr or "127.0.0.1"]
     pre.facts = await probe_facts(conns, req, first_guess, opts.probe_timeout)
@@ -151,8 +151,7 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
                               f"{fold(missing)}", hint="create it there, or pass --workdir")
     master_facts = pre.facts[hosts[0].label]
     if len(hosts) == 1:
-        candidates = first_guess
-        pre.master_addr, pre.master_reason = candidates[0], "single node: loopback"
+        pre.master_addr, pre.master_reason = first_guess[0], "single node: loopback"
     else:
         candidates = [req.master_addr] if req.master_addr else pick_master_addr(master_facts)
         workers = {h.label: pre.facts[h.label] for h in hosts[1:]}

@@ -28,7 +28,7 @@ from launcher.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_j
 from launcher.preflight import Preflight, preflight
 from launcher.redact import redact_env
 from launcher.transports import AutoTransport
-from launcher.transports.base import Connection
+from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
 from launcher.verdict import TailKeeper, node_results, root_cause_json, summary_lines, verdict
 from launcher.wire import SHIM_PLACEHOLDER
@@ -174,7 +174,7 @@ def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, 
     }
 
 
-async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: AutoTransport,
+async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
                  conns: dict[str, Connection], pre: Preflight) -> int:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.archive import RunArchive

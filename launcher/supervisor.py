@@ -94,7 +94,7 @@ def set_subreaper():
 
 def descendants(root_pid):
     """Every live process descending from root_pid, found through /proc ppid links."""
-    children = {}
+    children = {}  # type: dict[int, list[int]]
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -261,6 +261,7 @@ class Supervisor:
                               % (argv[0], exc.strerror or exc), "hostname": socket.gethostname()})
             return False
         for stream, kind in ((self.job.stdout, OUT), (self.job.stderr, ERR)):
+            assert stream is not None
             os.set_blocking(stream.fileno(), False)
             self.sel.register(stream.fileno(), selectors.EVENT_READ, ("pipe", (kind, -1)))
             self.open_streams += 1
@@ -347,7 +348,7 @@ class Supervisor:
                 st["hdr"] = json.loads(line)
             except ValueError:
                 st["hdr"] = {}
-            if st["hdr"].get("stream") == "ctl":
+            if st["hdr"].get("stream") == "ctl":  # type: ignore[attr-defined]
                 self.ctl_open += 1
                 self.ctl_seen = True
             if not chunk:
@@ -498,8 +499,8 @@ def shim_main(argv):
                              stderr=err.fileno())
     out.close()
     err.close()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: child.send_signal(s))
+    for forwarded in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(forwarded, lambda s, f: child.send_signal(s))
     started = now()
     while True:
         try:

@@ -18,6 +18,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import asyncssh
 from asyncssh.config import SSHClientConfig
@@ -266,9 +267,9 @@ class SSHTransport(Transport):
         key = (host.name, host.user, host.port)
         cfg = self._configs.get(key)
         if cfg is None:
-            cfg = self._configs[key] = SSHClientConfig.load(
+            cfg = self._configs[key] = cast(SSHClientConfig, SSHClientConfig.load(
                 None, self._config_paths(), False, False, False, getpass.getuser(),
-                host.user or (), host.name, host.port or ())
+                host.user or (), host.name, host.port or ()))
         return cfg
 
     def _client_keys(self, config_files: Sequence[str]) -> list[asyncssh.SSHKeyPair]:
@@ -302,8 +303,9 @@ class SSHTransport(Transport):
 
     async def _open(self, host: Host, tunnel: object) -> asyncssh.SSHClientConnection:
         cfg = self._host_config(host)
-        files = [str(p) for p in cfg.get("IdentityFile", ()) or ()]  # type: ignore[union-attr]
-        kwargs: dict[str, object] = {
+        identity_files = cast(Sequence[str], cfg.get("IdentityFile", ()) or ())
+        files = [str(p) for p in identity_files]
+        kwargs: dict[str, Any] = {
             "known_hosts": self.policy.trusted_arg(),
             "client_keys": self._client_keys(files),
             "config": self._config_paths(),
