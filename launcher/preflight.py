@@ -110,8 +110,11 @@ async def check_master_port(conns: Sequence[Connection], req: RunRequest, addr: 
             failures: list[str] = []
 
             async def one(conn: Connection) -> None:
-                got = await _probe(conn, {"mode": "connect", "addr": addr, "port": port,
-                                          "timeout": 3}, req, timeout)
+                try:
+                    got = await _probe(conn, {"mode": "connect", "addr": addr, "port": port,
+                                              "timeout": 3}, req, timeout)
+                except DtrainError as exc:  # kept out of the TaskGroup's ExceptionGroup
+                    got = {"ok": False, "error": exc.message}
                 if not got.get("ok"):
                     failures.append(f"{conn.host.label} ({got.get('error')})")
 
