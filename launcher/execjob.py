@@ -64,7 +64,7 @@ def summary(outcome: JobOutcome) -> list[str]:
     groups: dict[str, list[str]] = {}
     for label, node in outcome.nodes.items():
         if node.exit_code is None:
-            groups.setdefault(f"unreachable or failed to start: {node.error}", []).append(label)
+            groups.setdefault(f"not run: {node.error}", []).append(label)
         elif node.exit_code != 0:
             what = f"killed by signal {node.signal}" if node.signal else f"exit {node.exit_code}"
             groups.setdefault(what, []).append(label)

@@ -345,8 +345,9 @@ class Job:
                     except (ConnectError, TimeoutError) as exc:
                         why = _one_line(exc) if isinstance(exc, ConnectError) else "timed out"
                         self.outcome.connect_errors[label] = why
-                        self.router.say(label, why)
-                        self._node_done(label, NodeOutcome(host, None, error=why), tg)
+                        self.router.say(label, why)  # with the hint, once
+                        short = exc.message if isinstance(exc, ConnectError) else why
+                        self._node_done(label, NodeOutcome(host, None, error=short), tg)
                         return
             if self._stopping:
                 return  # never started: the job was stopped while we connected
