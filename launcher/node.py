@@ -184,6 +184,8 @@ class NodeSession:
             for frame in decoder.feed(data):
                 if frame.kind == wire.KIND_CTL:
                     self._control(frame.message())
+                elif frame.kind == wire.KIND_NOISE:
+                    self.on_chunk(self.host, None, "out", frame.data)  # the shell's banner
                 else:
                     stream = "out" if frame.kind == wire.KIND_OUT else "err"
                     self.on_chunk(self.host, None if frame.rank < 0 else frame.rank, stream,

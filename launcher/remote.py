@@ -31,14 +31,23 @@ async def start_program(conn: Connection, name: str, params: Mapping[str, Any], 
 
 
 async def read_json_line(proc: Process, label: str, what: str) -> dict[str, Any]:
-    """The program's first stdout line as JSON, or a RemoteCommandError with its stderr."""
+    """The program's JSON line, or a RemoteCommandError with its stderr.
+
+    Lines before it that are not JSON are what the login shell printed (a chatty .bashrc):
+    skipped.
+    """
     buf = b""
-    while b"\n" not in buf:
+    while True:
+        lines = buf.split(b"\n")
+        found = next((ln for ln in lines[:-1] if ln.lstrip().startswith(b"{")), None)
+        if found is not None:
+            break
         chunk = await proc.read_stdout(65536)
         if not chunk:
+            found = lines[-1] if lines[-1].lstrip().startswith(b"{") else None
             break
         buf += chunk
-    if not buf.strip():
+    if found is None:
         err = b""
         with contextlib.suppress(Exception):
             async with asyncio.timeout(1):
@@ -48,9 +57,9 @@ async def read_json_line(proc: Process, label: str, what: str) -> dict[str, Any]
         raise RemoteCommandError(f"{what} failed: {text[-1] if text else 'no output'}",
                                  host=label)
     try:
-        result = json.loads(buf.split(b"\n", 1)[0])
+        result = json.loads(found)
     except ValueError as exc:
-        raise RemoteCommandError(f"{what} printed something that is not JSON", host=label,
+        raise RemoteCommandError(f"{what} printed a line that is not valid JSON", host=label,
                                  hint="does the remote shell print text on start-up?") from exc
     return result  # type: ignore[no-any-return]
 

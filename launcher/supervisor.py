@@ -45,6 +45,9 @@ import time
 
 PROTOCOL = 1
 FRAME = struct.Struct("!BiI")
+# written before the first frame: whatever the login shell printed before us (a chatty
+# .bashrc) is told apart from the frames by the launcher (launcher/wire.py has the twin)
+MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 OUT, ERR, CTL = 1, 2, 3
 CHUNK = 65536
 SHIM_ENV = "DTRAIN_SHIM_SOCK"
@@ -373,6 +376,7 @@ class Supervisor:
         self.teardown("supervisor got signal %d" % signum)
 
     def run(self):
+        os.write(self.out.fd, MAGIC)
         set_subreaper()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self.on_signal)

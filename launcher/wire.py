@@ -18,7 +18,10 @@ from functools import cache
 from importlib import resources
 
 FRAME = struct.Struct("!BiI")
-KIND_OUT, KIND_ERR, KIND_CTL = 1, 2, 3
+KIND_NOISE, KIND_OUT, KIND_ERR, KIND_CTL = 0, 1, 2, 3
+# the supervisor's first bytes (launcher/supervisor.py has the twin): anything before them
+# is what the node's login shell printed (a chatty .bashrc), passed on as KIND_NOISE
+MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
 
 BOOTSTRAP = (
@@ -113,11 +116,30 @@ class FrameDecoder:
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._synced = False
+
+    def _sync(self) -> list[Frame]:
+        """Skip to the MAGIC marker; what precedes it is shell noise."""
+        at = self._buf.find(MAGIC)
+        if at < 0:
+            # keep a possible partial marker at the end; hand out the rest
+            keep = len(MAGIC) - 1
+            noise = bytes(self._buf[:-keep]) if len(self._buf) > keep else b""
+            del self._buf[:len(noise)]
+            return [Frame(KIND_NOISE, -1, noise)] if noise else []
+        noise = bytes(self._buf[:at])
+        del self._buf[:at + len(MAGIC)]
+        self._synced = True
+        return [Frame(KIND_NOISE, -1, noise)] if noise else []
 
     def feed(self, data: bytes) -> list[Frame]:
         """Frames completed by this chunk."""
         self._buf += data
         frames: list[Frame] = []
+        if not self._synced:
+            frames += self._sync()
+            if not self._synced:
+                return frames
         pos, buf, size = 0, self._buf, FRAME.size
         while len(buf) - pos >= size:
             kind, rank, length = FRAME.unpack_from(buf, pos)

@@ -28,3 +28,18 @@ def _clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("NCCL_", "GLOO_", "DTRAIN_")):
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def chatty_bashrc(cluster):
+    """node3's ~/.bashrc prints a banner (Debian's bash sources it for ssh commands)."""
+    home = cluster.node(3).home
+    rc = home / ".bashrc"
+    before = rc.read_bytes() if rc.exists() else None
+    rc.write_text('echo "Welcome to node3, be nice"\n' + (before or b"").decode())
+    os.chown(rc, home.stat().st_uid, home.stat().st_gid)
+    yield
+    if before is None:
+        rc.unlink()
+    else:
+        rc.write_bytes(before)

@@ -155,3 +155,13 @@ def test_exec_proxyjump_from_ssh_config(cluster, tmp_path):
     # both sessions arrive from node1's address: they came through the jump host
     peers = sorted(line.split(": ", 1)[1].split()[0] for line in res.stdout.splitlines())
     assert peers == ["198.18.0.11", "198.18.0.11"]
+
+
+def test_a_chatty_bashrc_does_not_break_exec(cluster, chatty_bashrc):
+    res = dtrain(["exec", "-H", "node[2-3]", "--", "echo $(hostname) ok"],
+                 env=cluster.client_env())
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "node3: node3 ok" in lines and "node2: node2 ok" in lines
+    # the banner is shown as the node's output, as pdsh would show it
+    assert "node3: Welcome to node3, be nice" in lines

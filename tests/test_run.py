@@ -123,3 +123,10 @@ def test_preflight_refuses_a_node_without_torch(cluster, tmp_path):
     assert res.returncode == 1
     assert "node2" in res.stderr and "torch" in res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_chatty_bashrc_does_not_break_the_probe(cluster, tmp_path, chatty_bashrc):
+    res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--dry-run",
+               "examples/ddp_smoke.py")
+    assert res.returncode == 0, res.stderr
+    assert "GLOO_SOCKET_IFNAME=enp3s0" in res.stdout

@@ -28,17 +28,31 @@ def _run_supervisor(spec: dict, *, workdir: str | None = None, python: str = "py
         wire.FrameDecoder().feed(out)
 
 
-def test_frame_decoder_handles_split_chunks():
-    data = b"".join(wire.FRAME.pack(k, r, len(p)) + p
-                    for k, r, p in [(1, -1, b"hello\n"), (3, -1, b'{"type":"hb"}'),
-                                    (2, 5, b"x" * 70000)])
-    dec = wire.FrameDecoder()
-    frames = []
-    for i in range(0, len(data), 977):
-        frames += dec.feed(data[i:i + 977])
-    assert [(f.kind, f.rank, len(f.data)) for f in frames] == [(1, -1, 6), (3, -1, 13),
-                                                                (2, 5, 70000)]
-    assert dec.pending == 0
+def test_frame_decoder_handles_split_chunks_and_shell_noise():
+    frames_data = b"".join(wire.FRAME.pack(k, r, len(p)) + p
+                           for k, r, p in [(1, -1, b"hello\n"), (3, -1, b'{"type":"hb"}'),
+                                           (2, 5, b"x" * 70000)])
+    # a chatty .bashrc printed a banner before the supervisor's marker
+    data = b"Welcome to node3!\n" + wire.MAGIC + frames_data
+    for step in (1, 7, 977, len(data)):
+        dec = wire.FrameDecoder()
+        frames = []
+        for i in range(0, len(data), step):
+            frames += dec.feed(data[i:i + step])
+        noise = b"".join(f.data for f in frames if f.kind == wire.KIND_NOISE)
+        assert noise == b"Welcome to node3!\n", step
+        real = [(f.kind, f.rank, len(f.data)) for f in frames if f.kind != wire.KIND_NOISE]
+        assert real == [(1, -1, 6), (3, -1, 13), (2, 5, 70000)], step
+        assert dec.pending == 0
+
+
+def test_the_two_ends_agree_on_the_marker():
+    import ast
+
+    tree = ast.parse(wire.program_source("supervisor"))
+    values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              and any(getattr(t, "id", "") == "MAGIC" for t in node.targets)]
+    assert [ast.literal_eval(v) for v in values] == [wire.MAGIC]
 
 
 def test_supervisor_runs_a_shell_line_and_reports_exit():
