@@ -46,18 +46,6 @@ PYTHON = sys.executable
 SPIN = str(REPO / "tests/workloads/spin.py")
 
 
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm = raw[raw.index("(") + 1:raw.rindex(")")]
-    fields = raw.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), int(fields[19]), comm
-
-
 class Watch:
     """The job's processes across the node namespaces: discover while it runs (one /proc pass
     for all nodes), then poll only the known pids once the failure has happened."""
@@ -80,7 +68,7 @@ class Watch:
                 ino = os.stat(f"/proc/{pid}/ns/net").st_ino
             except OSError:
                 continue
-            if ino in self.ns and (st := _stat(pid)) is not None:
+            if ino in self.ns and (st := tc.proc_stat(pid)) is not None:
                 found[pid], in_ns[pid] = st, self.ns[ino]
         now = time.monotonic()
         for pid, (ppid, start, _comm) in found.items():
@@ -103,7 +91,7 @@ class Watch:
         out = []
         now = time.time()
         for (pid, start), k in self.known.items():
-            st = _stat(pid)
+            st = tc.proc_stat(pid)
             if st is not None and st[1] == start:
                 out.append((pid, k))
                 self.last_seen[(pid, start)] = (now, st[2], _cmd(pid))

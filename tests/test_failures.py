@@ -34,19 +34,6 @@ TRAIN = "tests/workloads/train.py"
 SPIN = "tests/workloads/spin.py"
 
 
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    """(ppid, start time, comm) of a live process."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm = raw[raw.index("(") + 1:raw.rindex(")")]
-    fields = raw.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), int(fields[19]), comm
-
-
 def _tagged(pid: int, env_tag: bytes | None, marker: bytes | None) -> bool:
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -92,7 +79,7 @@ class JobWatch:
             pids = self.cluster.node_pids(k)
             found: dict[int, tuple[int, int, str]] = {}
             for pid in pids:
-                st = _stat(pid)
+                st = tc.proc_stat(pid)
                 if st is not None:
                     found[pid] = st
             mine = []
@@ -131,7 +118,7 @@ class JobWatch:
             with self._lock:
                 known = dict(self.known[k])
             alive = [f"{pid} {comm}" for (pid, start), comm in known.items()
-                     if (st := _stat(pid)) is not None and st[1] == start]
+                     if (st := tc.proc_stat(pid)) is not None and st[1] == start]
             if alive:
                 out[k] = alive
         return out

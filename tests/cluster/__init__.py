@@ -224,6 +224,19 @@ def _proc_ns_inode(pid: int) -> int | None:
         return None
 
 
+def proc_stat(pid: int) -> tuple[int, int, str] | None:
+    """(ppid, start time, comm) of a live process; None once it is gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    comm = raw[raw.index("(") + 1:raw.rindex(")")]
+    fields = raw.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[1]), int(fields[19]), comm
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
