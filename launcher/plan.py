@@ -141,9 +141,9 @@ def torchrun_argv(req: RunRequest, *, python: str, nnodes: int, node_rank: int, 
 
 
 def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ...]:
-    """Variables dtrain always sets: live output and where the rank is."""
+    """Variables dtrain always sets besides the network ones (PYTHONUNBUFFERED is set by
+    netenv.decide_env, where --env can override it)."""
     return (
-        EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live output without a pty"),
         EnvVar("DTRAIN_RUN_ID", req.run_id, "dtrain", "run archive id"),
         EnvVar("DTRAIN_NODE_RANK", str(node_rank), "dtrain", "node rank"),
         EnvVar("DTRAIN_NNODES", str(nnodes), "dtrain", "number of nodes"),

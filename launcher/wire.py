@@ -52,6 +52,10 @@ def program_source(name: str) -> bytes:
     return resources.files("launcher").joinpath(f"{name}.py").read_bytes()
 
 
+WORKDIR_MISSING = 97  # the remote shell's exit status when the working directory is missing
+PYTHON_MISSING = 98  # ... and when the interpreter is not found
+
+
 def remote_command(python: str = "python3", *, workdir: str | None = None,
                    setup: str | None = None, stdlib_only: bool = False) -> str:
     """The shell command line that starts a node program under the remote user's shell.
@@ -67,7 +71,7 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
         q = shlex.quote(workdir)
         parts.append(
             f"cd -- {q} 2>/dev/null || {{ echo \"dtrain: working directory {workdir!s} "
-            f"does not exist on this node\" >&2; exit 97; }}"
+            f"does not exist on this node\" >&2; exit {WORKDIR_MISSING}; }}"
         )
     if setup:
         parts.append(setup)
@@ -75,7 +79,7 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
     parts.append(
         f"command -v {py} >/dev/null 2>&1 || {{ echo \"dtrain: {python} not found on this "
-        f"node (set --python or the hostfile's python=)\" >&2; exit 98; }}"
+        f"node (set --python or the hostfile's python=)\" >&2; exit {PYTHON_MISSING}; }}"
     )
     # -S skips site (.pth files, site-packages): ~50 ms per node for a stdlib-only program
     flags = "-u -S" if stdlib_only else "-u"
@@ -83,8 +87,6 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     return "\n".join(parts)
 
 
-WORKDIR_MISSING = 97
-PYTHON_MISSING = 98
 
 
 def payload(source: bytes, spec: Mapping[str, object] | None = None) -> bytes:
