@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.archive import RunArchive
-from launcher.console import Console
-from launcher.linesplit import LineSplitter
 from launcher.models import OutputLine
-from launcher.pipeline import OutputPipeline
+from launcher.output.archive import RunArchive
+from launcher.output.console import Console
+from launcher.output.linesplit import LineSplitter
+from launcher.output.pipeline import OutputPipeline
 
 
 def make_chunks(lines: int, chunk: int) -> list[bytes]:

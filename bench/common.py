@@ -460,15 +460,15 @@ def _floor_main(argv: list[str]) -> int:
     ``NAME: line``.
 
     With --supervisor, CMD runs under dtrain's own node supervisor, shipped and spoken to
-    exactly as dtrain does it (launcher.wire), with none of the rest of dtrain: the floor
+    exactly as dtrain does it (launcher.nodeside.wire), with none of the rest of dtrain: the floor
     of dtrain's protocol.
     """
     import asyncio
 
     import asyncssh
 
-    from launcher import wire
-    from launcher.node import JobSpec
+    from launcher.job.node import JobSpec
+    from launcher.nodeside import wire
     from launcher.transports.ssh import CIPHERS, KEX_ALGS  # the same algorithms as dtrain
 
     supervised = argv[:1] == ["--supervisor"]

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.archive import (
+from launcher.errors import UsageError
+from launcher.models import OutputLine
+from launcher.output.archive import (
     ARCHIVE_VERSION,
     RunArchive,
     check_run_id,
@@ -19,9 +21,7 @@ from launcher.archive import (
     read_meta,
     resolve_run,
 )
-from launcher.errors import UsageError
-from launcher.models import OutputLine
-from launcher.redact import REDACTED, is_secret_name, redact_env
+from launcher.output.redact import REDACTED, is_secret_name, redact_env
 
 
 def line(host: str, text: str, rank: int | None = None, stream: str = "out") -> OutputLine:

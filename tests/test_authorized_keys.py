@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.authorized_keys import (
+from launcher.commands.authorized_keys import (
     PublicKey,
     add_key,
     authorizes,

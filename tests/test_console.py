@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from launcher.console import RED, RESET, Console, Gatherer, fold_hosts, should_color
 from launcher.models import OutputLine
+from launcher.output.console import RED, RESET, Console, Gatherer, fold_hosts, should_color
 
 
 class TTY(io.StringIO):

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher import doctor, probe
-from launcher.doctor import FAIL, OK, SKIP, WARN, CheckResult, Gathered, PortProbe
-from launcher.facts import UNLIMITED, Addr, Iface, NodeFacts, RdmaPort, Route, SiteVar
+from launcher.commands import doctor
+from launcher.commands.doctor import FAIL, OK, SKIP, WARN, CheckResult, Gathered, PortProbe
+from launcher.decide.facts import UNLIMITED, Addr, Iface, NodeFacts, RdmaPort, Route, SiteVar
 from launcher.models import Host
+from launcher.nodeside import probe
 from tests.util import dtrain
 
 PROBE = Path(probe.__file__)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.envfile import load_env_file, parse_env_args, parse_env_text
 from launcher.errors import ConfigError, UsageError
+from launcher.hosts.envfile import load_env_file, parse_env_args, parse_env_text
 
 
 def test_env_args_keep_values_verbatim():

@@ -569,9 +569,9 @@ class _Router:
 
 
 def _local_job(shells: dict[str, str], policy, *, setup: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    from launcher.job.node import JobSpec
+    from launcher.job.orchestrate import Job, NodeLaunch
     from launcher.models import Host
-    from launcher.node import JobSpec
-    from launcher.orchestrate import Job, NodeLaunch
 
     hosts = [Host(name) for name in shells]
     launches = {name: NodeLaunch(JobSpec(shell=cmd, grace=policy.grace), python=sys.executable,
@@ -592,9 +592,9 @@ def _plan(*hosts: str, ranks: int = 1):  # type: ignore[no-untyped-def]
 
 
 async def test_first_failure_stops_every_other_node_local() -> None:
-    from launcher.orchestrate import Policy
+    from launcher.job.orchestrate import Policy
+    from launcher.job.verdict import TailKeeper, verdict
     from launcher.transports import LocalTransport
-    from launcher.verdict import TailKeeper, verdict
 
     job, _ = _local_job({"a": "sleep 0.3; exit 3", "b": "sleep 30", "c": "sleep 30"},
                         Policy(grace=2.0))
@@ -611,9 +611,9 @@ async def test_first_failure_stops_every_other_node_local() -> None:
 
 
 async def test_start_timeout_names_the_node_local() -> None:
-    from launcher.orchestrate import Policy
+    from launcher.job.orchestrate import Policy
+    from launcher.job.verdict import TailKeeper, verdict
     from launcher.transports import LocalTransport
-    from launcher.verdict import TailKeeper, verdict
 
     job, router = _local_job({"a": "sleep 30", "b": "sleep 30"},
                              Policy(grace=2.0, start_timeout=0.8), setup={"b": "sleep 1.5"})
@@ -665,7 +665,7 @@ def asyncio_event():  # type: ignore[no-untyped-def]
 
 
 async def test_a_node_that_does_not_stop_is_abandoned_local(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from launcher import orchestrate
+    from launcher.job import orchestrate
     from launcher.models import Host
     from launcher.transports import LocalTransport
     from launcher.transports.base import Connection
@@ -694,8 +694,8 @@ async def test_a_node_that_does_not_stop_is_abandoned_local(monkeypatch) -> None
 async def test_stop_asked_before_the_job_was_sent_is_not_lost() -> None:
     import asyncio
 
+    from launcher.job.node import JobSpec, NodeSession
     from launcher.models import Host
-    from launcher.node import JobSpec, NodeSession
     from launcher.transports.local import LocalConnection
 
     class Slow(LocalConnection):
@@ -716,27 +716,27 @@ async def test_stop_asked_before_the_job_was_sent_is_not_lost() -> None:
 
 
 def _outcome(**kw):  # type: ignore[no-untyped-def]
-    from launcher.orchestrate import JobOutcome
+    from launcher.job.orchestrate import JobOutcome
 
     return JobOutcome(**kw)
 
 
 def _node(host: str, code: int | None, ranks: dict | None = None, **kw):  # type: ignore[no-untyped-def]
+    from launcher.job.node import NodeOutcome
     from launcher.models import Host
-    from launcher.node import NodeOutcome
 
     return NodeOutcome(Host(host), code, ranks=ranks or {}, started=100.0, ended=110.0, **kw)
 
 
 def _verdict(out, *hosts: str):  # type: ignore[no-untyped-def]
-    from launcher.verdict import TailKeeper, summary_lines, verdict
+    from launcher.job.verdict import TailKeeper, summary_lines, verdict
 
     v = verdict(out, _plan(*hosts), TailKeeper())  # type: ignore[arg-type]
     return v, summary_lines(out, _plan(*hosts), v)  # type: ignore[arg-type]
 
 
 def test_verdict_root_rank_code_and_followers() -> None:
-    from launcher.orchestrate import Failure
+    from launcher.job.orchestrate import Failure
 
     out = _outcome(
         nodes={"a": _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 5.2, "duration": 5.0}},
@@ -763,7 +763,7 @@ def test_verdict_interrupt_and_timeout(kw: dict, code: int, text: str) -> None:
 
 
 def test_verdict_failure_before_ctrl_c_wins() -> None:
-    from launcher.orchestrate import Failure
+    from launcher.job.orchestrate import Failure
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 139, "signal": 11, "t": 1.0}})},
                    failures=[Failure("rank", "a", rank=0, code=139, signal=11, seen=1.0)],
@@ -773,7 +773,7 @@ def test_verdict_failure_before_ctrl_c_wins() -> None:
 
 
 def test_verdict_lost_unreachable_and_success() -> None:
-    from launcher.orchestrate import Failure
+    from launcher.job.orchestrate import Failure
 
     lost = _outcome(nodes={"a": _node("a", None, lost=True, error="no heartbeat for 5 s"),
                            "b": _node("b", 143)},
@@ -793,7 +793,7 @@ def test_verdict_lost_unreachable_and_success() -> None:
 def test_verdict_node_root_reports_its_failing_rank() -> None:
     """With --max-restarts, rank failures do not stop the job; when torchrun finally gives up
     (exit 1), the exit code is still its first failing rank's."""
-    from launcher.orchestrate import Failure
+    from launcher.job.orchestrate import Failure
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 0, "t": 2.0},
                                               "1": {"code": 9, "t": 1.5, "duration": 1.0}})},

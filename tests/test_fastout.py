@@ -6,9 +6,9 @@ import asyncio
 import io
 import threading
 
-from launcher import fastout
-from launcher.fastout import ExecOutput
 from launcher.models import Host
+from launcher.output import fastout
+from launcher.output.fastout import ExecOutput
 
 
 def _out(**kw):

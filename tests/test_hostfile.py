@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import HostfileError, UsageError
-from launcher.hostfile import (
+from launcher.hosts.hostfile import (
     filter_hosts,
     fold,
     load_hostfile,

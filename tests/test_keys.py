@@ -19,16 +19,14 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from launcher.authorized_keys import PublicKey, remove_key
-from launcher.errors import AuthError, UsageError
-from launcher.keys import (
+from launcher.commands.authorized_keys import PublicKey, remove_key
+from launcher.commands.keypair import Secret, default_key_path, ensure_keypair
+from launcher.commands.keys import (
     KeyResult,
-    Secret,
     _Client,
     _Nodes,
-    default_key_path,
-    ensure_keypair,
 )
+from launcher.errors import AuthError, UsageError
 from launcher.models import Host
 from launcher.transports.ssh import HostKeyPolicy, SSHSettings
 from tests.cluster import Cluster, Node
@@ -111,7 +109,7 @@ def test_key_result_json() -> None:
 
 
 def test_cli_keys_does_not_import_asyncssh() -> None:
-    code = "import sys, launcher.cli, launcher.cli_keys; print('asyncssh' in sys.modules)"
+    code = "import sys, launcher.cli, launcher.cli.keys; print('asyncssh' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "False"

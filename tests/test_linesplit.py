@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from launcher.linesplit import CONTINUED, LineSplitter
+from launcher.output.linesplit import CONTINUED, LineSplitter
 
 
 def split_all(chunks: list[bytes], max_line: int = 64 * 1024 * 1024) -> list[str]:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.archive import RunArchive
 from launcher.errors import UsageError
-from launcher.logview import expand_hosts, replay
 from launcher.models import OutputLine
+from launcher.output.archive import RunArchive
+from launcher.output.logview import expand_hosts, replay
 
 
 @pytest.fixture

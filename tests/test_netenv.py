@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import netenv
-from launcher.errors import ConfigError, PreflightFailed
-from launcher.facts import Addr, Gid, Iface, NodeFacts, RdmaPort, Route, SiteVar
-from launcher.netenv import (
+from launcher.decide import netenv
+from launcher.decide.facts import Addr, Gid, Iface, NodeFacts, RdmaPort, Route, SiteVar
+from launcher.decide.netenv import (
     SOURCES,
     choose_master,
     decide_env,
@@ -20,6 +19,7 @@ from launcher.netenv import (
     pick_master_addr,
     socket_iface,
 )
+from launcher.errors import ConfigError, PreflightFailed
 
 PROFILES = Path(__file__).parent.parent / "hostfiles" / "profiles"
 FE80 = "fe80:0000:0000:0000:0ac0:ebff:fe3d:ca54"

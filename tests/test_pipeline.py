@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.archive import RunArchive
-from launcher.console import Console, Gatherer
 from launcher.models import OutputLine
-from launcher.pipeline import ConsoleSink, OutputPipeline
+from launcher.output.archive import RunArchive
+from launcher.output.console import Console, Gatherer
+from launcher.output.pipeline import ConsoleSink, OutputPipeline
 
 SOURCES = [("n1", 0, "out"), ("n1", 1, "out"), ("n1", 1, "err"), ("n2", 2, "out"),
            ("n2", 3, "out"), ("n2", None, "err")]  # fmt: skip

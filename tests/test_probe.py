@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from launcher import probe
-from launcher.facts import NodeFacts
+from launcher.decide.facts import NodeFacts
+from launcher.nodeside import probe
 
 PROBE = Path(probe.__file__)
 DATA = Path(__file__).parent / "data" / "sysfs"
@@ -150,7 +150,7 @@ def test_probe_runs_when_execed_by_a_bootstrap() -> None:
 
 @pytest.mark.parametrize("as_spec", [False, True], ids=["params-on-stdin", "params-as-spec"])
 def test_probe_through_the_wire_bootstrap(as_spec: bool) -> None:
-    from launcher import wire
+    from launcher.nodeside import wire
 
     params = {"mode": "facts", "python_check": False, "targets": ["127.0.0.1"]}
     source = wire.program_source("probe")

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import probe
-from launcher.facts import Addr, Gid, Iface, NodeFacts, RdmaPort
-from launcher.rdma import (
+from launcher.decide.facts import Addr, Gid, Iface, NodeFacts, RdmaPort
+from launcher.decide.rdma import (
     AF_INET6,
     check_gid_index,
     nccl_gid_index,
@@ -17,6 +16,7 @@ from launcher.rdma import (
     roce_gid,
     select_hcas,
 )
+from launcher.nodeside import probe
 
 TREE = Path(__file__).parent / "data" / "sysfs" / "roce-vlan" / "infiniband"
 FE80 = "fe80:0000:0000:0000:0ac0:ebff:fe3d:ca54"

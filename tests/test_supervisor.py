@@ -1,4 +1,4 @@
-"""The node supervisor, run locally: shipped with launcher.wire exactly as NodeSession ships it
+"""The node supervisor, run locally: shipped with nodeside.wire exactly as NodeSession ships it
 (the bootstrap under /bin/sh -c, then header + source + spec on stdin), frames read back.
 
 Fast (no sshd, no torch): teardown on stop / stdin EOF / heartbeat loss / signal, setsid
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import supervisor, wire
+from launcher.nodeside import supervisor, wire
 
 SOURCE = Path(supervisor.__file__).read_text()
 

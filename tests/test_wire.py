@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from launcher import wire
+from launcher.nodeside import wire
 
 
 def _run_supervisor(spec: dict, *, workdir: str | None = None, python: str = "python3"):

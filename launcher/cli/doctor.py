@@ -1,6 +1,7 @@
-"""`dtrain doctor` (registered on the main app by launcher.cli through ``register``).
+"""`dtrain doctor` (registered on the main app by launcher.cli).
 
-Only option parsing lives here; the checks, the I/O and the table are in launcher.doctor,
+Only option parsing lives here; the checks are in launcher.decide, the I/O and the table in
+launcher.commands.doctor,
 imported inside the command so `dtrain --help` stays fast.
 """
 
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli import (
+from launcher.cli.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
     ExcludeOpt,
@@ -18,9 +19,9 @@ from launcher.cli import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
-    _hosts,
-    _run,
-    _ssh_settings,
+    resolve,
+    run_body,
+    ssh_settings,
 )
 
 
@@ -58,18 +59,14 @@ def doctor_cmd(
     reached; 2 bad input.
     """
     def body() -> int:
-        from launcher.doctor import DoctorOptions, run_doctor
+        from launcher.commands.doctor import DoctorOptions, run_doctor
 
-        host_list = _hosts(hostfile, hosts, include, exclude)
+        host_list = resolve(hostfile, hosts, include, exclude)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout)
-        return run_doctor(host_list, opts, _ssh_settings(connect_timeout, accept_new),
+        return run_doctor(host_list, opts, ssh_settings(connect_timeout, accept_new),
                           as_json=as_json, strict=strict, color=color)
 
-    _run(body)
+    run_body(body)
 
-
-def register(app: typer.Typer) -> None:
-    """Add `doctor` to the main app (called by launcher.cli at start-up)."""
-    app.command("doctor")(doctor_cmd)

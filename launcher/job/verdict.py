@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.hostfile import fold
+from launcher.decide.plan import LaunchPlan
+from launcher.hosts.hostfile import fold
+from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
-from launcher.orchestrate import JobOutcome
-from launcher.plan import LaunchPlan
 
 
 class TailKeeper:

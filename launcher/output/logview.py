@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
-from launcher.archive import OUTPUT, read_meta
-from launcher.console import Console
 from launcher.errors import UsageError
 from launcher.models import OutputLine
+from launcher.output.archive import OUTPUT, read_meta
+from launcher.output.console import Console
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterator

@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
+from launcher.decide.facts import Iface, NodeFacts, Route
+from launcher.decide.rdma import HcaChoice, check_gid_index, plan_gids, select_hcas
 from launcher.errors import ConfigError, PreflightFailed
-from launcher.facts import Iface, NodeFacts, Route
-from launcher.rdma import HcaChoice, check_gid_index, plan_gids, select_hcas
 
 OVERLAY_PREFIXES = ("docker", "br-", "veth", "virbr", "cni", "flannel", "cali", "cilium", "lxc",
                     "tun", "wg", "tailscale")

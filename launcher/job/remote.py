@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from launcher import wire
 from launcher.errors import RemoteCommandError
+from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
 
 

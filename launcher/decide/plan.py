@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.decide.facts import NodeFacts
+from launcher.decide.netenv import EnvDecision, EnvVar
 from launcher.errors import UsageError
-from launcher.facts import NodeFacts
 from launcher.models import Host
-from launcher.netenv import EnvDecision, EnvVar
-from launcher.redact import redact_env
-from launcher.wire import SHIM_PLACEHOLDER
+from launcher.nodeside.wire import SHIM_PLACEHOLDER
+from launcher.output.redact import redact_env
 
 
 @dataclass(frozen=True)

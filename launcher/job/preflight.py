@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.decide.facts import NodeFacts
+from launcher.decide.netenv import EnvDecision, choose_master, decide_env, pick_master_addr
+from launcher.decide.plan import RunOptions, RunRequest
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
-from launcher.facts import NodeFacts
-from launcher.hostfile import fold
+from launcher.hosts.hostfile import fold
+from launcher.job.remote import read_json_line, run_program, start_program
 from launcher.models import Host
-from launcher.netenv import EnvDecision, choose_master, decide_env, pick_master_addr
-from launcher.plan import RunOptions, RunRequest
-from launcher.remote import read_json_line, run_program, start_program
 from launcher.transports.base import Connection
 
 
@@ -142,7 +142,7 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
         first_guess = [req.master_addr or "127.0.0.1"]
     pre.facts = await probe_facts(conns, req, first_guess, opts.probe_timeout)
     if opts.preflight:
-        from launcher.doctor import failure_message, fast_checks
+        from launcher.decide.checks import failure_message, fast_checks
 
         problem = failure_message(fast_checks(pre.facts, hosts))
         if problem:

@@ -11,7 +11,7 @@ a user-chosen ``--run-id`` must be a safe directory name. output.jsonl is buffer
 flushed at least once a second (``write_lines`` checks the clock, and ``OutputPipeline``
 calls ``flush_if_due`` on a timer), so ``dtrain logs --follow`` sees a live run.
 The archive never stores secrets: callers pass the job's environment through
-``launcher.redact.redact_env`` before putting it into meta.json.
+``launcher.output.redact.redact_env`` before putting it into meta.json.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from launcher.errors import ConnectError
+from launcher.job.node import JobSpec, NodeOutcome, NodeSession
 from launcher.models import Host
-from launcher.node import JobSpec, NodeOutcome, NodeSession
-from launcher.pipeline import OutputPipeline
+from launcher.output.pipeline import OutputPipeline
 from launcher.transports.base import Connection, Transport
 
 STOP_MARGIN = 5.0  # beyond the grace period, for the supervisors to report the end

@@ -14,9 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from launcher import wire
 from launcher.errors import ConnectError
 from launcher.models import Host
+from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
 
 ChunkSink = Callable[[Host, int | None, str, bytes], None]

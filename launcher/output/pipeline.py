@@ -25,14 +25,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Self
 
-from launcher.linesplit import DEFAULT_MAX_LINE, LineSplitter
 from launcher.models import OutputLine
+from launcher.output.linesplit import DEFAULT_MAX_LINE, LineSplitter
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from launcher.archive import RunArchive
-    from launcher.console import Console, Gatherer
+    from launcher.output.archive import RunArchive
+    from launcher.output.console import Console, Gatherer
 
 DEFAULT_MAX_LINES = 100_000
 DEFAULT_MAX_CHARS = 32 * 1024 * 1024

@@ -8,13 +8,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from launcher import render
-from launcher.console import Console, Gatherer, fold_hosts
-from launcher.fastout import ExecOutput
+from launcher.job.node import JobSpec
+from launcher.job.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
 from launcher.models import Host
-from launcher.node import JobSpec
-from launcher.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
-from launcher.pipeline import OutputPipeline
+from launcher.output import render
+from launcher.output.console import Console, Gatherer, fold_hosts
+from launcher.output.fastout import ExecOutput
+from launcher.output.pipeline import OutputPipeline
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 

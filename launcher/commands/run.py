@@ -17,21 +17,22 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher import __version__, render
+from launcher import __version__
+from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
 from launcher.errors import ConnectError
-from launcher.hostfile import fold
+from launcher.hosts.hostfile import fold
+from launcher.job.node import JobSpec
+from launcher.job.orchestrate import Job, LineRouter, NodeLaunch, Policy, connect_all
+from launcher.job.preflight import Preflight, preflight
+from launcher.job.verdict import TailKeeper, node_results, root_cause_json, summary_lines, verdict
 from launcher.models import Host, OutputLine
-from launcher.node import JobSpec
-from launcher.orchestrate import Job, LineRouter, NodeLaunch, Policy, connect_all
-from launcher.pipeline import OutputPipeline
-from launcher.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
-from launcher.preflight import Preflight, preflight
-from launcher.redact import redact_env
+from launcher.nodeside.wire import SHIM_PLACEHOLDER
+from launcher.output import render
+from launcher.output.pipeline import OutputPipeline
+from launcher.output.redact import redact_env
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
-from launcher.verdict import TailKeeper, node_results, root_cause_json, summary_lines, verdict
-from launcher.wire import SHIM_PLACEHOLDER
 
 # -- rendering -------------------------------------------------------------------------------
 
@@ -111,7 +112,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     """The whole `dtrain run`."""
     from dataclasses import replace
 
-    from launcher.archive import check_run_id, new_run_id
+    from launcher.output.archive import check_run_id, new_run_id
 
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
     async with AutoTransport(settings) as transport:
@@ -177,8 +178,8 @@ def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, 
 async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
                  conns: dict[str, Connection], pre: Preflight) -> int:
     """Start torchrun on every node and follow the job to its verdict."""
-    from launcher.archive import RunArchive
-    from launcher.console import Console
+    from launcher.output.archive import RunArchive
+    from launcher.output.console import Console
 
     archive = RunArchive.create(opts.archive_dir, req.run_id)
     archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})

@@ -49,7 +49,7 @@ BOOTSTRAP = (
 @cache
 def program_source(name: str) -> bytes:
     """The source of a node program shipped from this package (supervisor, probe)."""
-    return resources.files("launcher").joinpath(f"{name}.py").read_bytes()
+    return resources.files("launcher.nodeside").joinpath(f"{name}.py").read_bytes()
 
 
 WORKDIR_MISSING = 97  # the remote shell's exit status when the working directory is missing

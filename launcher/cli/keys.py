@@ -1,7 +1,7 @@
 """`dtrain keys setup|check|revoke` (registered on the main app by launcher.cli).
 
 This module parses options, asks the questions (host keys, password) and draws the per-node
-table; the work is in launcher.keys, imported lazily so `dtrain --help` stays fast. The
+table; the work is in launcher.commands.keys, imported lazily so `dtrain --help` stays fast. The
 password is read without echo (getpass) or as one line of stdin (--password-stdin), and is
 held in a ``keys.Secret`` from the moment it is read.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from launcher.cli import (
+from launcher.cli.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
     ExcludeOpt,
@@ -25,14 +25,15 @@ from launcher.cli import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
-    _hosts,
-    _run,
-    _ssh_settings,
+    resolve,
+    run_body,
+    ssh_settings,
 )
 from launcher.errors import UsageError
 
 if TYPE_CHECKING:
-    from launcher.keys import KeyPair, KeyResult, Secret, UnknownHostKey
+    from launcher.commands.keypair import KeyPair, Secret
+    from launcher.commands.keys import KeyResult, UnknownHostKey
     from launcher.models import Host
 
 keys_app = typer.Typer(no_args_is_help=True, help="Passwordless SSH bootstrap for every node.")
@@ -63,7 +64,7 @@ def _has_tty() -> bool:
 
 
 def _who(hosts: Sequence[Host]) -> str:
-    from launcher.hostfile import fold
+    from launcher.hosts.hostfile import fold
 
     users = {h.user for h in hosts}
     user = f"{users.pop()}@" if len(users) == 1 and None not in users else ""
@@ -83,13 +84,13 @@ class TerminalPrompts:
         self.known_hosts = known_hosts
 
     def host_keys_added(self, added: Sequence[UnknownHostKey]) -> None:
-        from launcher import render
+        from launcher.output import render
 
         render.note(f"--accept-new: recorded {len(added)} new host key(s) in "
                     f"{self.known_hosts}:\n{_fingerprints(added)}")
 
     def confirm_host_keys(self, unknown: Sequence[UnknownHostKey]) -> bool:
-        from launcher import render
+        from launcher.output import render
 
         render.note(f"{len(unknown)} host key(s) not in {self.known_hosts} yet:\n"
                     + _fingerprints(unknown))
@@ -101,7 +102,7 @@ class TerminalPrompts:
                              default=False, err=True)
 
     def password(self, hosts: Sequence[Host]) -> Secret:
-        from launcher.keys import Secret
+        from launcher.commands.keypair import Secret
 
         who = _who(hosts)
         if self.password_stdin:
@@ -144,7 +145,7 @@ def _table(results: Sequence[KeyResult]) -> None:
 
 def _report(results: Sequence[KeyResult], keypair: KeyPair, as_json: bool) -> int:
     """Print the results; 0 only when every node succeeded."""
-    from launcher import render
+    from launcher.output import render
 
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in results], indent=2))
@@ -163,8 +164,8 @@ def _report(results: Sequence[KeyResult], keypair: KeyPair, as_json: bool) -> in
 
 
 def _keypair(identity: Path | None, *, create: bool) -> KeyPair:
-    from launcher import render
-    from launcher.keys import default_key_path, ensure_keypair
+    from launcher.commands.keypair import default_key_path, ensure_keypair
+    from launcher.output import render
 
     path = (identity or default_key_path()).expanduser()
     if not create and not path.exists():
@@ -203,16 +204,16 @@ def setup_cmd(
     2 bad input (no hosts, unusable key, no password on stdin).
     """
     def body() -> int:
-        from launcher.keys import setup_keys
+        from launcher.commands.keys import setup_keys
 
-        host_list = _hosts(hostfile, hosts, include, exclude)
+        host_list = resolve(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=True)
-        settings = _ssh_settings(connect_timeout, accept_new)
+        settings = ssh_settings(connect_timeout, accept_new)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
         results = setup_keys(host_list, settings, keypair, prompts, fanout=fanout)
         return _report(results, keypair, as_json)
 
-    _run(body)
+    run_body(body)
 
 
 @keys_app.command("check")
@@ -231,15 +232,15 @@ def check_cmd(
     Exit codes: 0 every node accepts the key; 1 some node does not; 2 bad input.
     """
     def body() -> int:
-        from launcher.keys import check_keys
+        from launcher.commands.keys import check_keys
 
-        host_list = _hosts(hostfile, hosts, include, exclude)
+        host_list = resolve(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=False)
-        settings = _ssh_settings(connect_timeout, False)
+        settings = ssh_settings(connect_timeout, False)
         results = check_keys(host_list, settings, keypair, fanout=fanout)
         return _report(results, keypair, as_json)
 
-    _run(body)
+    run_body(body)
 
 
 @keys_app.command("revoke")
@@ -259,12 +260,12 @@ def revoke_cmd(
     files are kept. Exit codes: 0 removed or absent everywhere; 1 some node failed.
     """
     def body() -> int:
-        from launcher.keys import revoke_keys
+        from launcher.commands.keys import revoke_keys
 
-        host_list = _hosts(hostfile, hosts, include, exclude)
+        host_list = resolve(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=False)
-        settings = _ssh_settings(connect_timeout, False, identities=_identities(identity))
+        settings = ssh_settings(connect_timeout, False, identities=_identities(identity))
         results = revoke_keys(host_list, settings, keypair, fanout=fanout)
         return _report(results, keypair, as_json)
 
-    _run(body)
+    run_body(body)

@@ -1,0 +1,50 @@
+"""The typer app: parse options, call one function, render, exit.
+
+One module per command (``exec``, ``run``, ``logs``, ``keys``, ``doctor``); the option types
+and the error-to-exit-code wrapper they share are in ``common``. Heavy modules (asyncssh, rich
+tables, the orchestrator) are imported inside the commands so `dtrain --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from launcher import __version__
+from launcher.cli import common, doctor, exec, keys, logs, run
+
+app = typer.Typer(
+    name="dtrain", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
+         "every node), keys, doctor, logs.",
+)
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dtrain {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    """dtrain: launch and supervise multi-node jobs over SSH."""
+
+
+app.command("exec", context_settings=common.PASSTHROUGH)(exec.exec_cmd)
+app.command("run", context_settings=common.PASSTHROUGH)(run.run_cmd)
+app.command("logs")(logs.logs_cmd)
+app.add_typer(keys.keys_app, name="keys", help="Passwordless SSH bootstrap for every node.")
+app.command("doctor")(doctor.doctor_cmd)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

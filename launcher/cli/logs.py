@@ -1,0 +1,37 @@
+"""`dtrain logs`: replay a run archive with the live console's tags and filters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import (
+    run_body,
+)
+
+
+def logs_cmd(
+    run: Annotated[str | None, typer.Argument(
+        help="Run id or directory (default: latest).")] = None,
+    archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR")]
+    = "dtrain-runs",
+    rank: Annotated[list[int] | None, typer.Option("--rank", help="Only this rank "
+                                                   "(repeatable).")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Only these hosts.")] = None,
+    grep: Annotated[str | None, typer.Option("--grep", help="Regular expression.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-F", help="Tail a running job.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the archived objects.")] = False,
+    color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
+) -> None:
+    """Replay a run archive with the live console's tags and filters."""
+    def body() -> int:
+        from launcher.output.archive import resolve_run
+        from launcher.output.logview import replay
+
+        run_dir = resolve_run(Path(archive_dir), run)
+        return replay(run_dir, ranks=set(rank) if rank else None, host=host, grep=grep,
+                      follow=follow, as_json=as_json, color=color)
+
+    run_body(body)

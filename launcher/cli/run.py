@@ -1,0 +1,120 @@
+"""`dtrain run`: torchrun on every node with per-node network environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import (
+    AcceptNewOpt,
+    ConnectTimeoutOpt,
+    ExcludeOpt,
+    FanoutOpt,
+    HostfileOpt,
+    HostsOpt,
+    IncludeOpt,
+    resolve,
+    run_body,
+    ssh_settings,
+)
+
+
+def run_cmd(
+    script: Annotated[str, typer.Argument(help="Training script (or module with -m).")],
+    args: Annotated[list[str] | None, typer.Argument(help="Script arguments, untouched.")] = None,
+    hostfile: HostfileOpt = None,
+    hosts: HostsOpt = None,
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    nproc_per_node: Annotated[str | None, typer.Option(
+        "--nproc-per-node",
+        help="N, gpu or auto (default: the hostfile's slots, else gpu).")] = None,
+    python: Annotated[str, typer.Option("--python", help="Python on the nodes (a host's "
+                                        "python= key wins).")] = "python3",
+    setup: Annotated[str | None, typer.Option("--setup", help="Shell snippet run first on "
+                                              "each node (`source venv/bin/activate`).")] = None,
+    workdir: Annotated[str | None, typer.Option("--workdir", help="Remote working directory "
+                                                "(default: the current one).")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V for every rank "
+                                                  "(repeatable; wins over site config).")] = None,
+    env_file: Annotated[str | None, typer.Option("--env-file", help="dotenv file.")] = None,
+    master_addr: Annotated[str | None, typer.Option("--master-addr")] = None,
+    master_port: Annotated[int | None, typer.Option("--master-port", min=1, max=65535)] = None,
+    rdzv: Annotated[str, typer.Option("--rdzv", help="static (deterministic ranks) or c10d "
+                                      "(elastic).")] = "static",
+    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0)] = 0,
+    module: Annotated[bool, typer.Option("-m", "--module", help="SCRIPT is a module.")] = False,
+    archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR",
+                                             help="Where run archives go.")] = "dtrain-runs",
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Probe and print each node's "
+                                          "command and environment; start nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable dry run.")] = False,
+    ranks: Annotated[str | None, typer.Option("--ranks", help="Console shows only these "
+                                              "ranks (0,3); the archive keeps all.")] = None,
+    hosts_filter: Annotated[str | None, typer.Option("--hosts-filter", help="Console shows "
+                                                     "only these hosts.")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Fabric profile YAML "
+                                                "(NCCL_IB_TC, ...).")] = None,
+    no_auto: Annotated[list[str] | None, typer.Option("--no-auto", help="Do not set this "
+                                                      "detected variable (repeatable).")] = None,
+    preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="Run doctor's "
+                                            "fast checks first (torch, python, hostnames, "
+                                            "shm, memlock).")] = True,
+    grace: Annotated[float, typer.Option("--grace", min=0, help="TERM -> KILL delay when "
+                                         "stopping.")] = 10.0,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.1, help="Whole job "
+                                                  "limit in s (exit 124).")] = None,
+    start_timeout: Annotated[float, typer.Option("--start-timeout", min=1)] = 120.0,
+    heartbeat_timeout: Annotated[float, typer.Option("--heartbeat-timeout", min=1)] = 30.0,
+    fanout: FanoutOpt = 64,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    accept_new: AcceptNewOpt = False,
+    color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
+) -> None:
+    """torchrun on every node: node ranks, a validated master, per-node NCCL/GLOO env.
+
+    Exit codes: the first failing rank's code (128+N for signal N), 130 Ctrl-C, 143 SIGTERM,
+    124 --timeout, 255 a node unreachable or lost, 2 bad input.
+    """
+    def body() -> int:
+        from launcher.commands.run import default_workdir, run_sync
+        from launcher.decide.plan import RunOptions, RunRequest
+        from launcher.errors import UsageError
+        from launcher.hosts.envfile import load_env_file, parse_env_args
+
+        if rdzv not in ("static", "c10d"):
+            raise UsageError(f"--rdzv {rdzv!r}: use static or c10d")
+        host_list = resolve(hostfile, hosts, include, exclude)
+        pairs = load_env_file(env_file) if env_file else []
+        pairs += parse_env_args(env or [])
+        profile_env = None
+        if profile:
+            from launcher.decide.netenv import load_profile
+
+            profile_env = load_profile(profile)
+        rank_set = None
+        if ranks:
+            try:
+                rank_set = frozenset(int(r) for r in ranks.split(",") if r.strip())
+            except ValueError:
+                raise UsageError(f"--ranks {ranks!r}: expected numbers like 0,3") from None
+        host_set = frozenset(h.label for h in resolve(None, hosts_filter, None, None)) \
+            if hosts_filter else None
+        req = RunRequest(script=script, args=tuple(args or ()), module=module,
+                         nproc_per_node=nproc_per_node, python=python, setup=setup,
+                         workdir=workdir or default_workdir(), env=tuple(pairs),
+                         master_addr=master_addr, master_port=master_port, rdzv=rdzv,
+                         max_restarts=max_restarts, run_id=run_id or "")
+        opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
+                          start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout,
+                          archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,
+                          color=color, ranks=rank_set, hosts_filter=host_set,
+                          profile=profile_env, profile_name=Path(profile).stem if profile
+                          else "profile", no_auto=frozenset(no_auto or ()),
+                          preflight=preflight)
+        return run_sync(host_list, req, opts, ssh_settings(connect_timeout, accept_new))
+
+    run_body(body)

@@ -1,0 +1,84 @@
+"""`dtrain doctor`: every preflight check on every node, as one table and one exit code.
+
+Why a separate command: a 64-node job that dies at NCCL init after 10 minutes of scheduling
+usually had a cause visible in seconds (a node without torch, an odd torch version, a port
+that is DOWN, a firewall, memlock limited). The doctor shows *all* such causes at once, per
+node, instead of the first one ``dtrain run`` trips over.
+
+Shape (docs/doctor.md): the checks are pure and live in ``launcher.decide.checks`` and
+``launcher.decide.fabric_checks``; ``gather`` here does all the I/O; ``report`` evaluates and
+prints. This module re-exports the whole doctor API under one name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from launcher.commands.doctor.gather import DoctorOptions, gather, gather_with
+from launcher.commands.doctor.report import (
+    DOCTOR_VERSION,
+    envelope,
+    evaluate,
+    exit_code,
+    render_plain,
+    report,
+    summary,
+)
+from launcher.decide.checks import (
+    CHECKS,
+    FAIL,
+    FAST_CHECKS,
+    OK,
+    SKIP,
+    WARN,
+    CheckResult,
+    Gathered,
+    MasterPick,
+    PortProbe,
+    check_clock,
+    check_gpudirect,
+    check_gpus,
+    check_hostnames,
+    check_limits,
+    check_memlock,
+    check_nccl,
+    check_python,
+    check_shm,
+    check_ssh,
+    check_torch,
+    failure_message,
+    failures,
+    fast_checks,
+)
+from launcher.decide.fabric_checks import (
+    check_hca,
+    check_master,
+    check_master_port,
+    check_mtu,
+    check_roce_gid,
+    check_socket,
+    pick_master,
+    socket_choices,
+)
+from launcher.models import Host
+
+
+def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
+               as_json: bool = False, strict: bool = False, color: bool | None = None) -> int:
+    """The whole command: gather, evaluate, report."""
+    gathered = asyncio.run(gather(hosts, opts, settings))
+    return report(evaluate(gathered), len(hosts), as_json=as_json, strict=strict, color=color)
+
+
+__all__ = [
+    "CHECKS", "DOCTOR_VERSION", "FAIL", "FAST_CHECKS", "OK", "SKIP", "WARN", "CheckResult",
+    "DoctorOptions", "Gathered", "MasterPick", "PortProbe", "check_clock", "check_gpudirect",
+    "check_gpus", "check_hca", "check_hostnames", "check_limits", "check_master",
+    "check_master_port", "check_memlock", "check_mtu", "check_nccl", "check_python",
+    "check_roce_gid", "check_shm", "check_socket", "check_ssh", "check_torch", "envelope",
+    "evaluate", "exit_code", "failure_message", "failures", "fast_checks", "gather",
+    "gather_with", "pick_master", "render_plain", "report", "run_doctor", "socket_choices",
+    "summary",
+]

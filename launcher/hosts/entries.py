@@ -1,0 +1,270 @@
+"""The grammar every host source shares: one entry (``[user@]host[:port]`` plus keys such as
+``slots=``, ``python=``, ``port=``, ``user=``) checked and expanded into ``Host`` objects.
+
+The text hostfile, the YAML hostfile and ``-H`` (``hostfile.py``) all build a ``_Spec`` per
+entry and hand it here, so a rule (a valid name, a port range, the range-size cap) holds the
+same way whatever the user wrote it in. Errors carry the ``_Ctx`` (file:line or YAML path).
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ClusterShell.NodeSet import (
+    RESOLVER_NOGROUP,
+    NodeSet,
+    NodeSetException,
+    NodeSetParseRangeError,
+)
+
+from launcher.errors import HostfileError
+from launcher.models import Host
+
+ENV_HOSTFILE = "DTRAIN_HOSTFILE"
+TEXT_KEYS = ("port", "python", "slots", "user")
+IGNORED_KEYS = ("max_slots", "max-slots")  # OpenMPI's; accepted so MPI hostfiles load unchanged
+YAML_TOP_KEYS = ("defaults", "hosts")
+YAML_DEFAULT_KEYS = ("env", "port", "python", "slots", "user")
+YAML_HOST_KEYS = ("env", "host", "port", "python", "slots", "user")
+MAX_HOSTS = 65536  # per entry: a typo like node[1-1000000] should fail, not eat memory
+
+_LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.ASCII)
+_PATTERN_CHARS = re.compile(r"[^A-Za-z0-9._\-\[\],]", re.ASCII)
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]*", re.ASCII)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NAME_HINT = "write [user@]host[:port], e.g. dtuser@node[1-4]:2222"
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """Where an entry came from, so every error can point at it."""
+
+    source: str
+    line: int | None = None
+    path: str = ""  # YAML key path, e.g. hosts[3].slots
+
+    def error(self, message: str, hint: str | None = None) -> HostfileError:
+        text = f"{self.path}: {message}" if self.path else message
+        return HostfileError(text, source=self.source, line=self.line, hint=hint)
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}:{self.line}" if self.line is not None else self.source
+
+
+@dataclass
+class _Spec:
+    """One entry: its host names and settings (None: not given, so defaults/ssh config apply)."""
+
+    names: list[str] = field(default_factory=list)  # the host pattern, expanded
+    user: str | None = None
+    port: int | None = None
+    slots: int | None = None
+    python: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def over(self, defaults: _Spec) -> _Spec:
+        """This entry's values win over the defaults; env is merged, the entry's keys winning."""
+        return _Spec(
+            names=self.names,
+            user=_first(self.user, defaults.user), port=_first(self.port, defaults.port),
+            slots=_first(self.slots, defaults.slots), python=_first(self.python, defaults.python),
+            env={**defaults.env, **self.env},
+        )
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _integer(value: object) -> int | None:
+    """An int, or a string of plain digits; never a bool (YAML's yes/no)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def _port(value: object, ctx: _Ctx) -> int:
+    """1..65535, as an int or a string of digits (from a text line or a quoted YAML value)."""
+    number = _integer(value)
+    if number is not None and 1 <= number <= 65535:
+        return number
+    raise ctx.error(f"bad port {value!r}: must be a number from 1 to 65535",
+                    hint="e.g. node1:2222 or port=2222")
+
+
+def _slots(value: object, ctx: _Ctx) -> int:
+    """Processes per host: a positive integer."""
+    number = _integer(value)
+    if number is not None and number > 0:
+        return number
+    raise ctx.error(f"slots must be a positive integer, got {value!r}", hint="e.g. slots=8")
+
+
+def _user(value: object, ctx: _Ctx) -> str:
+    """A login name; a leading '-' could be read by ssh as an option, so it is refused."""
+    if isinstance(value, str) and _USER.fullmatch(value):
+        return value
+    raise ctx.error(f"invalid user name {value!r}",
+                    hint="use letters, digits, '.', '-', '_', e.g. dtuser@node1")
+
+
+def _python(value: object, ctx: _Ctx) -> str:
+    """The interpreter on that node: an absolute path or a command on its PATH."""
+    if isinstance(value, str) and value.strip() and not _CONTROL.search(value):
+        return value
+    raise ctx.error(f"invalid python {value!r}: give the interpreter's path on the node",
+                    hint="e.g. python=/opt/venv/bin/python")
+
+
+_SETTERS = {"port": _port, "python": _python, "slots": _slots, "user": _user}
+
+
+def _set(spec: _Spec, key: str, value: object, ctx: _Ctx) -> None:
+    """Set one key, refusing a second, different value (user@ vs user=, :port vs port=)."""
+    new = _SETTERS[key](value, ctx)
+    old = getattr(spec, key)
+    if old is not None and old != new:
+        raise ctx.error(f"{key} given twice: {old!r} and {new!r}", hint=f"keep one {key}")
+    setattr(spec, key, new)
+
+
+# --------------------------------------------------------------------------- names
+
+
+def _name_problem(name: str) -> str | None:
+    """Why ``name`` (already free of odd characters) is not an RFC 1123 host name."""
+    if len(name) > 253:
+        return "longer than 253 characters"
+    for label in name.split("."):
+        if not label:
+            return "empty part between dots"
+        if label.startswith("-") or label.endswith("-"):
+            return "a part may not start or end with '-'"
+        if len(label) > 63:
+            return "a part is longer than 63 characters"
+    return None if _HOSTNAME.fullmatch(name) else "only letters, digits, '.', '-' and '_'"
+
+
+def _check_name(name: str, ctx: _Ctx) -> str:
+    """RFC 1123 names (plus '_'), and dotted-quad IPv4 when every label is a number."""
+    problem = _name_problem(name)
+    if problem:
+        raise ctx.error(f"invalid host name {name!r}: {problem}", hint=_NAME_HINT)
+    if all(label.isdigit() for label in name.split(".")):
+        try:
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            raise ctx.error(f"invalid host name {name!r}: not a valid IPv4 address",
+                            hint="e.g. 198.18.0.11 or 198.18.0.[11-14]") from None
+    return name
+
+
+def _ipv6(text: str, ctx: _Ctx) -> str:
+    """Normalized so that duplicates spelled differently are still caught."""
+    try:
+        return str(ipaddress.IPv6Address(text))
+    except ValueError:
+        raise ctx.error(f"invalid IPv6 address {text!r}", hint="e.g. [fe80::1]:22") from None
+
+
+def _top_level_comma(pattern: str) -> bool:
+    depth = 0
+    for ch in pattern:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth <= 0:
+            return True
+    return False
+
+
+def _range_size(pattern: str) -> int:
+    """How many names the pattern's well-formed ranges make, before NodeSet builds them all
+    (it takes seconds on node[1-9999999]); anything malformed is left to NodeSet to report."""
+    size = 1
+    for group in re.findall(r"\[([^\[\]]*)\]", pattern):
+        count = 0
+        for part in group.split(","):
+            match = re.fullmatch(r"(\d+)(?:-(\d+)(?:/(\d+))?)?", part.strip())
+            if match:
+                low, high, step = match.group(1), match.group(2) or match.group(1), match.group(3)
+                count += max(0, (int(high) - int(low)) // max(1, int(step or 1)) + 1)
+        size *= max(count, 1)
+    return size
+
+
+def _why(exc: NodeSetException) -> str:
+    """NodeSet's reason, without its 'bad range: "..."' wrapping."""
+    detail = exc.part if isinstance(exc, NodeSetParseRangeError) else str(exc)
+    return detail.replace(" : ", ": ")
+
+
+def _expand(pattern: str, ctx: _Ctx) -> list[str]:
+    """A host pattern -> names. Characters are checked first: NodeSet would read '!', '&',
+    '^' and '@' as set operators and groups, and shells would read much more."""
+    bad = _PATTERN_CHARS.search(pattern)
+    if bad:
+        raise ctx.error(f"invalid host name {pattern!r}: {bad.group()!r} is not allowed "
+                        "in a host name", hint=_NAME_HINT)
+    if _top_level_comma(pattern):
+        raise ctx.error(f"one host entry at a time, got {pattern!r}",
+                        hint="put each host on its own line, or use a range: node[1,3-4]")
+    if "[" not in pattern and "]" not in pattern:
+        return [_check_name(pattern, ctx)]
+    size = _range_size(pattern)
+    if size > MAX_HOSTS:
+        raise ctx.error(f"host range {pattern!r} expands to {size} hosts "
+                        f"(more than {MAX_HOSTS})", hint="check the range bounds")
+    try:
+        nodes = NodeSet(pattern, resolver=RESOLVER_NOGROUP)
+    except NodeSetException as exc:
+        raise ctx.error(f"bad host range {pattern!r}: {_why(exc)}",
+                        hint="write ranges as node[1-4], gpu[01-16] or node[1,3-5]") from None
+    return [_check_name(name, ctx) for name in nodes]
+
+
+def _address(token: str, spec: _Spec, ctx: _Ctx) -> None:
+    """Parse ``[user@]host[:port]`` (host: a pattern, ``[v6addr]`` or a bare v6 address)."""
+    if "@" in token:
+        user, _, token = token.rpartition("@")
+        _set(spec, "user", user, ctx)
+    port: str | None = None
+    if token.startswith("[") and ":" in token.partition("]")[0]:
+        end = token.find("]")
+        if end < 0:
+            raise ctx.error(f"missing ']' in {token!r}", hint="e.g. [fe80::1]:22")
+        rest = token[end + 1:]
+        if rest and not rest.startswith(":"):
+            raise ctx.error(f"unexpected {rest!r} after {token[:end + 1]!r}",
+                            hint="e.g. [fe80::1]:22")
+        spec.names = [_ipv6(token[1:end], ctx)]
+        port = rest[1:] if rest else None
+    elif token.count(":") > 1 and "[" not in token:
+        spec.names = [_ipv6(token, ctx)]
+    else:
+        token, colon, port = token.partition(":")
+        if not token:
+            raise ctx.error("missing host name", hint=_NAME_HINT)
+        spec.names = _expand(token, ctx)
+        port = port if colon else None
+    if port is not None:
+        _set(spec, "port", port, ctx)
+
+
+def _hosts(spec: _Spec, ctx: _Ctx) -> list[Host]:
+    """One entry's Hosts, all tagged with the entry's file:line."""
+    env = tuple(sorted(spec.env.items()))
+    return [Host(name=name, user=spec.user, port=spec.port, slots=spec.slots,
+                 python=spec.python, env=env, source=ctx.label) for name in spec.names]
+
+
+# --------------------------------------------------------------------------- text
+

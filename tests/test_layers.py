@@ -1,0 +1,135 @@
+"""The package tree is the architecture: imports go one way, top layer to bottom.
+
+Layers, top to bottom (docs/architecture.md "Where does my change go"):
+
+    cli → commands → job → transports → decide → output → nodeside → hosts → base
+
+A module may import its own layer or any layer below it, never one above. Lazy imports inside
+functions count too: they are still a dependency. The node programs (``nodeside/supervisor``
+and ``nodeside/probe``) run on nodes with nothing but a Python >= 3.8 standard library, so they
+import nothing else at all. Module-level imports form no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "launcher"
+
+LAYERS = ("cli", "commands", "job", "transports", "decide", "output", "nodeside", "hosts",
+          "base")
+NODE_PROGRAMS = ("launcher.nodeside.supervisor", "launcher.nodeside.probe")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    """``launcher.job.node`` → ``job``; top-level modules (errors, models) are ``base``;
+    ``launcher.__main__`` is the CLI's entry point."""
+    parts = module.split(".")
+    if module == "launcher.__main__":
+        return "cli"
+    if len(parts) >= 2 and parts[1] in LAYERS:
+        return parts[1]
+    return "base"
+
+
+def imports(path: Path, *, top_level_only: bool = False) -> list[tuple[str, int]]:
+    """Every module this file imports (absolute names), with its line."""
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out: list[tuple[str, int]] = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative imports: resolve against this module's package
+                base = module_name(path).split(".")
+                if path.name != "__init__.py":
+                    base = base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((mod, node.lineno))
+            # `from launcher.cli import exec` imports the submodule launcher.cli.exec
+            out += [(f"{mod}.{a.name}", node.lineno) for a in node.names
+                    if (PKG.parent / f"{mod}.{a.name}".replace(".", "/")).exists()
+                    or (PKG.parent / (f"{mod}.{a.name}".replace(".", "/") + ".py")).exists()]
+    return out
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def layering_violations(mods: dict[str, Path]) -> list[str]:
+    bad = []
+    for name, path in mods.items():
+        mine = LAYERS.index(layer_of(name))
+        for target, line in imports(path):
+            if not target.startswith("launcher.") or target not in mods:
+                continue
+            theirs = LAYERS.index(layer_of(target))
+            if theirs < mine:
+                bad.append(f"{name}:{line}: {layer_of(name)} imports "
+                           f"{target} ({layer_of(target)}, a higher layer)")
+    return bad
+
+
+def test_imports_go_down_the_layers() -> None:
+    assert layering_violations(modules()) == []
+
+
+def test_the_layering_check_catches_an_upward_import(tmp_path: Path) -> None:
+    """The check itself works: a decide module that imports the CLI is reported."""
+    mods = modules()
+    rogue = tmp_path / "rogue.py"
+    rogue.write_text("from launcher.cli import common\n")
+    mods["launcher.decide.rogue"] = rogue
+    found = [v for v in layering_violations(mods) if v.startswith("launcher.decide.rogue:")]
+    assert "launcher.decide.rogue:1: decide imports launcher.cli.common (cli, a higher layer)" \
+        in found
+
+
+@pytest.mark.parametrize("program", NODE_PROGRAMS)
+def test_node_programs_import_only_the_standard_library(program: str) -> None:
+    path = modules()[program]
+    foreign = sorted({mod for mod, _ in imports(path)
+                      if mod.split(".")[0] not in sys.stdlib_module_names
+                      and mod != "__future__"})
+    assert foreign == [], f"{program} imports {foreign}: node programs are stdlib only"
+
+
+def test_no_import_cycles() -> None:
+    mods = modules()
+    graph = {name: {t for t, _ in imports(path, top_level_only=True) if t in mods and t != name}
+             for name, path in mods.items()}
+    # a package's __init__ importing its own submodules is how packages work, not a cycle
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
