@@ -1,7 +1,7 @@
 """dtrain node supervisor: THIS PROGRAM RUNS ON THE NODES, not on the login node.
 
 Standard library only, Python >= 3.8. The launcher ships this file over the SSH channel
-(see launcher/wire.py: a length line, this source, then one JSON line with the job spec);
+(see wire.py beside it: a length line, this source, then one JSON line with the job spec);
 nothing is installed on the nodes and no secret travels on a command line.
 
 Why it exists: OpenSSH ignores channel signals for root logins before 9.8, and a process
