@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
+from launcher.errors import UsageError
 from launcher.nodeside import wire
 
 
@@ -84,3 +87,89 @@ def test_missing_workdir_and_python_are_named():
 def test_remote_command_keeps_secrets_off_the_command_line():
     cmd = wire.remote_command("python3", workdir="/w d", setup="source x")
     assert "API_TOKEN" not in cmd and "cd -- '/w d'" in cmd and "source x" in cmd
+
+
+# -- hostile values (issue 11): a value is one word, never shell code ----------------------
+
+def _hostile_names(tmp_path):
+    """Directory names chosen by someone else on a shared filesystem, and the file each
+    would create if it ever ran as shell code."""
+    pwned = tmp_path / "pwned"
+    return pwned, [f'x"; touch {pwned}; #', f"{tmp_path}/$(touch {pwned})",
+                   f"y`touch {pwned}`", f"z'; touch {pwned}; '"]
+
+
+def test_missing_hostile_workdir_is_named_literally_and_runs_nothing(tmp_path):
+    pwned, names = _hostile_names(tmp_path)
+    for name in names:
+        workdir = name if name.startswith("/") else str(tmp_path / "missing" / name)
+        proc, frames = _run_supervisor({"shell": f"touch {pwned}"}, workdir=workdir)
+        assert proc.returncode == wire.WORKDIR_MISSING, (name, proc.stderr)
+        assert not frames
+        expected = f"dtrain: working directory {workdir} does not exist on this node\n"
+        assert proc.stderr.decode() == expected
+        assert not pwned.exists(), name
+
+
+def test_existing_hostile_workdir_is_where_the_job_runs(tmp_path):
+    pwned, names = _hostile_names(tmp_path)
+    for name in names:
+        workdir = name if name.startswith("/") else str(tmp_path / name)
+        import os
+
+        os.makedirs(workdir)
+        proc, frames = _run_supervisor({"argv": ["pwd"]}, workdir=workdir)
+        out = b"".join(f.data for f in frames if f.kind == wire.KIND_OUT).decode()
+        assert proc.returncode == 0 and out == workdir + "\n", (name, proc.stderr)
+        assert not pwned.exists(), name
+
+
+def test_missing_hostile_python_is_named_literally_and_runs_nothing(tmp_path):
+    pwned, names = _hostile_names(tmp_path)
+    for name in names:
+        proc, frames = _run_supervisor({"shell": "true"}, python=f"/no/{name}")
+        assert proc.returncode == wire.PYTHON_MISSING, (name, proc.stderr)
+        assert proc.stderr.decode() == (f"dtrain: /no/{name} not found on this node "
+                                        "(set --python or the hostfile's python=)\n")
+        assert not pwned.exists(), name
+
+
+def test_tilde_is_the_remote_home_in_workdir_and_python(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    home = tmp_path / "home dir"
+    (home / "w $x").mkdir(parents=True)
+    (home / "bin").mkdir()
+    os.symlink(sys.executable, home / "bin" / "py")
+    monkeypatch.setenv("HOME", str(home))
+    proc, frames = _run_supervisor({"argv": ["pwd"]}, workdir="~/w $x", python="~/bin/py")
+    out = b"".join(f.data for f in frames if f.kind == wire.KIND_OUT).decode()
+    assert proc.returncode == 0 and out == f"{home}/w $x\n", proc.stderr
+    proc, _ = _run_supervisor({"shell": "true"}, workdir="~/nope")
+    assert proc.stderr.decode() == f"dtrain: working directory {home}/nope does not exist on " \
+        "this node\n"
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\x00b", "a\x1b[2Jb", "a\rb", "a\x7fb"])
+def test_control_characters_never_reach_a_command_line(value):
+    for kwargs in ({"workdir": value}, {"python": value}):
+        with pytest.raises(UsageError, match="control character"):
+            wire.remote_command(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="^--workdir: .*control character"):
+        wire.check_value(value, "--workdir")
+
+
+@pytest.mark.parametrize("value", ["~root/py", "-c", "-", ""])
+def test_odd_pythons_are_refused(value):
+    with pytest.raises(UsageError, match="^--python: "):
+        wire.check_value(value, "--python", python=True)
+
+
+def test_one_argument_starting_with_dash_is_a_command_not_a_shell_option(monkeypatch):
+    monkeypatch.setenv("SHELL", "/bin/sh")
+    proc, frames = _run_supervisor({"shell": "-x"})
+    ctl = [json.loads(f.data) for f in frames if f.kind == wire.KIND_CTL]
+    err = b"".join(f.data for f in frames if f.kind == wire.KIND_ERR)
+    assert ctl[-1]["type"] == "exit" and ctl[-1]["code"] == 127, err
+    assert b"-x" in err and b"not found" in err

@@ -60,7 +60,9 @@ def doctor_cmd(
     """
     def body() -> int:
         from launcher.commands.doctor import DoctorOptions, run_doctor
+        from launcher.nodeside.wire import check_value
 
+        check_value(python, "--python", python=True)
         host_list = resolve(hostfile, hosts, include, exclude)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,

@@ -52,7 +52,9 @@ def exec_cmd(
     """
     def body() -> int:
         from launcher.commands.exec import ExecRequest, run_exec
+        from launcher.nodeside.wire import check_value
 
+        check_value(python, "--python", python=True)
         host_list = resolve(hostfile, hosts, include, exclude)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, grace=grace,

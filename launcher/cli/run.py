@@ -84,7 +84,11 @@ def run_cmd(
         from launcher.decide.plan import RunOptions, RunRequest
         from launcher.errors import UsageError
         from launcher.hosts.envfile import load_env_file, parse_env_args
+        from launcher.nodeside.wire import check_value
 
+        check_value(python, "--python", python=True)
+        remote_dir = check_value(workdir, "--workdir") if workdir else check_value(
+            default_workdir(), "the current directory (the default --workdir)")
         if rdzv not in ("static", "c10d"):
             raise UsageError(f"--rdzv {rdzv!r}: use static or c10d")
         host_list = resolve(hostfile, hosts, include, exclude)
@@ -105,7 +109,7 @@ def run_cmd(
             if hosts_filter else None
         req = RunRequest(script=script, args=tuple(args or ()), module=module,
                          nproc_per_node=nproc_per_node, python=python, setup=setup,
-                         workdir=workdir or default_workdir(), env=tuple(pairs),
+                         workdir=remote_dir, env=tuple(pairs),
                          master_addr=master_addr, master_port=master_port, rdzv=rdzv,
                          max_restarts=max_restarts, run_id=run_id or "")
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,

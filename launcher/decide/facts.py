@@ -253,6 +253,7 @@ class NodeFacts:
     workdir_ok: bool | None = None  # None: no workdir asked about
     uid: int | None = None
     user: str | None = None
+    home: str | None = None  # what '~' means on the node ($HOME, else the passwd entry)
     files: tuple[str, ...] = ()  # vendor files present (Azure topology, GCP gIB, ...)
     netns: str | None = None
     errors: Mapping[str, str] = field(default_factory=dict)  # probe sections that failed
@@ -312,6 +313,7 @@ class NodeFacts:
             workdir_ok=(bool(workdir.get("is_dir")) if isinstance(workdir, Mapping) else None),
             uid=_int(obj.get("uid")),
             user=_str(obj.get("user")),
+            home=_str(obj.get("home")),
             files=tuple(str(f) for f in _list(obj.get("files"))),
             netns=_str(obj.get("netns")),
             errors={str(k): str(v) for k, v in _dict(obj.get("errors")).items()},

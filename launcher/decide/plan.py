@@ -152,6 +152,15 @@ def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ..
     )
 
 
+def expand_home(value: str, home: str | None) -> str:
+    """A leading ``~``/``~/`` as the node's home (the probe's $HOME): torchrun's argv[0] is
+    exec'd without a shell, so it must be the same path the bootstrap's ``cd``/``exec`` and
+    the probe resolved. Left as is when the probe did not report a home."""
+    if not home or not (value == "~" or value.startswith("~/")):
+        return value
+    return home.rstrip("/") + value[1:] if value != "~" else home
+
+
 def merge_env(*layers: Sequence[EnvVar]) -> tuple[EnvVar, ...]:
     """Later layers win, keeping first-seen order."""
     merged: dict[str, EnvVar] = {}
@@ -169,7 +178,7 @@ def build_plan(req: RunRequest, hosts: Sequence[Host], facts: Mapping[str, NodeF
     first = 0
     for node_rank, host in enumerate(hosts):
         nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
-        python = host.python or req.python
+        python = expand_home(host.python or req.python, facts[host.label].home)
         argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
                              nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
         decision = decisions[host.label]

@@ -118,12 +118,34 @@ def _user(value: object, ctx: _Ctx) -> str:
                     hint="use letters, digits, '.', '-', '_', e.g. dtuser@node1")
 
 
+def node_value_problem(value: str, *, python: bool = False) -> str | None:
+    """Why a path or interpreter cannot go to a node (None: it can).
+
+    The one rule for ``--workdir``, ``--python`` and a hostfile's ``python=``: no control
+    characters; ``~`` only as the remote user's home (``~`` or ``~/...``); an interpreter
+    neither empty nor starting with '-'.
+    """
+    bad = _CONTROL.search(value)
+    if bad:
+        return f"contains the control character {bad.group()!r}"
+    if value.startswith("~") and value != "~" and not value.startswith("~/"):
+        return "uses ~name: only ~ and ~/ (the remote user's own home) are understood"
+    if python and not value.strip():
+        return "is empty"
+    if python and value.startswith("-"):
+        return "starts with '-' (it would be read as an option)"
+    return None
+
+
 def _python(value: object, ctx: _Ctx) -> str:
     """The interpreter on that node: an absolute path or a command on its PATH."""
-    if isinstance(value, str) and value.strip() and not _CONTROL.search(value):
+    problem = node_value_problem(value, python=True) if isinstance(value, str) \
+        else "is not a string"
+    if problem is None and isinstance(value, str):
         return value
-    raise ctx.error(f"invalid python {value!r}: give the interpreter's path on the node",
-                    hint="e.g. python=/opt/venv/bin/python")
+    raise ctx.error(f"invalid python {value!r}: {problem}",
+                    hint="give the interpreter's path on the node, e.g. "
+                         "python=/opt/venv/bin/python")
 
 
 _SETTERS = {"port": _port, "python": _python, "slots": _slots, "user": _user}

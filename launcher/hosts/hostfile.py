@@ -89,17 +89,20 @@ class _Yaml:
 
     def __init__(self, text: str, source: str) -> None:
         self.source = source
-        self.loader = yaml.SafeLoader(text)
+        self.text = text
+        try:
+            self.loader = yaml.SafeLoader(text)
+        except yaml.YAMLError as exc:  # the reader refuses control characters up front
+            raise HostfileError(f"not valid YAML: {_problem(exc)}", source=source,
+                                line=_yaml_line(exc, text)) from None
 
     def root(self) -> yaml.Node | None:
         try:
             return self.loader.get_single_node()
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise HostfileError(f"not valid YAML: {problem}", source=self.source, line=line,
-                                hint="check the indentation and quoting") from None
+            raise HostfileError(f"not valid YAML: {_problem(exc)}", source=self.source,
+                                line=_yaml_line(exc, self.text), hint="check the indentation and "
+                                "quoting") from None
 
     def ctx(self, node: yaml.Node, path: str) -> _Ctx:
         return _Ctx(self.source, node.start_mark.line + 1, path)
@@ -126,6 +129,19 @@ class _Yaml:
                 raise where.error("key given twice", hint="keep one")
             items[key] = value_node
         return items
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    return str(getattr(exc, "problem", None) or getattr(exc, "reason", None) or exc)
+
+
+def _yaml_line(exc: yaml.YAMLError, text: str) -> int | None:
+    """The line of a YAML error: its mark, or (a reader error) its character position."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        return int(mark.line) + 1
+    position = getattr(exc, "position", None)
+    return text.count("\n", 0, position) + 1 if isinstance(position, int) else None
 
 
 def _join(path: str, key: str) -> str:

@@ -517,7 +517,8 @@ def read_user() -> Json:
         import pwd
 
         pw = pwd.getpwuid(uid)
-        return {"uid": uid, "user": pw.pw_name, "home": pw.pw_dir}
+        # the home '~' means on this node: $HOME first, as the shell and expanduser do
+        return {"uid": uid, "user": pw.pw_name, "home": os.environ.get("HOME") or pw.pw_dir}
     except (ImportError, KeyError):
         return {"uid": uid, "user": os.environ.get("USER"), "home": os.path.expanduser("~")}
 

@@ -230,7 +230,14 @@ class Supervisor:
         spec = self.spec
         if spec.get("shell") is not None:
             shell = os.environ.get("SHELL") or "/bin/sh"
-            return [shell, "-c", spec["shell"]]
+            command = spec["shell"]
+            # one argument starting with '-' is a command, not an option of the shell:
+            # '--' ends the options of sh, bash, dash, zsh, ksh and fish; csh and tcsh
+            # take the next word as the command anyway, so a space keeps it from looking
+            # like an option there
+            if os.path.basename(shell) in ("csh", "tcsh"):
+                return [shell, "-c", " " + command if command.startswith("-") else command]
+            return [shell, "-c", "--", command]
         argv = list(spec["argv"])
         if self.tmpdir:
             shim = os.path.join(self.tmpdir, "dtrain_shim.py")

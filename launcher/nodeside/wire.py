@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from launcher.errors import UsageError
+from launcher.hosts.entries import node_value_problem
+
 FRAME = struct.Struct("!BiI")
 KIND_NOISE, KIND_OUT, KIND_ERR, KIND_CTL = 0, 1, 2, 3
 # the supervisor's first bytes (launcher/supervisor.py has the twin): anything before them
@@ -56,6 +59,37 @@ WORKDIR_MISSING = 97  # the remote shell's exit status when the working director
 PYTHON_MISSING = 98  # ... and when the interpreter is not found
 
 
+def check_value(value: str, origin: str, *, python: bool = False) -> str:
+    """A path or interpreter bound for a node's command line, or UsageError naming its origin.
+
+    Control characters (newline, NUL, ESC ...) are refused: they would end a shell line,
+    truncate a C string or drive the user's terminal. ``~`` and ``~/...`` mean the remote
+    user's home; ``~name`` is refused (whose home it is differs from node to node). An
+    interpreter may not start with '-' (it would be read as an option).
+    """
+    problem = node_value_problem(value, python=python)
+    if problem:
+        raise UsageError(f"{origin}: {value!r} {problem}",
+                         hint="give a plain path (absolute, or ~/ for the remote home)")
+    return value
+
+
+def shell_word(value: str) -> str:
+    """``value`` as one shell word; a leading ``~`` or ``~/`` becomes ``"$HOME"``, which is
+    what the remote shell's own tilde expansion means and what the probe's expanduser sees."""
+    if value == "~":
+        return '"$HOME"'
+    if value.startswith("~/"):
+        rest = value[2:]
+        return '"$HOME"/' + (shlex.quote(rest) if rest else "")
+    return shlex.quote(value)
+
+
+def _say(template: str, value: str) -> str:
+    """A printf line to stderr with ``value`` as data: never expanded, never shell code."""
+    return f"printf {shlex.quote(template)} {shell_word(value)} >&2"
+
+
 def remote_command(python: str = "python3", *, workdir: str | None = None,
                    setup: str | None = None, stdlib_only: bool = False) -> str:
     """The shell command line that starts a node program under the remote user's shell.
@@ -65,28 +99,28 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     program is exec'd so no shell lingers between sshd and the supervisor.
     ``stdlib_only`` is for the supervisor, which needs nothing from site-packages (the probe
     does: it reads installed package versions).
+
+    Every value (workdir, python) is one quoted word, also in the error messages, which
+    print it with ``printf '%s'``. The only shell code on the line is the fixed text here
+    and the user's own ``--setup``.
     """
+    check_value(python, "python", python=True)
     parts = []
     if workdir:
-        q = shlex.quote(workdir)
-        parts.append(
-            f"cd -- {q} 2>/dev/null || {{ echo \"dtrain: working directory {workdir!s} "
-            f"does not exist on this node\" >&2; exit {WORKDIR_MISSING}; }}"
-        )
+        check_value(workdir, "workdir")
+        message = "dtrain: working directory %s does not exist on this node\n"
+        parts.append(f"cd -- {shell_word(workdir)} 2>/dev/null || "
+                     f"{{ {_say(message, workdir)}; exit {WORKDIR_MISSING}; }}")
     if setup:
         parts.append(setup)
-    # a leading ~/ must stay unquoted to be expanded by the remote shell
-    py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
-    parts.append(
-        f"command -v {py} >/dev/null 2>&1 || {{ echo \"dtrain: {python} not found on this "
-        f"node (set --python or the hostfile's python=)\" >&2; exit {PYTHON_MISSING}; }}"
-    )
+    py = shell_word(python)
+    message = "dtrain: %s not found on this node (set --python or the hostfile's python=)\n"
+    parts.append(f"command -v {py} >/dev/null 2>&1 || "
+                 f"{{ {_say(message, python)}; exit {PYTHON_MISSING}; }}")
     # -S skips site (.pth files, site-packages): ~50 ms per node for a stdlib-only program
     flags = "-u -S" if stdlib_only else "-u"
     parts.append(f"exec {py} {flags} -c {shlex.quote(BOOTSTRAP)}")
     return "\n".join(parts)
-
-
 
 
 def payload(source: bytes, spec: Mapping[str, object] | None = None) -> bytes:
