@@ -142,6 +142,10 @@ def test_password_method_then_no_kbdint() -> None:
 @pytest.mark.parametrize("prompts", [
     pytest.param([("Verification code: ", True)], id="echoed-question"),
     pytest.param([("Password: ", False), ("OTP: ", False)], id="two-prompts"),
+    pytest.param([("Verification code: ", False)], id="hidden-otp"),
+    pytest.param([("One-time password (OATH) for `dtuser': ", False)], id="oath"),
+    pytest.param([("New password: ", False)], id="password-change"),
+    pytest.param([("Passcode or option (1-3): ", False)], id="duo"),
 ])
 def test_kbdint_declines_what_is_not_a_password(prompts: list[tuple[str, bool]]) -> None:
     c = client()
@@ -166,8 +170,8 @@ class _Tries:
 
 
 class _Server(asyncssh.SSHServer):
-    def __init__(self, method: str, tries: _Tries) -> None:
-        self.method, self.tries = method, tries
+    def __init__(self, method: str, tries: _Tries, prompt: str = "Mot de passe : ") -> None:
+        self.method, self.tries, self.prompt = method, tries, prompt
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -184,18 +188,19 @@ class _Server(asyncssh.SSHServer):
 
     def get_kbdint_challenge(self, username: str, lang: str, submethods: str
                              ) -> tuple[str, str, str, list[tuple[str, bool]]]:
-        return "", "", "", [("Mot de passe : ", False)]
+        return "", "", "", [(self.prompt, False)]
 
     def validate_kbdint_response(self, username: str, responses: Sequence[str]) -> bool:
         self.tries.kbdint.extend(responses)
         return list(responses) == ["right"]
 
 
-async def _login(tmp_path: Path, method: str, password: str) -> tuple[_Tries, Exception | None]:
+async def _login(tmp_path: Path, method: str, password: str, prompt: str = "Mot de passe : "
+                 ) -> tuple[_Tries, Exception | None]:
     tries = _Tries()
     server = await asyncssh.listen(
         "127.0.0.1", 0, server_host_keys=[asyncssh.generate_private_key("ssh-ed25519")],
-        server_factory=lambda: _Server(method, tries))
+        server_factory=lambda: _Server(method, tries, prompt))
     port = server.sockets[0].getsockname()[1]
     settings = SSHSettings(connect_timeout=5, accept_new=True, home=tmp_path)
     nodes = _Nodes(settings, ensure_keypair(tmp_path / "k"), fanout=1)
@@ -227,6 +232,14 @@ async def test_wrong_password_is_tried_once(tmp_path: Path, method: str) -> None
     assert isinstance(error, AuthError) and "wrong password" in error.message
     assert len(tries.password) + len(tries.kbdint) == 1
     assert "s3cr3t" not in str(error) and "s3cr3t" not in repr(error.__cause__)
+
+
+async def test_an_otp_prompt_never_gets_the_password(tmp_path: Path) -> None:
+    tries, error = await _login(tmp_path, "kbdint", "s3cr3t", prompt="Verification code: ")
+    assert tries.kbdint == [] and tries.password == []
+    assert isinstance(error, AuthError)
+    assert "'Verification code:'" in error.message and "not a password prompt" in error.message
+    assert "s3cr3t" not in str(error)
 
 
 # --------------------------------------------------------------------------- real sshd

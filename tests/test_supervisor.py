@@ -162,6 +162,50 @@ def test_supervisor_never_kills_by_name() -> None:
         assert word not in SOURCE.replace("Never pkill", "")
 
 
+# -- never a recycled pid ----------------------------------------------------------------------
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen(["sleep", "30"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_descendants_carry_the_start_time(sleeper) -> None:
+    started = supervisor.start_time(sleeper.pid)
+    assert started is not None and started > 0
+    assert (sleeper.pid, started) in supervisor.descendants(os.getpid())
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "kill"])
+def test_a_recycled_pid_is_never_signalled(sleeper, monkeypatch, pidfd: bool) -> None:
+    if not pidfd:  # Python 3.8 or a kernel without pidfds: the start-time check before kill()
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    # The scan saw pid P start at time T; by the kill, P is another process (a later start).
+    # That other process must survive: here the "newcomer" is our sleeper.
+    started = supervisor.start_time(sleeper.pid)
+    assert started is not None
+    stale = [(sleeper.pid, started - 1)]
+    monkeypatch.setattr(supervisor, "descendants", lambda root: stale)
+    assert supervisor.signal_tree(signal.SIGKILL) == 0
+    time.sleep(0.1)
+    assert sleeper.poll() is None and alive(sleeper.pid)
+    assert not supervisor.signal_pid(sleeper.pid, started + 1, signal.SIGKILL)
+    assert sleeper.poll() is None
+    # the process the scan really saw is signalled
+    monkeypatch.setattr(supervisor, "descendants", lambda root: [(sleeper.pid, started)])
+    assert supervisor.signal_tree(signal.SIGKILL) == 1
+    assert sleeper.wait(5) == -signal.SIGKILL
+
+
+def test_a_gone_pid_is_not_signalled() -> None:
+    proc = subprocess.Popen(["true"])
+    started = supervisor.start_time(proc.pid)
+    proc.wait()
+    assert started is None or not supervisor.signal_pid(proc.pid, started, signal.SIGKILL)
+
+
 @pytest.mark.parametrize(("status", "expected"), [
     (0, (0, None)), (3 << 8, (3, None)), (255 << 8, (255, None)),
     (signal.SIGKILL, (137, 9)), (signal.SIGTERM, (143, 15)), (signal.SIGINT, (130, 2)),

@@ -44,6 +44,9 @@ def exec_cmd(
                                         "supervisor (any Python >= 3.8).")] = "python3",
     color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
                                                "on or off (default: on a terminal).")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Pass the nodes' bytes to the terminal "
+                                      "as they are (default: only colours pass, other "
+                                      "control sequences are shown as ^[ ...).")] = False,
 ) -> None:
     """Run a command on every node; output tagged by host; exit = the largest remote code.
 
@@ -57,7 +60,7 @@ def exec_cmd(
         check_value(python, "--python", python=True)
         host_list = resolve(hostfile, hosts, include, exclude)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
-                          fanout=fanout, python=python, color=color, grace=grace,
+                          fanout=fanout, python=python, color=color, raw=raw, grace=grace,
                           heartbeat_timeout=heartbeat_timeout)
         return run_exec(host_list, req, ssh_settings(connect_timeout, accept_new))
 

@@ -73,6 +73,9 @@ def run_cmd(
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
     color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Pass the nodes' bytes to the terminal "
+                                      "as they are (default: only colours pass, other "
+                                      "control sequences are shown as ^[ ...).")] = False,
 ) -> None:
     """torchrun on every node: node ranks, a validated master, per-node NCCL/GLOO env.
 
@@ -115,7 +118,7 @@ def run_cmd(
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
                           start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout,
                           archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,
-                          color=color, ranks=rank_set, hosts_filter=host_set,
+                          color=color, raw=raw, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
                           preflight=preflight)

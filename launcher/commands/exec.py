@@ -15,6 +15,7 @@ from launcher.output import render
 from launcher.output.console import Console, Gatherer, fold_hosts
 from launcher.output.fastout import ExecOutput
 from launcher.output.pipeline import OutputPipeline
+from launcher.output.termsafe import clean_text
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
@@ -31,6 +32,7 @@ class ExecRequest:
     fanout: int = 64
     python: str = "python3"
     color: bool | None = None
+    raw: bool = False  # --raw: the nodes' control sequences reach the terminal
     grace: float = EXEC_GRACE
     heartbeat_timeout: float = 30.0
 
@@ -80,14 +82,16 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
     if req.gather:
         gatherer = Gatherer()
         console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
-                          labels=[h.label for h in hosts])
+                          labels=[h.label for h in hosts], sanitize=False if req.raw else None)
         async with OutputPipeline(console, gatherer=gatherer) as out:
             async with AutoTransport(settings) as transport:
                 outcome = await Job(hosts, launches, policy, LineRouter(out)).run(transport)
-        sys.stdout.write(gatherer.render())
+        report = gatherer.render()
+        sys.stdout.write(clean_text(report) if console.sanitize else report)
         sys.stdout.flush()
     else:
-        fast = ExecOutput([h.label for h in hosts], color=req.color)
+        fast = ExecOutput([h.label for h in hosts], color=req.color,
+                          sanitize=False if req.raw else None)
         try:
             async with AutoTransport(settings) as transport:
                 outcome = await Job(hosts, launches, policy, fast).run(transport)

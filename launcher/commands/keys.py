@@ -22,6 +22,7 @@ password-only mode. Its errors still go through ``transports.ssh.map_ssh_errors`
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -122,6 +123,7 @@ class _Client(asyncssh.SSHClient):
         self._password = password
         self.password_sent = False
         self.refused: UnknownHostKey | None = None  # unknown, not recorded
+        self.declined: str = ""  # a keyboard-interactive prompt that was not a password's
         self.added: UnknownHostKey | None = None  # unknown, recorded (--accept-new)
 
     def validate_host_public_key(self, host: str, addr: str, port: int,
@@ -152,10 +154,12 @@ class _Client(asyncssh.SSHClient):
         if not prompts:
             return []  # PAM sends empty rounds to show messages
         text, echo = prompts[0]
-        if len(prompts) == 1 and (not echo or "password" in text.lower()):
+        if len(prompts) == 1 and not echo and is_password_prompt(text):
             password = self._take_password()
             return None if password is None else [password]
-        return None  # an OTP or other question we cannot answer
+        # an OTP, a new password, several questions: never answered with the password
+        self.declined = " / ".join(p.strip() for p, _ in prompts)[:80]
+        return None
 
 
 @dataclass(frozen=True)
@@ -335,10 +339,36 @@ class _Nodes:
         return out
 
 
+# What PAM asks for a login password, in the languages its translations use.
+_PASSWORD_WORDS = re.compile(
+    r"password|passwort|mot de passe|contrase\u00f1a|senha|wachtwoord|has\u0142o|heslo|"
+    r"jelsz\u00f3|l\u00f6senord|adgangskode|passord|salasana|parola|\u043f\u0430\u0440\u043e\u043b\u044c|"
+    r"\u30d1\u30b9\u30ef\u30fc\u30c9|\u5bc6\u7801|\u5bc6\u78bc|\uc554\ud638", re.IGNORECASE)
+# ... and what marks a prompt as something else that merely mentions a password.
+_NOT_PASSWORD = re.compile(
+    r"one[- ]time|\botp\b|verification|code|token|pin\b|2fa|two[- ]factor|duo|yubi|"
+    r"\bnew\b|neues|nouveau|retype|again|confirm", re.IGNORECASE)
+
+
+def is_password_prompt(text: str) -> bool:
+    """True for a login password prompt ("Password: ", "Passwort: ", "dtuser@n1's password:").
+
+    Not for an OTP, a verification code, a token or a new password: those must never be
+    answered with the login password.
+    """
+    return bool(_PASSWORD_WORDS.search(text)) and not _NOT_PASSWORD.search(text)
+
+
 def _auth_error(host: Host, client: _Client, key_only: bool) -> AuthError:
     """Say which credential was refused (never the password itself)."""
     if key_only:
         return AuthError("the key is not accepted", host=host.label)
+    if client.declined and not client.password_sent:
+        return AuthError(f"the node asks {client.declined!r} (keyboard-interactive), which is "
+                         "not a password prompt: dtrain answers only a password prompt, and "
+                         "never with the password for another question", host=host.label,
+                         hint="install the key another way (ssh-copy-id, which lets you "
+                              "answer it), then use `dtrain keys check`")
     if not client.password_sent:
         return AuthError("the node offers no password login (PasswordAuthentication and "
                          "KbdInteractiveAuthentication are off)", host=host.label,

@@ -184,6 +184,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     archive = RunArchive.create(opts.archive_dir, req.run_id)
     archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})
     console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
+                      sanitize=False if opts.raw else None,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
     launches = {}
     for node in plan.nodes:

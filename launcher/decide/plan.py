@@ -52,6 +52,7 @@ class RunOptions:
     dry_run: bool = False
     as_json: bool = False
     color: bool | None = None
+    raw: bool = False  # --raw: the nodes' control sequences reach the terminal
     ranks: frozenset[int] | None = None
     hosts_filter: frozenset[str] | None = None
     profile: Mapping[str, str] | None = None

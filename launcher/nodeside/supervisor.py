@@ -12,7 +12,8 @@ without a pty outlives its connection. So the supervisor owns the job:
 - it kills the whole descendant tree (TERM, grace, KILL) when told to (``stop``/``kill``),
   when its stdin reaches EOF (launcher or connection gone), on SIGTERM/SIGHUP/SIGINT, or when
   the launcher's heartbeats stop for ``heartbeat_timeout`` seconds (a partition TCP misses);
-- it never kills by name: only processes descending from itself;
+- it never kills by name: only processes descending from itself, each checked by pid AND
+  start time (a pidfd where the kernel has them), so a recycled pid is never signalled;
 - in ``run`` mode, once a stop is under way and every rank on the node has exited, what is
   left is torchrun's agent, which has nothing to save: it is KILLed at once rather than
   given the grace period (an agent importing torch takes ~0.3 s of CPU to exit, 16 of them
@@ -95,39 +96,83 @@ def set_subreaper():
         return False
 
 
+def _stat_fields(pid):
+    """The fields of /proc/<pid>/stat after the comm field (state first), or None."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the comm field may contain spaces and parentheses: split after the last ')'
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def start_time(pid):
+    """The process's start time (stat field 22, clock ticks since boot), or None if gone.
+
+    A pid plus its start time names one process for good: a recycled pid has a later one.
+    """
+    fields = _stat_fields(pid)
+    if not fields or len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
 def descendants(root_pid):
-    """Every live process descending from root_pid, found through /proc ppid links."""
-    children = {}  # type: dict[int, list[int]]
+    """Every live process descending from root_pid as (pid, start time), via /proc ppid links."""
+    children = {}  # type: dict[int, list[tuple[int, int]]]
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as f:
-                stat = f.read()
-        except OSError:
+        fields = _stat_fields(int(name))
+        if not fields or len(fields) < 20 or fields[0] == b"Z":
             continue
-        # the comm field may contain spaces and parentheses: split after the last ')'
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) < 2 or fields[0] == b"Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
+        children.setdefault(int(fields[1]), []).append((int(name), int(fields[19])))
     found, todo = [], [root_pid]
     while todo:
         for child in children.get(todo.pop(), ()):
             found.append(child)
-            todo.append(child)
+            todo.append(child[0])
     return found
+
+
+def signal_pid(pid, started, sig):
+    """Send sig to pid only if it is still the process that started at ``started``.
+
+    Between the /proc scan and the kill the process may have exited and its pid been reused
+    by an unrelated process. Where the kernel has pidfds (Linux >= 5.3, Python >= 3.9) the
+    check and the signal are race-free: the pidfd pins the process we checked. Elsewhere the
+    start time is checked right before kill(), which narrows the window to microseconds.
+    """
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    fd = None
+    if pidfd_open is not None and send is not None:
+        try:
+            fd = pidfd_open(pid)
+        except OSError:
+            fd = None  # gone, or no pidfd support (ENOSYS): fall back
+    try:
+        if start_time(pid) != started:
+            return False  # gone or recycled: not ours any more
+        if fd is not None and send is not None:
+            send(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def signal_tree(sig):
     """Send sig to every descendant of this supervisor; returns how many were signalled."""
     count = 0
-    for pid in descendants(os.getpid()):
-        try:
-            os.kill(pid, sig)
+    for pid, started in descendants(os.getpid()):
+        if signal_pid(pid, started, sig):
             count += 1
-        except OSError:
-            pass
     return count
 
 

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
+from launcher.output.termsafe import clean_text
+
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Mapping, Sequence
 
@@ -41,6 +43,14 @@ RED = "\x1b[1;31m"
 PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
 DTRAIN_TAG = "dtrain"
 GATHER_RULE = "-" * 16  # what pdsh's dshbak prints, whatever the header's length
+
+
+def _isatty(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (ValueError, OSError):
+        return False
 
 
 def should_color(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
@@ -65,10 +75,14 @@ class Console:
         hosts: Collection[str] | None = None,
         labels: Sequence[str] = (),
         world_size: int | None = None,
+        sanitize: bool | None = None,
     ) -> None:
         self.stream = sys.stdout if stream is None else stream
         self.err_stream = err_stream
         self.color = should_color(self.stream) if color is None else color
+        # remote control sequences are neutralised on a terminal (termsafe.py); --raw: False
+        self.sanitize = (_isatty(self.stream) or _isatty(err_stream)) if sanitize is None \
+            else sanitize
         self.ranks = frozenset(ranks) if ranks is not None else None
         self.hosts = frozenset(hosts) if hosts is not None else None
         self.broken = False  # the reader went away (EPIPE): drop further output
@@ -102,10 +116,12 @@ class Console:
         if line.stream == "dtrain" and line.host:
             text = f"{line.host}: {text}"
         prefix = self._prefix(line)
+        if self.sanitize and not text.isprintable():
+            text = clean_text(text)  # ends with a reset if it kept a colour
+        elif self.color and "\x1b" in text:
+            text += RESET  # the remote program's colours must not leak into our next tag
         if "\n" in text:
             text = text.replace("\n", "\n" + prefix)
-        if self.color and "\x1b" in text:
-            text += RESET  # the remote program's colours must not leak into our next tag
         return prefix + text
 
     def write(self, lines: Iterable[OutputLine]) -> None:

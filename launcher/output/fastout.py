@@ -4,6 +4,9 @@ exec output is pdsh's format: no ranks, no archive, no progress-bar folding, so 
 never need to become objects. Each chunk is cut at its last newline, the complete part is
 prefixed in one ``bytes.replace`` and queued; the unfinished tail waits for the next chunk
 (or EOF). Bytes pass through unchanged, so invalid UTF-8 and very long lines survive.
+On a terminal (not with --raw) control sequences other than colours are neutralised first
+(termsafe.py); a chunk without control bytes costs one ``bytes.translate`` for that, and
+output to a pipe or a file is not looked at at all.
 
 A writer thread does the writes, so a blocked stdout (`| less`, paused) never blocks the
 event loop, which must keep heartbeats flowing. exec keeps no archive, so it never drops a
@@ -21,6 +24,7 @@ import threading
 from typing import BinaryIO
 
 from launcher.models import Host
+from launcher.output.termsafe import clean_bytes, needs_cleaning
 
 HIGH_WATER = 16 * 1024 * 1024
 LOW_WATER = 4 * 1024 * 1024
@@ -31,12 +35,16 @@ class ExecOutput:
     """Tags exec output by host; the LineRouter interface the orchestrator drives."""
 
     def __init__(self, labels: list[str], *, color: bool | None = None,
-                 out: BinaryIO | None = None, err: BinaryIO | None = None) -> None:
+                 out: BinaryIO | None = None, err: BinaryIO | None = None,
+                 sanitize: bool | None = None) -> None:
         self._out = out or sys.stdout.buffer
         self._err = err or sys.stderr.buffer
         if color is None:
             color = not os.environ.get("NO_COLOR") and self._out.isatty()
         self._color = color
+        # per stream: neutralise remote control sequences where they reach a terminal
+        self._clean = {"out": _isatty(self._out) if sanitize is None else sanitize,
+                       "err": _isatty(self._err) if sanitize is None else sanitize}
         self._index = {label: i for i, label in enumerate(labels)}
         self._prefixes: dict[str, bytes] = {}
         self._partial: dict[tuple[str, str], bytes] = {}
@@ -74,13 +82,18 @@ class ExecOutput:
         if cut + 1 < len(data):
             self._partial[key] = data[cut + 1:]
         prefix = self._prefix(host.label)
-        body = prefix + data[:cut].replace(b"\n", b"\n" + prefix) + b"\n"
+        lines = data[:cut]
+        if self._clean.get(stream) and needs_cleaning(lines):
+            lines = clean_bytes(lines)
+        body = prefix + lines.replace(b"\n", b"\n" + prefix) + b"\n"
         self._put(self._err if stream == "err" else self._out, body)
 
     def flush(self, host: str) -> None:
         """A host is done: its unfinished last lines go out with a newline."""
         for key in [k for k in self._partial if k[0] == host]:
             tail = self._partial.pop(key)
+            if self._clean.get(key[1]) and needs_cleaning(tail):
+                tail = clean_bytes(tail)
             target = self._err if key[1] == "err" else self._out
             self._put(target, self._prefix(host) + tail + b"\n")
 
@@ -151,3 +164,10 @@ class ExecOutput:
             self._closing = True
             self._cond.notify()
         self._thread.join(timeout)
+
+
+def _isatty(stream: BinaryIO) -> bool:
+    try:
+        return stream.isatty()
+    except (ValueError, OSError, AttributeError):
+        return False
