@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.util import dtrain
@@ -37,3 +39,30 @@ def test_exec_on_localhost_needs_no_sshd(tmp_path):
     res = dtrain(["exec", "-H", "localhost", "--", "echo hi; exit 4"],
                  env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 4 and res.stdout == "localhost: hi\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["run", "--nproc-per-nod", "2", "train.py"],
+                 "no such option --nproc-per-nod (did you mean --nproc-per-node?)", id="run"),
+    pytest.param(["exec", "--gahter", "--", "true"],
+                 "no such option --gahter (did you mean --gather?)", id="exec"),
+    pytest.param(["run", "--frobnicate", "train.py"],
+                 "no such option --frobnicate (options for the script", id="no-match"),
+])
+def test_unknown_option_before_the_script_is_exit_2_at_once(args, message, tmp_path):
+    """A typo is never taken for the script: nothing connects (198.18.0.250 would hang)."""
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("198.18.0.250\n")
+    start = time.monotonic()
+    res = dtrain([args[0], "-f", str(hostfile), "--connect-timeout", "30", *args[1:]],
+                 env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr
+    assert time.monotonic() - start < 10
+
+
+def test_options_after_the_script_stay_the_scripts(tmp_path):
+    res = dtrain(["exec", "-H", "localhost", "echo", "-n", "--gather", "x"],
+                 env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "localhost: --gather x\n"

@@ -20,6 +20,7 @@ import typer
 from launcher.cli.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
+    DtrainCommand,
     ExcludeOpt,
     FanoutOpt,
     HostfileOpt,
@@ -185,7 +186,7 @@ def _identities(identity: Path | None) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- commands
 
 
-@keys_app.command("setup")
+@keys_app.command("setup", cls=DtrainCommand)
 def setup_cmd(
     hostfile: HostfileOpt = None,
     hosts: HostsOpt = None,
@@ -216,7 +217,7 @@ def setup_cmd(
     run_body(body)
 
 
-@keys_app.command("check")
+@keys_app.command("check", cls=DtrainCommand)
 def check_cmd(
     hostfile: HostfileOpt = None,
     hosts: HostsOpt = None,
@@ -243,7 +244,7 @@ def check_cmd(
     run_body(body)
 
 
-@keys_app.command("revoke")
+@keys_app.command("revoke", cls=DtrainCommand)
 def revoke_cmd(
     hostfile: HostfileOpt = None,
     hosts: HostsOpt = None,
