@@ -66,3 +66,41 @@ def test_options_after_the_script_stay_the_scripts(tmp_path):
                  env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     assert res.stdout == "localhost: --gather x\n"
+
+
+def _commands():
+    """(path, click command) for every leaf command of the app."""
+    import typer.main
+
+    from launcher.cli import app
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                yield from walk(sub, (*path, name))
+        else:
+            yield " ".join(path), cmd
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+def test_every_option_has_help_and_f_is_always_hostfile():
+    missing, short_f = [], []
+    for path, cmd in _commands():
+        for param in cmd.params:
+            if param.param_type_name == "option" and not (param.help or "").strip():
+                missing.append(f"{path} {param.opts[0]}")
+            if "-f" in param.opts and "--hostfile" not in param.opts:
+                short_f.append(f"{path} {param.opts}")
+    assert len(_commands()) == 7
+    assert missing == [] and short_f == []
+
+
+def test_no_bool_metavar_on_flags():
+    for cmd in (["--help"], ["keys", "--help"], ["run", "--help"], ["exec", "--help"],
+                ["logs", "--help"], ["doctor", "--help"], ["keys", "setup", "--help"]):
+        res = dtrain(cmd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        assert res.returncode == 0 and "--help" in res.stdout, cmd
+        assert "<bool>" not in res.stdout, cmd
+    assert "--follow" in dtrain(["logs", "--help"], env={"COLUMNS": "200"}).stdout

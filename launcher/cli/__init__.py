@@ -15,7 +15,8 @@ from launcher import __version__
 from launcher.cli import common, doctor, exec, keys, logs, run
 
 app = typer.Typer(
-    name="dtrain", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
+    pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
          "every node), keys, doctor, logs.",
 )

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from launcher.errors import DtrainError
 
@@ -36,8 +36,26 @@ def no_such_option(name: str, possibilities: Sequence[str] | None) -> str:
             "options for dtrain before it)")
 
 
+def _no_flag_metavars(params: list[Any]) -> list[Any]:
+    """A flag takes no value: no `<bool>` in its help row (typer >= 0.2x prints one)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class DtrainGroup(TyperGroup):
+    """typer's group without `<bool>` on its flags (--help, --version)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavars(super().get_params(ctx))
+
+
 class DtrainCommand(TyperCommand):
-    """typer's command with dtrain's wording for an unknown option."""
+    """typer's command with dtrain's wording for an unknown option and no `<bool>` on flags."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavars(super().get_params(ctx))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         exceptions = _click_exceptions()

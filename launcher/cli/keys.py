@@ -21,6 +21,7 @@ from launcher.cli.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
     DtrainCommand,
+    DtrainGroup,
     ExcludeOpt,
     FanoutOpt,
     HostfileOpt,
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from launcher.commands.keys import KeyResult, UnknownHostKey
     from launcher.models import Host
 
-keys_app = typer.Typer(no_args_is_help=True, help="Passwordless SSH bootstrap for every node.")
+keys_app = typer.Typer(cls=DtrainGroup, no_args_is_help=True,
+                       help="Passwordless SSH bootstrap for every node.")
 
 IdentityOpt = Annotated[Path | None, typer.Option(
     "--identity", "-i", help="Key to install (created there if missing) instead of "
