@@ -237,10 +237,18 @@ def test_job_killed_by_signal_is_128_plus_n(sups, sig: int) -> None:
     assert (end["code"], end["signal"]) == (128 + sig, int(sig))
 
 
-def test_cannot_start_reports_error(sups) -> None:
-    s = sups({"argv": ["/nonexistent/program"]})
-    assert "cannot start /nonexistent/program" in s.message("hello")["error"]
-    assert s.wait() == 127
+@pytest.mark.parametrize("program, error, code", [
+    pytest.param("/nonexistent/program", "/nonexistent/program: No such file or directory",
+                 127, id="path"),
+    pytest.param("dtrain-no-such-command", "dtrain-no-such-command: command not found", 127,
+                 id="bare-name"),
+    pytest.param("/etc/passwd", "/etc/passwd: Permission denied", 126, id="not-executable"),
+])
+def test_cannot_start_reports_error_as_a_shell(sups, program, error, code) -> None:
+    s = sups({"argv": [program, "-L"]})
+    hello = s.message("hello")
+    assert (hello["error"], hello["code"]) == (error, code)
+    assert s.wait() == code
 
 
 # -- teardown ----------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from launcher import __version__
 from launcher.cli import common, doctor, exec, keys, logs, run
 
 app = typer.Typer(
-    name="dtrain", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
+    pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
          "every node), keys, doctor, logs.",
 )
@@ -34,11 +35,12 @@ def main_callback(
     """dtrain: launch and supervise multi-node jobs over SSH."""
 
 
-app.command("exec", context_settings=common.PASSTHROUGH)(exec.exec_cmd)
-app.command("run", context_settings=common.PASSTHROUGH)(run.run_cmd)
-app.command("logs")(logs.logs_cmd)
+Cmd = common.DtrainCommand
+app.command("exec", cls=Cmd, context_settings=common.PASSTHROUGH)(exec.exec_cmd)
+app.command("run", cls=Cmd, context_settings=common.PASSTHROUGH)(run.run_cmd)
+app.command("logs", cls=Cmd)(logs.logs_cmd)
 app.add_typer(keys.keys_app, name="keys", help="Passwordless SSH bootstrap for every node.")
-app.command("doctor")(doctor.doctor_cmd)
+app.command("doctor", cls=Cmd)(doctor.doctor_cmd)
 
 
 def main() -> None:

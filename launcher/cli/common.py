@@ -6,14 +6,64 @@ imports a command module, so the CLI has no import circle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from launcher.errors import DtrainError
 
-PASSTHROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
+# Everything after the first positional (the script, the remote command) belongs to it; an
+# unknown option *before* it is a typo and an error (never the script's name).
+PASSTHROUGH = {"allow_interspersed_args": False}
+
+
+def _click_exceptions() -> Any:
+    """click's exception module as typer uses it (typer >= 0.20 vendors click as _click)."""
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ImportError:  # older typer: plain click
+        return importlib.import_module("click.exceptions")
+
+
+def no_such_option(name: str, possibilities: Sequence[str] | None) -> str:
+    """`no such option --nproc-per-nod (did you mean --nproc-per-node?)`."""
+    if possibilities:  # best match first (difflib)
+        return f"no such option {name} (did you mean {possibilities[0]}?)"
+    return (f"no such option {name} (options for the script or command go after it, "
+            "options for dtrain before it)")
+
+
+def _no_flag_metavars(params: list[Any]) -> list[Any]:
+    """A flag takes no value: no `<bool>` in its help row (typer >= 0.2x prints one)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class DtrainGroup(TyperGroup):
+    """typer's group without `<bool>` on its flags (--help, --version)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavars(super().get_params(ctx))
+
+
+class DtrainCommand(TyperCommand):
+    """typer's command with dtrain's wording for an unknown option and no `<bool>` on flags."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavars(super().get_params(ctx))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        exceptions = _click_exceptions()
+        try:
+            return super().parse_args(ctx, args)
+        except exceptions.NoSuchOption as exc:
+            raise exceptions.UsageError(no_such_option(exc.option_name, exc.possibilities),
+                                        ctx=ctx) from None
 
 HostfileOpt = Annotated[str | None, typer.Option(
     "-f", "--hostfile", envvar="DTRAIN_HOSTFILE", show_envvar=True,

@@ -20,6 +20,8 @@ import typer
 from launcher.cli.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
+    DtrainCommand,
+    DtrainGroup,
     ExcludeOpt,
     FanoutOpt,
     HostfileOpt,
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
     from launcher.commands.keys import KeyResult, UnknownHostKey
     from launcher.models import Host
 
-keys_app = typer.Typer(no_args_is_help=True, help="Passwordless SSH bootstrap for every node.")
+keys_app = typer.Typer(cls=DtrainGroup, no_args_is_help=True,
+                       help="Passwordless SSH bootstrap for every node.")
 
 IdentityOpt = Annotated[Path | None, typer.Option(
     "--identity", "-i", help="Key to install (created there if missing) instead of "
@@ -185,7 +188,7 @@ def _identities(identity: Path | None) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- commands
 
 
-@keys_app.command("setup")
+@keys_app.command("setup", cls=DtrainCommand)
 def setup_cmd(
     hostfile: HostfileOpt = None,
     hosts: HostsOpt = None,
@@ -216,7 +219,7 @@ def setup_cmd(
     run_body(body)
 
 
-@keys_app.command("check")
+@keys_app.command("check", cls=DtrainCommand)
 def check_cmd(
     hostfile: HostfileOpt = None,
     hosts: HostsOpt = None,
@@ -243,7 +246,7 @@ def check_cmd(
     run_body(body)
 
 
-@keys_app.command("revoke")
+@keys_app.command("revoke", cls=DtrainCommand)
 def revoke_cmd(
     hostfile: HostfileOpt = None,
     hosts: HostsOpt = None,

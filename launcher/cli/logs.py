@@ -15,15 +15,18 @@ from launcher.cli.common import (
 def logs_cmd(
     run: Annotated[str | None, typer.Argument(
         help="Run id or directory (default: latest).")] = None,
-    archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR")]
-    = "dtrain-runs",
+    archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR",
+                                             help="Where run archives are.")] = "dtrain-runs",
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Only this rank "
                                                    "(repeatable).")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Only these hosts.")] = None,
     grep: Annotated[str | None, typer.Option("--grep", help="Regular expression.")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-F", help="Tail a running job.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-F", help="Tail a running job until it "
+                                         "ends (-F as in tail -F: -f means --hostfile in "
+                                         "every dtrain command).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the archived objects.")] = False,
-    color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
+    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
+                                               "on or off (default: on a terminal).")] = None,
 ) -> None:
     """Replay a run archive with the live console's tags and filters."""
     def body() -> int:

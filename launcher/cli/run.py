@@ -40,11 +40,16 @@ def run_cmd(
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V for every rank "
                                                   "(repeatable; wins over site config).")] = None,
     env_file: Annotated[str | None, typer.Option("--env-file", help="dotenv file.")] = None,
-    master_addr: Annotated[str | None, typer.Option("--master-addr")] = None,
-    master_port: Annotated[int | None, typer.Option("--master-port", min=1, max=65535)] = None,
+    master_addr: Annotated[str | None, typer.Option(
+        "--master-addr", help="Rendezvous address (default: node 0's address every node "
+                              "reaches, probed).")] = None,
+    master_port: Annotated[int | None, typer.Option(
+        "--master-port", min=1, max=65535, help="Rendezvous port (default: a free one on "
+                                                "node 0, checked from every node).")] = None,
     rdzv: Annotated[str, typer.Option("--rdzv", help="static (deterministic ranks) or c10d "
                                       "(elastic).")] = "static",
-    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0)] = 0,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="torchrun "
+                                              "restarts of the worker group.")] = 0,
     module: Annotated[bool, typer.Option("-m", "--module", help="SCRIPT is a module.")] = False,
     archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR",
                                              help="Where run archives go.")] = "dtrain-runs",
@@ -67,12 +72,17 @@ def run_cmd(
                                          "stopping.")] = 10.0,
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.1, help="Whole job "
                                                   "limit in s (exit 124).")] = None,
-    start_timeout: Annotated[float, typer.Option("--start-timeout", min=1)] = 120.0,
-    heartbeat_timeout: Annotated[float, typer.Option("--heartbeat-timeout", min=1)] = 30.0,
+    start_timeout: Annotated[float, typer.Option(
+        "--start-timeout", min=1, help="Seconds for every node to start (exit 124, node "
+                                       "named).")] = 120.0,
+    heartbeat_timeout: Annotated[float, typer.Option(
+        "--heartbeat-timeout", min=1, help="Declare a silent node lost after S s "
+                                           "(exit 255).")] = 30.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
-    color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
+    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
+                                               "on or off (default: on a terminal).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Pass the nodes' bytes to the terminal "
                                       "as they are (default: only colours pass, other "
                                       "control sequences are shown as ^[ ...).")] = False,

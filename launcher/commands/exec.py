@@ -69,6 +69,8 @@ def summary(outcome: JobOutcome) -> list[str]:
             groups.setdefault(f"not run: {node.error}", []).append(label)
         elif node.exit_code != 0:
             what = f"killed by signal {node.signal}" if node.signal else f"exit {node.exit_code}"
+            if node.error:  # it never started: the supervisor says why, as a shell would
+                what = f"{node.error} ({what})"
             groups.setdefault(what, []).append(label)
     return [f"{fold_hosts(hosts)}: {what}" for what, hosts in groups.items()]
 

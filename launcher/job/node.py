@@ -245,7 +245,9 @@ class NodeSession:
             return NodeOutcome(self.host, None, ended=time.time(), abandoned=True, **pids,  # type: ignore[arg-type]
                                error=self._abandoned, stderr_tail=tail)
         if self.hello is not None and self.hello.get("error"):
-            return NodeOutcome(self.host, 127, error=str(self.hello["error"]), ended=time.time())
+            code = self.hello.get("code")
+            return NodeOutcome(self.host, code if isinstance(code, int) else 127,
+                               error=str(self.hello["error"]), ended=time.time())
         if self.exit_msg is None:
             if self.hello is None:
                 why = tail[-1] if tail else f"remote shell exited with status {status}"

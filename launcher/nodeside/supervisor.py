@@ -200,6 +200,7 @@ class Supervisor:
         self.agent_killed = False
         self.open_streams = 0
         self.tmpdir = None
+        self.start_code = 127  # the shell's code for a job that could not start
         self.done = False
         # re-entrant: a signal handler runs teardown on the main thread, maybe inside it
         self.lock = threading.RLock()
@@ -312,8 +313,9 @@ class Supervisor:
                 stderr=subprocess.PIPE, env=env, start_new_session=True,
             )
         except OSError as exc:
-            self.out.control({"type": "hello", "v": PROTOCOL, "error": "cannot start %s: %s"
-                              % (argv[0], exc.strerror or exc), "hostname": socket.gethostname()})
+            error, self.start_code = start_error(argv[0], exc)
+            self.out.control({"type": "hello", "v": PROTOCOL, "error": error,
+                              "code": self.start_code, "hostname": socket.gethostname()})
             return False
         for stream, kind in ((self.job.stdout, OUT), (self.job.stderr, ERR)):
             assert stream is not None
@@ -434,7 +436,7 @@ class Supervisor:
             signal.signal(sig, self.on_signal)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         if not self.start():
-            return 127
+            return self.start_code
         for target in (self.read_stdin, self.watchdog):
             threading.Thread(target=target, daemon=True).start()
         next_hb = now() + self.hb_interval
@@ -524,6 +526,20 @@ class Supervisor:
                 os.rmdir(self.tmpdir)
             except OSError:
                 pass
+
+
+def start_error(program, exc):
+    """Why the job could not start, worded as a shell says it, and the shell's exit code.
+
+    ``nvidia-smi: command not found`` (127) for a bare name missing from PATH; the file's
+    own error otherwise (``./run.sh: Permission denied``, 126).
+    """
+    import errno  # only the failure path needs it
+
+    if exc.errno == errno.ENOENT and "/" not in program:
+        return "%s: command not found" % program, 127
+    code = 127 if exc.errno == errno.ENOENT else 126
+    return "%s: %s" % (program, exc.strerror or exc), code
 
 
 def exit_code(status):
