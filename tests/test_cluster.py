@@ -14,6 +14,7 @@ import asyncssh
 import pytest
 
 from tests import cluster as tc
+from tests.util import need_module
 
 pytestmark = pytest.mark.ssh
 
@@ -158,7 +159,7 @@ def test_home_and_key_modes(cluster: tc.Cluster) -> None:
 @pytest.mark.torch
 def test_dtuser_runs_project_python_with_torch(cluster: tc.Cluster) -> None:
     """Shared filesystem: the interpreter and the repo are reachable by dtuser on a node."""
-    pytest.importorskip("torch")
+    need_module("torch")
     code = "import torch, launcher; print(torch.__version__)"
     cmd = (f"cd {shlex.quote(str(cluster.repo))} && "
            f"{shlex.quote(cluster.python)} -c {shlex.quote(code)}")

@@ -6,19 +6,18 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
-from tests.util import REPO
+from tests.util import REPO, cannot_run, need_module
 
 
-@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
 def test_ruff_is_clean():
+    if shutil.which("ruff") is None:
+        cannot_run("ruff is not installed")
     res = subprocess.run(["ruff", "check", "."], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_mypy_strict_is_clean():
-    pytest.importorskip("mypy")
+    need_module("mypy")
     res = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True,
                          text=True, timeout=170)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -1,0 +1,87 @@
+"""The suite's own plumbing: scripts/test fails on a failed install, and everything must run
+under it (DTRAIN_REQUIRE_CLUSTER=1) rather than skip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.util import REPO, cannot_run
+
+FAKE_PYTHON = """#!/bin/bash
+echo "$*" >> "$FAKE_LOG"
+case "$2" in
+  pip) echo "Running pip as the 'root' user can result in broken permissions"
+       echo "pip says: $FAKE_PIP_SAYS"; exit "$FAKE_PIP_RC";;
+  pytest) echo "pytest saw DTRAIN_REQUIRE_CLUSTER=${DTRAIN_REQUIRE_CLUSTER:-unset}";;
+esac
+exit 0
+"""
+
+
+def _script_test(tmp_path: Path, pip_rc: int) -> tuple[subprocess.CompletedProcess[str], str]:
+    """scripts/test with a stand-in python (pip, tests.cluster, pytest) and dpkg (all there)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"python": FAKE_PYTHON, "dpkg": "#!/bin/sh\nexit 0\n",
+                       "apt-get": "#!/bin/sh\necho apt-get must not run; exit 99\n"}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "PYTHON": str(bin_dir / "python"), "FAKE_LOG": str(log),
+           "FAKE_PIP_RC": str(pip_rc), "FAKE_PIP_SAYS": "ERROR: no matching distribution"}
+    res = subprocess.run(["bash", str(REPO / "scripts" / "test"), "-q", "-k", "x"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    return res, log.read_text() if log.exists() else ""
+
+
+def test_scripts_test_stops_when_pip_install_fails(tmp_path: Path) -> None:
+    res, calls = _script_test(tmp_path, pip_rc=3)
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "pip install failed (exit 3)" in res.stderr
+    assert "ERROR: no matching distribution" in res.stdout  # pip's own words are shown
+    assert "tests.cluster" not in calls and "pytest" not in calls, calls
+
+
+def test_scripts_test_filters_pip_noise_and_requires_every_test(tmp_path: Path) -> None:
+    res, calls = _script_test(tmp_path, pip_rc=0)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Running pip as the 'root' user" not in res.stdout
+    assert [line.split()[:2] for line in calls.splitlines()] == [
+        ["-m", "pip"], ["-m", "tests.cluster"], ["-m", "pytest"]]
+    assert calls.splitlines()[-1] == "-m pytest -q -k x"
+    assert "pytest saw DTRAIN_REQUIRE_CLUSTER=1" in res.stdout
+
+
+def test_cannot_run_skips_by_default_and_fails_where_required() -> None:
+    with pytest.raises(pytest.skip.Exception, match="no sshd"):
+        cannot_run("no sshd", require=False)
+    with pytest.raises(pytest.fail.Exception, match="no sshd .*DTRAIN_REQUIRE_CLUSTER=1"):
+        cannot_run("no sshd", require=True)
+
+
+def test_required_run_turns_a_missing_cluster_and_tool_into_failures(tmp_path: Path) -> None:
+    """End to end: pytest in a subprocess, the cluster made unavailable and ruff not found."""
+    (tmp_path / "test_probe_required.py").write_text(
+        "def test_uses_cluster(cluster):\n    pass\n"
+        "from tests.test_lint import test_ruff_is_clean as test_ruff\n")
+    (tmp_path / "conftest.py").write_text(
+        "import shutil\nfrom tests import cluster as tc\n"
+        "tc.unavailable_reason = lambda: 'no sshd on this machine'\n"
+        "shutil.which = lambda name, *a, **k: None\n"
+        "from tests.conftest import cluster  # noqa: F401\n")
+    outcomes = {}
+    for require in ("0", "1"):
+        env = {**os.environ, "DTRAIN_REQUIRE_CLUSTER": require, "PYTHONPATH": str(REPO)}
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "-o", "addopts=", str(tmp_path)], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+        outcomes[require] = (res.returncode, res.stdout.splitlines()[-1])
+    assert outcomes["0"][0] == 0 and "2 skipped" in outcomes["0"][1], outcomes
+    # the fixture's failure is reported as an error of the test that uses it
+    assert outcomes["1"][0] == 1 and "1 failed, 1 error" in outcomes["1"][1], outcomes
