@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from launcher.errors import ConnectError
+from launcher.job.limits import ensure_nofile
 from launcher.job.node import JobSpec, NodeOutcome, NodeSession
 from launcher.models import Host
 from launcher.output.pipeline import OutputPipeline
@@ -154,7 +155,12 @@ async def connect_one(transport: Transport, host: Host, timeout: float) -> Conne
 
 async def connect_all(transport: Transport, hosts: Sequence[Host], *, fanout: int,
                       timeout: float) -> tuple[dict[str, Connection], dict[str, str]]:
-    """Connect to every host in parallel (at most ``fanout`` at once)."""
+    """Connect to every host in parallel (at most ``fanout`` at once).
+
+    The open-files soft limit is raised first to what the whole host list needs
+    (``limits.ensure_nofile``): every connection stays open for the job.
+    """
+    ensure_nofile(len(hosts))
     sem = asyncio.Semaphore(fanout)
     conns: dict[str, Connection] = {}
     errors: dict[str, str] = {}
@@ -305,6 +311,7 @@ class Job:
     async def run(self, transport: Transport, conns: dict[str, Connection] | None = None,
                   ) -> JobOutcome:
         """Connect (unless given connections), run every node, return the outcome."""
+        ensure_nofile(len(self.hosts))
         self._advance(JobState.LAUNCHING)
         loop = asyncio.get_running_loop()
         conns = dict(conns or {})
