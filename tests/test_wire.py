@@ -173,3 +173,70 @@ def test_one_argument_starting_with_dash_is_a_command_not_a_shell_option(monkeyp
     err = b"".join(f.data for f in frames if f.kind == wire.KIND_ERR)
     assert ctl[-1]["type"] == "exit" and ctl[-1]["code"] == 127, err
     assert b"-x" in err and b"not found" in err
+
+
+# --------------------------------------------------------------------------- code cache
+
+
+def _bootstrap(home, source: bytes, env_extra=None):
+    """Run the real bootstrap line with HOME=home on a tiny program; return its stdout."""
+    import os
+    import sys
+
+    env = {**os.environ, "HOME": str(home), **(env_extra or {})}
+    return subprocess.run(["/bin/sh", "-c", wire.remote_command(sys.executable)],
+                          input=wire.payload(source, {"x": 1}), capture_output=True,
+                          env=env, timeout=60)
+
+
+def _entry(home, source: bytes):
+    import sys
+
+    tag = sys.implementation.cache_tag
+    return home / ".cache" / "dtrain" / f"{wire.source_key(source)}-{tag}.bin"
+
+
+def test_bootstrap_caches_the_compiled_program_privately_and_uses_it(tmp_path):
+    import marshal
+    import os
+
+    src = b"import sys\nprint('ran', DTRAIN_SPEC.decode())\n"
+    first = _bootstrap(tmp_path, src)
+    assert first.returncode == 0 and first.stdout == b'ran {"x":1}\n', first.stderr
+    entry = _entry(tmp_path, src)
+    assert entry.is_file()
+    assert (entry.stat().st_mode & 0o777, entry.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    assert not [p for p in entry.parent.iterdir() if p.name.endswith(".tmp")]
+    # the second start runs the cached code object: prove it by planting a different one
+    entry.write_bytes(marshal.dumps(compile("print('from cache')", "c", "exec")))
+    os.chmod(entry, 0o600)
+    assert _bootstrap(tmp_path, src).stdout == b"from cache\n"
+
+
+def test_bootstrap_ignores_a_cache_others_can_write_or_a_corrupt_one(tmp_path):
+    import marshal
+    import os
+
+    src = b"print('compiled fresh')\n"
+    _bootstrap(tmp_path, src)
+    entry = _entry(tmp_path, src)
+    entry.write_bytes(marshal.dumps(compile("print('planted')", "c", "exec")))
+    os.chmod(entry.parent, 0o777)  # a directory anyone can write into is not trusted
+    assert _bootstrap(tmp_path, src).stdout == b"compiled fresh\n"
+    os.chmod(entry.parent, 0o700)
+    os.chmod(entry, 0o666)  # nor is a file anyone can write
+    assert _bootstrap(tmp_path, src).stdout == b"compiled fresh\n"
+    os.chmod(entry, 0o600)
+    entry.write_bytes(b"not marshal at all")
+    assert _bootstrap(tmp_path, src).stdout == b"compiled fresh\n"
+
+
+def test_bootstrap_works_with_a_read_only_home(tmp_path):
+    import os
+
+    os.chmod(tmp_path, 0o500)
+    try:
+        res = _bootstrap(tmp_path, b"print('still runs')\n")
+    finally:
+        os.chmod(tmp_path, 0o700)
+    assert res.returncode == 0 and res.stdout == b"still runs\n"
