@@ -23,7 +23,6 @@ from ClusterShell.NodeSet import (
 
 from launcher.errors import HostfileError, UsageError
 from launcher.hosts.entries import (
-    _ENV_NAME,
     ENV_HOSTFILE,
     IGNORED_KEYS,
     TEXT_KEYS,
@@ -37,6 +36,7 @@ from launcher.hosts.entries import (
     _Spec,
     _why,
 )
+from launcher.hosts.envfile import name_problem
 from launcher.models import Host
 
 
@@ -144,6 +144,10 @@ def _yaml_line(exc: yaml.YAMLError, text: str) -> int | None:
     return text.count("\n", 0, position) + 1 if isinstance(position, int) else None
 
 
+def _yaml_type(value: object) -> str:
+    return "null" if value is None else type(value).__name__.replace("bool", "boolean")
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -157,13 +161,18 @@ def _yaml_env(doc: _Yaml, node: yaml.Node, path: str) -> dict[str, str]:
     for key_node, value_node in node.value:
         name = doc.value(key_node, path)
         ctx = doc.ctx(key_node, _join(path, str(name)))
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise ctx.error(f"invalid environment variable name {name!r}",
+        problem = name_problem(name) if isinstance(name, str) else f"{name!r} is not a name"
+        if problem:
+            raise ctx.error(f"invalid environment variable: {problem}",
                             hint="letters, digits and '_', not starting with a digit")
         value = doc.value(value_node, ctx.path)
         if isinstance(value, bool) or value is None or not isinstance(value, str | int | float):
-            raise ctx.error(f"value must be a string, got {value!r}",
+            # the value is not shown: it may be a secret
+            raise ctx.error(f"value must be a string, got a {_yaml_type(value)}",
                             hint="quote it, e.g. \"1\", \"true\" or \"\"")
+        if "\x00" in str(value):
+            raise ctx.error("the value contains a NUL byte, which no process environment "
+                            "can carry", hint="remove the \\0")
         env[name] = str(value)
     return env
 
