@@ -132,8 +132,9 @@ def test_env_file_nul_from_the_cli_is_exit_2_without_traceback(tmp_path):
 
 # -- the archive is private ----------------------------------------------------------------
 
-def test_archive_is_private_whatever_the_umask(tmp_path):
-    old = os.umask(0)
+@pytest.mark.parametrize("umask", [0o000, 0o222, 0o077])
+def test_archive_is_private_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
     try:
         with RunArchive.create(tmp_path / "runs") as archive:
             archive.write_lines([OutputLine("n1", "out", "x", rank=0)])
