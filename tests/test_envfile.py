@@ -14,7 +14,7 @@ def test_env_args_keep_values_verbatim():
 
 
 @pytest.mark.parametrize("item, message", [
-    pytest.param("NOEQ", "expected NAME=VALUE", id="no-equals"),
+    pytest.param("NOEQ", "--env NOEQ: NOEQ is not set in this environment", id="unset-name"),
     pytest.param("1A=x", "not a valid environment variable name", id="bad-name"),
     pytest.param("HOSTNAME=x", "cannot be forwarded", id="node-owned"),
 ])

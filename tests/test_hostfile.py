@@ -355,9 +355,11 @@ BAD_YAML = [
                  "c.yaml:2: hosts[0].port: bad port 70000: must be a number from 1 to 65535",
                  id="port"),
     pytest.param("defaults:\n  env: {A: yes}\nhosts: [a]\n",
-                 "c.yaml:2: defaults.env.A: value must be a string, got True", id="env-bool"),
+                 "c.yaml:2: defaults.env.A: value must be a string, got a boolean",
+                 id="env-bool"),
     pytest.param("hosts:\n  - {host: a, env: {1A: x}}\n",
-                 "c.yaml:2: hosts[0].env.1A: invalid environment variable name '1A'",
+                 "c.yaml:2: hosts[0].env.1A: invalid environment variable: '1A' is not a valid "
+                 "environment variable name",
                  id="env-name"),
     pytest.param("hosts:\n  - {host: a, env: [A]}\n",
                  "c.yaml:2: hosts[0].env: expected a mapping of NAME: value", id="env-list"),

@@ -394,7 +394,7 @@ def test_oci_profile_values() -> None:
     pytest.param("envs:\n  A: 1\n", "unknown key", id="typo-top-level"),
     pytest.param("- A=1\n", "mapping", id="not-a-mapping"),
     pytest.param("env: [A]\n", "mapping", id="env-not-a-mapping"),
-    pytest.param("env:\n  1BAD: x\n", "valid variable name", id="bad-name"),
+    pytest.param("env:\n  1BAD: x\n", "valid environment variable name", id="bad-name"),
     pytest.param("env: {a: [\n", "YAML", id="broken-yaml"),
 ])
 def test_parse_profile(text: str, needle: str | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -37,9 +38,12 @@ def run_cmd(
                                               "each node (`source venv/bin/activate`).")] = None,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Remote working directory "
                                                 "(default: the current one).")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V for every rank "
-                                                  "(repeatable; wins over site config).")] = None,
-    env_file: Annotated[str | None, typer.Option("--env-file", help="dotenv file.")] = None,
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", "-e", help="K=V for every rank, or NAME alone: its value from this "
+        "environment (use that or --env-file for secrets: a command line shows in ps). "
+        "Repeatable; wins over site config.")] = None,
+    env_file: Annotated[str | None, typer.Option("--env-file", help="dotenv file (NAME=VALUE "
+                                                 "lines); the way to pass many secrets.")] = None,
     master_addr: Annotated[str | None, typer.Option(
         "--master-addr", help="Rendezvous address (default: node 0's address every node "
                               "reaches, probed).")] = None,
@@ -96,8 +100,9 @@ def run_cmd(
         from launcher.commands.run import default_workdir, run_sync
         from launcher.decide.plan import RunOptions, RunRequest
         from launcher.errors import UsageError
-        from launcher.hosts.envfile import load_env_file, parse_env_args
+        from launcher.hosts.envfile import from_environment, load_env_file, parse_env_args
         from launcher.nodeside.wire import check_value
+        from launcher.output.redact import redact_command
 
         check_value(python, "--python", python=True)
         remote_dir = check_value(workdir, "--workdir") if workdir else check_value(
@@ -107,6 +112,9 @@ def run_cmd(
         host_list = resolve(hostfile, hosts, include, exclude)
         pairs = load_env_file(env_file) if env_file else []
         pairs += parse_env_args(env or [])
+        hidden = from_environment(env or [])
+        secrets = [*pairs, *(kv for h in host_list for kv in h.env)]
+        command = redact_command(["dtrain", *sys.argv[1:]], env or [], secrets, hidden)
         profile_env = None
         if profile:
             from launcher.decide.netenv import load_profile
@@ -122,7 +130,7 @@ def run_cmd(
             if hosts_filter else None
         req = RunRequest(script=script, args=tuple(args or ()), module=module,
                          nproc_per_node=nproc_per_node, python=python, setup=setup,
-                         workdir=remote_dir, env=tuple(pairs),
+                         workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
                          master_addr=master_addr, master_port=master_port, rdzv=rdzv,
                          max_restarts=max_restarts, run_id=run_id or "")
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
@@ -131,7 +139,7 @@ def run_cmd(
                           color=color, raw=raw, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
-                          preflight=preflight)
+                          preflight=preflight, command=tuple(command))
         return run_sync(host_list, req, opts, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

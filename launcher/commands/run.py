@@ -29,7 +29,7 @@ from launcher.models import Host, OutputLine
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.output import render
 from launcher.output.pipeline import OutputPipeline
-from launcher.output.redact import redact_env
+from launcher.output.redact import redact_command
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
@@ -48,7 +48,7 @@ def render_plan(plan: LaunchPlan, out: Any = None) -> None:
         w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
         command = node.command_line().replace(repr(SHIM_PLACEHOLDER), "<dtrain-rank-shim>")
         w(f"  command: {command}\n")
-        shown = redact_env([(v.name, v.value) for v in node.env])
+        shown = plan.shown_env(node)
         for var in node.env:
             state = "" if var.exported else " (already set on the node, not exported)"
             value = shown[var.name]
@@ -143,30 +143,14 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                     await conn.aclose()
 
 
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line with secret-looking --env values shown as ***."""
-    out: list[str] = []
-    for i, arg in enumerate(argv):
-        value = arg
-        if arg.startswith("--env="):
-            value = "--env=" + _redact_pair(arg[len("--env="):])
-        elif i > 0 and argv[i - 1] in ("--env", "-e"):
-            value = _redact_pair(arg)
-        out.append(value)
-    return out
-
-
-def _redact_pair(pair: str) -> str:
-    name, sep, value = pair.partition("=")
-    return f"{name}{sep}{redact_env({name: value})[name]}" if sep else pair
-
-
-def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, Any]:
+def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
+                pre: Preflight) -> dict[str, Any]:
     torch_versions = {label: f.torch_version for label, f in pre.facts.items()}
     return {
         "run_id": req.run_id, "dtrain_version": __version__,
-        "command": redact_argv(["dtrain", *sys.argv[1:]]),
-        "script": req.script, "args": list(req.args), "module": req.module,
+        "command": list(opts.command),
+        "script": req.script, "args": redact_command(req.args, (), req.env, req.hidden_env),
+        "module": req.module,
         "workdir": req.workdir, "torch_versions": torch_versions,
         "start": time.time(), "plan": plan_json(plan),
         "hosts": [n.host.label for n in plan.nodes], "world_size": plan.world_size,
@@ -182,7 +166,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     from launcher.output.console import Console
 
     archive = RunArchive.create(opts.archive_dir, req.run_id)
-    archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})
+    archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, pre)})
     console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
                       sanitize=False if opts.raw else None,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)

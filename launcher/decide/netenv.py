@@ -17,7 +17,6 @@ Precedence, highest first (docs/network-env.md):
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,8 @@ import yaml
 from launcher.decide.facts import Iface, NodeFacts, Route
 from launcher.decide.rdma import HcaChoice, check_gid_index, plan_gids, select_hcas
 from launcher.errors import ConfigError, PreflightFailed
+from launcher.hosts.envfile import name_problem
+from launcher.output.redact import redact_value
 
 OVERLAY_PREFIXES = ("docker", "br-", "veth", "virbr", "cni", "flannel", "cali", "cilium", "lxc",
                     "tun", "wg", "tailscale")
@@ -36,7 +37,6 @@ SOURCES = ("user", "site", "profile", "detected", "dtrain")
 DEBUG_ONLY = ("NCCL_P2P_DISABLE", "NCCL_ALGO", "NCCL_PROTO")
 AZURE_TOPO = ("/opt/microsoft/ndv4-topo.xml", "/opt/microsoft/ndv5-topo.xml")
 GCP_GIB_SCRIPT = "/usr/local/gib/scripts/set_nccl_env.sh"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -286,25 +286,29 @@ def merge_env(detected: Iterable[EnvVar], *, profile: Mapping[str, str] | None,
 
     ``site`` maps key -> (value, source path or "env").
     """
+    # reasons and warnings name values of other layers: a secret name's value is never shown
     final: dict[str, EnvVar] = {v.name: v for v in detected}
+    shown = redact_value
     warnings: list[str] = []
     for key, value in (profile or {}).items():
         prev = final.get(key)
         final[key] = EnvVar(key, value, "profile", profile_name)
         if prev is not None and _differs(prev.value, value):
-            warnings.append(f"{key}: {profile_name} sets {value}; detection chose {prev.value} "
-                            f"({prev.reason})")
+            warnings.append(f"{key}: {profile_name} sets {shown(key, value)}; detection "
+                            f"chose {shown(key, prev.value)} ({prev.reason})")
     for key, (value, source) in site.items():
         prev = final.get(key)
         final[key] = EnvVar(key, value, "site", f"already set by {source}", exported=False)
         if prev is not None and _differs(prev.value, value):
-            warnings.append(f"{key}: {source} sets {value}, which stays in effect; dtrain would "
-                            f"use {prev.value} ({prev.source}: {prev.reason})")
+            warnings.append(f"{key}: {source} sets {shown(key, value)}, which stays in "
+                            f"effect; dtrain would use {shown(key, prev.value)} "
+                            f"({prev.source}: {prev.reason})")
     for key, value in user.items():
         prev = final.get(key)
-        note = f"; overrides {prev.value} from {prev.source}" if prev is not None else ""
+        old = shown(key, prev.value) if prev is not None else ""
+        note = f"; overrides {old} from {prev.source}" if prev is not None else ""
         if prev is not None and prev.source == "site":
-            note = f"; forced over {prev.value} ({prev.reason.removeprefix('already set by ')})"
+            note = f"; forced over {old} ({prev.reason.removeprefix('already set by ')})"
         final[key] = EnvVar(key, value, "user", "--env" + note)
     return final, warnings
 
@@ -391,11 +395,14 @@ def parse_profile(text: str, source: str = "<profile>") -> dict[str, str]:
         raise ConfigError(f"{source}: env: must be a mapping of NAME: value")
     out: dict[str, str] = {}
     for key, value in env.items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise ConfigError(f"{source}: env.{key}: not a valid variable name")
+        problem = name_problem(key) if isinstance(key, str) else "not a name"
+        if problem:
+            raise ConfigError(f"{source}: env.{key}: {problem}")
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ConfigError(f"{source}: env.{key}: must be a string or a number",
                               hint="quote it, e.g. \"1\"")
+        if "\x00" in str(value):
+            raise ConfigError(f"{source}: env.{key}: the value contains a NUL byte")
         out[key] = str(value)
     return out
 
@@ -406,4 +413,6 @@ def load_profile(path: str | Path) -> dict[str, str]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read profile: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
     return parse_profile(text, str(path))

@@ -32,6 +32,7 @@ class RunRequest:
     setup: str | None = None
     workdir: str | None = None
     env: tuple[tuple[str, str], ...] = ()  # --env and --env-file, in order (later wins)
+    hidden_env: frozenset[str] = frozenset()  # --env NAME: from the launcher's environment
     master_addr: str | None = None
     master_port: int | None = None
     rdzv: str = "static"
@@ -60,6 +61,7 @@ class RunOptions:
     probe_timeout: float = 30.0
     no_auto: frozenset[str] = frozenset()
     preflight: bool = True
+    command: tuple[str, ...] = ()  # the command line to record, secrets already hidden
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,11 @@ class LaunchPlan:
     master_reason: str
     world_size: int
     rdzv: str
+    hidden: frozenset[str] = frozenset()  # names whose values are never shown
+
+    def shown_env(self, node: NodePlan) -> dict[str, str]:
+        """One node's variables as dry runs and meta.json show them (secrets as ***)."""
+        return redact_env([(v.name, v.value) for v in node.env], self.hidden)
 
 
 def nproc_for(host: Host, facts: NodeFacts, requested: str | None) -> tuple[str, int]:
@@ -187,7 +194,8 @@ def build_plan(req: RunRequest, hosts: Sequence[Host], facts: Mapping[str, NodeF
         nodes.append(NodePlan(host, node_rank, nproc, first, python, argv, env,
                               tuple(decision.warnings)))
         first += nproc
-    return LaunchPlan(tuple(nodes), master_addr, master_port, master_reason, first, req.rdzv)
+    return LaunchPlan(tuple(nodes), master_addr, master_port, master_reason, first, req.rdzv,
+                      req.hidden_env)
 
 
 def plan_json(plan: LaunchPlan) -> dict[str, object]:
@@ -198,7 +206,7 @@ def plan_json(plan: LaunchPlan) -> dict[str, object]:
         "nodes": [{
             "host": n.host.label, "node_rank": n.node_rank, "nproc": n.nproc,
             "ranks": list(n.ranks), "command": list(n.argv),
-            "env": [{"name": v.name, "value": redact_env({v.name: v.value})[v.name],
+            "env": [{"name": v.name, "value": plan.shown_env(n)[v.name],
                      "source": v.source, "reason": v.reason, "exported": v.exported}
                     for v in n.env],
             "warnings": list(n.warnings),

@@ -28,7 +28,10 @@ IGNORED_KEYS = ("max_slots", "max-slots")  # OpenMPI's; accepted so MPI hostfile
 YAML_TOP_KEYS = ("defaults", "hosts")
 YAML_DEFAULT_KEYS = ("env", "port", "python", "slots", "user")
 YAML_HOST_KEYS = ("env", "host", "port", "python", "slots", "user")
-MAX_HOSTS = 65536  # per entry: a typo like node[1-1000000] should fail, not eat memory
+# the cap on the hosts of one job, after all expansion (every entry of a hostfile, -H,
+# --include/--exclude, `dtrain logs --host`): checked before each range is built, so a typo
+# like node[1-100000000] fails at once instead of eating seconds and memory
+MAX_HOSTS = 65536
 
 _LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.ASCII)
@@ -39,6 +42,24 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NAME_HINT = "write [user@]host[:port], e.g. dtuser@node[1-4]:2222"
 
 
+class _Budget:
+    """The hosts expanded so far from one source, against MAX_HOSTS."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def take(self, count: int, pattern: str, ctx: _Ctx) -> None:
+        self.used += count
+        if count > MAX_HOSTS:
+            raise ctx.error(f"host range {pattern!r} expands to {count} hosts "
+                            f"(more than {MAX_HOSTS})", hint="check the range bounds; "
+                            f"{MAX_HOSTS} hosts is the cap on one job")
+        if self.used > MAX_HOSTS:
+            raise ctx.error(f"with {pattern!r} the hosts reach {self.used}, more than "
+                            f"{MAX_HOSTS} (the cap on one job, after all expansion)",
+                            hint="check the ranges and repeated entries")
+
+
 @dataclass(frozen=True)
 class _Ctx:
     """Where an entry came from, so every error can point at it."""
@@ -46,6 +67,8 @@ class _Ctx:
     source: str
     line: int | None = None
     path: str = ""  # YAML key path, e.g. hosts[3].slots
+    # shared by every entry of one source (one _Budget per file or -H expression)
+    budget: _Budget = field(default_factory=_Budget, compare=False, repr=False)
 
     def error(self, message: str, hint: str | None = None) -> HostfileError:
         text = f"{self.path}: {message}" if self.path else message
@@ -223,6 +246,32 @@ def _range_size(pattern: str) -> int:
     return size
 
 
+def _split_top(expr: str, seps: str) -> list[str]:
+    """``expr`` cut at the characters in ``seps`` that are outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(expr):
+        depth += (ch == "[") - (ch == "]")
+        if ch in seps and depth <= 0:
+            parts.append(expr[start:i])
+            start = i + 1
+    parts.append(expr[start:])
+    return parts
+
+
+def expr_size(expr: str) -> int:
+    """An upper bound on the names a NodeSet expression (``a[1-4],b[1-2]!a3``) makes,
+    computed without building it."""
+    return sum(_range_size(part) for part in _split_top(expr, ",!&^ \t\n") if part)
+
+
+def check_expr_size(expr: str, option: str) -> None:
+    """A host expression given to an option: refuse it before NodeSet builds it."""
+    size = expr_size(expr)
+    if size > MAX_HOSTS:
+        raise HostfileError(f"{expr!r} makes {size} hosts, over the cap of {MAX_HOSTS} hosts "
+                            "per job", source=option, hint="check the range bounds")
+
+
 def _why(exc: NodeSetException) -> str:
     """NodeSet's reason, without its 'bad range: "..."' wrapping."""
     detail = exc.part if isinstance(exc, NodeSetParseRangeError) else str(exc)
@@ -240,11 +289,9 @@ def _expand(pattern: str, ctx: _Ctx) -> list[str]:
         raise ctx.error(f"one host entry at a time, got {pattern!r}",
                         hint="put each host on its own line, or use a range: node[1,3-4]")
     if "[" not in pattern and "]" not in pattern:
+        ctx.budget.take(1, pattern, ctx)
         return [_check_name(pattern, ctx)]
-    size = _range_size(pattern)
-    if size > MAX_HOSTS:
-        raise ctx.error(f"host range {pattern!r} expands to {size} hosts "
-                        f"(more than {MAX_HOSTS})", hint="check the range bounds")
+    ctx.budget.take(_range_size(pattern), pattern, ctx)
     try:
         nodes = NodeSet(pattern, resolver=RESOLVER_NOGROUP)
     except NodeSetException as exc:

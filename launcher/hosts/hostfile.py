@@ -23,7 +23,6 @@ from ClusterShell.NodeSet import (
 
 from launcher.errors import HostfileError, UsageError
 from launcher.hosts.entries import (
-    _ENV_NAME,
     ENV_HOSTFILE,
     IGNORED_KEYS,
     TEXT_KEYS,
@@ -31,12 +30,15 @@ from launcher.hosts.entries import (
     YAML_HOST_KEYS,
     YAML_TOP_KEYS,
     _address,
+    _Budget,
     _Ctx,
     _hosts,
     _set,
     _Spec,
     _why,
+    check_expr_size,
 )
+from launcher.hosts.envfile import name_problem
 from launcher.models import Host
 
 
@@ -73,10 +75,11 @@ def _parse_line(text: str, ctx: _Ctx) -> _Spec:
 def parse_hostfile_text(text: str, source: str) -> list[Host]:
     """Parse the text format (one entry a line; also DeepSpeed and OpenMPI hostfiles)."""
     hosts: list[Host] = []
+    budget = _Budget()
     for number, raw in enumerate(text.split("\n"), start=1):
         line = _strip_comment(raw)
         if line:
-            ctx = _Ctx(source, number)
+            ctx = _Ctx(source, number, budget=budget)
             hosts += _hosts(_parse_line(line, ctx), ctx)
     return _checked(hosts, source)
 
@@ -90,6 +93,7 @@ class _Yaml:
     def __init__(self, text: str, source: str) -> None:
         self.source = source
         self.text = text
+        self.budget = _Budget()
         try:
             self.loader = yaml.SafeLoader(text)
         except yaml.YAMLError as exc:  # the reader refuses control characters up front
@@ -105,7 +109,7 @@ class _Yaml:
                                 "quoting") from None
 
     def ctx(self, node: yaml.Node, path: str) -> _Ctx:
-        return _Ctx(self.source, node.start_mark.line + 1, path)
+        return _Ctx(self.source, node.start_mark.line + 1, path, budget=self.budget)
 
     def value(self, node: yaml.Node, path: str) -> Any:
         try:
@@ -144,6 +148,10 @@ def _yaml_line(exc: yaml.YAMLError, text: str) -> int | None:
     return text.count("\n", 0, position) + 1 if isinstance(position, int) else None
 
 
+def _yaml_type(value: object) -> str:
+    return "null" if value is None else type(value).__name__.replace("bool", "boolean")
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -157,13 +165,18 @@ def _yaml_env(doc: _Yaml, node: yaml.Node, path: str) -> dict[str, str]:
     for key_node, value_node in node.value:
         name = doc.value(key_node, path)
         ctx = doc.ctx(key_node, _join(path, str(name)))
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise ctx.error(f"invalid environment variable name {name!r}",
+        problem = name_problem(name) if isinstance(name, str) else f"{name!r} is not a name"
+        if problem:
+            raise ctx.error(f"invalid environment variable: {problem}",
                             hint="letters, digits and '_', not starting with a digit")
         value = doc.value(value_node, ctx.path)
         if isinstance(value, bool) or value is None or not isinstance(value, str | int | float):
-            raise ctx.error(f"value must be a string, got {value!r}",
+            # the value is not shown: it may be a secret
+            raise ctx.error(f"value must be a string, got a {_yaml_type(value)}",
                             hint="quote it, e.g. \"1\", \"true\" or \"\"")
+        if "\x00" in str(value):
+            raise ctx.error("the value contains a NUL byte, which no process environment "
+                            "can carry", hint="remove the \\0")
         env[name] = str(value)
     return env
 
@@ -285,7 +298,7 @@ def _split_commas(expr: str) -> list[str]:
 
 def parse_host_expr(expr: str, source: str = "-H") -> list[Host]:
     """pdsh-style ``[user@]host[:port]`` entries separated by commas, ranges allowed."""
-    ctx = _Ctx(source)
+    ctx = _Ctx(source)  # one budget for the whole expression
     hosts: list[Host] = []
     for entry in filter(None, _split_commas(expr)):
         if len(entry.split()) > 1:
@@ -307,6 +320,7 @@ def _nodeset(expr: str, option: str) -> NodeSet:
     if "@" in expr:
         raise HostfileError(f"node groups are not supported: {expr!r}", source=option,
                             hint="list hosts or ranges, e.g. node[1-4],login2")
+    check_expr_size(expr, option)
     try:
         return NodeSet(",".join(expr.split()), resolver=RESOLVER_NOGROUP)
     except NodeSetException as exc:

@@ -11,7 +11,9 @@ a user-chosen ``--run-id`` must be a safe directory name. output.jsonl is buffer
 flushed at least once a second (``write_lines`` checks the clock, and ``OutputPipeline``
 calls ``flush_if_due`` on a timer), so ``dtrain logs --follow`` sees a live run.
 The archive never stores secrets: callers pass the job's environment through
-``launcher.output.redact.redact_env`` before putting it into meta.json.
+``launcher.output.redact.redact_env`` before putting it into meta.json. It is private all
+the same (training output can hold anything): run directories are 0700 and files 0600
+whatever the umask; an archive directory dtrain creates is 0700 too.
 """
 
 from __future__ import annotations
@@ -64,10 +66,29 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def _private_opener(path: str, flags: int) -> int:
+    """``open(..., opener=)``: create files 0600 and fix the mode of existing ones (the umask
+    can only take bits away, and a umask of 0o200 would take the owner's write)."""
+    fd = os.open(path, flags, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)
+    return fd
+
+
+def _private_dir(path: Path) -> None:
+    """mkdir (FileExistsError if it exists), then 0700 whatever the umask."""
+    path.mkdir(mode=DIR_MODE)
+    os.chmod(path, DIR_MODE)
+
+
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON through a temp file and os.replace: readers see old or new, never half."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp's 0600, kept whatever the umask
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, sort_keys=False, default=str)
             fh.write("\n")
@@ -103,6 +124,7 @@ class RunArchive:
             encoding="utf-8",
             errors="backslashreplace",
             buffering=1024 * 1024,
+            opener=_private_opener,
         )
         self._hosts_dir = path / HOSTS_DIR
         self._host_buf: dict[str, list[str]] = {}
@@ -121,9 +143,12 @@ class RunArchive:
         clock: Callable[[], float] = time.monotonic,
     ) -> RunArchive:
         """Make a new run directory (never reusing one) and write its first meta.json."""
-        archive_dir.mkdir(parents=True, exist_ok=True)
+        if not archive_dir.is_dir():
+            archive_dir.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # another run made it meanwhile
+                _private_dir(archive_dir)
         path, run_id = _make_run_dir(archive_dir, run_id)
-        (path / HOSTS_DIR).mkdir()
+        _private_dir(path / HOSTS_DIR)
         archive = cls(path, run_id, clock=clock)
         archive.write_meta({"created": datetime.now(UTC).isoformat(), "created_ts": time.time()})
         return archive
@@ -186,7 +211,8 @@ class RunArchive:
         for host, texts in self._host_buf.items():
             if texts:
                 with open(
-                    self._host_path(host), "a", encoding="utf-8", errors="backslashreplace"
+                    self._host_path(host), "a", encoding="utf-8", errors="backslashreplace",
+                    opener=_private_opener,
                 ) as fh:
                     fh.write("\n".join(texts) + "\n")
                 texts.clear()  # in place: the per-source cache holds these lists
@@ -236,7 +262,7 @@ def _make_run_dir(archive_dir: Path, run_id: str | None) -> tuple[Path, str]:
     if run_id is not None:
         path = archive_dir / check_run_id(run_id)
         try:
-            path.mkdir()
+            _private_dir(path)
         except FileExistsError:
             raise UsageError(
                 f"run {run_id!r} already exists in {archive_dir}",
@@ -247,7 +273,7 @@ def _make_run_dir(archive_dir: Path, run_id: str | None) -> tuple[Path, str]:
         run_id = new_run_id()
         path = archive_dir / run_id
         with contextlib.suppress(FileExistsError):
-            path.mkdir()
+            _private_dir(path)
             return path, run_id
     raise RuntimeError(f"could not create a fresh run directory in {archive_dir}")
 

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from launcher.output.termsafe import clean_text
 
@@ -270,6 +270,6 @@ def fold_hosts(hosts: Iterable[str]) -> str:
     """Fold host names the ClusterShell way (198.18.0.[11-14]); plain list if it can't."""
     names = list(hosts)
     try:
-        return str(NodeSet.fromlist(names))
+        return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
     except NodeSetException:
         return ",".join(sorted(names))

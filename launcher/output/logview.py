@@ -14,9 +14,10 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from launcher.errors import UsageError
+from launcher.hosts.entries import check_expr_size
 from launcher.models import OutputLine
 from launcher.output.archive import OUTPUT, read_meta
 from launcher.output.console import Console
@@ -71,8 +72,9 @@ def expand_hosts(host: str | None) -> set[str] | None:
     """A --host value (a name, a comma list or a folded set like node[1-4]) as names."""
     if not host:
         return None
-    try:
-        return set(NodeSet(host))
+    check_expr_size(host, "--host")  # before NodeSet builds node[1-100000000]
+    try:  # node groups (@name) are never resolved: they could run site commands
+        return set(NodeSet(host, resolver=RESOLVER_NOGROUP))
     except NodeSetException:
         return {part.strip() for part in host.split(",") if part.strip()}
 

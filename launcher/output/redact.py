@@ -10,13 +10,19 @@ a letter or digit, case-insensitive):
 marks the value as secret. So HF_TOKEN, WANDB_API_KEY, APIKEY, SSH_KEY, KEY, DB_PASS,
 AWS_SECRET_ACCESS_KEY, OAUTH and GIT_CREDENTIALS are hidden, while KEYBOARD, AUTHOR,
 PASSTHROUGH and NCCL_* are not. A few harmless names (MONKEY, SSH_AUTH_SOCK) are hidden too:
-we prefer a false alarm to a leaked token.
+we prefer a false alarm to a leaked token. A value taken from the launcher's own environment
+(``--env NAME``) is hidden whatever its name: the caller passes those names as ``hidden``.
+
+The recorded command line is redacted from what the parser found, not by guessing at argv:
+the CLI hands over the raw ``--env`` items it parsed (``NAME=VALUE``), and every argv word
+ending in one of them (``-e NAME=V``, ``-eNAME=V``, ``--env=NAME=V``, ``-meNAME=V``) has its
+value hidden; so has any word equal to a hidden value (a script argument carrying it).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 REDACTED = "***"
 
@@ -30,7 +36,42 @@ def is_secret_name(name: str) -> bool:
     return any(word in _EXACT or word.endswith(_SUFFIXES) for word in _WORD.findall(name.upper()))
 
 
-def redact_env(mapping: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
+def is_hidden(name: str, hidden: Collection[str] = ()) -> bool:
+    """True when the value of ``name`` must not be shown: a secret-looking name, or one whose
+    value came from the launcher's environment."""
+    return name in hidden or is_secret_name(name)
+
+
+def redact_value(name: str, value: str, hidden: Collection[str] = ()) -> str:
+    """``value``, or "***" when ``name`` is secret."""
+    return REDACTED if is_hidden(name, hidden) else value
+
+
+def redact_env(mapping: Mapping[str, str] | Iterable[tuple[str, str]],
+               hidden: Collection[str] = ()) -> dict[str, str]:
     """Copy an environment with secret-looking values replaced by "***" (order kept)."""
     items = mapping.items() if isinstance(mapping, Mapping) else mapping
-    return {name: REDACTED if is_secret_name(name) else value for name, value in items}
+    return {name: redact_value(name, value, hidden) for name, value in items}
+
+
+def redact_command(argv: Sequence[str], env_items: Iterable[str],
+                   env: Iterable[tuple[str, str]], hidden: Collection[str] = ()) -> list[str]:
+    """The command line as recorded: parsed ``--env`` items with a secret name lose their
+    value wherever the parser found them, and a word equal to a secret value becomes ***.
+
+    ``env_items`` are the raw option values the parser returned for ``--env``; ``env`` is
+    every (name, value) the job got (``--env``, ``--env-file``, the hostfile)."""
+    items = []
+    for item in env_items:
+        name, sep, _ = item.partition("=")
+        if sep and is_hidden(name, hidden):
+            items.append((item, f"{name}={REDACTED}"))
+    values = {value for name, value in env if value and is_hidden(name, hidden)}
+    out = []
+    for word in argv:
+        for item, shown in items:
+            if word.endswith(item):
+                word = word[:-len(item)] + shown
+                break
+        out.append(REDACTED if word in values else word)
+    return out

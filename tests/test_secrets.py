@@ -1,0 +1,190 @@
+"""Secrets (issue 11): --env NAME from the launcher's environment, redaction from the parsed
+options in meta.json, dry runs and messages, and a private run archive."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from launcher.decide.netenv import EnvVar, merge_env
+from launcher.errors import ConfigError, HostfileError, UsageError
+from launcher.hosts.envfile import (
+    from_environment,
+    load_env_file,
+    parse_env_args,
+    parse_env_text,
+)
+from launcher.hosts.hostfile import parse_hostfile_yaml
+from launcher.models import OutputLine
+from launcher.output.archive import RunArchive
+from launcher.output.redact import REDACTED, redact_command, redact_env
+from tests.util import dtrain
+
+SECRET = "hf_s3cr3t-VALUE"
+
+
+# -- --env NAME ---------------------------------------------------------------------------
+
+def test_env_name_alone_takes_the_launchers_value():
+    environ = {"HF_TOKEN": SECRET, "PLAIN": "a b"}
+    assert parse_env_args(["HF_TOKEN", "PLAIN", "X=1"], environ) == [
+        ("HF_TOKEN", SECRET), ("PLAIN", "a b"), ("X", "1")]
+    assert from_environment(["HF_TOKEN", "X=1"]) == {"HF_TOKEN"}
+
+
+def test_env_name_alone_unset_is_exit_2():
+    with pytest.raises(UsageError, match="--env MISSING_X: MISSING_X is not set") as info:
+        parse_env_args(["MISSING_X"], {})
+    assert info.value.exit_code == 2
+
+
+def test_env_name_alone_unset_fails_before_connecting():
+    env = {k: v for k, v in os.environ.items() if k != "MISSING_X"}
+    res = dtrain(["run", "-H", "198.18.0.250", "--env", "MISSING_X", "t.py"], env=env,
+                 timeout=30)
+    assert res.returncode == 2 and "MISSING_X is not set" in res.stderr, res.stderr
+
+
+# -- redaction from the parsed options ------------------------------------------------------
+
+@pytest.mark.parametrize("words", [
+    ["-eHF_TOKEN=" + SECRET], ["--env=HF_TOKEN=" + SECRET], ["-e", "HF_TOKEN=" + SECRET],
+    ["--env", "HF_TOKEN=" + SECRET], ["-meHF_TOKEN=" + SECRET],
+], ids=["attached", "equals", "short", "long", "combined-flags"])
+def test_every_spelling_of_env_is_redacted(words):
+    argv = ["dtrain", "run", *words, "train.py", "--lr", "3"]
+    item = "HF_TOKEN=" + SECRET
+    shown = redact_command(argv, [item], [("HF_TOKEN", SECRET)])
+    assert SECRET not in " ".join(shown)
+    assert any(w.endswith("HF_TOKEN=" + REDACTED) for w in shown), shown
+    assert shown[-3:] == ["train.py", "--lr", "3"]
+
+
+def test_a_secret_value_given_to_the_script_is_hidden_too():
+    # the value came from an env file; the user also passed it to the script
+    argv = ["dtrain", "run", "--env-file", "s.env", "train.py", "--token", SECRET]
+    assert redact_command(argv, [], [("WANDB_API_KEY", SECRET)])[-1] == REDACTED
+    # a value taken from the launcher's environment is hidden whatever its name
+    assert redact_command(["x", "abc"], [], [("MY_VAR", "abc")], {"MY_VAR"}) == ["x", REDACTED]
+    assert redact_env({"MY_VAR": "abc", "N": "1"}, {"MY_VAR"}) == {"MY_VAR": REDACTED, "N": "1"}
+
+
+def test_reasons_and_warnings_never_carry_a_secret_value():
+    detected = [EnvVar("HF_TOKEN", "detected-secret", "detected", "x")]
+    final, warnings = merge_env(detected, profile={"HF_TOKEN": "profile-secret"},
+                                site={"HF_TOKEN": ("site-secret", "/etc/nccl.conf")},
+                                user={"HF_TOKEN": SECRET})
+    text = repr(final) + repr(warnings)
+    for value in ("detected-secret", "profile-secret", "site-secret"):
+        assert value not in text
+    assert final["HF_TOKEN"].value == SECRET  # the rank still gets it
+    assert SECRET not in final["HF_TOKEN"].reason
+
+
+# -- env files and YAML env: bad input is file:line, exit 2 ---------------------------------
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"A=1\nB=x\x00y\n", "s.env:2: NUL byte"),
+    (b"A=1\nB=caf\xe9\n", "s.env:2: not UTF-8 text"),
+    (b'A=1\nHF_TOKEN="abc"def\n', "s.env:2: HF_TOKEN: text after the closing \" quote"),
+    (b"A=1\nB='multi\nline'tail\n", "s.env:3: B: text after the closing ' quote"),
+    (b"A=1\nHOSTNAME=x\n", "s.env:2: HOSTNAME is set by the node itself"),
+    (b"A=1\nsk-pasted-secret\n", "s.env:2: expected NAME=VALUE"),
+])
+def test_bad_env_files_are_file_line_errors(tmp_path, data, message):
+    path = tmp_path / "s.env"
+    path.write_bytes(data)
+    with pytest.raises(UsageError) as info:
+        load_env_file(str(path))
+    text = str(info.value)
+    assert text.startswith(str(path.parent) + "/" + message), text
+    assert info.value.exit_code == 2
+    assert "def" not in text and "pasted" not in text and "tail" not in text
+
+
+def test_a_comment_after_the_closing_quote_is_fine():
+    assert parse_env_text('A="x y" # note\nB=\'z\'\n', "f") == [("A", "x y"), ("B", "z")]
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ("{HOSTNAME: x}", "HOSTNAME is set by the node itself"),
+    ('{A: "x\\0y"}', "NUL byte"),
+    ("{A: true}", "value must be a string, got a boolean"),
+])
+def test_bad_yaml_env_is_file_line(env, message):
+    with pytest.raises(HostfileError, match=rf"^h.yaml:2: hosts\[0\].env.*{message}"):
+        parse_hostfile_yaml(f"hosts:\n  - {{host: a, env: {env}}}\n", "h.yaml")
+
+
+def test_env_file_nul_from_the_cli_is_exit_2_without_traceback(tmp_path):
+    path = tmp_path / "s.env"
+    path.write_bytes(b"A=\xff\xfe\n")
+    res = dtrain(["run", "-H", "198.18.0.250", "--env-file", str(path), "t.py"], timeout=30)
+    assert res.returncode == 2 and f"{path}:1: not UTF-8" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    with pytest.raises(ConfigError):
+        load_env_file(str(path))
+
+
+# -- the archive is private ----------------------------------------------------------------
+
+@pytest.mark.parametrize("umask", [0o000, 0o222, 0o077])
+def test_archive_is_private_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        with RunArchive.create(tmp_path / "runs") as archive:
+            archive.write_lines([OutputLine("n1", "out", "x", rank=0)])
+            archive.update_meta(note="y")
+        path = archive.path
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path): stat.S_IMODE(p.stat().st_mode)
+             for p in [tmp_path / "runs", *(tmp_path / "runs").rglob("*")]}
+    assert modes == {Path("runs"): 0o700, path.relative_to(tmp_path): 0o700,
+                     path.relative_to(tmp_path) / "hosts": 0o700,
+                     path.relative_to(tmp_path) / "hosts" / "n1.log": 0o600,
+                     path.relative_to(tmp_path) / "output.jsonl": 0o600,
+                     path.relative_to(tmp_path) / "meta.json": 0o600}
+
+
+# -- on the cluster: every spelling, every place ----------------------------------------------
+
+@pytest.mark.ssh
+@pytest.mark.torch
+def test_secrets_never_shown_in_meta_dry_run_or_messages(cluster, tmp_path):
+    values = {name: f"{name.lower()}-{SECRET}" for name in
+              ("HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "AWS_SECRET", "FROM_ENV", "F_TOKEN")}
+    envfile = tmp_path / "s.env"
+    envfile.write_text(f"F_TOKEN='{values['F_TOKEN']}'\n")
+    names = list(values)
+    args = ["run", "-H", "node1", "--python", cluster.python, "--nproc-per-node", "1",
+            "--archive-dir", str(tmp_path / "runs"), "--no-color",
+            f"-eHF_TOKEN={values['HF_TOKEN']}", f"--env=WANDB_API_KEY={values['WANDB_API_KEY']}",
+            "-e", f"DB_PASSWORD={values['DB_PASSWORD']}", "--env",
+            f"AWS_SECRET={values['AWS_SECRET']}", "--env", "FROM_ENV",
+            "--env-file", str(envfile)]
+    env = cluster.client_env(FROM_ENV=values["FROM_ENV"])
+    outputs = []
+    for extra in (["--dry-run"], ["--dry-run", "--json"]):
+        res = dtrain([*args, *extra, "tests/workloads/env_report.py", *names], env=env,
+                     timeout=150)
+        assert res.returncode == 0, res.stderr
+        outputs.append(res.stdout + res.stderr)
+    res = dtrain([*args, "tests/workloads/env_report.py", *names], env=env, timeout=150)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    report = json.loads(res.stdout.split("REPORT ", 1)[1].splitlines()[0])
+    assert report["env"] == values  # the rank gets every real value
+    (run,) = (tmp_path / "runs").iterdir()
+    meta = (run / "meta.json").read_text()
+    outputs += [meta, res.stderr, res.stdout.replace(res.stdout.split("REPORT ", 1)[1]
+                                                     .splitlines()[0], "")]
+    for text in outputs:
+        for value in values.values():
+            assert value not in text
+    command = json.loads(meta)["command"]
+    assert f"-eHF_TOKEN={REDACTED}" in command and f"--env=WANDB_API_KEY={REDACTED}" in command
+    assert "FROM_ENV" in command
