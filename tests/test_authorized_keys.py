@@ -214,3 +214,107 @@ def test_script_quotes_a_hostile_comment(tmp_path: Path) -> None:
 def test_scripts_need_no_python() -> None:
     for script in (install_script(PublicKey.parse(KEY)), remove_script(PublicKey.parse(KEY))):
         assert "python" not in script
+
+
+# ------------------------------------------------------------- links, temp files, shared homes
+
+
+def _bin(tmp_path: Path, **tools: str) -> str:
+    """A PATH whose first directory holds these wrapper scripts (name -> sh body)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for name, body in tools.items():
+        path = bindir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    return f"{bindir}:{os.environ['PATH']}"
+
+
+def _run(home: Path, path: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["sh", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={"HOME": str(home), "PATH": path})
+
+
+@pytest.mark.parametrize("script", [install_script, remove_script], ids=["setup", "revoke"])
+@pytest.mark.parametrize("has_key", [True, False], ids=["with-key", "without-key"])
+def test_a_symlinked_authorized_keys_is_refused_by_both(tmp_path: Path, script, has_key: bool
+                                                        ) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    target = tmp_path / "elsewhere"
+    before = f"{KEY}\n" if has_key else "ssh-ed25519 AAAAother x\n"
+    target.write_text(before)
+    (home / ".ssh" / "authorized_keys").symlink_to(target)
+    report = parse_report(run_script(script(PublicKey.parse(KEY)), home))
+    assert report.state == "error"
+    assert report.error.startswith(f"{home}/.ssh/authorized_keys is a symbolic link")
+    assert target.read_text() == before
+    assert sorted(p.name for p in (home / ".ssh").iterdir()) == ["authorized_keys"]
+
+
+def test_nodes_sharing_a_home_add_the_key_once(tmp_path: Path) -> None:
+    # NFS: every node runs the script at the same moment on the same file. A slow awk widens
+    # the window between "is the key there?" and the append, as a busy NFS server does.
+    path = _bin(tmp_path, awk=f'sleep 0.2; exec {shutil.which("awk")} "$@"')
+    home = tmp_path / "home"
+    home.mkdir()
+    write_keys(home, "ssh-ed25519 AAAAother x\n")
+    procs = [_run(home, path) for _ in range(6)]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(install_script(PublicKey.parse(KEY)))
+        proc.stdin.close()
+    states = []
+    for proc in procs:
+        assert proc.wait(30) == 0
+        assert proc.stdout is not None
+        states.append(parse_report(proc.stdout.read()).state)
+    assert sorted(states) == ["installed"] + ["present"] * 5
+    text = (home / ".ssh" / "authorized_keys").read_text()
+    assert text == f"ssh-ed25519 AAAAother x\n{KEY}\n"
+    assert sorted(p.name for p in (home / ".ssh").iterdir()) == ["authorized_keys"]
+
+
+def test_revoke_and_setup_at_once_keep_one_consistent_file(tmp_path: Path) -> None:
+    path = _bin(tmp_path, awk=f'sleep 0.2; exec {shutil.which("awk")} "$@"')
+    home = tmp_path / "home"
+    home.mkdir()
+    other = "ssh-ed25519 AAAAother x"
+    write_keys(home, f"{other}\n{KEY}\n")
+    second = PublicKey.parse(f"ssh-ed25519 {BLOB[:-8]}AAAAAAAA second")
+    procs = [_run(home, path) for _ in range(2)]
+    for proc, script in zip(procs, [remove_script(PublicKey.parse(KEY)), install_script(second)],
+                            strict=True):
+        assert proc.stdin is not None
+        proc.stdin.write(script)
+        proc.stdin.close()
+    assert [proc.wait(30) for proc in procs] == [0, 0]
+    lines = (home / ".ssh" / "authorized_keys").read_text().splitlines()
+    assert sorted(lines) == sorted([other, second.line])
+
+
+@pytest.mark.parametrize("mktemp", [True, False], ids=["mktemp", "noclobber"])
+def test_revoke_temp_file_is_unpredictable_and_in_ssh_dir(tmp_path: Path, mktemp: bool) -> None:
+    log = tmp_path / "mv.log"
+    tools = {"mv": f'printf "%s\\n" "$@" >>{log}; exec {shutil.which("mv")} "$@"'}
+    if not mktemp:
+        tools["mktemp"] = "exit 1"  # as if there were none: the noclobber fallback
+    path = _bin(tmp_path, **tools)
+    home = tmp_path / "home"
+    home.mkdir()
+    keys = write_keys(home, f"a b\n{KEY}\n")
+    for _ in range(2):
+        keys.write_text(f"a b\n{KEY}\n")
+        proc = _run(home, path)
+        out, _ = proc.communicate(remove_script(PublicKey.parse(KEY)), timeout=30)
+        assert parse_report(out).state == "removed"
+    moved = log.read_text().splitlines()
+    sources = [moved[i] for i in range(len(moved)) if moved[i] != "-f" and i + 1 < len(moved)
+               and moved[i + 1] == str(keys)]
+    assert len(sources) == 2 and sources[0] != sources[1]
+    for src in sources:
+        assert Path(src).parent == keys.parent
+        assert Path(src).name.startswith(".authorized_keys.dtrain.")
+    assert keys.read_text() == "a b\n"
+    assert sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]

@@ -15,7 +15,17 @@ remote script does (tests/test_authorized_keys.py runs the script locally on the
 
 The scripts run under ``sh -s`` (read from stdin: nothing but ``sh -s`` is on the command
 line, and no password ever reaches the node) with ``umask 077``, so a file they create is
-0600 from the start. They need only sh, awk, tail, ls, cut, chmod, mkdir, mv: no Python.
+0600 from the start. They need only sh, awk, tail, ls, cut, chmod, mkdir, rmdir, mv, sleep
+(and mktemp, find where they exist): no Python.
+
+Both refuse a symlinked ``authorized_keys`` (naming it) before reading or writing anything:
+editing through a link writes wherever it points. Both hold a lock while they edit, the
+directory ``~/.ssh/.dtrain-keys.lock`` (``mkdir`` is atomic on NFS too, where ``flock`` may
+not be), so nodes sharing one home add the key once, not once each at the same moment; a
+lock older than two minutes is left over from a killed script and is taken over. revoke
+writes the new file to a temp file made by ``mktemp`` inside ``~/.ssh`` (or with noclobber
+where there is no mktemp) and renames it over the old one: never a predictable name, never
+another node's temp file.
 Their result is one line on stdout: ``dtrain-keys: installed|present|removed|absent`` or
 ``dtrain-keys: error: ...``, plus ``dtrain-keys: warning: ...`` lines.
 """
@@ -117,17 +127,56 @@ die() { say "error: $*"; exit 1; }
 [ -n "${HOME:-}" ] && [ -d "$HOME" ] || die "no home directory (HOME=${HOME:-unset})"
 dir=$HOME/.ssh
 file=$dir/authorized_keys
+lock=$dir/.dtrain-keys.lock
+locked=
 has_key() { awk -v b="$blob" "$awk_has" "$file"; }
 owned() { [ -O "$1" ] || die "$1 is not owned by $(id -un); fix it as root"; }
+no_link() {
+  [ -L "$file" ] && die "$file is a symbolic link; dtrain does not edit through links:" \
+    "edit it by hand"
+  return 0
+}
+unlock() { [ -n "$locked" ] && rmdir "$lock" 2>/dev/null; locked=; }
+trap unlock EXIT
+trap 'unlock; exit 1' HUP INT TERM
+take_lock() {
+  tries=0
+  until mkdir "$lock" 2>/dev/null; do
+    [ -d "$lock" ] || die "cannot create $lock"
+    if [ -n "$(find "$lock" -prune -mmin +2 2>/dev/null)" ]; then
+      rmdir "$lock" 2>/dev/null  # left by a killed run two minutes ago or more
+      continue
+    fi
+    tries=$((tries + 1))
+    [ "$tries" -le 150 ] || die "$lock is held by another dtrain keys run (a home shared" \
+      "by several nodes?); remove it if none is running"
+    sleep 0.1 2>/dev/null || sleep 1
+  done
+  locked=1
+}
+make_temp() {
+  if command -v mktemp >/dev/null 2>&1; then
+    mktemp "$dir/.authorized_keys.dtrain.XXXXXXXX" 2>/dev/null && return 0
+  fi
+  n=0
+  while [ "$n" -lt 100 ]; do
+    t=$dir/.authorized_keys.dtrain.$$.$n
+    if (set -C; : >"$t") 2>/dev/null; then printf '%s\n' "$t"; return 0; fi
+    n=$((n + 1))
+  done
+  return 1
+}
 """
 
 _INSTALL = """\
 if [ ! -d "$dir" ]; then
   [ -e "$dir" ] && die "$dir exists and is not a directory"
-  mkdir "$dir" || die "cannot create $dir"
+  mkdir "$dir" 2>/dev/null || [ -d "$dir" ] || die "cannot create $dir"
 fi
 owned "$dir"
 chmod 700 "$dir" || die "cannot chmod 700 $dir"
+no_link
+take_lock
 if [ -e "$file" ]; then
   [ -f "$file" ] || die "$file is not a regular file"
   owned "$file"
@@ -153,13 +202,14 @@ say "$state"
 """
 
 _REMOVE = """\
+no_link
 [ -e "$file" ] || { say absent; exit 0; }
 [ -f "$file" ] || die "$file is not a regular file"
 [ -r "$file" ] || die "cannot read $file"
+take_lock
 has_key || { say absent; exit 0; }
-[ -L "$file" ] && die "$file is a symbolic link; remove the key by hand"
 owned "$file"
-tmp=$file.dtrain.$$
+tmp=$(make_temp) || die "cannot create a temp file in $dir"
 awk -v b="$blob" "$awk_remove" "$file" >"$tmp" || { rm -f "$tmp"; die "cannot write $tmp"; }
 chmod 600 "$tmp" && mv -f "$tmp" "$file" || { rm -f "$tmp"; die "cannot replace $file"; }
 if command -v restorecon >/dev/null 2>&1; then restorecon "$file" >/dev/null 2>&1; fi
