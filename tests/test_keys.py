@@ -204,7 +204,7 @@ async def _login(tmp_path: Path, method: str, password: str, prompt: str = "Mot 
     port = server.sockets[0].getsockname()[1]
     settings = SSHSettings(connect_timeout=5, accept_new=True, home=tmp_path)
     nodes = _Nodes(settings, ensure_keypair(tmp_path / "k"), fanout=1)
-    policy = nodes.policy()
+    policy = nodes.policy(Host("127.0.0.1", user="u", port=port))
     c = _Client(policy, Secret(password))
     error: Exception | None = None
     try:

@@ -45,9 +45,11 @@ from launcher.transports.ssh import (
     CIPHERS,
     KEX_ALGS,
     HostKeyPolicy,
+    HostKeyVerdict,
     SSHSettings,
     SSHTransport,
     fingerprint,
+    load_host_config,
     map_ssh_errors,
 )
 
@@ -86,10 +88,12 @@ class UnknownHostKey:
     fingerprint: str
     where: tuple[str, str | None, int | None] = field(repr=False, compare=False)
     key: asyncssh.SSHKey = field(repr=False, compare=False)
+    policy: HostKeyPolicy | None = field(default=None, repr=False, compare=False)
 
-    def record(self, policy: HostKeyPolicy) -> None:
-        """Append exactly this key to known_hosts."""
-        policy.record(*self.where, self.key)
+    def record(self) -> None:
+        """Append exactly this key to the known_hosts file its host's policy records in."""
+        assert self.policy is not None
+        self.policy.record(*self.where, self.key)
 
 
 class Prompts(Protocol):
@@ -122,20 +126,21 @@ class _Client(asyncssh.SSHClient):
         self._policy = policy
         self._password = password
         self.password_sent = False
+        self.verdict: HostKeyVerdict | None = None  # this connection's own
         self.refused: UnknownHostKey | None = None  # unknown, not recorded
         self.declined: str = ""  # a keyboard-interactive prompt that was not a password's
         self.added: UnknownHostKey | None = None  # unknown, recorded (--accept-new)
 
     def validate_host_public_key(self, host: str, addr: str, port: int,
                                  key: asyncssh.SSHKey) -> bool:
-        ok = self._policy.validate(host, addr, port, key)
-        verdict = self._policy.verdicts.get(host, ("", ""))[0]
-        seen = UnknownHostKey("", key.get_algorithm(), fingerprint(key), (host, addr, port), key)
-        if not ok and verdict == "unknown":
+        self.verdict = self._policy.validate(host, addr, port, key)
+        seen = UnknownHostKey("", key.get_algorithm(), fingerprint(key), (host, addr, port), key,
+                              self._policy)
+        if self.verdict.kind == "unknown":
             self.refused = seen
-        elif ok and verdict == "added":
+        elif self.verdict.kind == "added":
             self.added = seen
-        return ok
+        return self.verdict.kind == "added"
 
     def _take_password(self) -> str | None:
         if self._password is None or self.password_sent:
@@ -183,10 +188,9 @@ class _Nodes:
         config = settings.config_path
         self._config = [str(config)] if config.is_file() else []
 
-    def policy(self, accept_new: bool | None = None) -> HostKeyPolicy:
-        """One policy per connection, so its verdict is about that node only."""
-        accept = self.settings.accept_new if accept_new is None else accept_new
-        return HostKeyPolicy(self.settings.known_hosts, accept)
+    def policy(self, host: Host, accept_new: bool | None = None) -> HostKeyPolicy:
+        """The host's known_hosts files (ssh config's UserKnownHostsFile/GlobalKnownHostsFile)."""
+        return self.settings.host_key_policy(load_host_config(self.settings, host), accept_new)
 
     def _options(self, host: Host, policy: HostKeyPolicy, *, key_only: bool) -> dict[str, Any]:
         timeout = self.settings.connect_timeout
@@ -214,7 +218,7 @@ class _Nodes:
         options = self._options(host, policy, key_only=key_only)
         delay = 0.1
         for attempt in range(RETRIES + 1):
-            with map_ssh_errors(host.label, self.settings, policy):
+            with map_ssh_errors(host.label, self.settings, lambda: client.verdict):
                 try:
                     async with asyncio.timeout(self.settings.connect_timeout + 1):
                         conn, _ = await asyncssh.create_connection(
@@ -241,7 +245,7 @@ class _Nodes:
 
     async def probe(self, host: Host, accept_new: bool | None = None) -> _Probe:
         """Key-only login, then `true`: does this key alone get us in?"""
-        policy = self.policy(accept_new)
+        policy = self.policy(host, accept_new)
         client = _Client(policy)
         probe = await self._probe(host, client, policy)
         if client.added is not None:
@@ -270,7 +274,7 @@ class _Nodes:
 
     async def install(self, host: Host, password: Secret) -> KeyResult:
         """Password login, the install script, then a key-only login to prove it."""
-        policy = self.policy()
+        policy = self.policy(host)
         client = _Client(policy, password)
         try:
             conn = await self.connect(host, client, policy, key_only=False)
@@ -448,9 +452,8 @@ def _confirm_host_keys(nodes: _Nodes, prompts: Prompts,
     if not prompts.confirm_host_keys(unknown):
         return {p.host.label: _failed(p.host, _not_confirmed(p.unknown)) for p in pending
                 if p.unknown}
-    policy = nodes.policy()
     for key in unknown:
-        key.record(policy)
+        key.record()
     return asyncio.run(nodes.each([p.host for p in pending], nodes.probe))
 
 

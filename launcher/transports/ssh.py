@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import getpass
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -50,14 +51,48 @@ class SSHSettings:
     retries: int = 4  # for the transient drops sshd's MaxStartups produces
     home: Path = field(default_factory=Path.home)
     password: str | None = field(default=None, repr=False)  # only for keys setup; never shown
+    # OpenSSH's defaults when ssh config names none (overridable for tests):
+    # UserKnownHostsFile (None: ~/.ssh/known_hosts ~/.ssh/known_hosts2), GlobalKnownHostsFile
+    user_known_hosts: tuple[Path, ...] | None = None
+    global_known_hosts: tuple[Path, ...] = (Path("/etc/ssh/ssh_known_hosts"),
+                                            Path("/etc/ssh/ssh_known_hosts2"))
 
     @property
     def ssh_dir(self) -> Path:
         return self.home / ".ssh"
 
     @property
+    def known_hosts_files(self) -> tuple[Path, ...]:
+        """The user known_hosts files when ssh config does not name them."""
+        if self.user_known_hosts is not None:
+            return self.user_known_hosts
+        return (self.ssh_dir / "known_hosts", self.ssh_dir / "known_hosts2")
+
+    @property
     def known_hosts(self) -> Path:
-        return self.ssh_dir / "known_hosts"
+        """Where new host keys are recorded by default (the first user file)."""
+        files = self.known_hosts_files
+        return files[0] if files else self.ssh_dir / "known_hosts"
+
+    def host_key_policy(self, config: Any = None, accept_new: bool | None = None
+                        ) -> HostKeyPolicy:
+        """The policy for one host: UserKnownHostsFile/GlobalKnownHostsFile from its config."""
+        users: Sequence[Path] = self.known_hosts_files
+        globs: Sequence[Path] = self.global_known_hosts
+        if config is not None:
+            user_cfg = config.get("UserKnownHostsFile", None)
+            if user_cfg is not None:  # [] means `none`
+                users = [self._path(p) for p in user_cfg]
+            global_cfg = config.get("GlobalKnownHostsFile", None)
+            if global_cfg is not None:
+                globs = [self._path(p) for p in global_cfg]
+        accept = self.accept_new if accept_new is None else accept_new
+        return HostKeyPolicy(users, accept, globs)
+
+    def _path(self, text: str) -> Path:
+        if text == "~" or text.startswith("~/"):
+            return self.home / text[2:]
+        return Path(text).expanduser()
 
     @property
     def config_path(self) -> Path:
@@ -70,85 +105,196 @@ def fingerprint(key: asyncssh.SSHKey) -> str:
 
 
 def _known_host_names(host: str, addr: str | None, port: int | None) -> list[str]:
+    host = host.lower()
     names = [host] + ([addr] if addr and addr != host else [])
     return names if not port or port == 22 else [f"[{n}]:{port}" for n in names]
 
 
-class HostKeyPolicy:
-    """Strict known_hosts checking with OpenSSH's accept-new semantics.
+def _normalise_line(line: str) -> str:
+    """Lower-case a known_hosts line's plain host patterns: OpenSSH compares names that way.
 
-    asyncssh calls ``validate`` only for keys not already trusted by known_hosts; we then
-    decide between "changed" (the file knows another key for this host: always refuse),
-    "unknown" (refuse, or record it under accept_new).
+    Hashed entries (``|1|salt|hash``) hash the lower-cased name already; markers
+    (``@cert-authority``, ``@revoked``) and the key are left alone.
+    """
+    text = line.strip()
+    if not text or text.startswith("#"):
+        return text
+    words = text.split(None, 2 if text.startswith("@") else 1)
+    at = 1 if text.startswith("@") else 0
+    if len(words) > at and not words[at].startswith("|"):
+        words[at] = words[at].lower()
+    return " ".join(words)
+
+
+@dataclass(frozen=True)
+class HostKeyVerdict:
+    """What one connection's host key check found (each connection keeps its own)."""
+
+    kind: str  # unknown | changed | added
+    host: str
+    fingerprint: str
+    files: tuple[str, ...] = ()  # where the differing key is recorded (changed)
+
+
+class _KnownHostsFile:
+    """One known_hosts file parsed by asyncssh, reloaded when it changes on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._db = asyncssh.SSHKnownHosts()
+
+    def db(self) -> asyncssh.SSHKnownHosts:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            stamp = None
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._db = self._load() if stamp else asyncssh.SSHKnownHosts()
+        return self._db
+
+    def _load(self) -> asyncssh.SSHKnownHosts:
+        try:
+            text = self.path.read_text(errors="replace")
+        except OSError:
+            return asyncssh.SSHKnownHosts()
+        db = asyncssh.SSHKnownHosts()
+        for line in text.splitlines():
+            norm = _normalise_line(line)
+            if norm and not norm.startswith("#"):
+                with contextlib.suppress(ValueError):  # a line OpenSSH would skip too
+                    db.load(norm)
+        return db
+
+
+_KeyLists = tuple[list[asyncssh.SSHKey], list[asyncssh.SSHKey], list[asyncssh.SSHKey]]
+
+
+class HostKeyPolicy:
+    """Strict known_hosts checking over every file OpenSSH reads, with accept-new semantics.
+
+    ``user_files`` are UserKnownHostsFile (default ``~/.ssh/known_hosts``,
+    ``~/.ssh/known_hosts2``; new keys are recorded in the first), ``global_files``
+    GlobalKnownHostsFile (default ``/etc/ssh/ssh_known_hosts``, ``ssh_known_hosts2``).
+    asyncssh parses the files (hashed names, ``@cert-authority``, ``@revoked``) and calls
+    ``validate`` only for a key none of them vouches for. Then: any key recorded for this
+    host in ANY file means "changed" (always refused, with --accept-new too); none means
+    "unknown" (refused, or recorded under accept_new). A revoked key is refused by asyncssh
+    before ``validate``. Names compare case-insensitively (GPU01 is gpu01), as in OpenSSH.
     """
 
-    def __init__(self, path: Path, accept_new: bool) -> None:
-        self.path = path
+    def __init__(self, user_files: Path | Sequence[Path], accept_new: bool = False,
+                 global_files: Sequence[Path] = ()) -> None:
+        users = [user_files] if isinstance(user_files, Path) else list(user_files)
+        self.user_files = tuple(users)
+        self.global_files = tuple(global_files)
         self.accept_new = accept_new
-        self.verdicts: dict[str, tuple[str, str]] = {}  # host -> (unknown|changed, fingerprint)
+        self._files = [_KnownHostsFile(p) for p in (*self.user_files, *self.global_files)]
+
+    @property
+    def path(self) -> Path | None:
+        """The file new keys are recorded in (the first UserKnownHostsFile), if any."""
+        return self.user_files[0] if self.user_files else None
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (*self.user_files, *self.global_files)
+
+    def _lookup(self, host: str, addr: str | None, port: int | None
+                ) -> list[tuple[Path, tuple[Any, ...]]]:
+        """Per file: asyncssh's (host keys, CA keys, revoked keys, ...) for this host."""
+        names = {host.lower()} | ({addr.lower()} if addr else set())
+        if port and port != 22:  # OpenSSH looks up [name]:port only, never the bare name
+            names = {f"[{n}]:{port}" for n in names}
+            port = None
+        found = []
+        for kh in self._files:
+            db = kh.db()
+            merged: tuple[list[Any], ...] = tuple([] for _ in range(7))
+            for name in sorted(names):
+                for i, part in enumerate(db.match(name, "", port)):
+                    merged[i].extend(part)
+            found.append((kh.path, merged))
+        return found
+
+    def match(self, host: str, addr: str, port: int | None) -> _KeyLists:
+        """The known_hosts callable for asyncssh: trusted keys, trusted CAs, revoked keys."""
+        keys: _KeyLists = ([], [], [])
+        for _, parts in self._lookup(host, addr, port):
+            for i in range(3):
+                keys[i].extend(parts[i])
+        return keys
 
     def known_keys(self, host: str, addr: str | None, port: int | None) -> list[asyncssh.SSHKey]:
-        if not self.path.exists():
-            return []
-        trusted = asyncssh.match_known_hosts(str(self.path), host, addr or "", port)[0]
-        return list(trusted)
+        return self.match(host, addr or "", port)[0]
 
     def validate(self, host: str, addr: str | None, port: int | None,
-                 key: asyncssh.SSHKey) -> bool:
+                 key: asyncssh.SSHKey) -> HostKeyVerdict:
+        """The verdict on a key no known_hosts line vouches for (see the class doc)."""
         fp = fingerprint(key)
-        if self.known_keys(host, addr, port):
-            self.verdicts[host] = ("changed", fp)
-            return False
-        if not self.accept_new:
-            self.verdicts[host] = ("unknown", fp)
-            return False
+        where = tuple(str(path) for path, parts in self._lookup(host, addr, port)
+                      if parts[0] and key not in parts[0])
+        if where:
+            return HostKeyVerdict("changed", host, fp, where)
+        if not self.accept_new or self.path is None:
+            return HostKeyVerdict("unknown", host, fp)
         self.record(host, addr, port, key)
-        self.verdicts[host] = ("added", fp)
-        return True
+        return HostKeyVerdict("added", host, fp)
 
     def record(self, host: str, addr: str | None, port: int | None, key: asyncssh.SSHKey) -> None:
-        """Append the key to known_hosts (created 0600, ~/.ssh 0700)."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Append the key to the first user known_hosts file (created 0600, its dir 0700).
+
+        Under an exclusive lock, so concurrent dtrain processes never interleave lines; a
+        file without a final newline gets one first, so its last line stays intact.
+        """
+        path = self.path
+        if path is None:
+            raise HostKeyError("no UserKnownHostsFile to record the key in", host=host)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         line = ",".join(_known_host_names(host, addr, port)) + " "
         line += key.export_public_key("openssh").decode().strip() + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(line)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            text = line.encode()
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                text = b"\n" + text
+            os.write(fd, text)
+        finally:
+            os.close(fd)  # releases the lock
 
     def trusted_arg(self) -> object:
-        """The known_hosts argument for asyncssh: the file, or an empty trust set."""
-        return str(self.path) if self.path.exists() else ([], [], [])
+        """The known_hosts argument for asyncssh: this policy's matcher over every file."""
+        return self.match
 
 
 class _Client(asyncssh.SSHClient):
+    """One connection's client: its host key verdict is its own."""
+
     def __init__(self, policy: HostKeyPolicy) -> None:
         self._policy = policy
+        self.verdict: HostKeyVerdict | None = None
 
     def validate_host_public_key(self, host: str, addr: str, port: int,
                                  key: asyncssh.SSHKey) -> bool:
-        return self._policy.validate(host, addr, port, key)
+        self.verdict = self._policy.validate(host, addr, port, key)
+        return self.verdict.kind == "added"
 
 
 @contextlib.contextmanager
 def map_ssh_errors(label: str, settings: SSHSettings,
-                   policy: HostKeyPolicy | None = None) -> Iterator[None]:
-    """Translate asyncssh/OSError failures into ConnectError with an actionable message."""
+                   verdict: Callable[[], HostKeyVerdict | None] | None = None) -> Iterator[None]:
+    """Translate asyncssh/OSError failures into ConnectError with an actionable message.
+
+    ``verdict`` gives this connection's own host key verdict (never another node's).
+    """
     try:
         yield
     except asyncssh.HostKeyNotVerifiable as exc:
-        verdict, fp = (policy.verdicts.get(label) if policy else None) or ("", "")
-        if not verdict and policy:
-            verdict, fp = next(iter(policy.verdicts.values()), ("", ""))
-        if verdict == "changed":
-            raise HostKeyError(
-                f"HOST KEY CHANGED: the node now presents {fp}, which differs from the key "
-                f"recorded in {settings.known_hosts}", host=label,
-                hint="this may be an attack or a reinstalled node; verify it, then remove the "
-                     "old line with `ssh-keygen -R HOST` and retry") from exc
-        raise HostKeyError(
-            f"unknown host key {fp}".rstrip(), host=label,
-            hint="check the fingerprint, then retry with --accept-new (or run "
-                 "`dtrain keys setup`)") from exc
+        raise host_key_error(label, verdict() if verdict else None, exc) from exc
     except asyncssh.PermissionDenied as exc:
         raise AuthError("permission denied (publickey/password)", host=label,
                         hint="run `dtrain keys setup` to install a key, or check the user "
@@ -177,6 +323,31 @@ def map_ssh_errors(label: str, settings: SSHSettings,
         raise ConnectError(f"connection failed: {exc.strerror or exc}", host=label) from exc
     except asyncssh.Error as exc:
         raise ConnectError(f"SSH error: {exc.reason}", host=label) from exc
+
+
+def host_key_error(label: str, verdict: HostKeyVerdict | None,
+                   exc: asyncssh.HostKeyNotVerifiable) -> HostKeyError:
+    """The message for a refused host key: changed, revoked or unknown, with its fingerprint."""
+    if verdict is not None and verdict.kind == "changed":
+        files = ", ".join(verdict.files)
+        return HostKeyError(
+            f"HOST KEY CHANGED: the node now presents {verdict.fingerprint}, which differs from "
+            f"the key recorded for {verdict.host} in {files}", host=label,
+            hint=f"this may be an attack or a reinstalled node; verify it, then remove the old "
+                 f"line with `ssh-keygen -R {verdict.host} -f FILE` and retry")
+    reason = str(exc.reason or "")
+    if "revoked" in reason.lower():
+        return HostKeyError(f"host key REVOKED ({reason}): a known_hosts file marks the key "
+                            "the node presents (or its CA) @revoked", host=label,
+                            hint="the node's key must be replaced; ask its administrator")
+    if verdict is None:
+        return HostKeyError(f"host key not trusted: {reason}", host=label,
+                            hint="check the node's host certificate and your known_hosts "
+                                 "@cert-authority lines")
+    return HostKeyError(
+        f"unknown host key {verdict.fingerprint}", host=label,
+        hint="check the fingerprint, then retry with --accept-new (or run "
+             "`dtrain keys setup`)")
 
 
 _TRANSIENT = (asyncssh.ConnectionLost, ConnectionResetError, BrokenPipeError)
@@ -247,12 +418,21 @@ class SSHConnection(Connection):
                 await self._conn.wait_closed()
 
 
+def load_host_config(settings: SSHSettings, host: Host) -> SSHClientConfig:
+    """~/.ssh/config as it applies to one host (HostName, ProxyJump, known_hosts files...)."""
+    path = settings.config_path
+    paths = [str(path)] if path.is_file() else []
+    return cast(SSHClientConfig, SSHClientConfig.load(
+        None, paths, False, False, False, getpass.getuser(), host.user or (), host.name,
+        host.port or ()))
+
+
 class SSHTransport(Transport):
     """Connections over SSH, sharing one options object, key set and jump connections."""
 
     def __init__(self, settings: SSHSettings | None = None) -> None:
         self.settings = settings or SSHSettings()
-        self.policy = HostKeyPolicy(self.settings.known_hosts, self.settings.accept_new)
+        self._policies: dict[tuple[Path, ...], HostKeyPolicy] = {}
         self._keys: list[asyncssh.SSHKeyPair] | None = None
         self._jumps: dict[str, asyncssh.SSHClientConnection] = {}
         self._jump_lock = asyncio.Lock()
@@ -267,9 +447,7 @@ class SSHTransport(Transport):
         key = (host.name, host.user, host.port)
         cfg = self._configs.get(key)
         if cfg is None:
-            cfg = self._configs[key] = cast(SSHClientConfig, SSHClientConfig.load(
-                None, self._config_paths(), False, False, False, getpass.getuser(),
-                host.user or (), host.name, host.port or ()))
+            cfg = self._configs[key] = load_host_config(self.settings, host)
         return cfg
 
     def _client_keys(self, config_files: Sequence[str]) -> list[asyncssh.SSHKeyPair]:
@@ -301,12 +479,18 @@ class SSHTransport(Transport):
                 self._jumps[spec] = await self._open(jump, tunnel=None)
             return self._jumps[spec]
 
+    def _policy(self, cfg: SSHClientConfig) -> HostKeyPolicy:
+        """One policy per set of known_hosts files, shared (its parsed files are cached)."""
+        policy = self.settings.host_key_policy(cfg)
+        return self._policies.setdefault(policy.files, policy)
+
     async def _open(self, host: Host, tunnel: object) -> asyncssh.SSHClientConnection:
         cfg = self._host_config(host)
+        policy = self._policy(cfg)
         identity_files = cast(Sequence[str], cfg.get("IdentityFile", ()) or ())
         files = [str(p) for p in identity_files]
         kwargs: dict[str, Any] = {
-            "known_hosts": self.policy.trusted_arg(),
+            "known_hosts": policy.trusted_arg(),
             "client_keys": self._client_keys(files),
             "config": self._config_paths(),
             "connect_timeout": self.settings.connect_timeout,
@@ -325,21 +509,27 @@ class SSHTransport(Transport):
             kwargs["password"] = self.settings.password
         delay = 0.1
         for attempt in range(self.settings.retries + 1):
-            try:
-                with map_ssh_errors(host.label, self.settings, self.policy):
-                    try:
-                        async with asyncio.timeout(self.settings.connect_timeout + 1):
-                            conn, _ = await asyncssh.create_connection(
-                                lambda: _Client(self.policy), host.name, **kwargs)
-                        return conn
-                    except _TRANSIENT:
-                        if attempt == self.settings.retries:
-                            raise
-            except ConnectError:
-                raise
+            conn = await self._attempt(host, _Client(policy), kwargs,
+                                       last=attempt == self.settings.retries)
+            if conn is not None:
+                return conn
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
+
+    async def _attempt(self, host: Host, client: _Client, kwargs: dict[str, Any], *,
+                       last: bool) -> asyncssh.SSHClientConnection | None:
+        """One connection attempt, errors mapped; None after a transient drop (retry)."""
+        with map_ssh_errors(host.label, self.settings, lambda: client.verdict):
+            try:
+                async with asyncio.timeout(self.settings.connect_timeout + 1):
+                    conn, _ = await asyncssh.create_connection(lambda: client, host.name,
+                                                               **kwargs)
+                return conn
+            except _TRANSIENT:
+                if last:
+                    raise
+                return None
 
     async def connect(self, host: Host) -> Connection:
         cfg = self._host_config(host)
