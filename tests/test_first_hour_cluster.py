@@ -35,3 +35,49 @@ def test_exec_argv_start_errors_differ_per_node(cluster):
     assert res.stdout == "node1: tool x\n"
     assert "dtrain: node[2-3]: ./dtrain-tool.sh: No such file or directory (exit 127)\n" \
         in res.stderr
+
+
+NODES = "node[1-3]"
+
+
+def _run(cluster, *args, python=None):
+    return dtrain(["run", "-H", NODES, "--python", python or cluster.python,
+                   "--nproc-per-node", "1", *args], env=cluster.client_env())
+
+
+def test_torch_missing_is_one_folded_line_with_the_fix(cluster):
+    res = _run(cluster, "examples/ddp_smoke.py", python="/usr/bin/python3")
+    assert res.returncode == 1, res.stderr
+    assert ("dtrain: error: node[1-3]: torch: torch is not installed for /usr/bin/python3\n"
+            in res.stderr)
+    assert "hint: point dtrain at a Python that has torch on those nodes: --python" in res.stderr
+    assert "--no-preflight" not in res.stderr and "dtrain: run " not in res.stderr
+
+
+def test_python_missing_is_one_folded_line_with_the_fix(cluster):
+    res = _run(cluster, "examples/ddp_smoke.py", python="python3.99")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.count("python3.99 not found") == 1
+    assert "dtrain: error: node[1-3]: probe failed: dtrain: python3.99 not found" in res.stderr
+    assert "--setup 'source /path/to/venv/bin/activate'" in res.stderr
+
+
+def test_script_missing_on_some_nodes_is_refused_before_anything_starts(cluster):
+    home = cluster.node(1).home
+    script = home / "dtrain_first_hour.py"
+    script.write_text("print('hi')\n")
+    try:
+        res = _run(cluster, "--workdir", "/home/dtuser", "dtrain_first_hour.py")
+    finally:
+        script.unlink()
+    assert res.returncode == 1, res.stderr
+    assert ("dtrain: error: dtrain_first_hour.py not found in /home/dtuser on node[2-3]; "
+            "nothing was started\n") in res.stderr
+    assert "dtrain: run " not in res.stderr
+
+
+def test_module_missing_is_refused_before_anything_starts(cluster):
+    res = _run(cluster, "-m", "no_such_module_dtrain")
+    assert res.returncode == 1, res.stderr
+    assert "module no_such_module_dtrain not found on node[1-3]" in res.stderr
+    assert "dtrain: run " not in res.stderr

@@ -424,11 +424,34 @@ def failures(results: Iterable[CheckResult]) -> list[CheckResult]:
     return [r for r in results if r.failed]
 
 
+def fold_by_message(items: Iterable[tuple[str, str]]) -> str:
+    """``node[1-3]: same message; node4: other``: hosts with one message folded, groups
+    in the order their first host came (give the items in hostfile order)."""
+    groups: dict[str, list[str]] = {}
+    for host, message in items:
+        groups.setdefault(message, []).append(host)
+    return "; ".join(f"{fold(hosts)}: {message}" for message, hosts in groups.items())
+
+
 def failure_message(results: Iterable[CheckResult]) -> str | None:
-    """One line listing every FAIL (for a PreflightFailed), or None when nothing failed."""
+    """One line listing every FAIL, hosts with the same failure folded (for a
+    PreflightFailed), or None when nothing failed."""
     bad = failures(results)
     if not bad:
         return None
-    return "; ".join(f"{r.host}: {r.check}: {r.detail}" for r in bad)
+    return fold_by_message((r.host, f"{r.check}: {r.detail}") for r in bad)
+
+
+# what to do when the nodes' python or torch is not the one the job needs
+PYTHON_FIX = ("point dtrain at a Python that has torch on those nodes: --python "
+              "/path/to/venv/bin/python, the hostfile's python=/path/to/python, or --setup "
+              "'source /path/to/venv/bin/activate'")
+
+
+def failure_hint(results: Iterable[CheckResult]) -> str:
+    """What to do about the FAIL rows: the python fix when python/torch failed."""
+    if any(r.check in ("python", "torch") for r in failures(results)):
+        return PYTHON_FIX
+    return "`dtrain doctor` shows every check; --no-preflight skips these"
 
 

@@ -251,6 +251,7 @@ class NodeFacts:
     stack: int | None = None
     time: float | None = None
     workdir_ok: bool | None = None  # None: no workdir asked about
+    entry_ok: bool | None = None  # the script/module exists; None: not asked (or unknown)
     uid: int | None = None
     user: str | None = None
     home: str | None = None  # what '~' means on the node ($HOME, else the passwd entry)
@@ -311,6 +312,8 @@ class NodeFacts:
             stack=_int(limits.get("stack")),
             time=float(obj["time"]) if isinstance(obj.get("time"), int | float) else None,
             workdir_ok=(bool(workdir.get("is_dir")) if isinstance(workdir, Mapping) else None),
+            entry_ok=(bool(entry.get("found")) if isinstance(entry := obj.get("entry"), Mapping)
+                      else None),
             uid=_int(obj.get("uid")),
             user=_str(obj.get("user")),
             home=_str(obj.get("home")),

@@ -177,7 +177,9 @@ async def connect_all(transport: Transport, hosts: Sequence[Host], *, fanout: in
     async with asyncio.TaskGroup() as tg:
         for host in hosts:
             tg.create_task(one(host), name=f"connect:{host.label}")
-    return conns, errors
+    order = [h.label for h in hosts]  # messages list hosts in hostfile order, not arrival
+    return ({h: conns[h] for h in order if h in conns},
+            {h: errors[h] for h in order if h in errors})
 
 
 def _one_line(exc: ConnectError) -> str:

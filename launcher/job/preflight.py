@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.decide.checks import PYTHON_FIX, fold_by_message
 from launcher.decide.facts import NodeFacts
 from launcher.decide.netenv import EnvDecision, choose_master, decide_env, pick_master_addr
 from launcher.decide.plan import RunOptions, RunRequest
@@ -51,7 +52,8 @@ async def _probe(conn: Connection, params: Mapping[str, Any], req: RunRequest,
 async def probe_facts(conns: Mapping[str, Connection], req: RunRequest, targets: Sequence[str],
                       timeout: float) -> dict[str, NodeFacts]:
     """Facts of every node, in parallel."""
-    params = {"mode": "facts", "workdir": req.workdir, "targets": list(targets)}
+    params = {"mode": "facts", "workdir": req.workdir, "targets": list(targets),
+              "entry": {"name": req.script, "module": req.module}}
     results: dict[str, NodeFacts] = {}
 
     async def one(label: str, conn: Connection) -> None:
@@ -62,21 +64,36 @@ async def probe_facts(conns: Mapping[str, Connection], req: RunRequest, targets:
 
 
 async def _gather_named(coros: Mapping[str, Any]) -> None:
-    """Run per-host coroutines; raise one PreflightFailed listing every host that failed."""
-    failures: list[str] = []
+    """Run per-host coroutines; raise one PreflightFailed listing every host that failed,
+    in the given (hostfile) order, hosts with the same failure folded."""
+    failures: dict[str, str] = {}
 
     async def guard(label: str, coro: Any) -> None:
         try:
             await coro
         except DtrainError as exc:
-            failures.append(f"{label}: {exc.message}")
+            failures[label] = exc.message
 
     async with asyncio.TaskGroup() as tg:
         for label, coro in coros.items():
             tg.create_task(guard(label, coro), name=f"probe:{label}")
     if failures:
-        raise PreflightFailed("; ".join(sorted(failures)),
-                              hint="check the --python/--setup for those nodes")
+        raise PreflightFailed(fold_by_message((h, failures[h]) for h in coros if h in failures),
+                              hint=PYTHON_FIX)
+
+
+def entry_missing(req: RunRequest, hosts: Sequence[str]) -> PreflightFailed:
+    """The script (or module) is not on those nodes: refused before anything starts."""
+    if req.module:
+        return PreflightFailed(
+            f"module {req.script} not found on {fold(hosts)} (looked in {req.workdir} and "
+            "the nodes' Python path); nothing was started",
+            hint="install it for that Python (--python/--setup), or check --workdir; "
+                 "--no-preflight skips this check")
+    return PreflightFailed(
+        f"{req.script} not found in {req.workdir} on {fold(hosts)}; nothing was started",
+        hint="the script's path is relative to the working directory (--workdir, default: "
+             "the current one), which must hold the same files on every node")
 
 
 def _is_ip(text: str | None) -> bool:
@@ -142,16 +159,19 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
         first_guess = [req.master_addr or "127.0.0.1"]
     pre.facts = await probe_facts(conns, req, first_guess, opts.probe_timeout)
     if opts.preflight:
-        from launcher.decide.checks import failure_message, fast_checks
+        from launcher.decide.checks import failure_hint, failure_message, fast_checks
 
-        problem = failure_message(fast_checks(pre.facts, hosts))
+        rows = fast_checks(pre.facts, hosts)
+        problem = failure_message(rows)
         if problem:
-            raise PreflightFailed(problem, hint="`dtrain doctor` shows every check; "
-                                                "--no-preflight skips these")
+            raise PreflightFailed(problem, hint=failure_hint(rows))
     missing = [h.label for h in hosts if pre.facts[h.label].workdir_ok is False]
     if missing:
         raise PreflightFailed(f"working directory {req.workdir} does not exist on "
                               f"{fold(missing)}", hint="create it there, or pass --workdir")
+    absent = [h.label for h in hosts if pre.facts[h.label].entry_ok is False]
+    if absent and opts.preflight:
+        raise entry_missing(req, absent)
     master_facts = pre.facts[hosts[0].label]
     if len(hosts) == 1:
         pre.master_addr, pre.master_reason = first_guess[0], "single node: loopback"

@@ -530,6 +530,40 @@ def read_workdir(path: str) -> Json:
             "writable": os.access(full, os.W_OK)}
 
 
+def read_entry(workdir: str, entry: Json) -> Json:
+    """Whether the job's script (a path, relative to the working directory) or module exists.
+
+    A module is looked up as ``python -m`` will: the working directory first, then sys.path
+    (this is the job's interpreter, after --setup). Nothing is imported: the top-level name
+    goes through importlib's finders (an editable install's finder too), the rest of a
+    dotted name through the package directories found.
+    """
+    base = os.path.expanduser(workdir or ".")
+    name = str(entry.get("name") or "")
+    if not entry.get("module"):
+        path = os.path.join(base, os.path.expanduser(name))
+        return {"name": name, "module": False, "found": os.path.isfile(path), "path": path}
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    sys.path.insert(0, base)
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path.remove(base)
+    for i in range(1, len(parts)):
+        locations = spec.submodule_search_locations if spec is not None else None
+        if locations is None:
+            spec = None
+            break
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]),
+                                                        list(locations))
+    return {"name": name, "module": True, "found": spec is not None}
+
+
 def _section(errors: dict[str, str], name: str, fn: Callable[[], Any], default: Any) -> Any:
     """One reader failing must not cost the launcher all the other facts."""
     try:
@@ -575,6 +609,9 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
         out["netns"] = None
     if params.get("workdir"):
         out["workdir"] = _section(errors, "workdir", lambda: read_workdir(params["workdir"]), None)
+    if params.get("entry"):
+        out["entry"] = _section(errors, "entry", lambda: read_entry(
+            params.get("workdir") or ".", params["entry"]), None)
     out["errors"] = errors
     return out
 

@@ -1,0 +1,62 @@
+"""What a new user trips over in the first hour (issue 12), without a cluster: folded
+preflight messages with the fix, the probe's script/module check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.decide import checks
+from launcher.decide.checks import FAIL, OK, CheckResult
+from launcher.decide.facts import NodeFacts
+from launcher.nodeside import probe
+from tests.test_probe import run_probe
+
+
+def test_failures_with_one_message_are_folded_in_host_order() -> None:
+    rows = [CheckResult(h, "torch", FAIL, "torch is not installed for /usr/bin/python3")
+            for h in ("node3", "node1", "node2")]
+    rows += [CheckResult("node4", "torch", OK, "torch 2.13.0"),
+             CheckResult("node4", "shm", FAIL, "64 MiB")]
+    assert checks.failure_message(rows) == (
+        "node[1-3]: torch: torch is not installed for /usr/bin/python3; node4: shm: 64 MiB")
+    assert checks.failure_hint(rows) == checks.PYTHON_FIX
+    assert "--python" in checks.PYTHON_FIX and "python=" in checks.PYTHON_FIX
+    assert "--setup 'source" in checks.PYTHON_FIX
+    assert "--no-preflight" in checks.failure_hint(rows[-1:])
+
+
+def test_fold_by_message_keeps_the_order_of_first_appearance() -> None:
+    items = [("b2", "x"), ("a1", "y"), ("b1", "x")]
+    assert checks.fold_by_message(items) == "b[1-2]: x; a1: y"
+
+
+@pytest.mark.parametrize("entry, found", [
+    pytest.param({"name": "train.py"}, True, id="script"),
+    pytest.param({"name": "sub/run.py"}, True, id="script-in-subdir"),
+    pytest.param({"name": "trian.py"}, False, id="script-typo"),
+    pytest.param({"name": "sub"}, False, id="directory-is-no-script"),
+    pytest.param({"name": "mypkg.train", "module": True}, True, id="module-in-workdir"),
+    pytest.param({"name": "mypkg.nope", "module": True}, False, id="submodule-missing"),
+    pytest.param({"name": "json.tool", "module": True}, True, id="module-on-sys-path"),
+    pytest.param({"name": "no_such_module_x", "module": True}, False, id="module-missing"),
+    pytest.param({"name": "train.x", "module": True}, False, id="module-under-a-file"),
+])
+def test_probe_finds_the_script_or_module_in_the_workdir(tmp_path: Path, entry, found) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "run.py").write_text("")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    (tmp_path / "mypkg" / "train.py").write_text("")
+    assert probe.read_entry(str(tmp_path), entry)["found"] is found
+
+
+def test_probe_entry_through_the_real_probe(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    for name, ok in (("train.py", True), ("missing.py", False)):
+        out = run_probe({"workdir": str(tmp_path), "entry": {"name": name}})
+        assert out["errors"] == {}
+        assert NodeFacts.from_json(out).entry_ok is ok
+    assert NodeFacts.from_json(run_probe({"workdir": str(tmp_path)})).entry_ok is None
