@@ -682,9 +682,13 @@ def test_a_setsid_daemon_with_no_environment_dies_with_exec(cluster: tc.Cluster,
 
 # -- exec ----------------------------------------------------------------------------------------
 
+def _sleep_marker() -> str:
+    return f"3{uuid.uuid4().int % 10:d}.{uuid.uuid4().int % 10**6:06d}"  # unique on the nodes
+
+
 @pytest.mark.ssh
 def test_exec_timeout_is_124_and_leaves_nothing(cluster: tc.Cluster, jobs) -> None:
-    marker = f"30.{uuid.uuid4().int % 10**6:06d}"  # sleep 30.xxxxxx: unique on the nodes
+    marker = _sleep_marker()
     job = Dtrain(cluster, ["exec", "-H", "node[1-3]", "--timeout", "1", "--no-color", "--",
                            "sleep", marker])
     jobs.append(job)
@@ -698,7 +702,7 @@ def test_exec_timeout_is_124_and_leaves_nothing(cluster: tc.Cluster, jobs) -> No
 
 @pytest.mark.ssh
 def test_exec_launcher_sigkill_nodes_clean_themselves(cluster: tc.Cluster, jobs) -> None:
-    marker = f"31.{uuid.uuid4().int % 10**6:06d}"
+    marker = _sleep_marker()
     job = Dtrain(cluster, ["exec", "-H", "node[1-3]", "--no-color", "--heartbeat-timeout",
                            "300", "--", "sleep", marker])
     jobs.append(job)
@@ -707,6 +711,50 @@ def test_exec_launcher_sigkill_nodes_clean_themselves(cluster: tc.Cluster, jobs)
         job.signal(signal.SIGKILL)
         job.wait(5)
         watch.assert_clean(KILL9_CLEAN, since=job.ended)
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize(("sig", "code", "name"), [(signal.SIGINT, 130, "Ctrl-C"),
+                                                    (signal.SIGTERM, 143, "SIGTERM")])
+def test_exec_interrupt_is_128_plus_n_and_leaves_nothing(cluster: tc.Cluster, jobs, sig: int,
+                                                         code: int, name: str) -> None:
+    marker = _sleep_marker()
+    job = Dtrain(cluster, ["exec", "-H", "node[1-3]", "--no-color", "--", "sleep", marker])
+    jobs.append(job)
+    with JobWatch(cluster, [1, 2, 3], marker=f"sleep\0{marker}") as watch:
+        watch.wait_saw(3)  # a supervisor and its sleep on each node
+        job.signal(sig)
+        rc = job.wait(30)
+        watch.assert_clean(1.0, since=job.ended)
+    assert rc == code, f"{name}: {job.output}"
+    assert "Traceback" not in job.output, job.output
+
+
+@pytest.mark.ssh
+def test_exec_command_killed_by_a_signal_is_128_plus_n_and_leaves_nothing(
+        cluster: tc.Cluster, jobs) -> None:
+    """node1's shell dies of SIGKILL (137), node2's of SIGUSR1 (138), node3's exits 0; each
+    leaves a background sleep behind. exec exits with the largest code, names both signals,
+    and no sleep survives."""
+    marker = _sleep_marker()
+    go = cluster.shared_dir / f"{new_id('exec-signal')}.go"
+    line = (f"sleep {marker} & while [ ! -e {go} ]; do sleep 0.05; done; "
+            "case $(hostname) in node1) kill -KILL $$;; node2) kill -USR1 $$;; esac; exit 0")
+    job = Dtrain(cluster, ["exec", "-H", "node[1-3]", "--no-color", "--", line])
+    jobs.append(job)
+    try:
+        with JobWatch(cluster, [1, 2, 3], marker=f"sleep\0{marker}") as watch:
+            watch.wait_saw(3)
+            go.touch()
+            rc = job.wait(30)
+            watch.assert_clean(1.0, since=job.ended)
+    finally:
+        go.unlink(missing_ok=True)
+    assert rc == 128 + signal.SIGUSR1, job.output
+    assert "node1: killed by signal 9" in job.output, job.output
+    assert "node2: killed by signal 10" in job.output, job.output
+    assert "node3" not in job.output, job.output
+    assert "Traceback" not in job.output, job.output
 
 
 # -- the orchestrator and the verdict, locally (no sshd, no torch) -------------------------------
