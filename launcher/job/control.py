@@ -115,10 +115,10 @@ class ControlServer:
     async def _answer(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> dict[str, Any]:
         uid, pid = peer_uid_pid(writer.get_extra_info("socket"))
+        line = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT_S)
         if uid != self.owner_uid:
             return {"ok": False, "error": f"refused: this run belongs to uid "
                                           f"{self.owner_uid}, the request came from uid {uid}"}
-        line = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT_S)
         msg = json.loads(line or b"{}")
         if not isinstance(msg, dict) or msg.get("op") != "stop":
             return {"ok": False, "error": f"unknown request {msg!r}"}
@@ -142,13 +142,15 @@ def request_stop(run_dir: Path, *, grace: float | None, kill: bool,
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise DtrainError(f"run {run_dir.name}: its launcher does not answer ({exc.strerror})",
                               hint="`dtrain ps` shows whether it is still alive") from None
-        s.sendall((json.dumps(msg) + "\n").encode())
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall((json.dumps(msg) + "\n").encode())  # the answer may come anyway
         data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        with contextlib.suppress(ConnectionResetError):
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
     try:
         reply = json.loads(data or b"{}")
     except ValueError:

@@ -88,6 +88,8 @@ def tail_offset(path: Path, lines: int) -> int:
         return 0
     with fh:
         pos = size = fh.seek(0, os.SEEK_END)
+        if lines == 0:
+            return size
         seen = 0
         while pos > 0:
             step = min(_READ_SIZE, pos)
@@ -101,7 +103,7 @@ def tail_offset(path: Path, lines: int) -> int:
                     break
                 if pos + nl + 1 < size:  # a newline ending a line: count the line after it
                     seen += 1
-                    if seen > lines:
+                    if seen >= lines:
                         return pos + nl + 1
                 end = nl
     return 0
