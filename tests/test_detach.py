@@ -107,11 +107,13 @@ class Session:
         return found[0]
 
     def hang_up(self) -> None:
-        """The terminal closes: SIGHUP to every process of the session's process group."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGHUP)
-        except ProcessLookupError:
-            pass
+        """A Ctrl-C in that shell, then the terminal closes: SIGINT, then SIGHUP, to every
+        process of the session's process group."""
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
         self.proc.wait(10)
 
 
