@@ -238,6 +238,5 @@ def test_without_detach_sighup_stops_every_node(cluster: tc.Cluster, archive: Pa
     finally:
         job.kill()
     assert rc == 129, job.output
-    assert "SIGHUP (the terminal closed; `dtrain run --detach` survives that): stopping" \
-        in job.output
+    assert "SIGHUP (the terminal closed): stopping every node" in job.output
     assert json.loads((archive / run_id / "meta.json").read_text())["exit_code"] == 129

@@ -290,8 +290,7 @@ class Job:
             self.outcome.interrupted_t = time.time()
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self._interrupts == 1:
-            why = " (the terminal closed; `dtrain run --detach` survives that)" \
-                if signum == signal.SIGHUP else ""
+            why = " (the terminal closed)" if signum == signal.SIGHUP else ""
             self.router.say("dtrain", f"{name}{why}: stopping every node (again to kill now)")
             self._stopping_now(f"{name} from the user", tg)
         else:
