@@ -1,6 +1,7 @@
 """The typer app: parse options, call one function, render, exit.
 
-One module per command (``exec``, ``run``, ``logs``, ``keys``, ``doctor``); the option types
+One module per command (``exec``, ``run``, ``logs``, ``keys``, ``doctor``, ``ps``,
+``attach``, ``stop``); the option types
 and the error-to-exit-code wrapper they share are in ``common``. Heavy modules (asyncssh, rich
 tables, the orchestrator) are imported inside the commands so `dtrain --help` stays fast.
 """
@@ -12,13 +13,14 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import common, doctor, exec, keys, logs, run
+from launcher.cli import attach, common, doctor, exec, keys, logs, ps, run, stop
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
     pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
-         "every node), keys, doctor, logs.",
+         "every node), keys, doctor, logs; ps, attach, stop for runs that outlive the login "
+         "session (run --detach).",
 )
 
 def _version(value: bool) -> None:
@@ -41,6 +43,9 @@ app.command("run", cls=Cmd, context_settings=common.PASSTHROUGH)(run.run_cmd)
 app.command("logs", cls=Cmd)(logs.logs_cmd)
 app.add_typer(keys.keys_app, name="keys", help="Passwordless SSH bootstrap for every node.")
 app.command("doctor", cls=Cmd)(doctor.doctor_cmd)
+app.command("ps", cls=Cmd)(ps.ps_cmd)
+app.command("attach", cls=Cmd)(attach.attach_cmd)
+app.command("stop", cls=Cmd)(stop.stop_cmd)
 
 
 def main() -> None:

@@ -80,6 +80,22 @@ AcceptNewOpt = Annotated[bool, typer.Option(
     "--accept-new", help="Record unknown host keys in ~/.ssh/known_hosts (never changed ones).")]
 
 
+ArchiveDirOpt = Annotated[str, typer.Option(
+    "--archive-dir", envvar="DTRAIN_ARCHIVE_DIR", show_envvar=True,
+    help="Where run archives are.")]
+DEFAULT_ARCHIVE_DIR = "dtrain-runs"
+
+
+def archive_hint(archive_dir: str) -> str:
+    """The ``--archive-dir`` to repeat in a suggested command ('' for the default)."""
+    import os
+    import shlex
+
+    if archive_dir == DEFAULT_ARCHIVE_DIR or os.environ.get("DTRAIN_ARCHIVE_DIR") == archive_dir:
+        return ""
+    return f" --archive-dir {shlex.quote(os.path.abspath(archive_dir))}"
+
+
 def run_body(fn: Callable[[], int]) -> None:
     """Run a command body: DtrainError -> message on stderr + its exit code."""
     try:

@@ -16,6 +16,7 @@ from launcher.cli.common import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
+    archive_hint,
     resolve,
     run_body,
     ssh_settings,
@@ -90,11 +91,16 @@ def run_cmd(
     raw: Annotated[bool, typer.Option("--raw", help="Pass the nodes' bytes to the terminal "
                                       "as they are (default: only colours pass, other "
                                       "control sequences are shown as ^[ ...).")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="Once every node's job has "
+                                         "started, leave the terminal: the run survives "
+                                         "logout; `dtrain attach`, `ps`, `stop`.")] = False,
 ) -> None:
     """torchrun on every node: node ranks, a validated master, per-node NCCL/GLOO env.
 
-    Exit codes: the first failing rank's code (128+N for signal N), 130 Ctrl-C, 143 SIGTERM,
-    124 --timeout, 255 a node unreachable or lost, 2 bad input.
+    Exit codes: the first failing rank's code (128+N for signal N), 130 Ctrl-C or `dtrain
+    stop`, 143 SIGTERM, 129 SIGHUP (closing the terminal stops a run that is not detached),
+    124 --timeout, 255 a node unreachable or lost, 2 bad input. With --detach: 0 once started
+    (the run's own code is in its meta.json and `dtrain ps`).
     """
     def body() -> int:
         from launcher.commands.run import default_workdir, run_sync
@@ -140,6 +146,14 @@ def run_cmd(
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
                           preflight=preflight, command=tuple(command))
-        return run_sync(host_list, req, opts, ssh_settings(connect_timeout, accept_new))
+        settings = ssh_settings(connect_timeout, accept_new)
+        if detach and not dry_run:
+            from launcher.commands.detach import Detacher, run_detached
+
+            detacher = Detacher.from_env()
+            if detacher is None:  # the parent: the child does the run (see commands/detach)
+                return run_detached(sys.argv[1:], archive_hint(archive_dir))
+            return run_sync(host_list, req, opts, settings, detacher)
+        return run_sync(host_list, req, opts, settings)
 
     run_body(body)

@@ -15,14 +15,14 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
 from launcher.errors import ConnectError
 from launcher.hosts.hostfile import fold
 from launcher.job.node import JobSpec
-from launcher.job.orchestrate import Job, LineRouter, NodeLaunch, Policy, connect_all
+from launcher.job.orchestrate import Job, JobState, LineRouter, NodeLaunch, Policy, connect_all
 from launcher.job.preflight import Preflight, preflight
 from launcher.job.verdict import TailKeeper, node_results, root_cause_json, summary_lines, verdict
 from launcher.models import Host, OutputLine
@@ -33,6 +33,10 @@ from launcher.output.redact import redact_command
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
+
+if TYPE_CHECKING:
+    from launcher.commands.detach import Detacher
+    from launcher.output.archive import RunArchive
 
 # -- rendering -------------------------------------------------------------------------------
 
@@ -108,7 +112,7 @@ class NodeBoard:
 # -- the command -----------------------------------------------------------------------------
 
 async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
-                    settings: SSHSettings) -> int:
+                    settings: SSHSettings, detacher: Detacher | None = None) -> int:
     """The whole `dtrain run`."""
     from dataclasses import replace
 
@@ -136,7 +140,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 else:
                     render_plan(plan)
                 return 0
-            return await launch(plan, req, opts, transport, conns, pre)
+            return await launch(plan, req, opts, transport, conns, pre, detacher)
         finally:
             for conn in conns.values():
                 with contextlib.suppress(Exception):
@@ -160,13 +164,38 @@ def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
 
 
 async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
-                 conns: dict[str, Connection], pre: Preflight) -> int:
+                 conns: dict[str, Connection], pre: Preflight,
+                 detacher: Detacher | None = None) -> int:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.output.archive import RunArchive
-    from launcher.output.console import Console
+    from launcher.output.runlock import LauncherLock
 
     archive = RunArchive.create(opts.archive_dir, req.run_id)
-    archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, pre)})
+    lock = LauncherLock.acquire(archive.path, detached=detacher is not None)
+    try:
+        archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, pre),
+                            "state": "starting",
+                            "launcher": {"pid": os.getpid(), "uid": os.getuid(),
+                                         "host": lock.info["host"],
+                                         "detached": detacher is not None,
+                                         "heartbeat_timeout": opts.heartbeat_timeout,
+                                         "grace": opts.grace}})
+        return await _supervise(plan, req, opts, transport, conns, archive, detacher)
+    except BaseException as exc:  # a launcher crash or a Ctrl-C before the job ran: say so
+        if "exit_code" not in archive.meta:
+            archive.update_meta(end=time.time(), state="finished", exit_code=None,
+                                outcome=f"launcher ended early: {type(exc).__name__}")
+        raise
+    finally:
+        lock.release()
+
+
+async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
+                     transport: Transport, conns: dict[str, Connection], archive: RunArchive,
+                     detacher: Detacher | None) -> int:
+    from launcher.job.control import ControlServer, StopRequest
+    from launcher.output.console import Console
+
     console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
                       sanitize=False if opts.raw else None,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
@@ -179,7 +208,8 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank)
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
-                    fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0)
+                    fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0,
+                    hangup_stops=detacher is None)
     tails = TailKeeper()
     node_ranks = {n.host.label: n.node_rank for n in plan.nodes}
     hosts = [n.host for n in plan.nodes]
@@ -189,12 +219,37 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
         nodes = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}"
         out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
-        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event)
-        outcome = await job.run(transport, conns)
+        if detacher is None:
+            render.note("Ctrl-C stops the run on every node, and so does closing this terminal "
+                        "(SIGHUP); `dtrain run --detach` keeps a run going without it")
+
+        def on_state(state: JobState) -> None:
+            if state is JobState.RUNNING:
+                archive.update_meta(state="running")
+                if detacher is not None:
+                    console.broken = True  # the terminal is gone: the archive has every line
+                    detacher.detach(archive.run_id, archive.path)
+            elif state is JobState.TEARING_DOWN:
+                archive.update_meta(state="stopping")
+
+        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event,
+                  on_state=on_state)
+
+        def on_stop(stop: StopRequest) -> str:
+            who = f"`dtrain stop` (pid {stop.pid})"
+            job.request_stop(who, grace=stop.grace, kill=stop.kill)
+            return "stopping"
+
+        control = ControlServer(archive.path, on_stop)
+        await control.start()
+        try:
+            outcome = await job.run(transport, conns)
+        finally:
+            await control.aclose()
         v = verdict(outcome, plan, tails)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
-    archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome,
+    archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
                         root_cause=root_cause_json(outcome, v, tails),
                         nodes=node_results(outcome, plan, v),
                         console_skipped=out.skipped)
@@ -202,10 +257,10 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
 
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
-             settings: SSHSettings) -> int:
-    """Synchronous entry for the CLI."""
+             settings: SSHSettings, detacher: Detacher | None = None) -> int:
+    """Synchronous entry for the CLI (``detacher``: this is a detached child)."""
     try:
-        return asyncio.run(run_async(hosts, req, opts, settings))
+        return asyncio.run(run_async(hosts, req, opts, settings, detacher))
     except KeyboardInterrupt:
         return 130
 

@@ -3,8 +3,10 @@
 Every node runs under its supervisor in one TaskGroup. This module decides when to stop
 the others (first failure, Ctrl-C, SIGTERM, --timeout, a node lost) and how hard (TERM with
 a grace period, then KILL); the supervisors carry it out on the nodes. A second Ctrl-C kills
-at once. Output chunks are cut into whole lines per (host, rank, stream) and handed to the
-output sink as OutputLine records.
+at once. SIGHUP (the terminal closed) stops the job like SIGTERM, unless the policy says a
+detached launcher ignores it; `dtrain stop` (``request_stop``) stops it like Ctrl-C. Output
+chunks are cut into whole lines per (host, rank, stream) and handed to the output sink as
+OutputLine records.
 
 Root cause: failures are recorded in the order the launcher learns of them, until dtrain
 starts stopping the job; the first one is the root cause, everything that fails after the
@@ -69,6 +71,7 @@ class Policy:
     #                              torchrun restarts the ranks; its own exit is the failure)
     fanout: int = 64
     fanout_whole_job: bool = False  # exec: bound running commands too, like pdsh
+    hangup_stops: bool = True  # SIGHUP stops the job (a detached launcher ignores it)
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ class JobOutcome:
 
     nodes: dict[str, NodeOutcome] = field(default_factory=dict)
     connect_errors: dict[str, str] = field(default_factory=dict)
-    interrupted: int | None = None  # the signal that stopped us (SIGINT/SIGTERM)
+    interrupted: int | None = None  # the signal that stopped us (SIGINT/SIGTERM/SIGHUP)
+    stopped_by: str | None = None  # a stop asked from outside (`dtrain stop`): recorded as SIGINT
     interrupted_t: float | None = None
     killed: bool = False  # a second interrupt: KILL now
     timed_out: bool = False
@@ -191,8 +195,10 @@ class Job:
 
     def __init__(self, hosts: Sequence[Host], launches: dict[str, NodeLaunch],
                  policy: Policy, router: Output,
-                 on_event: Callable[[Host, dict[str, object]], None] | None = None) -> None:
+                 on_event: Callable[[Host, dict[str, object]], None] | None = None,
+                 on_state: Callable[[JobState], None] | None = None) -> None:
         self.hosts = list(hosts)
+        self.on_state = on_state
         self.launches = launches
         self.policy = policy
         self.router = router
@@ -204,22 +210,29 @@ class Job:
         self._interrupts = 0
         self._bound: asyncio.Task[None] | None = None
         self._bound_s = 0.0
+        self._tg: asyncio.TaskGroup | None = None
+        self._pending_stop: tuple[str, float | None, bool] | None = None
 
     def _advance(self, state: JobState) -> None:
         if state.value < self.state.value:
             raise RuntimeError(f"job state cannot go from {self.state.name} to {state.name}")
+        changed = state is not self.state
         self.state = state
+        if changed and self.on_state is not None:
+            self.on_state(state)
 
     # -- stop policy ------------------------------------------------------------------------
-    async def stop_all(self, reason: str, *, kill: bool = False) -> None:
+    async def stop_all(self, reason: str, *, kill: bool = False,
+                       grace: float | None = None) -> None:
         """Ask every running node to stop (TERM + grace, or KILL); bounded (see module doc)."""
+        grace = self.policy.grace if grace is None else grace
         if self.state.value < JobState.TEARING_DOWN.value:
             self._advance(JobState.TEARING_DOWN)
         if self.outcome.stop_reason is None:
             self.outcome.stop_reason = reason
             self.outcome.stop_t = time.time()
         self._stopping = True
-        bound = KILL_MARGIN if kill else self.policy.grace + STOP_MARGIN
+        bound = KILL_MARGIN if kill else grace + STOP_MARGIN
         if self._bound is None or bound < self._bound_s:
             if self._bound is not None:
                 self._bound.cancel()
@@ -229,8 +242,7 @@ class Job:
         async with asyncio.TaskGroup() as tg:
             for label, session in self.sessions.items():
                 if label not in self.outcome.nodes:
-                    coro = session.kill(reason) if kill else session.stop(reason,
-                                                                          self.policy.grace)
+                    coro = session.kill(reason) if kill else session.stop(reason, grace)
                     tg.create_task(coro, name=f"stop:{label}")
 
     async def _stop_bound(self, seconds: float) -> None:
@@ -243,12 +255,41 @@ class Job:
                                    "the connection (its supervisor kills the job on EOF)")
             self.sessions[label].abandon(f"did not stop within {seconds:g} s")
 
-    def _stopping_now(self, reason: str, tg: asyncio.TaskGroup) -> None:
+    def _stopping_now(self, reason: str, tg: asyncio.TaskGroup,
+                      grace: float | None = None) -> None:
         """Start stopping every node (synchronously marks the job as stopping)."""
         if self.outcome.stop_t is None:
             self.outcome.stop_t = time.time()
         self._stopping = True
-        tg.create_task(self.stop_all(reason), name="stop-all")
+        tg.create_task(self.stop_all(reason, grace=grace), name="stop-all")
+
+    def request_stop(self, who: str, *, grace: float | None = None, kill: bool = False) -> None:
+        """A stop asked from outside (`dtrain stop`): the same as Ctrl-C (exit 130), with
+        another grace period or an immediate KILL if asked."""
+        tg = self._tg
+        if tg is None:
+            self._pending_stop = (who, grace, kill)  # applied as soon as the job runs
+            return
+        if self.state is JobState.DONE:
+            return
+        self._interrupts += 1
+        if self.outcome.interrupted is None:
+            self.outcome.interrupted = signal.SIGINT
+            self.outcome.interrupted_t = time.time()
+            self.outcome.stopped_by = who
+        try:
+            if kill:
+                self.outcome.killed = True
+                self.router.say("dtrain", f"stop requested by {who}: killing every node now")
+                tg.create_task(self.stop_all(f"stop requested by {who}", kill=True),
+                               name="kill-all")
+            else:
+                g = self.policy.grace if grace is None else grace
+                self.router.say("dtrain", f"stop requested by {who}: stopping every node "
+                                          f"(TERM, KILL after {g:g} s)")
+                self._stopping_now(f"stop requested by {who}", tg, grace)
+        except RuntimeError:
+            pass  # the task group is finishing: the job is ending anyway
 
     def _interrupt(self, signum: int, tg: asyncio.TaskGroup) -> None:
         self._interrupts += 1
@@ -257,7 +298,8 @@ class Job:
             self.outcome.interrupted_t = time.time()
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self._interrupts == 1:
-            self.router.say("dtrain", f"{name}: stopping every node (again to kill now)")
+            why = " (the terminal closed)" if signum == signal.SIGHUP else ""
+            self.router.say("dtrain", f"{name}{why}: stopping every node (again to kill now)")
             self._stopping_now(f"{name} from the user", tg)
         else:
             self.outcome.killed = True
@@ -318,11 +360,17 @@ class Job:
         loop = asyncio.get_running_loop()
         conns = dict(conns or {})
         sem = asyncio.Semaphore(self.policy.fanout)
+        signals = (signal.SIGINT, signal.SIGTERM) + \
+            ((signal.SIGHUP,) if self.policy.hangup_stops else ())
         try:
             async with asyncio.TaskGroup() as tg:
-                for signum in (signal.SIGINT, signal.SIGTERM):
+                self._tg = tg
+                for signum in signals:
                     with contextlib.suppress(NotImplementedError, RuntimeError):
                         loop.add_signal_handler(signum, self._interrupt, signum, tg)
+                if self._pending_stop is not None:
+                    who, grace, kill = self._pending_stop
+                    self.request_stop(who, grace=grace, kill=kill)
                 nodes = [tg.create_task(self._node(h, transport, conns, sem, tg),
                                         name=f"node:{h.label}") for h in self.hosts]
                 deadlines = tg.create_task(self._deadlines(nodes, tg), name="deadlines")
@@ -331,7 +379,7 @@ class Job:
         finally:
             if self._bound is not None:
                 self._bound.cancel()
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(signum)
             for conn in conns.values():

@@ -93,6 +93,8 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
                                 or root.seen > outcome.interrupted_t):
         how = "interrupted by Ctrl-C" if outcome.interrupted == signal.SIGINT else \
             f"interrupted by {_signame(outcome.interrupted)}"
+        if outcome.stopped_by:
+            how = f"stopped by {outcome.stopped_by}"
         if outcome.killed:
             how += ", then killed"
         v = Verdict(128 + outcome.interrupted, how, root_kind="interrupted")

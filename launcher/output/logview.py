@@ -5,11 +5,16 @@ pass) plus ``--grep`` (a regular expression searched in the line text). ``--json
 the archived objects unchanged. ``--follow`` tails a run that is still going and returns
 once meta.json records an ``end`` or ``outcome`` and the file has been read to its end:
 the pipeline closes output.jsonl before the outcome is written, so nothing is missed.
+
+`dtrain attach` uses the same replay with ``tail`` (start at the last N lines), ``status``
+(a live status line under the log on a colour terminal) and ``ended`` (stop following when
+the launcher is gone too, not only when meta.json records the end).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from typing import TYPE_CHECKING, Any, TextIO
@@ -23,7 +28,7 @@ from launcher.output.archive import OUTPUT, read_meta
 from launcher.output.console import Console
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterator
+    from collections.abc import Callable, Collection, Iterator
     from pathlib import Path
 
 POLL_S = 0.2
@@ -42,6 +47,9 @@ def replay(
     out: TextIO | None = None,
     color: bool | None = None,
     poll_s: float = POLL_S,
+    tail: int | None = None,
+    status: Callable[[], str] | None = None,
+    ended: Callable[[], bool] | None = None,
 ) -> int:
     """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow)."""
     meta = read_meta(run_dir)
@@ -53,18 +61,52 @@ def replay(
         labels=[h for h in meta.get("hosts", []) if isinstance(h, str)],
         world_size=meta.get("world_size") if isinstance(meta.get("world_size"), int) else None,
     )
+    console.status = status
     pattern = _compile(grep)
+    start = tail_offset(run_dir / OUTPUT, tail) if tail is not None else 0
+    done = ended or (lambda: is_finished(run_dir))
     try:
-        for batch in _batches(run_dir, follow=follow, poll_s=poll_s):
+        for batch in _batches(run_dir, follow=follow, poll_s=poll_s, start=start, ended=done):
             _show(console, batch, pattern, as_json=as_json)
             if console.broken:
                 break  # `dtrain logs | head` is done reading
     except KeyboardInterrupt:
         if not follow:
             raise
+        console.clear_status()
         console.flush()
         return 130
+    console.clear_status()
     console.flush()
+    return 0
+
+
+def tail_offset(path: Path, lines: int) -> int:
+    """Where the last ``lines`` complete lines of a file start (0: the whole file)."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115  (closed below)
+    except OSError:
+        return 0
+    with fh:
+        pos = size = fh.seek(0, os.SEEK_END)
+        if lines == 0:
+            return size
+        seen = 0
+        while pos > 0:
+            step = min(_READ_SIZE, pos)
+            pos -= step
+            fh.seek(pos)
+            block = fh.read(step)
+            end = len(block)
+            while True:
+                nl = block.rfind(b"\n", 0, end)
+                if nl < 0:
+                    break
+                if pos + nl + 1 < size:  # a newline ending a line: count the line after it
+                    seen += 1
+                    if seen >= lines:
+                        return pos + nl + 1
+                end = nl
     return 0
 
 
@@ -125,14 +167,20 @@ def _show(
     console.flush()
 
 
-def _batches(run_dir: Path, *, follow: bool, poll_s: float) -> Iterator[list[_Record]]:
-    """Parsed output.jsonl records, a read at a time; in follow mode, until the run ends."""
+def _batches(run_dir: Path, *, follow: bool, poll_s: float, start: int = 0,
+             ended: Callable[[], bool] | None = None) -> Iterator[list[_Record]]:
+    """Parsed output.jsonl records, a read at a time; in follow mode, until the run ends
+    (an empty batch each idle poll, so a status line can refresh)."""
     path = run_dir / OUTPUT
+    done_fn = ended or (lambda: is_finished(run_dir))
     while not path.exists():
-        if not follow or is_finished(run_dir):
+        if not follow or done_fn():
             return
         time.sleep(poll_s)
+        yield []
     with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+        if start:
+            fh.seek(start)  # a byte offset: a valid cookie for utf-8 at a line start
         partial = ""
         done = False
         while True:
@@ -144,9 +192,10 @@ def _batches(run_dir: Path, *, follow: bool, poll_s: float) -> Iterator[list[_Re
             if done or not follow:
                 break
             # Read to the end once more after seeing the outcome: lines written before it.
-            done = is_finished(run_dir)
+            done = done_fn()
             if not done:
                 time.sleep(poll_s)
+                yield []
         if partial:
             yield _parse([partial])
 

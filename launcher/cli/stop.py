@@ -1,0 +1,31 @@
+"""`dtrain stop`: stop a run from any shell of the user who started it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import DEFAULT_ARCHIVE_DIR, ArchiveDirOpt, archive_hint, run_body
+
+
+def stop_cmd(
+    run: Annotated[str, typer.Argument(help="Run id, unique prefix or directory.")],
+    archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
+    grace: Annotated[float | None, typer.Option("--grace", min=0, help="TERM -> KILL delay "
+                                                "(default: the run's --grace).")] = None,
+    kill: Annotated[bool, typer.Option("--kill", help="KILL at once, no grace.")] = False,
+) -> None:
+    """Stop a run from any shell, as Ctrl-C would in the foreground, and wait for its end.
+
+    TERM, the grace period, then KILL; exit 130 is recorded in meta.json. Only the user who
+    started the run may stop it.
+    """
+    def body() -> int:
+        from launcher.commands.runs import stop
+
+        return stop(Path(archive_dir), run, grace=grace, kill=kill,
+                    hint=archive_hint(archive_dir))
+
+    run_body(body)

@@ -1,0 +1,137 @@
+"""`dtrain ps`, `dtrain attach`, `dtrain stop`: the runs of this archive, from any shell.
+
+They find runs the way `dtrain logs` does (``--archive-dir``/``DTRAIN_ARCHIVE_DIR``, a run id,
+a unique prefix or a path). Liveness is the launcher's lock (output/runlock.py), never a pid;
+stop goes through the launcher's control socket (job/control.py), so the launcher stops the
+job exactly as Ctrl-C would in the foreground and records exit 130 in meta.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Collection
+from pathlib import Path
+
+from launcher.job.control import request_stop
+from launcher.job.orchestrate import KILL_MARGIN, STOP_MARGIN
+from launcher.output import render
+from launcher.output.archive import read_meta, resolve_run
+from launcher.output.logview import replay
+from launcher.output.runs import age, list_status, ps_json, render_table, run_status
+
+STATUS_EVERY_S = 1.0
+_WAIT_EXTRA_S = 10.0  # beyond grace + the launcher's own margins, before giving up waiting
+
+
+def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False) -> int:
+    """Print the runs of an archive directory (table or versioned JSON)."""
+    runs = list_status(archive_dir)
+    if active:
+        runs = [r for r in runs if r.alive]
+    if as_json:
+        sys.stdout.write(json.dumps(ps_json(runs, archive_dir), indent=2) + "\n")
+    elif not runs:
+        render.note(f"no {'running ' if active else ''}runs in {archive_dir}")
+    else:
+        sys.stdout.write(render_table(runs))
+    sys.stdout.flush()
+    return 0
+
+
+def attach(archive_dir: Path, run: str | None, *, ranks: Collection[int] | None = None,
+           host: str | None = None, grep: str | None = None, lines: int = 20,
+           color: bool | None = None, hint: str = "") -> int:
+    """Follow a run's live console from its archive; Ctrl-C detaches and leaves it running.
+
+    Returns 0 when the user detaches, else the run's exit code once it ends (255 when its
+    launcher is lost).
+    """
+    run_dir = resolve_run(archive_dir, run)
+    st = run_status(run_dir)
+    if not st.alive:
+        render.note(f"run {st.run_id} is not running ({st.label}); its last lines follow "
+                    f"(`dtrain logs {st.run_id}{hint}` shows all)")
+        replay(run_dir, ranks=ranks, host=host, grep=grep, color=color, tail=lines)
+        return _ended(run_dir)
+    render.note(f"attached to run {st.run_id} ({st.label}, {len(st.hosts)} nodes, "
+                f"{st.world_size} ranks); Ctrl-C detaches and leaves the run running")
+    status = _StatusLine(run_dir)
+    code = replay(run_dir, ranks=ranks, host=host, grep=grep, color=color, follow=True,
+                  tail=lines, status=status.render, ended=lambda: not run_status(run_dir).alive)
+    if code == 130:
+        render.note(f"detached from run {st.run_id}; it is still running. Come back with "
+                    f"`dtrain attach {st.run_id}{hint}`, end it with `dtrain stop "
+                    f"{st.run_id}{hint}`")
+        return 0
+    return _ended(run_dir)
+
+
+def _ended(run_dir: Path) -> int:
+    st = run_status(run_dir)
+    if st.state == "finished":
+        render.note(f"run {st.run_id} finished: {st.outcome or 'no outcome recorded'}"
+                    f" (exit {st.exit_code})")
+        return st.exit_code if st.exit_code is not None else 1
+    render.note(f"run {st.run_id}: {st.label}: {st.note or ''}")
+    return 255
+
+
+class _StatusLine:
+    """The attach status line, re-read from the archive at most once a second."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._text = ""
+        self._at = 0.0
+
+    def render(self) -> str:
+        now = time.monotonic()
+        if now - self._at >= STATUS_EVERY_S or not self._text:
+            self._at = now
+            st = run_status(self.run_dir)
+            wall = time.time()
+            up = age(wall - st.created) if st.created else "-"
+            last = f"last line {age(wall - st.last_line_t)} ago" if st.last_line_t else "no output"
+            self._text = (f"dtrain attach {st.run_id} | {st.label} | {len(st.hosts)} nodes, "
+                          f"{st.world_size} ranks | up {up} | {last} | Ctrl-C detaches "
+                          "(the run goes on)")
+        return self._text
+
+
+def stop(archive_dir: Path, run: str, *, grace: float | None = None, kill: bool = False,
+         hint: str = "") -> int:
+    """Ask a run's launcher to stop its job (as Ctrl-C would) and wait until it has ended."""
+    run_dir = resolve_run(archive_dir, run)
+    st = run_status(run_dir)
+    if st.state == "finished":
+        render.note(f"run {st.run_id} has already finished: {st.outcome} (exit {st.exit_code})")
+        return 0
+    if not st.alive:
+        render.note(f"run {st.run_id}: nothing to stop: {st.label}: {st.note}")
+        return 0
+    reply = request_stop(run_dir, grace=grace, kill=kill)
+    run_grace = _run_grace(run_dir) if grace is None else grace
+    how = "KILL now" if kill else f"TERM, KILL after {run_grace:g} s"
+    render.note(f"stopping run {st.run_id} ({how}); launcher answered: {reply.get('state')}")
+    limit = (KILL_MARGIN if kill else run_grace + STOP_MARGIN) + _WAIT_EXTRA_S
+    deadline = time.monotonic() + limit
+    while run_status(run_dir).alive:
+        if time.monotonic() > deadline:
+            render.note(f"run {st.run_id} is still stopping after {limit:g} s; "
+                        f"see `dtrain ps{hint}`")
+            return 1
+        time.sleep(0.1)
+    end = run_status(run_dir)
+    if end.state != "finished":
+        render.note(f"run {st.run_id}: {end.label}: {end.note}")
+        return 1
+    render.note(f"run {st.run_id} stopped: {end.outcome} (exit {end.exit_code})")
+    return 0
+
+
+def _run_grace(run_dir: Path) -> float:
+    launcher = read_meta(run_dir).get("launcher")
+    grace = launcher.get("grace") if isinstance(launcher, dict) else None
+    return float(grace) if isinstance(grace, int | float) else 10.0

@@ -1,0 +1,163 @@
+"""The launcher's control socket: how `dtrain stop` reaches a run from any shell.
+
+    <run_dir>/control.sock   unix stream socket, mode 0600, served by the run's launcher
+
+Protocol (version 1): the client sends one JSON line, the launcher answers one JSON line.
+
+    -> {"control_version": 1, "op": "stop", "grace": 5.0 | null, "kill": false}
+    <- {"ok": true, "state": "stopping"}           or {"ok": false, "error": "..."}
+
+Only the user who started the run may stop it. Two locks on that door: the socket file is
+0600 (another user's ``connect`` fails with EACCES), and the launcher checks the peer's uid
+with ``SO_PEERCRED`` on every connection (a copied or loosened socket still refuses). A
+signal to a pid read from a file was the alternative; it needs the same ownership checks,
+cannot carry ``--grace`` or an answer, and two quick SIGINTs (for ``--kill``) may merge.
+
+Unix socket paths are limited to 107 bytes; a longer run directory is reached through
+``/proc/self/fd/<dirfd>/control.sock`` (Linux resolves the directory from the open fd).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import DtrainError
+
+CONTROL = "control.sock"
+CONTROL_VERSION = 1
+_MAX_PATH = 100
+_READ_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A `dtrain stop` that passed the uid check."""
+
+    grace: float | None  # None: the run's own --grace
+    kill: bool
+    pid: int  # the requesting process (from SO_PEERCRED)
+    uid: int
+
+
+def peer_uid_pid(sock: socket.socket) -> tuple[int, int]:
+    """(uid, pid) of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return uid, pid
+
+
+@contextlib.contextmanager
+def _short_path(run_dir: Path) -> Iterator[str]:
+    """A path to ``run_dir/control.sock`` that fits in sockaddr_un."""
+    path = str(run_dir / CONTROL)
+    if len(path) <= _MAX_PATH:
+        yield path
+        return
+    dirfd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{dirfd}/{CONTROL}"
+    finally:
+        os.close(dirfd)
+
+
+class ControlServer:
+    """Serves stop requests for one run, from its owner only."""
+
+    def __init__(self, run_dir: Path, on_stop: Callable[[StopRequest], str],
+                 *, owner_uid: int | None = None) -> None:
+        self.run_dir = run_dir
+        self.on_stop = on_stop  # returns the run's state after the request
+        self.owner_uid = os.getuid() if owner_uid is None else owner_uid
+        self._server: asyncio.AbstractServer | None = None
+        self._dirfd: int | None = None
+
+    async def start(self) -> None:
+        """Listen on ``control.sock`` (mode 0600)."""
+        path = str(self.run_dir / CONTROL)
+        if len(path) > _MAX_PATH:  # the fd stays open while the server lives
+            self._dirfd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            path = f"/proc/self/fd/{self._dirfd}/{CONTROL}"
+        self._server = await asyncio.start_unix_server(self._handle, path=path)
+        os.chmod(self.run_dir / CONTROL, 0o600)
+
+    async def aclose(self) -> None:
+        """Stop listening and remove the socket file."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+        with contextlib.suppress(OSError):
+            (self.run_dir / CONTROL).unlink()
+        if self._dirfd is not None:
+            os.close(self._dirfd)
+            self._dirfd = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            reply = await self._answer(reader, writer)
+            writer.write((json.dumps(reply) + "\n").encode())
+            await asyncio.wait_for(writer.drain(), _READ_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError):
+            pass  # a client that went away or sent garbage: nothing to do
+        finally:
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> dict[str, Any]:
+        uid, pid = peer_uid_pid(writer.get_extra_info("socket"))
+        line = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT_S)
+        if uid != self.owner_uid:
+            return {"ok": False, "error": f"refused: this run belongs to uid "
+                                          f"{self.owner_uid}, the request came from uid {uid}"}
+        msg = json.loads(line or b"{}")
+        if not isinstance(msg, dict) or msg.get("op") != "stop":
+            return {"ok": False, "error": f"unknown request {msg!r}"}
+        grace = msg.get("grace")
+        req = StopRequest(grace=float(grace) if isinstance(grace, int | float) else None,
+                          kill=bool(msg.get("kill")), pid=pid, uid=uid)
+        return {"ok": True, "state": self.on_stop(req)}
+
+
+def request_stop(run_dir: Path, *, grace: float | None, kill: bool,
+                 timeout: float = _READ_TIMEOUT_S) -> dict[str, Any]:
+    """Ask a run's launcher to stop its job; the launcher's answer (``ok`` is True)."""
+    msg = {"control_version": CONTROL_VERSION, "op": "stop", "grace": grace, "kill": kill}
+    with _short_path(run_dir) as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(path)
+        except PermissionError:
+            raise DtrainError(f"refused: run {run_dir.name} belongs to another user",
+                              hint="only the user who started a run can stop it") from None
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise DtrainError(f"run {run_dir.name}: its launcher does not answer ({exc.strerror})",
+                              hint="`dtrain ps` shows whether it is still alive") from None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall((json.dumps(msg) + "\n").encode())  # the answer may come anyway
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    try:
+        reply = json.loads(data or b"{}")
+    except ValueError:
+        reply = {}
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        error = reply.get("error") if isinstance(reply, dict) else None
+        raise DtrainError(f"run {run_dir.name}: {error or 'no answer from its launcher'}",
+                          hint="only the user who started a run can stop it"
+                          if error and error.startswith("refused") else None)
+    return reply

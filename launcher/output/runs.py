@@ -1,0 +1,193 @@
+"""`dtrain ps`: each run's state from its archive (meta.json) plus its launcher's lock.
+
+    state            when
+    starting         the launcher holds the lock; not every node's job has started yet
+    running          the launcher holds the lock; every node's job started
+    stopping         the launcher holds the lock and is stopping the job
+    finished         meta.json records the end (exit_code, outcome)
+    launcher lost    no end recorded and no launcher holds the lock: it died (kill -9, the
+                     login node rebooted); its nodes stopped the job by themselves (stdin EOF
+                     or no heartbeat for --heartbeat-timeout)
+
+``status_of`` is the pure decision; ``run_status`` and ``list_status`` read the files.
+``ps_json`` is the versioned ``--json`` document (``ps_version: 1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.output.archive import OUTPUT, list_runs, read_meta
+from launcher.output.runlock import probe
+
+PS_VERSION = 1
+LIVE_STATES = ("starting", "running", "stopping")
+_TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One run as `dtrain ps` shows it."""
+
+    run_id: str
+    path: Path
+    state: str  # starting | running | stopping | finished | launcher lost
+    alive: bool  # a launcher holds the run's lock
+    exit_code: int | None = None
+    outcome: str | None = None
+    pid: int | None = None
+    launcher_host: str | None = None
+    detached: bool = False
+    hosts: tuple[str, ...] = ()
+    world_size: int | None = None
+    created: float | None = None
+    ended: float | None = None
+    last_line_t: float | None = None
+    heartbeat_timeout: float | None = None
+
+    @property
+    def label(self) -> str:
+        """The state as the table shows it."""
+        if self.state == "finished":
+            return f"finished ({self.exit_code})" if self.exit_code is not None else "finished"
+        return self.state
+
+    @property
+    def note(self) -> str | None:
+        """What a user should know beyond the state (launcher lost: what became of the job)."""
+        if self.state != "launcher lost":
+            return None
+        hb = f"{self.heartbeat_timeout:g} s" if self.heartbeat_timeout else "--heartbeat-timeout"
+        return (f"the launcher died without recording an end (kill -9, reboot); its nodes "
+                f"stopped the job by themselves (connection closed, or no heartbeat for {hb})")
+
+
+def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
+              last_line_t: float | None = None) -> RunStatus:
+    """Pure: a run's state from its meta.json and its lock (None: no live launcher)."""
+    recorded_launcher = meta.get("launcher")
+    launcher: dict[str, Any] = recorded_launcher if isinstance(recorded_launcher, dict) else {}
+    finished = "exit_code" in meta or bool(meta.get("end"))
+    if finished:
+        state = "finished"
+    elif lock is not None:
+        recorded = meta.get("state")
+        state = recorded if recorded in LIVE_STATES else "starting"
+    else:
+        state = "launcher lost"
+    info: dict[str, Any] = lock if lock is not None else launcher
+    hosts = meta.get("hosts")
+    return RunStatus(
+        run_id=str(meta.get("run_id") or run_dir.name), path=run_dir, state=state,
+        alive=lock is not None,
+        exit_code=_int(meta.get("exit_code")),
+        outcome=meta.get("outcome") if isinstance(meta.get("outcome"), str) else None,
+        pid=_int(info.get("pid")),
+        launcher_host=info.get("host") if isinstance(info.get("host"), str) else None,
+        detached=bool(info.get("detached")),
+        hosts=tuple(h for h in hosts if isinstance(h, str)) if isinstance(hosts, list) else (),
+        world_size=_int(meta.get("world_size")),
+        created=_float(meta.get("start")) or _float(meta.get("created_ts")),
+        ended=_float(meta.get("end")),
+        last_line_t=last_line_t,
+        heartbeat_timeout=_float(launcher.get("heartbeat_timeout")),
+    )
+
+
+def run_status(run_dir: Path) -> RunStatus:
+    """Read one run's files and decide its state (lock first: meta's end wins a race)."""
+    lock = probe(run_dir)
+    return status_of(run_dir, read_meta(run_dir), lock, last_line_time(run_dir))
+
+
+def list_status(archive_dir: Path) -> list[RunStatus]:
+    """Every run in an archive directory, oldest first."""
+    return [run_status(p) for p in list_runs(archive_dir)]
+
+
+def last_line_time(run_dir: Path) -> float | None:
+    """The time of output.jsonl's last complete record (its mtime if the tail is one long
+    line); None when there is no output yet."""
+    path = run_dir / OUTPUT
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return None
+            fh.seek(max(0, size - _TAIL_BYTES))
+            tail = fh.read()
+            mtime = os.fstat(fh.fileno()).st_mtime
+    except OSError:
+        return None
+    for raw in reversed(tail.split(b"\n")):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("t"), int | float):
+            return float(record["t"])
+    return mtime
+
+
+def ps_json(runs: list[RunStatus], archive_dir: Path) -> dict[str, Any]:
+    """The versioned `dtrain ps --json` document."""
+    return {
+        "ps_version": PS_VERSION, "archive_dir": str(archive_dir),
+        "host": socket.gethostname(), "now": time.time(),
+        "runs": [{
+            "run_id": r.run_id, "path": str(r.path), "state": r.state, "alive": r.alive,
+            "exit_code": r.exit_code, "outcome": r.outcome, "launcher_pid": r.pid,
+            "launcher_host": r.launcher_host, "detached": r.detached, "hosts": list(r.hosts),
+            "nodes": len(r.hosts), "world_size": r.world_size, "created": r.created,
+            "ended": r.ended, "last_line_t": r.last_line_t, "note": r.note,
+        } for r in runs],
+    }
+
+
+def render_table(runs: list[RunStatus], now: float | None = None) -> str:
+    """The `dtrain ps` table, with a note under it for each lost launcher."""
+    now = time.time() if now is None else now
+    here = socket.gethostname()
+    rows = [("RUN ID", "STATE", "NODES", "RANKS", "AGE", "LAST LINE", "LAUNCHER")]
+    for r in runs:
+        who = f"pid {r.pid}" if r.pid is not None and r.alive else "-"
+        if r.alive and r.detached:
+            who += " detached"
+        if r.alive and r.launcher_host and r.launcher_host != here:
+            who += f" on {r.launcher_host}"
+        last = f"{age(now - r.last_line_t)} ago" if r.last_line_t else "-"
+        rows.append((r.run_id, r.label, str(len(r.hosts)) if r.hosts else "-",
+                     str(r.world_size) if r.world_size is not None else "-",
+                     age(now - r.created) if r.created else "-", last, who))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    lines += [f"{r.run_id}: launcher lost: {r.note}" for r in runs if r.note]
+    return "\n".join(lines) + "\n"
+
+
+def age(seconds: float) -> str:
+    """A short duration: 42s, 5m03s, 2h07m, 3d04h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None

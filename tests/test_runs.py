@@ -1,0 +1,195 @@
+"""ps/attach/stop without a cluster: run states, the launcher lock, the control socket,
+attach's tail, and --detach's bad input failing before anything starts."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import DtrainError
+from launcher.job.control import CONTROL, ControlServer, StopRequest, request_stop
+from launcher.models import OutputLine
+from launcher.output.archive import RunArchive
+from launcher.output.logview import replay, tail_offset
+from launcher.output.runlock import LOCK, LauncherLock, probe
+from launcher.output.runs import age, list_status, ps_json, render_table, status_of
+from tests.util import dtrain
+
+# -- the state decision (pure) -------------------------------------------------------------
+
+LOCK_INFO = {"pid": 4242, "uid": 0, "host": "login1", "detached": True}
+
+
+@pytest.mark.parametrize(("meta", "lock", "state", "label"), [
+    pytest.param({"state": "running"}, LOCK_INFO, "running", "running", id="running"),
+    pytest.param({"state": "stopping"}, LOCK_INFO, "stopping", "stopping", id="stopping"),
+    pytest.param({}, LOCK_INFO, "starting", "starting", id="no-state-yet"),
+    pytest.param({"state": "running", "exit_code": 130, "end": 5.0}, None, "finished",
+                 "finished (130)", id="finished"),
+    pytest.param({"state": "running", "exit_code": 0, "end": 5.0}, LOCK_INFO, "finished",
+                 "finished (0)", id="end-written-lock-not-yet-released"),
+    pytest.param({"state": "running"}, None, "launcher lost", "launcher lost", id="kill-9"),
+    pytest.param({}, None, "launcher lost", "launcher lost", id="old-archive-no-lock"),
+])
+def test_state_from_meta_and_lock(meta: dict, lock: dict | None, state: str, label: str) -> None:
+    st = status_of(Path("/x/r1"), {"run_id": "r1", **meta}, lock)
+    assert (st.state, st.label, st.alive) == (state, label, lock is not None)
+    assert (st.note is not None) == (state == "launcher lost")
+
+
+def test_lost_note_names_the_heartbeat_timeout() -> None:
+    st = status_of(Path("/x/r1"), {"launcher": {"heartbeat_timeout": 3.0, "pid": 7}}, None)
+    assert st.note is not None and "no heartbeat for 3 s" in st.note
+    assert "stopped the job by themselves" in st.note
+
+
+def test_age() -> None:
+    assert [age(s) for s in (5, 65, 3700, 90000)] == ["5s", "1m05s", "1h01m", "1d01h"]
+
+
+# -- the lock ---------------------------------------------------------------------------------
+
+def _archive(tmp_path: Path, run_id: str = "r1") -> RunArchive:
+    archive = RunArchive.create(tmp_path, run_id)
+    archive.update_meta(hosts=["n1", "n2"], world_size=2, state="running",
+                        start=time.time() - 65)
+    return archive
+
+
+def test_lock_held_means_alive_released_means_lost(tmp_path: Path) -> None:
+    archive = _archive(tmp_path)
+    assert probe(archive.path) is None  # no lock file yet
+    lock = LauncherLock.acquire(archive.path, detached=True)
+    info = probe(archive.path)
+    assert info is not None and info["pid"] == os.getpid() and info["detached"] is True
+    [st] = list_status(tmp_path)
+    assert (st.state, st.alive, st.pid) == ("running", True, os.getpid())
+    lock.release()
+    assert probe(archive.path) is None
+    [st] = list_status(tmp_path)
+    assert st.state == "launcher lost"
+
+
+def test_a_dead_process_releases_the_lock_and_a_child_never_holds_it(tmp_path: Path) -> None:
+    """kill -9 releases the lock (a pid is never trusted); a process the holder started
+    does not inherit it."""
+    archive = _archive(tmp_path)
+    code = ("import sys, time, subprocess; from pathlib import Path; "
+            "from launcher.output.runlock import LauncherLock; "
+            "LauncherLock.acquire(Path(sys.argv[1])); "
+            "subprocess.Popen(['sleep', '30']); print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(archive.path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        assert probe(archive.path) is not None
+        proc.kill()
+        proc.wait(5)
+        assert probe(archive.path) is None  # the sleep child still lives, without the lock
+    finally:
+        proc.kill()
+    assert (archive.path / LOCK).exists()
+
+
+def test_ps_table_and_json(tmp_path: Path) -> None:
+    archive = _archive(tmp_path)
+    archive.write_lines([OutputLine("n1", "out", "hello", rank=0, node_rank=0, t=time.time())])
+    archive.close()
+    fin = _archive(tmp_path, "r2")
+    fin.update_meta(exit_code=7, end=time.time(), outcome="rank 1 on n2 exited 7")
+    runs = list_status(tmp_path)
+    table = render_table(runs)
+    assert re.search(r"^r1 +launcher lost +2 +2 +1m0\ds +\ds ago +-$", table, re.M), table
+    assert re.search(r"^r2 +finished \(7\) ", table, re.M), table
+    assert "r1: launcher lost: the launcher died" in table
+    doc = ps_json(runs, tmp_path)
+    assert doc["ps_version"] == 1
+    r1 = doc["runs"][0]
+    assert (r1["run_id"], r1["state"], r1["nodes"], r1["world_size"]) == ("r1", "launcher lost",
+                                                                         2, 2)
+    assert r1["last_line_t"] is not None and abs(r1["last_line_t"] - time.time()) < 60
+
+
+# -- the control socket -------------------------------------------------------------------------
+
+async def test_stop_request_reaches_the_launcher(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 90) / "run"  # longer than a unix socket path may be
+    deep.mkdir(parents=True)
+    got: list[StopRequest] = []
+
+    def on_stop(req: StopRequest) -> str:
+        got.append(req)
+        return "stopping"
+
+    server = ControlServer(deep, on_stop)
+    await server.start()
+    try:
+        assert (deep / CONTROL).stat().st_mode & 0o777 == 0o600
+        reply = await asyncio.to_thread(request_stop, deep, grace=2.5, kill=False)
+        assert reply == {"ok": True, "state": "stopping"}
+        await asyncio.to_thread(request_stop, deep, grace=None, kill=True)
+    finally:
+        await server.aclose()
+    assert [(r.grace, r.kill, r.uid, r.pid) for r in got] == [
+        (2.5, False, os.getuid(), os.getpid()), (None, True, os.getuid(), os.getpid())]
+    assert not (deep / CONTROL).exists()
+
+
+async def test_stop_from_another_uid_is_refused(tmp_path: Path) -> None:
+    """SO_PEERCRED: the launcher answers only its owner, whatever the socket's mode."""
+    got: list[StopRequest] = []
+    server = ControlServer(tmp_path, lambda r: got.append(r) or "stopping",
+                           owner_uid=os.getuid() + 1)
+    await server.start()
+    try:
+        with pytest.raises(DtrainError, match="refused: this run belongs to uid"):
+            await asyncio.to_thread(request_stop, tmp_path, grace=None, kill=False)
+    finally:
+        await server.aclose()
+    assert got == []
+
+
+def test_stop_with_no_launcher_says_so(tmp_path: Path) -> None:
+    with pytest.raises(DtrainError, match="does not answer"):
+        request_stop(tmp_path, grace=None, kill=False)
+
+
+# -- attach's tail ------------------------------------------------------------------------------
+
+def test_tail_offset_starts_at_the_last_lines(tmp_path: Path) -> None:
+    archive = RunArchive.create(tmp_path, "r")
+    archive.write_lines([OutputLine("n1", "out", f"line {i}", rank=0, node_rank=0, t=1.0)
+                         for i in range(100)])
+    archive.close()
+    out = io.StringIO()
+    replay(archive.path, out=out, color=False, tail=3)
+    assert out.getvalue().splitlines() == ["n1 r0: line 97", "n1 r0: line 98", "n1 r0: line 99"]
+    assert tail_offset(archive.path / "output.jsonl", 1000) == 0
+    assert tail_offset(tmp_path / "missing", 3) == 0
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+
+def test_detach_bad_input_exits_2_before_anything_starts(tmp_path: Path) -> None:
+    res = dtrain(["run", "--detach", "-H", "node1", "--rdzv", "bogus", "--archive-dir",
+                  str(tmp_path), "x.py"], timeout=30)
+    assert res.returncode == 2, res.stderr
+    assert "--rdzv 'bogus'" in res.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ps_attach_stop_on_an_empty_archive(tmp_path: Path) -> None:
+    res = dtrain(["ps", "--archive-dir", str(tmp_path)], timeout=30)
+    assert res.returncode == 0 and "no runs in" in res.stderr
+    res = dtrain(["attach", "--archive-dir", str(tmp_path)], timeout=30)
+    assert res.returncode == 2 and "no runs in" in res.stderr
+    res = dtrain(["stop", "nope", "--archive-dir", str(tmp_path)], timeout=30)
+    assert res.returncode == 2 and "no run 'nope'" in res.stderr
