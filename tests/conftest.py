@@ -24,9 +24,10 @@ def cluster() -> test_cluster.Cluster:
 
 @pytest.fixture(autouse=True)
 def _clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NCCL_*/GLOO_*/DTRAIN_* from the developer's shell must not leak into tests."""
+    """NCCL_*/GLOO_*/DTRAIN_*/SLURM_* from the developer's shell (or an allocation) must not
+    leak into tests."""
     for name in list(os.environ):
-        if name.startswith(("NCCL_", "GLOO_", "DTRAIN_")):
+        if name.startswith(("NCCL_", "GLOO_", "DTRAIN_", "SLURM_")):
             monkeypatch.delenv(name, raising=False)
 
 

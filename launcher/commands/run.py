@@ -20,7 +20,7 @@ from typing import Any
 from launcher import __version__
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
 from launcher.errors import ConnectError
-from launcher.hosts.hostfile import fold
+from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import Job, LineRouter, NodeLaunch, Policy, connect_all
 from launcher.job.preflight import Preflight, preflight
@@ -42,6 +42,8 @@ def render_plan(plan: LaunchPlan, out: Any = None) -> None:
     w = out.write
     w(f"master {plan.master_addr}:{plan.master_port} ({plan.master_reason}); "
       f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
+    hosts = [n.host for n in plan.nodes]
+    w(f"hosts {fold(h.label for h in hosts)} from {host_sources(hosts)}\n")
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
