@@ -15,6 +15,7 @@ from launcher.cli.common import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
+    TransportOpt,
     resolve,
     run_body,
     ssh_settings,
@@ -72,6 +73,7 @@ def run_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    transport: TransportOpt = "auto",
     color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
 ) -> None:
     """torchrun on every node: node ranks, a validated master, per-node NCCL/GLOO env.
@@ -114,7 +116,7 @@ def run_cmd(
                           color=color, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
-                          preflight=preflight)
+                          preflight=preflight, transport=transport)
         return run_sync(host_list, req, opts, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

@@ -36,7 +36,7 @@ from launcher.transports.ssh import SSHSettings
 
 # -- rendering -------------------------------------------------------------------------------
 
-def render_plan(plan: LaunchPlan, out: Any = None) -> None:
+def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None) -> None:
     """The dry run: per node, the exact command and each variable with its source."""
     out = out or sys.stdout
     w = out.write
@@ -44,6 +44,8 @@ def render_plan(plan: LaunchPlan, out: Any = None) -> None:
       f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
     hosts = [n.host for n in plan.nodes]
     w(f"hosts {fold(h.label for h in hosts)} from {host_sources(hosts)}\n")
+    if transport:
+        w(f"transport {transport}\n")
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
@@ -117,7 +119,9 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     from launcher.output.archive import check_run_id, new_run_id
 
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
-    async with AutoTransport(settings) as transport:
+    transport = AutoTransport(settings, opts.transport)
+    choice = transport.choose(hosts)
+    async with transport:
         conns, errors = await connect_all(transport, hosts, fanout=opts.fanout,
                                           timeout=settings.connect_timeout)
         try:
@@ -136,9 +140,9 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 if opts.as_json:
                     sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
                 else:
-                    render_plan(plan)
+                    render_plan(plan, transport=f"{choice.kind} ({choice.reason})")
                 return 0
-            return await launch(plan, req, opts, transport, conns, pre)
+            return await launch(plan, req, opts, transport, conns, pre, choice.kind)
         finally:
             for conn in conns.values():
                 with contextlib.suppress(Exception):
@@ -178,13 +182,13 @@ def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, 
 
 
 async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
-                 conns: dict[str, Connection], pre: Preflight) -> int:
+                 conns: dict[str, Connection], pre: Preflight, via: str = "ssh") -> int:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.output.archive import RunArchive
     from launcher.output.console import Console
 
     archive = RunArchive.create(opts.archive_dir, req.run_id)
-    archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})
+    archive.write_meta({**archive.meta, **_meta_start(req, plan, pre), "transport": via})
     console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
     launches = {}

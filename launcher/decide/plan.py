@@ -59,6 +59,7 @@ class RunOptions:
     probe_timeout: float = 30.0
     no_auto: frozenset[str] = frozenset()
     preflight: bool = True
+    transport: str = "auto"  # --transport: auto, ssh or srun
 
 
 @dataclass(frozen=True)
