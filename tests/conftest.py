@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,18 @@ def cluster() -> test_cluster.Cluster:
     if reason:
         pytest.skip(reason)
     return test_cluster.up(4)
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster: test_cluster.Cluster) -> Any:
+    """A real Slurm on the cluster (munged, slurmctld, one slurmd per node): started or
+    reused. Skips only where the Slurm packages are missing (scripts/test installs them)."""
+    from tests.cluster import slurm as test_slurm
+
+    reason = test_slurm.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return test_slurm.up(cluster.state_dir)
 
 
 @pytest.fixture(autouse=True)
