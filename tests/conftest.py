@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -24,11 +25,24 @@ def cluster() -> test_cluster.Cluster:
     return test_cluster.up(4)
 
 
+@pytest.fixture(scope="session")
+def slurm(cluster: test_cluster.Cluster) -> Any:
+    """A real Slurm on the cluster (munged, slurmctld, one slurmd per node): started or
+    reused. Skips only where the Slurm packages are missing (scripts/test installs them)."""
+    from tests.cluster import slurm as test_slurm
+
+    reason = test_slurm.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return test_slurm.up(cluster.state_dir)
+
+
 @pytest.fixture(autouse=True)
 def _clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NCCL_*/GLOO_*/DTRAIN_* from the developer's shell must not leak into tests."""
+    """NCCL_*/GLOO_*/DTRAIN_*/SLURM_* from the developer's shell (or an allocation) must not
+    leak into tests."""
     for name in list(os.environ):
-        if name.startswith(("NCCL_", "GLOO_", "DTRAIN_")):
+        if name.startswith(("NCCL_", "GLOO_", "DTRAIN_", "SLURM_")):
             monkeypatch.delenv(name, raising=False)
 
 

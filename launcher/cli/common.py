@@ -76,6 +76,10 @@ ExcludeOpt = Annotated[str | None, typer.Option("--exclude", help="Drop these ho
 FanoutOpt = Annotated[int, typer.Option("--fanout", min=1, help="Connections opened at once.")]
 ConnectTimeoutOpt = Annotated[float, typer.Option("--connect-timeout", min=0.1,
                                                   help="Seconds to connect to one node.")]
+TransportOpt = Annotated[str, typer.Option(
+    "--transport", envvar="DTRAIN_TRANSPORT", show_envvar=True,
+    help="ssh, srun, or auto: srun inside a Slurm allocation (srun on PATH, every host one of "
+         "its nodes), SSH otherwise.")]
 AcceptNewOpt = Annotated[bool, typer.Option(
     "--accept-new", help="Record unknown host keys in ~/.ssh/known_hosts (never changed ones).")]
 

@@ -19,6 +19,7 @@ from launcher.cli.common import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
+    TransportOpt,
     resolve,
     run_body,
     ssh_settings,
@@ -48,6 +49,7 @@ def doctor_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    transport: TransportOpt = "auto",
     color: Annotated[bool | None, typer.Option("--color/--no-color", help="Rich table or "
                                                "plain columns (default: rich on a "
                                                "terminal).")] = None,
@@ -66,7 +68,7 @@ def doctor_cmd(
         host_list = resolve(hostfile, hosts, include, exclude)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
-                             probe_timeout=probe_timeout)
+                             probe_timeout=probe_timeout, transport=transport)
         return run_doctor(host_list, opts, ssh_settings(connect_timeout, accept_new),
                           as_json=as_json, strict=strict, color=color)
 

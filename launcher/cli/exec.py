@@ -14,6 +14,7 @@ from launcher.cli.common import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
+    TransportOpt,
     resolve,
     run_body,
     ssh_settings,
@@ -40,6 +41,7 @@ def exec_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    transport: TransportOpt = "auto",
     python: Annotated[str, typer.Option("--python", help="Interpreter for dtrain's node "
                                         "supervisor (any Python >= 3.8).")] = "python3",
     color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
@@ -61,7 +63,7 @@ def exec_cmd(
         host_list = resolve(hostfile, hosts, include, exclude)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, raw=raw, grace=grace,
-                          heartbeat_timeout=heartbeat_timeout)
+                          heartbeat_timeout=heartbeat_timeout, transport=transport)
         return run_exec(host_list, req, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

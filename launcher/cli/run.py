@@ -16,6 +16,7 @@ from launcher.cli.common import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
+    TransportOpt,
     archive_hint,
     resolve,
     run_body,
@@ -86,6 +87,7 @@ def run_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    transport: TransportOpt = "auto",
     color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
                                                "on or off (default: on a terminal).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Pass the nodes' bytes to the terminal "
@@ -145,7 +147,8 @@ def run_cmd(
                           color=color, raw=raw, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
-                          preflight=preflight, command=tuple(command))
+                          preflight=preflight, command=tuple(command),
+                          transport=transport)
         settings = ssh_settings(connect_timeout, accept_new)
         if detach and not dry_run:
             from launcher.commands.detach import Detacher, run_detached

@@ -35,6 +35,7 @@ class ExecRequest:
     raw: bool = False  # --raw: the nodes' control sequences reach the terminal
     grace: float = EXEC_GRACE
     heartbeat_timeout: float = 30.0
+    transport: str = "auto"
 
 
 def exec_spec(command: Sequence[str], *, grace: float = EXEC_GRACE,
@@ -81,12 +82,14 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
     launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
     policy = Policy(grace=req.grace, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
                     fanout_whole_job=True)
+    probe = AutoTransport(settings, req.transport)
+    probe.choose(hosts)  # a forced srun that cannot work: exit 2 before anything starts
     if req.gather:
         gatherer = Gatherer()
         console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
                           labels=[h.label for h in hosts], sanitize=False if req.raw else None)
         async with OutputPipeline(console, gatherer=gatherer) as out:
-            async with AutoTransport(settings) as transport:
+            async with probe as transport:
                 outcome = await Job(hosts, launches, policy, LineRouter(out)).run(transport)
         report = gatherer.render()
         sys.stdout.write(clean_text(report) if console.sanitize else report)
@@ -95,7 +98,7 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
         fast = ExecOutput([h.label for h in hosts], color=req.color,
                           sanitize=False if req.raw else None)
         try:
-            async with AutoTransport(settings) as transport:
+            async with probe as transport:
                 outcome = await Job(hosts, launches, policy, fast).run(transport)
         finally:
             fast.close()

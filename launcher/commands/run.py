@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from launcher import __version__
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
 from launcher.errors import ConnectError
-from launcher.hosts.hostfile import fold
+from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import Job, JobState, LineRouter, NodeLaunch, Policy, connect_all
 from launcher.job.preflight import Preflight, preflight
@@ -40,12 +40,16 @@ if TYPE_CHECKING:
 
 # -- rendering -------------------------------------------------------------------------------
 
-def render_plan(plan: LaunchPlan, out: Any = None) -> None:
+def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None) -> None:
     """The dry run: per node, the exact command and each variable with its source."""
     out = out or sys.stdout
     w = out.write
     w(f"master {plan.master_addr}:{plan.master_port} ({plan.master_reason}); "
       f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
+    hosts = [n.host for n in plan.nodes]
+    w(f"hosts {fold(h.label for h in hosts)} from {host_sources(hosts)}\n")
+    if transport:
+        w(f"transport {transport}\n")
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
@@ -119,7 +123,9 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     from launcher.output.archive import check_run_id, new_run_id
 
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
-    async with AutoTransport(settings) as transport:
+    transport = AutoTransport(settings, opts.transport)
+    choice = transport.choose(hosts)
+    async with transport:
         conns, errors = await connect_all(transport, hosts, fanout=opts.fanout,
                                           timeout=settings.connect_timeout)
         try:
@@ -138,9 +144,9 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 if opts.as_json:
                     sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
                 else:
-                    render_plan(plan)
+                    render_plan(plan, transport=f"{choice.kind} ({choice.reason})")
                 return 0
-            return await launch(plan, req, opts, transport, conns, pre, detacher)
+            return await launch(plan, req, opts, transport, conns, pre, detacher, choice.kind)
         finally:
             for conn in conns.values():
                 with contextlib.suppress(Exception):
@@ -165,7 +171,7 @@ def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
 
 async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
                  conns: dict[str, Connection], pre: Preflight,
-                 detacher: Detacher | None = None) -> int:
+                 detacher: Detacher | None = None, via: str = "ssh") -> int:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.output.archive import RunArchive
     from launcher.output.runlock import LauncherLock
@@ -174,7 +180,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     lock = LauncherLock.acquire(archive.path, detached=detacher is not None)
     try:
         archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, pre),
-                            "state": "starting",
+                            "state": "starting", "transport": via,
                             "launcher": {"pid": os.getpid(), "uid": os.getuid(),
                                          "host": lock.info["host"],
                                          "detached": detacher is not None,

@@ -62,6 +62,7 @@ class RunOptions:
     no_auto: frozenset[str] = frozenset()
     preflight: bool = True
     command: tuple[str, ...] = ()  # the command line to record, secrets already hidden
+    transport: str = "auto"  # --transport: auto, ssh or srun
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,8 @@ def plan_json(plan: LaunchPlan) -> dict[str, object]:
         "master_addr": plan.master_addr, "master_port": plan.master_port,
         "master_reason": plan.master_reason, "world_size": plan.world_size, "rdzv": plan.rdzv,
         "nodes": [{
-            "host": n.host.label, "node_rank": n.node_rank, "nproc": n.nproc,
+            "host": n.host.label, "source": n.host.source, "node_rank": n.node_rank,
+            "nproc": n.nproc,
             "ranks": list(n.ranks), "command": list(n.argv),
             "env": [{"name": v.name, "value": plan.shown_env(n)[v.name],
                      "source": v.source, "reason": v.reason, "exported": v.exported}

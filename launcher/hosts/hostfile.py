@@ -39,6 +39,7 @@ from launcher.hosts.entries import (
     check_expr_size,
 )
 from launcher.hosts.envfile import name_problem
+from launcher.hosts.slurm import NODELIST, allocation, split_top_commas
 from launcher.models import Host
 
 
@@ -284,23 +285,11 @@ def load_hostfile(path: str | os.PathLike[str]) -> list[Host]:
     return _load(path)
 
 
-def _split_commas(expr: str) -> list[str]:
-    """Split at commas outside brackets: in ``node[1,3],login2`` the first comma is a range's."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(expr):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth <= 0:
-            parts.append(expr[start:i])
-            start = i + 1
-    parts.append(expr[start:])
-    return [part.strip() for part in parts]
-
-
 def parse_host_expr(expr: str, source: str = "-H") -> list[Host]:
     """pdsh-style ``[user@]host[:port]`` entries separated by commas, ranges allowed."""
     ctx = _Ctx(source)  # one budget for the whole expression
     hosts: list[Host] = []
-    for entry in filter(None, _split_commas(expr)):
+    for entry in filter(None, split_top_commas(expr)):
         if len(entry.split()) > 1:
             raise ctx.error(f"unexpected space in {entry!r}",
                             hint="separate hosts with commas: -H 'dtuser@node[1-4],login2:2222'")
@@ -368,7 +357,8 @@ def _checked(hosts: list[Host], source: str) -> list[Host]:
 def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | None = None,
                   exclude: str | None = None,
                   environ: Mapping[str, str] = os.environ) -> list[Host]:
-    """The job's hosts from -f or -H (or $DTRAIN_HOSTFILE), filtered and checked."""
+    """The job's hosts from -f or -H (or $DTRAIN_HOSTFILE, else a Slurm allocation's
+    SLURM_JOB_NODELIST), filtered and checked."""
     if hostfile is not None and hosts is not None:
         raise UsageError("both -f/--hostfile and -H/--hosts given",
                          hint="pick one: -f FILE or -H EXPR")
@@ -379,9 +369,11 @@ def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | Non
     elif environ.get(ENV_HOSTFILE):
         source = environ[ENV_HOSTFILE]
         found = _load(source, via=ENV_HOSTFILE)
+    elif (alloc := allocation(environ)) is not None:
+        source, found = NODELIST, alloc.hosts()
     else:
         raise HostfileError("no hosts given: use -f FILE or -H EXPR",
-                            hint=f"or set {ENV_HOSTFILE}=FILE")
+                            hint=f"or set {ENV_HOSTFILE}=FILE, or run inside salloc/sbatch")
     return _checked(filter_hosts(found, include, exclude), source)
 
 
@@ -399,3 +391,9 @@ def fold(names: Iterable[str]) -> str:
     except NodeSetException:
         folded = ",".join(plain)
     return ",".join(filter(None, [folded, *odd]))
+
+
+def host_sources(hosts: Iterable[Host]) -> str:
+    """Where the hosts came from, for --dry-run: ``hosts.txt``, ``-H``, or the allocation."""
+    sources = dict.fromkeys(_split_source(h.source)[0] for h in hosts if h.source)
+    return ", ".join(sources) or "unknown"

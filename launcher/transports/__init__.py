@@ -1,39 +1,65 @@
-"""Transports: how commands reach nodes. SSH for remote hosts, subprocesses for localhost."""
+"""Transports: how commands reach nodes. SSH or srun for remote hosts, subprocesses for
+localhost; ``AutoTransport`` picks per ``--transport`` (see ``srun.decide_transport``)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from launcher.models import Host
 from launcher.transports.base import Connection, Process, Transport
 from launcher.transports.local import LocalTransport
+from launcher.transports.srun import Choice, decide_transport
 
 if TYPE_CHECKING:
     from launcher.transports.ssh import SSHSettings
 
-__all__ = ["AutoTransport", "Connection", "LocalTransport", "Process", "Transport"]
+__all__ = ["AutoTransport", "Choice", "Connection", "LocalTransport", "Process", "Transport"]
 
 
 class AutoTransport(Transport):
-    """Local subprocesses for localhost entries, SSH (imported lazily) for the rest."""
+    """Local subprocesses for localhost entries; SSH (imported lazily) or srun for the rest.
 
-    def __init__(self, settings: SSHSettings | None = None) -> None:
+    ``mode`` is ``--transport`` (auto, ssh, srun); ``choose(hosts)`` resolves it before
+    anything connects (a forced srun that cannot work is a UsageError, exit 2).
+    """
+
+    def __init__(self, settings: SSHSettings | None = None, mode: str = "auto",
+                 environ: Mapping[str, str] | None = None) -> None:
         self._settings = settings
+        self._mode = mode
+        self._environ = dict(os.environ if environ is None else environ)
         self._local = LocalTransport()
-        self._ssh: Transport | None = None
+        self._remote: Transport | None = None
+        self.choice: Choice | None = None
 
-    def ssh(self) -> Transport:
-        if self._ssh is None:
-            from launcher.transports.ssh import SSHTransport
+    def choose(self, hosts: Sequence[Host]) -> Choice:
+        """Decide SSH or srun for these hosts (localhost entries always run locally)."""
+        remote = [h for h in hosts if not h.is_local]
+        srun = shutil.which("srun", path=self._environ.get("PATH"))
+        self.choice = decide_transport(self._mode, remote, self._environ, srun)
+        return self.choice
 
-            self._ssh = SSHTransport(self._settings)
-        return self._ssh
+    def remote(self) -> Transport:
+        if self._remote is None:
+            kind = self.choice.kind if self.choice else "ssh"
+            if kind == "srun":
+                from launcher.transports.srun import SrunTransport
+
+                self._remote = SrunTransport(self._environ)
+            else:
+                from launcher.transports.ssh import SSHTransport
+
+                self._remote = SSHTransport(self._settings)
+        return self._remote
 
     async def connect(self, host: Host) -> Connection:
         if host.is_local:
             return await self._local.connect(host)
-        return await self.ssh().connect(host)
+        return await self.remote().connect(host)
 
     async def aclose(self) -> None:
-        if self._ssh is not None:
-            await self._ssh.aclose()
+        if self._remote is not None:
+            await self._remote.aclose()

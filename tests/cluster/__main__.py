@@ -2,6 +2,7 @@
 
 python -m tests.cluster up [--nodes N] [--shrink] | down [--purge] | status
 python -m tests.cluster exec [-u USER] K [-- CMD...]
+python -m tests.cluster slurm up|down|status   (tests/cluster/slurm.py)
 """
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ def _status(state_dir: Path) -> int:
     return 0 if ok_all else 1
 
 
+def _slurm(action: str, state_dir: Path) -> int:
+    from tests.cluster import slurm
+
+    if action == "status":
+        return slurm.status(state_dir)
+    if action == "down":
+        slurm.down(state_dir)
+        return 0
+    t0 = time.monotonic()
+    s = slurm.up(state_dir)
+    print(f"slurm up in {time.monotonic() - t0:.2f}s: {len(s.nodes)} nodes; "
+          f"export SLURM_CONF={s.conf}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
     parser.add_argument("--state-dir", type=Path, default=tc.DEFAULT_STATE_DIR)
@@ -49,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     p_exec = sub.add_parser("exec", help="run a command inside node K (as dtuser)")
     p_exec.add_argument("node", type=int)
     p_exec.add_argument("--user", "-u", default=tc.USER)
+    p_slurm = sub.add_parser("slurm", help="munged + slurmctld + one slurmd per node")
+    p_slurm.add_argument("action", choices=("up", "down", "status"))
     argv = sys.argv[1:] if argv is None else argv
     command = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -65,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "status":
             return _status(args.state_dir)
+        if args.cmd == "slurm":
+            return _slurm(args.action, args.state_dir)
         host_argv = tc.node_command(args.node, command or ["bash", "-l"], args.user,
                                     state_dir=args.state_dir)
         os.execvp(host_argv[0], host_argv)

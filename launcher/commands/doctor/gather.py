@@ -30,6 +30,7 @@ class DoctorOptions:
     master_port: int | None = None  # None: any free port (what `dtrain run` picks by default)
     fanout: int = 64
     probe_timeout: float = 30.0
+    transport: str = "auto"  # --transport
 
 
 # --------------------------------------------------------------------------- helpers
@@ -182,7 +183,9 @@ async def gather(hosts: Sequence[Host], opts: DoctorOptions, settings: Any) -> G
     """``gather_with`` over dtrain's normal transport (SSH, local for localhost)."""
     from launcher.transports import AutoTransport
 
-    async with AutoTransport(settings) as transport:
+    transport = AutoTransport(settings, opts.transport)
+    transport.choose(hosts)
+    async with transport:
         return await gather_with(transport, hosts, opts, settings.connect_timeout)
 
 

@@ -1,0 +1,204 @@
+"""dtrain inside a real Slurm allocation on the test cluster (tests/cluster/slurm.py).
+
+``salloc -N 3 python -m launcher run ...`` for real: hosts from the allocation, node programs
+started through srun, and the same promises as over SSH (per-rank tags, the right interface
+per node, the root cause's exit code, 130 on Ctrl-C, nothing left on any node). A job's
+processes are found by its DTRAIN_RUN_ID (JobWatch, as in test_failures.py), which over srun
+includes the step's slurmstepd: "clean" means the step ended too.
+
+dtrain runs as root on the login node here (salloc as root); the nodes are the cluster's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import cluster as tc
+from tests.test_failures import JobWatch, new_id
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = "tests/workloads/train.py"
+REPORT = "tests/workloads/env_report.py"
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.timeout(120)]
+
+
+class Salloc:
+    """``salloc -N n python -m launcher ARGS`` with its output collected line by line."""
+
+    def __init__(self, cluster: tc.Cluster, slurm: Any, n: int, args: list[str]) -> None:
+        env = slurm.env(cluster.client_env(PYTHONUNBUFFERED="1"))
+        self.proc = subprocess.Popen(
+            ["salloc", "-N", str(n), "-Q", sys.executable, "-m", "launcher", *args],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self.cond:
+            return "\n".join(self.lines)
+
+    def wait_line(self, pattern: str, timeout: float, count: int = 1) -> None:
+        rx = re.compile(pattern)
+        with self.cond:
+            ok = self.cond.wait_for(lambda: sum(bool(rx.search(ln)) for ln in self.lines)
+                                    >= count or self.proc.poll() is not None, timeout)
+        assert ok and self.proc.poll() is None, f"no {pattern!r}:\n{self.output}"
+
+    def dtrain_pid(self) -> int:
+        """dtrain itself: salloc's child (a terminal's Ctrl-C reaches it, not salloc)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return int(children.split()[0])
+
+    def wait(self, timeout: float = 90) -> int:
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            pytest.fail(f"salloc + dtrain did not end within {timeout}s:\n{self.output}")
+        time.sleep(0.05)
+        return rc
+
+
+def run_args(cluster: tc.Cluster, tmp_path: Path, run_id: str, script: str, *extra: str,
+             env: dict[str, str] | None = None) -> list[str]:
+    args = ["run", "--nproc-per-node", "1", "--python", cluster.python, "--archive-dir",
+            str(tmp_path / "runs"), "--run-id", run_id, "--no-color", *extra]
+    for key, value in (env or {}).items():
+        args += ["-e", f"{key}={value}"]
+    return [*args, script]
+
+
+def meta(tmp_path: Path, run_id: str) -> dict[str, Any]:
+    return json.loads((tmp_path / "runs" / run_id / "meta.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def allocs():
+    started: list[Salloc] = []
+    yield started
+    for job in started:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait(10)
+
+
+@pytest.mark.torch
+def test_ddp_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, tmp_path: Path,
+                                            allocs: list[Salloc]) -> None:
+    """3 nodes from salloc, gloo through srun: per-rank tags, each node's own interface."""
+    run_id = new_id("srun-ddp")
+    t0 = time.monotonic()
+    job = Salloc(cluster, slurm, 3, run_args(cluster, tmp_path, run_id, REPORT) + [
+        "GLOO_SOCKET_IFNAME", "MASTER_ADDR", "SLURM_JOB_ID"])
+    allocs.append(job)
+    with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+        rc = job.wait()
+        watch.assert_clean(5)
+    assert rc == 0, job.output
+    reports = {}
+    for line in job.output.splitlines():
+        m = re.match(r"(node\d) r(\d): REPORT (.*)", line)
+        if m:
+            reports[int(m.group(2))] = (m.group(1), json.loads(m.group(3)))
+    assert sorted(reports) == [0, 1, 2], job.output
+    for rank, (tag, report) in reports.items():
+        k = rank + 1
+        assert tag == report["host"] == f"node{k}"
+        assert report["sum"] == 3.0
+        assert report["env"]["GLOO_SOCKET_IFNAME"] == cluster.node(k).ifname
+        assert report["env"]["MASTER_ADDR"] == cluster.node(1).ip
+        assert report["env"]["SLURM_JOB_ID"]  # it ran inside the job, as a step
+    m = meta(tmp_path, run_id)
+    assert m["transport"] == "srun"
+    job_id = reports[0][1]["env"]["SLURM_JOB_ID"]
+    assert [n["source"] for n in m["plan"]["nodes"]] == [
+        f"SLURM_JOB_NODELIST (job {job_id}, slots from SLURM_JOB_CPUS_PER_NODE)"] * 3
+    print(f"srun ddp: 3 nodes in {time.monotonic() - t0:.1f}s (salloc + torch imports)")
+
+
+@pytest.mark.torch
+def test_rank_failure_over_srun_is_its_exit_code(cluster: tc.Cluster, slurm: Any,
+                                                 tmp_path: Path, allocs: list[Salloc]) -> None:
+    run_id = new_id("srun-exit7")
+    job = Salloc(cluster, slurm, 3, run_args(cluster, tmp_path, run_id, TRAIN,
+                                             env={"WL_FAIL_RANK": "1", "WL_FAIL_STEP": "2"}))
+    allocs.append(job)
+    with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+        rc = job.wait()
+        watch.assert_clean(5)
+    assert rc == 7, job.output
+    assert "FAILED: rank 1 on node2 exited 7 (exit 7)" in job.output
+    assert "srun: error" not in job.output
+    assert meta(tmp_path, run_id)["root_cause"]["host"] == "node2"
+
+
+@pytest.mark.torch
+def test_ctrl_c_over_srun_is_130_and_leaves_nothing(cluster: tc.Cluster, slurm: Any,
+                                                     tmp_path: Path,
+                                                     allocs: list[Salloc]) -> None:
+    run_id = new_id("srun-ctrl-c")
+    job = Salloc(cluster, slurm, 3, run_args(cluster, tmp_path, run_id, TRAIN))
+    allocs.append(job)
+    with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+        job.wait_line(r"r\d: step 1 ", timeout=60, count=3)
+        # a terminal's Ctrl-C: dtrain's process group (salloc gives the command its own)
+        os.killpg(os.getpgid(job.dtrain_pid()), signal.SIGINT)
+        rc = job.wait(30)
+        watch.assert_clean(5)
+    assert rc == 130, job.output
+    assert "Ctrl-C: stopping every node" in job.output
+    assert meta(tmp_path, run_id)["outcome"].startswith("interrupted")
+
+
+def test_allocation_smaller_than_asked_is_exit_2(cluster: tc.Cluster, slurm: Any,
+                                                  allocs: list[Salloc]) -> None:
+    job = Salloc(cluster, slurm, 2, ["exec", "-H", "node[1-3]", "--transport", "srun",
+                                     "hostname"])
+    allocs.append(job)
+    assert job.wait(60) == 2, job.output
+    assert "smaller than asked: node3 not in it" in job.output
+
+
+def test_exec_over_srun_tags_hosts(cluster: tc.Cluster, slurm: Any,
+                                   allocs: list[Salloc]) -> None:
+    job = Salloc(cluster, slurm, 4, ["exec", "--", "sh", "-c", "hostname; exit 3"])
+    allocs.append(job)
+    assert job.wait(60) == 3, job.output
+    for k in range(1, 5):
+        assert f"node{k}: node{k}" in job.output
+
+
+def test_hosts_from_a_mixed_nodelist_over_ssh(cluster: tc.Cluster) -> None:
+    """SLURM_JOB_NODELIST with two ranges, one of them ssh-config aliases on port 2222: the
+    hosts are the list, in its order, reached over SSH (~/.ssh/config honoured)."""
+    env = cluster.client_env(SLURM_JOB_ID="99", SLURM_JOB_NODELIST="node[1-2],alt[3-4]")
+    show = 'echo "$(hostname) ${SSH_CONNECTION##* }"'
+    proc = subprocess.run([sys.executable, "-m", "launcher", "exec", "--transport", "ssh",
+                           "--no-color", "--", "sh", "-c", show],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.splitlines())
+    assert lines == ["alt3: node3 2222", "alt4: node4 2222", "node1: node1 22",
+                     "node2: node2 22"], proc.stdout

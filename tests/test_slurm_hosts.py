@@ -1,0 +1,110 @@
+"""Hosts from a Slurm allocation (launcher/hosts/slurm.py): pure, no Slurm needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import HostfileError, UsageError
+from launcher.hosts.hostfile import host_sources, resolve_hosts
+from launcher.hosts.slurm import allocation, expand_counts, expand_nodelist, in_allocation
+
+JOB = {"SLURM_JOB_ID": "42"}
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    pytest.param("node1", ["node1"], id="single"),
+    pytest.param("node[1-3]", ["node1", "node2", "node3"], id="range"),
+    pytest.param("gpu[01-04,07],cpu-a[1-2]",
+                 ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "cpu-a1", "cpu-a2"],
+                 id="mixed-order-kept"),
+    pytest.param("zeta,alpha[1-2]", ["zeta", "alpha1", "alpha2"], id="first-is-node0"),
+    pytest.param("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"],
+                 id="two-dimensions"),
+])
+def test_nodelist_expands_in_slurm_order(text: str, names: list[str]) -> None:
+    assert expand_nodelist(text) == names
+
+
+@pytest.mark.parametrize("text", ["node[1-", "node[1-2],,x", "@group", "node1,node1",
+                                  "bad!name"])
+def test_bad_nodelist_is_a_usage_error(text: str) -> None:
+    with pytest.raises(HostfileError) as exc:
+        expand_nodelist(text)
+    assert exc.value.exit_code == 2
+    assert "SLURM_JOB_NODELIST" in str(exc.value)
+
+
+@pytest.mark.parametrize(("text", "n", "counts"), [
+    ("2(x3),1", 4, (2, 2, 2, 1)),
+    ("8", 1, (8,)),
+    ("4(x2)", 2, (4, 4)),
+    ("1,2,3", 3, (1, 2, 3)),
+])
+def test_counts(text: str, n: int, counts: tuple[int, ...]) -> None:
+    assert expand_counts(text, n, "SLURM_JOB_CPUS_PER_NODE") == counts
+
+
+@pytest.mark.parametrize(("text", "n"), [("2(x3)", 4), ("x", 1), ("2(x)", 2)])
+def test_counts_must_match_the_nodes(text: str, n: int) -> None:
+    with pytest.raises(HostfileError, match="SLURM_JOB_CPUS_PER_NODE"):
+        expand_counts(text, n, "SLURM_JOB_CPUS_PER_NODE")
+
+
+BASE = {**JOB, "SLURM_JOB_NODELIST": "gpu[1-3],cpu1", "SLURM_JOB_CPUS_PER_NODE": "2(x3),1"}
+
+
+@pytest.mark.parametrize(("extra", "slots", "source"), [
+    pytest.param({}, (2, 2, 2, 1), "SLURM_JOB_CPUS_PER_NODE", id="cpus-per-node"),
+    pytest.param({"SLURM_GPUS_ON_NODE": "4"}, (4,) * 4, "SLURM_GPUS_ON_NODE", id="gpus-on-node"),
+    pytest.param({"SLURM_GPUS_PER_NODE": "a100:8"}, (8,) * 4, "SLURM_GPUS_PER_NODE",
+                 id="gpus-per-node-typed"),
+    pytest.param({"SLURM_NTASKS_PER_NODE": "3", "SLURM_GPUS_ON_NODE": "4"}, (3,) * 4,
+                 "SLURM_NTASKS_PER_NODE", id="ntasks-wins"),
+    pytest.param({"SLURM_JOB_GPUS": "0,1"}, (None,) * 4, None, id="gpu-job-cpus-not-slots"),
+    pytest.param({"SLURM_TRES_PER_NODE": "gres:gpu:2"}, (None,) * 4, None, id="tres-gpu"),
+])
+def test_slots_precedence(extra: dict[str, str], slots: tuple[int | None, ...],
+                          source: str | None) -> None:
+    alloc = allocation({**BASE, **extra})
+    assert alloc is not None
+    assert alloc.slots == slots
+    assert alloc.slots_from == source
+    hosts = alloc.hosts()
+    assert [h.name for h in hosts] == ["gpu1", "gpu2", "gpu3", "cpu1"]
+    assert [h.slots for h in hosts] == list(slots)
+
+
+def test_outside_an_allocation() -> None:
+    assert allocation({}) is None
+    assert not in_allocation({"SLURM_JOB_NODELIST": "n1"})
+    assert in_allocation({"SLURM_JOB_NODELIST": "n1", "SLURM_JOB_ID": "1"})
+
+
+def test_resolve_uses_the_allocation_when_no_hosts_given() -> None:
+    hosts = resolve_hosts(hostfile=None, hosts=None, environ=BASE)
+    assert [h.name for h in hosts] == ["gpu1", "gpu2", "gpu3", "cpu1"]
+    assert host_sources(hosts) == ("SLURM_JOB_NODELIST (job 42, slots from "
+                                   "SLURM_JOB_CPUS_PER_NODE)")
+
+
+def test_hosts_options_win_over_the_allocation(tmp_path: Path) -> None:
+    assert [h.name for h in resolve_hosts(hostfile=None, hosts="x1", environ=BASE)] == ["x1"]
+    path = tmp_path / "hosts"
+    path.write_text("y1\n")
+    hosts = resolve_hosts(hostfile=str(path), hosts=None, environ=BASE)
+    assert [h.name for h in hosts] == ["y1"]
+    assert host_sources(hosts) == str(path)
+    env = {**BASE, "DTRAIN_HOSTFILE": str(path)}
+    assert [h.name for h in resolve_hosts(hostfile=None, hosts=None, environ=env)] == ["y1"]
+
+
+def test_include_exclude_apply_to_the_allocation() -> None:
+    hosts = resolve_hosts(hostfile=None, hosts=None, exclude="gpu2", environ=BASE)
+    assert [h.name for h in hosts] == ["gpu1", "gpu3", "cpu1"]
+
+
+def test_no_hosts_anywhere_says_salloc() -> None:
+    with pytest.raises(UsageError, match="salloc"):
+        resolve_hosts(hostfile=None, hosts=None, environ={})
