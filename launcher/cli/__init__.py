@@ -12,12 +12,12 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import common, doctor, exec, keys, logs, run
+from launcher.cli import common, cp, doctor, exec, keys, logs, run
 
 app = typer.Typer(
     name="dtrain", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
-         "every node), keys, doctor, logs.",
+         "every node), cp (pdcp/rpdcp), keys, doctor, logs.",
 )
 
 def _version(value: bool) -> None:
@@ -36,6 +36,7 @@ def main_callback(
 
 app.command("exec", context_settings=common.PASSTHROUGH)(exec.exec_cmd)
 app.command("run", context_settings=common.PASSTHROUGH)(run.run_cmd)
+app.command("cp")(cp.cp_cmd)
 app.command("logs")(logs.logs_cmd)
 app.add_typer(keys.keys_app, name="keys", help="Passwordless SSH bootstrap for every node.")
 app.command("doctor")(doctor.doctor_cmd)
