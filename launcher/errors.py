@@ -8,6 +8,7 @@
     │   ├── AuthError                permission denied, too many auth failures
     │   └── HostKeyError             unknown or changed host key
     ├── RemoteCommandError (exit 1)  a remote helper (probe, keys script) failed
+    ├── TransferError (exit 1)       dtrain cp: one file on one node could not be copied
     └── PreflightFailed (exit 1)     doctor/preflight found a blocking problem
 
 A job that ran and failed is not an exception: its exit code (the root cause's, 124, 130,
@@ -78,3 +79,11 @@ class RemoteCommandError(DtrainError):
 
 class PreflightFailed(DtrainError):
     """A preflight check failed; nothing was started."""
+
+
+class TransferError(DtrainError):
+    """A file could not be copied, listed or removed (one file on one node)."""
+
+    def __init__(self, message: str, *, path: str = "", host: str | None = None) -> None:
+        super().__init__(f"{path}: {message}" if path else message, host=host)
+        self.path = path

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -51,3 +51,24 @@ class OutputLine(NamedTuple):
     rank: int | None = None
     node_rank: int | None = None
     t: float = 0.0
+
+
+@dataclass
+class CopyResult:
+    """What `dtrain cp` did on one node (counters filled in as it goes, hence not frozen)."""
+
+    label: str
+    sent: int = 0
+    sent_bytes: int = 0
+    skipped: int = 0
+    deleted: int = 0
+    stale: int = 0
+    errors: list[str] = field(default_factory=list)
+    unreachable: str | None = None  # the connect/lost error, when the node was not done
+
+    @property
+    def exit_code(self) -> int:
+        """0 done, 1 some file failed, 255 unreachable or lost (as exec)."""
+        if self.unreachable is not None:
+            return 255
+        return 1 if self.errors else 0

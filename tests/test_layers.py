@@ -22,7 +22,8 @@ PKG = Path(__file__).resolve().parent.parent / "launcher"
 
 LAYERS = ("cli", "commands", "job", "transports", "decide", "output", "nodeside", "hosts",
           "base")
-NODE_PROGRAMS = ("launcher.nodeside.supervisor", "launcher.nodeside.probe")
+NODE_PROGRAMS = ("launcher.nodeside.supervisor", "launcher.nodeside.probe",
+                 "launcher.nodeside.cpnode")
 
 
 def module_name(path: Path) -> str:

@@ -13,14 +13,14 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import attach, common, doctor, exec, keys, logs, ps, run, stop
+from launcher.cli import attach, common, cp, doctor, exec, keys, logs, ps, run, stop
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
     pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
-         "every node), keys, doctor, logs; ps, attach, stop for runs that outlive the login "
-         "session (run --detach).",
+         "every node), cp (pdcp/rpdcp), keys, doctor, logs; ps, attach, stop for runs that "
+         "outlive the login session (run --detach).",
 )
 
 def _version(value: bool) -> None:
@@ -40,6 +40,7 @@ def main_callback(
 Cmd = common.DtrainCommand
 app.command("exec", cls=Cmd, context_settings=common.PASSTHROUGH)(exec.exec_cmd)
 app.command("run", cls=Cmd, context_settings=common.PASSTHROUGH)(run.run_cmd)
+app.command("cp", cls=Cmd)(cp.cp_cmd)
 app.command("logs", cls=Cmd)(logs.logs_cmd)
 app.add_typer(keys.keys_app, name="keys", help="Passwordless SSH bootstrap for every node.")
 app.command("doctor", cls=Cmd)(doctor.doctor_cmd)

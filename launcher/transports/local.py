@@ -1,13 +1,26 @@
-"""Local transport: localhost entries run as subprocesses, no sshd needed."""
+"""Local transport: localhost entries run as subprocesses, no sshd needed; this machine's
+files behind the same FileSystem interface as a node's (the local side of `dtrain cp`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import os
+from collections.abc import AsyncIterator, Iterator
+from typing import IO
 
+from launcher.errors import TransferError
 from launcher.models import Host
-from launcher.transports.base import Connection, Process, Transport
+from launcher.transports.base import (
+    Connection,
+    FileStat,
+    FileSystem,
+    Process,
+    Reader,
+    Transport,
+    Writer,
+)
 
 
 class LocalProcess(Process):
@@ -59,8 +72,125 @@ class LocalConnection(Connection):
         )
         return LocalProcess(proc)
 
+    async def files(self) -> FileSystem:
+        return LocalFileSystem(self.host.label)
+
     async def aclose(self) -> None:
         return None
+
+
+@contextlib.contextmanager
+def _errors(path: str, host: str | None) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise TransferError(exc.strerror or str(exc), path=path, host=host) from exc
+
+
+def _fstat(st: os.stat_result) -> FileStat:
+    return FileStat(st.st_mode, st.st_size, int(st.st_mtime))
+
+
+class _LocalReader(Reader):
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+
+    async def read(self, n: int) -> bytes:
+        return self._f.read(n)
+
+
+class _LocalWriter(Writer):
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+
+    async def write(self, data: bytes) -> None:
+        self._f.write(data)
+
+
+class LocalFileSystem(FileSystem):
+    """This machine's files: the local side of `dtrain cp`, and localhost entries.
+
+    Plain blocking system calls: each is short (metadata, or one chunk of data from the
+    page cache), and a thread per call would cost more than it saves.
+    """
+
+    def __init__(self, host: str | None = None) -> None:
+        self._host = host
+
+    async def home(self) -> str:
+        return os.path.expanduser("~")
+
+    async def lstat(self, path: str) -> FileStat | None:
+        try:
+            return _fstat(os.lstat(path))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise TransferError(exc.strerror or str(exc), path=path, host=self._host) from exc
+
+    async def stat(self, path: str) -> FileStat | None:
+        try:
+            return _fstat(os.stat(path))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise TransferError(exc.strerror or str(exc), path=path, host=self._host) from exc
+
+    async def listdir(self, path: str) -> list[tuple[str, FileStat]]:
+        with _errors(path, self._host), os.scandir(path) as it:
+            return [(d.name, _fstat(d.stat(follow_symlinks=False))) for d in it]
+
+    async def readlink(self, path: str) -> str:
+        with _errors(path, self._host):
+            return os.readlink(path)
+
+    async def glob(self, pattern: str) -> list[str]:
+        return sorted(glob.glob(pattern))
+
+    async def mkdir(self, path: str, *, parents: bool = False) -> None:
+        with _errors(path, self._host):
+            if parents:
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.mkdir(path)
+
+    async def remove(self, path: str) -> None:
+        with _errors(path, self._host):
+            os.unlink(path)
+
+    async def rmdir(self, path: str) -> None:
+        with _errors(path, self._host):
+            os.rmdir(path)
+
+    async def symlink(self, target: str, path: str) -> None:
+        with _errors(path, self._host):
+            os.symlink(target, path)
+
+    async def rename(self, src: str, dst: str) -> None:
+        with _errors(dst, self._host):
+            os.replace(src, dst)
+
+    async def set_attrs(self, path: str, *, mode: int | None = None,
+                        mtime: int | None = None) -> None:
+        with _errors(path, self._host):
+            if mode is not None:
+                os.chmod(path, mode)
+            if mtime is not None:
+                os.utime(path, (mtime, mtime))
+
+    @contextlib.asynccontextmanager
+    async def open_read(self, path: str) -> AsyncIterator[Reader]:
+        with _errors(path, self._host):
+            f = open(path, "rb")  # noqa: SIM115 - closed below
+        with f:
+            yield _LocalReader(f)
+
+    @contextlib.asynccontextmanager
+    async def open_write(self, path: str, mode: int) -> AsyncIterator[Writer]:
+        with _errors(path, self._host):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f, _errors(path, self._host):
+            yield _LocalWriter(f)
 
 
 class LocalTransport(Transport):

@@ -1,0 +1,72 @@
+"""`dtrain cp`: copy files to every node (pdcp) or, with --pull, from every node (rpdcp)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import (
+    AcceptNewOpt,
+    ConnectTimeoutOpt,
+    ExcludeOpt,
+    FanoutOpt,
+    HostfileOpt,
+    HostsOpt,
+    IncludeOpt,
+    resolve,
+    run_body,
+    ssh_settings,
+)
+
+
+def cp_cmd(
+    paths: Annotated[list[str], typer.Argument(
+        help="SRC... DEST (push), or with --pull REMOTE... LOCALDIR.", show_default=False)],
+    hostfile: HostfileOpt = None,
+    hosts: HostsOpt = None,
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    pull: Annotated[bool, typer.Option(
+        "--pull", help="Copy from the nodes: each node's files land in LOCALDIR/<host>/ "
+                       "(rpdcp). Globs in REMOTE are expanded on the node.")] = False,
+    recursive: Annotated[bool, typer.Option("-r", "--recursive",
+                                            help="Copy directories.")] = False,
+    preserve: Annotated[bool, typer.Option(
+        "-p", "--preserve", help="Keep permission bits exactly and directory mtimes (file "
+                                 "mtimes are always kept: the delta check uses them).")] = False,
+    checksum: Annotated[bool, typer.Option(
+        "--checksum", help="Skip a file only when its sha256 matches (default: size and "
+                           "mtime).")] = False,
+    delete: Annotated[bool, typer.Option(
+        "--delete", help="Remove files under a copied directory that the source does not "
+                         "have (never outside it).")] = False,
+    fanout: FanoutOpt = 64,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    accept_new: AcceptNewOpt = False,
+    python: Annotated[str, typer.Option("--python", help="Interpreter for dtrain's node "
+                                        "program (--checksum only).")] = "python3",
+    progress: Annotated[bool | None, typer.Option(
+        "--progress/--no-progress", help="Live progress line (default: on a terminal).")
+    ] = None,
+) -> None:
+    """Copy files to every node in parallel; with --pull, from every node.
+
+    Nothing is installed on the nodes (SFTP on the SSH connection). Delta by default; each
+    file appears atomically. Exit codes: 0 all done; 1 a file failed on some node; 255 a
+    node could not be reached; 2 bad input.
+    """
+    def body() -> int:
+        from launcher.commands.cp import CopyRequest, run_cp
+        from launcher.errors import UsageError
+
+        if len(paths) < 2:
+            raise UsageError("need at least one source and a destination",
+                             hint="dtrain cp -H HOSTS SRC... DEST")
+        host_list = resolve(hostfile, hosts, include, exclude)
+        req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
+                          recursive=recursive, preserve=preserve, checksum=checksum,
+                          delete=delete, fanout=fanout, python=python, progress=progress)
+        return run_cp(host_list, req, ssh_settings(connect_timeout, accept_new))
+
+    run_body(body)

@@ -1,0 +1,261 @@
+"""Pure decisions of `dtrain cp`: where each source lands, and what to send, skip or delete.
+
+Nothing here touches a file or a socket. The command (``commands/cp.py``) lists the source
+tree and the destination tree into ``Entry`` records, asks ``plan_sync`` what to do, and
+does it. The same functions serve push (local → node) and pull (node → local).
+
+Decisions (docs/cp.md):
+
+* Paths on the node: ``~`` and ``~/x`` are the remote home, a relative path is relative to
+  the home (as scp), an absolute path is used as is. ``~user`` is refused.
+* Layout (cp/pdcp semantics, decided per node because DEST may exist on one node only):
+  DEST is a directory when it exists as one, ends with ``/``, or there are several
+  sources; each source then lands at ``DEST/<basename>``. Otherwise the one source
+  becomes DEST itself.
+* Delta: a file is skipped when size and mtime (whole seconds) match; with ``checksum`` a
+  file whose size matches is compared by sha256 instead. File mtimes are always carried
+  over (the delta check needs them); ``preserve`` adds permission bits and directory mtimes.
+* Symlinks are links on both sides, compared by target; never followed below a root, so a
+  deletion can never leave the destination tree.
+* A temp file is ``.dtrain-cp-<token>-<name>.tmp`` in the file's own directory, renamed
+  over the final name when complete. Any such name met in a destination tree is a stale
+  temp of an interrupted run, removed by the next run.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import stat as stat_mod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from launcher.models import CopyResult
+
+FILE, DIR, LINK, OTHER = "file", "dir", "link", "other"
+TEMP_PREFIX, TEMP_SUFFIX = ".dtrain-cp-", ".tmp"
+NAME_MAX = 255
+GLOB_CHARS = frozenset("*?[")
+
+
+class LayoutError(ValueError):
+    """The sources cannot land at DEST on this node (a per-node error, not bad input)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file, directory or symlink of a tree, relative to the tree's root ('' = root)."""
+
+    rel: str
+    kind: str
+    size: int = 0
+    mtime: int = 0
+    mode: int = 0o644  # permission bits (07777)
+    target: str = ""  # a symlink's target
+
+    @staticmethod
+    def from_stat(rel: str, st_mode: int, size: int, mtime: float, target: str = "") -> Entry:
+        """An entry from lstat fields."""
+        if stat_mod.S_ISLNK(st_mode):
+            kind = LINK
+        elif stat_mod.S_ISDIR(st_mode):
+            kind = DIR
+        elif stat_mod.S_ISREG(st_mode):
+            kind = FILE
+        else:
+            kind = OTHER
+        return Entry(rel, kind, size if kind == FILE else 0, int(mtime),
+                     stat_mod.S_IMODE(st_mode), target)
+
+
+@dataclass
+class SyncPlan:
+    """What to do to make one destination tree match one source tree."""
+
+    mkdirs: list[Entry] = field(default_factory=list)  # parents first
+    unlink_first: list[str] = field(default_factory=list)  # non-dirs where a dir must go
+    send: list[Entry] = field(default_factory=list)  # files to transfer
+    links: list[Entry] = field(default_factory=list)  # symlinks to (re)create
+    compare: list[Entry] = field(default_factory=list)  # size equal: decide by sha256
+    skip: list[Entry] = field(default_factory=list)
+    fix_attrs: list[Entry] = field(default_factory=list)  # content equal, mode/mtime not
+    dir_attrs: list[Entry] = field(default_factory=list)  # deepest first (preserve only)
+    delete: list[Entry] = field(default_factory=list)  # deepest first
+    stale: list[str] = field(default_factory=list)  # temps of an interrupted run
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (rel, message)
+
+
+# ---------------------------------------------------------------- paths
+
+
+def remote_path(path: str, home: str) -> str:
+    """A path as typed for the node → an absolute path there (``~`` = the remote home)."""
+    if path == "~" or path.startswith("~/"):
+        rest = path[2:]
+        return posixpath.normpath(posixpath.join(home, rest)) if rest else home
+    if path.startswith("~"):
+        raise ValueError(f"{path}: ~user paths are not supported; write the absolute path")
+    if not path.startswith("/"):
+        return posixpath.normpath(posixpath.join(home, path))
+    return posixpath.normpath(path)
+
+
+def has_glob(path: str) -> bool:
+    """Whether a remote path is a pattern the node expands."""
+    return any(c in GLOB_CHARS for c in path)
+
+
+def source_name(path: str) -> str:
+    """The name a source gets under a destination directory (cp's basename)."""
+    name = posixpath.basename(posixpath.normpath(path.rstrip("/") or "/"))
+    if name in ("", ".", ".."):
+        raise ValueError(f"{path}: cannot tell the name to copy it under; name the "
+                         "directory itself (e.g. ../{name} or its absolute path)")
+    return name
+
+
+def layout(names: Sequence[str], kinds: Sequence[str], dest: str, dest_kind: str | None,
+           *, dest_slash: bool) -> tuple[list[str], bool]:
+    """Where each source's root lands on one node: (paths, whether DEST must be created).
+
+    ``dest`` is absolute (``remote_path``); ``dest_kind`` is what the node has there
+    (None: nothing); ``dest_slash``: the user wrote DEST with a trailing ``/``.
+    """
+    as_dir = dest_kind == DIR or dest_slash or len(names) > 1
+    if as_dir:
+        if dest_kind not in (None, DIR):
+            raise LayoutError(f"{dest} exists and is not a directory")
+        return [posixpath.join(dest, n) for n in names], dest_kind is None
+    if kinds[0] == DIR and dest_kind not in (None, DIR):
+        raise LayoutError(f"{dest} exists and is not a directory; cannot copy a directory "
+                          "onto it")
+    return [dest], False
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether path is strictly below root (both absolute, normalised)."""
+    path, root = posixpath.normpath(path), posixpath.normpath(root)
+    return path != root and path.startswith(root.rstrip("/") + "/")
+
+
+def join(root: str, rel: str) -> str:
+    """root/rel, with '' meaning root itself."""
+    return posixpath.join(root, rel) if rel else root
+
+
+def temp_name(path: str, token: str) -> str:
+    """The temp file a transfer writes before renaming it over ``path`` (same directory)."""
+    head, name = posixpath.split(path)
+    room = NAME_MAX - len(TEMP_PREFIX) - len(token) - 1 - len(TEMP_SUFFIX)
+    short = name.encode()[:room].decode(errors="ignore")
+    return posixpath.join(head, f"{TEMP_PREFIX}{token}-{short}{TEMP_SUFFIX}")
+
+
+def is_temp(name: str) -> bool:
+    """A temp name of dtrain cp (this run's or an interrupted one's)."""
+    base = posixpath.basename(name)
+    return base.startswith(TEMP_PREFIX) and base.endswith(TEMP_SUFFIX)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _depth(rel: str) -> int:
+    return rel.count("/") + 1 if rel else 0
+
+
+def plan_sync(src: Iterable[Entry], dst: Mapping[str, Entry], *, checksum: bool = False,
+              delete: bool = False, preserve: bool = False) -> SyncPlan:
+    """What to do so the destination tree ``dst`` matches the source tree ``src``.
+
+    ``dst`` maps rel → entry for what already exists under the destination root (empty when
+    the root does not exist). Entries of kind OTHER (sockets, devices) are reported, not sent.
+    """
+    plan = SyncPlan()
+    wanted: set[str] = set()
+    for e in sorted(src, key=lambda e: (_depth(e.rel), e.rel)):
+        wanted.add(e.rel)
+        have = dst.get(e.rel)
+        if e.kind == OTHER:
+            plan.errors.append((e.rel, "not a regular file, directory or symlink: skipped"))
+        elif e.kind == DIR:
+            _plan_dir(plan, e, have, preserve)
+        elif have is not None and have.kind == DIR:
+            plan.errors.append((e.rel, "is a directory on the destination; remove it first"))
+        elif e.kind == LINK:
+            if have is not None and have.kind == LINK and have.target == e.target:
+                plan.skip.append(e)
+            else:
+                plan.links.append(e)
+        else:
+            _plan_file(plan, e, have, checksum, preserve)
+    plan.stale = sorted(rel for rel in dst if is_temp(rel))
+    if delete:
+        blocked = {rel for rel, _ in plan.errors}
+        extra = [d for rel, d in dst.items()
+                 if rel and rel not in wanted and not is_temp(rel)
+                 and not any(rel.startswith(b + "/") for b in blocked)]
+        plan.delete = sorted(extra, key=lambda d: (-_depth(d.rel), d.rel))
+    plan.dir_attrs.sort(key=lambda d: (-_depth(d.rel), d.rel))
+    return plan
+
+
+def _plan_dir(plan: SyncPlan, e: Entry, have: Entry | None, preserve: bool) -> None:
+    if have is None or have.kind != DIR:
+        if have is not None:
+            plan.unlink_first.append(e.rel)
+        plan.mkdirs.append(e)
+        if preserve:
+            plan.dir_attrs.append(e)
+    elif preserve and (have.mode != e.mode or have.mtime != e.mtime):
+        plan.dir_attrs.append(e)
+
+
+def _plan_file(plan: SyncPlan, e: Entry, have: Entry | None, checksum: bool,
+               preserve: bool) -> None:
+    if have is None or have.kind != FILE or have.size != e.size:
+        plan.send.append(e)
+    elif checksum:
+        plan.compare.append(e)
+    elif have.mtime == e.mtime:
+        plan.skip.append(e)
+        if preserve and have.mode != e.mode:
+            plan.fix_attrs.append(e)
+    else:
+        plan.send.append(e)
+
+
+def resolve_compare(plan: SyncPlan, dst: Mapping[str, Entry], src_sums: Mapping[str, str],
+                    dst_sums: Mapping[str, str | None], *, preserve: bool = False) -> None:
+    """Settle ``plan.compare`` with sha256 sums: equal content is skipped (its mtime, and
+    mode with ``preserve``, fixed), anything else is sent."""
+    for e in plan.compare:
+        theirs = dst_sums.get(e.rel)
+        if theirs is None or theirs != src_sums.get(e.rel):
+            plan.send.append(e)
+            continue
+        plan.skip.append(e)
+        have = dst[e.rel]
+        if have.mtime != e.mtime or (preserve and have.mode != e.mode):
+            plan.fix_attrs.append(e)
+    plan.compare = []
+
+
+def new_mode(e: Entry, preserve: bool) -> int:
+    """The mode a sent file is created with: exact with ``preserve``, else the permission
+    bits (the receiving side's umask applies, as cp without -p)."""
+    return e.mode & 0o7777 if preserve else e.mode & 0o777
+
+
+# ---------------------------------------------------------------- results
+
+
+
+def exit_code(results: Iterable[CopyResult]) -> int:
+    """The largest per-node code: 255 when a node was unreachable, else 1 on any error."""
+    return max((r.exit_code for r in results), default=0)
+
+
+def pull_root(localdir: str, label: str, remote: str) -> str:
+    """Where a pulled remote path lands: LOCALDIR/<host label>/<basename> (rpdcp's layout,
+    one directory per node)."""
+    return posixpath.join(localdir, label, source_name(remote))
