@@ -193,3 +193,29 @@ def test_ps_attach_stop_on_an_empty_archive(tmp_path: Path) -> None:
     assert res.returncode == 2 and "no runs in" in res.stderr
     res = dtrain(["stop", "nope", "--archive-dir", str(tmp_path)], timeout=30)
     assert res.returncode == 2 and "no run 'nope'" in res.stderr
+
+
+def test_attach_status_line_is_drawn_and_cleared(tmp_path: Path) -> None:
+    archive = RunArchive.create(tmp_path, "r")
+    archive.write_lines([OutputLine("n1", "out", "step 1", rank=0, node_rank=0, t=1.0)])
+    archive.close()
+    out = io.StringIO()
+    replay(archive.path, out=out, color=True, status=lambda: "dtrain attach r | running")
+    text = out.getvalue()
+    assert "step 1" in text and "dtrain attach r | running" in text
+    assert text.endswith("\r\x1b[K")  # the status line is removed at the end
+
+
+def test_attach_to_a_finished_run_shows_its_tail_and_returns_its_code(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.commands.runs import attach
+
+    archive = _archive(tmp_path, "done")
+    archive.write_lines([OutputLine("n1", "out", f"l{i}", rank=0, node_rank=0, t=1.0)
+                         for i in range(10)])
+    archive.close()
+    archive.update_meta(exit_code=7, end=time.time(), outcome="rank 0 on n1 exited 7")
+    assert attach(tmp_path, None, lines=2, color=False) == 7
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["n1 r0: l8", "n1 r0: l9"]
+    assert "is not running (finished (7))" in err and "exit 7" in err

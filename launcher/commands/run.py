@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shlex
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -174,15 +175,20 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
                  detacher: Detacher | None = None, via: str = "ssh") -> int:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.output.archive import RunArchive
-    from launcher.output.runlock import LauncherLock
+    from launcher.output.runlock import LOCK, LauncherLock
 
     archive = RunArchive.create(opts.archive_dir, req.run_id)
-    lock = LauncherLock.acquire(archive.path, detached=detacher is not None)
+    lock: LauncherLock | None = None
+    try:
+        lock = LauncherLock.acquire(archive.path, detached=detacher is not None)
+    except OSError as exc:  # a filesystem without locks: the run goes on, ps cannot tell
+        render.note(f"warning: cannot lock {archive.path / LOCK} ({exc.strerror}): `dtrain "
+                    "ps` will show this run as 'launcher lost' while it runs")
     try:
         archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, pre),
                             "state": "starting", "transport": via,
                             "launcher": {"pid": os.getpid(), "uid": os.getuid(),
-                                         "host": lock.info["host"],
+                                         "host": socket.gethostname(),
                                          "detached": detacher is not None,
                                          "heartbeat_timeout": opts.heartbeat_timeout,
                                          "grace": opts.grace}})
@@ -193,7 +199,8 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
                                 outcome=f"launcher ended early: {type(exc).__name__}")
         raise
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
@@ -247,7 +254,11 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
             return "stopping"
 
         control = ControlServer(archive.path, on_stop)
-        await control.start()
+        try:
+            await control.start()
+        except OSError as exc:  # e.g. a filesystem without unix sockets
+            render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
+                        "cannot reach this run; stop it with Ctrl-C or SIGTERM")
         try:
             outcome = await job.run(transport, conns)
         finally:
