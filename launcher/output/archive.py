@@ -301,6 +301,16 @@ def latest_run(archive_dir: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
+def _has_meta(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run; another user's private run is refused by name."""
+    try:
+        return (run_dir / META).exists()
+    except PermissionError:
+        raise UsageError(f"{run_dir}: permission denied: the run belongs to another user, "
+                         "refused", hint="only the user who started a run can read, attach "
+                         "to or stop it (run directories are 0700)") from None
+
+
 def resolve_run(archive_dir: Path, run: str | None) -> Path:
     """Find a run from a path, a run id, a unique run-id prefix, or None for the latest."""
     if run is None:
@@ -309,10 +319,10 @@ def resolve_run(archive_dir: Path, run: str | None) -> Path:
             raise UsageError(f"no runs in {archive_dir}", hint="start one with `dtrain run`")
         return latest
     as_path = Path(run).expanduser()
-    if (as_path / META).exists() and (os.sep in run or run.startswith(".")):
+    if _has_meta(as_path) and (os.sep in run or run.startswith(".")):
         return as_path
     if _SAFE_ID.fullmatch(run):
-        if (archive_dir / run / META).exists():
+        if _has_meta(archive_dir / run):
             return archive_dir / run
         matches = [p for p in _run_dirs(archive_dir) if p.name.startswith(run)]
         if len(matches) == 1:
@@ -320,7 +330,7 @@ def resolve_run(archive_dir: Path, run: str | None) -> Path:
         if len(matches) > 1:
             names = ", ".join(sorted(p.name for p in matches)[:5])
             raise UsageError(f"run {run!r} is ambiguous in {archive_dir}", hint=f"matches {names}")
-    if (as_path / META).exists():
+    if _has_meta(as_path):
         return as_path
     recent = ", ".join(p.name for p in list_runs(archive_dir)[-3:]) or "none"
     raise UsageError(f"no run {run!r} in {archive_dir}", hint=f"recent runs: {recent}")
