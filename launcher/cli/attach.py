@@ -20,7 +20,8 @@ def attach_cmd(
     grep: Annotated[str | None, typer.Option("--grep", help="Regular expression.")] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Start with the last N "
                                        "lines.")] = 20,
-    color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
+    color: Annotated[bool | None, typer.Option(
+        "--color/--no-color", help="Force colours on or off (default: on a terminal).")] = None,
 ) -> None:
     """Follow a run's live console; Ctrl-C detaches and leaves the run running.
 
