@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from tests.util import REPO
+from tests.util import REPO, dtrain
 
 pytestmark = pytest.mark.ssh
 
@@ -55,3 +55,43 @@ def test_exec_neutralises_control_sequences_on_a_terminal(cluster):
     raw = on_terminal(["exec", "--raw", "-H", "node1", "--", OSC52], env)
     assert b"node1: a\x1b]52;c;cm0gLXJmIH4K\x07b\n" in raw
     assert b"node1: \x1b[1A\rnode2: fake\n" in raw
+
+
+def _private_home(cluster, tmp_path):
+    home = tmp_path / "home"
+    ssh = home / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "id_ed25519").write_bytes(cluster.identity.read_bytes())
+    (ssh / "id_ed25519").chmod(0o600)
+    return home, ssh
+
+
+def _node_key(cluster, k):
+    return " ".join((cluster.node(k).dir / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+
+
+def test_a_key_changed_against_known_hosts2_is_refused_with_accept_new(cluster, tmp_path):
+    home, ssh = _private_home(cluster, tmp_path)
+    # node1's address with node2's key, in the file OpenSSH reads second
+    (ssh / "known_hosts2").write_text(f"198.18.0.11 {_node_key(cluster, 2)}\n")
+    res = dtrain(["exec", "-H", "dtuser@198.18.0.11,dtuser@198.18.0.13", "--accept-new",
+                  "--", "true"], env=cluster.client_env(HOME=str(home)))
+    assert res.returncode == 255
+    changed = [ln for ln in res.stderr.splitlines() if "HOST KEY CHANGED" in ln]
+    assert changed and all("198.18.0.11" in ln and "198.18.0.13" not in ln for ln in changed)
+    assert str(ssh / "known_hosts2") in res.stderr
+    # the unknown node3 was recorded, the changed node1 never
+    assert (ssh / "known_hosts").read_text() == f"198.18.0.13 {_node_key(cluster, 3)}\n"
+
+
+def test_ssh_config_user_known_hosts_file_and_upper_case_names(cluster, tmp_path):
+    home, ssh = _private_home(cluster, tmp_path)
+    kh = tmp_path / "elsewhere_known_hosts"
+    kh.write_text(f"NODE1-ALIAS {_node_key(cluster, 1)}\n")
+    (ssh / "config").write_text(f"Host node1-alias\n  HostName 198.18.0.11\n  User dtuser\n"
+                                f"  HostKeyAlias node1-alias\n  UserKnownHostsFile {kh}\n")
+    res = dtrain(["exec", "-H", "node1-alias", "--", "hostname"],
+                 env=cluster.client_env(HOME=str(home)))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "node1-alias: node1\n"
+    assert not (ssh / "known_hosts").exists()
