@@ -60,3 +60,30 @@ def test_probe_entry_through_the_real_probe(tmp_path: Path) -> None:
         assert out["errors"] == {}
         assert NodeFacts.from_json(out).entry_ok is ok
     assert NodeFacts.from_json(run_probe({"workdir": str(tmp_path)})).entry_ok is None
+
+
+def test_where_and_the_exact_exclude() -> None:
+    from launcher.hosts.where import exclude_option, failed_hosts_lines, leave_out_hint, where
+    from launcher.models import Host
+
+    hosts = [Host("node3", source="hosts.txt:1"), Host("node1", source="hosts.txt:2"),
+             Host("gpu01", source="hosts.txt:3"), Host("gpu02", source="hosts.txt:3"),
+             Host("x1", source="-H")]
+    assert where(hosts[2:4]) == "hosts.txt:3"
+    assert where([hosts[1], hosts[0]]) == "hosts.txt:2,1"
+    assert where(hosts[4:]) == ""
+    assert exclude_option(hosts[2:4]) == "--exclude 'gpu[01-02]'"
+    errors = {"gpu02": "refused", "node3": "timed out", "gpu01": "refused", "x1": "refused"}
+    assert failed_hosts_lines(hosts, errors) == [
+        "node3 (hosts.txt:1): timed out", "gpu[01-02],x1 (hosts.txt:3): refused"]
+    assert leave_out_hint(hosts[:1]) == "fix it, or leave it out: --exclude node3"
+
+
+def test_gather_groups_come_in_hostfile_order() -> None:
+    from launcher.models import OutputLine
+    from launcher.output.console import Gatherer
+
+    g = Gatherer(["node3", "node1", "node2"])
+    g.add([OutputLine("node2", "out", "b"), OutputLine("node1", "out", "a"),
+           OutputLine("node3", "out", "b"), OutputLine("extra", "out", "c")])
+    assert [hosts for hosts, _ in g.groups()] == ["node[2-3]", "node1", "extra"]

@@ -81,3 +81,33 @@ def test_module_missing_is_refused_before_anything_starts(cluster):
     assert res.returncode == 1, res.stderr
     assert "module no_such_module_dtrain not found on node[1-3]" in res.stderr
     assert "dtrain: run " not in res.stderr
+
+
+@pytest.fixture
+def hostfile_with_a_dead_port(tmp_path):
+    """node3, node1, an entry whose port has no sshd (line 3), node2."""
+    path = tmp_path / "hosts.txt"
+    path.write_text("node3\nnode1\n198.18.0.11:2299\nnode2\n")
+    return path
+
+
+def test_exec_unreachable_host_once_with_its_line_and_exclude(cluster, hostfile_with_a_dead_port):
+    hf = hostfile_with_a_dead_port
+    res = dtrain(["exec", "-f", str(hf), "--gather", "--", "hostname"], env=cluster.client_env())
+    assert res.returncode == 255
+    assert res.stderr.count("connection refused") == 1, res.stderr
+    assert f"dtrain: 198.18.0.11:2299 ({hf}:3): not reached: connection refused" in res.stderr
+    assert "--exclude 198.18.0.11\n" in res.stderr
+    headers = [ln for ln in res.stdout.splitlines() if ln.startswith("node")][::2]
+    assert headers == ["node3", "node1", "node2"]  # hostfile order, not arrival order
+
+
+def test_run_unreachable_host_once_with_its_line_and_exclude(cluster, hostfile_with_a_dead_port):
+    hf = hostfile_with_a_dead_port
+    res = dtrain(["run", "-f", str(hf), "--python", cluster.python, "--nproc-per-node", "1",
+                  "examples/ddp_smoke.py"], env=cluster.client_env())
+    assert res.returncode == 255
+    assert res.stderr.count("connection refused") == 1, res.stderr
+    assert (f"dtrain: error: cannot reach 198.18.0.11:2299 ({hf}:3): connection refused"
+            in res.stderr)
+    assert "hint: fix it, or leave it out: --exclude 198.18.0.11\n" in res.stderr

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
 from launcher.models import Host
@@ -62,10 +63,22 @@ def exit_code(outcome: JobOutcome) -> int:
     return worst
 
 
-def summary(outcome: JobOutcome) -> list[str]:
-    """Failed hosts, folded, grouped by what went wrong."""
+def summary(outcome: JobOutcome, hosts: Sequence[Host] = ()) -> list[str]:
+    """Failed hosts, folded, grouped by what went wrong, in hostfile order. Unreachable
+    hosts come with their hostfile lines and the exact --exclude that skips them."""
+    order = [h.label for h in hosts] or list(outcome.nodes)
+    nodes = {label: outcome.nodes[label] for label in order if label in outcome.nodes}
+    nodes.update(outcome.nodes)
+    unreachable = {label: why for label, why in outcome.connect_errors.items()
+                   if label in nodes}
+    known = [h for h in hosts if h.label in unreachable]
+    lines = failed_hosts_lines(known, {k: f"not reached: {v}" for k, v in unreachable.items()})
+    lines += [f"{label}: not reached: {unreachable[label]}" for label in unreachable
+              if label not in {h.label for h in known}]
     groups: dict[str, list[str]] = {}
-    for label, node in outcome.nodes.items():
+    for label, node in nodes.items():
+        if label in unreachable:
+            continue
         if node.exit_code is None:
             groups.setdefault(f"not run: {node.error}", []).append(label)
         elif node.exit_code != 0:
@@ -73,7 +86,10 @@ def summary(outcome: JobOutcome) -> list[str]:
             if node.error:  # it never started: the supervisor says why, as a shell would
                 what = f"{node.error} ({what})"
             groups.setdefault(what, []).append(label)
-    return [f"{fold_hosts(hosts)}: {what}" for what, hosts in groups.items()]
+    lines += [f"{fold_hosts(labels)}: {what}" for what, labels in groups.items()]
+    if known:
+        lines.append(leave_out_hint(known).replace("fix ", "unreachable: fix ", 1))
+    return lines
 
 
 async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
@@ -85,7 +101,7 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
     probe = AutoTransport(settings, req.transport)
     probe.choose(hosts)  # a forced srun that cannot work: exit 2 before anything starts
     if req.gather:
-        gatherer = Gatherer()
+        gatherer = Gatherer(h.label for h in hosts)
         console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
                           labels=[h.label for h in hosts], sanitize=False if req.raw else None)
         async with OutputPipeline(console, gatherer=gatherer) as out:
@@ -102,7 +118,7 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
                 outcome = await Job(hosts, launches, policy, fast).run(transport)
         finally:
             fast.close()
-    for line in summary(outcome):
+    for line in summary(outcome, hosts):
         render.note(line)
     return exit_code(outcome)
 

@@ -22,6 +22,7 @@ from launcher import __version__
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
 from launcher.errors import ConnectError
 from launcher.hosts.hostfile import fold, host_sources
+from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import Job, JobState, LineRouter, NodeLaunch, Policy, connect_all
 from launcher.job.preflight import Preflight, preflight
@@ -131,10 +132,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                                           timeout=settings.connect_timeout)
         try:
             if errors:
-                for label, why in errors.items():
-                    render.note(f"{label}: {why}")
-                raise ConnectError(f"cannot reach {fold(errors)}; nothing was started",
-                                   hint="fix the nodes or leave them out with --exclude")
+                raise unreachable_error(hosts, errors)
             pre = await preflight(conns, hosts, req, opts)
             plan = build_plan(req, hosts, pre.facts, pre.decisions,
                               master_addr=pre.master_addr, master_port=pre.master_port,
@@ -152,6 +150,15 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
             for conn in conns.values():
                 with contextlib.suppress(Exception):
                     await conn.aclose()
+
+
+def unreachable_error(hosts: Sequence[Host], errors: Mapping[str, str]) -> ConnectError:
+    """Each unreachable host once, with its hostfile line and the exact --exclude."""
+    lines = failed_hosts_lines(hosts, errors)
+    failed = [h for h in hosts if h.label in errors]
+    text = (f"cannot reach {lines[0]}; nothing was started" if len(lines) == 1 else
+            f"cannot reach {len(failed)} nodes; nothing was started:\n  " + "\n  ".join(lines))
+    return ConnectError(text, hint=leave_out_hint(failed))
 
 
 def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,

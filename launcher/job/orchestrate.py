@@ -401,8 +401,8 @@ class Job:
                         conn = conns[label] = await connect_one(transport, host, 30)
                     except (ConnectError, TimeoutError) as exc:
                         why = _one_line(exc) if isinstance(exc, ConnectError) else "timed out"
+                        # said once, by the command's summary (with the hostfile line)
                         self.outcome.connect_errors[label] = why
-                        self.router.say(label, why)  # with the hint, once
                         short = exc.message if isinstance(exc, ConnectError) else why
                         self._node_done(label, NodeOutcome(host, None, error=short), tg)
                         return

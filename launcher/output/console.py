@@ -242,7 +242,8 @@ def _plain_prefix(host: str, rank: int | None, stream: str, *, marked: bool) -> 
 class Gatherer:
     """--gather: keep each host's output, then print each distinct output once (dshbak -c)."""
 
-    def __init__(self) -> None:
+    def __init__(self, order: Iterable[str] = ()) -> None:
+        self._order = list(order)  # hostfile order: groups come in it, not in arrival order
         self._texts: dict[str, list[str]] = {}
 
     def add(self, lines: Iterable[OutputLine]) -> None:
@@ -252,10 +253,14 @@ class Gatherer:
                 self._texts.setdefault(line.host, []).append(line.text)
 
     def groups(self) -> list[tuple[str, list[str]]]:
-        """(folded host set, output lines) per distinct output, in first-seen order."""
+        """(folded host set, output lines) per distinct output, in the order of each
+        output's first host in the hostfile (then of arrival, for hosts not in it)."""
         by_output: dict[tuple[str, ...], list[str]] = {}
-        for host, texts in self._texts.items():
-            by_output.setdefault(tuple(texts), []).append(host)
+        hosts = [h for h in dict.fromkeys(self._order) if h in self._texts]
+        seen = set(hosts)
+        hosts += [h for h in self._texts if h not in seen]
+        for host in hosts:
+            by_output.setdefault(tuple(self._texts[host]), []).append(host)
         return [(fold_hosts(hosts), list(texts)) for texts, hosts in by_output.items()]
 
     def render(self) -> str:

@@ -1,0 +1,45 @@
+"""Pointing back at what the user wrote: the hostfile lines hosts came from and the exact
+``--exclude`` that leaves them out (for messages about unreachable or failing hosts)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+
+from launcher.hosts.hostfile import fold
+from launcher.models import Host
+
+
+def where(hosts: Iterable[Host]) -> str:
+    """``hosts.txt:3`` or ``hosts.txt:3,5``: the lines these hosts came from ("" for -H)."""
+    lines: dict[str, list[str]] = {}
+    for host in hosts:
+        source, _, line = host.source.rpartition(":")
+        if source and line.isdigit() and line not in lines.setdefault(source, []):
+            lines[source].append(line)
+    return ", ".join(f"{source}:{','.join(nums)}" for source, nums in lines.items())
+
+
+def exclude_option(hosts: Iterable[Host]) -> str:
+    """``--exclude 'node[3,5]'``: the option that leaves exactly these hosts' names out."""
+    return "--exclude " + shlex.quote(fold(h.name for h in hosts))
+
+
+def failed_hosts_lines(hosts: Sequence[Host], errors: Mapping[str, str]) -> list[str]:
+    """One line per distinct reason, hosts folded and in hostfile order, with their lines:
+    ``node[3-4] (hosts.txt:3,4): connection refused``."""
+    groups: dict[str, list[Host]] = {}
+    for host in hosts:
+        if host.label in errors:
+            groups.setdefault(errors[host.label], []).append(host)
+    out = []
+    for why, group in groups.items():
+        at = where(group)
+        out.append(f"{fold(h.label for h in group)}{f' ({at})' if at else ''}: {why}")
+    return out
+
+
+def leave_out_hint(failed: Sequence[Host]) -> str:
+    """``fix it, or leave it out: --exclude 198.18.0.15``."""
+    it = "it" if len(failed) == 1 else "them"
+    return f"fix {it}, or leave {it} out: {exclude_option(failed)}"
