@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.util import dtrain
+from tests.util import REPO, dtrain
 
 pytestmark = pytest.mark.ssh
 
@@ -165,3 +167,36 @@ def test_a_chatty_bashrc_does_not_break_exec(cluster, chatty_bashrc):
     assert "node3: node3 ok" in lines and "node2: node2 ok" in lines
     # the banner is shown as the node's output, as pdsh would show it
     assert "node3: Welcome to node3, be nice" in lines
+
+
+# lines per node: 3 x 500k lines of ~20 bytes is ~30 MB, past the 16 MB that dtrain's exec
+# output queues before it stops reading from the nodes (launcher/output/fastout.py)
+VOLUME = 500_000
+
+
+@pytest.mark.timeout(170)
+def test_exec_volume_to_a_slow_reader_every_line_once_in_order_tagged(cluster):
+    """3 nodes x 500k numbered lines into a reader that pauses first (dtrain's stdout pipe
+    and its queue fill, and the nodes must wait, not drop): every line arrives exactly once,
+    in order per host, under its own host's tag."""
+    cmd = f"seq 1 {VOLUME} | sed \"s/^/$(hostname) /\""
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node[1-3]",
+                             "--no-color", "--", cmd], cwd=REPO, env=cluster.client_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(3.0)  # the slow consumer: nothing read yet, the pipe is full
+        assert proc.poll() is None, "dtrain must wait for its reader, not finish or fail"
+        out, err = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"Traceback" not in err
+    expect = {f"node{k}": 1 for k in (1, 2, 3)}
+    for n, raw in enumerate(out.split(b"\n")[:-1]):
+        tag, sep, text = raw.decode().partition(": ")
+        host, _, num = text.partition(" ")
+        assert sep and tag == host, f"line {n}: {raw!r} tagged with another host"
+        assert int(num) == expect[host], f"line {n}: {raw!r}, expected {host} {expect[host]}"
+        expect[host] += 1
+    assert expect == {f"node{k}": VOLUME + 1 for k in (1, 2, 3)}, expect
+    assert out.endswith(b"\n")

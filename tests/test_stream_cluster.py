@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -24,19 +25,22 @@ def chatter_run(cluster, tmp_path_factory):
 
 
 def test_every_line_once_on_the_console_with_its_rank(chatter_run):
+    """EVERY numbered line: its tag is its own rank's (the rank is in the text), it comes
+    once, in order within its rank, and it is whole."""
     res, _ = chatter_run
-    counts: Counter[tuple[str, str]] = Counter()
-    for line in res.stdout.splitlines():
+    rx = re.compile(r"rank(\d+) line(\d+) (x*)")
+    nxt = dict.fromkeys(range(6), 0)
+    for n, line in enumerate(res.stdout.splitlines()):
         tag, sep, text = line.partition(": ")
-        if sep and text.startswith("rank") and " line" in text:
-            counts[(tag, text)] += 1
-    for rank in range(6):
-        host = f"node{rank // 2 + 1}"
-        for i in (0, 1, 4999, N - 1):
-            text = f"rank{rank} line{i} {'x' * (i % 50)}"
-            assert counts[(f"{host} r{rank}", text)] == 1, (rank, i)
-    assert sum(counts.values()) == 6 * N
-    assert max(counts.values()) == 1
+        m = rx.fullmatch(text)
+        if not sep or m is None:
+            continue
+        rank, i = int(m[1]), int(m[2])
+        assert tag == f"node{rank // 2 + 1} r{rank}", f"console line {n} mistagged: {line!r}"
+        assert i == nxt[rank], f"console line {n}: rank{rank} line{i}, expected line{nxt[rank]}"
+        assert m[3] == "x" * (i % 50), f"console line {n} cut or merged: {line!r}"
+        nxt[rank] += 1
+    assert nxt == dict.fromkeys(range(6), N), nxt
 
 
 def test_every_line_once_in_output_jsonl_with_its_rank(chatter_run):
