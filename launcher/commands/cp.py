@@ -272,12 +272,12 @@ class Syncer:
             sent = 0
             async with self.src.fs.open_read(cpl.join(src_root, e.rel)) as r, \
                     self.dst.fs.open_write(tmp, cpl.new_mode(e, self.preserve)) as w:
-                while chunk := await r.read(CHUNK):
+                # the size listed is what is copied: asking SFTP for more than is left
+                # costs parallel read requests past the end (and a round trip for EOF)
+                while sent < e.size and (chunk := await r.read(min(CHUNK, e.size - sent))):
                     await w.write(chunk)
                     sent += len(chunk)
                     self.view.add_bytes(len(chunk))
-                    if sent >= e.size and len(chunk) < CHUNK:
-                        break  # saves a round trip per small file
             await self.dst.fs.set_attrs(tmp, mode=e.mode if self.preserve else None,
                                         mtime=e.mtime)
             await self.dst.fs.rename(tmp, final)
