@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import common, doctor, exec, keys, logs, run
+from launcher.cli import common, doctor, exec, keys, logs, run, smoke
 
 app = typer.Typer(
     name="dtrain", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
@@ -39,6 +39,7 @@ app.command("run", context_settings=common.PASSTHROUGH)(run.run_cmd)
 app.command("logs")(logs.logs_cmd)
 app.add_typer(keys.keys_app, name="keys", help="Passwordless SSH bootstrap for every node.")
 app.command("doctor")(doctor.doctor_cmd)
+app.command("smoke")(smoke.smoke_cmd)
 
 
 def main() -> None:

@@ -14,7 +14,9 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from launcher import __version__
@@ -22,14 +24,22 @@ from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan,
 from launcher.errors import ConnectError
 from launcher.hosts.hostfile import fold
 from launcher.job.node import JobSpec
-from launcher.job.orchestrate import Job, LineRouter, NodeLaunch, Policy, connect_all
+from launcher.job.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy, connect_all
 from launcher.job.preflight import Preflight, preflight
-from launcher.job.verdict import TailKeeper, node_results, root_cause_json, summary_lines, verdict
+from launcher.job.verdict import (
+    TailKeeper,
+    Verdict,
+    node_results,
+    root_cause_json,
+    summary_lines,
+    verdict,
+)
 from launcher.models import Host, OutputLine
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.output import render
 from launcher.output.pipeline import OutputPipeline
 from launcher.output.redact import redact_env
+from launcher.output.report import NodeResult
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
@@ -61,15 +71,38 @@ def render_plan(plan: LaunchPlan, out: Any = None) -> None:
 
 
 class RunPipeline(OutputPipeline):
-    """The output pipeline, keeping stderr tails on the way."""
+    """The output pipeline, keeping stderr tails on the way; ``take`` may claim lines
+    (dtrain smoke's reports), which then go neither to the console nor to the archive."""
 
-    def __init__(self, *args: Any, tails: TailKeeper, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tails: TailKeeper,
+                 take: Callable[[OutputLine], bool] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tails = tails
+        self.take = take
 
     def emit(self, lines: Sequence[OutputLine], **kwargs: Any) -> None:
+        if self.take is not None:
+            take = self.take
+            kept = [line for line in lines if line.stream == "dtrain" or not take(line)]
+            if len(kept) != len(lines):
+                lines, kwargs["size"] = kept, None
         self.tails.add(lines)
         super().emit(lines, **kwargs)
+
+
+@dataclass
+class LaunchReport:
+    """What `launch` learned, for the callers that report more than the exit code (--json,
+    --junit, dtrain smoke). ``files`` and ``take`` go in; the rest is filled in."""
+
+    files: Mapping[str, str] = field(default_factory=dict)
+    take: Callable[[OutputLine], bool] | None = None
+    outcome: JobOutcome | None = None
+    verdict: Verdict | None = None
+    tails: TailKeeper | None = None
+    archive_path: Path | None = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    root_cause: dict[str, Any] = field(default_factory=dict)
 
 
 class NodeBoard:
@@ -176,21 +209,27 @@ def _meta_start(req: RunRequest, plan: LaunchPlan, pre: Preflight) -> dict[str, 
 
 
 async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
-                 conns: dict[str, Connection], pre: Preflight) -> int:
+                 conns: dict[str, Connection], pre: Preflight,
+                 report: LaunchReport | None = None) -> int:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.output.archive import RunArchive
     from launcher.output.console import Console
 
     archive = RunArchive.create(opts.archive_dir, req.run_id)
     archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})
-    console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
+    report = report if report is not None else LaunchReport()
+    report.archive_path = archive.path
+    # with --json, stdout holds the one JSON document: the human output goes to stderr
+    console = Console(sys.stderr if opts.as_json else sys.stdout, color=opts.color,
+                      ranks=opts.ranks, hosts=opts.hosts_filter,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
     launches = {}
     for node in plan.nodes:
         spec = JobSpec(argv=node.argv, env=node.exported_env(),
                        rank_shim=True, grace=opts.grace,
                        heartbeat_timeout=opts.heartbeat_timeout,
-                       heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4))
+                       heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
+                       files=report.files)
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank)
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
@@ -200,7 +239,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     hosts = [n.host for n in plan.nodes]
     board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
     console.status = board.render
-    async with RunPipeline(console, archive, tails=tails) as out:
+    async with RunPipeline(console, archive, tails=tails, take=report.take) as out:
         nodes = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}"
         out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
@@ -209,9 +248,11 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
         v = verdict(outcome, plan, tails)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
+    report.outcome, report.verdict, report.tails = outcome, v, tails
+    report.nodes = node_results(outcome, plan, v)
+    report.root_cause = root_cause_json(outcome, v, tails)
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome,
-                        root_cause=root_cause_json(outcome, v, tails),
-                        nodes=node_results(outcome, plan, v),
+                        root_cause=report.root_cause, nodes=report.nodes,
                         console_skipped=out.skipped)
     return v.code
 
@@ -228,3 +269,33 @@ def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
 def default_workdir() -> str:
     """The shared-filesystem convention: the current directory, as the login node sees it."""
     return os.getcwd()
+
+
+# -- reports (--json, --junit) ----------------------------------------------------------------
+
+def report_nodes(report: LaunchReport) -> tuple[NodeResult, ...]:
+    """meta.json's per-node results as report NodeResults (a rank stopped by dtrain as
+    collateral of the root cause fails too, with that said)."""
+    from launcher.output.report import ERROR, FAILED, PASSED, NodeResult, RankResult
+
+    tails = report.tails.tails if report.tails is not None else {}
+    v = report.verdict
+    out = []
+    for node in report.nodes:
+        host = node["host"]
+        ranks = []
+        for rank_s, r in node["ranks"].items():
+            rank, role = int(rank_s), r.get("role")
+            status = PASSED if role == "ok" else ERROR if role == "unknown" else FAILED
+            msg = {"root cause": v.outcome if v else "root cause",
+                   "failed": f"rank {rank} failed too (exit {r['exit_code']})",
+                   "stopped": "stopped by dtrain",
+                   "unknown": "no exit report (killed along with its node)"}.get(role or "")
+            ranks.append(RankResult(rank, status, r["exit_code"], r["signal"], role, msg,
+                                    r["duration"], tuple(tails.get((host, rank), ()))))
+        code = node["exit_code"]
+        status = PASSED if code == 0 else ERROR if code is None or node["lost"] else FAILED
+        msg = node["error"] or (None if code == 0 else f"exit {code}")
+        out.append(NodeResult(host, status, code, msg, node["duration"], tuple(ranks),
+                              tuple(tails.get((host, None), ()))))
+    return tuple(out)
