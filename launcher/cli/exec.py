@@ -44,6 +44,11 @@ def exec_cmd(
                                         "supervisor (any Python >= 3.8).")] = "python3",
     color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
                                                "on or off (default: on a terminal).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document (dtrain.exec/1) "
+                                          "on stdout at the end; the output goes to stderr.")
+                       ] = False,
+    junit: Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
+                                              "testcase per node).")] = None,
 ) -> None:
     """Run a command on every node; output tagged by host; exit = the largest remote code.
 
@@ -56,7 +61,7 @@ def exec_cmd(
         host_list = resolve(hostfile, hosts, include, exclude)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, grace=grace,
-                          heartbeat_timeout=heartbeat_timeout)
+                          heartbeat_timeout=heartbeat_timeout, as_json=as_json, junit=junit)
         return run_exec(host_list, req, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

@@ -51,7 +51,11 @@ def run_cmd(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Probe and print each node's "
                                           "command and environment; start nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable dry run.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout: the "
+                                          "plan with --dry-run, else the result "
+                                          "(dtrain.run/1); human output to stderr.")] = False,
+    junit: Annotated[str | None, typer.Option("--junit", help="Write the result as JUnit "
+                                              "XML here.")] = None,
     ranks: Annotated[str | None, typer.Option("--ranks", help="Console shows only these "
                                               "ranks (0,3); the archive keeps all.")] = None,
     hosts_filter: Annotated[str | None, typer.Option("--hosts-filter", help="Console shows "
@@ -114,7 +118,7 @@ def run_cmd(
                           color=color, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
-                          preflight=preflight)
+                          preflight=preflight, junit=junit)
         return run_sync(host_list, req, opts, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

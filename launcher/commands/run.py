@@ -21,7 +21,7 @@ from typing import Any
 
 from launcher import __version__
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
-from launcher.errors import ConnectError
+from launcher.errors import ConnectError, DtrainError
 from launcher.hosts.hostfile import fold
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy, connect_all
@@ -39,7 +39,7 @@ from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.output import render
 from launcher.output.pipeline import OutputPipeline
 from launcher.output.redact import redact_env
-from launcher.output.report import NodeResult
+from launcher.output.report import CommandReport, NodeResult
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
@@ -103,6 +103,15 @@ class LaunchReport:
     archive_path: Path | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)
     root_cause: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    world_size: int = 0
+    master: str | None = None
+
+    def extra(self) -> dict[str, Any]:
+        """dtrain.run/1's ``run`` section."""
+        stop = self.outcome.stop_reason if self.outcome is not None else None
+        return {"run_id": self.run_id, "world_size": self.world_size, "master": self.master,
+                "stop_reason": stop}
 
 
 class NodeBoard:
@@ -141,7 +150,7 @@ class NodeBoard:
 # -- the command -----------------------------------------------------------------------------
 
 async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
-                    settings: SSHSettings) -> int:
+                    settings: SSHSettings, report: LaunchReport | None = None) -> int:
     """The whole `dtrain run`."""
     from dataclasses import replace
 
@@ -169,7 +178,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 else:
                     render_plan(plan)
                 return 0
-            return await launch(plan, req, opts, transport, conns, pre)
+            return await launch(plan, req, opts, transport, conns, pre, report)
         finally:
             for conn in conns.values():
                 with contextlib.suppress(Exception):
@@ -219,6 +228,8 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     archive.write_meta({**archive.meta, **_meta_start(req, plan, pre)})
     report = report if report is not None else LaunchReport()
     report.archive_path = archive.path
+    report.run_id, report.world_size = req.run_id, plan.world_size
+    report.master = f"{plan.master_addr}:{plan.master_port}"
     # with --json, stdout holds the one JSON document: the human output goes to stderr
     console = Console(sys.stderr if opts.as_json else sys.stdout, color=opts.color,
                       ranks=opts.ranks, hosts=opts.hosts_filter,
@@ -259,11 +270,32 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
              settings: SSHSettings) -> int:
-    """Synchronous entry for the CLI."""
+    """Synchronous entry for the CLI; --json (without --dry-run) and --junit report the
+    run's result (dtrain.run/1)."""
+    from launcher.commands.reporting import error_report, finish
+
+    started = time.time()
+    reporting = (opts.as_json and not opts.dry_run) or bool(opts.junit and not opts.dry_run)
+    report = LaunchReport()
     try:
-        return asyncio.run(run_async(hosts, req, opts, settings))
+        code = asyncio.run(run_async(hosts, req, opts, settings, report))
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    except DtrainError as exc:
+        if not reporting:
+            raise
+        render.error(exc)
+        return finish(error_report("run", exc, started, [h.label for h in hosts]),
+                      as_json=opts.as_json, junit=opts.junit)
+    if opts.dry_run:
+        return code
+    v = report.verdict
+    result = CommandReport(
+        "run", code, v.outcome if v else ("interrupted" if code == 130 else f"exit {code}"),
+        started, time.time(), report_nodes(report),
+        report.root_cause or None, str(report.archive_path) if report.archive_path else None,
+        report.extra())
+    return finish(result, as_json=opts.as_json, junit=opts.junit)
 
 
 def default_workdir() -> str:

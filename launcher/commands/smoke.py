@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from launcher.commands.reporting import finish, in_github_actions
 from launcher.commands.run import LaunchReport, launch, report_nodes
 from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks
@@ -40,8 +41,8 @@ from launcher.job.preflight import preflight
 from launcher.models import Host, OutputLine
 from launcher.nodeside.wire import program_source
 from launcher.output import render
-from launcher.output.junit import ExtraCase, write_junit
-from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult, write_json
+from launcher.output.junit import ExtraCase
+from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
@@ -278,8 +279,6 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
 def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
                settings: SSHSettings) -> int:
     """Synchronous entry for the CLI: run, then the table, the verdict and the reports."""
-    import os
-
     run = SmokeRun(time.time(), [h.label for h in hosts])
     human = sys.stderr if req.as_json else sys.stdout
     try:
@@ -298,16 +297,13 @@ def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
         render_table(run.results, run.verdict, human)
     human.write(verdict_line(run) + "\n")
     human.flush()
-    if os.environ.get("GITHUB_ACTIONS") == "true":
+    if in_github_actions():
         annotate(run, human)
     report = command_report(run, time.time())
     if run.launch is not None and run.launch.archive_path is not None:
         _archive_smoke(run.launch.archive_path, report)
-    if req.junit:
-        write_junit(req.junit, report, extra_cases(run))
-    if req.as_json:
-        write_json(report)
-    return report.exit_code
+    return finish(report, as_json=req.as_json, junit=req.junit,
+                  extra_cases=extra_cases(run), annotations=False)
 
 
 def _archive_smoke(path: Path, report: CommandReport) -> None:

@@ -59,6 +59,7 @@ class RunOptions:
     probe_timeout: float = 30.0
     no_auto: frozenset[str] = frozenset()
     preflight: bool = True
+    junit: str | None = None  # --junit PATH (not with --dry-run)
 
 
 @dataclass(frozen=True)
