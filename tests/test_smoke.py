@@ -40,7 +40,7 @@ def _results(torch: dict[str, str] | None = None, pairs: dict[tuple[int, int], f
          "busbw": busbw}]}))
     speeds = pairs or {}
     rows = [{"a": a, "b": b, "size": 1 << 20, "time_us": 100.0,
-             "gbps": speeds.get((a, b), 1.0)} for a in range(4) for b in range(a + 1, 4)]
+             "gbps": speeds.get((a, b), 10.0)} for a in range(4) for b in range(a + 1, 4)]
     res.add_line("n1", MARK + json.dumps({"kind": "pairs", "rows": rows}))
     return res
 
@@ -56,19 +56,19 @@ def test_healthy_is_exit_0():
 
 
 def test_a_node_whose_every_pair_is_slow_is_named():
-    v = _eval(_results(pairs={(0, 2): 0.1, (1, 2): 0.05, (2, 3): 0.2}))
+    v = _eval(_results(pairs={(0, 2): 1.0, (1, 2): 0.5, (2, 3): 2.0}))
     assert v.code == 1
     assert [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n3",))]
 
 
 def test_a_single_slow_pair_names_the_link():
-    v = _eval(_results(pairs={(1, 3): 0.1}))
+    v = _eval(_results(pairs={(1, 3): 1.0}))
     assert [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n2", "n4"))]
     assert "link n2 <-> n4" in v.failures[0].message
 
 
 def test_pair_noise_within_the_fraction_passes():
-    assert _eval(_results(pairs={(0, 1): 0.3, (2, 3): 0.5})).code == 0
+    assert _eval(_results(pairs={(0, 1): 3.0, (2, 3): 5.0})).code == 0
 
 
 def test_the_odd_torch_is_named_not_the_majority():
