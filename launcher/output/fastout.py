@@ -15,12 +15,12 @@ the node, where the command blocks on its pipe, exactly as it would under pdsh.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 from typing import BinaryIO
 
 from launcher.models import Host
+from launcher.output.console import should_color
 
 HIGH_WATER = 16 * 1024 * 1024
 LOW_WATER = 4 * 1024 * 1024
@@ -35,7 +35,7 @@ class ExecOutput:
         self._out = out or sys.stdout.buffer
         self._err = err or sys.stderr.buffer
         if color is None:
-            color = not os.environ.get("NO_COLOR") and self._out.isatty()
+            color = should_color(self._out)  # type: ignore[arg-type]  # isatty is all it uses
         self._color = color
         self._index = {label: i for i, label in enumerate(labels)}
         self._prefixes: dict[str, bytes] = {}

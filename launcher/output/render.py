@@ -5,7 +5,6 @@ Plain text when stderr is not a terminal or NO_COLOR is set, so CI logs stay cle
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -14,7 +13,9 @@ from launcher.errors import DtrainError
 
 
 def _color(stream: TextIO) -> bool:
-    return not os.environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
+    from launcher.output.console import should_color
+
+    return should_color(stream)
 
 
 def error(exc: DtrainError, stream: TextIO | None = None) -> None:
