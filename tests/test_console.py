@@ -97,6 +97,9 @@ def test_width_grows_with_a_new_longer_host() -> None:
         pytest.param({}, True, True, id="tty"),
         pytest.param({"NO_COLOR": "1"}, True, False, id="no-color"),
         pytest.param({"NO_COLOR": ""}, True, True, id="empty-no-color-ignored"),
+        pytest.param({"FORCE_COLOR": "1"}, False, True, id="force-color-on-a-pipe"),
+        pytest.param({"FORCE_COLOR": "0"}, False, False, id="force-color-0"),
+        pytest.param({"FORCE_COLOR": "1", "NO_COLOR": "1"}, True, False, id="no-color-wins"),
         pytest.param({}, False, False, id="pipe"),
     ],
 )

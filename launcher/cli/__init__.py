@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import attach, common, cp, doctor, exec, keys, logs, ps, run, stop
+from launcher.cli import attach, common, cp, doctor, exec, keys, logs, ps, run, smoke, stop
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
@@ -47,6 +47,7 @@ app.command("doctor", cls=Cmd)(doctor.doctor_cmd)
 app.command("ps", cls=Cmd)(ps.ps_cmd)
 app.command("attach", cls=Cmd)(attach.attach_cmd)
 app.command("stop", cls=Cmd)(stop.stop_cmd)
+app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
 
 
 def main() -> None:

@@ -49,6 +49,11 @@ def exec_cmd(
     raw: Annotated[bool, typer.Option("--raw", help="Pass the nodes' bytes to the terminal "
                                       "as they are (default: only colours pass, other "
                                       "control sequences are shown as ^[ ...).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document (dtrain.exec/1) "
+                                          "on stdout at the end; the output goes to stderr.")
+                       ] = False,
+    junit: Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
+                                              "testcase per node).")] = None,
 ) -> None:
     """Run a command on every node; output tagged by host; exit = the largest remote code.
 
@@ -63,7 +68,8 @@ def exec_cmd(
         host_list = resolve(hostfile, hosts, include, exclude)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, raw=raw, grace=grace,
-                          heartbeat_timeout=heartbeat_timeout, transport=transport)
+                          heartbeat_timeout=heartbeat_timeout, transport=transport,
+                          as_json=as_json, junit=junit)
         return run_exec(host_list, req, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

@@ -62,7 +62,11 @@ def run_cmd(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Probe and print each node's "
                                           "command and environment; start nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable dry run.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout: the "
+                                          "plan with --dry-run, else the result "
+                                          "(dtrain.run/1); human output to stderr.")] = False,
+    junit: Annotated[str | None, typer.Option("--junit", help="Write the result as JUnit "
+                                              "XML here.")] = None,
     ranks: Annotated[str | None, typer.Option("--ranks", help="Console shows only these "
                                               "ranks (0,3); the archive keeps all.")] = None,
     hosts_filter: Annotated[str | None, typer.Option("--hosts-filter", help="Console shows "
@@ -148,7 +152,7 @@ def run_cmd(
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
                           preflight=preflight, command=tuple(command),
-                          transport=transport)
+                          transport=transport, junit=junit)
         settings = ssh_settings(connect_timeout, accept_new)
         if detach and not dry_run:
             from launcher.commands.detach import Detacher, run_detached

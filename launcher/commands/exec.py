@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
@@ -19,6 +22,9 @@ from launcher.output.pipeline import OutputPipeline
 from launcher.output.termsafe import clean_text
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
+
+if TYPE_CHECKING:
+    from launcher.output.report import CommandReport
 
 EXEC_GRACE = 2.0
 
@@ -37,6 +43,8 @@ class ExecRequest:
     grace: float = EXEC_GRACE
     heartbeat_timeout: float = 30.0
     transport: str = "auto"
+    as_json: bool = False  # one dtrain.exec/1 document on stdout; the output goes to stderr
+    junit: str | None = None
 
 
 def exec_spec(command: Sequence[str], *, grace: float = EXEC_GRACE,
@@ -92,8 +100,10 @@ def summary(outcome: JobOutcome, hosts: Sequence[Host] = ()) -> list[str]:
     return lines
 
 
-async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
+async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings,
+                     outcomes: list[JobOutcome] | None = None) -> int:
     """Run the command on every host and return the exit code."""
+    stdout = sys.stderr if req.as_json else sys.stdout
     spec = exec_spec(req.command, grace=req.grace, heartbeat_timeout=req.heartbeat_timeout)
     launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
     policy = Policy(grace=req.grace, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
@@ -102,16 +112,16 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
     probe.choose(hosts)  # a forced srun that cannot work: exit 2 before anything starts
     if req.gather:
         gatherer = Gatherer(h.label for h in hosts)
-        console = Console(sys.stdout, err_stream=sys.stderr, color=req.color,
+        console = Console(stdout, err_stream=sys.stderr, color=req.color,
                           labels=[h.label for h in hosts], sanitize=False if req.raw else None)
         async with OutputPipeline(console, gatherer=gatherer) as out:
             async with probe as transport:
                 outcome = await Job(hosts, launches, policy, LineRouter(out)).run(transport)
         report = gatherer.render()
-        sys.stdout.write(clean_text(report) if console.sanitize else report)
-        sys.stdout.flush()
+        stdout.write(clean_text(report) if console.sanitize else report)
+        stdout.flush()
     else:
-        fast = ExecOutput([h.label for h in hosts], color=req.color,
+        fast = ExecOutput([h.label for h in hosts], color=req.color, out=stdout.buffer,
                           sanitize=False if req.raw else None)
         try:
             async with probe as transport:
@@ -120,12 +130,59 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
             fast.close()
     for line in summary(outcome, hosts):
         render.note(line)
+    if outcomes is not None:
+        outcomes.append(outcome)
     return exit_code(outcome)
+
+
+def exec_report(outcome: JobOutcome | None, code: int, req: ExecRequest, started: float,
+                hosts: Sequence[Host]) -> CommandReport:
+    """dtrain.exec/1: per node, its exit code (no ranks: exec runs one command per node)."""
+    from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
+
+    nodes = []
+    for h in hosts:
+        node = outcome.nodes.get(h.label) if outcome else None
+        if node is None:
+            nodes.append(NodeResult(h.label, ERROR, None, "not started"))
+            continue
+        status = PASSED if node.exit_code == 0 else ERROR if node.exit_code is None else FAILED
+        msg = node.error or (f"killed by signal {node.signal}" if node.signal else
+                             None if node.exit_code == 0 else f"exit {node.exit_code}")
+        dur = node.duration if isinstance(node.duration, (int, float)) else None
+        nodes.append(NodeResult(h.label, status, node.exit_code, msg, dur,
+                                stderr_tail=tuple(node.stderr_tail)))
+    lines = summary(outcome) if outcome else []
+    text = "; ".join(lines) if lines else ("ok" if code == 0 else f"exit {code}")
+    root = None
+    if code:
+        first = next((n for n in nodes if n.status != PASSED), None)
+        root = {"kind": "node" if first else "job", "host": first.host if first else None,
+                "rank": None, "exit_code": code, "summary": text}
+    return CommandReport("exec", code, text, started, time.time(), tuple(nodes), root, None,
+                         {"command_line": shlex.join(req.command) if len(req.command) > 1
+                          else req.command[0]})
 
 
 def run_exec(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
     """Synchronous entry for the CLI."""
+    from launcher.commands.reporting import error_report, finish
+    from launcher.errors import DtrainError
+
+    started = time.time()
+    outcomes: list[JobOutcome] = []
+    reporting = req.as_json or bool(req.junit)
     try:
-        return asyncio.run(exec_async(hosts, req, settings))
+        code = asyncio.run(exec_async(hosts, req, settings, outcomes))
     except KeyboardInterrupt:
-        return 128 + signal.SIGINT
+        code = 128 + signal.SIGINT
+    except DtrainError as exc:
+        if not reporting:
+            raise
+        render.error(exc)
+        return finish(error_report("exec", exc, started, [h.label for h in hosts]),
+                      as_json=req.as_json, junit=req.junit)
+    report = exec_report(outcomes[0] if outcomes else None, code, req, started, hosts)
+    if reporting:
+        return finish(report, as_json=req.as_json, junit=req.junit)
+    return finish(report, as_json=False, junit=None)

@@ -15,23 +15,41 @@ import shlex
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
-from launcher.errors import ConnectError
+from launcher.errors import ConnectError, DtrainError
 from launcher.hosts.hostfile import fold, host_sources
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
-from launcher.job.orchestrate import Job, JobState, LineRouter, NodeLaunch, Policy, connect_all
+from launcher.job.orchestrate import (
+    Job,
+    JobOutcome,
+    JobState,
+    LineRouter,
+    NodeLaunch,
+    Policy,
+    connect_all,
+)
 from launcher.job.preflight import Preflight, preflight
-from launcher.job.verdict import TailKeeper, node_results, root_cause_json, summary_lines, verdict
+from launcher.job.verdict import (
+    TailKeeper,
+    Verdict,
+    node_results,
+    root_cause_json,
+    summary_lines,
+    verdict,
+)
 from launcher.models import Host, OutputLine
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.output import render
 from launcher.output.pipeline import OutputPipeline
 from launcher.output.redact import redact_command
+from launcher.output.report import CommandReport, NodeResult
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
@@ -71,15 +89,47 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None)
 
 
 class RunPipeline(OutputPipeline):
-    """The output pipeline, keeping stderr tails on the way."""
+    """The output pipeline, keeping stderr tails on the way; ``take`` may claim lines
+    (dtrain smoke's reports), which then go neither to the console nor to the archive."""
 
-    def __init__(self, *args: Any, tails: TailKeeper, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tails: TailKeeper,
+                 take: Callable[[OutputLine], bool] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tails = tails
+        self.take = take
 
     def emit(self, lines: Sequence[OutputLine], **kwargs: Any) -> None:
+        if self.take is not None:
+            take = self.take
+            kept = [line for line in lines if line.stream == "dtrain" or not take(line)]
+            if len(kept) != len(lines):
+                lines, kwargs["size"] = kept, None
         self.tails.add(lines)
         super().emit(lines, **kwargs)
+
+
+@dataclass
+class LaunchReport:
+    """What `launch` learned, for the callers that report more than the exit code (--json,
+    --junit, dtrain smoke). ``files`` and ``take`` go in; the rest is filled in."""
+
+    files: Mapping[str, str] = field(default_factory=dict)
+    take: Callable[[OutputLine], bool] | None = None
+    outcome: JobOutcome | None = None
+    verdict: Verdict | None = None
+    tails: TailKeeper | None = None
+    archive_path: Path | None = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    root_cause: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    world_size: int = 0
+    master: str | None = None
+
+    def extra(self) -> dict[str, Any]:
+        """dtrain.run/1's ``run`` section."""
+        stop = self.outcome.stop_reason if self.outcome is not None else None
+        return {"run_id": self.run_id, "world_size": self.world_size, "master": self.master,
+                "stop_reason": stop}
 
 
 class NodeBoard:
@@ -118,7 +168,8 @@ class NodeBoard:
 # -- the command -----------------------------------------------------------------------------
 
 async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
-                    settings: SSHSettings, detacher: Detacher | None = None) -> int:
+                    settings: SSHSettings, detacher: Detacher | None = None,
+                    report: LaunchReport | None = None) -> int:
     """The whole `dtrain run`."""
     from dataclasses import replace
 
@@ -145,7 +196,8 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 else:
                     render_plan(plan, transport=f"{choice.kind} ({choice.reason})")
                 return 0
-            return await launch(plan, req, opts, transport, conns, pre, detacher, choice.kind)
+            return await launch(plan, req, opts, transport, conns, pre, detacher, choice.kind,
+                                report)
         finally:
             for conn in conns.values():
                 with contextlib.suppress(Exception):
@@ -179,7 +231,8 @@ def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
 
 async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
                  conns: dict[str, Connection], pre: Preflight,
-                 detacher: Detacher | None = None, via: str = "ssh") -> int:
+                 detacher: Detacher | None = None, via: str = "ssh",
+                 report: LaunchReport | None = None) -> int:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.output.archive import RunArchive
     from launcher.output.runlock import LOCK, LauncherLock
@@ -199,7 +252,8 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
                                          "detached": detacher is not None,
                                          "heartbeat_timeout": opts.heartbeat_timeout,
                                          "grace": opts.grace}})
-        return await _supervise(plan, req, opts, transport, conns, archive, detacher)
+        return await _supervise(plan, req, opts, transport, conns, archive, detacher,
+                                report if report is not None else LaunchReport())
     except BaseException as exc:  # a launcher crash or a Ctrl-C before the job ran: say so
         if "exit_code" not in archive.meta:
             archive.update_meta(end=time.time(), state="finished", exit_code=None,
@@ -212,11 +266,16 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
 
 async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
                      transport: Transport, conns: dict[str, Connection], archive: RunArchive,
-                     detacher: Detacher | None) -> int:
+                     detacher: Detacher | None, report: LaunchReport) -> int:
     from launcher.job.control import ControlServer, StopRequest
     from launcher.output.console import Console
 
-    console = Console(sys.stdout, color=opts.color, ranks=opts.ranks, hosts=opts.hosts_filter,
+    report.archive_path = archive.path
+    report.run_id, report.world_size = req.run_id, plan.world_size
+    report.master = f"{plan.master_addr}:{plan.master_port}"
+    # with --json, stdout holds the one JSON document: the human output goes to stderr
+    console = Console(sys.stderr if opts.as_json else sys.stdout, color=opts.color,
+                      ranks=opts.ranks, hosts=opts.hosts_filter,
                       sanitize=False if opts.raw else None,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
     launches = {}
@@ -224,7 +283,8 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         spec = JobSpec(argv=node.argv, env=node.exported_env(),
                        rank_shim=True, grace=opts.grace,
                        heartbeat_timeout=opts.heartbeat_timeout,
-                       heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4))
+                       heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
+                       files=report.files)
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank)
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
@@ -235,7 +295,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     hosts = [n.host for n in plan.nodes]
     board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
     console.status = board.render
-    async with RunPipeline(console, archive, tails=tails) as out:
+    async with RunPipeline(console, archive, tails=tails, take=report.take) as out:
         nodes = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}"
         out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
@@ -273,22 +333,75 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         v = verdict(outcome, plan, tails)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
+    report.outcome, report.verdict, report.tails = outcome, v, tails
+    report.nodes = node_results(outcome, plan, v)
+    report.root_cause = root_cause_json(outcome, v, tails)
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
-                        root_cause=root_cause_json(outcome, v, tails),
-                        nodes=node_results(outcome, plan, v),
+                        root_cause=report.root_cause, nodes=report.nodes,
                         console_skipped=out.skipped)
     return v.code
 
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
              settings: SSHSettings, detacher: Detacher | None = None) -> int:
-    """Synchronous entry for the CLI (``detacher``: this is a detached child)."""
+    """Synchronous entry for the CLI (``detacher``: this is a detached child); --json
+    (without --dry-run) and --junit report the run's result (dtrain.run/1)."""
+    from launcher.commands.reporting import error_report, finish
+
+    started = time.time()
+    reporting = (opts.as_json and not opts.dry_run) or bool(opts.junit and not opts.dry_run)
+    report = LaunchReport()
     try:
-        return asyncio.run(run_async(hosts, req, opts, settings, detacher))
+        code = asyncio.run(run_async(hosts, req, opts, settings, detacher, report))
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    except DtrainError as exc:
+        if not reporting:
+            raise
+        render.error(exc)
+        return finish(error_report("run", exc, started, [h.label for h in hosts]),
+                      as_json=opts.as_json, junit=opts.junit)
+    if opts.dry_run:
+        return code
+    v = report.verdict
+    result = CommandReport(
+        "run", code, v.outcome if v else ("interrupted" if code == 130 else f"exit {code}"),
+        started, time.time(), report_nodes(report),
+        report.root_cause or None, str(report.archive_path) if report.archive_path else None,
+        report.extra())
+    return finish(result, as_json=opts.as_json, junit=opts.junit)
 
 
 def default_workdir() -> str:
     """The shared-filesystem convention: the current directory, as the login node sees it."""
     return os.getcwd()
+
+
+# -- reports (--json, --junit) ----------------------------------------------------------------
+
+def report_nodes(report: LaunchReport) -> tuple[NodeResult, ...]:
+    """meta.json's per-node results as report NodeResults (a rank stopped by dtrain as
+    collateral of the root cause fails too, with that said)."""
+    from launcher.output.report import ERROR, FAILED, PASSED, NodeResult, RankResult
+
+    tails = report.tails.tails if report.tails is not None else {}
+    v = report.verdict
+    out = []
+    for node in report.nodes:
+        host = node["host"]
+        ranks = []
+        for rank_s, r in node["ranks"].items():
+            rank, role = int(rank_s), r.get("role")
+            status = PASSED if role == "ok" else ERROR if role == "unknown" else FAILED
+            msg = {"root cause": v.outcome if v else "root cause",
+                   "failed": f"rank {rank} failed too (exit {r['exit_code']})",
+                   "stopped": "stopped by dtrain",
+                   "unknown": "no exit report (killed along with its node)"}.get(role or "")
+            ranks.append(RankResult(rank, status, r["exit_code"], r["signal"], role, msg,
+                                    r["duration"], tuple(tails.get((host, rank), ()))))
+        code = node["exit_code"]
+        status = PASSED if code == 0 else ERROR if code is None or node["lost"] else FAILED
+        msg = node["error"] or (None if code == 0 else f"exit {code}")
+        out.append(NodeResult(host, status, code, msg, node["duration"], tuple(ranks),
+                              tuple(tails.get((host, None), ()))))
+    return tuple(out)

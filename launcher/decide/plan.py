@@ -63,6 +63,7 @@ class RunOptions:
     preflight: bool = True
     command: tuple[str, ...] = ()  # the command line to record, secrets already hidden
     transport: str = "auto"  # --transport: auto, ssh or srun
+    junit: str | None = None  # --junit PATH (not with --dry-run)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class JobSpec:
     grace: float = 10.0
     heartbeat_timeout: float = 30.0
     heartbeat_interval: float = 2.0
+    # name -> text, written beside the rank shim in the supervisor's private directory;
+    # "{DTRAIN_DIR}" in argv names that directory (needs rank_shim)
+    files: Mapping[str, str] = field(default_factory=dict)
 
     def wire(self) -> dict[str, object]:
         return {
@@ -42,6 +45,7 @@ class JobSpec:
             "shell": self.shell, "env": dict(self.env), "rank_shim": self.rank_shim,
             "grace": self.grace, "heartbeat_timeout": self.heartbeat_timeout,
             "heartbeat_interval": self.heartbeat_interval,
+            **({"files": dict(self.files)} if self.files else {}),
         }
 
 

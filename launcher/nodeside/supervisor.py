@@ -53,6 +53,8 @@ OUT, ERR, CTL = 1, 2, 3
 CHUNK = 65536
 SHIM_ENV = "DTRAIN_SHIM_SOCK"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
+# in argv, replaced by the private directory holding the spec's ``files`` (dtrain smoke's job)
+DIR_PLACEHOLDER = "{DTRAIN_DIR}"
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -287,7 +289,8 @@ class Supervisor:
         argv = list(spec["argv"])
         if self.tmpdir:
             shim = os.path.join(self.tmpdir, "dtrain_shim.py")
-            argv = [shim if a == SHIM_PLACEHOLDER else a for a in argv]
+            argv = [shim if a == SHIM_PLACEHOLDER else a.replace(DIR_PLACEHOLDER, self.tmpdir)
+                    for a in argv]
         return argv
 
     def start(self):
@@ -299,6 +302,13 @@ class Supervisor:
             self.tmpdir = tempfile.mkdtemp(prefix="dtrain-")
             with open(os.path.join(self.tmpdir, "dtrain_shim.py"), "wb") as f:
                 f.write(self.source)
+            for name, text in sorted((self.spec.get("files") or {}).items()):
+                # plain names only: the files live in our private directory and nowhere else
+                if os.path.basename(name) != name or name in ("", ".", "..", "ranks.sock",
+                                                              "dtrain_shim.py"):
+                    raise ValueError("bad file name in the job spec: %r" % (name,))
+                with open(os.path.join(self.tmpdir, name), "w") as f:
+                    f.write(text)
             path = os.path.join(self.tmpdir, "ranks.sock")
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(path)
@@ -517,7 +527,8 @@ class Supervisor:
 
     def cleanup_files(self):
         if self.tmpdir:
-            for name in ("dtrain_shim.py", "ranks.sock"):
+            names = ["dtrain_shim.py", "ranks.sock"] + list(self.spec.get("files") or {})
+            for name in names:
                 try:
                     os.unlink(os.path.join(self.tmpdir, name))
                 except OSError:

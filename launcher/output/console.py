@@ -54,10 +54,13 @@ def _isatty(stream: object) -> bool:
 
 
 def should_color(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
-    """Colour only a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    """Colour only a terminal, and never when NO_COLOR is set (https://no-color.org);
+    FORCE_COLOR (non-empty, not 0) colours a pipe too (CI logs that render ANSI)."""
     env = os.environ if env is None else env
     if env.get("NO_COLOR"):
         return False
+    if env.get("FORCE_COLOR", "") not in ("", "0"):
+        return True
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 

@@ -18,12 +18,12 @@ the node, where the command blocks on its pipe, exactly as it would under pdsh.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 from typing import BinaryIO
 
 from launcher.models import Host
+from launcher.output.console import should_color
 from launcher.output.termsafe import clean_bytes, needs_cleaning
 
 HIGH_WATER = 16 * 1024 * 1024
@@ -40,7 +40,7 @@ class ExecOutput:
         self._out = out or sys.stdout.buffer
         self._err = err or sys.stderr.buffer
         if color is None:
-            color = not os.environ.get("NO_COLOR") and self._out.isatty()
+            color = should_color(self._out)  # type: ignore[arg-type]  # isatty is all it uses
         self._color = color
         # per stream: neutralise remote control sequences where they reach a terminal
         self._clean = {"out": _isatty(self._out) if sanitize is None else sanitize,

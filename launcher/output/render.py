@@ -5,15 +5,17 @@ Plain text when stderr is not a terminal or NO_COLOR is set, so CI logs stay cle
 
 from __future__ import annotations
 
-import os
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 from launcher.errors import DtrainError
 
 
 def _color(stream: TextIO) -> bool:
-    return not os.environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
+    from launcher.output.console import should_color
+
+    return should_color(stream)
 
 
 def error(exc: DtrainError, stream: TextIO | None = None) -> None:
@@ -32,4 +34,26 @@ def note(text: str, stream: TextIO | None = None) -> None:
     stream = stream or sys.stderr
     bold, reset = ("\x1b[1m", "\x1b[0m") if _color(stream) else ("", "")
     stream.write(f"{bold}dtrain:{reset} {text}\n")
+    stream.flush()
+
+
+def _gh_escape(text: str, *, prop: bool = False) -> str:
+    """GitHub workflow-command escaping (data: % CR LF; properties also : and ,)."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if prop:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+def github_error(message: str, *, hosts: Sequence[str] = (), ranks: Sequence[int] = (),
+                 stream: TextIO | None = None) -> None:
+    """A GitHub Actions ``::error`` annotation naming the host(s) and rank(s)."""
+    stream = stream or sys.stderr
+    where = []
+    if hosts:
+        where.append(f"host {', '.join(hosts)}")
+    if ranks:
+        where.append(f"rank {', '.join(str(r) for r in ranks)}")
+    title = "dtrain: " + ("; ".join(where) if where else "failure")
+    stream.write(f"::error title={_gh_escape(title, prop=True)}::{_gh_escape(message)}\n")
     stream.flush()

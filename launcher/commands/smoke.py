@@ -1,0 +1,319 @@
+"""`dtrain smoke`: can every node of this set train together, at the fabric's speed?
+
+`dtrain run`'s machinery (connect, probe, master check, per-node env, supervisor, archive,
+exit codes) with a built-in job: nodeside/smoke_job.py, shipped in the supervisor's spec and
+written to its private directory on each node (nothing installed, no shared filesystem
+needed). The job's ``DTRAIN-SMOKE`` lines are taken out of the console and judged by
+decide/smoke.py; this module renders the table and the verdict (docs/smoke.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from launcher.commands.reporting import finish, in_github_actions
+from launcher.commands.run import LaunchReport, launch, report_nodes
+from launcher.decide.checks import failures as check_failures
+from launcher.decide.checks import fast_checks
+from launcher.decide.plan import RunOptions, RunRequest, build_plan
+from launcher.decide.smoke import (
+    DEFAULT_PAIR_FRACTION,
+    SmokeFailure,
+    SmokeResults,
+    SmokeVerdict,
+    choose_backend,
+    evaluate,
+    fmt_size,
+    make_config,
+)
+from launcher.errors import ConnectError, DtrainError
+from launcher.hosts.hostfile import fold
+from launcher.job.orchestrate import connect_all
+from launcher.job.preflight import preflight
+from launcher.models import Host, OutputLine
+from launcher.nodeside.wire import program_source
+from launcher.output import render
+from launcher.output.junit import ExtraCase
+from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
+from launcher.transports import AutoTransport
+from launcher.transports.ssh import SSHSettings
+
+JOB_FILE = "dtrain_smoke.py"
+
+
+class Interrupted(DtrainError):
+    """Ctrl-C before the job had a verdict."""
+
+    exit_code = 130
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    """What the user asked `dtrain smoke` for (validated by the CLI)."""
+
+    python: str = "python3"
+    setup: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    backend: str | None = None  # None: nccl where every node has a GPU, else gloo
+    max_size: int | None = None
+    min_busbw: float | None = None
+    pair_fraction: float = DEFAULT_PAIR_FRACTION
+    nproc_per_node: str | None = None  # None: one per GPU on NCCL, one per node on gloo
+    run_id: str = ""
+    as_json: bool = False
+    junit: str | None = None
+
+
+@dataclass
+class SmokeRun:
+    """Everything one smoke run produced, for the human, JSON and JUnit outputs."""
+
+    started: float
+    hosts: list[str]
+    backend: str | None = None
+    backend_reason: str = ""
+    world_size: int = 0
+    results: SmokeResults | None = None
+    verdict: SmokeVerdict | None = None
+    launch: LaunchReport | None = None
+    error: DtrainError | None = None
+    preflight_failures: tuple[SmokeFailure, ...] = ()
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+def render_table(res: SmokeResults, v: SmokeVerdict, out: TextIO) -> None:
+    """nccl-tests' all_reduce_perf table, then the node pairs."""
+    w = out.write
+    if res.sweep:
+        w(f"# all_reduce sum float32, {res.backend}, {len(res.ranks)} ranks\n")
+        w(f"#{'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'time(us)':>10} "
+          f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}\n")
+        wrong = _wrong_by_size(res)
+        for row in res.sweep:
+            size = int(row["size"])
+            bad = wrong.get(size)
+            w(f"{size:>12} {int(row['count']):>11} {'float':>6} {'sum':>6} "
+              f"{float(row['time_us']):>10.1f} {float(row['algbw']):>12.3f} "
+              f"{float(row['busbw']):>12.3f} {'' if bad is None else bad:>7}\n")
+    if v.pairs:
+        w(f"# node pairs: send/recv both ways, {fmt_size(v.pairs[0].size)}, best of "
+          f"several (GB/s per direction)\n")
+        width = max(len(f"{p.a} <-> {p.b}") for p in v.pairs)
+        for p in sorted(v.pairs, key=lambda p: p.gbps):
+            mark = "  SLOW" if p.slow else ""
+            w(f"  {f'{p.a} <-> {p.b}':<{width}} {p.time_us:>10.1f} us {p.gbps:>10.3f}"
+              f"{mark}\n")
+    out.flush()
+
+
+def _wrong_by_size(res: SmokeResults) -> dict[int, int]:
+    wrong: dict[int, int] = {}
+    for checks in res.checks.values():
+        for size, n in checks.items():
+            wrong[int(size)] = wrong.get(int(size), 0) + n
+    return wrong
+
+
+def verdict_line(run: SmokeRun) -> str:
+    v = run.verdict
+    if run.error is not None:
+        return f"smoke: ERROR: {run.error.message}"
+    if v is None:
+        return "smoke: ERROR: no verdict"
+    return f"smoke: {'PASS' if v.ok else 'FAIL'}: {v.summary}"
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+def _failures(run: SmokeRun) -> tuple[SmokeFailure, ...]:
+    return run.preflight_failures + (run.verdict.failures if run.verdict else ())
+
+
+def _node_results(run: SmokeRun) -> tuple[NodeResult, ...]:
+    """The run's per-node/rank results, with smoke's named failures on their nodes."""
+    base = {n.host: n for n in report_nodes(run.launch)} if run.launch else {}
+    named: dict[str, list[str]] = {}
+    for f in _failures(run):
+        for host in f.hosts:
+            named.setdefault(host, []).append(f.message)
+    out = []
+    for host in run.hosts:
+        node = base.get(host) or NodeResult(host, ERROR if run.error else PASSED,
+                                            message=run.error.message if run.error else None)
+        if named.get(host) and node.status == PASSED:
+            node = replace(node, status=FAILED, exit_code=node.exit_code,
+                           message="; ".join(named[host]))
+        facts = [r for r in (run.results.ranks.values() if run.results else ())
+                 if r.host == host]
+        details = {"ranks": {str(r.rank): {"hostname": r.hostname, "torch": r.torch,
+                                           "nccl": r.nccl, "device": r.device,
+                                           "device_count": r.device_count,
+                                           "python": r.python} for r in facts}}
+        out.append(replace(node, details=details))
+    return tuple(out)
+
+
+def command_report(run: SmokeRun, ended: float) -> CommandReport:
+    v = run.verdict
+    code = run.error.exit_code if run.error else v.code if v else 1
+    summary = verdict_line(run)
+    res = run.results or SmokeResults()
+    extra: dict[str, Any] = {
+        "backend": run.backend, "backend_reason": run.backend_reason,
+        "world_size": run.world_size, "sweep": res.sweep,
+        "pairs": [{"a": p.a, "b": p.b, "size": p.size, "time_us": p.time_us,
+                   "gbps": p.gbps, "slow": p.slow} for p in (v.pairs if v else ())],
+        "best_pair_gbps": v.best_pair if v else None,
+        "busbw": v.busbw if v else None,
+        "failures": [{"check": f.check, "hosts": list(f.hosts), "ranks": list(f.ranks),
+                      "message": f.message} for f in _failures(run)],
+    }
+    fails = _failures(run)
+    root = None
+    if code:
+        first = fails[0] if fails else None
+        root = {"kind": first.check if first else "job",
+                "host": first.hosts[0] if first and first.hosts else None,
+                "exit_code": code, "summary": summary}
+        if run.launch is not None and run.launch.root_cause and run.launch.root_cause.get(
+                "kind"):
+            root = {**run.launch.root_cause, "summary": summary}
+    archive = str(run.launch.archive_path) if run.launch and run.launch.archive_path else None
+    return CommandReport("smoke", code, summary, run.started, ended, _node_results(run),
+                         root, archive, extra)
+
+
+def extra_cases(run: SmokeRun) -> list[ExtraCase]:
+    """One testcase per cluster-wide check, so a CI report shows which check failed."""
+    fails = _failures(run)
+    cases = []
+    for check in ("preflight", "versions", "correctness", "ranks", "pairs", "busbw"):
+        mine = [f for f in fails if f.check == check]
+        msg = "; ".join(f.message for f in mine) or None
+        cases.append(ExtraCase(f"check {check}", FAILED if mine else PASSED, msg, msg or ""))
+    return cases
+
+
+def annotate(run: SmokeRun, stream: TextIO) -> None:
+    """GitHub Actions: each failure as an ::error annotation naming host and rank."""
+    from launcher.output.render import github_error
+
+    for f in _failures(run):
+        github_error(f"smoke {f.check}: {f.message}", hosts=f.hosts, ranks=f.ranks,
+                     stream=stream)
+    if run.error is not None:
+        github_error(f"smoke: {run.error.message}", hosts=(run.error.host,)
+                     if run.error.host else (), stream=stream)
+
+
+# -- the command -----------------------------------------------------------------------------
+
+async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
+                      settings: SSHSettings, run: SmokeRun) -> None:
+    """Connect, probe, decide, launch the job, judge it."""
+    from launcher.output.archive import check_run_id, new_run_id
+
+    run_id = check_run_id(req.run_id) if req.run_id else new_run_id()
+    rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
+                      setup=req.setup, workdir=None, env=req.env, run_id=run_id)
+    async with AutoTransport(settings) as transport:
+        conns, errors = await connect_all(transport, hosts, fanout=opts.fanout,
+                                          timeout=settings.connect_timeout)
+        try:
+            if errors:
+                for label, why in errors.items():
+                    render.note(f"{label}: {why}")
+                raise ConnectError(f"cannot reach {fold(errors)}; nothing was started",
+                                   hint="fix the nodes or leave them out with --exclude")
+            pre = await preflight(conns, hosts, rreq, replace(opts, preflight=False))
+            bad = check_failures(fast_checks(pre.facts, hosts))
+            if bad:
+                run.preflight_failures = tuple(
+                    SmokeFailure("preflight", (r.host,), f"{r.host}: {r.check}: {r.detail}")
+                    for r in bad)
+                return
+            run.backend, run.backend_reason = choose_backend(pre.facts, req.backend)
+            cfg = make_config(run.backend, req.max_size)
+            nproc = req.nproc_per_node or ("gpu" if run.backend == "nccl" else "1")
+            rreq = replace(rreq, nproc_per_node=nproc,
+                           args=(json.dumps(cfg.to_json(), separators=(",", ":")),))
+            plan = build_plan(rreq, hosts, pre.facts, pre.decisions,
+                              master_addr=pre.master_addr, master_port=pre.master_port,
+                              master_reason=pre.master_reason)
+            run.world_size = plan.world_size
+            for warning in pre.warnings:
+                render.note(f"warning: {warning}")
+            results = run.results = SmokeResults()
+            ranks_of = {r: n.host.label for n in plan.nodes for r in n.ranks}
+
+            def take(line: OutputLine) -> bool:
+                return line.stream == "out" and results.add_line(line.host, line.text)
+
+            report = run.launch = LaunchReport(
+                files={JOB_FILE: program_source("smoke_job").decode()}, take=take)
+            render.note(f"smoke: {len(hosts)} node{'s' if len(hosts) != 1 else ''}, "
+                        f"world size {plan.world_size}, {run.backend} ({run.backend_reason}), "
+                        f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
+            code = await launch(plan, rreq, opts, transport, conns, pre, report=report)
+            v = report.verdict
+            run.verdict = evaluate(results, node_labels=[h.label for h in hosts],
+                                   world_size=plan.world_size, job_code=code,
+                                   job_summary=v.outcome if v else "",
+                                   min_busbw=req.min_busbw, pair_fraction=req.pair_fraction,
+                                   ranks_of=ranks_of)
+        finally:
+            for conn in conns.values():
+                with contextlib.suppress(Exception):
+                    await conn.aclose()
+
+
+def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
+               settings: SSHSettings) -> int:
+    """Synchronous entry for the CLI: run, then the table, the verdict and the reports."""
+    run = SmokeRun(time.time(), [h.label for h in hosts])
+    human = sys.stderr if req.as_json else sys.stdout
+    try:
+        asyncio.run(smoke_async(hosts, req, opts, settings, run))
+    except KeyboardInterrupt:
+        run.error = Interrupted("interrupted by Ctrl-C")
+    except DtrainError as exc:
+        if not (req.as_json or req.junit):
+            raise
+        render.error(exc)
+        run.error = exc
+    if run.preflight_failures:
+        run.verdict = SmokeVerdict(1, (), (), None, None, "; ".join(
+            f.message for f in run.preflight_failures))
+    if run.results is not None and run.verdict is not None:
+        render_table(run.results, run.verdict, human)
+    human.write(verdict_line(run) + "\n")
+    human.flush()
+    if in_github_actions():
+        annotate(run, human)
+    report = command_report(run, time.time())
+    if run.launch is not None and run.launch.archive_path is not None:
+        _archive_smoke(run.launch.archive_path, report)
+    return finish(report, as_json=req.as_json, junit=req.junit,
+                  extra_cases=extra_cases(run), annotations=False)
+
+
+def _archive_smoke(path: Path, report: CommandReport) -> None:
+    """The smoke results beside the run's own in meta.json."""
+    from launcher.output.archive import RunArchive
+    from launcher.output.report import to_json
+
+    with contextlib.suppress(OSError):
+        archive = RunArchive(path, path.name)
+        try:
+            archive.update_meta(smoke=to_json(report)["smoke"])
+        finally:
+            archive.close()

@@ -1,0 +1,308 @@
+"""Pure: `dtrain smoke`'s decisions: the backend, the job's sizes, and the verdict.
+
+The smoke job (nodeside/smoke_job.py) reports per-rank facts, the exact-sum check, the
+all-reduce sweep and the node-pair bandwidths as ``DTRAIN-SMOKE <json>`` lines; this module
+parses them and turns them into named failures. No I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.decide.facts import NodeFacts
+from launcher.errors import UsageError
+
+MARK = "DTRAIN-SMOKE "
+KIB, MIB = 1024, 1024 * 1024
+MIN_SIZE = KIB
+NCCL_MAX_SIZE = 64 * MIB
+# gloo on CPUs moves ~0.1-1 GB/s: 64 MiB x iterations would take minutes on a small cluster
+GLOO_MAX_SIZE = 4 * MIB
+DEFAULT_PAIR_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class SmokeConfig:
+    """What the job is asked to do (sent to it as one JSON argument)."""
+
+    backend: str
+    min_size: int = MIN_SIZE
+    max_size: int = GLOO_MAX_SIZE
+    warmup: int = 2
+    iters: int = 5
+    big: int = MIB  # sizes above this run half the iterations
+    pair_size: int = MIB
+    pair_warmup: int = 1
+    pair_iters: int = 5
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "min_size": self.min_size, "max_size": self.max_size,
+                "warmup": self.warmup, "iters": self.iters, "big": self.big,
+                "pair_size": self.pair_size, "pair_warmup": self.pair_warmup,
+                "pair_iters": self.pair_iters}
+
+
+def parse_size(text: str, option: str = "--max-size") -> int:
+    """'4M', '512K', '1G', '65536' -> bytes (binary units, as nccl-tests' -e)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*", text)
+    if not m:
+        raise UsageError(f"{option} {text!r}: expected a size like 4M, 512K or 65536")
+    value = int(m.group(1)) * {"": 1, "k": KIB, "m": MIB, "g": 1024 * MIB}[m.group(2).lower()]
+    if value < 4:
+        raise UsageError(f"{option} {text!r}: at least 4 bytes (one float)")
+    return value
+
+
+def choose_backend(facts: Mapping[str, NodeFacts], forced: str | None) -> tuple[str, str]:
+    """(backend, why): NCCL where every node has a GPU, gloo otherwise; --backend wins."""
+    if forced:
+        return forced, "--backend"
+    no_gpu = [label for label, f in facts.items() if f.gpus <= 0]
+    if not no_gpu:
+        return "nccl", "every node has a GPU"
+    return "gloo", f"no GPU on {', '.join(no_gpu)}" if len(no_gpu) < len(facts) else \
+        "no GPU on any node"
+
+
+def make_config(backend: str, max_size: int | None) -> SmokeConfig:
+    """Sizes and iterations: 1 KiB ... 64 MiB on NCCL, ... 4 MiB on gloo, capped by
+    --max-size (a --max-size below 1 KiB makes it the only size). The pair test's size is
+    not capped: under ~1 MiB latency and scheduling noise, not the link, decide the time."""
+    if backend == "nccl":
+        cap = max_size or NCCL_MAX_SIZE
+        return SmokeConfig(backend, min_size=min(MIN_SIZE, cap), max_size=cap, warmup=5,
+                           iters=20, big=16 * MIB, pair_size=16 * MIB, pair_warmup=2,
+                           pair_iters=5)
+    cap = max_size or GLOO_MAX_SIZE
+    return SmokeConfig(backend, min_size=min(MIN_SIZE, cap), max_size=cap)
+
+
+# -- results ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankReport:
+    rank: int
+    host: str  # the launcher's label for the node
+    node_rank: int
+    hostname: str
+    torch: str
+    nccl: str | None
+    device: str
+    device_count: int
+    python: str
+
+
+@dataclass
+class SmokeResults:
+    """What the job reported, gathered from its output lines."""
+
+    ranks: dict[int, RankReport] = field(default_factory=dict)
+    checks: dict[int, dict[str, int]] = field(default_factory=dict)
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[dict[str, Any]] = field(default_factory=list)
+    backend: str | None = None
+
+    def add_line(self, host: str, text: str) -> bool:
+        """Take one output line; False when it is not a smoke report."""
+        if not text.startswith(MARK):
+            return False
+        try:
+            msg = json.loads(text[len(MARK):])
+        except ValueError:
+            return False
+        if not isinstance(msg, dict):
+            return False
+        kind = msg.get("kind")
+        if kind == "rank":
+            r = int(msg["rank"])
+            self.ranks[r] = RankReport(
+                r, host, int(msg.get("node_rank", 0)), str(msg.get("hostname", "")),
+                str(msg.get("torch")), msg.get("nccl"), str(msg.get("device")),
+                int(msg.get("device_count") or 0), str(msg.get("python", "")))
+        elif kind == "check":
+            self.checks[int(msg["rank"])] = {str(k): int(v)
+                                             for k, v in dict(msg["mismatches"]).items()}
+        elif kind == "sweep":
+            self.sweep = list(msg.get("rows") or [])
+            self.backend = msg.get("backend")
+        elif kind == "pairs":
+            self.pairs = list(msg.get("rows") or [])
+        return True
+
+
+@dataclass(frozen=True)
+class SmokeFailure:
+    """One failed check, naming the node(s) and rank(s) it is about."""
+
+    check: str  # versions, ranks, correctness, busbw, pairs, job, preflight
+    hosts: tuple[str, ...]
+    message: str
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PairResult:
+    a: str
+    b: str
+    size: int
+    time_us: float
+    gbps: float
+    slow: bool
+
+
+@dataclass(frozen=True)
+class SmokeVerdict:
+    """Healthy or not, and why; the exit code is 0 or 1 unless the job itself failed."""
+
+    code: int
+    failures: tuple[SmokeFailure, ...]
+    pairs: tuple[PairResult, ...]
+    best_pair: float | None
+    busbw: float | None  # at the largest size
+    summary: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+
+def _odd_ones(values: Mapping[str, str | None], order: Sequence[str]) -> dict[str, str | None]:
+    """Hosts whose value differs from the majority (ties: node 0's value wins)."""
+    counts = Counter(values.values())
+    if len(counts) <= 1:
+        return {}
+    top = max(counts.values())
+    first = next(values[h] for h in order if h in values)
+    majority = first if counts[first] == top else next(v for v, c in counts.items() if c == top)
+    return {h: v for h, v in values.items() if v != majority}
+
+
+def version_failures(res: SmokeResults, order: Sequence[str]) -> list[SmokeFailure]:
+    """torch, NCCL, device kind and count must agree across nodes: name the odd node."""
+    out = []
+    for key, what in (("torch", "torch"), ("nccl", "NCCL"), ("device", "device"),
+                      ("device_count", "GPU count"), ("python", "Python")):
+        per_host: dict[str, str | None] = {}
+        for rep in sorted(res.ranks.values(), key=lambda r: r.rank):
+            value = getattr(rep, key)
+            per_host.setdefault(rep.host, None if value is None else str(value))
+        odd = _odd_ones(per_host, order)
+        if odd:
+            others = sorted({v for h, v in per_host.items() if h not in odd}, key=str)
+            names = ", ".join(f"{h} has {v}" for h, v in odd.items())
+            out.append(SmokeFailure(
+                "versions", tuple(odd), f"{what} differs: {names} (the others: "
+                f"{', '.join(str(o) for o in others)})"))
+    return out
+
+
+def pair_results(res: SmokeResults, node_labels: Sequence[str],
+                 fraction: float) -> tuple[list[PairResult], float | None]:
+    """Each measured pair, marked slow when under ``fraction`` x the best pair."""
+    rows = [p for p in res.pairs if isinstance(p.get("gbps"), (int, float))]
+    if not rows:
+        return [], None
+    best = max(float(p["gbps"]) for p in rows)
+
+    def label(i: Any) -> str:
+        i = int(i)
+        return node_labels[i] if 0 <= i < len(node_labels) else f"node {i}"
+
+    out = [PairResult(label(p["a"]), label(p["b"]), int(p.get("size", 0)),
+                      float(p.get("time_us", 0.0)), float(p["gbps"]),
+                      float(p["gbps"]) < fraction * best) for p in rows]
+    return out, best
+
+
+def slow_failures(pairs: Sequence[PairResult], best: float | None,
+                  fraction: float) -> list[SmokeFailure]:
+    """A node all of whose pairs are slow is named; otherwise the slow links are."""
+    slow = [p for p in pairs if p.slow]
+    if not slow or best is None:
+        return []
+    mine: dict[str, list[PairResult]] = {}
+    for p in pairs:
+        mine.setdefault(p.a, []).append(p)
+        mine.setdefault(p.b, []).append(p)
+    nodes = [h for h, ps in mine.items() if len(mine) > 2 and all(p.slow for p in ps)]
+    limit = f"< {fraction:g} x the best pair's {best:.3g} GB/s"
+    if nodes:
+        out = []
+        for h in nodes:
+            worst = max(p.gbps for p in mine[h])
+            out.append(SmokeFailure("pairs", (h,), f"{h} is slow: every pair with it moves "
+                                    f"at most {worst:.3g} GB/s ({limit})"))
+        return out
+    return [SmokeFailure("pairs", (p.a, p.b), f"link {p.a} <-> {p.b} is slow: "
+                         f"{p.gbps:.3g} GB/s ({limit})") for p in slow]
+
+
+def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
+             job_code: int, job_summary: str, min_busbw: float | None = None,
+             pair_fraction: float = DEFAULT_PAIR_FRACTION,
+             ranks_of: Mapping[int, str] | None = None) -> SmokeVerdict:
+    """Every check over what the job reported; the code: the job's own when it failed
+    (the usual codes), else 1 when a check failed, else 0."""
+    failures: list[SmokeFailure] = []
+    failures += version_failures(res, node_labels)
+    ranks_of = ranks_of or {}
+    for rank, bad in sorted(res.checks.items()):
+        wrong = {size: n for size, n in bad.items() if n}
+        if wrong:
+            host = res.ranks[rank].host if rank in res.ranks else ranks_of.get(rank, "?")
+            what = ", ".join(f"{n} of {int(size) // 4} elements at {fmt_size(int(size))}"
+                             for size, n in wrong.items())
+            failures.append(SmokeFailure("correctness", (host,), f"all-reduce sum wrong on "
+                                         f"rank {rank} ({host}): {what}", (rank,)))
+    pairs, best = pair_results(res, node_labels, pair_fraction)
+    failures += slow_failures(pairs, best, pair_fraction)
+    busbw = float(res.sweep[-1]["busbw"]) if res.sweep else None
+    if job_code == 0:
+        missing = sorted(set(range(world_size)) - set(res.ranks))
+        unchecked = sorted(set(range(world_size)) - set(res.checks))
+        if missing or unchecked or not res.sweep:
+            gone = missing or unchecked
+            hosts = tuple(dict.fromkeys(ranks_of.get(r, "?") for r in gone))
+            failures.append(SmokeFailure("ranks", hosts, "the job ended without a full report"
+                                         + (f" (ranks {gone})" if gone else ""), tuple(gone)))
+    if min_busbw is not None and busbw is not None and busbw < min_busbw:
+        size = fmt_size(int(res.sweep[-1]["size"]))
+        named = _slowest(pairs)
+        who = f"; slowest pair {named[0]} <-> {named[1]}" if named else ""
+        failures.append(SmokeFailure("busbw", named or tuple(node_labels),
+                                     f"all-reduce busbw {busbw:.3g} GB/s at {size} is under "
+                                     f"--min-busbw {min_busbw:g}{who}"))
+    if job_code != 0:
+        code = job_code
+        summary = f"the smoke job failed: {job_summary}"
+    elif failures:
+        code = 1
+        summary = "; ".join(f.message for f in failures)
+    else:
+        code = 0
+        bw = f"; busbw {busbw:.3g} GB/s at {fmt_size(int(res.sweep[-1]['size']))}" \
+            if res.sweep and busbw is not None else ""
+        summary = (f"{len(node_labels)} node{'s' if len(node_labels) != 1 else ''}, "
+                   f"{world_size} rank{'s' if world_size != 1 else ''}, "
+                   f"{res.backend or '?'}{bw}")
+    return SmokeVerdict(code, tuple(failures), tuple(pairs), best, busbw, summary)
+
+
+def _slowest(pairs: Sequence[PairResult]) -> tuple[str, ...]:
+    if not pairs:
+        return ()
+    p = min(pairs, key=lambda p: p.gbps)
+    return (p.a, p.b)
+
+
+def fmt_size(n: int) -> str:
+    """1024 -> '1K', 4194304 -> '4M' (nccl-tests style binary units)."""
+    for unit, div in (("G", 1024 * MIB), ("M", MIB), ("K", KIB)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)

@@ -1,0 +1,195 @@
+"""dtrain smoke's job: THIS PROGRAM RUNS ON THE NODES, as each torchrun worker.
+
+Unlike the supervisor and the probe it imports torch (it is a torch job), but like them it is
+never installed on a node: `dtrain smoke` ships its source inside the supervisor's spec, the
+supervisor writes it to its private temp directory, and torchrun starts it through the rank
+shim. Python >= 3.8, no annotations, nothing from dtrain.
+
+One argument: a JSON object (backend, sizes, iterations). Results go to stdout as lines
+``DTRAIN-SMOKE <json>`` which the launcher takes out of the console:
+
+- ``rank``: every rank, before anything collective: host, device, torch/NCCL versions;
+- ``check``: every rank: the exact all-reduce sum check (mismatching elements);
+- ``sweep``: rank 0: all-reduce time, algbw and busbw per size (nccl-tests' definitions);
+- ``pairs``: rank 0: per pair of nodes (their local rank 0), the send/recv bandwidth.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+MARK = "DTRAIN-SMOKE "
+
+
+def emit(kind, **fields):
+    fields["kind"] = kind
+    sys.stdout.write(MARK + json.dumps(fields, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def rank_facts(torch, rank, local_rank):
+    cuda = bool(torch.cuda.is_available())
+    count = torch.cuda.device_count() if cuda else 0
+    name = torch.cuda.get_device_name(local_rank % count) if count else "cpu"
+    nccl = None
+    if cuda:
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - a torch without NCCL reports none
+            nccl = None
+    return {
+        "rank": rank, "local_rank": local_rank,
+        "node_rank": int(os.environ.get("DTRAIN_NODE_RANK", os.environ.get("GROUP_RANK", "0"))),
+        "hostname": socket.gethostname(), "pid": os.getpid(),
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "torch": str(torch.__version__), "cuda": cuda, "device_count": count,
+        "device": name, "nccl": nccl,
+    }
+
+
+def sizes(min_size, max_size):
+    out, size = [], min_size
+    while size <= max_size:
+        out.append(size)
+        size *= 2
+    return out
+
+
+def sync(torch, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_sum(torch, dist, device, rank, world, count):
+    """all-reduce of small integers in float32: the exact sum is known on every rank."""
+    pattern = torch.arange(count, dtype=torch.float32, device=device) % 7
+    x = pattern + (rank + 1)
+    dist.all_reduce(x)
+    expected = pattern * world + world * (world + 1) / 2
+    return int((x != expected).sum().item())
+
+
+def sweep(torch, dist, device, world, cfg):
+    rows = []
+    for size in sizes(cfg["min_size"], cfg["max_size"]):
+        count = max(1, size // 4)
+        x = torch.ones(count, dtype=torch.float32, device=device)
+        iters = cfg["iters"] if size <= cfg["big"] else max(2, cfg["iters"] // 2)
+        for _ in range(cfg["warmup"]):
+            dist.all_reduce(x)
+        sync(torch, device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        sync(torch, device)
+        elapsed = (time.perf_counter() - t0) / iters
+        t = torch.tensor([elapsed], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time, like a barrier
+        secs = float(t.item())
+        algbw = count * 4 / secs / 1e9
+        rows.append({"size": count * 4, "count": count, "iters": iters, "time_us": secs * 1e6,
+                     "algbw": algbw, "busbw": algbw * 2 * (world - 1) / world})
+    return rows
+
+
+def schedule(n):
+    """Rounds of disjoint node pairs: every pair (circle method) up to 8 nodes, else the ring
+    (each node with its neighbour) in two or three rounds."""
+    if n < 2:
+        return []
+    if n <= 8:
+        nodes = list(range(n)) + ([-1] if n % 2 else [])  # -1: the bye
+        m = len(nodes)
+        rounds = []
+        for _ in range(m - 1):
+            pairs = [(nodes[i], nodes[m - 1 - i]) for i in range(m // 2)]
+            rounds.append([(min(a, b), max(a, b)) for a, b in pairs if a >= 0 and b >= 0])
+            nodes = [nodes[0]] + [nodes[-1]] + nodes[1:-1]
+        return rounds
+    ring = [(i, (i + 1) % n) for i in range(n)]
+    rounds = [ring[0:n - (n % 2):2], ring[1:n - (n % 2):2]]
+    if n % 2:
+        rounds.append([ring[-1]])
+    return [[(min(a, b), max(a, b)) for a, b in r] for r in rounds]
+
+
+def pair_test(torch, dist, device, facts, rank, cfg):
+    """Each pair of node leaders exchanges ``pair_size`` bytes both ways, several times; the
+    best time counts (noise only ever adds time, a slow link stays slow)."""
+    leaders = {}
+    for f in facts:
+        if f["local_rank"] == 0:
+            leaders[f["node_rank"]] = f["rank"]
+    order = sorted(leaders)
+    mine = []
+    count = max(1, cfg["pair_size"] // 4)
+    send = torch.ones(count, dtype=torch.float32, device=device)
+    recv = torch.empty(count, dtype=torch.float32, device=device)
+    for rnd in schedule(len(order)):
+        for a, b in rnd:
+            ra, rb = leaders[order[a]], leaders[order[b]]
+            if rank not in (ra, rb):
+                continue
+            peer = rb if rank == ra else ra
+            best = float("inf")
+            for i in range(cfg["pair_warmup"] + cfg["pair_iters"]):
+                sync(torch, device)
+                t0 = time.perf_counter()
+                reqs = [dist.isend(send, peer), dist.irecv(recv, peer)]
+                for r in reqs:
+                    r.wait()
+                sync(torch, device)
+                dt = time.perf_counter() - t0
+                if i >= cfg["pair_warmup"]:
+                    best = min(best, dt)
+            if rank == ra:
+                mine.append({"a": order[a], "b": order[b], "size": count * 4,
+                             "time_us": best * 1e6, "gbps": count * 4 / best / 1e9})
+        dist.barrier()
+    return mine
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    facts = rank_facts(torch, rank, local_rank)
+    emit("rank", **facts)
+    backend = cfg["backend"]
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend)
+    all_facts = [None] * world
+    dist.all_gather_object(all_facts, facts)
+    bad = {}
+    for count in (max(1, cfg["min_size"] // 4), max(1, cfg["max_size"] // 4)):
+        bad[str(count * 4)] = check_sum(torch, dist, device, rank, world, count)
+    emit("check", rank=rank, mismatches=bad)
+    rows = sweep(torch, dist, device, world, cfg)
+    pairs = pair_test(torch, dist, device, all_facts, rank, cfg)
+    gathered = [pairs for _ in range(world)]  # placeholders, replaced by every rank's list
+    dist.all_gather_object(gathered, pairs)
+    if rank == 0:
+        emit("sweep", backend=backend, world=world, rows=rows)
+        emit("pairs", rows=[p for part in gathered for p in part])
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # torch + gloo may abort at interpreter exit after destroy_process_group (torch-facts)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""--junit PATH: a CommandReport as JUnit XML, the dialect GitLab, Jenkins and GitHub test
+reporters read (the Ant/Jenkins junit schema; tests/data/junit.xsd).
+
+One ``testsuite`` per command; one ``testcase`` per node, and per rank for run and smoke,
+named ``<host>`` and ``<host> rank <N>`` with classname ``dtrain.<command>``; a failure
+carries the exit code, the root cause and the last stderr lines of that rank. Checks that
+belong to no node (smoke's cluster-wide ones) are testcases of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from launcher.output.report import ERROR, FAILED, SKIPPED, CommandReport, NodeResult, RankResult
+
+
+@dataclass(frozen=True)
+class ExtraCase:
+    """A testcase that is not a node or a rank (a smoke check)."""
+
+    name: str
+    status: str
+    message: str | None = None
+    text: str = ""
+
+
+def _failure_text(exit_code: int | None, message: str | None, root: str | None,
+                  tail: Sequence[str]) -> str:
+    lines = [f"exit code: {exit_code}"]
+    if message:
+        lines.append(message)
+    if root and root != message:
+        lines.append(f"root cause: {root}")
+    if tail:
+        lines.append("last stderr lines:")
+        lines += [f"  {t}" for t in tail]
+    return "\n".join(lines)
+
+
+def _case(suite: ET.Element, classname: str, name: str, status: str, time: float | None,
+          message: str | None, text: str) -> None:
+    case = ET.SubElement(suite, "testcase", name=name, classname=classname,
+                         time=f"{max(0.0, time or 0.0):.3f}")
+    if status == FAILED:
+        ET.SubElement(case, "failure", message=message or "failed", type="failure").text = text
+    elif status == ERROR:
+        ET.SubElement(case, "error", message=message or "error", type="error").text = text
+    elif status == SKIPPED:
+        ET.SubElement(case, "skipped", message=message or "skipped")
+
+
+def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = ()) -> str:
+    """The XML document."""
+    root_msg = report.summary if report.exit_code else None
+    classname = f"dtrain.{report.command.replace('-', '_')}"
+    suites = ET.Element("testsuites", name=f"dtrain {report.command}")
+    suite = ET.SubElement(
+        suites, "testsuite", name=f"dtrain {report.command}",
+        timestamp=datetime.fromtimestamp(report.started, UTC).strftime("%Y-%m-%dT%H:%M:%S"),
+        hostname=socket.gethostname() or "localhost", time=f"{report.duration:.3f}")
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="exit_code", value=str(report.exit_code))
+    ET.SubElement(props, "property", name="summary", value=report.summary)
+    if report.archive:
+        ET.SubElement(props, "property", name="archive", value=report.archive)
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+
+    def count(status: str) -> None:
+        counts["tests"] += 1
+        key = {FAILED: "failures", ERROR: "errors", SKIPPED: "skipped"}.get(status)
+        if key:
+            counts[key] += 1
+
+    for node in report.nodes:
+        _node_cases(suite, classname, node, root_msg, count)
+    for extra in extra_cases:
+        _case(suite, classname, extra.name, extra.status, 0.0, extra.message, extra.text)
+        count(extra.status)
+    for key, value in counts.items():
+        suite.set(key, str(value))
+        suites.set(key, str(value))
+    suites.set("time", f"{report.duration:.3f}")
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _node_cases(suite: ET.Element, classname: str, node: NodeResult, root: str | None,
+                count: Callable[[str], None]) -> None:
+    text = _failure_text(node.exit_code, node.message, root, node.stderr_tail)
+    _case(suite, classname, node.host, node.status, node.duration, node.message, text)
+    count(node.status)
+    for rank in node.ranks:
+        _rank_case(suite, classname, node.host, rank, root)
+        count(rank.status)
+
+
+def _rank_case(suite: ET.Element, classname: str, host: str, r: RankResult,
+               root: str | None) -> None:
+    text = _failure_text(r.exit_code, r.message, root, r.stderr_tail)
+    _case(suite, classname, f"{host} rank {r.rank}", r.status, r.duration, r.message, text)
+
+
+def write_junit(path: str | os.PathLike[str], report: CommandReport,
+                extra_cases: Sequence[ExtraCase] = ()) -> None:
+    """Write atomically (a half-written report would be read as a broken test run)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".junit-", dir=target.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(to_junit(report, extra_cases))
+    os.replace(tmp, target)

@@ -1,0 +1,39 @@
+"""Validators for dtrain's machine-readable outputs: --json against the shipped JSON Schema
+(launcher/output/schemas/) and --junit against the Jenkins/Ant JUnit XSD (tests/data/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def validate_json(doc: dict[str, Any], command: str) -> None:
+    """Raise jsonschema.ValidationError unless ``doc`` is a valid dtrain.<command>/1."""
+    import jsonschema
+
+    from launcher.output.report import schema_text
+
+    schema = json.loads(schema_text(command))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(doc)
+
+
+def validate_junit(text: str) -> Any:
+    """Parse and validate JUnit XML against tests/data/junit.xsd; the root element."""
+    from lxml import etree
+
+    schema = etree.XMLSchema(etree.parse(str(DATA / "junit.xsd")))
+    root = etree.fromstring(text.encode())
+    schema.assertValid(root)
+    return root
+
+
+def one_json_document(stdout: str) -> dict[str, Any]:
+    """stdout must hold exactly one JSON document and nothing else."""
+    doc = json.loads(stdout)
+    assert isinstance(doc, dict)
+    return doc

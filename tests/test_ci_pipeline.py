@@ -1,0 +1,46 @@
+"""docs/ci.md's pipeline, step by step, on the real-sshd cluster (minus the CI system)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.reports import one_json_document, validate_json, validate_junit
+from tests.util import dtrain
+
+pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+
+
+def test_the_ci_pipeline_steps(cluster, tmp_path):
+    env = cluster.client_env(DTRAIN_HOSTFILE="", NO_COLOR="1",
+                             DTRAIN_ARCHIVE_DIR=str(tmp_path / "dtrain-runs"))
+    hosts = ["-H", "node[1-4]"]
+    py = ["--python", cluster.python]
+    reports = tmp_path / "reports"
+
+    keys = dtrain(["keys", "check", *hosts, "--identity", str(cluster.identity), "--json"],
+                  env=env, timeout=60)
+    assert keys.returncode == 0, keys.stderr
+    assert {k["host"] for k in json.loads(keys.stdout)} == {f"node{i}" for i in range(1, 5)}
+
+    doctor = dtrain(["doctor", *hosts, *py, "--json"], env=env, timeout=120)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert json.loads(doctor.stdout)["ok"] is True
+
+    smoke = dtrain(["smoke", *hosts, *py, "--min-busbw", "0.0001", "--junit",
+                    str(reports / "smoke.xml"), "--json"], env=env, timeout=170)
+    assert smoke.returncode == 0, smoke.stderr[-3000:]
+    validate_json(one_json_document(smoke.stdout), "smoke")
+    validate_junit((reports / "smoke.xml").read_text())
+
+    run = dtrain(["run", *hosts, *py, "--nproc-per-node", "1", "--timeout", "120",
+                  "--junit", str(reports / "run.xml"), "--json", "examples/ddp_smoke.py"],
+                 env=env, timeout=170)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = one_json_document(run.stdout)
+    validate_json(doc, "run")
+    validate_junit((reports / "run.xml").read_text())
+    assert Path(doc["archive"]).parent == tmp_path / "dtrain-runs"
+    assert len(list((tmp_path / "dtrain-runs").iterdir())) == 2  # smoke's and run's
