@@ -55,11 +55,13 @@ def smoke_cmd(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run.")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.1, help="Whole job "
                                                   "limit in s (exit 124).")] = 300.0,
-    start_timeout: Annotated[float, typer.Option("--start-timeout", min=1)] = 120.0,
+    start_timeout: Annotated[float, typer.Option(
+        "--start-timeout", min=1, help="Seconds for every node to start its job.")] = 120.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
-    color: Annotated[bool | None, typer.Option("--color/--no-color")] = None,
+    color: Annotated[bool | None, typer.Option(
+        "--color/--no-color", help="Force colours on or off (default: on a terminal).")] = None,
 ) -> None:
     """Check that every node can train together: versions, an exact all-reduce, a bandwidth
     sweep (nccl-tests' algbw/busbw) and a node-pair test naming the slow node or link.
