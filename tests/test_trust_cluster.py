@@ -95,3 +95,57 @@ def test_ssh_config_user_known_hosts_file_and_upper_case_names(cluster, tmp_path
     assert res.returncode == 0, res.stderr
     assert res.stdout == "node1-alias: node1\n"
     assert not (ssh / "known_hosts").exists()
+
+
+def _jump_home(cluster, tmp_path, config: str):
+    home, ssh = _private_home(cluster, tmp_path)
+    (ssh / "known_hosts").write_bytes(cluster.known_hosts.read_bytes())
+    (ssh / "config").write_text(config)
+    return cluster.client_env(HOME=str(home))
+
+
+def _peers(res) -> list[str]:
+    return sorted(line.split(": ", 1)[1].split()[0] for line in res.stdout.splitlines())
+
+
+@pytest.mark.parametrize("jump", [
+    pytest.param("hop1,hop2", id="aliases"),
+    pytest.param("dtuser@198.18.0.11:2222,ssh://dtuser@198.18.0.12:22", id="user-host-port-uri"),
+    pytest.param("dtuser@[198.18.0.11],hop2", id="brackets"),
+])
+def test_a_two_hop_proxyjump_chain_goes_through_both(cluster, tmp_path, jump: str):
+    env = _jump_home(cluster, tmp_path,
+                     "Host hop1\n  HostName 198.18.0.11\n  User dtuser\n"
+                     "Host hop2\n  HostName 198.18.0.12\n  User dtuser\n"
+                     f"Host far*\n  User dtuser\n  ProxyJump {jump}\n"
+                     "Host far3\n  HostName 198.18.0.13\nHost far4\n  HostName 198.18.0.14\n")
+    res = dtrain(["exec", "-H", "far[3-4]", "--", "echo $SSH_CONNECTION"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert _peers(res) == ["198.18.0.12", "198.18.0.12"]  # the last hop, node2, came last
+
+
+def test_a_jump_hosts_own_proxyjump_is_followed(cluster, tmp_path):
+    env = _jump_home(cluster, tmp_path,
+                     "Host hop1\n  HostName 198.18.0.11\n  User dtuser\n"
+                     "Host hop2\n  HostName 198.18.0.12\n  User dtuser\n  ProxyJump hop1\n"
+                     "Host far3\n  HostName 198.18.0.13\n  User dtuser\n  ProxyJump hop2\n")
+    res = dtrain(["exec", "-H", "far3", "--", "echo $SSH_CONNECTION"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert _peers(res) == ["198.18.0.12"]
+
+
+@pytest.mark.parametrize(("jump", "error"), [
+    pytest.param("hop1,dtuser@198.18.0.12:99999", "cannot read ProxyJump hop", id="bad-port"),
+    pytest.param("loop1", "ProxyJump loops", id="loop"),
+    pytest.param("dtuser@198.18.0.99", "through jump host 198.18.0.99: timed out", id="dead-hop"),
+])
+def test_a_bad_proxyjump_is_a_clear_error(cluster, tmp_path, jump: str, error: str):
+    env = _jump_home(cluster, tmp_path,
+                     "Host hop1\n  HostName 198.18.0.11\n  User dtuser\n"
+                     "Host loop1\n  HostName 198.18.0.11\n  User dtuser\n  ProxyJump loop2\n"
+                     "Host loop2\n  HostName 198.18.0.12\n  User dtuser\n  ProxyJump loop1\n"
+                     f"Host far3\n  HostName 198.18.0.13\n  User dtuser\n  ProxyJump {jump}\n")
+    res = dtrain(["exec", "-H", "far3", "--connect-timeout", "2", "--", "true"], env=env)
+    assert res.returncode == 255
+    assert error in res.stderr and "far3" in res.stderr
+    assert "Traceback" not in res.stderr

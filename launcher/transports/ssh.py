@@ -433,6 +433,40 @@ class SSHConnection(Connection):
                 await self._conn.wait_closed()
 
 
+MAX_JUMP_DEPTH = 8
+
+
+def parse_proxy_jump(spec: str, where: str) -> list[Host]:
+    """ProxyJump's hops, in order: ``[ssh://][user@]host[:port]``, comma-separated.
+
+    ``host`` may be a bracketed IPv6 address (``[fd00::1]:2222``); a bare IPv6 address is
+    taken whole (no port). Anything else is a ConnectError naming the host it was set for.
+    """
+    hops = []
+    for raw in spec.split(","):
+        text = raw.strip()
+        if text.startswith("ssh://"):
+            text = text[len("ssh://"):].rstrip("/")
+        user, at, rest = text.rpartition("@")
+        port = ""
+        if rest.startswith("["):
+            name, close, tail = rest[1:].partition("]")
+            if not close or (tail and not tail.startswith(":")):
+                name = ""
+            port = tail[1:]
+        elif rest.count(":") > 1:
+            name = rest  # a bare IPv6 address
+        else:
+            name, _, port = rest.partition(":")
+        if not name or any(c in name for c in " \t/@[]") or (port and not (
+                port.isdigit() and 0 < int(port) < 65536)) or (at and not user):
+            raise ConnectError(f"cannot read ProxyJump hop {raw.strip()!r} in {spec!r}",
+                               host=where, hint="use [ssh://][user@]host[:port] hops separated "
+                               "by commas; IPv6 addresses in brackets: [fd00::1]:22")
+        hops.append(Host(name=name, user=user or None, port=int(port) if port else None))
+    return hops
+
+
 def load_host_config(settings: SSHSettings, host: Host) -> SSHClientConfig:
     """~/.ssh/config as it applies to one host (HostName, ProxyJump, known_hosts files...)."""
     path = settings.config_path
@@ -585,8 +619,8 @@ class SSHTransport(Transport):
         self.settings = settings or SSHSettings()
         self._policies: dict[tuple[Path, ...], HostKeyPolicy] = {}
         self._keys: list[asyncssh.SSHKeyPair] | None = None
-        self._jumps: dict[str, asyncssh.SSHClientConnection] = {}
-        self._jump_lock = asyncio.Lock()
+        self._jumps: dict[tuple[str, ...], asyncssh.SSHClientConnection] = {}
+        self._jump_locks: dict[tuple[str, ...], asyncio.Lock] = {}
         self._configs: dict[tuple[str, str | None, int | None], SSHClientConfig] = {}
 
     def _config_paths(self) -> list[str]:
@@ -620,15 +654,42 @@ class SSHTransport(Transport):
         names += [str(ssh / n) for n in DEFAULT_KEY_NAMES]
         return {str(Path(n).expanduser().resolve()) for n in names}
 
-    async def _jump(self, spec: str) -> asyncssh.SSHClientConnection:
-        """One connection per jump host, shared by every target behind it."""
-        async with self._jump_lock:
-            if spec not in self._jumps:
-                user, _, rest = spec.rpartition("@")
-                name, _, port = rest.partition(":")
-                jump = Host(name=name, user=user or None, port=int(port) if port else None)
-                self._jumps[spec] = await self._open(jump, tunnel=None)
-            return self._jumps[spec]
+    async def _route(self, host: Host, via: tuple[str, ...] = (),
+                     resolving: tuple[str, ...] = ()
+                     ) -> tuple[asyncssh.SSHClientConnection | None, tuple[str, ...]]:
+        """The tunnel to reach host through its ProxyJump chain (None: direct) and its key.
+
+        Every hop is one connection shared by all the targets behind it; a hop's own
+        ProxyJump is followed too, as OpenSSH does, up to MAX_JUMP_DEPTH hops in all.
+        """
+        jump = self._host_config(host).get("ProxyJump")
+        if not jump or str(jump).lower() == "none":
+            return None, via
+        hops = parse_proxy_jump(str(jump), host.label)
+        resolving = (*resolving, host.label)
+        tunnel: asyncssh.SSHClientConnection | None = None
+        for i, hop in enumerate(hops):
+            if hop.label in resolving or len(resolving) >= MAX_JUMP_DEPTH:
+                raise ConnectError(f"ProxyJump loops or is deeper than {MAX_JUMP_DEPTH} hops: "
+                                   f"{' -> '.join((*resolving, hop.label))}", host=host.label,
+                                   hint="check ProxyJump in ~/.ssh/config")
+            if i == 0:
+                tunnel, via = await self._route(hop, via, resolving)
+            if len(via) >= MAX_JUMP_DEPTH or hop.label in via:
+                raise ConnectError(f"ProxyJump loops or is deeper than {MAX_JUMP_DEPTH} hops: "
+                                   f"{' -> '.join((*via, hop.label))}", host=host.label,
+                                   hint="check ProxyJump in ~/.ssh/config")
+            via = (*via, hop.label)
+            tunnel = await self._jump(via, hop, tunnel)
+        return tunnel, via
+
+    async def _jump(self, key: tuple[str, ...], hop: Host,
+                    tunnel: asyncssh.SSHClientConnection | None) -> asyncssh.SSHClientConnection:
+        """One connection per jump host and route, shared by every target behind it."""
+        async with self._jump_locks.setdefault(key, asyncio.Lock()):
+            if key not in self._jumps:
+                self._jumps[key] = await self._open(hop, tunnel=tunnel)
+            return self._jumps[key]
 
     def _policy(self, cfg: SSHClientConfig) -> HostKeyPolicy:
         """One policy per set of known_hosts files, shared (its parsed files are cached)."""
@@ -654,8 +715,7 @@ class SSHTransport(Transport):
             kwargs["username"] = host.user
         if host.port:
             kwargs["port"] = host.port
-        if tunnel is not None:
-            kwargs["tunnel"] = tunnel
+        kwargs["tunnel"] = tunnel  # None: direct (we resolved ProxyJump, asyncssh must not)
         if self.settings.password is not None:
             kwargs["password"] = self.settings.password
         delay = 0.1
@@ -683,11 +743,13 @@ class SSHTransport(Transport):
                 return None
 
     async def connect(self, host: Host) -> Connection:
-        cfg = self._host_config(host)
-        jump = cfg.get("ProxyJump")
-        tunnel = None
-        if jump and jump != "none":
-            tunnel = await self._jump(str(jump).split(",")[0])
+        try:
+            tunnel, via = await self._route(host)
+        except ConnectError as exc:
+            if exc.host == host.label:
+                raise
+            raise ConnectError(f"through jump host {exc.host}: {exc.message}", host=host.label,
+                               hint=exc.hint) from exc
         conn = await self._open(host, tunnel=tunnel)
         return SSHConnection(host, conn, self.settings)
 
