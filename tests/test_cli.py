@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.util import dtrain
+from tests.util import assert_exit, dtrain
 
 
 def test_version_and_help():
@@ -29,11 +29,12 @@ def test_version_and_help():
 ])
 def test_bad_input_is_exit_2(args, message, tmp_path):
     res = dtrain(args, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert res.returncode == 2, res.stderr
+    assert_exit(res, 2)
     assert message in res.stderr
 
 
 def test_exec_on_localhost_needs_no_sshd(tmp_path):
     res = dtrain(["exec", "-H", "localhost", "--", "echo hi; exit 4"],
                  env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert res.returncode == 4 and res.stdout == "localhost: hi\n"
+    assert_exit(res, 4)
+    assert res.stdout == "localhost: hi\n"

@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests import cluster as tc
+from tests.util import TRACEBACK
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = "tests/workloads/train.py"
@@ -289,6 +290,8 @@ class Dtrain:
             pytest.fail(f"dtrain did not end within {timeout}s:\n{self.output}")
         self.ended = time.monotonic()
         self._reader.join(10)  # the reader takes the last lines, up to EOF
+        # whatever the exit code, it must come from an error message, not from a crash
+        assert not TRACEBACK.search(self.output), f"dtrain crashed:\n{self.output[-4000:]}"
         return rc
 
     def kill(self) -> None:
