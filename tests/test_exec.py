@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -121,15 +122,16 @@ def test_exec_unknown_host_key_refused_then_accept_new_records_it(cluster, tmp_p
 
 
 def test_exec_timeout_kills_everywhere(cluster):
-    res = dtrain(["exec", "-H", "node[1-2]", "--timeout", "1", "--", "sleep 60"],
+    sleep = f"sleep 60.{uuid.uuid4().int % 10**6:06d}"  # unique on the nodes
+    res = dtrain(["exec", "-H", "node[1-2]", "--timeout", "1", "--", sleep],
                  env=cluster.client_env())
     assert_exit(res, 124)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if not any(cluster.node_pids(k, user="dtuser", match="sleep 60") for k in (1, 2)):
+        if not any(cluster.node_pids(k, user="dtuser", match=sleep) for k in (1, 2)):
             break
         time.sleep(0.1)
-    assert not any(cluster.node_pids(k, user="dtuser", match="sleep 60") for k in (1, 2))
+    assert not any(cluster.node_pids(k, user="dtuser", match=sleep) for k in (1, 2))
 
 
 def test_exec_bad_hostfile_is_exit_2_before_connecting(cluster, tmp_path):
