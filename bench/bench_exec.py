@@ -151,7 +151,8 @@ def main() -> int:
     args = parser.parse_args()
     only = set(args.only.split(","))
 
-    env = Env.setup(max(args.nodes, args.seq_first + args.seq_nodes - 1))
+    env = Env.setup(max(args.nodes, args.seq_first + args.seq_nodes - 1),
+                    ciphers=args.ssh_ciphers)
     log(machine())
     series: list[Series] = []
     try:

@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
 
-    env = Env.setup(args.nodes, args.first_node)
+    env = Env.setup(args.nodes, args.first_node, ciphers=args.ssh_ciphers)
     log(machine())
     k, nproc = args.nodes, args.nproc
     world = k * nproc

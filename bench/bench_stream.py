@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("--pause", type=float, default=0.005)
     args = parser.parse_args()
 
-    env = Env.setup(args.nodes, args.first_node)
+    env = Env.setup(args.nodes, args.first_node, ciphers=args.ssh_ciphers)
     log(machine())
     k, per = args.nodes, args.ranks_per_node
     world = k * per

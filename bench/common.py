@@ -2,9 +2,11 @@
 
 Every benchmark runs dtrain and the tools it replaces against the real-sshd test cluster
 (tests/cluster), in the same process, interleaved round by round (dtrain, pdsh, clush, ...,
-then again), so a disturbance hits every tool alike; it reports the median. Before each
-round it waits (a bounded time) for the machine to be quiet, because other test sessions
-share this box; a round that had to start on a busy machine is counted and reported.
+then again, each round starting one tool further on), so a disturbance or a warm cache hits
+every tool alike; it reports the median. Before each run it waits (a bounded time) for the
+machine to be quiet, because other test sessions share this box; a run that had to start on
+a busy machine is counted and reported. pdsh, clush and ssh are given dtrain's cipher order
+(AES-GCM first; OpenSSH's default puts chacha20 first), unless ``--ssh-ciphers openssh``.
 
 Wall times are reported, never asserted: the tests do not depend on them.
 
@@ -35,7 +37,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from launcher.transports.ssh import CIPHERS as DTRAIN_CIPHERS  # noqa: E402
+
 PYTHON = sys.executable  # the interpreter with torch; dtuser can run it on every node
+# what pdsh/clush/ssh are told to prefer: dtrain's own list (launcher/transports/ssh.py), so
+# the comparison is of the tools, not of the ciphers; "openssh" keeps OpenSSH's default
+SSH_CIPHERS = {"dtrain": ",".join(DTRAIN_CIPHERS), "openssh": None}
 BIN = Path(PYTHON).parent
 
 
@@ -98,9 +105,10 @@ class Env:
     cluster: Any  # tests.cluster.Cluster
     tmp: Path
     first: int = 1  # the benchmark's nodes are node<first>...
+    ciphers: str | None = SSH_CIPHERS["dtrain"]  # -o Ciphers= for pdsh/clush/ssh
 
     @classmethod
-    def setup(cls, nodes: int, first: int = 1) -> Env:
+    def setup(cls, nodes: int, first: int = 1, *, ciphers: str = "dtrain") -> Env:
         """Build or grow the cluster to node<first + nodes - 1> (never shrinks it)."""
         from tests import cluster as tc
 
@@ -112,7 +120,8 @@ class Env:
         log(f"cluster: {len(cluster.nodes)} nodes up in {time.monotonic() - t0:.1f} s; "
             f"benchmark nodes node{first}..node{first + nodes - 1}")
         tmp = Path(tempfile.mkdtemp(prefix="dtrain-bench-"))
-        return cls(cluster, tmp, first)
+        log(f"pdsh/clush/ssh ciphers: {SSH_CIPHERS[ciphers] or 'OpenSSH default order'}")
+        return cls(cluster, tmp, first, SSH_CIPHERS[ciphers])
 
     def cleanup(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -120,8 +129,9 @@ class Env:
     # OpenSSH reads ~/.ssh of the passwd entry, not $HOME: everything is passed explicitly
     def ssh_opts(self) -> list[str]:
         c = self.cluster
+        cipher = ["-o", f"Ciphers={self.ciphers}"] if self.ciphers else []
         return ["-F", str(c.ssh_config), "-i", str(c.identity),
-                "-o", f"UserKnownHostsFile={c.known_hosts}", "-o", "BatchMode=yes"]
+                "-o", f"UserKnownHostsFile={c.known_hosts}", "-o", "BatchMode=yes", *cipher]
 
     def env(self, **extra: str) -> dict[str, str]:
         """Client environment for every tool (HOME for asyncssh, pdsh's ssh arguments)."""
@@ -298,7 +308,8 @@ class Series:
 def rounds(series: Series, tools: Sequence[tuple[str, Callable[[int], Run]]], reps: int,
            *, warmup: bool = True, max_busy: float = 0.2, patience: float = 60.0,
            retries: int = 2) -> None:
-    """Interleave: round r runs every tool once (each preceded by a quiet check).
+    """Interleave: round r runs every tool once (each preceded by a quiet check), starting
+    with tool r mod n: no tool always runs first (after an idle gap) or right after another.
 
     A run with a problem (lost lines, a failed node) stays recorded and reported, and is
     retried up to ``retries`` times: other sessions cut links and swap authorized_keys on
@@ -309,7 +320,8 @@ def rounds(series: Series, tools: Sequence[tuple[str, Callable[[int], Run]]], re
             fn(-1)
             log(f"  warm-up {name} done")
     for r in range(reps):
-        for name, fn in tools:
+        shift = r % len(tools) if tools else 0
+        for name, fn in [*tools[shift:], *tools[:shift]]:
             for _attempt in range(retries + 1):
                 quiet = wait_quiet(max_busy, patience)
                 run = fn(r)
@@ -339,6 +351,9 @@ def bench_parser(doc: str | None, *, reps: int, only: str,
     parser.add_argument("--patience", type=float, default=60.0,
                         help="seconds to wait for a quiet machine before running anyway")
     parser.add_argument("--json", help="write every run's numbers here")
+    parser.add_argument("--ssh-ciphers", choices=sorted(SSH_CIPHERS), default="dtrain",
+                        help="cipher order for pdsh/clush/ssh: dtrain's (default, AES-GCM "
+                             "first) or OpenSSH's default (chacha20 first)")
     return parser
 
 

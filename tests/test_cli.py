@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.util import dtrain
+from tests.util import assert_exit, dtrain
 
 
 def test_version_and_help():
@@ -31,14 +31,15 @@ def test_version_and_help():
 ])
 def test_bad_input_is_exit_2(args, message, tmp_path):
     res = dtrain(args, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert res.returncode == 2, res.stderr
+    assert_exit(res, 2)
     assert message in res.stderr
 
 
 def test_exec_on_localhost_needs_no_sshd(tmp_path):
     res = dtrain(["exec", "-H", "localhost", "--", "echo hi; exit 4"],
                  env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert res.returncode == 4 and res.stdout == "localhost: hi\n"
+    assert_exit(res, 4)
+    assert res.stdout == "localhost: hi\n"
 
 
 @pytest.mark.parametrize("args, message", [

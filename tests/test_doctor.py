@@ -16,7 +16,7 @@ from launcher.commands.doctor import FAIL, OK, SKIP, WARN, CheckResult, Gathered
 from launcher.decide.facts import UNLIMITED, Addr, Iface, NodeFacts, RdmaPort, Route, SiteVar
 from launcher.models import Host
 from launcher.nodeside import probe
-from tests.util import dtrain
+from tests.util import assert_exit, dtrain
 
 PROBE = Path(probe.__file__)
 TREE = Path(__file__).parent / "data" / "sysfs" / "roce-vlan" / "infiniband"
@@ -505,7 +505,7 @@ def test_node_whose_python_lacks_torch_fails(cluster, tmp_path) -> None:  # type
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text(f"node1\nnode2 python={python}\nnode3\n")
     res = _doctor(cluster, "-f", str(hostfile))
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert_exit(res, 1)
     torch_rows = _rows(res.stdout, "torch")
     assert " FAIL " in torch_rows["node2"] and "torch is not installed" in torch_rows["node2"]
     assert " ok " in torch_rows["node1"] and " ok " in torch_rows["node3"]
@@ -517,7 +517,7 @@ def test_missing_interpreter_fails_naming_the_node(cluster, tmp_path) -> None:  
     hostfile.write_text("hosts:\n  - host: node1\n  - host: node3\n"
                         "    python: /nonexistent/bin/python\n")
     res = _doctor(cluster, "-f", str(hostfile))
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert_exit(res, 1)
     line = _rows(res.stdout, "python")["node3"]
     assert " FAIL " in line and "not found" in line
 
@@ -525,7 +525,7 @@ def test_missing_interpreter_fails_naming_the_node(cluster, tmp_path) -> None:  
 @pytest.mark.ssh
 def test_unreachable_node_fails_by_name(cluster) -> None:  # type: ignore[no-untyped-def]
     res = _doctor(cluster, "-H", "node1,node2,dtuser@198.18.0.200", "--connect-timeout", "2")
-    assert res.returncode == 255, res.stdout + res.stderr
+    assert_exit(res, 255)
     line = _rows(res.stdout, "ssh")["198.18.0.200"]
     assert " FAIL " in line and "timed out" in line
     assert " ok " in _rows(res.stdout, "torch")["node2"]
@@ -534,7 +534,7 @@ def test_unreachable_node_fails_by_name(cluster) -> None:  # type: ignore[no-unt
 @pytest.mark.ssh
 def test_same_machine_twice_fails_hostname(cluster) -> None:  # type: ignore[no-untyped-def]
     res = _doctor(cluster, "-H", "node1,alt1,node2")
-    assert res.returncode == 1
+    assert_exit(res, 1)
     rows = _rows(res.stdout, "hostname")
     assert " FAIL " in rows["alt1"] and "node1" in rows["alt1"]
     assert " ok " in rows["node2"]
@@ -543,7 +543,7 @@ def test_same_machine_twice_fails_hostname(cluster) -> None:  # type: ignore[no-
 @pytest.mark.ssh
 def test_master_port_in_use_fails_on_the_master(cluster) -> None:  # type: ignore[no-untyped-def]
     res = _doctor(cluster, "-H", "node[1-2]", "--master-port", "2222")  # node1's second sshd
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert_exit(res, 1)
     rows = _rows(res.stdout, "master_port")
     assert " FAIL " in rows["node1"] and "198.18.0.11:2222" in rows["node1"]
     assert " skip " in rows["node2"]

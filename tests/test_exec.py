@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
-from tests.util import REPO, dtrain
+from tests.util import REPO, assert_exit, dtrain
 
 pytestmark = pytest.mark.ssh
 
@@ -25,7 +26,7 @@ def test_exec_tags_every_host_and_exits_zero(cluster):
 def test_exec_exit_code_is_the_largest_remote_code(cluster):
     cmd = 'case $(hostname) in node2) exit 3;; node3) exit 5;; esac; echo fine'
     res = dtrain(["exec", "-H", ALL, "--", cmd], env=cluster.client_env())
-    assert res.returncode == 5
+    assert_exit(res, 5)
     assert res.stdout.count("fine") == 2
     assert "198.18.0.13: exit 5" in res.stderr and "198.18.0.12: exit 3" in res.stderr
 
@@ -72,7 +73,7 @@ def test_exec_unreachable_node_fails_within_connect_timeout(cluster):
     res = dtrain(["exec", "-H", "node[1-3],dtuser@198.18.0.200", "--connect-timeout", "2",
                   "--", "echo up"], env=cluster.client_env())
     elapsed = time.monotonic() - start
-    assert res.returncode == 255
+    assert_exit(res, 255)
     assert sorted(res.stdout.splitlines()) == ["node1: up", "node2: up", "node3: up"]
     assert "198.18.0.200" in res.stderr and "timed out" in res.stderr
     assert elapsed < 15
@@ -98,7 +99,7 @@ def test_exec_changed_host_key_is_refused(cluster, tmp_path):
     before = (ssh / "known_hosts").read_text()
     res = dtrain(["exec", "-H", "dtuser@198.18.0.11", "--accept-new", "--", "true"],
                  env=cluster.client_env(HOME=str(home)))
-    assert res.returncode == 255
+    assert_exit(res, 255)
     assert "HOST KEY CHANGED" in res.stderr and "198.18.0.11" in res.stderr
     assert (ssh / "known_hosts").read_text() == before
 
@@ -111,7 +112,8 @@ def test_exec_unknown_host_key_refused_then_accept_new_records_it(cluster, tmp_p
     (ssh / "id_ed25519").chmod(0o600)
     env = cluster.client_env(HOME=str(home))
     res = dtrain(["exec", "-H", "dtuser@198.18.0.13", "--", "true"], env=env)
-    assert res.returncode == 255 and "unknown host key SHA256:" in res.stderr
+    assert_exit(res, 255)
+    assert "unknown host key SHA256:" in res.stderr
     res = dtrain(["exec", "-H", "dtuser@198.18.0.13", "--accept-new", "--", "true"], env=env)
     assert res.returncode == 0, res.stderr
     assert (ssh / "known_hosts").read_text().startswith("198.18.0.13 ssh-ed25519 ")
@@ -120,22 +122,23 @@ def test_exec_unknown_host_key_refused_then_accept_new_records_it(cluster, tmp_p
 
 
 def test_exec_timeout_kills_everywhere(cluster):
-    res = dtrain(["exec", "-H", "node[1-2]", "--timeout", "1", "--", "sleep 60"],
+    sleep = f"sleep 60.{uuid.uuid4().int % 10**6:06d}"  # unique on the nodes
+    res = dtrain(["exec", "-H", "node[1-2]", "--timeout", "1", "--", sleep],
                  env=cluster.client_env())
-    assert res.returncode == 124
+    assert_exit(res, 124)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if not any(cluster.node_pids(k, user="dtuser", match="sleep 60") for k in (1, 2)):
+        if not any(cluster.node_pids(k, user="dtuser", match=sleep) for k in (1, 2)):
             break
         time.sleep(0.1)
-    assert not any(cluster.node_pids(k, user="dtuser", match="sleep 60") for k in (1, 2))
+    assert not any(cluster.node_pids(k, user="dtuser", match=sleep) for k in (1, 2))
 
 
 def test_exec_bad_hostfile_is_exit_2_before_connecting(cluster, tmp_path):
     hf = tmp_path / "hosts.txt"
     hf.write_text("node1 slots=2\nnode2 slots=two\n")
     res = dtrain(["exec", "-f", str(hf), "--", "true"], env=cluster.client_env())
-    assert res.returncode == 2
+    assert_exit(res, 2)
     assert f"{hf}:2" in res.stderr and "slots" in res.stderr
 
 

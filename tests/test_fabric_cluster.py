@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.util import dtrain
+from tests.util import assert_exit, dtrain
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -50,7 +50,8 @@ def test_only_the_rdma_node_gets_nccl_ib_hca(cluster, tmp_path):
                 "tests/workloads/env_report.py", "NCCL_IB_HCA", "NCCL_IB_DISABLE"]
         # RDMA with a limited memlock is refused before launch, naming the node...
         res = dtrain(args, env=cluster.client_env(), timeout=120)
-        assert res.returncode == 1 and "node2: memlock" in res.stderr, res.stderr
+        assert_exit(res, 1)
+        assert "node2: memlock" in res.stderr, res.stderr
         # ...and runs once the user takes responsibility for it
         res = dtrain([*args[:1], "--no-preflight", *args[1:]], env=cluster.client_env(),
                      timeout=120)

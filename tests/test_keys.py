@@ -30,6 +30,7 @@ from launcher.errors import AuthError, UsageError
 from launcher.models import Host
 from launcher.transports.ssh import HostKeyPolicy, SSHSettings
 from tests.cluster import Cluster, Node
+from tests.util import assert_exit
 
 # --------------------------------------------------------------------------- the local key
 
@@ -339,7 +340,8 @@ def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
     cluster = keys_env.cluster
     ips = [n.ip for n in cluster.nodes]
     before = keys_env.dtrain("keys", "check")
-    assert before.returncode == 2 and "no key at" in before.stderr
+    assert_exit(before, 2)
+    assert "no key at" in before.stderr
 
     t0 = time.monotonic()
     first = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
@@ -379,7 +381,7 @@ def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
     for node in cluster.nodes:
         assert blob not in _node_keys(node).read_text()
     after = keys_env.dtrain("keys", "check", "--json")
-    assert after.returncode == 1
+    assert_exit(after, 1)
     assert _statuses(after) == dict.fromkeys(ips, "failed")
 
 
@@ -389,7 +391,7 @@ def test_wrong_password_fails_fast_and_clearly(keys_env: KeysEnv) -> None:
     proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
                            stdin="not-the-password\n")
     took = time.monotonic() - t0
-    assert proc.returncode == 1
+    assert_exit(proc, 1)
     for result in _results(proc).values():
         assert result["status"] == "failed"
         assert "authentication failed: wrong password" in result["detail"]
@@ -430,7 +432,7 @@ def test_changed_host_key_is_refused_and_kept(keys_env: KeysEnv) -> None:
     keys_env.known_hosts.write_text(f"{node1.ip} {BOGUS}\n")
     proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
                            stdin=cluster.password + "\n")
-    assert proc.returncode == 1
+    assert_exit(proc, 1)
     results = _results(proc)
     assert results[node1.ip]["status"] == "failed"
     assert "HOST KEY CHANGED" in results[node1.ip]["detail"]
@@ -448,7 +450,7 @@ def test_unknown_host_keys_need_a_terminal_or_accept_new(keys_env: KeysEnv) -> N
     cluster = keys_env.cluster
     proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--json",
                            stdin=cluster.password + "\n")
-    assert proc.returncode == 1
+    assert_exit(proc, 1)
     for result in _results(proc).values():
         assert result["status"] == "failed"
         assert "unknown host key ssh-ed25519 SHA256:" in result["detail"]

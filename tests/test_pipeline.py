@@ -113,13 +113,23 @@ async def test_stuck_console_is_left_behind_after_drain_timeout() -> None:
     stream.release.set()
 
 
-async def test_archive_reaches_disk_within_a_second_while_running(tmp_path: Path) -> None:
+async def test_archive_reaches_disk_while_running_without_further_writes(tmp_path: Path) -> None:
+    """No further writes and the pipeline still open: the flush timer (1 s) must bring the
+    lines to disk. Waited for with a generous deadline; the 1 s is the design, not a bound
+    this test measures."""
     archive = RunArchive.create(tmp_path, "r")
+    path = tmp_path / "r" / "output.jsonl"
+
+    def on_disk() -> int:
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
     async with OutputPipeline(None, archive) as out:
         out.emit([OutputLine("h", "out", "a")])
         out.emit([OutputLine("h", "out", "b")])  # no further writes: the timer must flush
-        await asyncio.sleep(1.2)
-        assert len((tmp_path / "r" / "output.jsonl").read_text().splitlines()) == 2
+        deadline = asyncio.get_running_loop().time() + 10
+        while on_disk() < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assert on_disk() == 2
 
 
 async def test_gather_mode_shows_only_dtrain_messages_live() -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from launcher.decide.facts import NodeFacts
 from launcher.nodeside import probe
+from tests.util import assert_exit
 
 PROBE = Path(probe.__file__)
 DATA = Path(__file__).parent / "data" / "sysfs"
@@ -186,7 +187,7 @@ def test_probe_runs_on_python38(tmp_path: Path) -> None:
 def test_bad_params_answer_json_and_exit_2() -> None:
     proc = subprocess.run([sys.executable, str(PROBE)], input="[1, 2]\n", capture_output=True,
                           text=True, timeout=30, check=False)
-    assert proc.returncode == 2
+    assert_exit(proc, 2)
     assert json.loads(proc.stdout)["ok"] is False
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
 
-from tests.util import dtrain
+from tests.util import assert_exit, dtrain
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -28,14 +29,19 @@ def _run(cluster, tmp_path, *args):
 def test_three_node_ddp_gets_each_nodes_own_interface(cluster, tmp_path):
     res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--env", f"TRICKY={TRICKY}",
                "--env", "API_TOKEN=s3cr3t-value", "tests/workloads/env_report.py",
-               "GLOO_SOCKET_IFNAME", "TRICKY", "API_TOKEN", "PYTHONUNBUFFERED")
+               "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TRICKY", "API_TOKEN",
+               "PYTHONUNBUFFERED")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     reports = _reports(res.stdout)
     assert sorted(r["rank"] for r in reports) == list(range(6))
     ifname = {"node1": "ens1f0", "node2": "eth0", "node3": "enp3s0"}
+    assert ifname == {cluster.node(k).name: cluster.node(k).ifname for k in (1, 2, 3)}
     for r in reports:
         assert r["sum"] == 6.0
+        # each rank, on its own node, gets that node's interface, for gloo and for NCCL
+        # (exact-match "=" form: "eth0" alone would also match eth0.100, eth01...)
         assert r["env"]["GLOO_SOCKET_IFNAME"] == ifname[r["host"]]
+        assert r["env"]["NCCL_SOCKET_IFNAME"] == "=" + ifname[r["host"]]
         assert r["env"]["TRICKY"] == TRICKY
         assert r["env"]["API_TOKEN"] == "s3cr3t-value"
         assert r["env"]["PYTHONUNBUFFERED"] == "1"
@@ -57,9 +63,19 @@ def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path
                "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr", "3e-4", marker)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "GLOO_SOCKET_IFNAME=ens1f0" in out and "GLOO_SOCKET_IFNAME=eth0" in out
-    assert "GLOO_SOCKET_IFNAME=enp3s0" in out
-    assert "route to 198.18.0.11 via eth0" in out
+    # each node's own section names its own interface (not merely: each name appears)
+    sections = re.split(r"^node (\d+)  (\S+)  ranks \S+$", out, flags=re.M)
+    nodes = {int(sections[i]): (sections[i + 1], sections[i + 2])
+             for i in range(1, len(sections), 3)}
+    assert sorted(nodes) == [0, 1, 2], out
+    for node_rank, (host, text) in nodes.items():
+        k = node_rank + 1
+        assert host == f"node{k}", out
+        found = dict(re.findall(r"^  ([A-Z_]+_SOCKET_IFNAME)=(\S+)  \[", text, re.M))
+        ifname = cluster.node(k).ifname
+        assert found == {"NCCL_SOCKET_IFNAME": "=" + ifname, "GLOO_SOCKET_IFNAME": ifname}, (
+            host, text)
+    assert "route to 198.18.0.11 via eth0" in nodes[1][1]
     assert "hunter2" not in out and "MY_PASSWORD=***" in out
     assert "--master-addr 198.18.0.11" in out and "--lr 3e-4" in out
     assert "172.17.0.1" not in out and "127.0.1.1" not in out
@@ -80,19 +96,20 @@ def test_dry_run_json_is_machine_readable(cluster, tmp_path):
 def test_missing_workdir_names_the_node(cluster, tmp_path):
     res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--workdir", "/nonexistent/dir",
                "examples/ddp_smoke.py")
-    assert res.returncode != 0
+    assert_exit(res, 1)
     assert "/nonexistent/dir" in res.stderr and "node[1-3]" in res.stderr
 
 
 def test_bad_env_is_exit_2(cluster, tmp_path):
     res = _run(cluster, tmp_path, "--env", "NOEQUALS", "examples/ddp_smoke.py")
-    assert res.returncode == 2 and "NOEQUALS is not set in this environment" in res.stderr
+    assert_exit(res, 2)
+    assert "NOEQUALS is not set in this environment" in res.stderr
 
 
 def test_unreachable_master_is_a_preflight_error(cluster, tmp_path):
     res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--master-addr", "198.18.0.200",
                "examples/ddp_smoke.py")
-    assert res.returncode == 1
+    assert_exit(res, 1)
     assert "198.18.0.200" in res.stderr and "master" in res.stderr
     assert not (tmp_path / "runs").exists()
 
@@ -120,7 +137,7 @@ def test_preflight_refuses_a_node_without_torch(cluster, tmp_path):
     res = dtrain(["run", "-f", str(hostfile), "--nproc-per-node", "1", "--archive-dir",
                   str(tmp_path / "runs"), "examples/ddp_smoke.py"],
                  env=cluster.client_env(), timeout=60)
-    assert res.returncode == 1
+    assert_exit(res, 1)
     assert "node2" in res.stderr and "torch" in res.stderr
     assert not (tmp_path / "runs").exists()
 

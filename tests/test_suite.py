@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,3 +86,44 @@ def test_required_run_turns_a_missing_cluster_and_tool_into_failures(tmp_path: P
     assert outcomes["0"][0] == 0 and "2 skipped" in outcomes["0"][1], outcomes
     # the fixture's failure is reported as an error of the test that uses it
     assert outcomes["1"][0] == 1 and "1 failed, 1 error" in outcomes["1"][1], outcomes
+
+
+def _bench_common():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_rounds_rotate_the_tool_order(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    common = _bench_common()
+    monkeypatch.setattr(common, "wait_quiet", lambda *a, **k: True)
+    monkeypatch.setattr(common, "log", lambda *a, **k: None)
+    order: list[tuple[int, str]] = []
+
+    def tool(name: str):  # type: ignore[no-untyped-def]
+        def run(r: int):  # type: ignore[no-untyped-def]
+            order.append((r, name))
+            return common.Run(name, 1.0, 0.0, 0.0, 0, tmp_path / "out", "", True)
+        return run
+
+    common.rounds(common.Series("case"), [(t, tool(t)) for t in ("dtrain", "pdsh", "clush")],
+                  3, warmup=False)
+    assert [name for _, name in order] == ["dtrain", "pdsh", "clush", "pdsh", "clush",
+                                           "dtrain", "clush", "dtrain", "pdsh"]
+
+
+def test_bench_ssh_tools_use_dtrains_ciphers() -> None:
+    from launcher.transports.ssh import CIPHERS
+
+    common = _bench_common()
+    cluster = SimpleNamespace(ssh_config="cfg", identity="key", known_hosts="kh")
+    same = common.Env(cluster, Path("/tmp"))
+    assert f"Ciphers={','.join(CIPHERS)}" in same.ssh_opts()
+    assert not any(o.startswith("Ciphers=") for o in common.Env(
+        cluster, Path("/tmp"), ciphers=common.SSH_CIPHERS["openssh"]).ssh_opts())

@@ -35,6 +35,14 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def _wchan(pid: int) -> str:
+    """Where in the kernel pid sleeps ("pipe_write", "anon_pipe_write": a full pipe)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return ""
+
+
 def wait_for(cond, timeout: float, step: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -408,7 +416,8 @@ def test_stop_works_while_stdout_is_blocked(sups) -> None:
         while True:
             sys.stdout.write('x' * 65536)
     """)}, read=False)
-    time.sleep(1.0)  # the pipes fill up
+    # wait (not sleep) until the pipes are full: the supervisor is blocked writing a frame
+    assert wait_for(lambda: "pipe_write" in _wchan(s.proc.pid), 20), _wchan(s.proc.pid)
     before = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     job = [p for p in before if alive(p) and _ppid(p) == s.proc.pid]
     assert job

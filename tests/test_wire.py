@@ -9,6 +9,7 @@ import pytest
 
 from launcher.errors import UsageError
 from launcher.nodeside import wire
+from tests.util import assert_exit
 
 
 def _run_supervisor(spec: dict, *, workdir: str | None = None, python: str = "python3"):
@@ -65,7 +66,7 @@ def test_supervisor_runs_a_shell_line_and_reports_exit():
     assert (wire.KIND_OUT, b"out\n") in kinds and (wire.KIND_ERR, b"err\n") in kinds
     ctl = [json.loads(f.data) for f in frames if f.kind == wire.KIND_CTL]
     assert ctl[0]["type"] == "hello" and ctl[-1]["type"] == "exit" and ctl[-1]["code"] == 3
-    assert proc.returncode == 3
+    assert_exit(proc, 3)
 
 
 def test_supervisor_env_and_argv_arrive_verbatim():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -42,3 +43,17 @@ def dtrain(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Pa
     """Run `python -m launcher ARGS` as a user would, capturing text output."""
     return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, cwd=cwd,
                           input=input, capture_output=True, text=True, timeout=timeout)
+
+
+# a Python traceback at the start of a line: dtrain (or a node program) crashed. A rank's own
+# traceback is tagged ("node2 r1: Traceback ...") and does not match.
+TRACEBACK = re.compile(r"^Traceback \(most recent call last\):", re.M)
+
+
+def assert_exit(res: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes],
+                code: int) -> None:
+    """The documented exit ``code``, reached as an error message, not as a crash."""
+    out = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+                  for s in (res.stdout, res.stderr))
+    assert not TRACEBACK.search(out), f"a traceback, not an error message:\n{out[-4000:]}"
+    assert res.returncode == code, f"exit {res.returncode}, expected {code}:\n{out[-4000:]}"
