@@ -36,12 +36,17 @@ from launcher.transports.ssh import SSHSettings
 
 # -- rendering -------------------------------------------------------------------------------
 
-def render_plan(plan: LaunchPlan, out: Any = None) -> None:
+def render_plan(plan: LaunchPlan, out: Any = None, *, workdir: str | None = None,
+                setup: str | None = None) -> None:
     """The dry run: per node, the exact command and each variable with its source."""
     out = out or sys.stdout
     w = out.write
     w(f"master {plan.master_addr}:{plan.master_port} ({plan.master_reason}); "
       f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
+    if workdir:
+        w(f"working directory on every node: {workdir}\n")
+    if setup:
+        w(f"setup, run first on every node: {setup}\n")
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
@@ -55,6 +60,9 @@ def render_plan(plan: LaunchPlan, out: Any = None) -> None:
             value = value if value == "***" else shlex.quote(value)
             w(f"  {var.name}={value}  [{var.source}: {var.reason}]"
               f"{state}\n")
+            if var.name == "NCCL_SOCKET_IFNAME" and var.value.startswith("="):
+                w(f"    (the leading '=' makes NCCL use exactly {var.value[1:]}; without it "
+                  "the name is a prefix and would match every interface starting so)\n")
         for warning in node.warnings:
             w(f"  warning: {warning}\n")
     out.flush()
@@ -101,7 +109,8 @@ class NodeBoard:
         elapsed = int(time.monotonic() - self.start)
         nodes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         failed = f" ({self.ranks_failed} failed)" if self.ranks_failed else ""
-        return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | {len(self.state)} nodes: "
+        return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | "
+                f"{render.count(len(self.state), 'node')}: "
                 f"{nodes} | ranks finished {self.ranks_done}/{self.world_size}{failed}")
 
 
@@ -131,7 +140,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 if opts.as_json:
                     sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
                 else:
-                    render_plan(plan)
+                    render_plan(plan, workdir=req.workdir, setup=req.setup)
                 return 0
             return await launch(plan, req, opts, transport, conns, pre)
         finally:
@@ -145,7 +154,8 @@ def unreachable_error(hosts: Sequence[Host], errors: Mapping[str, str]) -> Conne
     lines = failed_hosts_lines(hosts, errors)
     failed = [h for h in hosts if h.label in errors]
     text = (f"cannot reach {lines[0]}; nothing was started" if len(lines) == 1 else
-            f"cannot reach {len(failed)} nodes; nothing was started:\n  " + "\n  ".join(lines))
+            f"cannot reach {render.count(len(failed), 'node')}; nothing was started:\n  "
+            + "\n  ".join(lines))
     return ConnectError(text, hint=leave_out_hint(failed))
 
 
@@ -207,7 +217,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
     console.status = board.render
     async with RunPipeline(console, archive, tails=tails) as out:
-        nodes = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}"
+        nodes = render.count(len(hosts), "node")
         out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
         job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event)

@@ -16,6 +16,11 @@ def _color(stream: TextIO) -> bool:
     return not os.environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
 
 
+def count(n: int, noun: str) -> str:
+    """``1 node``, ``3 nodes``: a number with its noun (regular plurals only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def error(exc: DtrainError, stream: TextIO | None = None) -> None:
     """One line (two with a hint): what failed, where, and what to try."""
     stream = stream or sys.stderr
