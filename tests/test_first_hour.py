@@ -155,3 +155,17 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
     assert "working directory on every node: /home/me/proj\n" in text
     assert "setup, run first on every node: source venv/bin/activate\n" in text
     assert "the leading '=' makes NCCL use exactly ens1f0" in text
+
+
+def test_readme_and_docs_hold_no_machine_specific_paths_and_first_run_is_clean() -> None:
+    import re
+    import tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    for doc in [repo / "README.md", *sorted((repo / "docs").glob("**/*.md"))]:
+        text = doc.read_text()
+        assert not re.search(r"\.pyenv|/work/|/root/\S", text), doc
+    readme = (repo / "README.md").read_text()
+    assert "python3 -m venv" in readme and "| 1 |" in readme and "> hosts.txt" in readme
+    extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("numpy") for d in extras["optional-dependencies"]["torch"])
