@@ -486,7 +486,7 @@ def test_healthy_cluster_passes(cluster) -> None:  # type: ignore[no-untyped-def
         assert set(rows) == {"node1", "node2", "node3"}, (check, res.stdout)
         assert all(" FAIL " not in line for line in rows.values())
     assert "eth0 (route to 198.18.0.11 via eth0)" in _rows(res.stdout, "socket")["node2"]
-    assert "3 node(s)" in res.stderr
+    assert "3 nodes, " in res.stderr
 
 
 @pytest.mark.ssh

@@ -87,3 +87,85 @@ def test_gather_groups_come_in_hostfile_order() -> None:
     g.add([OutputLine("node2", "out", "b"), OutputLine("node1", "out", "a"),
            OutputLine("node3", "out", "b"), OutputLine("extra", "out", "c")])
     assert [hosts for hosts, _ in g.groups()] == ["node[2-3]", "node1", "extra"]
+
+
+def test_summary_labels_say_what_happened() -> None:
+    """A rank that exited on its own is a failure; every torchrun dtrain stopped is labelled
+    alike (the root cause's node too)."""
+    from launcher.job.orchestrate import Failure
+    from tests.test_failures import _node, _outcome, _verdict
+
+    stop = "b rank 1 exited 7"
+    out = _outcome(
+        nodes={"a": _node("a", 137, {"0": {"code": 143, "signal": 15, "t": 5.2}},
+                          stopped=stop, signal=9),
+               "b": _node("b", 137, {"1": {"code": 7, "signal": None, "t": 5.0}},
+                          stopped=stop, signal=9),
+               "c": _node("c", 137, {"2": {"code": 2, "signal": None, "t": 5.1}},
+                          stopped=stop, signal=9)},
+        failures=[Failure("rank", "b", rank=1, code=7, t=5.0, seen=5.01)],
+        stop_reason=stop, stop_t=5.02)
+    _, lines = _verdict(out, "a", "b", "c")
+    by_host = {ln.split()[0]: ln for ln in lines[1:4]}
+    assert "r2 exit 2 (failed too)" in by_host["c"]
+    assert "r0 SIGTERM (143) (stopped by dtrain)" in by_host["a"]
+    for host in "abc":
+        assert by_host[host].endswith("torchrun SIGKILL (137) after 10.0s (stopped by dtrain)")
+
+
+def test_ctrl_c_is_interrupted_not_failed() -> None:
+    from tests.test_failures import _node, _outcome, _verdict
+
+    _, lines = _verdict(_outcome(nodes={"a": _node("a", 143)}, interrupted=2,
+                                 interrupted_t=1.0), "a")
+    assert lines[0] == "interrupted by Ctrl-C (exit 130)"
+
+
+def test_counts_and_the_dry_run_explains_itself() -> None:
+    import io
+
+    from launcher.commands.run import render_plan
+    from launcher.output.render import count
+
+    assert (count(1, "node"), count(3, "node")) == ("1 node", "3 nodes")
+
+    class Var:
+        name, value, exported, source, reason = ("NCCL_SOCKET_IFNAME", "=ens1f0", True,
+                                                 "detected", "route to the master")
+
+    class Node:
+        node_rank, nproc, env, warnings = 0, 1, [Var()], []
+        ranks = range(0, 1)
+
+        class host:  # noqa: N801
+            label = "node1"
+
+        @staticmethod
+        def command_line() -> str:
+            return "python3 -m torch.distributed.run train.py"
+
+    class Plan:
+        master_addr, master_port, master_reason = "198.18.0.11", 29500, "single"
+        world_size, rdzv, nodes = 1, "static", [Node()]
+
+    out = io.StringIO()
+    render_plan(Plan(), out, workdir="/home/me/proj",  # type: ignore[arg-type]
+                setup="source venv/bin/activate")
+    text = out.getvalue()
+    assert "working directory on every node: /home/me/proj\n" in text
+    assert "setup, run first on every node: source venv/bin/activate\n" in text
+    assert "the leading '=' makes NCCL use exactly ens1f0" in text
+
+
+def test_readme_and_docs_hold_no_machine_specific_paths_and_first_run_is_clean() -> None:
+    import re
+    import tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    for doc in [repo / "README.md", *sorted((repo / "docs").glob("**/*.md"))]:
+        text = doc.read_text()
+        assert not re.search(r"\.pyenv|/work/|/root/\S", text), doc
+    readme = (repo / "README.md").read_text()
+    assert "python3 -m venv" in readme and "| 1 |" in readme and "> hosts.txt" in readme
+    extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("numpy") for d in extras["optional-dependencies"]["torch"])

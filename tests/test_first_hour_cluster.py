@@ -111,3 +111,26 @@ def test_run_unreachable_host_once_with_its_line_and_exclude(cluster, hostfile_w
     assert (f"dtrain: error: cannot reach 198.18.0.11:2299 ({hf}:3): connection refused"
             in res.stderr)
     assert "hint: fix it, or leave it out: --exclude 198.18.0.11\n" in res.stderr
+
+
+@pytest.mark.torch
+def test_torchrun_temp_dirs_are_removed_with_the_job(cluster, tmp_path):
+    """torchrun's torchelastic_* log dir lives in the supervisor's private dir (gone after
+    the run); the workers keep their own TMPDIR (unset here)."""
+    import json
+    from pathlib import Path
+
+    res = dtrain(["run", "-H", "node[1-2]", "--python", cluster.python, "--nproc-per-node",
+                  "1", "--archive-dir", str(tmp_path / "runs"), "--no-color",
+                  "tests/workloads/env_report.py", "TORCHELASTIC_ERROR_FILE", "TMPDIR"],
+                 env=cluster.client_env(), timeout=150)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    reports = [json.loads(ln.split("REPORT ", 1)[1]) for ln in res.stdout.splitlines()
+               if "REPORT " in ln]
+    assert len(reports) == 2
+    for report in reports:
+        assert report["env"]["TMPDIR"] is None
+        error_file = Path(report["env"]["TORCHELASTIC_ERROR_FILE"])
+        elastic = next(p for p in error_file.parents if p.name.startswith("torchelastic_"))
+        assert elastic.parent.name.startswith("dtrain-"), error_file  # our private dir
+        assert not elastic.parent.exists()  # removed with the job (/tmp is shared here)

@@ -112,7 +112,8 @@ def test_hash_starts_a_comment_anywhere() -> None:
 
 BAD_TEXT = [
     pytest.param("node1 slot=2",
-                 "h.txt:1: unknown key 'slot'; known keys: port, python, slots, user",
+                 "h.txt:1: unknown key 'slot' (did you mean slots?); known keys: port, python, "
+                 "slots, user",
                  id="unknown-key"),
     pytest.param("node1 slots=two",
                  "h.txt:1: slots must be a positive integer, got 'two'", id="slots-word"),
@@ -172,8 +173,22 @@ def test_bad_text_lines(text: str, message: str) -> None:
     assert error.exit_code == 2
 
 
-def test_unknown_key_hint_mentions_max_slots() -> None:
-    assert text_error("node1 slot=2").hint == "max_slots is accepted and ignored"
+def test_unknown_key_did_you_mean_and_no_irrelevant_hint() -> None:
+    assert text_error("node1 slot=2").hint is None
+    assert "(did you mean max_slots?)" in text_error("node1 max_slot=2").message
+    assert "did you mean" not in text_error("node1 colour=2").message
+
+
+def test_missing_hostfile_did_you_mean_a_file_beside_it(tmp_path) -> None:
+    (tmp_path / "hosts.txt").write_text("node1\n")
+    (tmp_path / "other").mkdir()
+    with pytest.raises(HostfileError) as info:
+        resolve_hosts(hostfile=str(tmp_path / "hosts.tx"), hosts=None)
+    assert info.value.message == (f"hostfile not found: {tmp_path}/hosts.tx "
+                                  f"(did you mean {tmp_path}/hosts.txt?)")
+    with pytest.raises(HostfileError) as info:
+        resolve_hosts(hostfile=str(tmp_path / "cluster.yaml"), hosts=None)
+    assert "did you mean" not in info.value.message and info.value.hint
 
 
 def test_error_line_numbers_count_comments_and_blanks() -> None:
@@ -328,13 +343,14 @@ BAD_YAML = [
                  "c.yaml:2: hosts[0].slots: slots must be a positive integer, got True",
                  id="slots-bool"),
     pytest.param("hosts:\n  - host: node2\n    slot: 2\n",
-                 "c.yaml:3: hosts[0].slot: unknown key 'slot'; "
+                 "c.yaml:3: hosts[0].slot: unknown key 'slot' (did you mean slots?); "
                  "known keys: env, host, port, python, slots, user", id="unknown-host-key"),
     pytest.param("defaults:\n  slots: 1\n  host: a\nhosts: [a]\n",
                  "c.yaml:3: defaults.host: unknown key 'host'; "
                  "known keys: env, port, python, slots, user", id="unknown-default-key"),
     pytest.param("hostz: [a]\n",
-                 "c.yaml:1: hostz: unknown key 'hostz'; known keys: defaults, hosts",
+                 "c.yaml:1: hostz: unknown key 'hostz' (did you mean hosts?); known keys: "
+                 "defaults, hosts",
                  id="unknown-top-key"),
     pytest.param("defaults: {slots: 2}\n", "c.yaml:1: missing 'hosts:'", id="no-hosts-key"),
     pytest.param("hosts: node1\n", "c.yaml:1: hosts: expected a list of hosts", id="not-list"),

@@ -127,3 +127,10 @@ def test_follow_stops_on_ctrl_c(run: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(time, "sleep", interrupt)
     assert replay(run, follow=True, out=io.StringIO(), color=False) == 130
+
+
+def test_rank_beyond_the_world_size_says_so(run: Path) -> None:
+    with pytest.raises(UsageError) as info:
+        show(run, ranks={1, 99})
+    assert info.value.message == "--rank 99: run r had 4 ranks (ranks 0-3)"
+    assert info.value.exit_code == 2

@@ -115,7 +115,8 @@ class TerminalPrompts:
                                  hint="echo \"$PASSWORD\" | dtrain keys setup --password-stdin")
             return Secret(line.removesuffix("\n").removesuffix("\r"))
         if not _has_tty():
-            raise UsageError(f"{len(hosts)} node(s) need a password and there is no terminal "
+            need = "node needs" if len(hosts) == 1 else "nodes need"
+            raise UsageError(f"{len(hosts)} {need} a password and there is no terminal "
                              "to ask on", hint="pass it with --password-stdin")
         import getpass
 
@@ -157,8 +158,8 @@ def _report(results: Sequence[KeyResult], keypair: KeyPair, as_json: bool) -> in
     counts: dict[str, int] = {}
     for r in results:
         counts[LABELS.get(r.status, r.status)] = counts.get(LABELS.get(r.status, r.status), 0) + 1
-    render.note(f"{len(results)} node(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                + f" (key {keypair.private})")
+    tally = ", ".join(f"{n} {s}" for s, n in counts.items())
+    render.note(f"{render.count(len(results), 'node')}: {tally} (key {keypair.private})")
     for r in results:
         if r.status == "failed" and "HOST KEY CHANGED" in r.detail:
             render.note(f"WARNING: {r.host}: HOST KEY CHANGED; known_hosts left as it was. "

@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 
 # -- rendering -------------------------------------------------------------------------------
 
-def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None) -> None:
+def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None, *,
+                workdir: str | None = None, setup: str | None = None) -> None:
     """The dry run: per node, the exact command and each variable with its source."""
     out = out or sys.stdout
     w = out.write
@@ -70,6 +71,10 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None)
     w(f"hosts {fold(h.label for h in hosts)} from {host_sources(hosts)}\n")
     if transport:
         w(f"transport {transport}\n")
+    if workdir:
+        w(f"working directory on every node: {workdir}\n")
+    if setup:
+        w(f"setup, run first on every node: {setup}\n")
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
@@ -83,6 +88,9 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None)
             value = value if value == "***" else shlex.quote(value)
             w(f"  {var.name}={value}  [{var.source}: {var.reason}]"
               f"{state}\n")
+            if var.name == "NCCL_SOCKET_IFNAME" and var.value.startswith("="):
+                w(f"    (the leading '=' makes NCCL use exactly {var.value[1:]}; without it "
+                  "the name is a prefix and would match every interface starting so)\n")
         for warning in node.warnings:
             w(f"  warning: {warning}\n")
     out.flush()
@@ -161,7 +169,8 @@ class NodeBoard:
         elapsed = int(time.monotonic() - self.start)
         nodes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         failed = f" ({self.ranks_failed} failed)" if self.ranks_failed else ""
-        return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | {len(self.state)} nodes: "
+        return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | "
+                f"{render.count(len(self.state), 'node')}: "
                 f"{nodes} | ranks finished {self.ranks_done}/{self.world_size}{failed}")
 
 
@@ -194,7 +203,8 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 if opts.as_json:
                     sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
                 else:
-                    render_plan(plan, transport=f"{choice.kind} ({choice.reason})")
+                    render_plan(plan, transport=f"{choice.kind} ({choice.reason})",
+                                workdir=req.workdir, setup=req.setup)
                 return 0
             return await launch(plan, req, opts, transport, conns, pre, detacher, choice.kind,
                                 report)
@@ -209,7 +219,8 @@ def unreachable_error(hosts: Sequence[Host], errors: Mapping[str, str]) -> Conne
     lines = failed_hosts_lines(hosts, errors)
     failed = [h for h in hosts if h.label in errors]
     text = (f"cannot reach {lines[0]}; nothing was started" if len(lines) == 1 else
-            f"cannot reach {len(failed)} nodes; nothing was started:\n  " + "\n  ".join(lines))
+            f"cannot reach {render.count(len(failed), 'node')}; nothing was started:\n  "
+            + "\n  ".join(lines))
     return ConnectError(text, hint=leave_out_hint(failed))
 
 
@@ -296,7 +307,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
     console.status = board.render
     async with RunPipeline(console, archive, tails=tails, take=report.take) as out:
-        nodes = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}"
+        nodes = render.count(len(hosts), "node")
         out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
         if detacher is None:

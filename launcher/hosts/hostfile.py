@@ -8,6 +8,7 @@ never a silent fall-back to localhost. Host ranges are expanded by ClusterShell'
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -64,8 +65,8 @@ def _parse_line(text: str, ctx: _Ctx) -> _Spec:
         if key in IGNORED_KEYS:
             continue
         if key not in TEXT_KEYS:
-            raise ctx.error(f"unknown key {key!r}; known keys: {', '.join(TEXT_KEYS)}",
-                            hint="max_slots is accepted and ignored")
+            raise ctx.error(f"unknown key {key!r}{did_you_mean(key, TEXT_KEYS + IGNORED_KEYS)}"
+                            f"; known keys: {', '.join(TEXT_KEYS)}")
         if key in seen:
             raise ctx.error(f"{key} given twice", hint=f"keep one {key}=")
         seen.add(key)
@@ -129,7 +130,8 @@ class _Yaml:
             key = self.value(key_node, path)
             where = self.ctx(key_node, _join(path, str(key)))
             if key not in known:
-                raise where.error(f"unknown key {key!r}; known keys: {', '.join(known)}")
+                raise where.error(f"unknown key {key!r}{did_you_mean(str(key), known)}; "
+                                  f"known keys: {', '.join(known)}")
             if key in items:
                 raise where.error("key given twice", hint="keep one")
             items[key] = value_node
@@ -253,6 +255,24 @@ def _looks_like_yaml(text: str) -> bool:
     return False
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean slots?)`` for a close match, else "" (no irrelevant hints)."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _near_file(path: str) -> str | None:
+    """A file beside a missing one whose name is a likely typo of it (hosts.tx: hosts.txt)."""
+    parent, name = os.path.split(path)
+    try:
+        names = [n for n in os.listdir(parent or ".")
+                 if os.path.isfile(os.path.join(parent or ".", n))]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return os.path.join(parent, close[0]) if close else None
+
+
 def _read(path: str | os.PathLike[str], via: str = "") -> str:
     """The file's text; each way of not having one is its own clear error."""
     source = os.fspath(path)
@@ -261,8 +281,10 @@ def _read(path: str | os.PathLike[str], via: str = "") -> str:
         return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         where = f"check {via}" if via else "check the path given to -f"
-        raise HostfileError(f"hostfile not found: {source}{origin}",
-                            hint=f"{where}, or use -H HOSTS") from None
+        near = _near_file(source)
+        raise HostfileError(f"hostfile not found: {source}{origin}"
+                            + (f" (did you mean {near}?)" if near else ""),
+                            hint=None if near else f"{where}, or use -H HOSTS") from None
     except IsADirectoryError:
         raise HostfileError(f"hostfile is a directory: {source}{origin}") from None
     except UnicodeDecodeError as exc:

@@ -17,6 +17,9 @@ from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
 
+# how dtrain's stop ends a rank: a rank that ended any other way failed on its own
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP})
+
 
 class TailKeeper:
     """The last stderr lines of each rank, for the failure summary."""
@@ -173,6 +176,8 @@ def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
         return "ok"
     if any(f.kind == "rank" and (f.host, f.rank) == (host, rank) for f in outcome.failures):
         return "failed"
+    if e.signal not in STOP_SIGNALS:
+        return "failed"  # it exited on its own (a crash, a peer's error): not our doing
     return "stopped"
 
 
@@ -185,7 +190,8 @@ def _exit_text(code: int | None, sig: int | None) -> str:
 def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str]:
     """Per node and rank: how it ended and after how long; the root cause first, followers
     marked as stopped by dtrain; then the last stderr lines of the root cause."""
-    out = [f"{'FAILED' if v.code else 'ok'}: {v.outcome} (exit {v.code})"]
+    head = "ok" if not v.code else "" if v.root_kind == "interrupted" else "FAILED"
+    out = [f"{head + ': ' if head else ''}{v.outcome} (exit {v.code})"]
     exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
     order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
     by_dtrain = outcome.stop_reason is not None
@@ -217,7 +223,7 @@ def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str
             state = f"torchrun {_exit_text(res.exit_code, res.signal)}"
             if res.duration is not None:
                 state += f" after {res.duration:.1f}s"
-            if res.stopped and label != v.root_host:
+            if res.stopped:  # every node's torchrun alike, the root cause's node too
                 state += " (stopped by dtrain)"
         out.append(f"  {label} (node {node.node_rank}): {', '.join(parts) or 'no ranks'}; "
                    f"{state}")

@@ -52,6 +52,9 @@ MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 OUT, ERR, CTL = 1, 2, 3
 CHUNK = 65536
 SHIM_ENV = "DTRAIN_SHIM_SOCK"
+# torchrun's temp dir (its /tmp/torchelastic_* log dirs) goes into our private dir, which
+# teardown removes; the shim gives each worker the TMPDIR it would have had
+TMPDIR_ENV = "DTRAIN_WORKER_TMPDIR"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
 # in argv, replaced by the private directory holding the spec's ``files`` (dtrain smoke's job)
 DIR_PLACEHOLDER = "{DTRAIN_DIR}"
@@ -316,6 +319,8 @@ class Supervisor:
             listener.setblocking(False)
             self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
             env[SHIM_ENV] = path
+            env[TMPDIR_ENV] = env.get("TMPDIR", "")
+            env["TMPDIR"] = self.tmpdir
         argv = self.job_argv()
         try:
             self.job = subprocess.Popen(
@@ -527,16 +532,9 @@ class Supervisor:
 
     def cleanup_files(self):
         if self.tmpdir:
-            names = ["dtrain_shim.py", "ranks.sock"] + list(self.spec.get("files") or {})
-            for name in names:
-                try:
-                    os.unlink(os.path.join(self.tmpdir, name))
-                except OSError:
-                    pass
-            try:
-                os.rmdir(self.tmpdir)
-            except OSError:
-                pass
+            import shutil  # run mode only; the dir is ours (mkdtemp), torchrun's temp dir too
+
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def start_error(program, exc):
@@ -569,6 +567,11 @@ def shim_main(argv):
     """
     path = os.environ.pop(SHIM_ENV)
     rank = int(os.environ.get("RANK", "-1"))
+    tmpdir = os.environ.pop(TMPDIR_ENV, None)
+    if tmpdir:
+        os.environ["TMPDIR"] = tmpdir
+    elif tmpdir is not None:
+        os.environ.pop("TMPDIR", None)
 
     def connect(stream):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -53,6 +53,12 @@ def replay(
 ) -> int:
     """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow)."""
     meta = read_meta(run_dir)
+    world = meta.get("world_size")
+    beyond = sorted(r for r in ranks or () if isinstance(world, int) and not 0 <= r < world)
+    if beyond and isinstance(world, int):
+        raise UsageError(f"--rank {beyond[0]}: run {run_dir.name} had {world} rank"
+                         f"{'' if world == 1 else 's'} ({_rank_range(world)})",
+                         hint="see them all with `dtrain logs` without --rank")
     console = Console(
         out,
         color=False if as_json else color,
@@ -137,6 +143,10 @@ def is_finished(run_dir: Path) -> bool:
     """True once the launcher recorded how the run ended."""
     meta = read_meta(run_dir)
     return bool(meta.get("end") or meta.get("outcome"))
+
+
+def _rank_range(world: int) -> str:
+    return "rank 0" if world == 1 else f"ranks 0-{world - 1}" if world else "no ranks"
 
 
 def _compile(grep: str | None) -> re.Pattern[str] | None:

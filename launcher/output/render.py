@@ -18,6 +18,11 @@ def _color(stream: TextIO) -> bool:
     return should_color(stream)
 
 
+def count(n: int, noun: str) -> str:
+    """``1 node``, ``3 nodes``: a number with its noun (regular plurals only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def error(exc: DtrainError, stream: TextIO | None = None) -> None:
     """One line (two with a hint): what failed, where, and what to try."""
     stream = stream or sys.stderr

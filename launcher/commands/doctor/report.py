@@ -40,6 +40,7 @@ from launcher.decide.fabric_checks import (
     check_socket,
     socket_choices,
 )
+from launcher.output.render import count
 
 DOCTOR_VERSION = 1  # bump when the JSON envelope changes incompatibly
 
@@ -120,7 +121,7 @@ def summary(results: Sequence[CheckResult], nhosts: int) -> str:
     """`3 node(s), 51 checks: 45 ok, 3 warn, 0 FAIL, 3 skip`."""
     counts = Counter(r.status for r in results)
     parts = ", ".join(f"{counts.get(s, 0)} {LABELS[s]}" for s in STATUSES)
-    return f"{nhosts} node(s), {len(results)} checks: {parts}"
+    return f"{count(nhosts, 'node')}, {count(len(results), 'check')}: {parts}"
 
 
 def report(results: Sequence[CheckResult], nhosts: int, *, as_json: bool, strict: bool = False,
