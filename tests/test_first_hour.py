@@ -138,7 +138,7 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
         ranks = range(0, 1)
 
         class host:  # noqa: N801
-            label = "node1"
+            label, source = "node1", "hosts.txt:1"
 
         @staticmethod
         def command_line() -> str:
