@@ -148,6 +148,10 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
         master_addr, master_port, master_reason = "198.18.0.11", 29500, "single"
         world_size, rdzv, nodes = 1, "static", [Node()]
 
+        @staticmethod
+        def shown_env(node: Node) -> dict[str, str]:
+            return {v.name: v.value for v in node.env}
+
     out = io.StringIO()
     render_plan(Plan(), out, workdir="/home/me/proj",  # type: ignore[arg-type]
                 setup="source venv/bin/activate")
