@@ -60,7 +60,7 @@ def _tool(name: str) -> str:
 DTRAIN = _tool("dtrain")
 PDSH = shutil.which("pdsh") or "pdsh"
 CLUSH = _tool("clush")
-FANOUT = 64
+FANOUT = int(os.environ.get("BENCH_FANOUT", "64"))  # pdsh -f, clush -f, dtrain --fanout
 
 
 # ---------------------------------------------------------------- machine load

@@ -25,6 +25,17 @@ def cluster() -> test_cluster.Cluster:
     return test_cluster.up(4)
 
 
+BIG_CLUSTER_NODES = 64
+
+
+@pytest.fixture(scope="session")
+def big_cluster(cluster: test_cluster.Cluster) -> test_cluster.Cluster:
+    """The shared cluster grown to 64 nodes (docs/scaling.md). ``up`` only adds nodes
+    5..64 and repairs 1..4 in place; the 4-node ``cluster`` fixture never shrinks it (a
+    later ``up(4)`` reuses the larger cluster and returns its first 4 nodes)."""
+    return test_cluster.up(BIG_CLUSTER_NODES)
+
+
 @pytest.fixture(scope="session")
 def slurm(cluster: test_cluster.Cluster) -> Any:
     """A real Slurm on the cluster (munged, slurmctld, one slurmd per node): started or
