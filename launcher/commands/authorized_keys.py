@@ -148,7 +148,7 @@ take_lock() {
       continue
     fi
     tries=$((tries + 1))
-    [ "$tries" -le 150 ] || die "$lock is held by another dtrain keys run (a home shared" \
+    [ "$tries" -le 600 ] || die "$lock is held by another dtrain keys run (a home shared" \
       "by several nodes?); remove it if none is running"
     sleep 0.1 2>/dev/null || sleep 1
   done
