@@ -141,8 +141,13 @@ trap unlock EXIT
 trap 'unlock; exit 1' HUP INT TERM
 take_lock() {
   tries=0
+  gone=0
   until mkdir "$lock" 2>/dev/null; do
-    [ -d "$lock" ] || die "cannot create $lock"
+    if [ ! -d "$lock" ]; then  # released between our mkdir and this test: try again
+      gone=$((gone + 1))
+      [ "$gone" -le 20 ] || die "cannot create $lock"
+      continue
+    fi
     if [ -n "$(find "$lock" -prune -mmin +2 2>/dev/null)" ]; then
       rmdir "$lock" 2>/dev/null  # left by a killed run two minutes ago or more
       continue
