@@ -440,7 +440,7 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
 def _report(results: Iterable[CopyResult]) -> None:
     failed = [r for r in results if r.exit_code]
     if failed:
-        render.note(f"{len(failed)} node{'s' if len(failed) != 1 else ''} failed: "
+        render.note(f"{render.count(len(failed), 'node')} failed: "
                     + ", ".join(r.label for r in failed))
 
 

@@ -260,7 +260,7 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
 
             report = run.launch = LaunchReport(
                 files={JOB_FILE: program_source("smoke_job").decode()}, take=take)
-            render.note(f"smoke: {len(hosts)} node{'s' if len(hosts) != 1 else ''}, "
+            render.note(f"smoke: {render.count(len(hosts), 'node')}, "
                         f"world size {plan.world_size}, {run.backend} ({run.backend_reason}), "
                         f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
             code = await launch(plan, rreq, opts, transport, conns, pre, report=report)

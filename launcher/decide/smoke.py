@@ -16,6 +16,7 @@ from typing import Any
 
 from launcher.decide.facts import NodeFacts
 from launcher.errors import UsageError
+from launcher.output.render import count
 
 MARK = "DTRAIN-SMOKE "
 KIB, MIB = 1024, 1024 * 1024
@@ -287,8 +288,7 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
         code = 0
         bw = f"; busbw {busbw:.3g} GB/s at {fmt_size(int(res.sweep[-1]['size']))}" \
             if res.sweep and busbw is not None else ""
-        summary = (f"{len(node_labels)} node{'s' if len(node_labels) != 1 else ''}, "
-                   f"{world_size} rank{'s' if world_size != 1 else ''}, "
+        summary = (f"{count(len(node_labels), 'node')}, {count(world_size, 'rank')}, "
                    f"{res.backend or '?'}{bw}")
     return SmokeVerdict(code, tuple(failures), tuple(pairs), best, busbw, summary)
 

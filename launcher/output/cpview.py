@@ -39,9 +39,9 @@ def summary_line(r: CopyResult) -> str:
     text = (f"{r.label}: sent {r.sent} ({human(r.sent_bytes)}), skipped {r.skipped}, "
             f"deleted {r.deleted}")
     if r.stale:
-        text += f", {r.stale} stale temp{'s' if r.stale != 1 else ''} removed"
+        text += f", {render.count(r.stale, 'stale temp')} removed"
     if r.errors:
-        text += f", {len(r.errors)} error{'s' if len(r.errors) != 1 else ''}"
+        text += f", {render.count(len(r.errors), 'error')}"
     return text
 
 

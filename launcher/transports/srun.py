@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from launcher.errors import ConnectError, UsageError
 from launcher.hosts.slurm import Allocation, allocation, in_allocation
 from launcher.models import Host
+from launcher.output.render import count
 from launcher.transports.base import Connection, Process, Transport
 from launcher.transports.local import LocalProcess
 
@@ -77,8 +78,8 @@ def decide_transport(requested: str, hosts: Sequence[Host], environ: Mapping[str
                                   "or use --transport ssh")
         if missing:
             raise UsageError(
-                f"the allocation (job {alloc.job_id}: {len(alloc.nodes)} node"
-                f"{'s' if len(alloc.nodes) != 1 else ''}) is smaller than asked: "
+                f"the allocation (job {alloc.job_id}: {count(len(alloc.nodes), 'node')}) "
+                f"is smaller than asked: "
                 f"{', '.join(missing)} not in it",
                 hint=f"ask salloc/sbatch for those nodes (-N, -w), or leave out -f/-H to use "
                      f"the allocation's nodes ({','.join(alloc.nodes)})")
