@@ -355,7 +355,8 @@ class Job:
     async def run(self, transport: Transport, conns: dict[str, Connection] | None = None,
                   ) -> JobOutcome:
         """Connect (unless given connections), run every node, return the outcome."""
-        ensure_nofile(len(self.hosts))
+        if conns is None:  # given connections were opened by connect_all, which raised it
+            ensure_nofile(len(self.hosts))
         self._advance(JobState.LAUNCHING)
         loop = asyncio.get_running_loop()
         conns = dict(conns or {})
