@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import getpass
 import os
+import shlex
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import asyncssh
+import asyncssh.config
 from asyncssh.config import SSHClientConfig
 
 from launcher.errors import AuthError, ConnectError, HostKeyError, TransferError
@@ -467,6 +470,39 @@ def parse_proxy_jump(spec: str, where: str) -> list[Host]:
     return hops
 
 
+class _CachedShlex:
+    """``shlex`` as asyncssh's config parser sees it, with ``split`` memoised.
+
+    asyncssh evaluates ~/.ssh/config separately for every host (Host/Match blocks apply
+    while it reads), re-splitting every line each time: with a generated config of a few
+    hundred node blocks that was most of the launcher's CPU per host (docs/scaling.md).
+    The split of a line does not depend on the host, so it is cached; everything else
+    (matching, handlers, %-expansion) is still asyncssh's own code, run per host.
+    """
+
+    split = staticmethod(functools.lru_cache(maxsize=16384)(
+        lambda line: tuple(shlex.split(line))))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(shlex, name)
+
+
+asyncssh.config.shlex = _CachedShlex()  # type: ignore[attr-defined,assignment]
+
+
+class _ParsedConfigOptions(asyncssh.SSHClientConnectionOptions):
+    """Hands a host's already-parsed ~/.ssh/config to ``create_connection``.
+
+    asyncssh builds a connection's options on top of ``options.config`` (its "last
+    config"); passing this carrier with ``config=[]`` makes it reuse the config dtrain
+    parsed for the host (ProxyJump, IdentityFile...) instead of parsing the file again.
+    """
+
+    def __init__(self, config: SSHClientConfig) -> None:  # no prepare(): nothing to build
+        self.kwargs = {}
+        self.config = config
+
+
 def load_host_config(settings: SSHSettings, host: Host) -> SSHClientConfig:
     """~/.ssh/config as it applies to one host (HostName, ProxyJump, known_hosts files...)."""
     path = settings.config_path
@@ -623,10 +659,6 @@ class SSHTransport(Transport):
         self._jump_locks: dict[tuple[str, ...], asyncio.Lock] = {}
         self._configs: dict[tuple[str, str | None, int | None], SSHClientConfig] = {}
 
-    def _config_paths(self) -> list[str]:
-        path = self.settings.config_path
-        return [str(path)] if path.is_file() else []
-
     def _host_config(self, host: Host) -> SSHClientConfig:
         """~/.ssh/config as it applies to host, parsed once per host (ProxyJump, keys)."""
         key = (host.name, host.user, host.port)
@@ -704,7 +736,8 @@ class SSHTransport(Transport):
         kwargs: dict[str, Any] = {
             "known_hosts": policy.trusted_arg(),
             "client_keys": self._client_keys(files),
-            "config": self._config_paths(),
+            # the config parsed once for this host, not re-read by asyncssh
+            "options": _ParsedConfigOptions(cfg), "config": [],
             "connect_timeout": self.settings.connect_timeout,
             "keepalive_interval": self.settings.keepalive_interval,
             "keepalive_count_max": self.settings.keepalive_count_max,
