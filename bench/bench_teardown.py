@@ -14,6 +14,9 @@ Cases (1 rank per node, every job honours SIGTERM):
 * ``exec-N timeout``: ``dtrain exec --timeout 3`` of spin.py on N nodes; time from dtrain's
   "--timeout reached" line (when it started stopping the nodes).
 
+Also reported: start -> first line (dtrain started -> the first rank's ``ready`` line) and
+start -> all up (every rank has printed it).
+
 "Gone" = no process of the job left in any node's namespace (same identification as
 tests/test_failures.py: the job's tag in the environment, plus ancestors up to sshd, i.e. the
 supervisors), polled every 2 ms once the failure has happened. The dtrain column is when the
@@ -170,6 +173,7 @@ def measure(cluster: tc.Cluster, args: list[str], nodes: list[int], tag: bytes, 
                                    + "\n".join(job.lines[-30:]))
             watch.discover()
             time.sleep(0.05)
+        t_all_up = time.time()
         for _ in range(5):  # the last ones up
             watch.discover()
             time.sleep(0.05)
@@ -210,8 +214,10 @@ def measure(cluster: tc.Cluster, args: list[str], nodes: list[int], tag: bytes, 
         what = f"exit {job.proc.returncode}"
     if VERBOSE:
         print("  last to go:\n    " + "\n    ".join(watch.slowest(t_fail)))
+    first_line = job.first(ready)
     return {"gone": gone - t_fail, "dtrain": (job.exited or time.time()) - t_fail,
-            "procs": n_procs, "what": what}
+            "procs": n_procs, "what": what,
+            "first_line": (first_line or t_all_up) - t_start, "all_up": t_all_up - t_start}
 
 
 def run_case(cluster: tc.Cluster, name: str, n: int, tmp: Path) -> dict[str, float | str]:
@@ -269,16 +275,19 @@ def main() -> int:
                 res = run_case(cluster, case, nodes, tmp)
                 results[case].append(res)
                 print(f"round {r + 1} {case:<18} gone {res['gone']:.3f}s  dtrain exit "
-                      f"{res['dtrain']:.3f}s  ({res['procs']} processes; {res['what']})",
-                      flush=True)
+                      f"{res['dtrain']:.3f}s  ({res['procs']} processes; {res['what']}); "
+                      f"start -> first line {res['first_line']:.2f}s, all up "
+                      f"{res['all_up']:.2f}s", flush=True)
     print(f"\nteardown: failure -> last remote process gone (median / max of {opts.rounds}); "
           "goal <= 1 s")
-    print(f"{'case':<18} {'gone':>14} {'dtrain exits':>16}")
+    print(f"{'case':<18} {'gone':>14} {'dtrain exits':>16} {'first line':>11} {'all up':>8}")
     for case, rows in results.items():
         gone = [float(x["gone"]) for x in rows]
         dt = [float(x["dtrain"]) for x in rows]
+        first = statistics.median(float(x["first_line"]) for x in rows)
+        up = statistics.median(float(x["all_up"]) for x in rows)
         print(f"{case:<18} {statistics.median(gone):6.3f} / {max(gone):5.3f}   "
-              f"{statistics.median(dt):6.3f} / {max(dt):5.3f}")
+              f"{statistics.median(dt):6.3f} / {max(dt):5.3f} {first:10.2f}s {up:7.2f}s")
     return 0
 
 
