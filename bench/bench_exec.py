@@ -1,7 +1,7 @@
 """`dtrain exec` against pdsh and clush (and a bare asyncssh loop, the floor) on the cluster.
 
     python bench/bench_exec.py [--reps 5] [--nodes 32] [--seq-nodes 4] [--lines 400000]
-                               [--only true,seq,help] [--json results.json]
+                               [--only true,seq,keys,help] [--json results.json]
 
 Cases:
 
@@ -9,6 +9,8 @@ Cases:
 * ``seq 1 400000`` on 4 nodes (1,600,000 lines into a file): the output path. Every line
   must arrive exactly once, in order, tagged with its host (``node5: 17``). It uses
   node5-node8 (--seq-first): the test suite cuts links and swaps keys on node4;
+* ``keys check`` on --nodes nodes: ``dtrain keys check`` against ``pdsh``/``clush`` running
+  ``true`` with the same key (the way one checks key login with those tools);
 * ``dtrain --help``: start-up of the command itself, next to a bare ``python -c pass``.
 
 Two reference floors run beside them: ``asyncssh loop`` (a bare asyncssh client with
@@ -31,6 +33,7 @@ from collections.abc import Callable
 
 from common import (
     DTRAIN,
+    FANOUT,
     PYTHON,
     Env,
     Run,
@@ -95,6 +98,30 @@ def exec_case(env: Env, case: str, k: int, command: str, reps: int,
 
     log(f"{case}: {reps} rounds of {', '.join(TOOLS)}")
     rounds(series, [(t, make(t)) for t in TOOLS], reps, max_busy=args.max_busy,
+           patience=args.patience)
+    return series
+
+
+def keys_case(env: Env, k: int, reps: int, args: argparse.Namespace) -> Series:
+    """`dtrain keys check` (log in with the key alone, everywhere) against the pdsh/clush
+    way of asking the same question: run `true` everywhere with key authentication only."""
+    series = Series(f"keys check x {k} nodes")
+    cenv = env.env()
+    c = env.cluster
+    argvs = {"dtrain": [DTRAIN, "keys", "check", "-H", f"{c.user}@{env.hostlist(k)}",
+                        "--fanout", str(FANOUT), "-i", str(c.identity)],
+             "pdsh": env.pdsh(k, "true"), "clush": env.clush(k, "true")}
+
+    def make(tool: str) -> Callable[[int], Run]:
+        def fn(r: int) -> Run:
+            run = run_timed(tool, argvs[tool], env=cenv, out=env.tmp / f"keys-{r}.out")
+            if run.rc != 0:
+                run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
+            return run
+        return fn
+
+    log(f"keys check x {k}: {reps} rounds")
+    rounds(series, [(t, make(t)) for t in argvs], reps, max_busy=args.max_busy,
            patience=args.patience)
     return series
 
@@ -164,6 +191,8 @@ def main() -> int:
                                     f"seq 1 {args.lines} x {args.seq_nodes} nodes",
                                     args.seq_nodes, f"seq 1 {args.lines}", args.reps,
                                     seq_checker(args.lines), args))
+        if "keys" in only:
+            series.append(keys_case(env, args.nodes, args.reps, args))
         help_series = help_case(env, args.help_reps, args) if "help" in only else None
     finally:
         env.cleanup()
@@ -174,6 +203,8 @@ def main() -> int:
         print()
         rows = []
         for s in series:
+            if s.case.startswith("keys"):
+                continue  # no target: reported for comparison only
             ratio = s.median("dtrain") / s.median("pdsh")
             rows.append([s.case, f"dtrain/pdsh = {ratio:.2f}", "<= 0.5",
                          "met" if ratio <= 0.5 else "NOT met"])
