@@ -25,9 +25,13 @@ def test_the_ci_pipeline_steps(cluster, tmp_path):
     assert keys.returncode == 0, keys.stderr
     assert {k["host"] for k in json.loads(keys.stdout)} == {f"node{i}" for i in range(1, 5)}
 
-    doctor = dtrain(["doctor", *hosts, *py, "--json"], env=env, timeout=120)
+    doctor = dtrain(["doctor", *hosts, *py, "--json", "--junit", str(reports / "doctor.xml")],
+                    env=env, timeout=120)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert json.loads(doctor.stdout)["ok"] is True
+    doc = one_json_document(doctor.stdout)
+    validate_json(doc, "doctor")
+    assert doc["outcome"] == "ok"
+    validate_junit((reports / "doctor.xml").read_text())
 
     smoke = dtrain(["smoke", *hosts, *py, "--min-busbw", "0.0001", "--junit",
                     str(reports / "smoke.xml"), "--json"], env=env, timeout=170)
