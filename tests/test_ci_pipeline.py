@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,13 @@ def test_the_ci_pipeline_steps(cluster, tmp_path):
     py = ["--python", cluster.python]
     reports = tmp_path / "reports"
 
-    keys = dtrain(["keys", "check", *hosts, "--identity", str(cluster.identity), "--json"],
-                  env=env, timeout=60)
+    keys = dtrain(["keys", "check", *hosts, "--identity", str(cluster.identity), "--json",
+                   "--junit", str(reports / "keys.xml")], env=env, timeout=60)
     assert keys.returncode == 0, keys.stderr
-    assert {k["host"] for k in json.loads(keys.stdout)} == {f"node{i}" for i in range(1, 5)}
+    doc = one_json_document(keys.stdout)
+    validate_json(doc, "keys")
+    assert {n["host"] for n in doc["nodes"]} == {f"node{i}" for i in range(1, 5)}
+    validate_junit((reports / "keys.xml").read_text())
 
     doctor = dtrain(["doctor", *hosts, *py, "--json", "--junit", str(reports / "doctor.xml")],
                     env=env, timeout=120)
