@@ -100,6 +100,7 @@ class Console:
     ) -> None:
         self.stream = sys.stdout if stream is None else stream
         self.timestamps = timestamps  # --timestamps: each line starts with wall_clock(line.t)
+        self._stamp_t, self._stamp_text = -1.0, ""
         self.err_stream = err_stream
         self.color = should_color(self.stream) if color is None else color
         # remote control sequences are neutralised on a terminal (termsafe.py); --raw: False
@@ -139,8 +140,7 @@ class Console:
             text = f"{line.host}: {text}"
         prefix = self._prefix(line)
         if self.timestamps:
-            stamp = wall_clock(line.t or time.time())
-            prefix = (f"{DIM}{stamp}{RESET} " if self.color else f"{stamp} ") + prefix
+            prefix = self._stamp(line.t or time.time()) + prefix
         if self.sanitize and not text.isprintable():
             text = clean_text(text)  # ends with a reset if it kept a colour
         elif self.color and "\x1b" in text:
@@ -148,6 +148,14 @@ class Console:
         if "\n" in text:
             text = text.replace("\n", "\n" + prefix)
         return prefix + text
+
+    def _stamp(self, t: float) -> str:
+        """The --timestamps prefix; lines of one chunk share their arrival time."""
+        if t != self._stamp_t:
+            stamp = wall_clock(t)
+            self._stamp_t, self._stamp_text = t, (f"{DIM}{stamp}{RESET} " if self.color
+                                                  else f"{stamp} ")
+        return self._stamp_text
 
     def write(self, lines: Iterable[OutputLine]) -> None:
         """Filter, format and write lines with one write() per destination."""
