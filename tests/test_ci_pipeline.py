@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,21 @@ def test_the_ci_pipeline_steps(cluster, tmp_path):
     py = ["--python", cluster.python]
     reports = tmp_path / "reports"
 
-    keys = dtrain(["keys", "check", *hosts, "--identity", str(cluster.identity), "--json"],
-                  env=env, timeout=60)
+    keys = dtrain(["keys", "check", *hosts, "--identity", str(cluster.identity), "--json",
+                   "--junit", str(reports / "keys.xml")], env=env, timeout=60)
     assert keys.returncode == 0, keys.stderr
-    assert {k["host"] for k in json.loads(keys.stdout)} == {f"node{i}" for i in range(1, 5)}
+    doc = one_json_document(keys.stdout)
+    validate_json(doc, "keys")
+    assert {n["host"] for n in doc["nodes"]} == {f"node{i}" for i in range(1, 5)}
+    validate_junit((reports / "keys.xml").read_text())
 
-    doctor = dtrain(["doctor", *hosts, *py, "--json"], env=env, timeout=120)
+    doctor = dtrain(["doctor", *hosts, *py, "--json", "--junit", str(reports / "doctor.xml")],
+                    env=env, timeout=120)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert json.loads(doctor.stdout)["ok"] is True
+    doc = one_json_document(doctor.stdout)
+    validate_json(doc, "doctor")
+    assert doc["outcome"] == "ok"
+    validate_junit((reports / "doctor.xml").read_text())
 
     smoke = dtrain(["smoke", *hosts, *py, "--min-busbw", "0.0001", "--junit",
                     str(reports / "smoke.xml"), "--json"], env=env, timeout=170)

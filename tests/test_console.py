@@ -175,3 +175,38 @@ def test_fold_hosts() -> None:
 
 def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+# --------------------------------------------------------------------------- --timestamps
+
+STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}"
+
+
+def test_wall_clock_is_local_iso_8601_with_milliseconds() -> None:
+    import time
+
+    from launcher.output.console import wall_clock
+
+    t = 1_795_000_000.0456
+    assert wall_clock(t) == time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) + ".045"
+    assert wall_clock(1_795_000_000.9999).endswith(":40.999")  # never rounds into :41
+    assert re.fullmatch(STAMP, wall_clock(time.time()))
+
+
+def test_timestamps_prefix_every_line_with_its_arrival_time() -> None:
+    from launcher.output.console import wall_clock
+
+    t = 1_795_000_000.25
+    console, stream = plain(timestamps=True)
+    console.write([OutputLine("node1", "out", "hello", 3, t=t),
+                   OutputLine("node2", "err", "two\nlines", None, t=t + 1),
+                   OutputLine("", "dtrain", "note", t=t + 2)])
+    assert stream.getvalue().splitlines() == [
+        f"{wall_clock(t)} node1 r3: hello", f"{wall_clock(t + 1)} node2 [err]: two",
+        f"{wall_clock(t + 1)} node2 [err]: lines", f"{wall_clock(t + 2)} dtrain: note"]
+    tty = TTY()
+    Console(tty, color=True, timestamps=True).write([OutputLine("node1", "out", "x", t=t)])
+    assert tty.getvalue().startswith(f"\x1b[2m{wall_clock(t)}{RESET} ")
+    untimed, stream = plain()
+    untimed.write([OutputLine("node1", "out", "hello", t=t)])
+    assert stream.getvalue() == "node1: hello\n"

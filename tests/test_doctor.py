@@ -13,9 +13,13 @@ import pytest
 
 from launcher.commands import doctor
 from launcher.commands.doctor import FAIL, OK, SKIP, WARN, CheckResult, Gathered, PortProbe
+from launcher.decide.checks import FIXES
 from launcher.decide.facts import UNLIMITED, Addr, Iface, NodeFacts, RdmaPort, Route, SiteVar
 from launcher.models import Host
 from launcher.nodeside import probe
+from launcher.output.junit import to_junit
+from launcher.output.report import to_json
+from tests.reports import one_json_document, validate_json, validate_junit
 from tests.util import assert_exit, dtrain
 
 PROBE = Path(probe.__file__)
@@ -411,16 +415,67 @@ def test_evaluate_orders_rows_check_by_check_and_skips_unreached_nodes() -> None
     assert doctor.exit_code(rows) == 255
 
 
-def test_exit_code_and_json_envelope() -> None:
+def test_exit_code_and_json_document() -> None:
     warn = [CheckResult("a", "shm", WARN, "small"), CheckResult("a", "torch", OK, "2.13")]
     assert doctor.exit_code(warn) == 0 and doctor.exit_code(warn, strict=True) == 1
     failed = [*warn, CheckResult("b", "torch", FAIL, "missing")]
     assert doctor.exit_code(failed) == 1
-    env = doctor.envelope(failed, 1)
-    assert env == {"doctor_version": 1, "ok": False, "checks": [
-        {"host": "a", "check": "shm", "status": "warn", "detail": "small"},
-        {"host": "a", "check": "torch", "status": "ok", "detail": "2.13"},
-        {"host": "b", "check": "torch", "status": "fail", "detail": "missing"}]}
+    doc = to_json(doctor.doctor_report(failed, ["a", "b"], started=1000.0, ended=1001.5,
+                                       timing={"a": (1000.1, 1000.4)}))
+    validate_json(doc, "doctor")
+    assert doc["schema"] == "dtrain.doctor/1" and doc["outcome"] == "failed"
+    assert doc["exit_code"] == 1 and doc["duration"] == 1.5
+    assert doc["doctor"]["checks"] == [
+        {"host": "a", "check": "shm", "status": "warn", "detail": "small",
+         "fix": FIXES["shm"]},
+        {"host": "a", "check": "torch", "status": "ok", "detail": "2.13", "fix": None},
+        {"host": "b", "check": "torch", "status": "fail", "detail": "missing",
+         "fix": FIXES["torch"]}]
+    assert doc["doctor"]["counts"] == {"ok": 1, "warn": 1, "fail": 1, "skip": 0}
+    nodes = {n["host"]: n for n in doc["nodes"]}
+    assert nodes["a"]["status"] == "passed" and nodes["a"]["duration"] == 0.3
+    assert nodes["b"]["status"] == "failed" and nodes["b"]["message"] == "torch: missing"
+    assert nodes["b"]["details"]["checks"] == [
+        {"name": "torch", "status": "fail", "message": "missing", "fix": FIXES["torch"]}]
+    assert doc["root_cause"] == {"kind": "check", "host": "b", "rank": None, "exit_code": 1,
+                                 "check": "torch", "summary": "b: torch: missing",
+                                 "fix": FIXES["torch"]}
+    strict = to_json(doctor.doctor_report(warn, ["a"], started=1.0, ended=2.0, strict=True))
+    validate_json(strict, "doctor")
+    assert strict["exit_code"] == 1 and strict["nodes"][0]["status"] == "failed"
+    assert strict["root_cause"]["check"] == "shm"
+
+
+def test_unreachable_node_is_an_error_and_the_root_cause() -> None:
+    rows = [CheckResult("a", "ssh", OK, "connected"), CheckResult("a", "torch", FAIL, "old"),
+            CheckResult("b", "ssh", FAIL, "timed out connecting")]
+    rep = doctor.doctor_report(rows, ["a", "b"], started=1.0, ended=2.0)
+    doc = to_json(rep)
+    validate_json(doc, "doctor")
+    assert doc["exit_code"] == 255
+    assert {n["host"]: n["status"] for n in doc["nodes"]} == {"a": "failed", "b": "error"}
+    assert doc["root_cause"]["kind"] == "unreachable" and doc["root_cause"]["host"] == "b"
+    assert doc["root_cause"]["summary"] == "a: torch: old; b: ssh: timed out connecting"
+
+
+def test_junit_has_one_case_per_node_and_check() -> None:
+    rows = [CheckResult("a", "ssh", OK, "connected"), CheckResult("a", "shm", WARN, "small"),
+            CheckResult("a", "hca", SKIP, "no RDMA"), CheckResult("a", "torch", FAIL, "old"),
+            CheckResult("b", "ssh", FAIL, "timed out connecting")]
+    rep = doctor.doctor_report(rows, ["a", "b"], started=1.0, ended=2.0)
+    root = validate_junit(to_junit(rep, doctor.junit_cases(rows), node_cases=False))
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert list(cases) == ["a ssh", "a shm", "a hca", "a torch", "b ssh"]
+    assert {c.get("classname") for c in cases.values()} == {"dtrain.doctor"}
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"),
+            suite.get("skipped")) == ("5", "1", "1", "1")
+    failure = cases["a torch"].find("failure")
+    assert failure.get("message") == "a: torch: old" and f"fix: {FIXES['torch']}" in failure.text
+    assert cases["b ssh"].find("error").get("message") == "b: ssh: timed out connecting"
+    assert len(cases["a shm"]) == 0  # a warning passes...
+    strict = doctor.junit_cases(rows, strict=True)
+    assert next(c for c in strict if c.name == "a shm").status == "failed"  # ...unless --strict
 
 
 def test_plain_rendering_is_aligned(tmp_path: Path) -> None:
@@ -433,17 +488,31 @@ def test_plain_rendering_is_aligned(tmp_path: Path) -> None:
                                             "torch  node10  FAIL  torch is not installed"]
 
 
-def test_doctor_on_localhost_without_ssh() -> None:
+def test_doctor_on_localhost_without_ssh(tmp_path: Path) -> None:
     """localhost runs the probe as a subprocess: the whole command, no cluster needed."""
-    res = dtrain(["doctor", "-H", "localhost", "--python", sys.executable, "--json"],
-                 timeout=120)
-    doc = json.loads(res.stdout)
-    assert doc["doctor_version"] == 1
-    assert res.returncode == (0 if doc["ok"] else 1), res.stderr
-    rows = {(c["host"], c["check"]): c for c in doc["checks"]}
+    junit = tmp_path / "doctor.xml"
+    res = dtrain(["doctor", "-H", "localhost", "--python", sys.executable, "--json",
+                  "--junit", str(junit)], timeout=120, env={**os.environ, "NO_COLOR": "1"})
+    doc = one_json_document(res.stdout)
+    validate_json(doc, "doctor")
+    assert res.returncode == doc["exit_code"] == (0 if doc["outcome"] == "ok" else 1), res.stderr
+    rows = {(c["host"], c["check"]): c for c in doc["doctor"]["checks"]}
     assert rows[("localhost", "ssh")]["status"] == OK
     assert rows[("localhost", "python")]["status"] == OK
     assert rows[("localhost", "master_port")]["detail"].startswith("bound 127.0.0.1:")
+    assert "master_port  localhost  ok" in res.stderr  # the table went to stderr
+    cases = {c.get("name") for c in validate_junit(junit.read_text()).iter("testcase")}
+    assert {"localhost ssh", "localhost torch", "localhost clock"} <= cases
+
+
+def test_doctor_colour_follows_the_shared_rule() -> None:
+    """FORCE_COLOR colours a pipe (the rich table), NO_COLOR wins over it."""
+    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    args = ["doctor", "-H", "localhost", "--python", sys.executable]
+    forced = dtrain(args, timeout=120, env={**base, "FORCE_COLOR": "1"})
+    assert "\x1b[" in forced.stdout and "┃" in forced.stdout, forced.stdout
+    plain = dtrain(args, timeout=120, env={**base, "FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert "\x1b[" not in plain.stdout and "master_port  localhost" in plain.stdout
 
 
 # --------------------------------------------------------------------------- on the cluster
@@ -493,10 +562,41 @@ def test_healthy_cluster_passes(cluster) -> None:  # type: ignore[no-untyped-def
 def test_healthy_cluster_json(cluster) -> None:  # type: ignore[no-untyped-def]
     res = _doctor(cluster, "-H", "node[1-3]", "--json")
     assert res.returncode == 0, res.stderr
-    doc = json.loads(res.stdout)
-    assert doc["doctor_version"] == 1 and doc["ok"] is True
-    assert {c["host"] for c in doc["checks"]} == {"node1", "node2", "node3"}
-    assert all(c["status"] in ("ok", "warn", "skip") for c in doc["checks"])
+    doc = one_json_document(res.stdout)
+    validate_json(doc, "doctor")
+    assert doc["outcome"] == "ok" and doc["root_cause"] is None
+    assert [n["host"] for n in doc["nodes"]] == ["node1", "node2", "node3"]
+    assert all(n["status"] == "passed" for n in doc["nodes"])
+    assert {c["host"] for c in doc["doctor"]["checks"]} == {"node1", "node2", "node3"}
+    assert all(c["status"] in ("ok", "warn", "skip") for c in doc["doctor"]["checks"])
+
+
+@pytest.mark.ssh
+def test_json_and_junit_name_the_unreachable_node(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    junit = tmp_path / "doctor.xml"
+    res = dtrain(["doctor", "--python", cluster.python, "-H", "node[1-2],198.18.0.9",
+                  "--connect-timeout", "2", "--json", "--junit", str(junit)],
+                 env=cluster.client_env(GITHUB_ACTIONS="true"), timeout=120)
+    assert_exit(res, 255)
+    doc = one_json_document(res.stdout)
+    validate_json(doc, "doctor")
+    assert doc["exit_code"] == 255 and doc["outcome"] == "failed"
+    status = {n["host"]: n["status"] for n in doc["nodes"]}
+    assert status == {"node1": "passed", "node2": "passed", "198.18.0.9": "error"}
+    bad = next(n for n in doc["nodes"] if n["host"] == "198.18.0.9")
+    assert bad["details"]["checks"][0]["name"] == "ssh"
+    assert bad["details"]["checks"][0]["status"] == "fail"
+    assert bad["details"]["checks"][0]["fix"] and "timed out" in bad["message"]
+    assert doc["root_cause"]["host"] == "198.18.0.9"
+    assert doc["root_cause"]["kind"] == "unreachable"
+    assert "::error title=dtrain%3A host 198.18.0.9::dtrain doctor: ssh: " in res.stderr
+    assert "node1::" not in res.stderr  # only the failed node is annotated
+    root = validate_junit(junit.read_text())
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    error = cases["198.18.0.9 ssh"].find("error")
+    assert error is not None and "198.18.0.9" in error.get("message")
+    assert "fix: " in error.text
+    assert cases["node2 torch"].find("failure") is None and "node2 master_port" in cases
 
 
 @pytest.mark.ssh

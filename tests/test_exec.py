@@ -203,3 +203,32 @@ def test_exec_volume_to_a_slow_reader_every_line_once_in_order_tagged(cluster):
         expect[host] += 1
     assert expect == {f"node{k}": VOLUME + 1 for k in (1, 2, 3)}, expect
     assert out.endswith(b"\n")
+
+
+def _stamped(text: str) -> list[tuple[float, str]]:
+    """(epoch seconds, rest of the line) for each --timestamps line."""
+    out = []
+    for line in text.splitlines():
+        stamp, rest = line.split(" ", 1)
+        assert len(stamp) == 23 and stamp[10] == "T" and stamp[19] == ".", line
+        t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + int(stamp[20:]) / 1000
+        out.append((t, rest))
+    return out
+
+
+def test_exec_timestamps_are_when_each_line_arrived(cluster):
+    before = time.time()
+    res = dtrain(["exec", "-H", "node[1-2]", "--timestamps", "--",
+                  "echo one; sleep 1.5; echo two >&2; printf three"], env=cluster.client_env())
+    after = time.time()
+    assert res.returncode == 0, res.stderr
+    out, err = _stamped(res.stdout), _stamped(res.stderr)
+    assert sorted(rest for _, rest in out) == ["node1: one", "node1: three", "node2: one",
+                                               "node2: three"]
+    assert sorted(rest for _, rest in err) == ["node1: two", "node2: two"]
+    assert all(before - 0.001 <= t <= after for t, _ in out + err)
+    one = {rest.split(":")[0]: t for t, rest in out if rest.endswith("one")}
+    two = {rest.split(":")[0]: t for t, rest in err}
+    assert all(two[h] - one[h] >= 1.4 for h in ("node1", "node2"))  # the launcher's clock
+    plain = dtrain(["exec", "-H", "node1", "--", "echo one"], env=cluster.client_env())
+    assert plain.stdout == "node1: one\n"  # no --timestamps: pdsh's format, untouched

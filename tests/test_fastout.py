@@ -65,3 +65,25 @@ async def test_a_slow_reader_slows_the_reads_and_loses_nothing(monkeypatch):
     await asyncio.wait_for(waiter, 5)  # ...and resume once it drained
     o.close()
     assert out.getvalue() == b"".join(b"a: %d\n" % i for i in range(50))
+
+
+def test_timestamps_are_the_arrival_time_of_each_chunk():
+    import re
+    import time
+
+    o, out, err = _out(timestamps=True)
+    before = time.time()
+    o.chunk(Host("a"), None, "out", b"one\ntwo\nthr")
+    time.sleep(0.05)
+    o.chunk(Host("a"), None, "out", b"ee\n")
+    o.say("dtrain", "note")
+    o.close()
+    lines = out.getvalue().decode().splitlines()
+    stamp = r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) "
+    parsed = [re.fullmatch(stamp + r"a: (.*)", line) for line in lines]
+    assert all(parsed) and [m[2] for m in parsed] == ["one", "two", "three"]
+    assert parsed[0][1] == parsed[1][1]  # one chunk, one arrival time
+    first = time.mktime(time.strptime(parsed[0][1][:19], "%Y-%m-%dT%H:%M:%S"))
+    assert int(before) <= first <= time.time()
+    assert parsed[2][1] > parsed[0][1]  # the tail arrived later: its line carries that time
+    assert re.fullmatch(stamp + "dtrain: note\n", err.getvalue().decode())

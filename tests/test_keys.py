@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import pwd
 import select
@@ -25,12 +24,16 @@ from launcher.commands.keys import (
     KeyResult,
     _Client,
     _Nodes,
+    keys_report,
 )
 from launcher.errors import AuthError, UsageError
 from launcher.models import Host
+from launcher.output.junit import to_junit
+from launcher.output.report import to_json
 from launcher.transports.ssh import HostKeyPolicy, SSHSettings
 from tests.cluster import Cluster, Node
-from tests.util import assert_exit
+from tests.reports import one_json_document, validate_json, validate_junit
+from tests.util import assert_exit, dtrain
 
 # --------------------------------------------------------------------------- the local key
 
@@ -107,6 +110,55 @@ def test_key_result_json() -> None:
     assert KeyResult("n1", "installed").to_json() == {"host": "n1", "status": "installed",
                                                       "detail": ""}
     assert not KeyResult("n1", "failed", "x").ok and KeyResult("n1", "present").ok
+
+
+def test_keys_report_document_and_junit(tmp_path: Path) -> None:
+    pair = ensure_keypair(default_key_path(tmp_path))
+    results = [KeyResult("n1", "installed", "", True), KeyResult("n2", "present", "", True),
+               KeyResult("n3", "failed", "the key is not accepted", True),
+               KeyResult("n4", "failed", "timed out connecting after 2 s", False)]
+    rep = keys_report("setup", results, pair, "4 nodes: ...", 1.0, 2.5)
+    doc = to_json(rep)
+    validate_json(doc, "keys")
+    assert doc["schema"] == "dtrain.keys/1" and doc["exit_code"] == 1
+    assert doc["keys"]["action"] == "setup" and doc["keys"]["key"] == str(pair.private)
+    assert doc["keys"]["results"][2] == {"host": "n3", "status": "failed",
+                                         "detail": "the key is not accepted"}
+    nodes = {n["host"]: n for n in doc["nodes"]}
+    assert {h: n["status"] for h, n in nodes.items()} == {
+        "n1": "passed", "n2": "passed", "n3": "failed", "n4": "error"}
+    assert nodes["n1"]["details"] == {"state": "installed", "reachable": True,
+                                      "key": "installed", "error": None}
+    assert nodes["n2"]["details"]["key"] == "present"
+    assert nodes["n4"]["details"] == {"state": "failed", "reachable": False, "key": None,
+                                      "error": "timed out connecting after 2 s"}
+    assert doc["root_cause"]["host"] == "n3" and doc["root_cause"]["kind"] == "node"
+    cases = {c.get("name"): c for c in validate_junit(to_junit(rep)).iter("testcase")}
+    assert set(cases) == {"n1", "n2", "n3", "n4"}
+    assert cases["n3"].find("failure").get("message") == "the key is not accepted"
+    assert cases["n4"].find("error") is not None and cases["n1"].find("failure") is None
+    assert "exit code" not in cases["n3"].find("failure").text  # keys has no node exit codes
+    ok = to_json(keys_report("check", results[:2], pair, "2 nodes", 1.0, 2.0))
+    validate_json(ok, "keys")
+    assert ok["outcome"] == "ok" and ok["root_cause"] is None
+
+
+def test_keys_table_colour_follows_the_shared_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FORCE_COLOR colours a pipe (the rich table); NO_COLOR wins over it."""
+    import io
+
+    from launcher.cli.keys import _table
+
+    rows = [KeyResult("node1", "ok", "key login works")]
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    forced = io.StringIO()
+    _table(rows, forced)
+    assert "\x1b[" in forced.getvalue() and "node1" in forced.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = io.StringIO()
+    _table(rows, plain)
+    assert plain.getvalue() == "node1  ok  key login works\n"
 
 
 def test_cli_keys_does_not_import_asyncssh() -> None:
@@ -319,7 +371,10 @@ def keys_env(cluster: Cluster, tmp_path: Path) -> Iterator[KeysEnv]:
 
 
 def _results(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
-    return {r["host"]: r for r in json.loads(proc.stdout)}
+    """The dtrain.keys/1 document's results (validated against its schema)."""
+    doc = one_json_document(proc.stdout)
+    validate_json(doc, "keys")
+    return {r["host"]: r for r in doc["keys"]["results"]}
 
 
 def _statuses(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
@@ -344,11 +399,19 @@ def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
     assert "no key at" in before.stderr
 
     t0 = time.monotonic()
+    junit = keys_env.home / "keys.xml"
     first = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
-                            stdin=cluster.password + "\n")
+                            "--junit", str(junit), stdin=cluster.password + "\n")
     took = time.monotonic() - t0
     assert first.returncode == 0, first.stderr
     assert _statuses(first) == dict.fromkeys(ips, "installed")
+    doc = one_json_document(first.stdout)
+    assert doc["keys"]["action"] == "setup" and doc["outcome"] == "ok"
+    assert all(n["details"]["key"] == "installed" and n["details"]["reachable"]
+               for n in doc["nodes"])
+    cases = {c.get("name"): c for c in validate_junit(junit.read_text()).iter("testcase")}
+    assert set(cases) == set(ips) and all(len(c) == 0 for c in cases.values())
+    assert cluster.password not in first.stdout + junit.read_text()
     assert "created" in first.stderr and took < 20
     assert "--accept-new: recorded 4 new host key(s)" in first.stderr
     assert all(f"{ip}  ssh-ed25519  SHA256:" in first.stderr for ip in ips)
@@ -359,6 +422,8 @@ def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
     again = keys_env.dtrain("keys", "setup", "--json")  # no password, no --accept-new
     assert again.returncode == 0, again.stderr
     assert _statuses(again) == dict.fromkeys(ips, "present")
+    assert {n["details"]["key"] for n in one_json_document(again.stdout)["nodes"]} == {
+        "present"}
     _assert_node_files(cluster, blob)
 
     check = keys_env.dtrain("keys", "check")
@@ -388,15 +453,18 @@ def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
 @pytest.mark.ssh
 def test_wrong_password_fails_fast_and_clearly(keys_env: KeysEnv) -> None:
     t0 = time.monotonic()
+    junit = keys_env.home / "keys.xml"
     proc = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new", "--json",
-                           stdin="not-the-password\n")
+                           "--junit", str(junit), stdin="not-the-password\n")
     took = time.monotonic() - t0
     assert_exit(proc, 1)
     for result in _results(proc).values():
         assert result["status"] == "failed"
         assert "authentication failed: wrong password" in result["detail"]
     assert took < 15  # PAM's own delay (~2-3 s), once: no retries
-    assert "not-the-password" not in proc.stdout + proc.stderr
+    xml = junit.read_text()
+    assert xml.count("<failure") == 4 and "wrong password" in xml
+    assert "not-the-password" not in proc.stdout + proc.stderr + xml
 
 
 @pytest.mark.ssh
@@ -509,3 +577,33 @@ def test_interactive_confirm_and_hidden_password(keys_env: KeysEnv) -> None:
     for node in cluster.nodes:
         host_key = (node.dir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
         assert f"{node.ip} {' '.join(host_key)}" in known
+
+
+@pytest.mark.ssh
+def test_check_json_and_junit_name_the_unreachable_node(cluster: Cluster, tmp_path: Path
+                                                        ) -> None:
+    junit = tmp_path / "keys.xml"
+    far = "198.18.0.9"  # never a node
+    res = dtrain(["keys", "check", "-H", f"node[1-2],{cluster.user}@{far}", "--identity",
+                  str(cluster.identity), "--connect-timeout", "2", "--json", "--junit",
+                  str(junit)], env=cluster.client_env(GITHUB_ACTIONS="true"), timeout=60)
+    assert_exit(res, 1)
+    doc = one_json_document(res.stdout)
+    validate_json(doc, "keys")
+    assert doc["keys"]["action"] == "check"
+    nodes = {n["host"]: n for n in doc["nodes"]}
+    assert {h: n["status"] for h, n in nodes.items()} == {
+        "node1": "passed", "node2": "passed", far: "error"}
+    assert nodes["node1"]["details"] == {"state": "ok", "reachable": True, "key": "accepted",
+                                         "error": None}
+    assert nodes[far]["details"]["reachable"] is False
+    assert "timed out" in nodes[far]["details"]["error"]
+    assert doc["root_cause"]["host"] == far and doc["root_cause"]["kind"] == "unreachable"
+    assert f"::error title=dtrain%3A host {far}::dtrain keys: " in res.stderr
+    assert "host node1" not in res.stderr
+    assert f"{far}  failed" in res.stderr  # the table went to stderr
+    cases = {c.get("name"): c for c in validate_junit(junit.read_text()).iter("testcase")}
+    assert set(cases) == {"node1", "node2", far}
+    error = cases[far].find("error")
+    assert error is not None and "timed out" in error.get("message")
+    assert cases["node1"].find("error") is None and cases["node1"].find("failure") is None

@@ -4,6 +4,8 @@ GitHub ::error annotations naming host and rank."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.reports import one_json_document, validate_json, validate_junit
@@ -42,7 +44,7 @@ def test_run_json_and_junit_name_the_failed_rank(cluster, tmp_path):
     junit = tmp_path / "run.xml"
     res = dtrain(["run", "-H", "node[1-2]", "--python", cluster.python, "--nproc-per-node",
                   "2", "--archive-dir", str(tmp_path / "runs"), "--json", "--junit",
-                  str(junit), "-e", "WL_STEPS=50", "-e", "WL_FAIL_RANK=3", "-e",
+                  str(junit), "--timestamps", "-e", "WL_STEPS=50", "-e", "WL_FAIL_RANK=3", "-e",
                   "WL_STEP_SLEEP=0.05", "tests/workloads/train.py"],
                  env=cluster.client_env(GITHUB_ACTIONS="true"), timeout=150)
     assert res.returncode == 7, res.stderr[-3000:]
@@ -56,6 +58,9 @@ def test_run_json_and_junit_name_the_failed_rank(cluster, tmp_path):
     assert rank3["role"] == "root cause"
     assert any("failing on purpose" in t for t in rank3["stderr_tail"])
     assert "step" in res.stderr  # the training output went to stderr
+    stamped = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} node[12] r[0-3]: .*step",
+                         re.MULTILINE)
+    assert stamped.search(res.stderr), res.stderr[-2000:]  # --timestamps on run's console
     assert "::error title=dtrain%3A host node2; rank 3::" in res.stderr
     root = validate_junit(junit.read_text())
     cases = _cases(root)

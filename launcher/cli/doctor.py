@@ -40,8 +40,10 @@ def doctor_cmd(
     master_port: Annotated[int | None, typer.Option("--master-port", min=1, max=65535,
                                                     help="Test this port (default: any free "
                                                          "one, as `run` picks).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print {doctor_version, ok, checks: "
-                                          "[{host, check, status, detail}]}.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document (dtrain.doctor/1) "
+                                          "on stdout; the table goes to stderr.")] = False,
+    junit: Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
+                                              "testcase per node and check).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")]
     = False,
     probe_timeout: Annotated[float, typer.Option("--probe-timeout", min=1, help="Seconds for "
@@ -52,7 +54,8 @@ def doctor_cmd(
     transport: TransportOpt = "auto",
     color: Annotated[bool | None, typer.Option("--color/--no-color", help="Rich table or "
                                                "plain columns (default: rich on a "
-                                               "terminal).")] = None,
+                                               "terminal or with FORCE_COLOR, never "
+                                               "with NO_COLOR).")] = None,
 ) -> None:
     """Check every node before a launch: ssh, python, torch, GPUs, network, RDMA, limits.
 
@@ -70,7 +73,7 @@ def doctor_cmd(
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout, transport=transport)
         return run_doctor(host_list, opts, ssh_settings(connect_timeout, accept_new),
-                          as_json=as_json, strict=strict, color=color)
+                          as_json=as_json, junit=junit, strict=strict, color=color)
 
     run_body(body)
 

@@ -54,6 +54,10 @@ def exec_cmd(
                        ] = False,
     junit: Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
                                               "testcase per node).")] = None,
+    timestamps: Annotated[bool, typer.Option("--timestamps", help="Start each output line "
+                                             "with the time dtrain received it "
+                                             "(2026-11-30T12:34:56.789, local time).")
+                          ] = False,
 ) -> None:
     """Run a command on every node; output tagged by host; exit = the largest remote code.
 
@@ -65,11 +69,17 @@ def exec_cmd(
         from launcher.nodeside.wire import check_value
 
         check_value(python, "--python", python=True)
+        if timestamps and gather:
+            from launcher.errors import UsageError
+
+            raise UsageError("--timestamps does not go with --gather: the gathered outputs "
+                             "are printed once, grouped across hosts, after the job",
+                             hint="use one of them")
         host_list = resolve(hostfile, hosts, include, exclude)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, raw=raw, grace=grace,
                           heartbeat_timeout=heartbeat_timeout, transport=transport,
-                          as_json=as_json, junit=junit)
+                          as_json=as_json, junit=junit, timestamps=timestamps)
         return run_exec(host_list, req, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

@@ -8,12 +8,12 @@ held in a ``keys.Secret`` from the moment it is read.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
@@ -44,8 +44,10 @@ keys_app = typer.Typer(cls=DtrainGroup, no_args_is_help=True,
 IdentityOpt = Annotated[Path | None, typer.Option(
     "--identity", "-i", help="Key to install (created there if missing) instead of "
                              "~/.ssh/id_ed25519_dtrain.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print a JSON list of {host, status, "
-                                                      "detail} instead of the table.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document (dtrain.keys/1) on "
+                                                      "stdout; the table goes to stderr.")]
+JunitOpt = Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
+                                                              "testcase per node).")]
 PasswordStdinOpt = Annotated[bool, typer.Option(
     "--password-stdin", help="Read the password from the first line of stdin (scripts, CI) "
                              "instead of asking on the terminal.")]
@@ -126,10 +128,14 @@ class TerminalPrompts:
 # --------------------------------------------------------------------------- output
 
 
-def _table(results: Sequence[KeyResult]) -> None:
-    """A rich table on a terminal, plain aligned columns otherwise (pipes, CI logs)."""
-    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+def _table(results: Sequence[KeyResult], stream: TextIO) -> None:
+    """A rich table when colour is on (``console.should_color``: a terminal or FORCE_COLOR,
+    never NO_COLOR), plain aligned columns otherwise (pipes, CI logs)."""
+    from launcher.output.console import should_color
+
+    if should_color(stream):
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table()
@@ -137,34 +143,39 @@ def _table(results: Sequence[KeyResult]) -> None:
             table.add_column(column, overflow="fold")
         for r in results:
             style = STYLES.get(r.status, "")
-            table.add_row(r.host, f"[{style}]{LABELS.get(r.status, r.status)}[/]", r.detail)
-        Console().print(table)
+            table.add_row(escape(r.host), f"[{style}]{LABELS.get(r.status, r.status)}[/]",
+                          escape(r.detail))
+        Console(file=stream, force_terminal=True).print(table)
         return
     width = max(len(r.host) for r in results)
     swidth = max(len(LABELS.get(r.status, r.status)) for r in results)
     for r in results:
         line = f"{r.host:<{width}}  {LABELS.get(r.status, r.status):<{swidth}}  {r.detail}"
-        typer.echo(line.rstrip())
+        stream.write(line.rstrip() + "\n")
+    stream.flush()
 
 
-def _report(results: Sequence[KeyResult], keypair: KeyPair, as_json: bool) -> int:
-    """Print the results; 0 only when every node succeeded."""
+def _report(action: str, results: Sequence[KeyResult], keypair: KeyPair, started: float,
+            as_json: bool, junit: str | None) -> int:
+    """Print the table (to stderr under --json) and the tally, then the dtrain.keys/1
+    document and the JUnit file when asked; 0 only when every node succeeded."""
+    from launcher.commands.keys import keys_report
+    from launcher.commands.reporting import finish
     from launcher.output import render
 
-    if as_json:
-        typer.echo(json.dumps([r.to_json() for r in results], indent=2))
-    else:
-        _table(results)
+    _table(results, sys.stderr if as_json else sys.stdout)
     counts: dict[str, int] = {}
     for r in results:
         counts[LABELS.get(r.status, r.status)] = counts.get(LABELS.get(r.status, r.status), 0) + 1
     tally = ", ".join(f"{n} {s}" for s, n in counts.items())
-    render.note(f"{render.count(len(results), 'node')}: {tally} (key {keypair.private})")
+    summary = f"{render.count(len(results), 'node')}: {tally} (key {keypair.private})"
+    render.note(summary)
     for r in results:
         if r.status == "failed" and "HOST KEY CHANGED" in r.detail:
             render.note(f"WARNING: {r.host}: HOST KEY CHANGED; known_hosts left as it was. "
                         "Do not connect until you know why.")
-    return 0 if all(r.ok for r in results) else 1
+    report = keys_report(action, results, keypair, summary, started, time.time())
+    return finish(report, as_json=as_json, junit=junit)
 
 
 def _keypair(identity: Path | None, *, create: bool) -> KeyPair:
@@ -201,6 +212,7 @@ def setup_cmd(
     password_stdin: PasswordStdinOpt = False,
     accept_new: AcceptNewOpt = False,
     as_json: JsonOpt = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Install the dtrain key on every node (password asked once, only where needed).
 
@@ -210,12 +222,13 @@ def setup_cmd(
     def body() -> int:
         from launcher.commands.keys import setup_keys
 
+        started = time.time()
         host_list = resolve(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=True)
         settings = ssh_settings(connect_timeout, accept_new)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
         results = setup_keys(host_list, settings, keypair, prompts, fanout=fanout)
-        return _report(results, keypair, as_json)
+        return _report("setup", results, keypair, started, as_json, junit)
 
     run_body(body)
 
@@ -230,6 +243,7 @@ def check_cmd(
     connect_timeout: ConnectTimeoutOpt = 10.0,
     identity: IdentityOpt = None,
     as_json: JsonOpt = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Log in to every node with the dtrain key alone (no agent, no password).
 
@@ -238,11 +252,12 @@ def check_cmd(
     def body() -> int:
         from launcher.commands.keys import check_keys
 
+        started = time.time()
         host_list = resolve(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=False)
         settings = ssh_settings(connect_timeout, False)
         results = check_keys(host_list, settings, keypair, fanout=fanout)
-        return _report(results, keypair, as_json)
+        return _report("check", results, keypair, started, as_json, junit)
 
     run_body(body)
 
@@ -257,6 +272,7 @@ def revoke_cmd(
     connect_timeout: ConnectTimeoutOpt = 10.0,
     identity: IdentityOpt = None,
     as_json: JsonOpt = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Remove the dtrain key's lines from every node's authorized_keys.
 
@@ -266,10 +282,11 @@ def revoke_cmd(
     def body() -> int:
         from launcher.commands.keys import revoke_keys
 
+        started = time.time()
         host_list = resolve(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=False)
         settings = ssh_settings(connect_timeout, False, identities=_identities(identity))
         results = revoke_keys(host_list, settings, keypair, fanout=fanout)
-        return _report(results, keypair, as_json)
+        return _report("revoke", results, keypair, started, as_json, junit)
 
     run_body(body)

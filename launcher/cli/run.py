@@ -67,6 +67,10 @@ def run_cmd(
                                           "(dtrain.run/1); human output to stderr.")] = False,
     junit: Annotated[str | None, typer.Option("--junit", help="Write the result as JUnit "
                                               "XML here.")] = None,
+    timestamps: Annotated[bool, typer.Option("--timestamps", help="Start each output line "
+                                             "with the time dtrain received it "
+                                             "(2026-11-30T12:34:56.789, local time).")
+                          ] = False,
     ranks: Annotated[str | None, typer.Option("--ranks", help="Console shows only these "
                                               "ranks (0,3); the archive keeps all.")] = None,
     hosts_filter: Annotated[str | None, typer.Option("--hosts-filter", help="Console shows "
@@ -152,7 +156,7 @@ def run_cmd(
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
                           preflight=preflight, command=tuple(command),
-                          transport=transport, junit=junit)
+                          transport=transport, junit=junit, timestamps=timestamps)
         settings = ssh_settings(connect_timeout, accept_new)
         if detach and not dry_run:
             from launcher.commands.detach import Detacher, run_detached

@@ -50,6 +50,10 @@ def smoke_cmd(
                                           " on stdout; the human output goes to stderr.")
                        ] = False,
     junit: Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    timestamps: Annotated[bool, typer.Option("--timestamps", help="Start each output line "
+                                             "with the time dtrain received it "
+                                             "(2026-11-30T12:34:56.789, local time).")
+                          ] = False,
     archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR",
                                              help="Where run archives go.")] = "dtrain-runs",
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run.")] = None,
@@ -86,6 +90,7 @@ def smoke_cmd(
                            run_id=run_id or "", as_json=as_json, junit=junit)
         opts = RunOptions(fanout=fanout, timeout=timeout, start_timeout=start_timeout,
                           archive_dir=Path(archive_dir), as_json=as_json, color=color,
+                          timestamps=timestamps,
                           grace=5.0)
         return smoke_sync(host_list, req, opts, ssh_settings(connect_timeout, accept_new))
 

@@ -45,6 +45,7 @@ class ExecRequest:
     transport: str = "auto"
     as_json: bool = False  # one dtrain.exec/1 document on stdout; the output goes to stderr
     junit: str | None = None
+    timestamps: bool = False  # --timestamps: each console line starts with its arrival time
 
 
 def exec_spec(command: Sequence[str], *, grace: float = EXEC_GRACE,
@@ -113,7 +114,8 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
     if req.gather:
         gatherer = Gatherer(h.label for h in hosts)
         console = Console(stdout, err_stream=sys.stderr, color=req.color,
-                          labels=[h.label for h in hosts], sanitize=False if req.raw else None)
+                          labels=[h.label for h in hosts], sanitize=False if req.raw else None,
+                          timestamps=req.timestamps)
         async with OutputPipeline(console, gatherer=gatherer) as out:
             async with probe as transport:
                 outcome = await Job(hosts, launches, policy, LineRouter(out)).run(transport)
@@ -122,7 +124,7 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
         stdout.flush()
     else:
         fast = ExecOutput([h.label for h in hosts], color=req.color, out=stdout.buffer,
-                          sanitize=False if req.raw else None)
+                          sanitize=False if req.raw else None, timestamps=req.timestamps)
         try:
             async with probe as transport:
                 outcome = await Job(hosts, launches, policy, fast).run(transport)

@@ -41,6 +41,8 @@ from launcher.commands.keypair import (
 )
 from launcher.errors import AuthError, ConnectError, DtrainError, HostKeyError
 from launcher.models import Host
+from launcher.output.report import ERROR, PASSED, CommandReport, NodeResult
+from launcher.output.report import FAILED as FAILED_STATUS
 from launcher.transports.ssh import (
     CIPHERS,
     KEX_ALGS,
@@ -70,6 +72,7 @@ class KeyResult:
     host: str
     status: str
     detail: str = ""
+    reachable: bool | None = None  # sshd answered (None: not known, e.g. a timeout)
 
     @property
     def ok(self) -> bool:
@@ -109,11 +112,15 @@ class Prompts(Protocol):
         """Show the host keys --accept-new just recorded."""
 
 
-def _failed(host: Host, exc: DtrainError | str) -> KeyResult:
+def _failed(host: Host, exc: DtrainError | str, reachable: bool | None = None) -> KeyResult:
+    """A failed node; a refused login or host key means sshd answered (reachable), any
+    other connect error that it did not."""
     if isinstance(exc, str):
-        return KeyResult(host.label, FAILED, exc)
+        return KeyResult(host.label, FAILED, exc, reachable)
+    if reachable is None:
+        reachable = isinstance(exc, (AuthError, HostKeyError))
     text = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
-    return KeyResult(host.label, FAILED, text)
+    return KeyResult(host.label, FAILED, text, reachable)
 
 
 # --------------------------------------------------------------------------- the local key
@@ -266,11 +273,12 @@ class _Nodes:
             try:
                 done = await self.run(host, conn, "true")
             except ConnectError as exc:
-                return _Probe(host, _failed(host, exc))
+                return _Probe(host, _failed(host, exc, reachable=True))
         if done.exit_status != 0:
             return _Probe(host, _failed(host, f"key login works, but `true` exited "
-                                              f"{done.exit_status}: {_last_line(done.stderr)}"))
-        return _Probe(host, KeyResult(host.label, OK, "key login works"))
+                                              f"{done.exit_status}: {_last_line(done.stderr)}",
+                                        reachable=True))
+        return _Probe(host, KeyResult(host.label, OK, "key login works", True))
 
     async def install(self, host: Host, password: Secret) -> KeyResult:
         """Password login, the install script, then a key-only login to prove it."""
@@ -286,7 +294,8 @@ class _Nodes:
         if report.state not in (INSTALLED, PRESENT):
             why = report.error or f"unexpected answer {report.state!r}"
             stderr = _last_line(done.stderr)
-            return _failed(host, f"on the node: {why}" + (f" ({stderr})" if stderr else ""))
+            return _failed(host, f"on the node: {why}" + (f" ({stderr})" if stderr else ""),
+                           reachable=True)
         return await self._verify(host, report)
 
     async def _verify(self, host: Host, report: ScriptReport) -> KeyResult:
@@ -296,11 +305,11 @@ class _Nodes:
             why = check.result.detail if check.result else "no answer"
             extra = f"; {notes}" if notes else f"; {_KEY_HINT}"
             return _failed(host, f"key {report.state}, but a key-only login still fails: "
-                                 f"{why}{extra}")
+                                 f"{why}{extra}", reachable=True)
         if report.state == PRESENT:
             notes = "; ".join(filter(None, ["key was already in authorized_keys, but refused: "
                                             "permissions fixed", notes]))
-        return KeyResult(host.label, report.state, notes)
+        return KeyResult(host.label, report.state, notes, True)
 
     async def revoke(self, transport: SSHTransport, host: Host) -> KeyResult:
         """Log in as dtrain always does (any key) and remove this key's lines."""
@@ -320,8 +329,9 @@ class _Nodes:
             return _failed(host, f"the remove script did not finish: {exc or 'timed out'}")
         report = parse_report(_text(out))
         if report.state in (REMOVED, ABSENT):
-            return KeyResult(host.label, report.state, "; ".join(report.warnings))
-        return _failed(host, f"on the node: {report.error} {_last_line(err)}".strip())
+            return KeyResult(host.label, report.state, "; ".join(report.warnings), True)
+        return _failed(host, f"on the node: {report.error} {_last_line(err)}".strip(),
+                       reachable=True)
 
     async def each(self, hosts: Iterable[Host],
                    step: Callable[[Host], Awaitable[_T]]) -> dict[str, _T | KeyResult]:
@@ -433,7 +443,7 @@ def setup_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
         if isinstance(probe, _Probe) and probe.needs_password:
             need.append(host)
         elif isinstance(probe, _Probe) and probe.result and probe.result.ok:
-            results[host.label] = KeyResult(host.label, PRESENT, "key already accepted")
+            results[host.label] = KeyResult(host.label, PRESENT, "key already accepted", True)
         else:
             results[host.label] = _probe_result(host, probe)
     if need:
@@ -450,8 +460,8 @@ def _confirm_host_keys(nodes: _Nodes, prompts: Prompts,
         return {}
     unknown = [p.unknown for p in pending if p.unknown]
     if not prompts.confirm_host_keys(unknown):
-        return {p.host.label: _failed(p.host, _not_confirmed(p.unknown)) for p in pending
-                if p.unknown}
+        return {p.host.label: _failed(p.host, _not_confirmed(p.unknown), reachable=True)
+                for p in pending if p.unknown}
     for key in unknown:
         key.record()
     return asyncio.run(nodes.each([p.host for p in pending], nodes.probe))
@@ -475,3 +485,31 @@ def revoke_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
     results = asyncio.run(run())
     return [results[h.label] for h in hosts]
 
+
+
+# --------------------------------------------------------------------------- the report
+
+_KEY_STATE = {INSTALLED: "installed", PRESENT: "present", OK: "accepted", REMOVED: "removed",
+              ABSENT: "absent"}
+
+
+def _node(r: KeyResult) -> NodeResult:
+    status = PASSED if r.ok else (ERROR if r.reachable is False else FAILED_STATUS)
+    details = {"state": r.status, "reachable": r.reachable, "key": _KEY_STATE.get(r.status),
+               "error": None if r.ok else r.detail}
+    return NodeResult(r.host, status, None, r.detail or None, None, details=details)
+
+
+def keys_report(action: str, results: Sequence[KeyResult], keypair: KeyPair, summary: str,
+                started: float, ended: float) -> CommandReport:
+    """``dtrain.keys/1`` (docs/schemas.md): one node per host. Only hosts, states and
+    messages go in: the password never reaches a KeyResult."""
+    code = 0 if all(r.ok for r in results) else 1
+    bad = next((r for r in results if not r.ok), None)
+    root = None if bad is None else {
+        "kind": "unreachable" if bad.reachable is False else "node", "host": bad.host,
+        "rank": None, "exit_code": code, "summary": f"{bad.host}: {bad.detail}"}
+    extra = {"action": action, "key": str(keypair.private), "fingerprint": keypair.fingerprint,
+             "results": [r.to_json() for r in results]}
+    return CommandReport("keys", code, summary, started, ended,
+                         tuple(_node(r) for r in results), root, None, extra)

@@ -35,13 +35,14 @@ def annotate(report: CommandReport, stream: TextIO | None = None) -> None:
 
 
 def finish(report: CommandReport, *, as_json: bool, junit: str | None,
-           extra_cases: Sequence[ExtraCase] = (), annotations: bool = True) -> int:
+           extra_cases: Sequence[ExtraCase] = (), annotations: bool = True,
+           node_cases: bool = True) -> int:
     """Write what was asked (the JUnit file, then the one JSON document on stdout) and
     return the report's exit code."""
     if annotations and in_github_actions():
         annotate(report)
     if junit:
-        write_junit(junit, report, extra_cases)
+        write_junit(junit, report, extra_cases, node_cases=node_cases)
     if as_json:
         write_json(report)
     return report.exit_code

@@ -288,7 +288,8 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     console = Console(sys.stderr if opts.as_json else sys.stdout, color=opts.color,
                       ranks=opts.ranks, hosts=opts.hosts_filter,
                       sanitize=False if opts.raw else None,
-                      labels=[n.host.label for n in plan.nodes], world_size=plan.world_size)
+                      labels=[n.host.label for n in plan.nodes], world_size=plan.world_size,
+                      timestamps=opts.timestamps)
     launches = {}
     for node in plan.nodes:
         spec = JobSpec(argv=node.argv, env=node.exported_env(),

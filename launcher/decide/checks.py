@@ -20,8 +20,6 @@ from launcher.decide.rdma import HcaChoice, select_hcas
 from launcher.hosts.hostfile import fold
 from launcher.models import Host
 
-DOCTOR_VERSION = 1  # bump when the JSON envelope changes incompatibly
-
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
 
@@ -55,10 +53,15 @@ class CheckResult:
         """A FAIL row: it blocks a launch."""
         return self.status == FAIL
 
-    def to_json(self) -> dict[str, str]:
-        """The row as it appears in ``--json``'s ``checks`` list."""
+    @property
+    def fix(self) -> str | None:
+        """What to do about a FAIL or warn row (``check_fix``); None for ok and skip."""
+        return check_fix(self.check) if self.status in (FAIL, WARN) else None
+
+    def to_json(self) -> dict[str, str | None]:
+        """The row as it appears in ``--json``'s ``doctor.checks`` list."""
         return {"host": self.host, "check": self.check, "status": self.status,
-                "detail": self.detail}
+                "detail": self.detail, "fix": self.fix}
 
 
 @dataclass(frozen=True)
@@ -446,6 +449,41 @@ def failure_message(results: Iterable[CheckResult]) -> str | None:
 PYTHON_FIX = ("point dtrain at a Python that has torch on those nodes: --python "
               "/path/to/venv/bin/python, the hostfile's python=/path/to/python, or --setup "
               "'source /path/to/venv/bin/activate'")
+
+# what to do about a failing (or warning) check: docs/doctor.md's table, one line each
+FIXES = {
+    "ssh": "make the node reachable and accept the key: `dtrain keys setup` (then "
+           "`dtrain keys check`); --accept-new for a node never seen",
+    "python": PYTHON_FIX,
+    "hostname": "give every machine its own hostname, and list each machine once",
+    "torch": "install one torch build (version and +local tag) in every node's Python; "
+             + PYTHON_FIX,
+    "nccl": "install the same nvidia-nccl-cu* wheel on every node (reinstall torch from "
+            "one index)",
+    "gpu": "a node that should have GPUs needs its driver checked (nvidia-smi); keep the "
+           "hostfile's slots= at most its GPU count",
+    "master": "give node 0 an address every worker routes to, or pass --master-addr",
+    "socket": "bring up the interface towards the master, or set NCCL_SOCKET_IFNAME / "
+              "GLOO_SOCKET_IFNAME with --env",
+    "master_port": "open the port between the nodes (firewall), or choose another with "
+                   "--master-port",
+    "mtu": "set one MTU on every node's interface (ip link set DEV mtu N)",
+    "hca": "bring the RDMA ports up (ibstat, rdma link) so every node has the same set, or "
+           "exclude the odd node",
+    "roce_gid": "give each RoCE port an IPv4 RoCE v2 GID, or unset a wrong "
+                "NCCL_IB_GID_INDEX",
+    "memlock": "raise the locked-memory limit to unlimited (limits.conf memlock, "
+               "LimitMEMLOCK=infinity for sshd)",
+    "gpudirect": "load nvidia_peermem (modprobe nvidia_peermem), or use DMA-BUF",
+    "shm": "enlarge /dev/shm (docker run --shm-size=8g, or remount it larger)",
+    "limits": "set a finite stack limit (ulimit -s 8192) and nofile >= 32768 on the nodes",
+    "clock": "synchronise the clocks (chrony or ntpd)",
+}
+
+
+def check_fix(check: str) -> str | None:
+    """What to do when ``check`` fails or warns, or None for a check without advice."""
+    return FIXES.get(check)
 
 
 def failure_hint(results: Iterable[CheckResult]) -> str:

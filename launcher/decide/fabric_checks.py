@@ -24,8 +24,6 @@ from launcher.decide.netenv import SocketChoice, choose_master, pick_master_addr
 from launcher.decide.rdma import ETHERNET, HcaChoice, check_gid_index, plan_gids
 from launcher.errors import PreflightFailed
 
-DOCTOR_VERSION = 1  # bump when the JSON envelope changes incompatibly
-
 
 def master_candidates(master: NodeFacts, master_addr: str | None, nnodes: int) -> list[str]:
     """The addresses to try for rendezvous, as `dtrain run` would (explicit one first)."""

@@ -64,6 +64,7 @@ class RunOptions:
     command: tuple[str, ...] = ()  # the command line to record, secrets already hidden
     transport: str = "auto"  # --transport: auto, ssh or srun
     junit: str | None = None  # --junit PATH (not with --dry-run)
+    timestamps: bool = False  # --timestamps: each console line starts with its arrival time
 
 
 @dataclass(frozen=True)

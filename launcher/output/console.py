@@ -15,13 +15,18 @@ no ``[err]`` mark (as pdsh does).
 
 Colours are raw ANSI codes with a prefix cached per source: going through rich for every
 line would cost more than everything else on the output path together.
+
+With ``timestamps`` (``--timestamps``) every line, in both formats, starts with the time the
+launcher received it (``OutputLine.t``), ``2026-11-30T12:34:56.789 node1 r3: text``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
@@ -43,6 +48,18 @@ RED = "\x1b[1;31m"
 PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
 DTRAIN_TAG = "dtrain"
 GATHER_RULE = "-" * 16  # what pdsh's dshbak prints, whatever the header's length
+
+
+@functools.lru_cache(maxsize=8)
+def _seconds(sec: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(sec))
+
+
+def wall_clock(t: float) -> str:
+    """``--timestamps``: ISO 8601 local time with milliseconds, ``2026-11-30T12:34:56.789``
+    (the seconds part is formatted once per second: lines come in bursts)."""
+    sec = int(t)
+    return f"{_seconds(sec)}.{min(999, int((t - sec) * 1000)):03d}"
 
 
 def _isatty(stream: object) -> bool:
@@ -79,8 +96,11 @@ class Console:
         labels: Sequence[str] = (),
         world_size: int | None = None,
         sanitize: bool | None = None,
+        timestamps: bool = False,
     ) -> None:
         self.stream = sys.stdout if stream is None else stream
+        self.timestamps = timestamps  # --timestamps: each line starts with wall_clock(line.t)
+        self._stamp_t, self._stamp_text = -1.0, ""
         self.err_stream = err_stream
         self.color = should_color(self.stream) if color is None else color
         # remote control sequences are neutralised on a terminal (termsafe.py); --raw: False
@@ -119,6 +139,8 @@ class Console:
         if line.stream == "dtrain" and line.host:
             text = f"{line.host}: {text}"
         prefix = self._prefix(line)
+        if self.timestamps:
+            prefix = self._stamp(line.t or time.time()) + prefix
         if self.sanitize and not text.isprintable():
             text = clean_text(text)  # ends with a reset if it kept a colour
         elif self.color and "\x1b" in text:
@@ -126,6 +148,14 @@ class Console:
         if "\n" in text:
             text = text.replace("\n", "\n" + prefix)
         return prefix + text
+
+    def _stamp(self, t: float) -> str:
+        """The --timestamps prefix; lines of one chunk share their arrival time."""
+        if t != self._stamp_t:
+            stamp = wall_clock(t)
+            self._stamp_t, self._stamp_text = t, (f"{DIM}{stamp}{RESET} " if self.color
+                                                  else f"{stamp} ")
+        return self._stamp_text
 
     def write(self, lines: Iterable[OutputLine]) -> None:
         """Filter, format and write lines with one write() per destination."""

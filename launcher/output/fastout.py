@@ -4,6 +4,7 @@ exec output is pdsh's format: no ranks, no archive, no progress-bar folding, so 
 never need to become objects. Each chunk is cut at its last newline, the complete part is
 prefixed in one ``bytes.replace`` and queued; the unfinished tail waits for the next chunk
 (or EOF). Bytes pass through unchanged, so invalid UTF-8 and very long lines survive.
+With --timestamps the prefix starts with the time the chunk arrived (console.wall_clock).
 On a terminal (not with --raw) control sequences other than colours are neutralised first
 (termsafe.py); a chunk without control bytes costs one ``bytes.translate`` for that, and
 output to a pipe or a file is not looked at at all.
@@ -20,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from typing import BinaryIO
 
 from launcher.models import Host
-from launcher.output.console import should_color
+from launcher.output.console import should_color, wall_clock
 from launcher.output.termsafe import clean_bytes, needs_cleaning
 
 HIGH_WATER = 16 * 1024 * 1024
@@ -36,8 +38,9 @@ class ExecOutput:
 
     def __init__(self, labels: list[str], *, color: bool | None = None,
                  out: BinaryIO | None = None, err: BinaryIO | None = None,
-                 sanitize: bool | None = None) -> None:
+                 sanitize: bool | None = None, timestamps: bool = False) -> None:
         self._out = out or sys.stdout.buffer
+        self._timestamps = timestamps
         self._err = err or sys.stderr.buffer
         if color is None:
             color = should_color(self._out)  # type: ignore[arg-type]  # isatty is all it uses
@@ -69,6 +72,13 @@ class ExecOutput:
             self._prefixes[label] = prefix
         return prefix
 
+    def _stamp(self) -> bytes:
+        """--timestamps: when the launcher received this chunk (every line of it)."""
+        if not self._timestamps:
+            return b""
+        stamp = wall_clock(time.time())
+        return (f"\x1b[2m{stamp}\x1b[0m " if self._color else f"{stamp} ").encode()
+
     def chunk(self, host: Host, rank: int | None, stream: str, data: bytes) -> None:
         """Queue the complete lines of this chunk, tagged; keep the unfinished tail."""
         key = (host.label, stream)
@@ -81,7 +91,7 @@ class ExecOutput:
             return
         if cut + 1 < len(data):
             self._partial[key] = data[cut + 1:]
-        prefix = self._prefix(host.label)
+        prefix = self._stamp() + self._prefix(host.label)
         lines = data[:cut]
         if self._clean.get(stream) and needs_cleaning(lines):
             lines = clean_bytes(lines)
@@ -95,12 +105,12 @@ class ExecOutput:
             if self._clean.get(key[1]) and needs_cleaning(tail):
                 tail = clean_bytes(tail)
             target = self._err if key[1] == "err" else self._out
-            self._put(target, self._prefix(host) + tail + b"\n")
+            self._put(target, self._stamp() + self._prefix(host) + tail + b"\n")
 
     def say(self, host: str, text: str) -> None:
         """dtrain's own messages go to stderr, like pdsh's."""
         where = "" if host == "dtrain" else f"{host}: "
-        self._put(self._err, f"dtrain: {where}{text}\n".encode())
+        self._put(self._err, self._stamp() + f"dtrain: {where}{text}\n".encode())
 
     def _put(self, target: BinaryIO, data: bytes) -> None:
         with self._cond:

@@ -33,7 +33,7 @@ class ExtraCase:
 
 def _failure_text(exit_code: int | None, message: str | None, root: str | None,
                   tail: Sequence[str]) -> str:
-    lines = [f"exit code: {exit_code}"]
+    lines = [f"exit code: {exit_code}"] if exit_code is not None else []
     if message:
         lines.append(message)
     if root and root != message:
@@ -56,8 +56,10 @@ def _case(suite: ET.Element, classname: str, name: str, status: str, time: float
         ET.SubElement(case, "skipped", message=message or "skipped")
 
 
-def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = ()) -> str:
-    """The XML document."""
+def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
+             node_cases: bool = True) -> str:
+    """The XML document; ``node_cases=False`` leaves out the per-node (and per-rank) cases
+    when ``extra_cases`` already cover every node (doctor: one case per node and check)."""
     root_msg = report.summary if report.exit_code else None
     classname = f"dtrain.{report.command.replace('-', '_')}"
     suites = ET.Element("testsuites", name=f"dtrain {report.command}")
@@ -78,7 +80,7 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = ()) -> st
         if key:
             counts[key] += 1
 
-    for node in report.nodes:
+    for node in report.nodes if node_cases else ():
         _node_cases(suite, classname, node, root_msg, count)
     for extra in extra_cases:
         _case(suite, classname, extra.name, extra.status, 0.0, extra.message, extra.text)
@@ -108,11 +110,11 @@ def _rank_case(suite: ET.Element, classname: str, host: str, r: RankResult,
 
 
 def write_junit(path: str | os.PathLike[str], report: CommandReport,
-                extra_cases: Sequence[ExtraCase] = ()) -> None:
+                extra_cases: Sequence[ExtraCase] = (), *, node_cases: bool = True) -> None:
     """Write atomically (a half-written report would be read as a broken test run)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".junit-", dir=target.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(to_junit(report, extra_cases))
+        f.write(to_junit(report, extra_cases, node_cases=node_cases))
     os.replace(tmp, target)

@@ -13,15 +13,17 @@ prints. This module re-exports the whole doctor API under one name.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from launcher.commands.doctor.gather import DoctorOptions, gather, gather_with
 from launcher.commands.doctor.report import (
-    DOCTOR_VERSION,
-    envelope,
+    doctor_report,
     evaluate,
     exit_code,
+    junit_cases,
+    node_status,
     render_plain,
     report,
     summary,
@@ -66,19 +68,23 @@ from launcher.models import Host
 
 
 def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
-               as_json: bool = False, strict: bool = False, color: bool | None = None) -> int:
+               as_json: bool = False, junit: str | None = None, strict: bool = False,
+               color: bool | None = None) -> int:
     """The whole command: gather, evaluate, report."""
+    started = time.time()
     gathered = asyncio.run(gather(hosts, opts, settings))
-    return report(evaluate(gathered), len(hosts), as_json=as_json, strict=strict, color=color)
+    return report(evaluate(gathered), [h.label for h in hosts], started=started,
+                  timing=gathered.timing, as_json=as_json, junit=junit, strict=strict,
+                  color=color)
 
 
 __all__ = [
-    "CHECKS", "DOCTOR_VERSION", "FAIL", "FAST_CHECKS", "OK", "SKIP", "WARN", "CheckResult",
-    "DoctorOptions", "Gathered", "MasterPick", "PortProbe", "check_clock", "check_gpudirect",
-    "check_gpus", "check_hca", "check_hostnames", "check_limits", "check_master",
-    "check_master_port", "check_memlock", "check_mtu", "check_nccl", "check_python",
-    "check_roce_gid", "check_shm", "check_socket", "check_ssh", "check_torch", "envelope",
-    "evaluate", "exit_code", "failure_message", "failures", "fast_checks", "gather",
-    "gather_with", "pick_master", "render_plain", "report", "run_doctor", "socket_choices",
-    "summary",
+    "CHECKS", "FAIL", "FAST_CHECKS", "OK", "SKIP", "WARN", "CheckResult", "DoctorOptions",
+    "Gathered", "MasterPick", "PortProbe", "check_clock", "check_gpudirect", "check_gpus",
+    "check_hca", "check_hostnames", "check_limits", "check_master", "check_master_port",
+    "check_memlock", "check_mtu", "check_nccl", "check_python", "check_roce_gid",
+    "check_shm", "check_socket", "check_ssh", "check_torch", "doctor_report", "evaluate",
+    "exit_code", "failure_message", "failures", "fast_checks", "gather", "gather_with",
+    "junit_cases", "node_status", "pick_master", "render_plain", "report", "run_doctor",
+    "socket_choices", "summary",
 ]

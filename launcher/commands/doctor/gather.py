@@ -18,7 +18,6 @@ from launcher.decide.facts import NodeFacts
 from launcher.errors import DtrainError, PreflightFailed
 from launcher.models import Host
 
-DOCTOR_VERSION = 1  # bump when the JSON envelope changes incompatibly
 
 @dataclass(frozen=True)
 class DoctorOptions:

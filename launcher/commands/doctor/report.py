@@ -4,11 +4,10 @@ the versioned JSON envelope, and the table (rich on a terminal, aligned columns 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from launcher.decide.checks import (
@@ -30,6 +29,7 @@ from launcher.decide.checks import (
     check_shm,
     check_ssh,
     check_torch,
+    fold_by_message,
 )
 from launcher.decide.fabric_checks import (
     check_hca,
@@ -40,9 +40,10 @@ from launcher.decide.fabric_checks import (
     check_socket,
     socket_choices,
 )
+from launcher.output.console import should_color
+from launcher.output.junit import ExtraCase
 from launcher.output.render import count
-
-DOCTOR_VERSION = 1  # bump when the JSON envelope changes incompatibly
+from launcher.output.report import ERROR, FAILED, PASSED, SKIPPED, CommandReport, NodeResult
 
 
 def evaluate(g: Gathered) -> list[CheckResult]:
@@ -72,10 +73,74 @@ def exit_code(results: Sequence[CheckResult], *, strict: bool = False) -> int:
     return 1 if any(r.status in bad for r in results) else 0
 
 
-def envelope(results: Sequence[CheckResult], code: int) -> dict[str, Any]:
-    """The versioned ``--json`` document."""
-    return {"doctor_version": DOCTOR_VERSION, "ok": code == 0,
-            "checks": [r.to_json() for r in results]}
+def node_status(rows: Sequence[CheckResult], *, strict: bool = False) -> str:
+    """A node's JSON/JUnit status: ``error`` unreachable, ``failed`` a FAIL (or a warn with
+    --strict), else ``passed``."""
+    if any(r.check == "ssh" and r.failed for r in rows):
+        return ERROR
+    return FAILED if any(_bad(r, strict) for r in rows) else PASSED
+
+
+def _bad(r: CheckResult, strict: bool) -> bool:
+    return r.status == FAIL or (strict and r.status == WARN)
+
+
+def _case_status(r: CheckResult, strict: bool) -> str:
+    if r.check == "ssh" and r.failed:
+        return ERROR
+    if _bad(r, strict):
+        return FAILED
+    return SKIPPED if r.status == SKIP else PASSED
+
+
+def _root_cause(results: Sequence[CheckResult], code: int, strict: bool
+                ) -> dict[str, Any] | None:
+    bad = [r for r in results if _bad(r, strict)]
+    if not bad:
+        return None
+    first = next((r for r in bad if r.check == "ssh"), bad[0])
+    return {"kind": "unreachable" if first.check == "ssh" else "check", "host": first.host,
+            "rank": None, "exit_code": code, "check": first.check,
+            "summary": fold_by_message((r.host, f"{r.check}: {r.detail}") for r in bad),
+            "fix": first.fix}
+
+
+def doctor_report(results: Sequence[CheckResult], hosts: Sequence[str], *, started: float,
+                  ended: float, timing: Mapping[str, tuple[float, float]] | None = None,
+                  strict: bool = False) -> CommandReport:
+    """The ``dtrain.doctor/1`` document's report: one node per host with its checks."""
+    timing = timing or {}
+    code = exit_code(results, strict=strict)
+    nodes = []
+    for host in hosts:
+        rows = [r for r in results if r.host == host]
+        status = node_status(rows, strict=strict)
+        bad = [r for r in rows if _bad(r, strict)]
+        message = "; ".join(f"{r.check}: {r.detail}" for r in bad) or None
+        sent, got = timing.get(host, (None, None))
+        duration = round(got - sent, 3) if sent is not None and got is not None else None
+        checks = [{"name": r.check, "status": r.status, "message": r.detail, "fix": r.fix}
+                  for r in rows]
+        nodes.append(NodeResult(host, status, None, message, duration,
+                                details={"checks": checks}))
+    counts = Counter(r.status for r in results)
+    extra = {"strict": strict, "counts": {s: counts.get(s, 0) for s in STATUSES},
+             "checks": [r.to_json() for r in results]}
+    return CommandReport("doctor", code, summary(results, len(hosts)), started, ended,
+                         tuple(nodes), _root_cause(results, code, strict), None, extra)
+
+
+def junit_cases(results: Sequence[CheckResult], *, strict: bool = False) -> list[ExtraCase]:
+    """One JUnit testcase per node and check, ``<host> <check>`` (docs/schemas.md)."""
+    cases = []
+    for r in results:
+        status = _case_status(r, strict)
+        text = f"{r.check} on {r.host}: {LABELS[r.status]}: {r.detail}"
+        if r.fix:
+            text += f"\nfix: {r.fix}"
+        message = f"{r.host}: {r.check}: {r.detail}" if status in (FAILED, ERROR) else r.detail
+        cases.append(ExtraCase(f"{r.host} {r.check}", status, message, text))
+    return cases
 
 
 # --------------------------------------------------------------------------- I/O
@@ -100,7 +165,8 @@ def render_plain(results: Sequence[CheckResult], stream: TextIO) -> None:
     stream.flush()
 
 
-def render_rich(results: Sequence[CheckResult], title: str) -> None:
+def render_rich(results: Sequence[CheckResult], title: str, stream: TextIO | None = None
+                ) -> None:
     """The terminal table (rich imported here: `dtrain --help` stays fast)."""
     from rich.console import Console
     from rich.markup import escape
@@ -114,7 +180,7 @@ def render_rich(results: Sequence[CheckResult], title: str) -> None:
         table.add_row(r.check if r.check != previous else "", escape(r.host),
                       f"[{STYLES[r.status]}]{LABELS[r.status]}[/]", escape(r.detail))
         previous = r.check
-    Console().print(table)
+    Console(file=stream or sys.stdout, force_terminal=True).print(table)
 
 
 def summary(results: Sequence[CheckResult], nhosts: int) -> str:
@@ -124,24 +190,29 @@ def summary(results: Sequence[CheckResult], nhosts: int) -> str:
     return f"{count(nhosts, 'node')}, {count(len(results), 'check')}: {parts}"
 
 
-def report(results: Sequence[CheckResult], nhosts: int, *, as_json: bool, strict: bool = False,
-           stream: TextIO | None = None, color: bool | None = None) -> int:
-    """Print the table (or JSON) and return the exit code."""
+def show(results: Sequence[CheckResult], stream: TextIO, color: bool | None = None) -> None:
+    """The table: rich when colour is on (``console.should_color``: a terminal, or
+    FORCE_COLOR; never with NO_COLOR), aligned columns otherwise."""
+    use_rich = color if color is not None else should_color(stream)
+    if use_rich:
+        render_rich(results, "dtrain doctor", stream)
+    else:
+        render_plain(results, stream)
+
+
+def report(results: Sequence[CheckResult], hosts: Sequence[str], *, started: float,
+           timing: Mapping[str, tuple[float, float]] | None = None, as_json: bool = False,
+           junit: str | None = None, strict: bool = False, stream: TextIO | None = None,
+           color: bool | None = None) -> int:
+    """Print the table (to stderr under --json), the summary, then what --json/--junit
+    asked for (and ``::error`` lines under GitHub Actions); return the exit code."""
+    from launcher.commands.reporting import finish
     from launcher.output import render
 
-    stream = stream or sys.stdout
-    code = exit_code(results, strict=strict)
-    if as_json:
-        stream.write(json.dumps(envelope(results, code), indent=2) + "\n")
-        stream.flush()
-    else:
-        use_rich = color if color is not None else (
-            not os.environ.get("NO_COLOR") and stream.isatty())
-        if use_rich and stream is sys.stdout:
-            render_rich(results, "dtrain doctor")
-        else:
-            render_plain(results, stream)
-    render.note(summary(results, nhosts) + ("" if code == 0 else f"; exit {code}"))
-    return code
-
-
+    stream = stream or (sys.stderr if as_json else sys.stdout)
+    rep = doctor_report(results, hosts, started=started, ended=time.time(), timing=timing,
+                        strict=strict)
+    show(results, stream, color)
+    render.note(rep.summary + ("" if rep.exit_code == 0 else f"; exit {rep.exit_code}"))
+    return finish(rep, as_json=as_json, junit=junit,
+                  extra_cases=junit_cases(results, strict=strict), node_cases=False)
