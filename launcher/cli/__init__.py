@@ -8,12 +8,26 @@ tables, the orchestrator) are imported inside the commands so `dtrain --help` st
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
 from launcher import __version__
-from launcher.cli import attach, common, cp, doctor, exec, keys, logs, ps, run, smoke, stop
+from launcher.cli import (
+    attach,
+    common,
+    completion,
+    cp,
+    doctor,
+    exec,
+    keys,
+    logs,
+    ps,
+    run,
+    smoke,
+    stop,
+)
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
@@ -48,11 +62,15 @@ app.command("ps", cls=Cmd)(ps.ps_cmd)
 app.command("attach", cls=Cmd)(attach.attach_cmd)
 app.command("stop", cls=Cmd)(stop.stop_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
+app.command("completion", cls=Cmd)(completion.completion_cmd)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (``_DTRAIN_COMPLETE`` set: the shell asks for completions,
+    also under `python -m launcher`)."""
+    if os.environ.get(completion.COMPLETE_VAR):
+        completion.init()
+    app(complete_var=completion.COMPLETE_VAR)
 
 
 if __name__ == "__main__":
