@@ -1,7 +1,7 @@
 """The typer app: parse options, call one function, render, exit.
 
 One module per command (``exec``, ``run``, ``logs``, ``keys``, ``doctor``, ``ps``,
-``attach``, ``stop``); the option types
+``attach``, ``stop``, ``completion``); the option types
 and the error-to-exit-code wrapper they share are in ``common``. Heavy modules (asyncssh, rich
 tables, the orchestrator) are imported inside the commands so `dtrain --help` stays fast.
 """
