@@ -1,6 +1,6 @@
 """Remote byte chunks -> whole lines -> the archive, then the console, never stalling the job.
 
-Policy (see docs/output-and-archive.md):
+Policy (see docs/internals/output.md):
 
 1. Lines reach the archive first, synchronously, in arrival order; the archive never drops.
 2. The console gets a bounded hand-off buffer (``ConsoleSink``) drained by one daemon
