@@ -173,3 +173,16 @@ def test_readme_and_docs_hold_no_machine_specific_paths_and_first_run_is_clean()
     assert "python3 -m venv" in readme and "| 1 |" in readme and "> hosts.txt" in readme
     extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     assert any(d.startswith("numpy") for d in extras["optional-dependencies"]["torch"])
+
+
+def test_user_docs_are_separate_from_internals() -> None:
+    """docs/output-and-archive.md says what a user sees; the classes are in internals."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    user = (docs / "output-and-archive.md").read_text()
+    for name in ("OutputPipeline", "ConsoleSink", "LineSplitter", "RunArchive", "write_lines",
+                 "flush_if_due", "replay(", "StderrFolder", "Console("):
+        assert name not in user, name
+    assert "internals/output.md" in user
+    internals = (docs / "internals" / "output.md").read_text()
+    for name in ("OutputPipeline.feed", "ConsoleSink", "StderrFolder", "ShutdownChatter"):
+        assert name in internals, name

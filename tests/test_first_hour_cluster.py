@@ -4,6 +4,7 @@ missing programs, unreachable hosts (issue 12)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -134,3 +135,35 @@ def test_torchrun_temp_dirs_are_removed_with_the_job(cluster, tmp_path):
         elastic = next(p for p in error_file.parents if p.name.startswith("torchelastic_"))
         assert elastic.parent.name.startswith("dtrain-"), error_file  # our private dir
         assert not elastic.parent.exists()  # removed with the job (/tmp is shared here)
+
+
+def test_console_folds_repeated_stderr_and_torchrun_s_shutdown_chatter(cluster, tmp_path):
+    """The same warning on 6 ranks is one console line; rank 1's traceback (the root cause)
+    is shown; the other nodes' torchrun shutdown chatter is one line per node on the
+    console; the archive (`dtrain logs`) keeps every line."""
+    runs = tmp_path / "runs"
+    res = dtrain(["run", "-H", NODES, "--python", cluster.python, "--nproc-per-node", "2",
+                  "--archive-dir", str(runs), "--no-color", "tests/workloads/warn_fail.py"],
+                 env=cluster.client_env(), timeout=150)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    console = res.stdout
+    warning = "train.py:1: UserWarning: the same warning on every rank"
+    assert f"node[1-3] r0-5 [err]: {warning}\n" in console, console
+    tagged = [ln for ln in console.splitlines() if not ln.startswith("dtrain:")]
+    assert sum(warning in ln for ln in tagged) == 1  # (the summary's stderr tail repeats it)
+    assert "node1 r1 [err]: Traceback (most recent call last):\n" in console
+    assert "node1 r1 [err]: RuntimeError: boom on purpose\n" in console
+    for node in ("node2", "node3"):
+        assert re.search(rf"^dtrain: {node}: torchrun shutting down \(\d+ lines? in the "
+                         r"archive\)$", console, re.M), console
+        assert not re.search(rf"^{node} \[err\]: .*(death signal|closing signal)", console,
+                             re.M), console
+    logs = dtrain(["logs", "--archive-dir", str(runs), "--no-color"],
+                  env=cluster.client_env())
+    assert logs.returncode == 0, logs.stderr
+    archived = [ln for ln in logs.stdout.splitlines() if warning in ln]
+    assert sorted(ln.split(" [err]")[0] for ln in archived if not ln.startswith("dtrain:")) \
+        == [f"node{r // 2 + 1} r{r}" for r in range(6)]  # every rank's line, individually
+    for node in ("node2", "node3"):
+        assert re.search(rf"^{node} \[err\]: .*Received 15 death signal", logs.stdout, re.M), \
+            logs.stdout

@@ -1,19 +1,33 @@
 """The typer app: parse options, call one function, render, exit.
 
 One module per command (``exec``, ``run``, ``logs``, ``keys``, ``doctor``, ``ps``,
-``attach``, ``stop``); the option types
+``attach``, ``stop``, ``completion``); the option types
 and the error-to-exit-code wrapper they share are in ``common``. Heavy modules (asyncssh, rich
 tables, the orchestrator) are imported inside the commands so `dtrain --help` stays fast.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
 from launcher import __version__
-from launcher.cli import attach, common, cp, doctor, exec, keys, logs, ps, run, smoke, stop
+from launcher.cli import (
+    attach,
+    common,
+    completion,
+    cp,
+    doctor,
+    exec,
+    keys,
+    logs,
+    ps,
+    run,
+    smoke,
+    stop,
+)
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
@@ -48,11 +62,15 @@ app.command("ps", cls=Cmd)(ps.ps_cmd)
 app.command("attach", cls=Cmd)(attach.attach_cmd)
 app.command("stop", cls=Cmd)(stop.stop_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
+app.command("completion", cls=Cmd)(completion.completion_cmd)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (``_DTRAIN_COMPLETE`` set: the shell asks for completions,
+    also under `python -m launcher`)."""
+    if os.environ.get(completion.COMPLETE_VAR):
+        completion.init()
+    app(complete_var=completion.COMPLETE_VAR)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ from typing import Annotated
 import typer
 
 from launcher.cli.common import DEFAULT_ARCHIVE_DIR, ArchiveDirOpt, archive_hint, run_body
+from launcher.cli.completion import complete_run_id
 
 
 def attach_cmd(
     run: Annotated[str | None, typer.Argument(
+        autocompletion=complete_run_id,
         help="Run id, unique prefix or directory (default: the latest).")] = None,
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Only this rank "

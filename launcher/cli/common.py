@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from launcher.cli.completion import complete_hostfile
 from launcher.errors import DtrainError
 
 # Everything after the first positional (the script, the remote command) belongs to it; an
@@ -67,6 +68,7 @@ class DtrainCommand(TyperCommand):
 
 HostfileOpt = Annotated[str | None, typer.Option(
     "-f", "--hostfile", envvar="DTRAIN_HOSTFILE", show_envvar=True,
+    autocompletion=complete_hostfile,
     help="Hostfile: text (`[user@]host[:port] slots=N`, ranges like gpu[01-16]) or YAML.")]
 HostsOpt = Annotated[str | None, typer.Option(
     "-H", "--hosts", help="Hosts, pdsh style: 'dtuser@node[1-4],login2:2222'.")]

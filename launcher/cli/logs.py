@@ -10,11 +10,12 @@ import typer
 from launcher.cli.common import (
     run_body,
 )
+from launcher.cli.completion import complete_run_id
 
 
 def logs_cmd(
     run: Annotated[str | None, typer.Argument(
-        help="Run id or directory (default: latest).")] = None,
+        autocompletion=complete_run_id, help="Run id or directory (default: latest).")] = None,
     archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR",
                                              help="Where run archives are.")] = "dtrain-runs",
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Only this rank "

@@ -8,10 +8,12 @@ from typing import Annotated
 import typer
 
 from launcher.cli.common import DEFAULT_ARCHIVE_DIR, ArchiveDirOpt, archive_hint, run_body
+from launcher.cli.completion import complete_run_id
 
 
 def stop_cmd(
-    run: Annotated[str, typer.Argument(help="Run id, unique prefix or directory.")],
+    run: Annotated[str, typer.Argument(
+        help="Run id, unique prefix or directory.", autocompletion=complete_run_id)],
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     grace: Annotated[float | None, typer.Option("--grace", min=0, help="TERM -> KILL delay "
                                                 "(default: the run's --grace).")] = None,

@@ -47,6 +47,7 @@ from launcher.job.verdict import (
 from launcher.models import Host, OutputLine
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.output import render
+from launcher.output.fold import ShutdownChatter, StderrFolder
 from launcher.output.pipeline import OutputPipeline
 from launcher.output.redact import redact_command
 from launcher.output.report import CommandReport, NodeResult
@@ -105,6 +106,26 @@ class RunPipeline(OutputPipeline):
         super().__init__(*args, **kwargs)
         self.tails = tails
         self.take = take
+        self.chatter = ShutdownChatter()
+
+    def stopping(self) -> None:
+        """dtrain began stopping the job: torchrun's shutdown chatter leaves the console."""
+        self.chatter.stopping = True
+
+    def job_over(self, order: Sequence[str]) -> None:
+        """The job ended: show the lines held for folding, then one line per node whose
+        torchrun shutdown chatter was kept off the console."""
+        self.flush_console()
+        for host, text in self.chatter.summary(order):
+            self.message(text, host=host)
+
+    def for_console(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
+        if self.chatter.stopping:
+            keep = self.chatter.keep
+            kept = [line for line in lines if keep(line)]
+            if len(kept) != len(lines):
+                lines = kept
+        return super().for_console(lines) if lines else lines
 
     def emit(self, lines: Sequence[OutputLine], **kwargs: Any) -> None:
         if self.take is not None:
@@ -307,7 +328,9 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     hosts = [n.host for n in plan.nodes]
     board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
     console.status = board.render
-    async with RunPipeline(console, archive, tails=tails, take=report.take) as out:
+    folder = StderrFolder(plan.world_size, len(plan.nodes), fold_hosts=fold)
+    async with RunPipeline(console, archive, tails=tails, take=report.take,
+                           folder=folder) as out:
         nodes = render.count(len(hosts), "node")
         out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
@@ -323,6 +346,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
                     detacher.detach(archive.run_id, archive.path)
             elif state is JobState.TEARING_DOWN:
                 archive.update_meta(state="stopping")
+                out.stopping()
 
         job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event,
                   on_state=on_state)
@@ -342,6 +366,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
             outcome = await job.run(transport, conns)
         finally:
             await control.aclose()
+        out.job_over([h.label for h in hosts])
         v = verdict(outcome, plan, tails)
         for line in summary_lines(outcome, plan, v):
             out.message(line)

@@ -6,6 +6,8 @@ Formats (``<host>`` is the host label, padded to the widest label on a terminal 
     node1 r3 │ text            node1 r3: text
     node1 r3 ! text  (stderr)  node1 r3 [err]: text
     node1    │ text  (node)    node1: text        <- exactly pdsh's "host: text" in exec mode
+    node[1-2] r0-7 ! text      node[1-2] r0-7 [err]: text   (the same line on many ranks,
+                                                            folded by fold.StderrFolder)
     dtrain   │ text            dtrain: text
 
 On a terminal each host gets its own colour and a stderr line swaps the dim "│" for a red
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
+from launcher.output.fold import FOLDED
 from launcher.output.termsafe import clean_text
 
 if TYPE_CHECKING:
@@ -234,6 +237,8 @@ class Console:
             self.broken = True
 
     def _prefix(self, line: OutputLine) -> str:
+        if line.node_rank == FOLDED:  # a folded tag (fold.py): no cache, no column widening
+            return self._folded_prefix(line.host, line.stream)
         key = (line.host, line.rank, line.stream)
         prefix = self._prefixes.get(key)
         if prefix is None:
@@ -262,6 +267,14 @@ class Console:
         if self._rank_w:
             label += f" r{rank:<{self._rank_w}}" if rank is not None else " " * (self._rank_w + 2)
         return f"\x1b[{self._colors[host]}m{label}{RESET} {sep} "
+
+
+    def _folded_prefix(self, tag: str, stream: str) -> str:
+        if not self.color:
+            return _plain_prefix(tag, None, stream, marked=self.err_stream is None)
+        tag_w = self._host_w + (self._rank_w + 2 if self._rank_w else 0)
+        sep = f"{RED}!{RESET}" if stream == "err" else f"{DIM}│{RESET}"
+        return f"{BOLD}{tag:<{tag_w}}{RESET} {sep} "
 
 
 def _plain_prefix(host: str, rank: int | None, stream: str, *, marked: bool) -> str:

@@ -1,6 +1,6 @@
 """Remote byte chunks -> whole lines -> the archive, then the console, never stalling the job.
 
-Policy (see docs/output-and-archive.md):
+Policy (see docs/internals/output.md):
 
 1. Lines reach the archive first, synchronously, in arrival order; the archive never drops.
 2. The console gets a bounded hand-off buffer (``ConsoleSink``) drained by one daemon
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from launcher.output.archive import RunArchive
     from launcher.output.console import Console, Gatherer
+    from launcher.output.fold import StderrFolder
 
 DEFAULT_MAX_LINES = 100_000
 DEFAULT_MAX_CHARS = 32 * 1024 * 1024
@@ -196,6 +197,11 @@ class ConsoleSink:
         return OutputLine(host="", stream="dtrain", text=text, t=time.time())
 
 
+def console_filtered(console: Console) -> bool:
+    """--rank/--host asked for some sources: folded lines would belong to none of them."""
+    return console.ranks is not None or console.hosts is not None
+
+
 class OutputPipeline:
     """The launcher's one output path: chunks -> lines -> archive, console (or gatherer).
 
@@ -218,8 +224,10 @@ class OutputPipeline:
         max_console_chars: int = DEFAULT_MAX_CHARS,
         drain_timeout: float | None = None,
         max_line: int = DEFAULT_MAX_LINE,
+        folder: StderrFolder | None = None,
     ) -> None:
         self.archive = archive
+        self.folder = folder if console is not None and not console_filtered(console) else None
         self.gatherer = gatherer
         self.drain_timeout = drain_timeout
         self.max_line = max_line
@@ -235,6 +243,7 @@ class OutputPipeline:
         )
         self._splitters: dict[tuple[str, int | None, str], tuple[LineSplitter, int | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._fold_timer: asyncio.TimerHandle | None = None
         self._state = "new"
 
     @property
@@ -260,10 +269,12 @@ class OutputPipeline:
     ) -> None:
         try:
             self.eof_all()
+            self.flush_console()
         finally:
             self._state = "closed"
-            if self._timer is not None:
-                self._timer.cancel()
+            for timer in (self._timer, self._fold_timer):
+                if timer is not None:
+                    timer.cancel()
             try:
                 if self.archive is not None:
                     self.archive.close()
@@ -323,7 +334,43 @@ class OutputPipeline:
             self.gatherer.add(lines)
             lines, size = [line for line in lines if line.stream == "dtrain"], None
         if self.sink is not None and lines:
-            self.sink.put(lines, size=size)
+            shown = self.for_console(lines)
+            if shown:
+                self.sink.put(shown, size=size if shown is lines else None)
+
+    def for_console(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
+        """What the console shows of archived lines now (the same list when unchanged);
+        the folder holds repeated stderr lines a moment (fold.py)."""
+        folder = self.folder
+        if folder is None or all(line.stream != "err" for line in lines):
+            return lines
+        shown = folder.feed(lines, time.time())
+        self._arm_fold_timer()
+        return shown
+
+    def flush_console(self) -> None:
+        """Let go of every line held for folding (the job's output is over)."""
+        if self.folder is not None and self.sink is not None:
+            held = self.folder.flush()
+            if held:
+                self.sink.put(held)
+
+    def _arm_fold_timer(self) -> None:
+        assert self.folder is not None
+        deadline = self.folder.next_deadline
+        if deadline is None or self._fold_timer is not None:
+            return
+        delay = max(0.0, deadline - time.time())
+        self._fold_timer = asyncio.get_running_loop().call_later(delay, self._fold_tick)
+
+    def _fold_tick(self) -> None:
+        self._fold_timer = None
+        if self._state != "open" or self.folder is None or self.sink is None:
+            return
+        released = self.folder.release(time.time())
+        if released:
+            self.sink.put(released)
+        self._arm_fold_timer()
 
     def message(self, text: str, *, host: str = "") -> None:
         """One of dtrain's own messages, shown and archived in order with the output."""

@@ -1,0 +1,85 @@
+"""Shell completion through typer's own mechanism (docs/cli.md, "Shell completion").
+
+`dtrain completion bash|zsh|fish` prints typer's script for that shell; the script calls
+dtrain back with ``_DTRAIN_COMPLETE=complete_<shell>``, and typer/click answer with the
+commands, options and the values the callbacks below offer: files for ``-f/--hostfile``,
+run ids (from ``--archive-dir``) for the run argument of logs, attach and stop.
+
+Everything here is cheap to import (os only); typer's completion classes are loaded only
+when the shell asks for completions (``init``), so `dtrain --help` pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+COMPLETE_VAR = "_DTRAIN_COMPLETE"
+PROG = "dtrain"
+SHELLS = ("bash", "zsh", "fish")
+MAX_ITEMS = 200
+
+
+def init() -> None:
+    """Register typer's bash/zsh/fish completion classes (they replace click's)."""
+    from typer._completion_classes import completion_init
+
+    completion_init()
+
+
+def complete_paths(incomplete: str) -> list[str]:
+    """Files and directories (with a trailing /) whose path starts with ``incomplete``;
+    dot files only when asked for (``.h``)."""
+    head, base = os.path.split(incomplete)
+    folder = os.path.expanduser(head) if head else "."
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if not name.startswith(base) or (name.startswith(".") and not base.startswith(".")):
+            continue
+        path = os.path.join(head, name)
+        out.append(path + "/" if os.path.isdir(os.path.join(folder, name)) else path)
+        if len(out) >= MAX_ITEMS:
+            break
+    return out
+
+
+def complete_hostfile(incomplete: str) -> list[str]:
+    """-f/--hostfile: a path."""
+    return complete_paths(incomplete)
+
+
+def complete_run_id(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The run ids in the archive directory given so far (--archive-dir, $DTRAIN_ARCHIVE_DIR
+    or the default), newest first."""
+    from pathlib import Path
+
+    from launcher.output.archive import list_runs
+
+    archive_dir = ctx.params.get("archive_dir") or os.environ.get("DTRAIN_ARCHIVE_DIR") \
+        or "dtrain-runs"
+    try:
+        runs = list_runs(Path(archive_dir))
+    except OSError:
+        return []
+    return [p.name for p in reversed(runs) if p.name.startswith(incomplete)][:MAX_ITEMS]
+
+
+def completion_cmd(
+    shell: Annotated[str, typer.Argument(help="bash, zsh or fish.", metavar="SHELL")],
+) -> None:
+    """Print the shell completion script: `eval "$(dtrain completion bash)"` in ~/.bashrc
+    (zsh: the same in ~/.zshrc; fish: `dtrain completion fish | source`)."""
+    if shell not in SHELLS:
+        typer.echo(f"dtrain: error: no completion for {shell!r}; one of: {', '.join(SHELLS)}",
+                   err=True)
+        raise typer.Exit(2)
+    from typer._completion_shared import get_completion_script
+
+    init()
+    typer.echo(get_completion_script(prog_name=PROG, complete_var=COMPLETE_VAR, shell=shell))

@@ -1,0 +1,266 @@
+"""Console-only folding of repeated stderr lines, and of torchrun's shutdown chatter.
+
+Pure decision objects: they take OutputLines and a clock value and return the lines the
+console shows. The archive never sees them (the pipeline archives every line first).
+
+``StderrFolder`` (docs/output-and-archive.md, "Repeated stderr lines"): a stderr line
+that many ranks print (a UserWarning on all 8 ranks) is shown once, with a folded tag
+(``node[1-2] r0-7 [err]: text``). Each stderr line is held until every rank of its group
+printed it (all ranks for a rank's line, all nodes for a torchrun agent's line) or for at
+most ``window`` seconds, whichever comes first. Lines compare equal after a leading
+glog/torch-logging timestamp (and thread or process id) is dropped, so the same warning
+stamped 3 microseconds apart on each rank still folds; the first rank's text is shown.
+stdout and dtrain's own lines are never held. A rank's stderr lines keep their order.
+
+``ShutdownChatter``: once dtrain is stopping the job, what a torchrun agent prints on
+stderr while it dies (``Received 15 death signal``, ``Sending process N closing signal
+SIGTERM``, the SignalException traceback) is the console's noise: it is counted per node
+and summed up in one line (``node2: torchrun shutting down (14 lines in the archive)``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from launcher.models import OutputLine
+from launcher.output.render import count
+
+DEFAULT_WINDOW_S = 0.75
+MAX_HELD = 5_000  # held groups beyond this are let go at once (a rank spamming stderr)
+FOLDED = -1  # the node_rank of a folded line: its host field is the folded tag
+
+# glog (`[W1130 12:01:37.099694116 socket.cpp:207]`) and torch logging
+# (`W1130 12:01:37.645000 18103 site-packages/...`): severity, date, time, optional thread id
+_STAMP = re.compile(r"^(\[?[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?")
+
+Member = tuple[str, int | None]  # (host, rank)
+HostFolder = Callable[[Iterable[str]], str]
+
+
+def fold_key(text: str) -> str:
+    """The text two ranks' lines are compared by: a leading log timestamp dropped."""
+    if text[:2].lstrip("[")[:1] in ("I", "W", "E", "F"):
+        return _STAMP.sub(r"\1", text, count=1)
+    return text
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``0-3,6,8-9``: sorted ranks with runs folded."""
+    out: list[str] = []
+    nums = sorted(set(ranks))
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def folded_tag(members: Sequence[Member], fold_hosts: HostFolder | None = None) -> str:
+    """``node[1-2] r0-7`` for ranks, ``node[1-3]`` for torchrun agents (hosts joined with
+    commas when no ``fold_hosts`` is given)."""
+    hosts = list(dict.fromkeys(h for h, _ in members))
+    shown = fold_hosts(hosts) if fold_hosts is not None else ",".join(hosts)
+    ranks = [r for _, r in members if r is not None]
+    return f"{shown} r{rank_ranges(ranks)}" if ranks else shown
+
+
+@dataclass
+class _Group:
+    seq: int
+    key: str
+    first: OutputLine
+    deadline: float
+    size: int
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.members) >= self.size
+
+
+class StderrFolder:
+    """Holds stderr lines briefly to fold the same line from many ranks into one (see module).
+
+    ``feed(lines, now)`` returns the lines to show now; ``release(now)`` those whose window
+    has passed (call it at ``next_deadline``); ``flush()`` everything still held.
+    """
+
+    def __init__(self, ranks: int, nodes: int, *, window: float = DEFAULT_WINDOW_S,
+                 fold_hosts: HostFolder | None = None, max_held: int = MAX_HELD) -> None:
+        self.ranks = ranks
+        self.nodes = nodes
+        self.window = window
+        self.max_held = max_held
+        self._fold_hosts = fold_hosts
+        self._seq = 0
+        self._groups: dict[int, _Group] = {}  # held, in seq (arrival) order
+        self._open: dict[tuple[bool, str], _Group] = {}  # newest group per (is_rank, key)
+        self._pending: dict[Member, deque[int]] = {}  # per member: its held groups' seqs
+
+    @property
+    def held(self) -> int:
+        """Groups held now."""
+        return len(self._groups)
+
+    @property
+    def next_deadline(self) -> float | None:
+        """When the oldest held group must be let go (None: nothing held)."""
+        for group in self._groups.values():
+            return group.deadline
+        return None
+
+    def feed(self, lines: Sequence[OutputLine], now: float) -> list[OutputLine]:
+        """Lines in arrival order -> the lines to show now (stdout and dtrain's at once)."""
+        out: list[OutputLine] = []
+        for line in lines:
+            if line.stream != "err":
+                out.append(line)
+            else:
+                self._add(line, now, out)
+        if len(self._groups) > self.max_held:
+            self._release_oldest(now, out, force=len(self._groups) - self.max_held)
+        return out
+
+    def release(self, now: float) -> list[OutputLine]:
+        """Lines whose window has passed (and any that only waited for them)."""
+        out: list[OutputLine] = []
+        self._release_oldest(now, out)
+        return out
+
+    def flush(self) -> list[OutputLine]:
+        """Every held line, in order (the job's output is over)."""
+        out: list[OutputLine] = []
+        self._release_oldest(float("inf"), out)
+        return out
+
+    # -- internals ----------------------------------------------------------------------------
+    def _add(self, line: OutputLine, now: float, out: list[OutputLine]) -> None:
+        member: Member = (line.host, line.rank)
+        is_rank = line.rank is not None
+        key = fold_key(line.text)
+        pending = self._pending.get(member)
+        group = self._open.get((is_rank, key))
+        if (group is not None and group.seq in self._groups and now < group.deadline
+                and member not in group.members
+                and (not pending or pending[-1] < group.seq)):
+            group.members.append(member)
+        else:
+            self._seq += 1
+            size = self.ranks if is_rank else self.nodes
+            group = _Group(self._seq, key, line, now + self.window, max(size, 1), [member])
+            self._groups[group.seq] = group
+            self._open[(is_rank, key)] = group
+        self._pending.setdefault(member, deque()).append(group.seq)
+        if group.complete:
+            self._cascade([group], now, out)
+
+    def _releasable(self, group: _Group, now: float) -> bool:
+        if group.seq not in self._groups:
+            return False
+        if not (group.complete or now >= group.deadline):
+            return False
+        return all(self._pending[m][0] == group.seq for m in group.members)
+
+    def _cascade(self, candidates: list[_Group], now: float, out: list[OutputLine]) -> None:
+        """Release the candidates that may go, then whatever only waited for them."""
+        while candidates:
+            group = candidates.pop(0)
+            if not self._releasable(group, now):
+                continue
+            self._emit(group, out)
+            for m in group.members:
+                nxt = self._pending.get(m)
+                if nxt:
+                    candidates.append(self._groups[nxt[0]])
+
+    def _release_oldest(self, now: float, out: list[OutputLine], force: int = 0) -> None:
+        # The oldest held group never waits for another (its members have nothing older).
+        while self._groups:
+            group = next(iter(self._groups.values()))
+            if force > 0:
+                force -= 1
+                self._emit(group, out)
+                self._cascade([self._groups[p[0]] for m in group.members
+                               if (p := self._pending.get(m))], now, out)
+            elif now >= group.deadline:
+                self._cascade([group], now, out)
+            else:
+                return
+
+    def _emit(self, group: _Group, out: list[OutputLine]) -> None:
+        del self._groups[group.seq]
+        if self._open.get((group.first.rank is not None, group.key)) is group:
+            del self._open[(group.first.rank is not None, group.key)]
+        for m in group.members:
+            pending = self._pending[m]
+            pending.popleft()
+            if not pending:
+                del self._pending[m]
+        if len(group.members) == 1:
+            out.append(group.first)
+        else:
+            first = group.first
+            tag = folded_tag(group.members, self._fold_hosts)
+            out.append(OutputLine(tag, first.stream, first.text, None, FOLDED, first.t))
+
+
+# -- torchrun's shutdown chatter ---------------------------------------------------------------
+
+_CHATTER = re.compile(
+    r"death signal|closing signal|torch\.distributed\.elastic|torch/distributed/elastic"
+    r"|SignalException|ChildFailedError|^=+$|^-+$|^Root Cause|^Failures:|^<NO_OTHER_FAILURES>"
+    r"|^\s*\[\d+\]:$|^\s*(time|host|rank|exitcode|error_file|traceback)\s*:"
+)
+_TB_START = ("Traceback (most recent call last):",
+             "During handling of the above exception",
+             "The above exception was the direct cause")
+
+
+def is_shutdown_chatter(text: str, in_traceback: bool) -> tuple[bool, bool]:
+    """Is this torchrun agent stderr line (seen while dtrain stops the job) shutdown chatter?
+
+    Returns (chatter, in_traceback after it). A traceback is chatter as a whole: its
+    indented lines, and the exception line that ends it.
+    """
+    if text.startswith(_TB_START):
+        return True, True
+    if in_traceback:
+        if not text or text[0].isspace():
+            return True, True
+        return True, False  # the exception line ends it
+    return bool(_CHATTER.search(text)), False
+
+
+class ShutdownChatter:
+    """Per node, while dtrain stops the job: hide the torchrun agent's chatter, count it."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.counts: dict[str, int] = {}  # host -> chatter lines kept off the console
+        self._in_tb: dict[str, bool] = {}
+
+    def keep(self, line: OutputLine) -> bool:
+        """Should the console show this line? (Always, until the job is stopping.)"""
+        if not self.stopping or line.rank is not None or line.stream != "err":
+            return True
+        chatter, in_tb = is_shutdown_chatter(line.text, self._in_tb.get(line.host, False))
+        self._in_tb[line.host] = in_tb
+        if chatter:
+            self.counts[line.host] = self.counts.get(line.host, 0) + 1
+        return not chatter
+
+    def summary(self, order: Iterable[str] = ()) -> list[tuple[str, str]]:
+        """(host, message) per node with chatter hidden, in the given order then arrival;
+        counts are reset so each line is said once."""
+        hosts = [h for h in order if h in self.counts]
+        hosts += [h for h in self.counts if h not in hosts]
+        out = [(h, f"torchrun shutting down ({count(self.counts[h], 'line')} in the archive)")
+               for h in hosts]
+        self.counts.clear()
+        return out

@@ -1,0 +1,225 @@
+"""Console folding of repeated stderr lines and of torchrun's shutdown chatter (issue 12):
+pure decision objects, fed OutputLines and a clock."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from launcher.hosts.hostfile import fold
+from launcher.models import OutputLine
+from launcher.output.console import Console
+from launcher.output.fold import (
+    FOLDED,
+    ShutdownChatter,
+    StderrFolder,
+    fold_key,
+    is_shutdown_chatter,
+    rank_ranges,
+)
+from launcher.output.pipeline import OutputPipeline
+
+W = "/x/site-packages/torch/nn/modules/module.py:1: UserWarning: something is deprecated"
+
+
+def err(rank: int, text: str = W, host: str | None = None, t: float = 0.0) -> OutputLine:
+    return OutputLine(host or f"node{rank // 4 + 1}", "err", text, rank, rank // 4, t)
+
+
+def out(rank: int, text: str) -> OutputLine:
+    return OutputLine(f"node{rank // 4 + 1}", "out", text, rank, rank // 4)
+
+
+def shown(lines: list[OutputLine]) -> list[str]:
+    con = Console(io.StringIO(), color=False)
+    return [con.format_line(line) for line in lines]
+
+
+def folder(ranks: int = 8, nodes: int = 2, window: float = 0.75) -> StderrFolder:
+    return StderrFolder(ranks, nodes, window=window, fold_hosts=fold)
+
+
+def test_the_same_line_on_every_rank_is_shown_once_with_a_folded_tag() -> None:
+    f = folder()
+    got: list[OutputLine] = []
+    for r in range(7):
+        got += f.feed([err(r)], now=0.1 * r)
+    assert got == []  # held: 7 of 8 ranks so far, within the window
+    got += f.feed([err(7)], now=0.7)  # the group is complete: out at once
+    assert shown(got) == [f"node[1-2] r0-7 [err]: {W}"]
+    assert got[0].node_rank == FOLDED and f.held == 0
+
+
+def test_stdout_is_never_held_or_folded() -> None:
+    f = folder()
+    assert f.feed([err(0)], now=0.0) == []
+    lines = [out(0, "loss 1.0"), out(1, "loss 1.0")]
+    assert f.feed(lines, now=0.01) == lines
+
+
+def test_a_line_is_held_at_most_the_window() -> None:
+    f = folder(window=0.75)
+    f.feed([err(0)], now=0.0)
+    f.feed([err(5)], now=0.2)
+    assert f.next_deadline == 0.75
+    assert f.release(0.74) == []
+    assert shown(f.release(0.75)) == [f"node1,node2 r0,5 [err]: {W}".replace(
+        "node1,node2", "node[1-2]")]
+    f.feed([err(3)], now=0.8)  # too late for that group: a new one
+    assert shown(f.release(1.55)) == [f"node1 r3 [err]: {W}"]
+
+
+def test_one_rank_alone_is_shown_with_its_own_tag() -> None:
+    f = folder()
+    f.feed([err(2, "only me")], now=0.0)
+    assert f.release(1.0) == [err(2, "only me")]
+
+
+def test_a_world_of_one_rank_holds_nothing() -> None:
+    f = StderrFolder(1, 1)
+    assert f.feed([err(0, "x")], now=0.0) == [err(0, "x")]
+
+
+def test_order_per_rank_is_kept() -> None:
+    """rank 1 prints A then B; B's group was opened earlier by rank 0: rank 1's B must not
+    come out before its A, so it starts a group of its own."""
+    f = folder(ranks=2, nodes=1)
+    f.feed([err(0, "B")], now=0.0)
+    f.feed([err(1, "A")], now=0.1)
+    f.feed([err(1, "B")], now=0.2)
+    got = f.release(5.0)
+    assert [(line.rank, line.text) for line in got] == [(0, "B"), (1, "A"), (1, "B")]
+
+
+def test_a_complete_group_waits_for_a_rank_s_earlier_line() -> None:
+    f = folder(ranks=2, nodes=1)
+    assert f.feed([err(0, "only 0")], now=0.0) == []
+    assert f.feed([err(0, "both"), err(1, "both")], now=0.1) == []  # complete, but behind
+    got = f.release(0.75)
+    assert shown(got) == ["node1 r0 [err]: only 0", "node1 r0-1 [err]: both"]
+
+
+def test_a_traceback_on_every_rank_folds_line_by_line() -> None:
+    tb = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+          "RuntimeError: boom"]
+    f = folder(ranks=4, nodes=1)
+    got: list[OutputLine] = []
+    for r in range(4):
+        got += f.feed([err(r, t, host="node1") for t in tb], now=0.01 * r)
+    assert shown(got) == [f"node1 r0-3 [err]: {t}" for t in tb]
+
+
+def test_log_timestamps_do_not_prevent_folding() -> None:
+    a = "[W1130 12:01:37.099694116 socket.cpp:207] [c10d] The hostname cannot be retrieved."
+    b = "[W1130 12:01:37.169527346 socket.cpp:207] [c10d] The hostname cannot be retrieved."
+    assert fold_key(a) == fold_key(b) == "[W socket.cpp:207] [c10d] The hostname cannot be " \
+        "retrieved."
+    c = "W1130 12:01:37.645000 18103 site-packages/torch/x.py:753] Received 15 death signal"
+    assert fold_key(c) == "W site-packages/torch/x.py:753] Received 15 death signal"
+    assert fold_key("Warning: plain") == "Warning: plain"
+    f = folder(ranks=2, nodes=1)
+    assert shown(f.feed([err(0, a), err(1, b)], now=0.0)) == [f"node1 r0-1 [err]: {a}"]
+
+
+def test_agent_lines_fold_across_nodes() -> None:
+    f = folder(ranks=8, nodes=2)
+    line = "torchrun: some agent warning"
+    got = f.feed([OutputLine("node1", "err", line), OutputLine("node2", "err", line)], 0.0)
+    assert shown(got) == [f"node[1-2] [err]: {line}"]
+
+
+def test_a_flood_of_distinct_lines_is_let_go_beyond_the_bound() -> None:
+    f = StderrFolder(8, 2, max_held=10)
+    got = f.feed([err(0, f"line {i}") for i in range(15)], now=0.0)
+    assert [line.text for line in got] == [f"line {i}" for i in range(5)]
+    assert [line.text for line in f.flush()] == [f"line {i}" for i in range(5, 15)]
+
+
+def test_rank_ranges() -> None:
+    assert rank_ranges([9, 0, 1, 2, 3, 6, 8]) == "0-3,6,8-9"
+    assert rank_ranges([4]) == "4"
+
+
+def test_folded_tag_on_a_colour_console_does_not_widen_the_columns() -> None:
+    con = Console(io.StringIO(), color=True, labels=["node1", "node2"], world_size=8)
+    folded = OutputLine("node[1-2] r0-7", "err", "x", None, FOLDED)
+    assert "node[1-2] r0-7" in con.format_line(folded)
+    assert con.format_line(out(0, "y")).startswith("\x1b[36mnode1 r0")  # unchanged width
+    assert con._host_w == 5
+
+
+async def test_the_pipeline_folds_on_the_console_and_archives_every_line() -> None:
+    stream = io.StringIO()
+    con = Console(stream, color=False)
+    archived: list[OutputLine] = []
+
+    class Archive:
+        def write_lines(self, lines: list[OutputLine]) -> None:
+            archived.extend(lines)
+
+        def flush_if_due(self, _s: float) -> None: ...
+
+        def close(self) -> None: ...
+
+    f = StderrFolder(3, 1, window=0.2)
+    async with OutputPipeline(con, Archive(), folder=f) as pipe:  # type: ignore[arg-type]
+        for r in range(3):
+            pipe.feed("node1", r, "err", b"warn\n")
+        pipe.feed("node1", 0, "err", b"alone\n")
+        pipe.feed("node1", 0, "out", b"loss 1\n")
+        await asyncio.sleep(0.4)  # the window passes: "alone" goes out by the timer
+        assert f.held == 0
+    assert stream.getvalue().splitlines() == [
+        "node1 r0-2 [err]: warn", "node1 r0: loss 1", "node1 r0 [err]: alone"]
+    assert len(archived) == 5
+
+
+def test_a_filtered_console_does_not_fold() -> None:
+    con = Console(io.StringIO(), color=False, ranks=[1])
+    assert OutputPipeline(con, folder=StderrFolder(2, 1)).folder is None
+
+
+# -- torchrun's shutdown chatter -----------------------------------------------------------
+
+AGENT = [  # what a torchrun agent printed on node3 when dtrain stopped the job (torch 2.13)
+    "W1130 12:01:37.673000 18102 site-packages/torch/distributed/elastic/agent/server/api.py:"
+    "753] Received 15 death signal, shutting down workers",
+    "W1130 12:01:37.674000 18102 site-packages/torch/distributed/elastic/multiprocessing/api.py"
+    ":1028] Sending process 18179 closing signal SIGTERM",
+    "Traceback (most recent call last):",
+    '  File "<frozen runpy>", line 198, in _run_module_as_main',
+    "    time.sleep(monitor_interval)",
+    "             ^^^^^^^^^^^^^^^^^^^^^^",
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 18102 got signal: 15",
+]
+
+
+@pytest.mark.parametrize("text", AGENT[:2])
+def test_agent_log_lines_are_chatter(text: str) -> None:
+    assert is_shutdown_chatter(text, False) == (True, False)
+
+
+def test_a_traceback_is_chatter_to_its_exception_line() -> None:
+    state = False
+    for text in AGENT[2:]:
+        chatter, state = is_shutdown_chatter(text, state)
+        assert chatter
+    assert state is False
+    assert is_shutdown_chatter("some other agent line", False) == (False, False)
+
+
+def test_chatter_leaves_the_console_only_while_stopping_and_only_the_agent_s() -> None:
+    c = ShutdownChatter()
+    agent = [OutputLine("node3", "err", t) for t in AGENT]
+    assert all(c.keep(line) for line in agent)  # not stopping yet: everything shows
+    c.stopping = True
+    assert not any(c.keep(line) for line in agent)
+    rank_tb = OutputLine("node1", "err", "Traceback (most recent call last):", 1)
+    assert c.keep(rank_tb)  # a rank's own traceback is the genuine failure: shown
+    assert c.keep(OutputLine("node2", "err", "unrelated agent line"))
+    assert c.keep(OutputLine("node2", "out", AGENT[0]))
+    assert c.summary(["node1", "node2", "node3"]) == [
+        ("node3", "torchrun shutting down (7 lines in the archive)")]
+    assert c.summary() == []  # said once
