@@ -178,12 +178,36 @@ class Writer:
 def set_subreaper():
     """Orphaned descendants reparent to us, so the tree walk finds double-forked processes."""
     try:
+        return _prctl()(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except Exception:
+        pass
+    try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except Exception:
         return False
+
+
+def _prctl():
+    """libc's prctl through _ctypes, as ``ctypes.CDLL(None).prctl`` builds it (int result,
+    int arguments) without importing ctypes itself, which costs ~1.5 ms of CPU per node.
+    Any difference in _ctypes raises, and set_subreaper then goes through ctypes."""
+    import _ctypes
+
+    class Int(_ctypes._SimpleCData):  # type: ignore[type-arg]  # ctypes.c_int
+        _type_ = "i"
+
+    class Function(_ctypes.CFuncPtr):  # ctypes.CDLL's _FuncPtr
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    class Program:  # ctypes.CDLL(None): the running program and the libraries it loaded
+        _handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  # type: ignore[arg-type]
+
+    prctl = Function(("prctl", Program))  # type: ignore[arg-type]
+    return lambda *args: int(prctl(*args))
 
 
 def _stat_fields(pid):
@@ -837,7 +861,15 @@ def main():
                 break
             line += c
         spec = line
-    sys.exit(Supervisor(load_spec(spec), source).run())
+    code = Supervisor(load_spec(spec), source).run()
+    # Every frame is out (os.write, unbuffered) and the private files are gone: leave now.
+    # A normal interpreter exit would tear down every module first, ~2.5 ms of CPU per node.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
