@@ -1,8 +1,15 @@
 """dtrain node supervisor: THIS PROGRAM RUNS ON THE NODES, not on the login node.
 
 Standard library only, Python >= 3.8. The launcher ships this file over the SSH channel
-(see wire.py beside it: a length line, this source, then one JSON line with the job spec);
-nothing is installed on the nodes and no secret travels on a command line.
+(see wire.py beside it: a length line, this source, then the job spec: marshal data after
+a b"M", or JSON); nothing is installed on the nodes and no secret travels on a command line.
+
+Start-up is paid by every node at every command, so the exec path imports only what is
+built in or tiny (os, sys, select, struct, time, marshal, _thread, _signal, _json, _ctypes):
+it forks and execs the job itself (``spawn``), polls with select.poll, writes JSON with
+``to_json`` and decodes control lines with json only when one arrives. subprocess, json,
+socket, tempfile and shutil are imported by run mode, the rank shim or a control line.
+tests/test_supervisor_lean.py pins that import set; see launcher/nodeside/README.md.
 
 Why it exists: OpenSSH ignores channel signals for root logins before 9.8, and a process
 without a pty outlives its connection. So the supervisor owns the job:

@@ -2,8 +2,10 @@
 
 A node program (the supervisor, the probe) is never installed on the node. The remote
 command is a short bootstrap given to the node's Python with ``-c``; it reads a header line
-``"<source length> <spec length>"`` from fd 0, then exactly that many bytes of source and of
-spec (JSON), and executes the source. Secrets travel inside the spec, over the encrypted
+``"<source length> <spec length> <cache key>"`` from fd 0, then exactly that many bytes of
+source and of spec, and executes the source. The spec is JSON, except the supervisor's:
+marshal data after SPEC_MARSHAL (``supervisor_payload``), which the node decodes without
+importing anything. Secrets travel inside the spec, over the encrypted
 channel, never on a command line that ``ps`` would show. The rest of stdin is control lines.
 """
 
