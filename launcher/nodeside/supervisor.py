@@ -314,7 +314,7 @@ def spawn(argv, env):
             raise ValueError("illegal environment variable name or value: %r" % (key,))
     fds = []
     try:
-        null = os.open(os.devnull, os.O_RDONLY)
+        null = os.open(os.devnull, os.O_RDWR)  # as Popen opens it
         fds.append(null)
         out_r, out_w = os.pipe()
         fds += [out_r, out_w]
