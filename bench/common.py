@@ -527,9 +527,11 @@ def _floor_main(argv: list[str]) -> int:
                 result = await proc.wait()
                 worst = max(worst, result.exit_status or 0)
                 return
-            proc = await conn.create_process(wire.remote_command("python3"), encoding=None)
+            # the command line and payload of NodeSession.run (launcher/job/node.py)
+            proc = await conn.create_process(wire.remote_command("python3", stdlib_only=True),
+                                             encoding=None)
             job = JobSpec(shell=command, grace=2.0)
-            proc.stdin.write(wire.payload(wire.program_source("supervisor"), job.wire()))
+            proc.stdin.write(wire.supervisor_payload(job.wire()))
             decoder = wire.FrameDecoder()
             code = None
             while data := await proc.stdout.read(1 << 18):

@@ -144,7 +144,7 @@ class NodeSession:
                                   stdlib_only=True)
         try:
             self.proc = await self.conn.start(cmd)
-            await self._send(wire.payload(wire.program_source("supervisor"), self.spec.wire()))
+            await self._send(wire.supervisor_payload(self.spec.wire()))
         except ConnectError as exc:
             self.started.set()
             return NodeOutcome(self.host, None, error=str(exc.message), ended=time.time())

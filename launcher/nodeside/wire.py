@@ -2,8 +2,10 @@
 
 A node program (the supervisor, the probe) is never installed on the node. The remote
 command is a short bootstrap given to the node's Python with ``-c``; it reads a header line
-``"<source length> <spec length>"`` from fd 0, then exactly that many bytes of source and of
-spec (JSON), and executes the source. Secrets travel inside the spec, over the encrypted
+``"<source length> <spec length> <cache key>"`` from fd 0, then exactly that many bytes of
+source and of spec, and executes the source. The spec is JSON, except the supervisor's:
+marshal data after SPEC_MARSHAL (``supervisor_payload``), which the node decodes without
+importing anything. Secrets travel inside the spec, over the encrypted
 channel, never on a command line that ``ps`` would show. The rest of stdin is control lines.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import shlex
 import struct
 from collections.abc import Mapping
@@ -27,6 +30,11 @@ KIND_NOISE, KIND_OUT, KIND_ERR, KIND_CTL = 0, 1, 2, 3
 # is what the node's login shell printed (a chatty .bashrc), passed on as KIND_NOISE
 MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
+# the supervisor's spec travels as marshal data after this byte (supervisor.py has the twin;
+# a JSON spec starts with "{"): decoding it needs no import on the node, json costs ~3 ms
+SPEC_MARSHAL = b"M"
+# marshal's format 4 is read by every Python >= 3.4 (the nodes need >= 3.8)
+MARSHAL_VERSION = 4
 
 # The bootstrap compiles the program once per node and Python version and keeps the code
 # object in ~/.cache/dtrain/<sha256 of the source>-<cache tag>.bin (the directory 0700, used
@@ -152,8 +160,10 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     message = "dtrain: %s not found on this node (set --python or the hostfile's python=)\n"
     parts.append(f"command -v {py} >/dev/null 2>&1 || "
                  f"{{ {_say(message, python)}; exit {PYTHON_MISSING}; }}")
-    # -S skips site (.pth files, site-packages): ~50 ms per node for a stdlib-only program
-    flags = "-u -S" if stdlib_only else "-u"
+    # -S skips site (.pth files, site-packages): ~50 ms per node for a stdlib-only program;
+    # -I (isolated: -E -s, and no '' on sys.path) keeps PYTHONPATH and the working
+    # directory's files from shadowing the standard library it needs (a select.py there)
+    flags = "-u -I -S" if stdlib_only else "-u"
     parts.append(f"exec {py} {flags} -c {shlex.quote(BOOTSTRAP)}")
     return "\n".join(parts)
 
@@ -161,6 +171,15 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
 def payload(source: bytes, spec: Mapping[str, object] | None = None) -> bytes:
     """Header + source + spec: what is written to the channel's stdin first."""
     body = json.dumps(spec, separators=(",", ":")).encode() if spec is not None else b""
+    return f"{len(source)} {len(body)} {source_key(source)}\n".encode() + source + body
+
+
+def supervisor_payload(spec: Mapping[str, object]) -> bytes:
+    """payload() of the supervisor, with the spec as marshal data (SPEC_MARSHAL): the node
+    decodes it with builtins only. JSON stays the format of everything else (the probe's
+    parameters, control lines, the frames' messages)."""
+    body = SPEC_MARSHAL + marshal.dumps(dict(spec), MARSHAL_VERSION)
+    source = program_source("supervisor")
     return f"{len(source)} {len(body)} {source_key(source)}\n".encode() + source + body
 
 
