@@ -74,12 +74,12 @@ def accept_upstream(lsock, token, deadline, refused):
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise OSError("no upstream node connected within the timeout")
+            raise OSError("no upstream node connected within the timeout") from None
         lsock.settimeout(left)
         try:
             conn, peer = lsock.accept()
         except socket.timeout:
-            raise OSError("no upstream node connected within the timeout")
+            raise OSError("no upstream node connected within the timeout") from None
         conn.settimeout(min(left, 10.0))
         try:
             got = read_exact(conn, TOKEN_LEN)
@@ -145,14 +145,12 @@ def relay(params):
                 nxt = None
         if first:
             src = StdinSource()
-            lsock.close()
-            lsock = None
+            lsock.close()  # closing again in finally is harmless
         else:
             token = bytes.fromhex(params["token"])
             src = accept_upstream(lsock, token, time.monotonic() + timeout, result["refused"])
             src.settimeout(timeout)
-            lsock.close()
-            lsock = None
+            lsock.close()  # closing again in finally is harmless
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(tmp, flags, int(params.get("mode_bits", 0o644)))
         h = hashlib.sha256()
@@ -163,7 +161,7 @@ def relay(params):
                 chunk = src.recv(min(CHUNK, size - got))
             except socket.timeout:
                 raise OSError("no data from upstream for %g s after %d of %d bytes" % (
-                    timeout, got, size))
+                    timeout, got, size)) from None
             if not chunk:
                 raise OSError("the upstream closed after %d of %d bytes" % (got, size))
             got += len(chunk)
