@@ -27,7 +27,7 @@ def start(tmp: Path, final: Path, size: int, *, token: bytes = TOKEN,
     proc = subprocess.Popen([sys.executable, "-S", str(CPNODE)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     spec = {"mode": "relay", "tmp": str(tmp), "final": str(final), "size": size,
-            "mode_bits": 0o640, "mtime": 1_600_000_000, "preserve": True,
+            "mode_bits": 0o640, "chmod": 0o640, "mtime": 1_600_000_000,
             "bind": "127.0.0.1", "token": token.hex(), "timeout": timeout}
     send(proc, spec)
     assert proc.stdout is not None

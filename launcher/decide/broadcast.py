@@ -94,17 +94,23 @@ def fallbacks(chain: Sequence[str], outcomes: Mapping[str, Outcome | None]) -> d
     names the first broken place, so the user sees the cause, not the echo.
     """
     reasons: dict[str, str] = {}
-    broken: str | None = None
+    cause: str | None = None  # where the chain first broke, as "at X" / "after X (why)"
+    by_forward = False  # ... known only from the node before it failing to forward
     for label in chain:
         o = outcomes.get(label)
-        if o is None:
-            reasons[label] = (f"chain broken {broken}" if broken
-                              else "its relay was lost")
-            broken = broken or f"at {label}"
-        elif not o.ok:
-            reasons[label] = (f"chain broken {broken} ({o.error})" if broken
-                              else o.error or "relay failed")
-            broken = broken or f"at {label}"
-        elif o.forward_error and broken is None:
-            broken = f"after {label} ({o.forward_error})"
+        if o is not None and o.ok:
+            if o.forward_error and cause is None:
+                cause, by_forward = f"after {label} ({o.forward_error})", True
+            continue
+        if o is None:  # lost: this explains its upstream's forward error
+            if cause is None or by_forward:
+                reasons[label] = "its relay was lost"
+                cause, by_forward = f"at {label}", False
+            else:
+                reasons[label] = f"chain broken {cause}"
+        else:
+            own = o.error or "relay failed"
+            reasons[label] = f"chain broken {cause} ({own})" if cause else own
+            if cause is None:
+                cause = f"at {label}"
     return reasons

@@ -7,7 +7,7 @@ Modes:
   hash  {"mode": "hash", "paths": [...]} -> {"sha256": {path: hexdigest or null}}
         sha256 of each regular file (null when missing or unreadable), so that
         `dtrain cp --checksum` compares content without reading files back.
-  relay {"mode": "relay", "tmp", "final", "size", "mode_bits", "mtime", "preserve",
+  relay {"mode": "relay", "tmp", "final", "size", "mode_bits", "chmod", "mtime",
          "bind", "token", "timeout"} -> several lines, see relay() below.
         One node of a broadcast chain (docs/cp.md): receives a file once, writes it to
         its temp name and forwards every chunk to the next node as it arrives.
@@ -193,8 +193,8 @@ def relay(params):
         want = json.loads(line).get("sha256")
         if h.hexdigest() != want:
             raise OSError("sha256 mismatch: received %s, expected %s" % (h.hexdigest(), want))
-        if params.get("preserve"):
-            os.chmod(tmp, int(params["mode_bits"]))
+        if params.get("chmod") is not None:
+            os.chmod(tmp, int(params["chmod"]))
         os.utime(tmp, (int(params["mtime"]), int(params["mtime"])))
         os.rename(tmp, final)
         result["ok"] = True
