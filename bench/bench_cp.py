@@ -302,7 +302,9 @@ def main() -> int:
         env.cleanup()
 
     print(f"\n{machine()}\n{revision()}\n")
-    print(wall_table([s for s in series if "uplink" not in s.case], others=TOOLS[1:]))
+    plain = [s for s in series if "uplink" not in s.case]
+    if plain:
+        print(wall_table(plain, others=TOOLS[1:]))
     for s in series:
         if "uplink" in s.case:
             print()

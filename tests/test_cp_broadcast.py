@@ -12,6 +12,9 @@ import hashlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,6 +27,7 @@ from launcher.commands.cp import CopyRequest, cp_async
 from launcher.hosts.hostfile import resolve_hosts
 from launcher.transports.ssh import SSHSettings
 from tests import cluster as tc
+from tests.util import REPO
 
 pytestmark = pytest.mark.ssh
 
@@ -118,3 +122,36 @@ def test_a_relay_killed_mid_transfer_falls_back_and_leaves_no_temps(
     for node in cluster.nodes[:4]:
         assert _sha(node.home / remote_dir / "weights.bin") == want, node.name
     assert _temps(cluster, remote_dir) == []
+
+
+def test_ctrl_c_during_a_broadcast_leaves_no_temps(cluster, tmp_path, remote_dir):
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(512 << 20)  # sparse here; 512 MiB of zeros down the chain
+    homes = [n.home for n in cluster.nodes[:4]]
+    for h in homes:
+        (h / remote_dir).mkdir()
+        os.chown(h / remote_dir, h.stat().st_uid, h.stat().st_gid)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "cp", "-H", "node[1-4]", "--broadcast-min", "1M",
+         str(big), f"~/{remote_dir}/"],
+        env=cluster.client_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(list((h / remote_dir).glob(".dtrain-cp-*")) for h in homes):
+            assert proc.poll() is None, "the copy finished before it could be interrupted"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    # the relays notice the closed channel (or their upstream's EOF) and remove their temp
+    deadline = time.monotonic() + 10
+    while any(list((h / remote_dir).iterdir()) for h in homes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for h in homes:
+        assert list((h / remote_dir).iterdir()) == [], "a temp or partial file was left"
