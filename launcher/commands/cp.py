@@ -264,8 +264,8 @@ class Broadcaster:
                                     min_size=self._req.broadcast_min):
                     try:
                         await self._chain(path, group)
-                    except (DtrainError, OSError) as exc:
-                        _settle(group, f"broadcast failed: {_why(exc)}")
+                    except Exception as exc:  # noqa: BLE001 - any surprise: send directly
+                        _settle(group, _why(exc))
                 _settle(group, "")
         finally:
             _settle(wants, "")
