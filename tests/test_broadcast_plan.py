@@ -100,3 +100,14 @@ def test_a_node_failing_on_its_own_keeps_the_chain_when_it_still_forwarded():
 def test_no_report_at_all_is_a_fallback_for_everyone():
     got = fallbacks(["a", "b"], {})
     assert got == {"a": "its relay was lost", "b": "chain broken at a"}
+
+
+def test_a_bad_broadcast_min_is_exit_2_naming_the_option(tmp_path):
+    from tests.util import dtrain
+
+    src = tmp_path / "f"
+    src.write_text("x")
+    res = dtrain(["cp", "-H", "198.18.0.250", "--broadcast-min", "12X", str(src), "dst/"])
+    assert res.returncode == 2, res.stderr
+    assert "--broadcast-min" in res.stderr and "'12X' is not a size" in res.stderr
+    assert "timed out" not in res.stderr  # refused before connecting
