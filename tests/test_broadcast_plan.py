@@ -7,6 +7,7 @@ import pytest
 from launcher.decide.broadcast import (
     Link,
     Outcome,
+    cut_chain,
     fallbacks,
     parse_size,
     plan_chain,
@@ -111,3 +112,25 @@ def test_a_bad_broadcast_min_is_exit_2_naming_the_option(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "--broadcast-min" in res.stderr and "'12X' is not a size" in res.stderr
     assert "timed out" not in res.stderr  # refused before connecting
+
+
+def test_cut_chain_keeps_everything_when_every_link_is_up():
+    assert cut_chain(["a", "b", "c"], {"a": "", "b": "", "c": ""}) == (["a", "b", "c"], {})
+
+
+def test_a_link_that_cannot_connect_cuts_the_chain_after_its_node():
+    kept, cut = cut_chain(["a", "b", "c", "d"],
+                          {"a": "", "b": "cannot connect to the next node", "c": "", "d": ""})
+    assert kept == ["a", "b"]
+    why = "chain broken after b (cannot connect to the next node)"
+    assert cut == dict.fromkeys(("c", "d"), why)
+
+
+def test_a_relay_lost_before_linking_falls_back_with_everything_after_it():
+    kept, cut = cut_chain(["a", "b", "c"], {"a": "", "b": None, "c": ""})
+    assert kept == ["a"]
+    assert cut == {"b": "its relay was lost", "c": "chain broken at b"}
+
+
+def test_the_last_node_has_no_link_to_fail():
+    assert cut_chain(["a", "b"], {"a": "", "b": "whatever"}) == (["a", "b"], {})

@@ -155,3 +155,26 @@ def test_ctrl_c_during_a_broadcast_leaves_no_temps(cluster, tmp_path, remote_dir
         time.sleep(0.1)
     for h in homes:
         assert list((h / remote_dir).iterdir()) == [], "a temp or partial file was left"
+
+
+def test_a_relay_gone_before_the_chain_links_cuts_it_there_without_waiting(
+        cluster, big_file, remote_dir, monkeypatch, capsys):
+    async def hook(event: str, data: Mapping[str, Any]) -> None:
+        if event == "started":  # ports reported, nobody told where to connect yet
+            pid = data["node3"]
+            assert b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            os.kill(pid, signal.SIGKILL)
+
+    monkeypatch.setattr(cpmod, "_hook", hook)
+    t0 = time.monotonic()
+    assert _run(cluster, big_file, f"{remote_dir}/") == 0
+    assert time.monotonic() - t0 < cpmod.RELAY_IDLE_S  # nobody waited out a timeout
+    err = capsys.readouterr().err
+    for node in ("node3", "node4"):
+        assert f"{node}: " in err and "chain broken after node2 (cannot connect to the next " \
+            "node" in err, err
+    assert "node1:" not in err and "node2:" not in err, err
+    want = _sha(big_file)
+    for node in cluster.nodes[:4]:
+        assert _sha(node.home / remote_dir / "weights.bin") == want, node.name
+    assert _temps(cluster, remote_dir) == []

@@ -45,9 +45,10 @@ def send(proc: subprocess.Popen[bytes], obj: Any) -> None:
 def result(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.close()
-    line = proc.stdout.readline()
+    while (got := json.loads(proc.stdout.readline())).get("linked") is not None:
+        pass  # the line after connecting to the next node: not the result
     proc.wait(timeout=10)
-    return json.loads(line)  # type: ignore[no-any-return]
+    return got  # type: ignore[no-any-return]
 
 
 def test_two_node_chain_writes_both_files_atomically_with_mode_and_mtime(tmp_path):
@@ -128,3 +129,20 @@ def test_no_upstream_within_the_timeout_is_an_error_not_a_hang(tmp_path):
     r = result(proc)
     assert not r["ok"] and "within the timeout" in r["error"]
     assert not tmp.exists()
+
+
+def test_a_next_node_that_cannot_be_reached_is_reported_at_once(tmp_path):
+    with socket.socket() as s:  # a port that was free a moment ago: nobody listens there
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    proc, _ = start(tmp_path / "f.tmp", tmp_path / "f", 10)
+    send(proc, {"stdin": True, "next": {"addr": "127.0.0.1", "port": dead,
+                                        "token": TOKEN.hex()}})
+    assert proc.stdout is not None
+    linked = json.loads(proc.stdout.readline())  # before any data was sent
+    assert linked["linked"] is False and "cannot connect to the next node" in linked["error"]
+    assert proc.stdin is not None
+    proc.stdin.write(b"0123456789")
+    send(proc, {"sha256": hashlib.sha256(b"0123456789").hexdigest()})
+    r = result(proc)
+    assert r["ok"] and "cannot connect" in r["forward_error"]  # it still got its copy

@@ -302,7 +302,13 @@ class Broadcaster:
                     d = next(x for x in links if x.label == ln.downstream)
                     nxt = {"addr": d.addr, "port": ports[d.label], "token": tokens[d.label].hex()}
                 await _line(procs[ln.label], {"stdin": ln.upstream is None, "next": nxt})
-            chain = [ln.label for ln in links]
+            linked = await self._linked([ln.label for ln in links], procs)
+            chain, cut = bc.cut_chain([ln.label for ln in links], linked)
+            for label, why in cut.items():
+                procs[label].abort()
+                _settle([by_label[label]], why)
+            if not chain:
+                return
             digest = await self._stream(path, group[0].entry.size, procs[chain[0]])
             outcomes = await self._verdicts(chain, procs, digest)
             reasons = bc.fallbacks(chain, outcomes)
@@ -324,6 +330,20 @@ class Broadcaster:
                                                         python=w.python)
             got = await read_json_line(proc, w.label, "cp relay")
         return int(got["port"]), int(got.get("pid", 0))
+
+    async def _linked(self, chain: Sequence[str], procs: Mapping[str, Process]
+                      ) -> dict[str, str | None]:
+        """Each relay's report on connecting to its successor ("" ok, the error, None)."""
+        async def one(label: str) -> str | None:
+            try:
+                async with asyncio.timeout(RELAY_START_S):
+                    got = await read_json_line(procs[label], label, "cp relay")
+            except (DtrainError, TimeoutError):
+                return None
+            return "" if got.get("linked") else str(got.get("error") or "not linked")
+
+        results = await asyncio.gather(*(one(label) for label in chain))
+        return dict(zip(chain, results, strict=True))
 
     async def _stream(self, path: str, size: int, head: Process) -> str | None:
         """Send the file once, to the chain's first node; its sha256 (None: link lost)."""

@@ -78,6 +78,27 @@ def plan_chain(members: Sequence[tuple[str, str | None]]) -> tuple[list[Link], l
     return links, out
 
 
+def cut_chain(chain: Sequence[str], linked: Mapping[str, str | None]
+              ) -> tuple[list[str], dict[str, str]]:
+    """Before any data: the part of the chain that is connected, and who falls back.
+
+    ``linked[label]`` is "" when the node connected to its successor (or has none), the
+    error when it could not, None when its relay did not answer (lost). The chain is cut at
+    the first failure: a node that could not connect keeps its place (it receives, it just
+    forwards nothing); a lost node and every node after the cut fall back at once instead
+    of waiting out their timeouts.
+    """
+    for i, label in enumerate(chain):
+        state = linked.get(label)
+        if state is None:
+            return list(chain[:i]), {label: "its relay was lost",
+                                     **dict.fromkeys(chain[i + 1:], f"chain broken at {label}")}
+        if state and i + 1 < len(chain):
+            why = f"chain broken after {label} ({state})"
+            return list(chain[:i + 1]), dict.fromkeys(chain[i + 1:], why)
+    return list(chain), {}
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a node's relay reported (None in the mapping: no report, the relay was lost)."""

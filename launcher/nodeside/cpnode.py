@@ -108,7 +108,8 @@ def relay(params):
     """Receive one file, write it to the temp name, forward it to the next node.
 
     Lines on stdout: {"port": N, "pid": N} once listening on the node's cluster address
-    ("bind", an ephemeral port), then the result {"ok": bool, "error": str,
+    ("bind", an ephemeral port), {"linked": bool, "error": str} once connected to the next
+    node (or not; true when there is none), then the result {"ok": bool, "error": str,
     "forward_error": str, "refused": [addr], "received": N}. Lines on stdin: the spec,
     then {"stdin": bool, "next": {"addr", "port", "token"} or null} (stdin true: this node
     is the chain's first and exactly size bytes of data follow on stdin; false: they come
@@ -143,6 +144,9 @@ def relay(params):
                 result["forward_error"] = "cannot connect to the next node %s:%s: %s" % (
                     link["addr"], link["port"], exc)
                 nxt = None
+        # told at once, so that the launcher can cut the chain here instead of letting the
+        # nodes after this one wait out their timeout for an upstream that never comes
+        say({"linked": not result["forward_error"], "error": result["forward_error"]})
         if first:
             src = StdinSource()
             lsock.close()  # closing again in finally is harmless
