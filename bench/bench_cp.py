@@ -1,7 +1,8 @@
 """`dtrain cp` against `pdcp -R ssh` and `clush --copy/--rcopy` on the cluster.
 
     python bench/bench_cp.py [--reps 3] [--nodes 16] [--files 2000] [--large-mib 256]
-                             [--only tree,delta,large,pull] [--json results.json]
+                             [--only tree,delta,large,pull,bcast] [--json results.json]
+                             [--bcast-mib 256] [--uplink 1gbit] [--bcast-tools ...]
 
 Cases (issue #16):
 
@@ -9,8 +10,15 @@ Cases (issue #16):
   node, into a directory emptied before each run;
 * ``delta``: the same push again with nothing changed (dtrain skips by size+mtime; pdcp
   and clush have no delta and send it all again);
-* ``large``: one --large-mib file to every node (a naive fan-out: the login node's link
-  carries it N times; broadcast mode is not built yet, docs/cp.md);
+* ``large``: one --large-mib file to every node, on the unlimited bridge (dtrain
+  broadcasts it by default: the file is above --broadcast-min);
+* ``bcast``: one --bcast-mib file with the login node's uplink limited to --uplink
+  (docs/benchmarks.md): dtrain to 1 node, dtrain to --nodes nodes with broadcast (the
+  default) and without (--no-broadcast: naive fan-out), pdcp and clush. The limit is an
+  HTB class on the bridge device dtbr0 (the login node's own port on the bridge: only
+  traffic the login node sends goes through it; node-to-node traffic is switched between
+  the veths and is not limited), matched on the benchmark nodes' addresses only, so the
+  tests' nodes 1-4 are not slowed. Removed in a finally;
 * ``pull``: the tree back from every node (dtrain cp --pull, rpdcp, clush --rcopy).
 
 After every run each node's copy is checked (file count and bytes; for the large file the
@@ -27,6 +35,7 @@ import argparse
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -51,9 +60,11 @@ from common import (
     wall_table,
 )
 
+BRIDGE = "dtbr0"  # tests/cluster: the login node's port on the cluster's bridge
 PDCP = shutil.which("pdcp") or "pdcp"
 RPDCP = shutil.which("rpdcp") or "rpdcp"
 TOOLS = ("dtrain", "pdcp", "clush")
+BCAST_TOOLS = ("dtrain 1 node", "dtrain", "dtrain naive", "pdcp", "clush")
 REMOTE_DIR = "bench-cp"  # under each node's home
 
 
@@ -89,6 +100,29 @@ def ends_sum(path: Path) -> str:
         return hashlib.sha256(head + f.read()).hexdigest()
 
 
+def limit_uplink(ips: list[str], rate: str) -> None:
+    """The login node's sends to these nodes share one class of ``rate`` (HTB on dtbr0)."""
+    tc = ["tc"]
+    unlimit_uplink()
+    subprocess.run([*tc, "qdisc", "add", "dev", BRIDGE, "root", "handle", "1:", "htb",
+                    "default", "20"], check=True, capture_output=True)
+    subprocess.run([*tc, "class", "add", "dev", BRIDGE, "parent", "1:", "classid", "1:10",
+                    "htb", "rate", rate, "ceil", rate, "burst", "1mb", "cburst", "1mb"],
+                   check=True, capture_output=True)
+    subprocess.run([*tc, "class", "add", "dev", BRIDGE, "parent", "1:", "classid", "1:20",
+                    "htb", "rate", "100gbit"], check=True, capture_output=True)
+    for ip in ips:
+        subprocess.run([*tc, "filter", "add", "dev", BRIDGE, "parent", "1:", "protocol", "ip",
+                        "prio", "1", "u32", "match", "ip", "dst", f"{ip}/32", "flowid", "1:10"],
+                       check=True, capture_output=True)
+
+
+def unlimit_uplink() -> None:
+    """Remove any root qdisc on dtbr0 (back to the bridge's default noqueue)."""
+    subprocess.run(["tc", "qdisc", "del", "dev", BRIDGE, "root"], check=False,
+                   capture_output=True)
+
+
 class CpBench:
     """How each tool pushes/pulls, and the per-node checks."""
 
@@ -108,13 +142,14 @@ class CpBench:
                 d.mkdir(exist_ok=True)
                 os.chown(d, st.st_uid, st.st_gid)
 
-    def push(self, tool: str, src: Path, *, recursive: bool) -> list[str]:
-        hosts = self.env.hostlist(self.k)
+    def push(self, tool: str, src: Path, *, recursive: bool, k: int | None = None,
+             extra: tuple[str, ...] = ()) -> list[str]:
+        hosts = self.env.hostlist(k or self.k)
         r = ["-r"] if recursive else []
         dest = f"/home/{self.user}/{REMOTE_DIR}/{tool}"
         if tool == "dtrain":
             return [DTRAIN, "cp", "-H", f"{self.user}@{hosts}", "--fanout", str(FANOUT),
-                    "--no-progress", *r, str(src), f"{dest}/"]
+                    "--no-progress", *extra, *r, str(src), f"{dest}/"]
         if tool == "pdcp":
             return [PDCP, "-R", "ssh", "-f", str(FANOUT), "-l", self.user, "-w", hosts, *r,
                     str(src), dest]
@@ -133,9 +168,10 @@ class CpBench:
         return [CLUSH, "-f", str(FANOUT), "-l", self.user, "-o", " ".join(self.env.ssh_opts()),
                 "-w", hosts, "--rcopy", src, "--dest", str(local)]
 
-    def check_push(self, tool: str, name: str, want: tuple[int, int] | str) -> list[str]:
+    def check_push(self, tool: str, name: str, want: tuple[int, int] | str,
+                   k: int | None = None) -> list[str]:
         bad = []
-        for n in self.nodes:
+        for n in self.nodes[:k or self.k]:
             got = n.home / REMOTE_DIR / tool / name
             if isinstance(want, str):
                 ok = got.is_file() and ends_sum(got) == want
@@ -165,10 +201,13 @@ def case(b: CpBench, name: str, reps: int, args: argparse.Namespace,
 
 
 def main() -> int:
-    parser = bench_parser(__doc__, reps=3, only="tree,delta,large,pull")
+    parser = bench_parser(__doc__, reps=3, only="tree,delta,large,pull,bcast")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--large-mib", type=int, default=256)
+    parser.add_argument("--bcast-mib", type=int, default=256)
+    parser.add_argument("--uplink", default="1gbit", help="the login node's limited rate")
+    parser.add_argument("--bcast-tools", default=",".join(BCAST_TOOLS))
     args = parser.parse_args()
     only = set(args.only.split(","))
     env = Env.setup(args.nodes, first=args.first_node)
@@ -214,6 +253,32 @@ def main() -> int:
                 return run
             series.append(case(b, f"{args.large_mib} MiB x {args.nodes} nodes", args.reps,
                                args, large))
+        if "bcast" in only:
+            big = env.tmp / "bcast.bin"
+            make_large(big, args.bcast_mib)
+            want_b = ends_sum(big)
+            tools = [t for t in args.bcast_tools.split(",") if t]
+
+            def bcast(tool: str, r: int) -> Run:
+                base = tool.split()[0]  # dtrain / pdcp / clush: its own directory
+                k = 1 if tool == "dtrain 1 node" else args.nodes
+                extra = ("--no-broadcast",) if tool == "dtrain naive" else ()
+                b.reset_remote(base)
+                run = timed(tool, b.push(base, big, recursive=False, k=k, extra=extra),
+                            f"bcast-{tool.replace(' ', '_')}-{r}.out")
+                run.problems += b.check_push(base, "bcast.bin", want_b, k=k)
+                return run
+
+            name = f"{args.bcast_mib} MiB x {args.nodes} nodes, uplink {args.uplink}"
+            bs = Series(name)
+            log(f"{name}: {args.reps} rounds of {', '.join(tools)}")
+            limit_uplink([n.ip for n in b.nodes], args.uplink)
+            try:
+                rounds(bs, [(t, lambda r, t=t: bcast(t, r)) for t in tools], args.reps,
+                       max_busy=args.max_busy, patience=args.patience)
+            finally:
+                unlimit_uplink()
+            series.append(bs)
         if "pull" in only:
             b.reset_remote("dtrain")
             seed = timed("dtrain", b.push("dtrain", tree, recursive=True), "seed.out")
@@ -231,15 +296,29 @@ def main() -> int:
             series.append(case(b, f"pull {args.files} files x {args.nodes} nodes", args.reps,
                                args, pull))
     finally:
+        unlimit_uplink()
         for n in b.nodes:
             shutil.rmtree(n.home / REMOTE_DIR, ignore_errors=True)
         env.cleanup()
 
     print(f"\n{machine()}\n{revision()}\n")
-    print(wall_table(series, others=TOOLS[1:]))
+    plain = [s for s in series if "uplink" not in s.case]
+    if plain:
+        print(wall_table(plain, others=TOOLS[1:]))
+    for s in series:
+        if "uplink" in s.case:
+            print()
+            print(wall_table([s], others=[t for t in BCAST_TOOLS if t != "dtrain"]))
     targets = {"files x": 0.5, "unchanged": 0.1}
     rows = []
     for s in series:
+        if "uplink" in s.case:
+            one = s.median("dtrain 1 node")
+            rows.append([s.case, f"broadcast / 1 node = {s.median('dtrain') / one:.2f}",
+                         "<= 1.5", "met" if s.median("dtrain") / one <= 1.5 else "NOT met"])
+            rows.append([s.case, f"naive / 1 node = {s.median('dtrain naive') / one:.2f}",
+                         "~N (reference)", "-"])
+            continue
         limit = next((v for k, v in targets.items() if k in s.case), None)
         ratio = s.median("dtrain") / s.median("pdcp")
         rows.append([s.case, f"dtrain/pdcp = {ratio:.2f}", f"<= {limit}" if limit else "-",

@@ -49,6 +49,14 @@ def cp_cmd(
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", help="Live progress line (default: on a terminal).")
     ] = None,
+    broadcast: Annotated[bool | None, typer.Option(
+        "--broadcast/--no-broadcast",
+        help="Send each large file once and let the nodes forward it along a chain "
+             "(default: on for files of --broadcast-min or more that 3 or more nodes "
+             "receive; --broadcast: from 2 nodes).", show_default=False)] = None,
+    broadcast_min: Annotated[str, typer.Option(
+        "--broadcast-min", metavar="SIZE",
+        help="Smallest file sent by broadcast (64M, 1G, bytes).")] = "64M",
 ) -> None:
     """Copy files to every node in parallel; with --pull, from every node.
 
@@ -58,7 +66,13 @@ def cp_cmd(
     """
     def body() -> int:
         from launcher.commands.cp import CopyRequest, run_cp
+        from launcher.decide.broadcast import parse_size
         from launcher.errors import UsageError
+
+        try:
+            min_size = parse_size(broadcast_min)
+        except ValueError as exc:
+            raise UsageError(f"--broadcast-min: {exc}") from None
 
         if len(paths) < 2:
             raise UsageError("need at least one source and a destination",
@@ -66,7 +80,8 @@ def cp_cmd(
         host_list = resolve(hostfile, hosts, include, exclude)
         req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
                           recursive=recursive, preserve=preserve, checksum=checksum,
-                          delete=delete, fanout=fanout, python=python, progress=progress)
+                          delete=delete, fanout=fanout, python=python, progress=progress,
+                          broadcast=broadcast, broadcast_min=min_size)
         return run_cp(host_list, req, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

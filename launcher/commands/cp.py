@@ -18,21 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import secrets
 import signal
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from launcher.decide import broadcast as bc
 from launcher.decide import copyplan as cpl
 from launcher.decide.copyplan import DIR, LINK, Entry, SyncPlan
 from launcher.errors import ConnectError, DtrainError, TransferError, UsageError
-from launcher.job.remote import run_program
+from launcher.job.remote import read_json_line, run_program, start_program
 from launcher.models import CopyResult, Host
 from launcher.output import render
 from launcher.output.cpview import CopyView
 from launcher.transports import AutoTransport
-from launcher.transports.base import Connection, FileStat, FileSystem, Transport
+from launcher.transports.base import Connection, FileStat, FileSystem, Process, Transport
 from launcher.transports.local import LocalFileSystem
 from launcher.transports.ssh import SSHSettings
 
@@ -55,6 +58,8 @@ class CopyRequest:
     fanout: int = 64
     python: str = "python3"
     progress: bool | None = None  # None: live progress when stderr is a terminal
+    broadcast: bool | None = None  # None: on for large files that >= 3 nodes receive
+    broadcast_min: int = bc.DEFAULT_MIN
 
 
 @dataclass
@@ -182,6 +187,237 @@ def _sha256(path: str) -> str | None:
         return None
 
 
+# ---------------------------------------------------------------- broadcast of large files
+
+RELAY_START_S = 30.0  # starting a node's relay and reading its port
+RELAY_IDLE_S = 60.0  # no progress on a link (node side) / on the first node's channel
+RELAY_END_S = 120.0  # the last byte sent → every node's verdict
+# tests only: called at "started" ({label: pid}) and after each chunk ({"chunks": n})
+_hook: Callable[[str, Mapping[str, Any]], Awaitable[None]] | None = None
+
+
+@dataclass
+class Want:
+    """One node's need for one large file, and where the verdict goes.
+
+    ``done`` resolves to None when the file landed by broadcast, "" when it was not
+    broadcast (send it directly, nothing to say), or the reason the node falls back.
+    """
+
+    label: str
+    conn: Connection
+    python: str
+    src_path: str
+    entry: Entry
+    tmp: str
+    final: str
+    done: asyncio.Future[str | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Broadcaster:
+    """Collects, per source, every node's large files, then sends each file once.
+
+    Every node reports once per source (``want``, possibly nothing) or leaves (``leave``:
+    failed or unreachable); when all have, the files wanted by enough nodes are sent down
+    a chain (``_chain``), the others are handed back for a direct send.
+    """
+
+    def __init__(self, labels: Sequence[str], n_sources: int, req: CopyRequest,
+                 view: CopyView) -> None:
+        self._req = req
+        self._view = view
+        self._pending = [set(labels) for _ in range(n_sources)]
+        self._order = {label: i for i, label in enumerate(labels)}
+        self._wants: list[list[Want]] = [[] for _ in range(n_sources)]
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def big(self, e: Entry) -> bool:
+        return self._req.broadcast is not False and e.size >= self._req.broadcast_min
+
+    def want(self, index: int, label: str, wants: Sequence[Want]) -> None:
+        self._wants[index].extend(wants)
+        self._arrive(index, label)
+
+    def leave(self, label: str) -> None:
+        for index in range(len(self._pending)):
+            self._arrive(index, label)
+
+    def _arrive(self, index: int, label: str) -> None:
+        pending = self._pending[index]
+        if label not in pending:
+            return
+        pending.discard(label)
+        if not pending:
+            task = asyncio.create_task(self._run(self._wants[index]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, wants: list[Want]) -> None:
+        groups: dict[str, list[Want]] = {}
+        for w in sorted(wants, key=lambda w: self._order[w.label]):  # host order
+            groups.setdefault(w.src_path, []).append(w)
+        try:
+            for path, group in groups.items():
+                e = group[0].entry
+                if bc.use_broadcast(e.size, len(group), mode=self._req.broadcast,
+                                    min_size=self._req.broadcast_min):
+                    try:
+                        await self._chain(path, group)
+                    except Exception as exc:  # noqa: BLE001 - any surprise: send directly
+                        _settle(group, _why(exc))
+                _settle(group, "")
+        finally:
+            _settle(wants, "")
+
+    async def _chain(self, path: str, group: list[Want]) -> None:
+        by_label = {w.label: w for w in group}
+        links, out = bc.plan_chain([(w.label, w.conn.peer_addr) for w in group])
+        for label in out:
+            _settle([by_label[label]], "")  # a localhost entry: sent directly
+        if len(links) < bc.FORCED_MIN_NODES:
+            return
+        tokens = {ln.label: secrets.token_bytes(32) for ln in links}
+        procs: dict[str, Process] = {}
+        try:
+            started = await asyncio.gather(
+                *(self._start(by_label[ln.label], ln.addr, tokens[ln.label], procs)
+                  for ln in links), return_exceptions=True)
+            ports: dict[str, int] = {}
+            pids: dict[str, int] = {}
+            for ln, got in zip(links, started, strict=True):
+                if isinstance(got, BaseException):
+                    _settle([by_label[ln.label]], f"relay did not start: {_why(got)}")
+                else:
+                    ports[ln.label], pids[ln.label] = got
+            links, _ = bc.plan_chain([(ln.label, ln.addr) for ln in links
+                                      if ln.label in ports])
+            if len(links) < bc.FORCED_MIN_NODES:
+                return  # _run's _settle sends the rest directly
+            if _hook:
+                await _hook("started", pids)
+            for ln in links:
+                nxt = None
+                if ln.downstream is not None:
+                    d = next(x for x in links if x.label == ln.downstream)
+                    nxt = {"addr": d.addr, "port": ports[d.label], "token": tokens[d.label].hex()}
+                await _line(procs[ln.label], {"stdin": ln.upstream is None, "next": nxt})
+            linked = await self._linked([ln.label for ln in links], procs)
+            chain, cut = bc.cut_chain([ln.label for ln in links], linked)
+            for label, why in cut.items():
+                procs[label].abort()
+                _settle([by_label[label]], why)
+            if not chain:
+                return
+            digest = await self._stream(path, group[0].entry.size, procs[chain[0]])
+            outcomes = await self._verdicts(chain, procs, digest)
+            reasons = bc.fallbacks(chain, outcomes)
+            for label in chain:
+                _settle([by_label[label]], reasons.get(label))
+        finally:
+            for p in procs.values():
+                p.abort()
+
+    async def _start(self, w: Want, addr: str, token: bytes,
+                     procs: dict[str, Process]) -> tuple[int, int]:
+        spec = {"mode": "relay", "tmp": w.tmp, "final": w.final, "size": w.entry.size,
+                "mode_bits": cpl.new_mode(w.entry, self._req.preserve),
+                "chmod": w.entry.mode & 0o7777 if self._req.preserve else None,
+                "mtime": w.entry.mtime,
+                "bind": addr, "token": token.hex(), "timeout": RELAY_IDLE_S}
+        async with asyncio.timeout(RELAY_START_S):
+            proc = procs[w.label] = await start_program(w.conn, "cpnode", spec,
+                                                        python=w.python)
+            got = await read_json_line(proc, w.label, "cp relay")
+        return int(got["port"]), int(got.get("pid", 0))
+
+    async def _linked(self, chain: Sequence[str], procs: Mapping[str, Process]
+                      ) -> dict[str, str | None]:
+        """Each relay's report on connecting to its successor ("" ok, the error, None)."""
+        async def one(label: str) -> str | None:
+            try:
+                async with asyncio.timeout(RELAY_START_S):
+                    got = await read_json_line(procs[label], label, "cp relay")
+            except (DtrainError, TimeoutError):
+                return None
+            return "" if got.get("linked") else str(got.get("error") or "not linked")
+
+        results = await asyncio.gather(*(one(label) for label in chain))
+        return dict(zip(chain, results, strict=True))
+
+    async def _stream(self, path: str, size: int, head: Process) -> str | None:
+        """Send the file once, to the chain's first node; its sha256 (None: link lost)."""
+        h = hashlib.sha256()
+        sent = chunks = 0
+        with open(path, "rb") as f:
+            while sent < size:
+                chunk = await asyncio.to_thread(_read_hash, f, min(CHUNK, size - sent), h)
+                if not chunk:
+                    return None  # the source shrank: every node fails its size check
+                try:
+                    async with asyncio.timeout(RELAY_IDLE_S):
+                        await head.write(chunk)
+                except (ConnectionError, TimeoutError):
+                    return None
+                sent += len(chunk)
+                chunks += 1
+                self._view.add_bytes(len(chunk))
+                if _hook:
+                    await _hook("chunk", {"chunks": chunks})
+        return h.hexdigest()
+
+    async def _verdicts(self, chain: Sequence[str], procs: Mapping[str, Process],
+                        digest: str | None) -> dict[str, bc.Outcome | None]:
+        async def one(label: str) -> bc.Outcome | None:
+            proc = procs[label]
+            with contextlib.suppress(ConnectionError):
+                await _line(proc, {"sha256": digest or ""})
+            proc.write_eof()
+            try:
+                async with asyncio.timeout(RELAY_END_S):
+                    got = await read_json_line(proc, label, "cp relay")
+            except (DtrainError, TimeoutError):
+                return None
+            for addr in got.get("refused", []):
+                render.note(f"{label}: cp relay refused a connection from {addr} "
+                            "(wrong token)")
+            return bc.Outcome(bool(got.get("ok")), str(got.get("error", "")),
+                              str(got.get("forward_error", "")))
+
+        results = await asyncio.gather(*(one(label) for label in chain))
+        return dict(zip(chain, results, strict=True))
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _settle(wants: Iterable[Want], outcome: str | None) -> None:
+    for w in wants:
+        if not w.done.done():
+            w.done.set_result(outcome)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, DtrainError):
+        return exc.message
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {RELAY_START_S:g} s"
+    return str(exc) or type(exc).__name__
+
+
+async def _line(proc: Process, obj: Mapping[str, Any]) -> None:
+    await proc.write(json.dumps(obj).encode() + b"\n")
+
+
+def _read_hash(f: Any, n: int, h: Any) -> bytes:
+    chunk: bytes = f.read(n)
+    h.update(chunk)
+    return chunk
+
+
 # ---------------------------------------------------------------- carrying out a plan
 
 
@@ -204,12 +440,15 @@ class Syncer:
     result: CopyResult
     view: CopyView
     temps: set[str] = field(default_factory=set)
+    bcast: Broadcaster | None = None  # push only: large files go by broadcast
+    conn: Connection | None = None  # the destination node (for its relay)
+    python: str = "python3"
 
     def _fail(self, exc: TransferError) -> None:
         self.result.errors.append(exc.message)
 
     async def run(self, plan: SyncPlan, src_root: str, dst_root: str,
-                  dst_tree: dict[str, Entry]) -> None:
+                  dst_tree: dict[str, Entry], index: int = 0) -> None:
         if plan.compare:
             await self._compare(plan, src_root, dst_root, dst_tree)
         self.result.errors += [f"{cpl.join(src_root, rel)}: {msg}" for rel, msg in plan.errors]
@@ -234,8 +473,12 @@ class Syncer:
                 await (self._link(e, dst_root) if e.kind == LINK
                        else self._send(e, src_root, dst_root))
 
+        big = [e for e in plan.send if self.bcast is not None and self.bcast.big(e)]
+        direct = [e for e in plan.send if not (self.bcast is not None and self.bcast.big(e))]
         async with asyncio.TaskGroup() as tg:
-            for e in [*plan.send, *plan.links]:
+            if self.bcast is not None:  # every node reports, big files or none
+                tg.create_task(self._broadcast(index, big, src_root, dst_root))
+            for e in [*direct, *plan.links]:
                 tg.create_task(bounded(e))
         self.result.skipped += len(plan.skip)
         for e in plan.fix_attrs:
@@ -288,6 +531,30 @@ class Syncer:
             self._fail(exc)
             await self.drop_temp(tmp)
 
+    async def _broadcast(self, index: int, entries: Sequence[Entry], src_root: str,
+                         dst_root: str) -> None:
+        """Hand the large files to the broadcaster; send directly what it hands back."""
+        assert self.bcast is not None and self.conn is not None
+        wants = []
+        for e in entries:
+            final = cpl.join(dst_root, e.rel)
+            tmp = cpl.temp_name(final, self.token)
+            self.temps.add(tmp)  # removed by cleanup() if the run is interrupted
+            wants.append(Want(self.result.label, self.conn, self.python,
+                              cpl.join(src_root, e.rel), e, tmp, final))
+        self.bcast.want(index, self.result.label, wants)
+        for w in wants:
+            outcome = await w.done
+            if outcome is None:
+                self.temps.discard(w.tmp)
+                self.result.sent += 1
+                self.result.sent_bytes += w.entry.size
+                continue
+            if outcome:
+                render.note(f"{self.result.label}: {w.final}: broadcast failed: {outcome}; "
+                            "sending it directly")
+            await self._send(w.entry, src_root, dst_root)
+
     async def _link(self, e: Entry, dst_root: str) -> None:
         final = cpl.join(dst_root, e.rel)
         tmp = cpl.temp_name(final, self.token)
@@ -324,12 +591,14 @@ def _kind(st: FileStat | None) -> str | None:
 
 
 async def push_node(conn: Connection, req: CopyRequest, sources: Sequence[Source],
-                    token: str, result: CopyResult, view: CopyView) -> None:
+                    token: str, result: CopyResult, view: CopyView,
+                    bcast: Broadcaster | None = None) -> None:
     """Push every source to one node."""
     fs = await conn.files()
     local = Side(LocalFileSystem(), Sums(None, req.python))
     remote = Side(fs, Sums(conn, conn.host.python or req.python))
-    syncer = Syncer(local, remote, token, req.preserve, result, view)
+    syncer = Syncer(local, remote, token, req.preserve, result, view, bcast=bcast,
+                    conn=conn, python=conn.host.python or req.python)
     try:
         dest = cpl.remote_path(req.dest, await fs.home())
         try:
@@ -341,12 +610,14 @@ async def push_node(conn: Connection, req: CopyRequest, sources: Sequence[Source
             return
         if make and not await syncer._try(fs.mkdir(dest, parents=True)):
             return
-        for src, root in zip(sources, roots, strict=True):
+        for index, (src, root) in enumerate(zip(sources, roots, strict=True)):
             dst_tree = await walk(fs, root)
             plan = cpl.plan_sync(src.tree.values(), dst_tree, checksum=req.checksum,
                                  delete=req.delete, preserve=req.preserve)
-            await syncer.run(plan, os.path.abspath(src.path), root, dst_tree)
+            await syncer.run(plan, os.path.abspath(src.path), root, dst_tree, index)
     finally:
+        if bcast is not None:
+            bcast.leave(result.label)  # the sources it never reached: nothing to wait for
         await syncer.cleanup()
         with contextlib.suppress(Exception):
             await fs.aclose()
@@ -411,6 +682,13 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
     view = CopyView(len(hosts), live=req.progress, verb="received" if req.pull else "sent")
     results = {h.label: CopyResult(h.label) for h in hosts}
     sem = asyncio.Semaphore(req.fanout)
+    bcast = None
+    if not req.pull and req.broadcast is not False:
+        if len(hosts) <= req.fanout:  # a chain needs every node connected at once
+            bcast = Broadcaster([h.label for h in hosts], len(sources), req, view)
+        elif req.broadcast:
+            render.note(f"--broadcast needs --fanout >= the number of nodes ({len(hosts)}); "
+                        "sending directly")
 
     async def one(host: Host, transport: Transport) -> None:
         result = results[host.label]
@@ -420,11 +698,14 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
                     if req.pull:
                         await pull_node(conn, req, token, result, view)
                     else:
-                        await push_node(conn, req, sources, token, result, view)
+                        await push_node(conn, req, sources, token, result, view, bcast)
             except ConnectError as exc:
                 result.unreachable = exc.message
             except DtrainError as exc:
                 result.errors.append(exc.message)
+            finally:
+                if bcast is not None:
+                    bcast.leave(host.label)
         view.node_done(result)
 
     try:
@@ -432,6 +713,8 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
             for h in hosts:
                 tg.create_task(one(h, transport), name=h.label)
     finally:
+        if bcast is not None:
+            await bcast.aclose()
         view.close()
     _report(results.values())
     return cpl.exit_code(results.values())
