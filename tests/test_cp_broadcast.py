@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -170,9 +171,11 @@ def test_a_relay_gone_before_the_chain_links_cuts_it_there_without_waiting(
     assert _run(cluster, big_file, f"{remote_dir}/") == 0
     assert time.monotonic() - t0 < cpmod.RELAY_IDLE_S  # nobody waited out a timeout
     err = capsys.readouterr().err
-    for node in ("node3", "node4"):
-        assert f"{node}: " in err and "chain broken after node2 (cannot connect to the next " \
-            "node" in err, err
+    # which side notices first is a race: node2 failing to connect to the dead relay, or
+    # the launcher seeing node3's channel close; both cut the chain at node3, at once
+    assert re.search(r"node3: \S+: broadcast failed: (its relay was lost|chain broken after "
+                     r"node2 \(cannot connect to the next node)", err), err
+    assert re.search(r"node4: \S+: broadcast failed: chain broken (at node3|after node2)", err), err
     assert "node1:" not in err and "node2:" not in err, err
     want = _sha(big_file)
     for node in cluster.nodes[:4]:
