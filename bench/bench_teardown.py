@@ -236,8 +236,9 @@ def run_case(cluster: tc.Cluster, name: str, n: int, tmp: Path) -> dict[str, flo
         else:
             args += ["-e", "SPIN_FAIL_RANK=1", script, "3", "7"]
             ready = "spin pid"
+        # every torchrun agent imports torch: on this one box, N agents take ~N x 1.5 s of CPU
         return measure(cluster, args, nodes, f"DTRAIN_RUN_ID={run_id}".encode(), ready=ready,
-                       trigger="fail", archive=tmp, run_id=run_id)
+                       trigger="fail", archive=tmp, run_id=run_id, timeout=max(120.0, 4.0 * n))
     tag = f"BENCH_TAG={run_id}"
     args = ["exec", "-H", hosts, "--no-color", "--python", PYTHON]
     if name.endswith("timeout"):
