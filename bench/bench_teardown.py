@@ -169,7 +169,9 @@ def measure(cluster: tc.Cluster, args: list[str], nodes: list[int], tag: bytes, 
         # phase 1: discover the processes while waiting for every rank to be up
         while job.count(ready) < len(nodes):
             if job.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("job ended or hung before it was ready:\n"
+                raise RuntimeError(f"job ended (exit {job.proc.poll()}) or hung (after "
+                                   f"{time.time() - t_start:.1f} s) before it was ready, "
+                                   f"{job.count(ready)}/{len(nodes)} up:\n"
                                    + "\n".join(job.lines[-30:]))
             watch.discover()
             time.sleep(0.05)
