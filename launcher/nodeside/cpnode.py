@@ -369,12 +369,9 @@ class Unpacker:
     def apply(self, op):
         """The plan for one root; the files' bytes (and one status byte each) on stdin."""
         root = op["root"]
-        dirs = set()
-        res = {"sent": 0, "sent_bytes": 0, "deleted": 0, "stale": 0, "errors": []}
-
-        def fail(path, exc):
-            msg = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            res["errors"].append([path, msg.lower() if isinstance(exc, OSError) else msg])
+        dirs = {root}
+        counts = {"sent": 0, "sent_bytes": 0, "deleted": 0, "stale": 0}
+        errors = []
 
         def each(rows, fn):
             for r in rows:
@@ -382,26 +379,27 @@ class Unpacker:
                 try:
                     fn(self.path(root, rel, dirs), r)
                 except Unsafe as exc:
-                    res["errors"].append(["", str(exc)])
+                    errors.append(["", str(exc)])
                 except OSError as exc:
-                    fail(root + "/" + rel if rel else root, exc)
+                    errors.append([root + "/" + rel if rel else root,
+                                   (exc.strerror or str(exc)).lower()])
                 else:
                     yield r
 
         for _ in each(op.get("stale", []), lambda p, r: os.unlink(p)):
-            res["stale"] += 1
+            counts["stale"] += 1
         for _ in each(op.get("delete", []),
                       lambda p, r: os.rmdir(p) if r[1] == "dir" else os.unlink(p)):
-            res["deleted"] += 1
+            counts["deleted"] += 1
         for _ in each(op.get("unlink_first", []), lambda p, r: os.unlink(p)):
             pass
         for _ in each(op.get("mkdirs", []),
                       lambda p, r: os.makedirs(p) if r == "" else os.mkdir(p)):
             pass
         for f in op.get("files", []):
-            self.receive(root, f, dirs, res, fail)
+            self.receive(root, f, dirs, counts, errors)
         for _ in each(op.get("links", []), lambda p, r: self.link(p, r)):
-            res["sent"] += 1
+            counts["sent"] += 1
 
         def attrs(p, r):
             if kind_of(os.lstat(p).st_mode) == "link":
@@ -414,7 +412,8 @@ class Unpacker:
             pass
         for _ in each(op.get("dir_attrs", []), attrs):
             pass
-        return res
+        return {"sent": counts["sent"], "sent_bytes": counts["sent_bytes"],
+                "deleted": counts["deleted"], "stale": counts["stale"], "errors": errors}
 
     def link(self, final, r):
         tmp = self.temp(final, r[2])
@@ -429,12 +428,13 @@ class Unpacker:
         finally:
             self.drop(tmp)
 
-    def receive(self, root, f, dirs, res, fail):
+    def receive(self, root, f, dirs, counts, errors):
         """One file: [rel, size, create mode, chmod or None, mtime, temp name]; its bytes
         and a status byte (1: complete; 0: the launcher could not read it) are consumed
         from the stream whatever happens here, so the next file stays in step."""
         rel, size, bits, chmod, mtime, tmpname = f
-        fd = tmp = None
+        fd = None
+        final = tmp = ""
         err = None
         try:
             final = self.path(root, rel, dirs)
@@ -445,7 +445,7 @@ class Unpacker:
         except Unsafe as exc:
             err = ["", str(exc)]
         except OSError as exc:
-            err = [tmp or root, (exc.strerror or str(exc)).lower()]
+            err = [tmp or final or root, (exc.strerror or str(exc)).lower()]
         try:
             for piece in self.inp.chunks(size, self.idle):
                 view = memoryview(piece)
@@ -461,20 +461,20 @@ class Unpacker:
                 os.close(fd)
                 fd = None
             if err is not None:
-                res["errors"].append(err)
+                errors.append(err)
             elif ok:
                 if chmod is not None:
                     os.chmod(tmp, chmod)
                 os.utime(tmp, (mtime, mtime))
                 os.rename(tmp, final)
-                res["sent"] += 1
-                res["sent_bytes"] += size
+                counts["sent"] += 1
+                counts["sent_bytes"] += size
         except OSError as exc:
-            fail(final, exc)
+            errors.append([final, (exc.strerror or str(exc)).lower()])
         finally:
             if fd is not None:
                 os.close(fd)
-            if tmp is not None:
+            if tmp:
                 self.drop(tmp)
 
     def drop(self, tmp):
@@ -505,6 +505,17 @@ class Unpacker:
             return {"sha256": {p: sha256_of(p) for p in op.get("paths", [])}}
         if kind == "apply":
             return self.apply(op)
+        if kind == "drop":  # the launcher's cleanup after an interruption: temps only
+            gone = 0
+            for p in op.get("paths", []):
+                base = os.path.basename(p)
+                if p.startswith("/") and base.startswith(".dtrain-cp-") and base.endswith(".tmp"):
+                    try:
+                        os.unlink(p)
+                        gone += 1
+                    except OSError:
+                        pass
+            return {"dropped": gone}
         raise ValueError("unknown op %r" % (kind,))
 
     def serve(self, timeout):
