@@ -1,8 +1,12 @@
 """`dtrain cp`: copy files to every node (pdcp) or from every node (rpdcp), in parallel.
 
 Push: the local sources are listed once, before anything connects (a missing source is
-bad input, exit 2). Then each node, at most ``fanout`` at once: one SFTP session on the
-node's SSH connection (nothing installed on the node), DEST laid out per node
+bad input, exit 2). Then each node, at most ``fanout`` at once: dtrain's node program in
+``unpack`` mode on one channel (``NodeFiles``: shipped, nothing installed) lists the
+node's tree, ``plan_sync`` decides, and one ``apply`` op carries the plan out with the
+files' bytes as one stream (``push_node_stream``; docs/cp.md "The push stream"). Where
+that program cannot start (no such python), the node falls back to the SFTP engine:
+one SFTP session on the node's SSH connection, DEST laid out per node
 (``decide.copyplan.layout``), the node's tree listed, ``plan_sync`` decides, and the
 ``Syncer`` carries it out: stale temps removed, extras deleted (``--delete``), directories
 made, files written to a temp name and renamed over the final one, symlinks likewise.
