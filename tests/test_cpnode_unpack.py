@@ -211,3 +211,13 @@ def test_missing_python_falls_back_to_sftp_path(tmp_path: Path,
     assert res.errors == [] and res.sent == 5
     assert "copying over SFTP instead" in capsys.readouterr().err
     same(src, dest / "proj")
+
+
+def test_drop_removes_only_dtrain_temps(tmp_path: Path) -> None:
+    keep = tmp_path / "keep.txt"
+    keep.write_text("k")
+    temp = tmp_path / ".dtrain-cp-abcd1234-big.bin.tmp"
+    temp.write_text("t")
+    u = unpacker(tmp_path, b"")
+    out = u.handle({"op": "drop", "paths": [str(keep), str(temp), "relative.dtrain-cp-x.tmp"]})
+    assert out == {"dropped": 1} and keep.exists() and not temp.exists()

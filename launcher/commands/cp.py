@@ -517,14 +517,14 @@ class SourceData:
                 buf.clear()
             path, e = files[i]
             i += 1
-            async for chunk in _big_file(path, e.size, bad):
-                view.add_bytes(len(chunk) if len(chunk) > 1 else 0)
+            async for chunk in _big_file(path, e.size, bad, view):
                 yield chunk
         if buf:
             yield bytes(buf)
 
 
-async def _big_file(path: str, size: int, bad: list[str]) -> AsyncIterator[bytes]:
+async def _big_file(path: str, size: int, bad: list[str],
+                    view: CopyView) -> AsyncIterator[bytes]:
     """A large file in chunks, then its status byte; zeros after a read error."""
     sent = 0
     try:
@@ -543,6 +543,7 @@ async def _big_file(path: str, size: int, bad: list[str]) -> AsyncIterator[bytes
                 bad.append(f"{path}: changed during the copy ({sent} of {size} bytes read)")
                 break
             sent += len(chunk)
+            view.add_bytes(len(chunk))
             yield chunk
     finally:
         if f is not None:
@@ -566,6 +567,7 @@ class NodeFiles:
         self._label = label
         self._lock = asyncio.Lock()
         self._buf = b""
+        self._in_step = True  # False once an op was cut short: the node is mid-op
 
     @staticmethod
     async def start(conn: Connection, python: str) -> tuple[NodeFiles, str]:
@@ -610,6 +612,7 @@ class NodeFiles:
         """One op; its reply. A lost channel → ConnectError; the node's error or silence →
         RemoteCommandError."""
         async with self._lock:
+            self._in_step = False
             try:
                 await self._proc.write(json.dumps(op).encode() + b"\n")
                 if data is not None:
@@ -618,6 +621,7 @@ class NodeFiles:
                             await self._proc.write(chunk)
                 async with asyncio.timeout(UNPACK_REPLY_S):
                     reply = await self._line()
+                self._in_step = True
             except (ConnectionError, OSError) as exc:
                 raise ConnectError(f"connection lost during the copy ({exc})",
                                    host=self._label) from exc
@@ -631,11 +635,13 @@ class NodeFiles:
         return reply
 
     async def close(self, drop: Sequence[str] = ()) -> None:
-        """Remove the given temps (after an interruption), end the program (it removes its
-        own temps on EOF) and wait for it, bounded by CLEANUP_S."""
+        """Remove the given temps (broadcast temps after an interruption; only when no op
+        was cut short, else the node would read the op as file data: the relays remove
+        their own), end the program (it removes its own temps on EOF) and wait for it,
+        bounded by CLEANUP_S."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
             async with asyncio.timeout(CLEANUP_S):
-                if drop and not self._lock.locked():
+                if drop and self._in_step and not self._lock.locked():
                     await self.call({"op": "drop", "paths": list(drop)})
                 self._proc.write_eof()
                 await self._proc.wait()

@@ -237,12 +237,14 @@ class Input:
     """Bytes and lines from an fd (stdin), each wait bounded by a timeout.
 
     select + os.read, never sys.stdin's buffered layers: the data of an apply op follows
-    its line, and a buffered reader would swallow part of it.
+    its line, and a buffered reader would swallow part of it. The buffer is consumed by
+    moving an offset (slicing the rest off for every small file would copy it each time).
     """
 
     def __init__(self, fd):
         self.fd = fd
         self.buf = b""
+        self.pos = 0
         self.eof = False
 
     def _fill(self, timeout, what):
@@ -253,28 +255,32 @@ class Input:
         data = os.read(self.fd, 1 << 20)
         if not data:
             self.eof = True
-        self.buf += data
+        self.buf = self.buf[self.pos:] + data
+        self.pos = 0
 
     def line(self, timeout):
         """The next line (without its newline), None at EOF."""
-        while b"\n" not in self.buf:
+        while True:
+            at = self.buf.find(b"\n", self.pos)
+            if at >= 0:
+                line = self.buf[self.pos:at]
+                self.pos = at + 1
+                return line
             if self.eof:
                 return None
             self._fill(timeout, "waiting for the next operation")
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
 
     def chunks(self, n, timeout):
         """Exactly n bytes, as pieces; Truncated when the stream ends first."""
         left = n
         while left:
-            if not self.buf:
+            if self.pos >= len(self.buf):
                 if self.eof:
                     raise Truncated("the launcher's stream ended %d bytes early" % left)
                 self._fill(timeout, "in the middle of a file")
                 continue
-            piece = self.buf[:left]
-            self.buf = self.buf[len(piece):]
+            piece = self.buf[self.pos:self.pos + left]
+            self.pos += len(piece)
             left -= len(piece)
             yield piece
 
