@@ -464,14 +464,15 @@ class Unpacker:
                         fd = None
             ok = b"".join(self.inp.chunks(1, self.idle)) == b"\x01"
             if fd is not None:
+                if ok and err is None:  # on the open file: no path lookup
+                    if chmod is not None:
+                        os.fchmod(fd, chmod)
+                    os.utime(fd, (mtime, mtime))
                 os.close(fd)
                 fd = None
             if err is not None:
                 errors.append(err)
             elif ok:
-                if chmod is not None:
-                    os.chmod(tmp, chmod)
-                os.utime(tmp, (mtime, mtime))
                 os.rename(tmp, final)
                 counts["sent"] += 1
                 counts["sent_bytes"] += size
