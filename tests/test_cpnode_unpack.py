@@ -141,16 +141,18 @@ class StreamOnly(LocalConnection):
         raise AssertionError("the push used SFTP")
 
 
-def push(src: Path, dest: str, *, sftp: bool = False, **kw: Any) -> CopyResult:
+def push(src: Path, dest: str, *, sftp: bool = False, bcast: bool = False,
+         **kw: Any) -> CopyResult:
     req = cp.CopyRequest(sources=(str(src),), dest=dest, recursive=True, progress=False,
-                         broadcast=False, **kw)
+                         broadcast=bcast, **kw)
     result = CopyResult("local")
 
     async def go() -> None:
         sources = await cp.prepare_push(req)
         view = CopyView(1, live=False, out=io.StringIO(), err=io.StringIO())
         conn = (LocalConnection if sftp else StreamOnly)(Host("local"))
-        await cp.push_node(conn, req, sources, TOKEN, result, view)
+        broadcaster = cp.Broadcaster(["local"], len(sources), req, view) if bcast else None
+        await cp.push_node(conn, req, sources, TOKEN, result, view, broadcaster)
 
     asyncio.run(go())
     return result
@@ -221,3 +223,15 @@ def test_drop_removes_only_dtrain_temps(tmp_path: Path) -> None:
     u = unpacker(tmp_path, b"")
     out = u.handle({"op": "drop", "paths": [str(keep), str(temp), "relative.dtrain-cp-x.tmp"]})
     assert out == {"dropped": 1} and keep.exists() and not temp.exists()
+
+
+def test_large_files_handed_back_by_the_broadcaster_go_in_a_second_apply(
+        tmp_path: Path) -> None:
+    src = tmp_path / "proj"
+    make_src(src)
+    dest = tmp_path / "dest"
+    # one node, a localhost one: no chain; big.bin (> 1 MiB) is handed back and sent
+    res = push(src, f"{dest}/", bcast=True, broadcast_min=1 << 20, preserve=True)
+    assert res.errors == [] and res.sent == 5, res
+    same(src, dest / "proj")
+    assert temps(dest) == []

@@ -762,9 +762,15 @@ async def _apply_stream(nf: NodeFiles, plan: SyncPlan, src_root: str, root: str,
         for w in wants:
             temps.discard(w.tmp)
 
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(broadcast())
-        tg.create_task(apply(rest, direct))
+    # gather, not a TaskGroup: the first error (a DtrainError) is what the node reports,
+    # not an ExceptionGroup
+    tasks = [asyncio.ensure_future(broadcast()), asyncio.ensure_future(apply(rest, direct))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     await apply(last, [])
 
 
