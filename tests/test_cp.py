@@ -271,3 +271,22 @@ def test_pull_lands_per_host_with_globs_and_missing_files(cluster, tmp_path, rem
                     f"{remote_dir}/logs dir", str(out)], env=cluster.client_env())
     assert again.returncode == 0, again.stderr
     assert "node1: sent 0 (0 B), skipped 3" in again.stdout, again.stdout
+
+
+def test_push_streams_through_the_node_program_or_falls_back_to_sftp(cluster, tmp_path,
+                                                                    remote_dir):
+    src = tmp_path / "proj"
+    src.mkdir()
+    make_tree(src)
+    env = cluster.client_env()
+    streamed = dtrain(["cp", "-H", "node1", "-r", "-p", str(src), f"~/{remote_dir}/s/"],
+                      env=env)
+    assert streamed.returncode == 0, streamed.stderr
+    assert "SFTP" not in streamed.stderr
+    fallback = dtrain(["cp", "-H", "node1", "-r", "-p", "--python", "/nonexistent/python3",
+                       str(src), f"~/{remote_dir}/f/"], env=env)
+    assert fallback.returncode == 0, fallback.stderr
+    assert "/nonexistent/python3 not found on this node" in fallback.stderr
+    assert "copying over SFTP instead" in fallback.stderr
+    for sub in ("s", "f"):
+        assert_same_tree(src, cluster.node(1).home / remote_dir / sub / "proj")

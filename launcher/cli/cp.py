@@ -45,7 +45,12 @@ def cp_cmd(
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
     python: Annotated[str, typer.Option("--python", help="Interpreter for dtrain's node "
-                                        "program (--checksum only).")] = "python3",
+                                        "program (a push's stream, --checksum).")
+                      ] = "python3",
+    sftp: Annotated[bool, typer.Option(
+        "--sftp", help="Push file by file over SFTP instead of one stream per node through "
+                       "dtrain's node program (the fallback when python is missing).")
+    ] = False,
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", help="Live progress line (default: on a terminal).")
     ] = None,
@@ -60,7 +65,8 @@ def cp_cmd(
 ) -> None:
     """Copy files to every node in parallel; with --pull, from every node.
 
-    Nothing is installed on the nodes (SFTP on the SSH connection). Delta by default; each
+    Nothing is installed on the nodes: a push is one stream per node to dtrain's node
+    program (shipped over SSH, as exec's), a pull uses SFTP. Delta by default; each
     file appears atomically. Exit codes: 0 all done; 1 a file failed on some node; 255 a
     node could not be reached; 2 bad input.
     """
@@ -81,7 +87,7 @@ def cp_cmd(
         req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
                           recursive=recursive, preserve=preserve, checksum=checksum,
                           delete=delete, fanout=fanout, python=python, progress=progress,
-                          broadcast=broadcast, broadcast_min=min_size)
+                          broadcast=broadcast, broadcast_min=min_size, stream=not sftp)
         return run_cp(host_list, req, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

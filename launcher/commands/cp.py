@@ -1,8 +1,12 @@
 """`dtrain cp`: copy files to every node (pdcp) or from every node (rpdcp), in parallel.
 
 Push: the local sources are listed once, before anything connects (a missing source is
-bad input, exit 2). Then each node, at most ``fanout`` at once: one SFTP session on the
-node's SSH connection (nothing installed on the node), DEST laid out per node
+bad input, exit 2). Then each node, at most ``fanout`` at once: dtrain's node program in
+``unpack`` mode on one channel (``NodeFiles``: shipped, nothing installed) lists the
+node's tree, ``plan_sync`` decides, and one ``apply`` op carries the plan out with the
+files' bytes as one stream (``push_node_stream``; docs/cp.md "The push stream"). Where
+that program cannot start (no such python), the node falls back to the SFTP engine:
+one SFTP session on the node's SSH connection, DEST laid out per node
 (``decide.copyplan.layout``), the node's tree listed, ``plan_sync`` decides, and the
 ``Syncer`` carries it out: stale temps removed, extras deleted (``--delete``), directories
 made, files written to a temp name and renamed over the final one, symlinks likewise.
@@ -20,16 +24,23 @@ import contextlib
 import hashlib
 import json
 import os
+import posixpath
 import secrets
 import signal
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.decide import broadcast as bc
 from launcher.decide import copyplan as cpl
 from launcher.decide.copyplan import DIR, LINK, Entry, SyncPlan
-from launcher.errors import ConnectError, DtrainError, TransferError, UsageError
+from launcher.errors import (
+    ConnectError,
+    DtrainError,
+    RemoteCommandError,
+    TransferError,
+    UsageError,
+)
 from launcher.job.remote import read_json_line, run_program, start_program
 from launcher.models import CopyResult, Host
 from launcher.output import render
@@ -60,6 +71,7 @@ class CopyRequest:
     progress: bool | None = None  # None: live progress when stderr is a terminal
     broadcast: bool | None = None  # None: on for large files that >= 3 nodes receive
     broadcast_min: int = bc.DEFAULT_MIN
+    stream: bool = True  # push through dtrain's node program (False: SFTP only)
 
 
 @dataclass
@@ -418,6 +430,355 @@ def _read_hash(f: Any, n: int, h: Any) -> bytes:
     return chunk
 
 
+# ---------------------------------------------------------------- the tree as one stream
+
+SMALL_MAX = 1 << 20  # files up to this size are read once per push and kept for every node
+CACHE_MAX = 256 << 20  # ... up to this many bytes in all (the rest: read once per node)
+BATCH = 1 << 20  # stream writes are coalesced up to about this size
+UNPACK_REPLY_S = 120.0  # an op's reply, once its data is sent (walk, hash, apply)
+UNPACK_IDLE_S = 60.0  # node side: silence inside an op's data
+UNPACK_WAIT_S = 3600.0  # node side: silence between ops (a broadcast may run meanwhile)
+
+
+def _read_files(items: Sequence[tuple[str, int]]) -> list[bytes | str]:
+    """Each file's first ``size`` bytes, or why not (a string)."""
+    out: list[bytes | str] = []
+    for path, size in items:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(size)
+        except OSError as exc:
+            out.append(f"{path}: {(exc.strerror or str(exc)).lower()}")
+            continue
+        out.append(data if len(data) == size else
+                   f"{path}: changed during the copy ({len(data)} of {size} bytes read)")
+    return out
+
+
+class SourceData:
+    """The push's source bytes: small files are read once (in batches, in a thread) and
+    kept for every node, up to CACHE_MAX; larger ones are read per node, in chunks."""
+
+    def __init__(self, python: str) -> None:
+        self._reads: dict[str, tuple[asyncio.Future[list[bytes | str]], int]] = {}
+        self._used = 0
+        self.sums = Sums(None, python)  # --checksum: each source file hashed once
+
+    async def small(self, items: Sequence[tuple[str, int]]) -> list[bytes | str]:
+        todo = [(p, n) for p, n in items if p not in self._reads]
+        mine: dict[str, bytes | str] = {}
+        if todo:
+            # a task of its own: a node cancelled meanwhile does not cancel the others' read
+            task: asyncio.Future[list[bytes | str]] = asyncio.ensure_future(
+                asyncio.to_thread(_read_files, todo))
+            for i, (p, n) in enumerate(todo):
+                if self._used + n <= CACHE_MAX:
+                    self._used += n
+                    self._reads[p] = (task, i)
+            got = await asyncio.shield(task)
+            mine = {p: d for (p, _), d in zip(todo, got, strict=True)}
+        out = []
+        for p, _ in items:
+            if p in mine:
+                out.append(mine[p])
+            else:
+                fut, i = self._reads[p]
+                out.append((await asyncio.shield(fut))[i])
+        return out
+
+    async def stream(self, files: Sequence[tuple[str, Entry]], view: CopyView,
+                     bad: list[str]) -> AsyncIterator[bytes]:
+        """The bytes of an apply op: each file's ``size`` bytes and a status byte (1: as
+        listed; 0: unreadable or changed, zeros instead: the node drops it)."""
+        buf = bytearray()
+        i = 0
+        while i < len(files):
+            j, total = i, 0
+            while j < len(files) and files[j][1].size <= SMALL_MAX and total < 4 * BATCH:
+                total += files[j][1].size
+                j += 1
+            if j > i:
+                got = await self.small([(p, e.size) for p, e in files[i:j]])
+                for (_, e), d in zip(files[i:j], got, strict=True):
+                    if isinstance(d, bytes):
+                        buf += d
+                        buf += b"\x01"
+                    else:
+                        bad.append(d)
+                        buf += bytes(e.size) + b"\x00"
+                    view.add_bytes(e.size)
+                    if len(buf) >= BATCH:
+                        yield bytes(buf)
+                        buf.clear()
+                i = j
+                continue
+            if buf:
+                yield bytes(buf)
+                buf.clear()
+            path, e = files[i]
+            i += 1
+            async for chunk in _big_file(path, e.size, bad, view):
+                yield chunk
+        if buf:
+            yield bytes(buf)
+
+
+async def _big_file(path: str, size: int, bad: list[str],
+                    view: CopyView) -> AsyncIterator[bytes]:
+    """A large file in chunks, then its status byte; zeros after a read error."""
+    sent = 0
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed in finally, across yields
+    except OSError as exc:
+        f = None
+        bad.append(f"{path}: {(exc.strerror or str(exc)).lower()}")
+    try:
+        while f is not None and sent < size:
+            try:
+                chunk = await asyncio.to_thread(f.read, min(CHUNK, size - sent))
+            except OSError as exc:
+                bad.append(f"{path}: {(exc.strerror or str(exc)).lower()}")
+                break
+            if not chunk:
+                bad.append(f"{path}: changed during the copy ({sent} of {size} bytes read)")
+                break
+            sent += len(chunk)
+            view.add_bytes(len(chunk))
+            yield chunk
+    finally:
+        if f is not None:
+            f.close()
+    if sent < size:
+        while sent < size:
+            n = min(CHUNK, size - sent)
+            sent += n
+            yield bytes(n)
+        yield b"\x00"
+    else:
+        yield b"\x01"
+
+
+class NodeFiles:
+    """dtrain's node program in ``unpack`` mode on one node: one channel, one op at a time
+    (a JSON line out, maybe data, a JSON line back)."""
+
+    def __init__(self, proc: Process, label: str) -> None:
+        self._proc = proc
+        self._label = label
+        self._lock = asyncio.Lock()
+        self._buf = b""
+        self._in_step = True  # False once an op was cut short: the node is mid-op
+
+    @staticmethod
+    async def start(conn: Connection, python: str) -> tuple[NodeFiles, str]:
+        """Start it; (it, the node's home)."""
+        spec = {"mode": "unpack", "idle": UNPACK_IDLE_S, "timeout": UNPACK_WAIT_S}
+        async with asyncio.timeout(RELAY_START_S):
+            proc = await start_program(conn, "cpnode", spec, python=python)
+            try:
+                hello = await read_json_line(proc, conn.host.label, "cp node program")
+            except BaseException:
+                proc.abort()
+                raise
+        if not isinstance(hello.get("home"), str):
+            proc.abort()
+            raise RemoteCommandError("cp node program: unexpected answer", host=conn.host.label)
+        return NodeFiles(proc, conn.host.label), hello["home"]
+
+    async def _line(self) -> dict[str, Any]:
+        while True:
+            line, nl, rest = self._buf.partition(b"\n")
+            if nl:
+                self._buf = rest
+                if line.lstrip().startswith(b"{"):
+                    got: dict[str, Any] = json.loads(line)
+                    return got
+                continue
+            chunk = await self._proc.read_stdout(1 << 20)
+            if not chunk:
+                err = b""
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1):
+                        while part := await self._proc.read_stderr(65536):
+                            err += part
+                text = err.decode(errors="replace").strip().splitlines()
+                raise RemoteCommandError(
+                    "cp node program ended: " + (text[-1] if text else "no output"),
+                    host=self._label)
+            self._buf += chunk
+
+    async def call(self, op: Mapping[str, Any],
+                   data: AsyncIterator[bytes] | None = None) -> dict[str, Any]:
+        """One op; its reply. A lost channel → ConnectError; the node's error or silence →
+        RemoteCommandError."""
+        async with self._lock:
+            self._in_step = False
+            try:
+                await self._proc.write(json.dumps(op).encode() + b"\n")
+                if data is not None:
+                    async for chunk in data:
+                        async with asyncio.timeout(RELAY_IDLE_S):
+                            await self._proc.write(chunk)
+                async with asyncio.timeout(UNPACK_REPLY_S):
+                    reply = await self._line()
+                self._in_step = True
+            except (ConnectionError, OSError) as exc:
+                raise ConnectError(f"connection lost during the copy ({exc})",
+                                   host=self._label) from exc
+            except TimeoutError:
+                raise RemoteCommandError(f"cp node program: no progress on {op.get('op')} "
+                                         f"within {UNPACK_REPLY_S:g} s",
+                                         host=self._label) from None
+        for key in ("fatal", "error"):
+            if reply.get(key):
+                raise RemoteCommandError(f"cp node program: {reply[key]}", host=self._label)
+        return reply
+
+    async def close(self, drop: Sequence[str] = ()) -> None:
+        """Remove the given temps (broadcast temps after an interruption; only when no op
+        was cut short, else the node would read the op as file data: the relays remove
+        their own), end the program (it removes its own temps on EOF) and wait for it,
+        bounded by CLEANUP_S."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            async with asyncio.timeout(CLEANUP_S):
+                if drop and self._in_step and not self._lock.locked():
+                    await self.call({"op": "drop", "paths": list(drop)})
+                self._proc.write_eof()
+                await self._proc.wait()
+        self._proc.abort()
+
+
+async def push_node_stream(nf: NodeFiles, home: str, conn: Connection, req: CopyRequest,
+                           sources: Sequence[Source], token: str, result: CopyResult,
+                           view: CopyView, data: SourceData,
+                           bcast: Broadcaster | None = None) -> None:
+    """Push every source to one node through its ``unpack`` program."""
+    temps: set[str] = set()  # broadcast temps in flight
+    try:
+        dest = cpl.remote_path(req.dest, home)
+        kind = (await nf.call({"op": "stat", "path": dest})).get("kind")
+        try:
+            roots, make = cpl.layout([s.name for s in sources], [s.kind for s in sources],
+                                     dest, kind, dest_slash=req.dest.endswith("/"))
+        except cpl.LayoutError as exc:
+            result.errors.append(str(exc))
+            return
+        if make:
+            try:
+                await nf.call({"op": "mkdir", "path": dest})
+            except RemoteCommandError as exc:
+                result.errors.append(f"{dest}: {exc.message}")
+                return
+        for index, (src, root) in enumerate(zip(sources, roots, strict=True)):
+            rows = (await nf.call({"op": "walk", "root": root}))["tree"]
+            dst_tree = {r[0]: Entry(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
+            plan = cpl.plan_sync(src.tree.values(), dst_tree, checksum=req.checksum,
+                                 delete=req.delete, preserve=req.preserve)
+            src_root = os.path.abspath(src.path)
+            if plan.compare:
+                rels = [e.rel for e in plan.compare]
+                mine = await data.sums.of([cpl.join(src_root, r) for r in rels])
+                theirs = (await nf.call({"op": "hash", "paths": [cpl.join(root, r)
+                                                                 for r in rels]}))["sha256"]
+                cpl.resolve_compare(plan, dst_tree,
+                                    {r: mine[cpl.join(src_root, r)] or "" for r in rels},
+                                    {r: theirs.get(cpl.join(root, r)) for r in rels},
+                                    preserve=req.preserve)
+            result.errors += [f"{cpl.join(src_root, rel)}: {msg}" for rel, msg in plan.errors]
+            await _apply_stream(nf, plan, src_root, root, token, req, result, view, data,
+                                bcast, index, conn, temps)
+    finally:
+        if bcast is not None:
+            bcast.leave(result.label)
+        await nf.close(sorted(temps))
+
+
+async def _apply_stream(nf: NodeFiles, plan: SyncPlan, src_root: str, root: str, token: str,
+                        req: CopyRequest, result: CopyResult, view: CopyView,
+                        data: SourceData, bcast: Broadcaster | None, index: int,
+                        conn: Connection, temps: set[str]) -> None:
+    preserve = req.preserve
+
+    def tmp(rel: str) -> str:
+        return posixpath.basename(cpl.temp_name(cpl.join(root, rel), token))
+
+    def files(entries: Sequence[Entry]) -> list[list[Any]]:
+        return [[e.rel, e.size, cpl.new_mode(e, preserve),
+                 e.mode & 0o7777 if preserve else None, e.mtime, tmp(e.rel)] for e in entries]
+
+    async def apply(fields: Mapping[str, list[Any]], entries: Sequence[Entry]) -> None:
+        if not any(fields.values()):
+            return
+        bad: list[str] = []
+        stream = (data.stream([(cpl.join(src_root, e.rel), e) for e in entries], view, bad)
+                  if entries else None)
+        reply = await nf.call({"op": "apply", "root": root, **fields}, stream)
+        result.sent += int(reply["sent"])
+        result.sent_bytes += int(reply["sent_bytes"])
+        result.deleted += int(reply["deleted"])
+        result.stale += int(reply["stale"])
+        result.errors += [f"{p}: {m}" if p else str(m) for p, m in reply["errors"]]
+        result.errors += bad
+
+    prep: dict[str, list[Any]] = {
+        "stale": plan.stale, "delete": [[d.rel, d.kind] for d in plan.delete],
+        "unlink_first": plan.unlink_first, "mkdirs": [d.rel for d in plan.mkdirs]}
+    big = [e for e in plan.send if bcast is not None and bcast.big(e)]
+    direct = [e for e in plan.send if not (bcast is not None and bcast.big(e))]
+    rest: dict[str, list[Any]] = {
+        "files": files(direct), "links": [[e.rel, e.target, tmp(e.rel)] for e in plan.links],
+        "fix_attrs": [[e.rel, e.mode if preserve else None, e.mtime] for e in plan.fix_attrs]}
+    last: dict[str, list[Any]] = {"dir_attrs": [[e.rel, e.mode, e.mtime]
+                                                for e in plan.dir_attrs]}
+    result.skipped += len(plan.skip)
+    if bcast is None:
+        await apply({**prep, **rest, **last}, direct)
+        return
+    await apply(prep, [])  # directories first: the relays write into them
+
+    async def broadcast() -> None:
+        assert bcast is not None
+        wants = []
+        for e in big:
+            final = cpl.join(root, e.rel)
+            w = Want(result.label, conn, nf_python(conn, req), cpl.join(src_root, e.rel), e,
+                     cpl.temp_name(final, token), final)
+            temps.add(w.tmp)
+            wants.append(w)
+        bcast.want(index, result.label, wants)
+        again = []
+        for w in wants:
+            outcome = await w.done
+            if outcome is None:
+                temps.discard(w.tmp)
+                result.sent += 1
+                result.sent_bytes += w.entry.size
+                continue
+            if outcome:
+                render.note(f"{result.label}: {w.final}: broadcast failed: {outcome}; "
+                            "sending it directly")
+            again.append(w.entry)
+        await apply({"files": files(again)}, again)
+        for w in wants:
+            temps.discard(w.tmp)
+
+    # gather, not a TaskGroup: the first error (a DtrainError) is what the node reports,
+    # not an ExceptionGroup
+    tasks = [asyncio.ensure_future(broadcast()), asyncio.ensure_future(apply(rest, direct))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await apply(last, [])
+
+
+def nf_python(conn: Connection, req: CopyRequest) -> str:
+    """The interpreter of dtrain's node programs on this node."""
+    return conn.host.python or req.python
+
+
 # ---------------------------------------------------------------- carrying out a plan
 
 
@@ -592,8 +953,19 @@ def _kind(st: FileStat | None) -> str | None:
 
 async def push_node(conn: Connection, req: CopyRequest, sources: Sequence[Source],
                     token: str, result: CopyResult, view: CopyView,
-                    bcast: Broadcaster | None = None) -> None:
-    """Push every source to one node."""
+                    bcast: Broadcaster | None = None, data: SourceData | None = None) -> None:
+    """Push every source to one node: as one stream through dtrain's node program, or over
+    SFTP when that program cannot start there (no such python: a note says so)."""
+    if req.stream:
+        try:
+            nf, home = await NodeFiles.start(conn, nf_python(conn, req))
+        except (RemoteCommandError, TimeoutError) as exc:
+            why = exc.message if isinstance(exc, DtrainError) else "no answer in time"
+            render.note(f"{result.label}: {why}; copying over SFTP instead")
+        else:
+            await push_node_stream(nf, home, conn, req, sources, token, result, view,
+                                   data or SourceData(req.python), bcast)
+            return
     fs = await conn.files()
     local = Side(LocalFileSystem(), Sums(None, req.python))
     remote = Side(fs, Sums(conn, conn.host.python or req.python))
@@ -682,6 +1054,7 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
     view = CopyView(len(hosts), live=req.progress, verb="received" if req.pull else "sent")
     results = {h.label: CopyResult(h.label) for h in hosts}
     sem = asyncio.Semaphore(req.fanout)
+    data = SourceData(req.python)  # each source file read once per push, not once per node
     bcast = None
     if not req.pull and req.broadcast is not False:
         if len(hosts) <= req.fanout:  # a chain needs every node connected at once
@@ -698,7 +1071,8 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
                     if req.pull:
                         await pull_node(conn, req, token, result, view)
                     else:
-                        await push_node(conn, req, sources, token, result, view, bcast)
+                        await push_node(conn, req, sources, token, result, view, bcast,
+                                        data)
             except ConnectError as exc:
                 result.unreachable = exc.message
             except DtrainError as exc:

@@ -11,6 +11,10 @@ Modes:
          "bind", "token", "timeout"} -> several lines, see relay() below.
         One node of a broadcast chain (docs/cp.md): receives a file once, writes it to
         its temp name and forwards every chunk to the next node as it arrives.
+  unpack {"mode": "unpack", "timeout", "idle"} -> {"home", "pid"}, then one JSON op line
+        in, one JSON line out, until EOF (see Unpacker below). The push of a tree as one
+        stream: the node lists its tree (walk), hashes (hash), and carries out the
+        launcher's plan (apply), whose files' bytes follow the op line on stdin.
 """
 
 import hashlib
@@ -222,11 +226,344 @@ def relay(params):
     return 0
 
 
+# ---------------------------------------------------------------- unpack
+
+
+class Truncated(Exception):
+    """The launcher's stream ended (or went silent) in the middle of an op."""
+
+
+class Input:
+    """Bytes and lines from an fd (stdin), each wait bounded by a timeout.
+
+    select + os.read, never sys.stdin's buffered layers: the data of an apply op follows
+    its line, and a buffered reader would swallow part of it. The buffer is consumed by
+    moving an offset (slicing the rest off for every small file would copy it each time).
+    """
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = b""
+        self.pos = 0
+        self.eof = False
+
+    def _fill(self, timeout, what):
+        import select
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            raise Truncated("nothing from the launcher for %g s (%s)" % (timeout, what))
+        data = os.read(self.fd, 1 << 20)
+        if not data:
+            self.eof = True
+        self.buf = self.buf[self.pos:] + data
+        self.pos = 0
+
+    def line(self, timeout):
+        """The next line (without its newline), None at EOF."""
+        while True:
+            at = self.buf.find(b"\n", self.pos)
+            if at >= 0:
+                line = self.buf[self.pos:at]
+                self.pos = at + 1
+                return line
+            if self.eof:
+                return None
+            self._fill(timeout, "waiting for the next operation")
+
+    def chunks(self, n, timeout):
+        """Exactly n bytes, as pieces; Truncated when the stream ends first."""
+        left = n
+        while left:
+            if self.pos >= len(self.buf):
+                if self.eof:
+                    raise Truncated("the launcher's stream ended %d bytes early" % left)
+                self._fill(timeout, "in the middle of a file")
+                continue
+            piece = self.buf[self.pos:self.pos + left]
+            self.pos += len(piece)
+            left -= len(piece)
+            yield piece
+
+
+def kind_of(st_mode):
+    import stat
+    if stat.S_ISLNK(st_mode):
+        return "link"
+    if stat.S_ISDIR(st_mode):
+        return "dir"
+    if stat.S_ISREG(st_mode):
+        return "file"
+    return "other"
+
+
+def walk_tree(root):
+    """The tree at root as [rel, kind, size, mtime, mode, target] rows (lstat, links never
+    followed); [] when root does not exist."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return []
+    rows = []
+
+    def row(rel, path, st):
+        kind = kind_of(st.st_mode)
+        target = os.readlink(path) if kind == "link" else ""
+        rows.append([rel, kind, st.st_size if kind == "file" else 0, int(st.st_mtime),
+                     st.st_mode & 0o7777, target])
+        return kind
+
+    todo = [""] if row("", root, st) == "dir" else []
+    while todo:
+        d = todo.pop()
+        with os.scandir(os.path.join(root, d) if d else root) as it:
+            for ent in it:
+                rel = d + "/" + ent.name if d else ent.name
+                if row(rel, ent.path, ent.stat(follow_symlinks=False)) == "dir":
+                    todo.append(rel)
+    return rows
+
+
+class Unsafe(ValueError):
+    """A path of the manifest that would land outside the destination root."""
+
+
+class Unpacker:
+    """Carries out the launcher's ops against this node's files, confined to each root.
+
+    Every relative path of an op is checked before use (Unsafe otherwise): not absolute,
+    no '', '.' or '..' component, no NUL, and every directory above it, below the root,
+    is a real directory (lstat), never a symlink: nothing is written, made or removed
+    through a link, so nothing lands outside the root. A symlink of the manifest is made
+    as a link (its target is data, as in cp), and nothing is ever written below it.
+    """
+
+    def __init__(self, inp, idle=60.0):
+        self.inp = inp
+        self.idle = idle
+        self.temps = set()  # in flight: removed on any failure
+
+    def path(self, root, rel, dirs):
+        if not root.startswith("/") or "\0" in root:
+            raise Unsafe("%s: the root must be an absolute path" % root)
+        if rel == "":
+            return root
+        parts = rel.split("/")
+        if rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+            raise Unsafe("%s: refused: the path leaves %s" % (rel, root))
+        here = root
+        for part in parts[:-1]:
+            here = here + "/" + part
+            if here in dirs:
+                continue
+            try:
+                st = os.lstat(here)
+            except OSError as exc:
+                raise Unsafe("%s: %s" % (here, (exc.strerror or str(exc)).lower())) from None
+            if kind_of(st.st_mode) != "dir":
+                raise Unsafe("%s: refused: %s is not a directory (a symlink is never "
+                             "followed)" % (rel, here))
+            dirs.add(here)
+        return root + "/" + rel
+
+    def temp(self, final, tmp_rel_name):
+        """The temp of final: in its own directory, with dtrain cp's temp name."""
+        base = tmp_rel_name
+        if "/" in base or not (base.startswith(".dtrain-cp-") and base.endswith(".tmp")):
+            raise Unsafe("%s: refused: not a dtrain cp temp name" % base)
+        return os.path.join(os.path.dirname(final), base)
+
+    def apply(self, op):
+        """The plan for one root; the files' bytes (and one status byte each) on stdin."""
+        root = op["root"]
+        dirs = {root}
+        counts = {"sent": 0, "sent_bytes": 0, "deleted": 0, "stale": 0}
+        errors = []
+
+        def each(rows, fn):
+            for r in rows:
+                rel = r[0] if isinstance(r, list) else r
+                try:
+                    fn(self.path(root, rel, dirs), r)
+                except Unsafe as exc:
+                    errors.append(["", str(exc)])
+                except OSError as exc:
+                    errors.append([root + "/" + rel if rel else root,
+                                   (exc.strerror or str(exc)).lower()])
+                else:
+                    yield r
+
+        for _ in each(op.get("stale", []), lambda p, r: os.unlink(p)):
+            counts["stale"] += 1
+        for _ in each(op.get("delete", []),
+                      lambda p, r: os.rmdir(p) if r[1] == "dir" else os.unlink(p)):
+            counts["deleted"] += 1
+        for _ in each(op.get("unlink_first", []), lambda p, r: os.unlink(p)):
+            pass
+        for _ in each(op.get("mkdirs", []),
+                      lambda p, r: os.makedirs(p) if r == "" else os.mkdir(p)):
+            pass
+        for f in op.get("files", []):
+            self.receive(root, f, dirs, counts, errors)
+        for _ in each(op.get("links", []), lambda p, r: self.link(p, r)):
+            counts["sent"] += 1
+
+        def attrs(p, r):
+            if kind_of(os.lstat(p).st_mode) == "link":
+                raise Unsafe("%s: refused: a symlink on this node" % p)
+            if r[1] is not None:
+                os.chmod(p, r[1])
+            os.utime(p, (r[2], r[2]))
+
+        for _ in each(op.get("fix_attrs", []), attrs):
+            pass
+        for _ in each(op.get("dir_attrs", []), attrs):
+            pass
+        return {"sent": counts["sent"], "sent_bytes": counts["sent_bytes"],
+                "deleted": counts["deleted"], "stale": counts["stale"], "errors": errors}
+
+    def link(self, final, r):
+        tmp = self.temp(final, r[2])
+        self.temps.add(tmp)
+        try:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            os.symlink(r[1], tmp)
+            os.rename(tmp, final)
+        finally:
+            self.drop(tmp)
+
+    def receive(self, root, f, dirs, counts, errors):
+        """One file: [rel, size, create mode, chmod or None, mtime, temp name]; its bytes
+        and a status byte (1: complete; 0: the launcher could not read it) are consumed
+        from the stream whatever happens here, so the next file stays in step."""
+        rel, size, bits, chmod, mtime, tmpname = f
+        fd = None
+        final = tmp = ""
+        err = None
+        try:
+            final = self.path(root, rel, dirs)
+            tmp = self.temp(final, tmpname)
+            self.temps.add(tmp)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(tmp, flags, bits)
+        except Unsafe as exc:
+            err = ["", str(exc)]
+        except OSError as exc:
+            err = [tmp or final or root, (exc.strerror or str(exc)).lower()]
+        try:
+            for piece in self.inp.chunks(size, self.idle):
+                view = memoryview(piece)
+                while fd is not None and view:
+                    try:
+                        view = view[os.write(fd, view):]
+                    except OSError as exc:
+                        err = [tmp, (exc.strerror or str(exc)).lower()]
+                        os.close(fd)
+                        fd = None
+            ok = b"".join(self.inp.chunks(1, self.idle)) == b"\x01"
+            if fd is not None:
+                if ok and err is None:  # on the open file: no path lookup
+                    if chmod is not None:
+                        os.fchmod(fd, chmod)
+                    os.utime(fd, (mtime, mtime))
+                os.close(fd)
+                fd = None
+            if err is not None:
+                errors.append(err)
+            elif ok:
+                os.rename(tmp, final)
+                counts["sent"] += 1
+                counts["sent_bytes"] += size
+        except OSError as exc:
+            errors.append([final, (exc.strerror or str(exc)).lower()])
+        finally:
+            if fd is not None:
+                os.close(fd)
+            if tmp:
+                self.drop(tmp)
+
+    def drop(self, tmp):
+        """Forget a temp, removing it when it is still there (renamed: nothing to do)."""
+        self.temps.discard(tmp)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+    def cleanup(self):
+        for tmp in list(self.temps):
+            self.drop(tmp)
+
+    def handle(self, op):
+        kind = op.get("op")
+        if kind == "walk":
+            return {"tree": walk_tree(op["root"])}
+        if kind == "stat":
+            try:
+                return {"kind": kind_of(os.stat(op["path"]).st_mode)}
+            except OSError:
+                return {"kind": None}
+        if kind == "mkdir":
+            os.makedirs(op["path"], exist_ok=True)
+            return {}
+        if kind == "hash":
+            return {"sha256": {p: sha256_of(p) for p in op.get("paths", [])}}
+        if kind == "apply":
+            return self.apply(op)
+        if kind == "drop":  # the launcher's cleanup after an interruption: temps only
+            gone = 0
+            for p in op.get("paths", []):
+                base = os.path.basename(p)
+                if p.startswith("/") and base.startswith(".dtrain-cp-") and base.endswith(".tmp"):
+                    try:
+                        os.unlink(p)
+                        gone += 1
+                    except OSError:
+                        pass
+            return {"dropped": gone}
+        raise ValueError("unknown op %r" % (kind,))
+
+    def serve(self, timeout):
+        """Ops until EOF. A stream that ends or stalls inside an op: temps removed, the
+        error said, exit status 1."""
+        try:
+            while True:
+                line = self.inp.line(timeout)
+                if line is None:
+                    return 0
+                if not line.strip():
+                    continue
+                try:
+                    out = self.handle(json.loads(line))
+                except Truncated:
+                    raise
+                except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+                    out = {"error": str(exc) or exc.__class__.__name__}
+                say(out)
+        except Truncated as exc:
+            self.cleanup()
+            say({"fatal": str(exc)})
+            return 1
+        finally:
+            self.cleanup()
+
+
+def unpack(params):
+    say({"home": os.path.expanduser("~"), "pid": os.getpid()})
+    inp = Input(0)
+    return Unpacker(inp, float(params.get("idle", 60.0))).serve(
+        float(params.get("timeout", 3600.0)))
+
+
 def main():
     params = read_params()
     mode = params.get("mode")
     if mode == "relay":
         return relay(params)
+    if mode == "unpack":
+        return unpack(params)
     if mode != "hash":
         sys.stdout.write(json.dumps({"error": "unknown mode %r" % (mode,)}) + "\n")
         return 2
