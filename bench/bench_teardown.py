@@ -159,7 +159,7 @@ VERBOSE = False
 
 def measure(cluster: tc.Cluster, args: list[str], nodes: list[int], tag: bytes, *,
             ready: str, trigger: str, archive: Path | None = None, run_id: str | None = None,
-            timeout: float = 120) -> dict[str, float | str]:
+            timeout: float = 120, timeout_s: float = 3.0) -> dict[str, float | str]:
     """Run one job; returns failure->gone and failure->dtrain exit, in seconds."""
     job = Proc(cluster, args)
     watch = Watch(nodes, tag)
@@ -208,7 +208,7 @@ def measure(cluster: tc.Cluster, args: list[str], nodes: list[int], tag: bytes, 
         t_fail = float(meta["root_cause"]["t"])
         what = f"exit {meta['exit_code']}: {meta['outcome']}"
     elif trigger == "timeout":
-        t_fail = job.first("--timeout 3 s reached") or t_start + 3.0
+        t_fail = job.first("s reached: stopping") or t_start + timeout_s
         what = f"exit {job.proc.returncode}"
     else:
         assert t_trigger is not None
@@ -220,6 +220,10 @@ def measure(cluster: tc.Cluster, args: list[str], nodes: list[int], tag: bytes, 
     return {"gone": gone - t_fail, "dtrain": (job.exited or time.time()) - t_fail,
             "procs": n_procs, "what": what,
             "first_line": (first_line or t_all_up) - t_start, "all_up": t_all_up - t_start}
+
+
+def exec_timeout(n: int) -> int:
+    return 3 if n <= 16 else 3 + n // 8
 
 
 def run_case(cluster: tc.Cluster, name: str, n: int, tmp: Path) -> dict[str, float | str]:
@@ -242,12 +246,15 @@ def run_case(cluster: tc.Cluster, name: str, n: int, tmp: Path) -> dict[str, flo
         return measure(cluster, args, nodes, f"DTRAIN_RUN_ID={run_id}".encode(), ready=ready,
                        trigger="fail", archive=tmp, run_id=run_id, timeout=max(120.0, 4.0 * n))
     tag = f"BENCH_TAG={run_id}"
-    args = ["exec", "-H", hosts, "--no-color", "--python", PYTHON]
+    # --fanout n: exec runs at most --fanout commands at once (pdsh -f), and these never end
+    args = ["exec", "-H", hosts, "--no-color", "--python", PYTHON, "--fanout", str(n)]
     if name.endswith("timeout"):
-        args += ["--timeout", "3"]
+        # long enough for every node to be up first (~6 s for 128 nodes on this box)
+        args += ["--timeout", str(exec_timeout(n))]
     args += ["--", "env", tag, PYTHON, SPIN]
     return measure(cluster, args, nodes, tag.encode(), ready="spin pid",
-                   trigger="timeout" if name.endswith("timeout") else "sigint")
+                   trigger="timeout" if name.endswith("timeout") else "sigint",
+                   timeout_s=exec_timeout(n))
 
 
 def main() -> int:
