@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -49,9 +50,11 @@ def test_exec_neutralises_control_sequences_on_a_terminal(cluster):
     env = cluster.client_env(NO_COLOR="1")
     out = on_terminal(["exec", "-H", "node1", "--", OSC52], env)
     assert b"\x1b]52" not in out and b"\x1b[1A" not in out
-    # the line's colour ends with it (the reset), the fake tag stays behind the real one
-    assert out.endswith(b"node1: a^[]52;c;cm0gLXJmIH4K^Gb\x1b[0m\nnode1: node2: fake\x1b[0m\n"
-                        b"node1: \x1b[31mred\x1b[0m\n")
+    # the line's colour ends with it (the reset), the fake tag stays behind the real one;
+    # lines that reached the launcher in the same chunk as a coloured one get a reset too,
+    # which depends on how the node's pipe was read: optional on those
+    assert re.search(rb"node1: a\^\[\]52;c;cm0gLXJmIH4K\^Gb(\x1b\[0m)?\n"
+                     rb"node1: node2: fake(\x1b\[0m)?\nnode1: \x1b\[31mred\x1b\[0m\n\Z", out), out
     raw = on_terminal(["exec", "--raw", "-H", "node1", "--", OSC52], env)
     assert b"node1: a\x1b]52;c;cm0gLXJmIH4K\x07b\n" in raw
     assert b"node1: \x1b[1A\rnode2: fake\n" in raw
