@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import cluster as tc
-from tests.util import REPO, dtrain
+from tests.util import dtrain, interrupt_when
 
 pytestmark = pytest.mark.ssh
 
@@ -194,22 +192,10 @@ def test_interrupted_copy_leaves_nothing_behind(cluster, tmp_path, remote_dir):
     for h in homes:
         (h / remote_dir).mkdir()
         os.chown(h / remote_dir, h.stat().st_uid, h.stat().st_gid)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "cp", "-H", "node[1-2]", str(big), f"~/{remote_dir}/"],
-        env=cluster.client_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not all(temps_under(h / remote_dir) for h in homes):
-            assert proc.poll() is None, "the copy finished before it could be interrupted"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, (out, err)
+    rc, out, err = interrupt_when(["cp", "-H", "node[1-2]", str(big), f"~/{remote_dir}/"],
+                                  cluster.client_env(),
+                                  lambda: all(temps_under(h / remote_dir) for h in homes))
+    assert rc == 130, (out, err)
     for h in homes:
         assert list((h / remote_dir).iterdir()) == [], "a temp or partial file was left"
 

@@ -13,8 +13,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -28,7 +26,7 @@ from launcher.commands.cp import CopyRequest, cp_async
 from launcher.hosts.hostfile import resolve_hosts
 from launcher.transports.ssh import SSHSettings
 from tests import cluster as tc
-from tests.util import REPO
+from tests.util import interrupt_when
 
 pytestmark = pytest.mark.ssh
 
@@ -133,23 +131,11 @@ def test_ctrl_c_during_a_broadcast_leaves_no_temps(cluster, tmp_path, remote_dir
     for h in homes:
         (h / remote_dir).mkdir()
         os.chown(h / remote_dir, h.stat().st_uid, h.stat().st_gid)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "cp", "-H", "node[1-4]", "--broadcast-min", "1M",
-         str(big), f"~/{remote_dir}/"],
-        env=cluster.client_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not all(list((h / remote_dir).glob(".dtrain-cp-*")) for h in homes):
-            assert proc.poll() is None, "the copy finished before it could be interrupted"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, (out, err)
+    rc, out, err = interrupt_when(
+        ["cp", "-H", "node[1-4]", "--broadcast-min", "1M", str(big), f"~/{remote_dir}/"],
+        cluster.client_env(),
+        lambda: all(list((h / remote_dir).glob(".dtrain-cp-*")) for h in homes))
+    assert rc == 130, (out, err)
     # the relays notice the closed channel (or their upstream's EOF) and remove their temp
     deadline = time.monotonic() + 10
     while any(list((h / remote_dir).iterdir()) for h in homes) and time.monotonic() < deadline:

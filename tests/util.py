@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -57,3 +59,27 @@ def assert_exit(res: subprocess.CompletedProcess[str] | subprocess.CompletedProc
                   for s in (res.stdout, res.stderr))
     assert not TRACEBACK.search(out), f"a traceback, not an error message:\n{out[-4000:]}"
     assert res.returncode == code, f"exit {res.returncode}, expected {code}:\n{out[-4000:]}"
+
+
+def interrupt_when(args: Sequence[str], env: Mapping[str, str], ready: Callable[[], bool],
+                   timeout: float = 60) -> tuple[int, str, str]:
+    """Start dtrain, SIGINT it (Ctrl-C) once ``ready()`` holds; (exit code, stdout, stderr).
+
+    Fails if dtrain ends before it could be interrupted or ``ready`` does not hold within
+    ``timeout`` seconds.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", *args], env=dict(env), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, "dtrain finished before it could be interrupted"
+            assert time.monotonic() < deadline, "never ready to interrupt"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
