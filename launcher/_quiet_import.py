@@ -1,0 +1,59 @@
+"""Keep ``import asyncssh`` from probing for liboqs (it runs ldconfig, gcc and ld).
+
+When it is imported, ``asyncssh.crypto.pq`` looks for liboqs with
+``ctypes.util.find_library("oqs")`` and ``("liboqs")``. On Linux each call runs ``ldconfig
+-p`` and, when that finds nothing, gcc and ld: 11 processes and ~25 ms on every dtrain start,
+odd in a login node's process accounting. liboqs only adds post-quantum key exchanges
+(sntrup761; ML-KEM comes from OpenSSL when it has it), and dtrain never offers those
+(``KEX_ALGS`` in transports/ssh.py). So while that one module executes, those two names
+are "not found"; every other ``find_library`` call, and every other module, is untouched.
+
+The hook sits on ``sys.meta_path`` and does nothing until asyncssh is imported, so commands
+that never connect (``--help``, ``logs``) pay nothing for it.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.machinery import ModuleSpec, PathFinder
+from types import ModuleType
+from typing import Any
+
+PROBING_MODULE = "asyncssh.crypto.pq"
+OQS_NAMES = frozenset({"oqs", "liboqs"})
+
+
+class _NoOqsProbe:
+    """A meta-path finder for one module: the usual spec, executed without the probe."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None
+                  ) -> ModuleSpec | None:
+        if fullname != PROBING_MODULE:
+            return None
+        spec = PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            import ctypes.util
+
+            real = ctypes.util.find_library
+
+            def find_library(name: str) -> str | None:
+                return None if name in OQS_NAMES else real(name)
+
+            ctypes.util.find_library = find_library
+            try:
+                real_exec(module)
+            finally:
+                ctypes.util.find_library = real
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Put the finder first on sys.meta_path (once)."""
+    if not any(isinstance(f, _NoOqsProbe) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoOqsProbe())
