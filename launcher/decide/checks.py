@@ -104,18 +104,6 @@ class Gathered:
     port: PortProbe | None = None
 
 
-@dataclass(frozen=True)
-class DoctorOptions:
-    """What the doctor runs on the nodes and how long it waits."""
-
-    python: str = "python3"
-    setup: str | None = None
-    master_addr: str | None = None
-    master_port: int | None = None  # None: any free port (what `dtrain run` picks by default)
-    fanout: int = 64
-    probe_timeout: float = 30.0
-
-
 # --------------------------------------------------------------------------- helpers
 
 
