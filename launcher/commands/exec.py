@@ -185,6 +185,4 @@ def run_exec(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> 
         return finish(error_report("exec", exc, started, [h.label for h in hosts]),
                       as_json=req.as_json, junit=req.junit)
     report = exec_report(outcomes[0] if outcomes else None, code, req, started, hosts)
-    if reporting:
-        return finish(report, as_json=req.as_json, junit=req.junit)
-    return finish(report, as_json=False, junit=None)
+    return finish(report, as_json=req.as_json, junit=req.junit)
