@@ -655,6 +655,7 @@ class SSHTransport(Transport):
         self.settings = settings or SSHSettings()
         self._policies: dict[tuple[Path, ...], HostKeyPolicy] = {}
         self._keys: list[asyncssh.SSHKeyPair] | None = None
+        self._key_paths: list[str] = []  # resolved files behind self._keys
         self._jumps: dict[tuple[str, ...], asyncssh.SSHClientConnection] = {}
         self._jump_locks: dict[tuple[str, ...], asyncio.Lock] = {}
         self._configs: dict[tuple[str, str | None, int | None], SSHClientConfig] = {}
@@ -674,17 +675,10 @@ class SSHTransport(Transport):
             names = [*self.settings.identities, str(ssh / DTRAIN_KEY_NAME)]
             names += [str(ssh / n) for n in DEFAULT_KEY_NAMES]
             # the same file offered twice costs a failed attempt against MaxAuthTries
-            unique = list(dict.fromkeys(str(Path(n).expanduser().resolve()) for n in names))
-            self._keys = _load_keys(unique)
-        extra = [f for f in config_files
-                 if str(Path(f).expanduser().resolve()) not in self._key_paths()]
+            self._key_paths = list(dict.fromkeys(_real_path(n) for n in names))
+            self._keys = _load_keys(self._key_paths)
+        extra = [f for f in config_files if _real_path(f) not in self._key_paths]
         return _load_keys(extra) + self._keys
-
-    def _key_paths(self) -> set[str]:
-        ssh = self.settings.ssh_dir
-        names = [*self.settings.identities, str(ssh / DTRAIN_KEY_NAME)]
-        names += [str(ssh / n) for n in DEFAULT_KEY_NAMES]
-        return {str(Path(n).expanduser().resolve()) for n in names}
 
     async def _route(self, host: Host, via: tuple[str, ...] = (),
                      resolving: tuple[str, ...] = ()
@@ -790,6 +784,10 @@ class SSHTransport(Transport):
         for conn in self._jumps.values():
             conn.close()
         self._jumps.clear()
+
+
+def _real_path(name: str) -> str:
+    return str(Path(name).expanduser().resolve())
 
 
 def _load_keys(paths: Sequence[str]) -> list[asyncssh.SSHKeyPair]:
