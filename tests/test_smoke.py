@@ -61,6 +61,22 @@ def test_a_node_whose_every_pair_is_slow_is_named():
     assert [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n3",))]
 
 
+def test_the_slower_end_of_a_pair_is_the_link_s_speed():
+    """Both ends report: the sender's view of a slow direction can be only its buffer's."""
+    res = _results()
+    # every pair as its lower end saw it (all fast), then node 3's end of its three pairs
+    fast_view = [{"a": a, "b": b, "size": 1 << 20, "time_us": 100.0, "gbps": 10.0}
+                 for a in range(4) for b in range(a + 1, 4)]
+    slow_view = [{"a": a, "b": b, "size": 1 << 20, "time_us": 1e5, "gbps": 0.01}
+                 for a, b in ((0, 2), (1, 2), (2, 3))]
+    res.add_line("n1", MARK + json.dumps({"kind": "pairs", "rows": fast_view + slow_view}))
+    v = _eval(res)
+    assert [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n3",))]
+    assert sorted((p.a, p.b, p.gbps) for p in v.pairs if p.slow) == [
+        ("n1", "n3", 0.01), ("n2", "n3", 0.01), ("n3", "n4", 0.01)]
+    assert len(v.pairs) == 6
+
+
 def test_a_single_slow_pair_names_the_link():
     v = _eval(_results(pairs={(1, 3): 1.0}))
     assert [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n2", "n4"))]
