@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from launcher.commands.cp import relay as cpmod
 from launcher.commands.cp import CopyRequest, cp_async
+from launcher.commands.cp import relay as cpmod
 from launcher.hosts.hostfile import resolve_hosts
 from launcher.transports.ssh import SSHSettings
 from tests import cluster as tc

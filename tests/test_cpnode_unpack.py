@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from launcher.commands import cp
+from launcher.commands.cp.view import CopyView
 from launcher.decide import copyplan as cpl
 from launcher.models import CopyResult, Host
 from launcher.nodeside import cpnode
-from launcher.commands.cp.view import CopyView
 from launcher.transports.local import LocalConnection
 
 TOKEN = "abcd1234"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from launcher.models import CopyResult
 from launcher.commands.cp.view import CopyView, human, summary_line
+from launcher.models import CopyResult
 
 
 def test_summary_line_format() -> None:
