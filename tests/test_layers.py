@@ -111,6 +111,36 @@ def test_node_programs_import_only_the_standard_library(program: str) -> None:
     assert foreign == [], f"{program} imports {foreign}: node programs are stdlib only"
 
 
+FENCED = {"asyncssh": "launcher.transports.ssh"}  # a foreign library: the package it is fenced in
+
+
+def fence_violations(mods: dict[str, Path]) -> list[str]:
+    """Every import (lazy ones too) of a fenced library from outside its package."""
+    bad = []
+    for name, path in mods.items():
+        for target, line in imports(path):
+            lib = target.split(".")[0]
+            home = FENCED.get(lib)
+            if home is not None and name != home and not name.startswith(home + "."):
+                bad.append(f"{name}:{line}: imports {target} (only {home} may)")
+    return bad
+
+
+def test_asyncssh_is_imported_only_under_transports_ssh() -> None:
+    """httpx's habit: the foreign library behind one package and one error map, so a
+    change of SSH library, or of its exceptions, is a change in one place."""
+    assert fence_violations(modules()) == []
+
+
+def test_the_fence_check_catches_a_lazy_import(tmp_path: Path) -> None:
+    mods = modules()
+    rogue = tmp_path / "rogue.py"
+    rogue.write_text("def f():\n    from asyncssh import SSHKey\n    return SSHKey\n")
+    mods["launcher.commands.rogue"] = rogue
+    assert fence_violations(mods) == [
+        "launcher.commands.rogue:2: imports asyncssh (only launcher.transports.ssh may)"]
+
+
 def test_no_import_cycles() -> None:
     mods = modules()
     graph = {name: {t for t, _ in imports(path, top_level_only=True) if t in mods and t != name}
