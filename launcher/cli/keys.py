@@ -129,9 +129,9 @@ class TerminalPrompts:
 
 
 def _table(results: Sequence[KeyResult], stream: TextIO) -> None:
-    """A rich table when colour is on (``console.should_color``: a terminal or FORCE_COLOR,
+    """A rich table when colour is on (``render.should_color``: a terminal or FORCE_COLOR,
     never NO_COLOR), plain aligned columns otherwise (pipes, CI logs)."""
-    from launcher.output.console import should_color
+    from launcher.output.render import should_color
 
     if should_color(stream):
         from rich.console import Console
