@@ -215,7 +215,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
             if errors:
                 raise unreachable_error(hosts, errors)
             pre = await preflight(conns, hosts, req, opts)
-            plan = build_plan(req, hosts, pre.facts, pre.decisions,
+            plan = build_plan(req, opts, hosts, pre.facts,
                               master_addr=pre.master_addr, master_port=pre.master_port,
                               master_reason=pre.master_reason)
             for warning in pre.warnings:

@@ -246,7 +246,7 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
             nproc = req.nproc_per_node or ("gpu" if run.backend == "nccl" else "1")
             rreq = replace(rreq, nproc_per_node=nproc,
                            args=(json.dumps(cfg.to_json(), separators=(",", ":")),))
-            plan = build_plan(rreq, hosts, pre.facts, pre.decisions,
+            plan = build_plan(rreq, opts, hosts, pre.facts,
                               master_addr=pre.master_addr, master_port=pre.master_port,
                               master_reason=pre.master_reason)
             run.world_size = plan.world_size
