@@ -20,7 +20,7 @@ from launcher.models import OutputLine
 from launcher.output.archive import RunArchive
 from launcher.output.logview import replay, tail_offset
 from launcher.output.runlock import LOCK, LauncherLock, probe
-from launcher.output.runs import age, list_status, ps_json, render_table, status_of
+from launcher.output.runstate import age, list_status, ps_json, render_table, status_of
 from tests.util import dtrain
 
 # -- the state decision (pure) -------------------------------------------------------------

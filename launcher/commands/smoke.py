@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from launcher.commands.entry import Ended, run_command
-from launcher.commands.reporting import finish, in_github_actions
+from launcher.commands.entry import Ended, finish, in_github_actions, run_command
 from launcher.commands.run import Payload, RunResult, launch, report_nodes
 from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks

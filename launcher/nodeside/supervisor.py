@@ -57,7 +57,7 @@ except ImportError:  # an interpreter without the accelerator: to_json falls bac
 PROTOCOL = 1
 FRAME = struct.Struct("!BiI")
 # written before the first frame: whatever the login shell printed before us (a chatty
-# .bashrc) is told apart from the frames by the launcher (launcher/wire.py has the twin)
+# .bashrc) is told apart from the frames by the launcher (launcher/nodeside/wire.py has the twin)
 MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 OUT, ERR, CTL = 1, 2, 3
 CHUNK = 65536
@@ -853,7 +853,7 @@ def shim_main(argv):
 def main():
     if os.environ.get(SHIM_ENV) and len(sys.argv) > 1:
         sys.exit(shim_main(sys.argv[1:]))
-    # shipped by launcher/wire.py: the bootstrap hands us our source and the spec, having
+    # shipped by launcher/nodeside/wire.py: the bootstrap hands us our source and the spec, having
     # read exactly their lengths from fd 0, so the rest of fd 0 is ours, unbuffered
     source = globals().get("DTRAIN_SOURCE")
     spec = globals().get("DTRAIN_SPEC")

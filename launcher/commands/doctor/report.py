@@ -205,7 +205,7 @@ def report(results: Sequence[CheckResult], hosts: Sequence[str], *, started: flo
            color: bool | None = None) -> int:
     """Print the table (to stderr under --json), the summary, then what --json/--junit
     asked for (and ``::error`` lines under GitHub Actions); return the exit code."""
-    from launcher.commands.reporting import finish
+    from launcher.commands.entry import finish
     from launcher.output import render
 
     stream = stream or (sys.stderr if as_json else sys.stdout)
