@@ -56,7 +56,7 @@ class Verdict:
     root_host: str | None = None
     root_rank: int | None = None
     lines: list[str] = field(default_factory=list)
-    root_kind: str | None = None  # rank, node, lost, start, interrupted, timeout
+    root_kind: str | None = None  # rank, node, lost, start, hang, interrupted, timeout
 
 
 def rank_exits(outcome: JobOutcome) -> list[RankExit]:
@@ -114,6 +114,9 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
         if tail:
             lines.append(f"last stderr lines of rank {root.rank} on {root.host}:")
             lines += [f"  {t}" for t in tail]
+    elif root is not None and root.kind == "hang":
+        v = Verdict(root.code or 125, root.error or "hang", root.host or None, root.rank,
+                    root_kind="hang")
     elif root is not None and root.kind == "lost":
         v = Verdict(255, f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
                     root_kind="lost")
@@ -170,7 +173,7 @@ def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
     of the root cause), ok, or unknown (no exit report: killed along with its node)."""
     if e is None:
         return "unknown"
-    if (host, rank) == (v.root_host, v.root_rank) and v.root_kind == "rank":
+    if (host, rank) == (v.root_host, v.root_rank) and v.root_kind in ("rank", "hang"):
         return "root cause"
     if e.code == 0:
         return "ok"
@@ -268,7 +271,7 @@ def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[
     root = outcome.root
     data: dict[str, Any] = {"kind": v.root_kind, "host": v.root_host, "rank": v.root_rank,
                             "exit_code": v.code, "summary": v.outcome}
-    if root is not None and v.root_kind in ("rank", "node", "lost", "start"):
+    if root is not None and v.root_kind in ("rank", "node", "lost", "start", "hang"):
         data.update(signal=root.signal, error=root.error, t=root.t)
         data["stderr_tail"] = list(tails.tails.get((root.host, root.rank), ()))
     if outcome.stop_reason:

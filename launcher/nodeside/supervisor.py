@@ -49,6 +49,9 @@ import struct
 import sys
 import time
 
+if False:  # for mypy only: typing is not imported on the nodes
+    from typing import Any  # noqa: F401
+
 try:
     from _json import encode_basestring_ascii as _json_string
 except ImportError:  # an interpreter without the accelerator: to_json falls back to json
@@ -418,6 +421,7 @@ STACK_WAIT_S = 2.0  # how long a dump may take to appear in a worker's file
 PYSPY_TIMEOUT_S = 8.0
 MAX_DUMP = 256 * 1024  # bytes of one worker's dump shipped back
 MAX_CRASH = 64 * 1024
+MAX_FLIGHT = 8 * 1024 * 1024  # one flight recorder dump shipped back
 KMSG_WORDS = ("Out of memory", "oom-kill", "Killed process", "oom_reaper", "Xid",
               "segfault", "Memory cgroup out of memory")
 # PyTorch's flight recorder: every variable a user may have set for it (one set = hands off)
@@ -428,18 +432,20 @@ FR_ENTRIES = "2000"  # the flight recorder tutorial's advice
 FR_PREFIX = "rank_"
 
 
-def flight_defaults(env, directory):
+def flight_defaults(env, directory, names="current"):
     """The flight recorder's variables dtrain adds to a rank's environment: none when the
     user set any of its buffer variables; otherwise a 2000-entry buffer, dump on timeout,
-    and the dumps into ``directory`` (``<directory>/rank_<N>``, the analyzer's layout)."""
+    and the dumps into ``directory`` (``<directory>/rank_<N>``, the analyzer's layout).
+    ``names``: "current" (TORCH_FR_*, torch >= 2.9), "legacy" (TORCH_NCCL_*), "both"."""
     if any(env.get(name) for name in FR_BUFFER_VARS):
         return {}
-    add = {name: FR_ENTRIES for name in FR_BUFFER_VARS}
+    pick = {"current": (0,), "legacy": (1,)}.get(names, (0, 1))
+    add = {FR_BUFFER_VARS[i]: FR_ENTRIES for i in pick}
     if not env.get(FR_DUMP_VAR):
         add[FR_DUMP_VAR] = "1"
     if not any(env.get(name) for name in FR_FILE_VARS):
-        for name in FR_FILE_VARS:
-            add[name] = os.path.join(directory, FR_PREFIX)
+        for i in pick:
+            add[FR_FILE_VARS[i]] = os.path.join(directory, FR_PREFIX)
     return add
 
 
@@ -468,7 +474,7 @@ def rank_main(argv):
 def _arm(sock_path):
     """faulthandler on STACK_SIGNAL and fatal signals, and the supervisor told; the open
     files and the socket are returned to be kept alive. Never raises."""
-    keep = []
+    keep = []  # type: list[object]
     try:
         import faulthandler
         import json
@@ -545,8 +551,14 @@ def _flight_dump(path):
     torch = sys.modules.get("torch")
     if dist is None or torch is None or not dist.is_initialized():
         return {"error": "torch.distributed not initialized"}
+    dump = torch._C._distributed_c10d._dump_fr_trace
     try:
-        data = torch._C._distributed_c10d._dump_fr_trace()
+        try:
+            # without the call sites' stacks: their first symbolization takes seconds, and
+            # the rank's own stacks come from faulthandler anyway
+            data = dump(includeStackTraces=False)
+        except TypeError:  # an older torch without the keyword
+            data = dump()
     except Exception as exc:
         return {"error": "flight recorder: %s" % (exc,)}
     with open(path, "wb") as f:
@@ -566,7 +578,7 @@ def _run_user(argv):
         sys.argv = argv[1:]
         sys.path[0] = os.getcwd()
         sys.modules["__main__"] = types.ModuleType("__main__")
-        _guarded(lambda: runpy._run_module_as_main(argv[1], True))  # what -m does
+        _guarded(lambda: runpy._run_module_as_main(argv[1], True))  # type: ignore[attr-defined]  # what -m does
         return
     path = argv[0]
     sys.argv = list(argv)
@@ -633,6 +645,24 @@ def _read_from(path, offset, limit):
         return ""
 
 
+def _b64(path, limit=MAX_FLIGHT):
+    """A file's bytes as base64 text (for a JSON message), or None."""
+    import base64
+
+    try:
+        with open(path, "rb") as f:
+            return base64.b64encode(f.read(limit)).decode()
+    except OSError:
+        return None
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
 def _size(path):
     try:
         return os.stat(path).st_size
@@ -647,7 +677,7 @@ def _status_kb(pid):
             text = f.read()
     except OSError:
         return None
-    out = {}
+    out = {}  # type: dict[str, int]
     for line in text.splitlines():
         if line.startswith((b"VmRSS:", b"VmHWM:")):
             parts = line.split()
@@ -743,7 +773,7 @@ def frame_sources(text, limit=400):
     faulthandler dump, read on the node (the launcher may not see these files)."""
     import linecache
 
-    out = {}
+    out = {}  # type: dict[str, str]
     depth = 0
     for line in text.splitlines():
         if not line.startswith("  File "):
@@ -765,15 +795,26 @@ def frame_sources(text, limit=400):
 class Evidence:
     """The supervisor's half of stacks and death evidence (mixed into Supervisor)."""
 
+    # Supervisor.__init__ sets these (declared here for mypy)
+    spec = None  # type: Any
+    tmpdir = None  # type: Any
+    out = None  # type: Any
+    armed = None  # type: Any
+    rank_status = None  # type: Any
+    fr_shipped = None  # type: Any
+    boot_start = None  # type: Any
+    pyspy = None  # type: Any
+    open_streams = 0
+
     def evidence_env(self, env):
         """Run mode: the flight recorder's defaults and, where py-spy can only read our
         ranks through PR_SET_PTRACER (Yama ptrace_scope 1), the pid to allow."""
         self.boot_start = _uptime()
         self.pyspy = which("py-spy", env.get("PATH"))
-        if self.spec.get("flight_recorder", True):
-            flight = os.path.join(self.tmpdir, "flight")
-            os.mkdir(flight, 0o700)
-            env.update(flight_defaults(env, flight))
+        flight = os.path.join(self.tmpdir, "flight")
+        os.mkdir(flight, 0o700)
+        if self.spec.get("flight_recorder"):
+            env.update(flight_defaults(env, flight, self.spec["flight_recorder"]))
         if self.pyspy:
             try:
                 with open("/proc/sys/kernel/yama/ptrace_scope") as f:
@@ -850,7 +891,7 @@ class Evidence:
                 except OSError:
                     pass
         spies = self._start_pyspy(waiting) if msg.get("pyspy", True) and self.pyspy else {}
-        seen = {}
+        seen = {}  # type: dict[int, int]
         deadline = t0 + float(msg.get("wait") or STACK_WAIT_S)
         while waiting and now() < deadline:
             time.sleep(0.02)
@@ -876,6 +917,11 @@ class Evidence:
             for r, e in ranks.items():
                 replies = self.armed[int(r)]["replies"]
                 e["fr"] = replies[-1] if replies else {"error": "no answer"}
+                if e["fr"].get("ok"):
+                    self.fr_shipped[r] = _mtime(os.path.join(self.tmpdir, "flight",
+                                                             FR_PREFIX + r))
+                    e["fr"]["data"] = _b64(os.path.join(self.tmpdir, "flight",
+                                                        FR_PREFIX + r))
         self.out.control({"type": "stacks", "id": msg.get("id"), "ranks": ranks,
                           "host": hostname(), "t": now(), "took": now() - t0,
                           "pyspy": bool(self.pyspy)})
@@ -906,6 +952,26 @@ class Evidence:
         text = out.decode("utf-8", "replace")[:MAX_DUMP]
         return {"text": text} if proc.returncode == 0 else {
             "error": "py-spy exited %s" % proc.returncode, "text": text}
+
+    def ship_flight(self):
+        """Flight recorder dumps the ranks left (NCCL's dump on timeout), before the private
+        directory goes: one ``flight`` message."""
+        if not self.tmpdir:
+            return
+        folder = os.path.join(self.tmpdir, "flight")
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return
+        files = {}
+        for name in names:
+            rank = name[len(FR_PREFIX):]
+            if name.startswith(FR_PREFIX) and rank.isdigit() and \
+                    self.fr_shipped.get(rank) != _mtime(os.path.join(folder, name)):
+                files[rank] = _b64(os.path.join(folder, name))
+        if files:
+            self.out.control({"type": "flight", "files": files, "host": hostname(),
+                              "t": now()})
 
     def death_evidence(self, rank, msg):
         """What the node knows about a rank that did not exit 0: its faulthandler crash
@@ -962,6 +1028,7 @@ class Supervisor(Evidence):
         self.armed = {}  # rank -> what its wrapper reported (pid, stack file, signal ...)
         self.boot_start = None  # the job's start in kernel-log time (s since boot)
         self.pyspy = None  # its path, where the node has it (run mode)
+        self.fr_shipped = {}  # rank -> mtime of the flight dump a stacks message carried
         # re-entrant: a signal handler runs teardown on the main thread, maybe inside it
         self.lock = _thread.RLock()
 
@@ -1303,6 +1370,7 @@ class Supervisor(Evidence):
         return exit_code(self.job_status or 0)
 
     def finish(self):
+        self.ship_flight()
         code, sig = self.exit_code()
         self.out.control({"type": "exit", "code": code, "signal": sig, "t": now(),
                           "stopped": self.stopping, "ranks": self.rank_status})

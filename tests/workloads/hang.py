@@ -31,7 +31,8 @@ def load_batch(rank: int, step: int) -> torch.Tensor:
     if rank == int(os.environ.get("WL_HANG_RANK", "4")) and \
             step == int(os.environ.get("WL_HANG_STEP", "3")):
         mode = os.environ.get("WL_HANG_MODE", "sleep")
-        print(f"rank {rank}: stopping at step {step} ({mode})", file=sys.stderr, flush=True)
+        print(f"rank {rank}: blocking before the all_reduce ({mode})", file=sys.stderr,
+              flush=True)
         if mode == "segv":
             ctypes.string_at(0)
         elif mode == "raise":
