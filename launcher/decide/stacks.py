@@ -117,7 +117,8 @@ def parse_faulthandler(text: str) -> tuple[Thread, ...]:
         if m:
             close()
             seen = {t.ident for t in blocks[-1]}
-            if m.group(2) in seen:  # the same thread again: a new dump begins
+            again = m.group(1) == "Current thread" and any(t.current for t in blocks[-1])
+            if m.group(2) in seen or again:  # a thread seen again: a new dump begins
                 blocks.append([])
             ident, current, frames = m.group(2), m.group(1) == "Current thread", []
             continue
