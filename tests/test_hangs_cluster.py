@@ -140,3 +140,30 @@ def test_progress_by_regex_not_output(cluster: tc.Cluster, tmp_path: Path, jobs,
     assert job.wait(120) == 0, job.output
     assert bool(re.search(r"^dtrain: HANG: ", job.output, re.M)) is hung, job.output
     assert bool(meta(tmp_path, run_id)["hangs"]) is hung
+
+
+@pytest.mark.ssh
+@pytest.mark.torch
+@pytest.mark.parametrize("mode, code, why, kind", [
+    ("segv", 139, r"rank 1 on node2 crashed: SIGSEGV \(segmentation fault\) in string_at <- "
+                  r"load_batch\(\) hang\.py:\d+", "segfault"),
+    ("sigkill", 137, r"rank 1 on node2 was killed by SIGKILL, not by dtrain and not by the OOM "
+                     r"killer", "signal"),
+    ("raise", 1, r"rank 1 on node2 raised ValueError: bad batch at step 1 in load_batch\(\) "
+                 r"hang\.py:\d+", "exception"),
+])
+def test_why_it_died(cluster: tc.Cluster, tmp_path: Path, jobs, mode: str,  # noqa: F811
+                     code: int, why: str, kind: str) -> None:
+    run_id = new_id(f"why-{mode}")
+    args = run_args(cluster, tmp_path, run_id, HANG, "--grace", "3", hosts="node[1-2]",
+                    env={"WL_HANG_RANK": "1", "WL_HANG_STEP": "1", "WL_HANG_MODE": mode})
+    job = Dtrain(cluster, args)
+    jobs.append(job)
+    assert job.wait(120) == code, job.output[-3000:]
+    out = job.output
+    assert re.search(rf"^dtrain: why: {why}", out, re.M), out[-3000:]
+    assert re.search(r"^dtrain: next: ", out, re.M), out[-3000:]
+    failure = meta(tmp_path, run_id)["root_cause"]["failure"]
+    assert (failure["kind"], failure["rank"], failure["host"]) == (kind, 1, "node2")
+    if mode == "segv":  # the Python stack of the crash, from faulthandler on the node
+        assert re.search(r"^dtrain:     load_batch\(\) hang\.py:\d+$", out, re.M), out[-3000:]

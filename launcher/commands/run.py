@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
+from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
@@ -42,6 +43,8 @@ from launcher.job.preflight import Preflight, preflight
 from launcher.job.verdict import (
     TailKeeper,
     Verdict,
+    failure_lines,
+    failure_reason,
     node_results,
     root_cause_json,
     summary_lines,
@@ -160,6 +163,7 @@ class LaunchReport:
     world_size: int = 0
     master: str | None = None
     hangs: list[dict[str, Any]] = field(default_factory=list)
+    failure: FailureReason | None = None  # why the root-cause rank died
 
     def extra(self) -> dict[str, Any]:
         """dtrain.run/1's ``run`` section."""
@@ -360,10 +364,13 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         def on_event(host: Host, msg: dict[str, object]) -> None:
             board.event(host, msg)
             watch.event(host, msg)
+            errors.event(host.label, msg)
 
         job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
                   on_state=on_state)
         watch = hang_watch(job, plan, opts, archive, out, board)
+        errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
+        out.observers.append(errors.observe)
 
         def on_stop(stop: StopRequest) -> str:
             who = f"`dtrain stop` (pid {stop.pid})"
@@ -390,11 +397,16 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
             await control.aclose()
         out.job_over([h.label for h in hosts])
         v = verdict(outcome, plan, tails)
+        report.failure = failure_reason(outcome, v, errors)
+        if report.failure is not None:
+            v.why = failure_lines(report.failure)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
     report.outcome, report.verdict, report.tails = outcome, v, tails
     report.nodes = node_results(outcome, plan, v)
     report.root_cause = root_cause_json(outcome, v, tails)
+    if report.failure is not None:
+        report.root_cause["failure"] = report.failure.json()
     report.hangs = watch.hangs
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
                         root_cause=report.root_cause, nodes=report.nodes,
@@ -467,7 +479,8 @@ def report_nodes(report: LaunchReport) -> tuple[NodeResult, ...]:
         for rank_s, r in node["ranks"].items():
             rank, role = int(rank_s), r.get("role")
             status = PASSED if role == "ok" else ERROR if role == "unknown" else FAILED
-            msg = {"root cause": v.outcome if v else "root cause",
+            why = f": {report.failure.summary}" if report.failure is not None else ""
+            msg = {"root cause": (v.outcome if v else "root cause") + why,
                    "failed": f"rank {rank} failed too (exit {r['exit_code']})",
                    "stopped": "stopped by dtrain",
                    "unknown": "no exit report (killed along with its node)"}.get(role or "")

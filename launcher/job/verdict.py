@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.decide.failures import ErrorKeeper, FailureReason, explain
 from launcher.decide.plan import LaunchPlan
 from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
@@ -57,6 +58,7 @@ class Verdict:
     root_rank: int | None = None
     lines: list[str] = field(default_factory=list)
     root_kind: str | None = None  # rank, node, lost, start, hang, interrupted, timeout
+    why: list[str] = field(default_factory=list)  # the failure's explanation, after the head
 
 
 def rank_exits(outcome: JobOutcome) -> list[RankExit]:
@@ -194,7 +196,7 @@ def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str
     """Per node and rank: how it ended and after how long; the root cause first, followers
     marked as stopped by dtrain; then the last stderr lines of the root cause."""
     head = "ok" if not v.code else "" if v.root_kind == "interrupted" else "FAILED"
-    out = [f"{head + ': ' if head else ''}{v.outcome} (exit {v.code})"]
+    out = [f"{head + ': ' if head else ''}{v.outcome} (exit {v.code})", *v.why]
     exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
     order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
     by_dtrain = outcome.stop_reason is not None
@@ -277,3 +279,25 @@ def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[
     if outcome.stop_reason:
         data["stop_reason"] = outcome.stop_reason
     return data
+
+
+def failure_reason(outcome: JobOutcome, v: Verdict, keeper: ErrorKeeper) -> FailureReason | None:
+    """Why the root-cause rank died (decide.failures), when the root cause is a rank."""
+    if v.root_kind != "rank" or v.root_host is None or v.root_rank is None:
+        return None
+    node = outcome.nodes.get(v.root_host)
+    msg = node.ranks.get(str(v.root_rank), {}) if node is not None else {}
+    code, sig, pid = msg.get("code"), msg.get("signal"), msg.get("pid")
+    return explain(rank=v.root_rank, host=v.root_host,
+                   code=code if isinstance(code, int) else v.code,
+                   sig=sig if isinstance(sig, int) else None,
+                   pid=pid if isinstance(pid, int) else None,
+                   evidence=keeper.evidence.get((v.root_host, v.root_rank)),
+                   stderr=list(keeper.tails.get((v.root_host, v.root_rank), ())),
+                   comm=keeper.comm_lines())
+
+
+def failure_lines(reason: FailureReason) -> list[str]:
+    """The summary's two lines: why, and what to do next (the evidence under why)."""
+    return [f"why: {reason.summary}", *(f"  {e}" for e in reason.evidence[:8]),
+            f"next: {reason.advice}"]
