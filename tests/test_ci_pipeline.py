@@ -38,7 +38,17 @@ def test_the_ci_pipeline_steps(cluster, tmp_path):
     smoke = dtrain(["smoke", *hosts, *py, "--min-busbw", "0.0001", "--junit",
                     str(reports / "smoke.xml"), "--json"], env=env, timeout=170)
     assert smoke.returncode == 0, smoke.stderr[-3000:]
-    validate_json(one_json_document(smoke.stdout), "smoke")
+    doc = one_json_document(smoke.stdout)
+    validate_json(doc, "smoke")
+    # --min-busbw was judged on the whole sweep's largest size (gloo: 1K ... 4M): a verdict
+    # on another row, or a sweep that stopped short, would pass this threshold too
+    sweep = doc["smoke"]["sweep"]
+    sizes = [row["size"] for row in sweep]
+    assert sizes[0] == 1024 and sizes[-1] == 4 << 20 and sizes == sorted(set(sizes)), sizes
+    assert len(sizes) >= 3, sizes
+    assert doc["smoke"]["busbw"] == sweep[-1]["busbw"], doc["smoke"]
+    assert doc["smoke"]["backend"] == "gloo"
+    assert doc["summary"].endswith(" at 4M"), doc["summary"]
     validate_junit((reports / "smoke.xml").read_text())
 
     run = dtrain(["run", *hosts, *py, "--nproc-per-node", "1", "--timeout", "120",
