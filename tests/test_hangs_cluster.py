@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests import cluster as tc
-from tests.test_failures import Dtrain, JobWatch, jobs, meta, new_id, run_args  # noqa: F401
 from tests.reports import validate_json, validate_junit
+from tests.test_failures import Dtrain, JobWatch, jobs, meta, new_id, run_args  # noqa: F401
 from tests.util import dtrain
 
 HANG = "tests/workloads/hang.py"
