@@ -233,3 +233,12 @@ def test_rank_wrapper_runs_a_module(tmp_path: Path) -> None:
                              env={**os.environ, "DTRAIN_ARM_SOCK": str(tmp_path / "s"),
                                   "RANK": "0"})
     assert wrapped.stdout == "__main__ ['a']\n", wrapped.stderr
+
+
+def test_the_shim_starts_workers_through_the_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = supervisor.rank_argv(["train.py", "--lr", "1"], "/tmp/d/ranks.sock")
+    assert argv[1:] == ["-u", str(SHIM), "train.py", "--lr", "1"]
+    assert supervisor.rank_env("/tmp/d/ranks.sock")["DTRAIN_ARM_SOCK"] == "/tmp/d/ranks.sock"
+    monkeypatch.setenv("DTRAIN_STACKS", "0")  # the escape hatch: plain python -u SCRIPT
+    assert supervisor.rank_argv(["train.py"], "s")[1:] == ["-u", "train.py"]
+    assert "DTRAIN_ARM_SOCK" not in supervisor.rank_env("s")
