@@ -7,6 +7,7 @@ Phases, each bounded: connect (--connect-timeout) -> probe facts (one short node
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -20,8 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
 from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
+from launcher.decide.failures import ErrorKeeper, FailureReason
+from launcher.decide.flight import flight_names
+from launcher.decide.hang import ProgressWatch, compile_progress
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
 from launcher.hosts.hostfile import fold, host_sources
+from launcher.job.hangwatch import HangWatch
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import (
     Job,
@@ -36,6 +41,8 @@ from launcher.job.prepare import Prepared, prepare
 from launcher.job.verdict import (
     TailKeeper,
     Verdict,
+    failure_lines,
+    failure_reason,
     node_results,
     root_cause_json,
     summary_lines,
@@ -102,6 +109,7 @@ class RunPipeline(OutputPipeline):
         self.tails = tails
         self.take = take
         self.chatter = ShutdownChatter()
+        self.observers: list[Callable[[Sequence[OutputLine]], None]] = []  # the hang watch
 
     def stopping(self) -> None:
         """dtrain began stopping the job: torchrun's shutdown chatter leaves the console."""
@@ -129,6 +137,8 @@ class RunPipeline(OutputPipeline):
             if len(kept) != len(lines):
                 lines, kwargs["size"] = kept, None
         self.tails.add(lines)
+        for observe in self.observers:
+            observe(lines)
         super().emit(lines, **kwargs)
 
 
@@ -160,15 +170,19 @@ class RunResult:
     run_id: str
     world_size: int
     master: str
+    hangs: list[dict[str, Any]] = field(default_factory=list)
+    failure: FailureReason | None = None  # why the root-cause rank died
 
 
 def run_extra(result: RunResult | None) -> dict[str, Any]:
     """dtrain.run/1's ``run`` section (None: the run never got a result, e.g. Ctrl-C while
     connecting)."""
     if result is None:
-        return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None}
+        return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None,
+                "hangs": []}
     return {"run_id": result.run_id, "world_size": result.world_size,
-            "master": result.master, "stop_reason": result.outcome.stop_reason}
+            "master": result.master, "stop_reason": result.outcome.stop_reason,
+            "hangs": result.hangs}
 
 
 class NodeBoard:
@@ -289,12 +303,14 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: 
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size,
                       timestamps=opts.timestamps)
     launches = {}
+    torch_versions = archive.meta.get("torch_versions") or {}
     for node in plan.nodes:
         spec = JobSpec(argv=node.argv, env=node.exported_env(),
                        rank_shim=True, grace=opts.grace,
                        heartbeat_timeout=opts.heartbeat_timeout,
                        heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
-                       files=payload.files)
+                       files=payload.files,
+                       flight_recorder=flight_names(torch_versions.get(node.host.label)))
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank)
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
@@ -325,34 +341,71 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: 
                 archive.update_meta(state="stopping")
                 out.stopping()
 
-        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event,
+        def on_event(host: Host, msg: dict[str, object]) -> None:
+            board.event(host, msg)
+            watch.event(host, msg)
+            errors.event(host.label, msg)
+
+        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
                   on_state=on_state)
+        watch = hang_watch(job, plan, opts, archive, out, board)
+        errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
+        out.observers.append(errors.observe)
 
         def on_stop(stop: StopRequest) -> str:
             who = f"`dtrain stop` (pid {stop.pid})"
             job.request_stop(who, grace=stop.grace, kill=stop.kill)
             return "stopping"
 
-        control = ControlServer(archive.path, on_stop)
+        async def on_stacks(pid: int) -> dict[str, Any]:
+            dump = await watch.dump("stacks", f"`dtrain stacks` (pid {pid})")
+            archive.update_meta(**watch.meta())
+            return {**dump.json(), "lines": dump.folded.lines() if dump.folded else [],
+                    "ranks": len(dump.stacks)}
+
+        control = ControlServer(archive.path, on_stop, on_stacks=on_stacks)
         try:
             await control.start()
         except OSError as exc:  # e.g. a filesystem without unix sockets
             render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
                         "cannot reach this run; stop it with Ctrl-C or SIGTERM")
+        watching = asyncio.get_running_loop().create_task(watch.run(), name="hang-watch")
         try:
             outcome = await job.run(prep.transport, prep.conns)
         finally:
+            watching.cancel()
             await control.aclose()
         out.job_over([h.label for h in hosts])
         v = verdict(outcome, plan, tails)
+        failure = failure_reason(outcome, v, errors)
+        if failure is not None:
+            v.why = failure_lines(failure)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
     results = node_results(outcome, plan, v)
     root_cause = root_cause_json(outcome, v, tails)
+    if failure is not None:
+        root_cause["failure"] = failure.json()
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
-                        root_cause=root_cause, nodes=results, console_skipped=out.skipped)
+                        root_cause=root_cause, nodes=results, console_skipped=out.skipped,
+                        **watch.meta())
     return RunResult(v.code, outcome, v, tails, archive.path, results, root_cause, req.run_id,
-                     plan.world_size, f"{plan.master_addr}:{plan.master_port}")
+                     plan.world_size, f"{plan.master_addr}:{plan.master_port}",
+                     watch.hangs, failure)
+
+
+def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,
+               out: RunPipeline, board: NodeBoard) -> HangWatch:
+    """The run's hang watch (docs/hangs.md), fed with every output line."""
+    policy = opts.hang
+    progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
+                             time.time())
+    watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},
+                      archive.path, lambda text: out.message(text),
+                      alive=lambda: job.state is JobState.RUNNING and board.ranks_done == 0,
+                      on_record=lambda: archive.update_meta(**watch.meta()))
+    out.observers.append(watch.observe)
+    return watch
 
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
@@ -399,7 +452,8 @@ def report_nodes(result: RunResult | None) -> tuple[NodeResult, ...]:
         for rank_s, r in node["ranks"].items():
             rank, role = int(rank_s), r.get("role")
             status = PASSED if role == "ok" else ERROR if role == "unknown" else FAILED
-            msg = {"root cause": v.outcome if v else "root cause",
+            why = f": {result.failure.summary}" if result.failure is not None else ""
+            msg = {"root cause": (v.outcome if v else "root cause") + why,
                    "failed": f"rank {rank} failed too (exit {r['exit_code']})",
                    "stopped": "stopped by dtrain",
                    "unknown": "no exit report (killed along with its node)"}.get(role or "")
