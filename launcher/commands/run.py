@@ -148,6 +148,7 @@ class LaunchReport:
     verdict: Verdict | None = None
     tails: TailKeeper | None = None
     archive_path: Path | None = None
+    archive: RunArchive | None = None  # still holding the run directory (smoke adds to it)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     root_cause: dict[str, Any] = field(default_factory=dict)
     run_id: str | None = None
@@ -204,8 +205,11 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     from dataclasses import replace
 
     from launcher.output.archive import check_run_id, new_run_id
+    from launcher.output.rundir import check_archive_dir
 
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
+    if not opts.dry_run:
+        check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     transport = AutoTransport(settings, opts.transport)
     choice = transport.choose(hosts)
     async with transport:
@@ -272,7 +276,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     archive = RunArchive.create(opts.archive_dir, req.run_id)
     lock: LauncherLock | None = None
     try:
-        lock = LauncherLock.acquire(archive.path, detached=detacher is not None)
+        lock = LauncherLock.acquire(archive.dir, detached=detacher is not None)
     except OSError as exc:  # a filesystem without locks: the run goes on, ps cannot tell
         render.note(f"warning: cannot lock {archive.path / LOCK} ({exc.strerror}): `dtrain "
                     "ps` will show this run as 'launcher lost' while it runs")
@@ -302,7 +306,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     from launcher.job.control import ControlServer, StopRequest
     from launcher.output.console import Console
 
-    report.archive_path = archive.path
+    report.archive_path, report.archive = archive.path, archive
     report.run_id, report.world_size = req.run_id, plan.world_size
     report.master = f"{plan.master_addr}:{plan.master_port}"
     # with --json, stdout holds the one JSON document: the human output goes to stderr
@@ -343,7 +347,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
                 archive.update_meta(state="running")
                 if detacher is not None:
                     console.broken = True  # the terminal is gone: the archive has every line
-                    detacher.detach(archive.run_id, archive.path)
+                    detacher.detach(archive.run_id, archive.dir)
             elif state is JobState.TEARING_DOWN:
                 archive.update_meta(state="stopping")
                 out.stopping()
@@ -356,7 +360,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
             job.request_stop(who, grace=stop.grace, kill=stop.kill)
             return "stopping"
 
-        control = ControlServer(archive.path, on_stop)
+        control = ControlServer(archive.dir, on_stop)
         try:
             await control.start()
         except OSError as exc:  # e.g. a filesystem without unix sockets

@@ -16,8 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from launcher.commands.reporting import finish, in_github_actions
 from launcher.commands.run import LaunchReport, launch, report_nodes
@@ -45,6 +44,9 @@ from launcher.output.junit import ExtraCase
 from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
+
+if TYPE_CHECKING:
+    from launcher.output.archive import RunArchive
 
 JOB_FILE = "dtrain_smoke.py"
 
@@ -221,8 +223,10 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
                       settings: SSHSettings, run: SmokeRun) -> None:
     """Connect, probe, decide, launch the job, judge it."""
     from launcher.output.archive import check_run_id, new_run_id
+    from launcher.output.rundir import check_archive_dir
 
     run_id = check_run_id(req.run_id) if req.run_id else new_run_id()
+    check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
                       setup=req.setup, workdir=None, env=req.env, run_id=run_id)
     async with AutoTransport(settings) as transport:
@@ -300,20 +304,16 @@ def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
     if in_github_actions():
         annotate(run, human)
     report = command_report(run, time.time())
-    if run.launch is not None and run.launch.archive_path is not None:
-        _archive_smoke(run.launch.archive_path, report)
+    if run.launch is not None and run.launch.archive is not None:
+        _archive_smoke(run.launch.archive, report)
     return finish(report, as_json=req.as_json, junit=req.junit,
                   extra_cases=extra_cases(run), annotations=False)
 
 
-def _archive_smoke(path: Path, report: CommandReport) -> None:
-    """The smoke results beside the run's own in meta.json."""
-    from launcher.output.archive import RunArchive
+def _archive_smoke(archive: RunArchive, report: CommandReport) -> None:
+    """The smoke results beside the run's own in meta.json (the run directory the launch
+    still holds)."""
     from launcher.output.report import to_json
 
     with contextlib.suppress(OSError):
-        archive = RunArchive(path, path.name)
-        try:
-            archive.update_meta(smoke=to_json(report)["smoke"])
-        finally:
-            archive.close()
+        archive.update_meta(smoke=to_json(report)["smoke"])
