@@ -80,7 +80,8 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
         w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
-        command = node.command_line().replace(repr(SHIM_PLACEHOLDER), "<dtrain-rank-shim>")
+        command = shlex.join(plan.shown_argv(node)).replace(repr(SHIM_PLACEHOLDER),
+                                                            "<dtrain-rank-shim>")
         w(f"  command: {command}\n")
         shown = plan.shown_env(node)
         for var in node.env:

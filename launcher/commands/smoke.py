@@ -42,6 +42,7 @@ from launcher.nodeside.wire import program_source
 from launcher.output import render
 from launcher.output.junit import ExtraCase
 from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
+from launcher.output.termsafe import inert
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
@@ -96,7 +97,7 @@ def render_table(res: SmokeResults, v: SmokeVerdict, out: TextIO) -> None:
     """nccl-tests' all_reduce_perf table, then the node pairs."""
     w = out.write
     if res.sweep:
-        w(f"# all_reduce sum float32, {res.backend}, {len(res.ranks)} ranks\n")
+        w(f"# all_reduce sum float32, {inert(res.backend or '?')}, {len(res.ranks)} ranks\n")
         w(f"#{'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'time(us)':>10} "
           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}\n")
         wrong = _wrong_by_size(res)
@@ -256,11 +257,13 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
             run.world_size = plan.world_size
             for warning in pre.warnings:
                 render.note(f"warning: {warning}")
-            results = run.results = SmokeResults()
             ranks_of = {r: n.host.label for n in plan.nodes for r in n.ranks}
+            results = run.results = SmokeResults(layout=ranks_of,
+                                                 nodes=[n.host.label for n in plan.nodes])
 
             def take(line: OutputLine) -> bool:
-                return line.stream == "out" and results.add_line(line.host, line.text)
+                return line.stream == "out" and results.add_line(line.host, line.rank,
+                                                                 line.text)
 
             report = run.launch = LaunchReport(
                 files={JOB_FILE: program_source("smoke_job").decode()}, take=take)
@@ -299,7 +302,7 @@ def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
             f.message for f in run.preflight_failures))
     if run.results is not None and run.verdict is not None:
         render_table(run.results, run.verdict, human)
-    human.write(verdict_line(run) + "\n")
+    human.write(inert(verdict_line(run)) + "\n")  # versions, names: what nodes reported
     human.flush()
     if in_github_actions():
         annotate(run, human)
