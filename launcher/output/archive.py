@@ -348,7 +348,8 @@ def _has_meta(run_dir: Path) -> bool:
     if dirfd is None:
         owner = owner_of(run_dir)
         if owner is not None and owner != os.getuid() and os.path.isdir(run_dir):
-            raise UsageError(f"{run_dir}: the run belongs to another user, refused",
+            raise UsageError(f"{run_dir}: permission denied: the run belongs to another user, "
+                             "refused",
                              hint="only the user who started a run can read, attach to or "
                                   "stop it (run directories are 0700)") from None
         return False
