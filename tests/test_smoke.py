@@ -12,6 +12,7 @@ import pytest
 from launcher.decide.facts import NodeFacts
 from launcher.decide.smoke import (
     MARK,
+    RankReport,
     SmokeResults,
     choose_backend,
     evaluate,
@@ -301,3 +302,15 @@ def test_a_busbw_failure_names_the_slowest_pair():
                                          (1 << 40, "1024G")])
 def test_fmt_size(n, text):
     assert fmt_size(n) == text
+
+
+def test_a_rank_report_is_read_field_by_field():
+    res = SmokeResults()
+    assert res.add_line("node2", MARK + json.dumps({
+        "kind": "rank", "rank": 5, "node_rank": 1, "hostname": "gpu07", "torch": "2.13.0",
+        "nccl": "2.27.3", "device": "cuda", "device_count": 8, "python": "3.12.1"}))
+    assert res.ranks[5] == RankReport(5, "node2", 1, "gpu07", "2.13.0", "2.27.3", "cuda", 8,
+                                      "3.12.1")
+    res.add_line("node3", MARK + json.dumps({"kind": "rank", "rank": 6, "torch": "2.13.0",
+                                             "device": "cpu"}))
+    assert res.ranks[6] == RankReport(6, "node3", 0, "", "2.13.0", None, "cpu", 0, "")
