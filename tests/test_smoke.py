@@ -12,9 +12,11 @@ import pytest
 from launcher.decide.facts import NodeFacts
 from launcher.decide.smoke import (
     MARK,
+    RankReport,
     SmokeResults,
     choose_backend,
     evaluate,
+    fmt_size,
     make_config,
     parse_size,
 )
@@ -249,6 +251,86 @@ def test_junit_has_a_case_per_node_and_rank_with_the_failure_story():
     text = cases["n1 rank 0"].find("failure").text
     assert "exit code: 3" in text and 'ValueError: <bad> & "worse"' in text
     assert cases["n2"].find("failure") is None
+
+
+def test_the_job_reads_every_key_the_config_sends_and_nothing_else():
+    """SmokeConfig.to_json is the node job's input: the same keys, the same values."""
+    import re as re_
+    from pathlib import Path
+
+    job = (Path(__file__).parents[1] / "launcher/nodeside/smoke_job.py").read_text()
+    read = set(re_.findall(r'cfg\["(\w+)"\]', job))
+    cfg = make_config("nccl", None)
+    sent = cfg.to_json()
+    assert set(sent) == read
+    assert sent == {"backend": "nccl", "min_size": 1024, "max_size": 64 << 20, "warmup": 5,
+                    "iters": 20, "big": 16 << 20, "pair_size": 16 << 20, "pair_warmup": 2,
+                    "pair_iters": 5}
+
+
+def test_gloo_config_and_a_cap_below_the_smallest_size():
+    assert make_config("gloo", None).to_json() == {
+        "backend": "gloo", "min_size": 1024, "max_size": 4 << 20, "warmup": 2, "iters": 5,
+        "big": 1 << 20, "pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5}
+    assert (make_config("gloo", 256).min_size, make_config("gloo", 256).max_size) == (256, 256)
+    assert (make_config("nccl", 512).min_size, make_config("nccl", 512).max_size) == (512, 512)
+
+
+@pytest.mark.parametrize(("text", "size"), [("4", 4), ("7", 7), ("2g", 2 << 30),
+                                            ("1G", 1 << 30), ("3K", 3072), ("5MiB", 5 << 20)])
+def test_parse_size_units(text, size):
+    assert parse_size(text) == size
+
+
+def test_parse_size_needs_one_float():
+    with pytest.raises(UsageError) as exc:
+        parse_size("3", "--max-size")
+    assert str(exc.value) == "--max-size '3': at least 4 bytes (one float)"
+
+
+def test_backend_reasons():
+    gpu, one, cpu = NodeFacts(gpus=8), NodeFacts(gpus=1), NodeFacts(gpus=0)
+    assert choose_backend({"a": gpu}, "gloo") == ("gloo", "--backend")
+    assert choose_backend({"a": gpu, "b": one}, None) == ("nccl", "every node has a GPU")
+    assert choose_backend({"a": gpu, "b": cpu, "c": cpu}, None) == ("gloo", "no GPU on b, c")
+    assert choose_backend({"a": cpu, "b": cpu}, None) == ("gloo", "no GPU on any node")
+
+
+def test_lines_that_are_not_reports_are_left_alone():
+    """A plain line stays in the output; a line with the mark is always taken out of it,
+    and counts only when it is a report of that rank (else it is refused, see below)."""
+    res = SmokeResults(layout=LAYOUT, nodes=HOSTS)
+    assert res.add_line("n1", 0, "loss 0.5") is False
+    assert res.add_line("n1", 0, "DTRAIN-SMOKE") is False  # no space: not the mark
+    for body in ("{not json", "[1, 2]", '{"kind": "other"}'):
+        assert res.add_line("n1", 0, MARK + body) is True
+    assert res.ranks == {} and res.sweep == [] and len(res.refused) == 3
+
+
+def test_a_busbw_failure_names_the_slowest_pair():
+    v = _eval(_results(busbw=1.0, pairs={(1, 3): 4.0}), min_busbw=1.5)
+    assert [(f.check, f.hosts) for f in v.failures] == [("busbw", ("n2", "n4"))]
+    assert v.failures[0].message.endswith("; slowest pair n2 <-> n4")
+
+
+@pytest.mark.parametrize(("n", "text"), [(1 << 30, "1G"), (3 << 20, "3M"), (1024, "1K"),
+                                         (1536, "1536"), (512, "512"), (0, "0"),
+                                         (1 << 40, "1024G")])
+def test_fmt_size(n, text):
+    assert fmt_size(n) == text
+
+
+def test_a_rank_report_is_read_field_by_field():
+    res = SmokeResults(layout={5: "node2", 6: "node3"}, nodes=["node1", "node2", "node3"])
+    assert res.add_line("node2", 5, MARK + json.dumps({
+        "kind": "rank", "rank": 5, "node_rank": 1, "hostname": "gpu07", "torch": "2.13.0",
+        "nccl": "2.27.3", "device": "cuda", "device_count": 8, "python": "3.12.1"}))
+    assert res.ranks[5] == RankReport(5, "node2", 1, "gpu07", "2.13.0", "2.27.3", "cuda", 8,
+                                      "3.12.1")
+    # a report without every field is no report of the job's (issue 22): refused
+    res.add_line("node3", 6, MARK + json.dumps({"kind": "rank", "rank": 6, "torch": "2.13.0",
+                                                "device": "cpu"}))
+    assert 6 not in res.ranks and res.refused == [("node3", "node_rank is not an integer >= 0")]
 
 
 # -- a node speaks only for its own ranks (issue 22, Medium 4) ------------------------------
