@@ -82,7 +82,8 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
         w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
-        command = node.command_line().replace(repr(SHIM_PLACEHOLDER), "<dtrain-rank-shim>")
+        command = shlex.join(plan.shown_argv(node)).replace(repr(SHIM_PLACEHOLDER),
+                                                            "<dtrain-rank-shim>")
         w(f"  command: {command}\n")
         shown = plan.shown_env(node)
         for var in node.env:
@@ -165,6 +166,7 @@ class RunResult:
     verdict: Verdict
     tails: TailKeeper
     archive_path: Path
+    archive: RunArchive  # still holding the run directory (smoke adds to it)
     nodes: list[dict[str, Any]]  # meta.json's per-node results
     root_cause: dict[str, Any]
     run_id: str
@@ -228,8 +230,11 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     from dataclasses import replace
 
     from launcher.output.archive import check_run_id, new_run_id
+    from launcher.output.rundir import check_archive_dir
 
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
+    if not opts.dry_run:
+        check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     async with prepare(hosts, req, opts, settings) as prep:
         plan = prep.plan(req, opts)
         if opts.dry_run:
@@ -267,7 +272,7 @@ async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOpt
     archive = RunArchive.create(opts.archive_dir, req.run_id)
     lock: LauncherLock | None = None
     try:
-        lock = LauncherLock.acquire(archive.path, detached=detacher is not None)
+        lock = LauncherLock.acquire(archive.dir, detached=detacher is not None)
     except OSError as exc:  # a filesystem without locks: the run goes on, ps cannot tell
         render.note(f"warning: cannot lock {archive.path / LOCK} ({exc.strerror}): `dtrain "
                     "ps` will show this run as 'launcher lost' while it runs")
@@ -336,7 +341,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: 
                 archive.update_meta(state="running")
                 if detacher is not None:
                     console.broken = True  # the terminal is gone: the archive has every line
-                    detacher.detach(archive.run_id, archive.path)
+                    detacher.detach(archive.run_id, archive.dir)
             elif state is JobState.TEARING_DOWN:
                 archive.update_meta(state="stopping")
                 out.stopping()
@@ -363,7 +368,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: 
             return {**dump.json(), "lines": dump.folded.lines() if dump.folded else [],
                     "ranks": len(dump.stacks)}
 
-        control = ControlServer(archive.path, on_stop, on_stacks=on_stacks)
+        control = ControlServer(archive.dir, on_stop, on_stacks=on_stacks)
         try:
             await control.start()
         except OSError as exc:  # e.g. a filesystem without unix sockets
@@ -389,8 +394,8 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: 
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
                         root_cause=root_cause, nodes=results, console_skipped=out.skipped,
                         **watch.meta())
-    return RunResult(v.code, outcome, v, tails, archive.path, results, root_cause, req.run_id,
-                     plan.world_size, f"{plan.master_addr}:{plan.master_port}",
+    return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
+                     req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
                      watch.hangs, failure)
 
 
@@ -401,7 +406,7 @@ def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive
     progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
                              time.time())
     watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},
-                      archive.path, lambda text: out.message(text),
+                      archive.dir, lambda text: out.message(text),
                       alive=lambda: job.state is JobState.RUNNING and board.ranks_done == 0,
                       on_record=lambda: archive.update_meta(**watch.meta()))
     out.observers.append(watch.observe)
