@@ -95,3 +95,29 @@ def test_install_covers_every_plain_parameter_and_only_those() -> None:
             continue
         cheap = isinstance(p._runtime_param, coerce.CheapParam)
         assert cheap == (coerce._plain(p) is not None), p.name
+
+
+# ---------------------------------------------------------------- one command built, not all
+
+NAMES = sorted({c.name for c in app.registered_commands} | {g.name for g in app.registered_groups})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_one_command_app_says_what_the_whole_app_says(name: str) -> None:
+    """main() builds only the command named first (cli.only): its help, its usage errors
+    and a run of it are what the whole app gives."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import only
+
+    runner = CliRunner()
+    cases = [[name, "--help"], [name, "--no-such-option"], [name]]
+    if name == "keys":
+        cases += [["keys", "check", "--help"], ["keys", "nope"]]
+    if name == "completion":
+        cases += [["completion", "bash"]]
+    for args in cases:
+        whole = runner.invoke(app, args, prog_name="dtrain", env={"COLUMNS": "100"})
+        lean = runner.invoke(only(name), args, prog_name="dtrain", env={"COLUMNS": "100"})
+        assert (lean.exit_code, lean.output) == (whole.exit_code, whole.output), args
+    assert len(typer.main.get_command(only(name)).commands) == 1  # type: ignore[attr-defined]
