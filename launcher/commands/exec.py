@@ -168,24 +168,21 @@ def exec_report(outcome: JobOutcome | None, code: int, req: ExecRequest, started
 
 def run_exec(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
     """Synchronous entry for the CLI."""
-    from launcher.commands import reporting
+    from launcher.commands.reporting import error_report, finish
     from launcher.errors import DtrainError
 
     started = time.time()
     outcomes: list[JobOutcome] = []
-    report_wanted = reporting.wanted(req.as_json, req.junit)
+    reporting = req.as_json or bool(req.junit)
     try:
         code = asyncio.run(exec_async(hosts, req, settings, outcomes))
     except KeyboardInterrupt:
         code = 128 + signal.SIGINT
     except DtrainError as exc:
-        if not (req.as_json or req.junit):
+        if not reporting:
             raise
         render.error(exc)
-        return reporting.finish(reporting.error_report("exec", exc, started,
-                                                       [h.label for h in hosts]),
-                                as_json=req.as_json, junit=req.junit)
-    if not report_wanted:  # the report code stays unloaded (tests/test_cli_lean.py)
-        return code
+        return finish(error_report("exec", exc, started, [h.label for h in hosts]),
+                      as_json=req.as_json, junit=req.junit)
     report = exec_report(outcomes[0] if outcomes else None, code, req, started, hosts)
-    return reporting.finish(report, as_json=req.as_json, junit=req.junit)
+    return finish(report, as_json=req.as_json, junit=req.junit)

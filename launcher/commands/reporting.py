@@ -1,9 +1,5 @@
 """--json, --junit and GitHub annotations for any command: one place that finishes a
-CommandReport (the writers themselves are in output/report.py and output/junit.py).
-
-Cheap to import: the report and JUnit code is imported when a report is made, so a command
-asked for none (``wanted`` is False) never loads it (tests/test_cli_lean.py).
-"""
+CommandReport (the writers themselves are in output/report.py and output/junit.py)."""
 
 from __future__ import annotations
 
@@ -11,29 +7,20 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from launcher.errors import DtrainError
-
-if TYPE_CHECKING:
-    from launcher.output.junit import ExtraCase
-    from launcher.output.report import CommandReport
+from launcher.output.junit import ExtraCase, write_junit
+from launcher.output.render import github_error
+from launcher.output.report import ERROR, FAILED, CommandReport, NodeResult, write_json
 
 
 def in_github_actions() -> bool:
     return os.environ.get("GITHUB_ACTIONS") == "true"
 
 
-def wanted(as_json: bool, junit: str | None) -> bool:
-    """Whether a command must build its report: --json, --junit, or GitHub annotations."""
-    return as_json or bool(junit) or in_github_actions()
-
-
 def annotate(report: CommandReport, stream: TextIO | None = None) -> None:
     """Each failed rank (or node without ranks) as an ``::error`` naming host and rank."""
-    from launcher.output.render import github_error
-    from launcher.output.report import ERROR, FAILED
-
     stream = stream or sys.stderr
     for node in report.nodes:
         bad_ranks = [r for r in node.ranks if r.status in (FAILED, ERROR)]
@@ -52,9 +39,6 @@ def finish(report: CommandReport, *, as_json: bool, junit: str | None,
            node_cases: bool = True) -> int:
     """Write what was asked (the JUnit file, then the one JSON document on stdout) and
     return the report's exit code."""
-    from launcher.output.junit import write_junit
-    from launcher.output.report import write_json
-
     if annotations and in_github_actions():
         annotate(report)
     if junit:
@@ -67,8 +51,6 @@ def finish(report: CommandReport, *, as_json: bool, junit: str | None,
 def error_report(command: str, exc: DtrainError, started: float,
                  hosts: Sequence[str] = ()) -> CommandReport:
     """A command that failed before it had per-node results (bad host, preflight)."""
-    from launcher.output.report import ERROR, CommandReport, NodeResult
-
     nodes = tuple(NodeResult(h, ERROR, None, exc.message if exc.host in (None, h) else
                              "not started") for h in hosts)
     root = {"kind": "error", "host": exc.host, "rank": None, "exit_code": exc.exit_code,
