@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,33 @@ def test_the_shim_starts_workers_through_the_wrapper(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("DTRAIN_STACKS", "0")  # the escape hatch: plain python -u SCRIPT
     assert supervisor.rank_argv(["train.py"], "s")[1:] == ["-u", "train.py"]
     assert "DTRAIN_ARM_SOCK" not in supervisor.rank_env("s")
+
+
+@pytest.mark.torch
+def test_py_spy_where_the_node_has_it_lands_beside_the_stacks(tmp_path: Path) -> None:
+    """A node with py-spy on the job's PATH: the supervisor runs `py-spy dump --native --pid
+    P` for every rank and the archive holds what it printed (a stand-in py-spy here: the
+    real one needs ptrace rights the test cannot count on)."""
+    from tests.util import dtrain, need_module
+
+    need_module("torch")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    spy = bin_dir / "py-spy"
+    spy.write_text('#!/bin/sh\necho "py-spy stand-in: $*"\n'
+                   'echo "    clock_nanosleep (libc.so.6)"\n')
+    spy.chmod(0o755)
+    archive = tmp_path / "runs"
+    res = dtrain(["run", "-H", "localhost", "--nproc-per-node", "2", "--archive-dir",
+                  str(archive), "--run-id", "spy", "--no-color", "--hang-timeout", "3",
+                  "--on-hang", "stop", "--grace", "2", "--env",
+                  f"PATH={bin_dir}:{os.environ['PATH']}", "tests/workloads/stall.py"],
+                 timeout=170)
+    assert res.returncode == 125, res.stdout + res.stderr
+    dump = archive / "spy" / "stacks" / "h1"
+    deadline = time.monotonic() + 10
+    while not (dump / "r1.py-spy.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = (dump / "r1.py-spy.txt").read_text()
+    assert text.startswith("py-spy stand-in: dump --native --pid "), text
+    assert "clock_nanosleep" in text
