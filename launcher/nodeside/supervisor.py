@@ -858,6 +858,11 @@ class Evidence:
                 mem = _status_kb(info["pid"])
                 if mem:
                     info["mem"] = dict(mem, t=now())
+                    events = memory_events_path(info["pid"])  # moved to another cgroup?
+                    if events != info["events"]:
+                        info["events"] = events
+                        info["oom_before"] = oom_kills(_read_from(events, 0, 4096)) \
+                            if events else None
 
     def stacks_requested(self, msg):
         _thread.start_new_thread(self.collect_stacks, (msg,))
