@@ -386,10 +386,10 @@ def _events(root: Mapping[str, Any], t0: float, hangs: list[Hang], attempts: lis
                 out.append(Event(t, "fenced", f"{host} fenced after attempt {n}: {why}",
                                  host))
     for s in _dicts(meta.get("stragglers")):
-        who, t = _str(s.get("host")), _num(s.get("t")) or _num(s.get("since"))
-        if who and t is not None:
-            out.append(Event(t - t0, "straggler", f"{who}: {strag.get(who, 'straggler')}",
-                             who, _int(s.get("rank")), "#usage"))
+        slow, t = _str(s.get("host")), _num(s.get("t")) or _num(s.get("since"))
+        if slow and t is not None:
+            out.append(Event(t - t0, "straggler", f"{slow}: {strag.get(slow, 'straggler')}",
+                             slow, _int(s.get("rank")), "#usage"))
     return sorted(out, key=lambda e: e.t)
 
 
