@@ -158,8 +158,8 @@ def open_page(path: Path, *, width: int = 1280, height: int = 900, full_page: bo
                 break
             time.sleep(0.1)
         for name, expr in (evaluate or {}).items():
-            r = pipe.send("Runtime.evaluate", {"expression": expr, "returnByValue": True},
-                          session=sess)
+            r = pipe.send("Runtime.evaluate", {"expression": expr, "returnByValue": True,
+                                               "awaitPromise": True}, session=sess)
             res.values[name] = r.get("result", {}).get("value")
         if full_page:
             metrics = pipe.send("Page.getLayoutMetrics", session=sess)

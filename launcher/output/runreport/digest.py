@@ -53,6 +53,8 @@ class Digest:
     node_lines: dict[str, int] = field(default_factory=dict)
     notes: list[Line] = field(default_factory=list)
     attempt_span: dict[int, list[float]] = field(default_factory=dict)
+    host_ranks: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # first,
+    # last time and lines of each rank on each host (a restart may move a rank)
     first_t: float | None = None
     last_t: float | None = None
     lines: int = 0
@@ -97,6 +99,11 @@ class Digest:
         seen.first_t, seen.last_t = min(seen.first_t, t), max(seen.last_t, t)
         seen.lines += 1
         seen.attempts.add(line.attempt)
+        hr = self.host_ranks.get((line.host, line.rank))
+        if hr is None:
+            self.host_ranks[(line.host, line.rank)] = [t, t, 1]
+        else:
+            hr[0], hr[1], hr[2] = min(hr[0], t), max(hr[1], t), hr[2] + 1
         if line.stream == "err":
             err = self.err_tails.get(line.rank)
             if err is None:

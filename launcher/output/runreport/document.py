@@ -48,7 +48,7 @@ def run_json(s: RunSummary) -> dict[str, Any]:
             "host": n.host, "node_rank": n.node_rank, "exit_code": n.exit_code,
             "signal": n.signal, "error": n.error, "lost": n.lost,
             "fenced": [{"attempt": a, "reason": why} for a, why in n.fenced],
-            "straggler": n.straggler,
+            "straggler": n.straggler, "start": n.start, "end": n.end,
             "ranks": [asdict(r) for r in n.ranks],
         } for n in s.nodes],
         "attempt_list": [asdict(a) for a in s.attempts],
@@ -76,12 +76,21 @@ def run_json(s: RunSummary) -> dict[str, Any]:
     }
 
 
+def _plain(v: Any) -> Any:
+    """Tuples (from dataclasses) as lists, so the document is what json.loads would give."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
 def document(runs: list[RunSummary]) -> dict[str, Any]:
     """The whole document: one run, or two for ``--compare``."""
     from launcher import __version__
 
     doc: dict[str, Any] = {"schema": SCHEMA, "dtrain_version": __version__,
-                           "runs": [run_json(s) for s in runs]}
+                           "runs": [_plain(run_json(s)) for s in runs]}
     if len(runs) == 2:
         a, b = runs
         da, db = a.header.duration, b.header.duration

@@ -154,7 +154,8 @@ def _stack_files(files: tuple[object, ...], culprit: int | None) -> str:
 def legend_html() -> str:
     items = [("ok", "finished"), ("root-cause", "root cause"), ("failed", "failed"),
              ("stopped", "stopped by dtrain"), ("unknown", "no exit report"),
-             ("running", "running")]
+             ("running", "running"), ("fenced", "fenced node (an earlier attempt)"),
+             ("prev", "earlier attempt")]
     keys = "".join(f'<span class="key r-{k}"><i></i>{v}</span>' for k, v in items)
     return (f'<div class="legend">{keys}<span class="key ev"><i></i>root cause / hang / '
             'straggler (click: its text)</span></div>')
@@ -202,7 +203,7 @@ def _charts_section(s: RunSummary) -> str:
         strag = (f'<p class="straggler">straggler: {text(", ".join(s.stragglers))} '
                  f'(drawn in red)</p>')
     return (f'<section id="curves-sec"><h2>Training curves</h2>{body}</section>'
-            f'<section id="usage-sec"><h2 id="usage">Utilisation per node</h2>{strag}'
+            f'<section id="usage-sec"><h2>Utilisation per node</h2>{strag}'
             f'{usage}</section>')
 
 

@@ -249,10 +249,31 @@ def _rank_lane(rank: int, host: str, info: Mapping[str, Any], digest: Digest, t0
         role = "running" if not info and end_default is None else \
             "ok" if code == 0 else "unknown" if code is None else "failed"
     return RankLane(rank=rank, host=host,
-                    start=start - t0 if start is not None else None,
-                    end=end - t0 if end is not None else None, approx=approx,
+                    start=round(start - t0, 3) if start is not None else None,
+                    end=round(end - t0, 3) if end is not None else None, approx=approx,
                     exit_code=code, signal=sig, role=role,
                     lines=seen.lines if seen else 0)
+
+
+def _earlier_hosts(meta: Mapping[str, Any], digest: Digest,
+                   known: set[str]) -> list[tuple[str, list[int]]]:
+    """Hosts of earlier attempts that the last one no longer has (fenced, replaced), with
+    the ranks their lines came from."""
+    out = []
+    for a in _dicts(meta.get("attempts")):
+        hosts = a.get("hosts") if isinstance(a.get("hosts"), list) else []
+        for host in hosts or []:
+            if isinstance(host, str) and host not in known:
+                known.add(host)
+                out.append((host, sorted(r for h, r in digest.host_ranks if h == host)))
+    return out
+
+
+def _seen_lane(rank: int, host: str, digest: Digest, t0: float, role: str) -> RankLane:
+    first, last, lines = digest.host_ranks[(host, rank)]
+    return RankLane(rank=rank, host=host, start=round(first - t0, 3),
+                    end=round(last - t0, 3), approx=True, exit_code=None, signal=None,
+                    role=role, lines=int(lines))
 
 
 def _stack_anchor(dump: str, name: str) -> str:
@@ -290,6 +311,12 @@ def summarize(meta: Mapping[str, Any], digest: Digest, usage: UsageBuilder,
             lost=bool(mn.get("lost")), fenced=tuple(fences.get(host, ())),
             straggler=strag.get(host),
             start=_rel(mn.get("start"), t0), end=_rel(mn.get("end"), t0)))
+    for host, ranks in _earlier_hosts(meta, digest, {n.host for n in nodes}):
+        lanes_ = tuple(_seen_lane(r, host, digest, t0, "fenced" if host in fences else
+                                  "unknown") for r in ranks)
+        nodes.append(NodeLane(host=host, node_rank=None, ranks=lanes_, exit_code=None,
+                              signal=None, error=None, lost=False,
+                              fenced=tuple(fences.get(host, ())), straggler=strag.get(host)))
     world = _int(meta.get("world_size")) or sum(len(n.ranks) for n in nodes) or None
     per_node = lanes == "node" or (lanes == "auto" and (world or 0) > RANK_LANES_MAX)
     attempts = _attempts(meta, t0)
@@ -323,6 +350,9 @@ def summarize(meta: Mapping[str, Any], digest: Digest, usage: UsageBuilder,
     span = max(0.0, last - t0)
     failing_tail: tuple[Line, ...] = tuple(digest.err_tails.get(root_rank, ())) \
         if root_rank is not None else ()
+    if failing_tail:  # the attempt that failed (a restarted run's rank failed in its last)
+        last_attempt = max(x.attempt for x in failing_tail)
+        failing_tail = tuple(x for x in failing_tail if x.attempt == last_attempt)
     if not failing_tail and isinstance(root.get("stderr_tail"), list):
         failing_tail = tuple(Line(t=end_abs or t0, host=root_host or "", rank=root_rank,
                                   stream="err", text=str(x), attempt=1)
@@ -389,7 +419,7 @@ def _events(root: Mapping[str, Any], t0: float, hangs: list[Hang], attempts: lis
         slow, t = _str(s.get("host")), _num(s.get("t")) or _num(s.get("since"))
         if slow and t is not None:
             out.append(Event(t - t0, "straggler", f"{slow}: {strag.get(slow, 'straggler')}",
-                             slow, _int(s.get("rank")), "#usage"))
+                             slow, _int(s.get("rank")), "#usage-sec"))
     return sorted(out, key=lambda e: e.t)
 
 

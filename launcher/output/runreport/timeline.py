@@ -19,7 +19,7 @@ RIGHT = 16
 TOP = 30
 RANK_H = 14
 NODE_H = 20
-ROLE_ORDER = ("root cause", "failed", "unknown", "stopped", "running", "ok")
+ROLE_ORDER = ("root cause", "failed", "fenced", "unknown", "stopped", "running", "ok")
 
 
 def signame(sig: int | None) -> str | None:
