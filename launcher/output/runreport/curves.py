@@ -29,6 +29,7 @@ _BARE_STEP = re.compile(r"(?<![\w-])(?:step|iter|iteration)\s+(\d+)\b", re.I)
 # names that are ids, not curves
 IGNORED_NAMES = frozenset({"rank", "local_rank", "global_rank", "world_size", "world", "pid",
                            "port", "node", "node_rank", "nnodes", "gpu", "device", "seed"})
+_METRIC, _STEP, _IGNORED = 0, 1, 2
 MAX_METRICS = 16
 MEAN_POINTS = 2000  # per series (and attempt) of the averaged curve
 RANK_POINTS_TOTAL = 8000  # shared by every rank's series of one metric
@@ -42,6 +43,17 @@ class Pattern:
 
     regex: re.Pattern[str]
     label: str | None  # None: the regex names each metric (its `name` group)
+
+    def pairs(self, text: str) -> list[tuple[str, str]]:
+        """(name, value text) of every match."""
+        rx = self.regex
+        if self.label is None:
+            if rx.groups == 2 and list(rx.groupindex) == ["name", "value"]:
+                return rx.findall(text)  # the default: one C call per line
+            return [(m.group("name") or "", m.group("value")) for m in rx.finditer(text)]
+        if "value" in rx.groupindex:
+            return [(self.label, m.group("value")) for m in rx.finditer(text)]
+        return [(self.label, m.group(1)) for m in rx.finditer(text)]
 
 
 def patterns(user: list[str] | None) -> list[Pattern]:
@@ -81,25 +93,32 @@ class CurveBuilder:
     stepped: set[str] = field(default_factory=set)  # metrics seen with a step number
     _count: dict[tuple[int, int], int] = field(default_factory=dict)
     _last_step: dict[tuple[int, int], int] = field(default_factory=dict)
+    _kinds: dict[str, int] = field(default_factory=dict)  # name -> _METRIC/_STEP/_IGNORED
+    _cells: dict[tuple[str, tuple[int, int]], Series] = field(default_factory=dict)
 
     def add(self, t: float, rank: int, attempt: int, text: str) -> None:
         found: list[tuple[str, float]] = []
         step: int | None = None
+        kinds = self._kinds
         for pat in self.pats:
-            for m in pat.regex.finditer(text):
-                raw = m.group("value") if "value" in pat.regex.groupindex else m.group(1)
+            for name, raw in pat.pairs(text):
+                kind = kinds.get(name)
+                if kind is None:
+                    low = name.lower()
+                    kind = kinds[name] = (
+                        _STEP if pat.label is None and low in STEP_NAMES else
+                        _IGNORED if not name or low in IGNORED_NAMES else _METRIC)
+                if kind == _IGNORED:
+                    continue
                 try:
                     value = float(raw)
                 except (TypeError, ValueError):
                     continue
-                name = pat.label if pat.label is not None else (m.group("name") or "")
-                if pat.label is None and name.lower() in STEP_NAMES:
+                if kind == _STEP:
                     if value.is_integer():
                         step = int(value)
-                    continue
-                if not name or name.lower() in IGNORED_NAMES or not math.isfinite(value):
-                    continue
-                found.append((name, value))
+                elif math.isfinite(value):
+                    found.append((name, value))
         if not found:
             return
         if step is None:
@@ -113,15 +132,16 @@ class CurveBuilder:
             self._last_step[key] = step
         n = self._count.get(key, 0)
         self._count[key] = n + 1
+        x = step if step is not None else n
+        cells = self._cells
         for name, value in found:
-            by_rank = self.series.setdefault(name, {})
-            s = by_rank.get(key)
+            s = cells.get((name, key))
             if s is None:
-                s = by_rank[key] = Series()
+                s = cells[(name, key)] = self.series.setdefault(name, {})[key] = Series()
             s.t.append(t)
-            s.step.append(step if step is not None else n)
+            s.step.append(x)
             s.v.append(value)
-            if step is not None:
+            if step is not None and name not in self.stepped:
                 self.stepped.add(name)
 
 

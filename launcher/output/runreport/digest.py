@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from launcher.output.runreport.curves import CurveBuilder, Pattern
 
@@ -22,8 +22,9 @@ DTRAIN_NOTES = 400  # dtrain's own messages kept (the first ones: the run's stor
 TEXT_CAP = 2000  # characters of one line shown
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
+    """One archived line as the report keeps it (a tuple: hundreds of thousands are made)."""
+
     t: float
     host: str
     rank: int | None

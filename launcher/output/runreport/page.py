@@ -151,20 +151,28 @@ def _stack_files(files: tuple[object, ...], culprit: int | None) -> str:
     return "".join(out)
 
 
-def legend_html() -> str:
-    items = [("ok", "finished"), ("root-cause", "root cause"), ("failed", "failed"),
-             ("stopped", "stopped by dtrain"), ("unknown", "no exit report"),
-             ("running", "running"), ("fenced", "fenced node (an earlier attempt)"),
-             ("prev", "earlier attempt")]
-    keys = "".join(f'<span class="key r-{k}"><i></i>{v}</span>' for k, v in items)
-    return (f'<div class="legend">{keys}<span class="key ev"><i></i>root cause / hang / '
-            'straggler (click: its text)</span></div>')
+def legend_html(runs: list[RunSummary]) -> str:
+    """The keys for what the timelines show (roles present, earlier attempts, markers)."""
+    present = {r.role for s in runs for n in s.nodes for r in n.ranks}
+    items = [("ok", "ok", "finished"), ("root-cause", "root cause", "root cause"),
+             ("failed", "failed", "failed"), ("stopped", "stopped", "stopped by dtrain"),
+             ("unknown", "unknown", "no exit report"), ("running", "running", "running"),
+             ("fenced", "fenced", "fenced node (its last attempt)")]
+    keys = [f'<span class="key r-{k}"><i></i>{v}</span>' for k, role, v in items
+            if role in present]
+    if any(len(s.attempts) > 1 for s in runs):
+        keys.append('<span class="key r-prev"><i></i>earlier attempt</span>')
+    if any(s.events for s in runs):
+        keys.append('<span class="key ev"><i></i>root cause / hang / straggler / fence '
+                    '(click: its text)</span>')
+    keys.append('<span class="key r-node"><i></i>node program (torchrun)</span>')
+    return f'<div class="legend">{"".join(keys)}</div>'
 
 
 def timeline_html(s: RunSummary) -> str:
     mode = "one lane per node (many ranks)" if s.per_node_lanes else "one lane per rank"
     return (f'<section id="timeline"><h2>Timeline <span class="dim">{mode}, time since '
-            f'start</span></h2>{legend_html()}<div class="tl">{timeline.svg(s)}</div>'
+            f'start</span></h2>{legend_html([s])}<div class="tl">{timeline.svg(s)}</div>'
             f'{_lane_table(s)}</section>')
 
 
@@ -277,4 +285,4 @@ def _compare_body(runs: list[RunSummary]) -> str:
                   f'<div class="tl">{timeline.svg(r)}</div></section>'
                   for lab, r in zip("AB", runs, strict=True))
     return ('<div class="pair">' + header_html(a, "A") + header_html(b, "B") + "</div>"
-            + table + curves + legend_html() + tls)
+            + table + curves + legend_html(runs) + tls)
