@@ -18,7 +18,7 @@ from importlib import resources
 from launcher.output.runreport import document, safe, timeline
 from launcher.output.runreport.digest import Line
 from launcher.output.runreport.safe import text
-from launcher.output.runreport.summary import RunSummary
+from launcher.output.runreport.summary import RunSummary, StackFile
 from launcher.output.runreport.timeline import fmt_t, how
 
 NODE_TAILS_OPEN = 4  # nodes whose last lines are unfolded at first
@@ -137,12 +137,9 @@ def stacks_html(s: RunSummary) -> str:
     return "".join(parts)
 
 
-def _stack_files(files: tuple[object, ...], culprit: int | None) -> str:
-    from launcher.output.runreport.summary import StackFile
-
+def _stack_files(files: tuple[StackFile, ...], culprit: int | None) -> str:
     out = []
     for f in files:
-        assert isinstance(f, StackFile)
         mark = " culprit" if culprit is not None and f.rank == culprit else ""
         opened = " open" if mark else ""
         out.append(f'<details class="stack{mark}" id="{safe.ident(f.anchor)}"{opened}>'
