@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.decide.facts import NodeFacts
+from launcher.decide.hang import HangPolicy
 from launcher.decide.netenv import EnvDecision, EnvVar
 from launcher.errors import UsageError
 from launcher.models import Host
@@ -65,6 +66,7 @@ class RunOptions:
     transport: str = "auto"  # --transport: auto, ssh or srun
     junit: str | None = None  # --junit PATH (not with --dry-run)
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
+    hang: HangPolicy = HangPolicy()  # --hang-timeout, --progress, --on-hang (docs/hangs.md)
 
 
 @dataclass(frozen=True)
