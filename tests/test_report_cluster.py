@@ -119,3 +119,36 @@ def test_compare_puts_two_real_runs_side_by_side(runs: dict[str, Path], tmp_path
     ma, mb = (json.loads((runs[k] / "meta.json").read_text()) for k in ("ok", "failed"))
     expect = round((mb["end"] - mb["start"]) - (ma["end"] - ma["start"]), 3)
     assert doc["compare"]["duration_delta"] == pytest.approx(expect, abs=2e-3)
+
+
+def test_a_real_hang_links_its_marker_to_every_ranks_stack(cluster: Any,
+                                                          tmp_path: Path) -> None:
+    """hangs (#27) writes stacks/h1/r<rank>.txt and meta.json hangs[]: the page links the
+    timeline's marker to the dump, opens the culprit's stack and folds the rest."""
+    res = dtrain(["run", "-H", "node[1-3]", "--python", cluster.python, "--nproc-per-node",
+                  "2", "--archive-dir", str(tmp_path), "--run-id", "hang", "--no-color",
+                  "--hang-timeout", "5", "--on-hang", "stop", "--grace", "3",
+                  "-e", "WL_HANG_RANK=4", "-e", "WL_HANG_STEP=3", "tests/workloads/hang.py"],
+                 env=cluster.client_env(), timeout=170)
+    assert res.returncode == 125, res.stdout[-3000:] + res.stderr[-2000:]
+    run = tmp_path / "hang"
+    meta = json.loads((run / "meta.json").read_text())
+    (hang,) = meta["hangs"]
+    text, root = _report(run, tmp_path / "h.html")
+    assert external_urls(root, text) == []
+    marks = [a for a in root.iter("{http://www.w3.org/2000/svg}a")
+             if any(g.get("data-kind") == "hang" for g in a)]
+    assert [a.get("href") for a in marks] == [f"#dump-{hang['dump']}"]
+    section = root.find(f".//*[@id='dump-{hang['dump']}']")
+    shown = ["".join(li.itertext()) for li in section.iter("li")]
+    assert [s.split(": ", 1)[1] for s in shown] == [f["place"] for f in hang["folded"]]
+    stacks = {d.get("id"): d for d in section.iter("details")}
+    culprit = stacks[f"stack-{hang['dump']}-r4_txt"]
+    assert culprit.get("open") is not None and "culprit" in culprit.get("class")
+    assert "load_batch" in "".join(culprit.itertext())
+    assert (run / "stacks" / hang["dump"] / "r4.txt").read_text().strip() in \
+        "".join(culprit.find("pre").itertext())
+    assert len([k for k in stacks if k.endswith("_txt") and "-r" in k]) >= 6
+    cause = "".join(root.find(".//*[@id='root-cause']").itertext())
+    assert cause == meta["root_cause"]["summary"]
+    look_at(tmp_path / "h.html", search="load_batch", charts=False)  # no metrics, no samples

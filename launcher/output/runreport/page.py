@@ -71,7 +71,8 @@ def header_html(s: RunSummary, label: str = "") -> str:
     return (f'<header class="run {cls}"><div class="title">{tag}<h1>{text(h.run_id)}</h1>'
             f'<span class="pill {cls}">{text(pill)}</span></div>'
             f'<p class="cause" id="root-cause">{text(h.root_cause) or "&nbsp;"}</p>'
-            f'<dl class="facts">{rows}</dl></header>')
+            + (f'<p class="advice">next: {text(h.advice)}</p>' if h.advice else "")
+            + f'<dl class="facts">{rows}</dl></header>')
 
 
 def _log(lines: tuple[Line, ...] | list[Line], t0: float, *, who: bool = True) -> str:
@@ -125,8 +126,11 @@ def stacks_html(s: RunSummary) -> str:
         anchor = h.anchor or f"hang-{i}"
         folded = "".join(f"<li>{text(f)}</li>" for f in h.folded)
         files = s.stacks.get(h.dump or "", ())
+        place = f": {h.place}" if h.place else ""
+        why = f'<p class="dim">{text(h.why)}</p>' if h.why else ""
         parts.append(f'<section class="block hang" id="{safe.ident(anchor)}"><h3>hang{at} '
-                     f'(attempt {h.attempt}): likely culprit {text(who)}</h3>'
+                     f'(attempt {h.attempt}): likely culprit {text(who)}{text(place)}</h3>'
+                     + why
                      + (f'<ul class="folded">{folded}</ul>' if folded else "")
                      + _stack_files(files, h.culprit_rank) + "</section>")
     hung = {h.dump for h in s.hangs}

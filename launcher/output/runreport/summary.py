@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.output.console import fold_hosts
+from launcher.output.fold import rank_ranges
 from launcher.output.runreport.curves import Curve, curves
 from launcher.output.runreport.digest import Digest, Line
 from launcher.output.runreport.usage import UsageBuilder, UsageChart, charts
@@ -78,6 +79,8 @@ class Hang:
     folded: tuple[str, ...]
     dump: str | None
     anchor: str | None  # the dump's section in the page, when its files are there
+    place: str | None = None  # where the culprit is (its innermost frames)
+    why: str | None = None  # why it is the likely culprit
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class Header:
     outcome: str
     root_cause: str
     state: str
+    advice: str | None
     dtrain_version: str | None
 
 
@@ -341,7 +345,7 @@ def summarize(meta: Mapping[str, Any], digest: Digest, usage: UsageBuilder,
             culprit_rank=_int(culprit.get("rank")), culprit_host=_str(culprit.get("host")),
             folded=tuple(_folded_text(f) for f in folded),
             dump=dump_id, anchor=f"dump-{_id(dump_id)}" if dump_id in stack_files
-            else f"hang-{i}"))
+            else f"hang-{i}", place=_str(culprit.get("place")), why=_str(culprit.get("why"))))
 
     events = _events(root, t0, hangs, attempts, fences, strag, meta)
     curve_list, left_out = curves(digest.curves, t0)
@@ -381,17 +385,24 @@ def _sort_key(name: str) -> tuple[int, str]:
 
 
 def _folded_text(f: object) -> str:
+    """One folded stack group as a line: ``ranks 0-3,5 (5) on node[1-3]: all_reduce <- ...``."""
     if isinstance(f, str):
         return f
-    if isinstance(f, Mapping):
-        ranks = f.get("ranks")
-        where = _str(ranks) or (",".join(str(r) for r in ranks) if isinstance(ranks, list)
-                                else "")
-        text = _str(f.get("stack")) or _str(f.get("summary")) or _str(f.get("frame")) or ""
-        if isinstance(f.get("stack"), list):
-            text = " ← ".join(str(x) for x in f["stack"])
-        return f"ranks {where}: {text}" if where else text
-    return str(f)
+    if not isinstance(f, Mapping):
+        return str(f)
+    ranks = f.get("ranks")
+    nums = [r for r in ranks if _int(r) is not None] if isinstance(ranks, list) else []
+    where = (f"rank {nums[0]}" if len(nums) == 1 else
+             f"ranks {rank_ranges(nums)} ({len(nums)})" if nums else _str(ranks) or "")
+    hosts = [h for h in f.get("hosts") or [] if isinstance(h, str)] \
+        if isinstance(f.get("hosts"), list) else []
+    if hosts:
+        where += f" on {fold_hosts(hosts)}"
+    text = _str(f.get("place")) or _str(f.get("stack")) or _str(f.get("summary")) or ""
+    if not text and isinstance(f.get("frames"), list):
+        text = " <- ".join(f"{fr.get('func')}() {fr.get('path')}:{fr.get('line')}"
+                           for fr in f["frames"] if isinstance(fr, Mapping))
+    return f"{where}: {text}" if where else text
 
 
 def _events(root: Mapping[str, Any], t0: float, hangs: list[Hang], attempts: list[Attempt],
@@ -399,13 +410,15 @@ def _events(root: Mapping[str, Any], t0: float, hangs: list[Hang], attempts: lis
             meta: Mapping[str, Any]) -> list[Event]:
     out = []
     rt = _num(root.get("t"))
-    if rt is not None and root.get("kind") in ("rank", "node", "lost", "start"):
+    if rt is not None and root.get("kind") in ("rank", "node", "lost", "start", "hang"):
         out.append(Event(rt - t0, "root cause", _str(root.get("summary")) or "root cause",
                          _str(root.get("host")), _int(root.get("rank")), "#failing"))
     for h in hangs:
         if h.t is not None:
             who = (f"rank {h.culprit_rank}" if h.culprit_rank is not None else "?") + \
                 (f" on {h.culprit_host}" if h.culprit_host else "")
+            if h.place:
+                who += f": {h.place}"
             out.append(Event(h.t, "hang", f"hang: likely culprit {who}", h.culprit_host,
                              h.culprit_rank, f"#{h.anchor}" if h.anchor else None))
     ends = {a.n: a.end for a in attempts}
@@ -432,8 +445,10 @@ def _header(meta: Mapping[str, Any], run_id: str, nodes: list[NodeLane], world: 
     code = _int(meta.get("exit_code"))
     outcome = _str(meta.get("outcome")) or ("running" if end_abs is None else "")
     why = _str(root.get("summary")) or outcome
-    explain = _str(root.get("explanation")) or _str(root.get("why")) or \
-        _str(root.get("reason"))
+    failure = root.get("failure") if isinstance(root.get("failure"), Mapping) else {}
+    assert isinstance(failure, Mapping)
+    explain = _str(failure.get("summary")) or _str(root.get("explanation")) or \
+        _str(root.get("why")) or _str(root.get("reason"))
     if explain and explain not in why:
         why = f"{why}: {explain}" if why else explain
     if hangs and not any(w in why for w in ("hang", "hung")):
@@ -452,4 +467,5 @@ def _header(meta: Mapping[str, Any], run_id: str, nodes: list[NodeLane], world: 
         started=t0 or None, duration=(last - t0) if last is not None and t0 else None,
         attempts=max(1, len(attempts)), exit_code=code, outcome=outcome,
         root_cause=why or ("ok" if code == 0 else ""), state=state,
+        advice=_str(failure.get("advice")),
         dtrain_version=_str(meta.get("dtrain_version")))
