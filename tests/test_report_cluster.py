@@ -93,7 +93,10 @@ def test_the_report_of_a_real_run_shows_what_the_archive_says(runs: dict[str, Pa
     assert not [e for e in root.iter() for a in e.attrib if a.startswith("on")]
     if which == "failed":
         assert meta["exit_code"] == 3
-        assert "".join(cause.itertext()) == "rank 4 on node3 exited 3"
+        # the verdict's summary, with #27's explanation of why when the archive has one
+        why = meta["root_cause"].get("failure", {}).get("summary", "")
+        assert "".join(cause.itertext()) == (why or "rank 4 on node3 exited 3")
+        assert "".join(cause.itertext()).startswith("rank 4 on node3 exited 3")
         failing = root.find(".//*[@id='failing']")
         assert "failing on purpose at step 12" in "".join(failing.itertext())
         assert "<script>alert('x')</script>" in body  # the hostile stderr line, as text

@@ -449,7 +449,9 @@ def _header(meta: Mapping[str, Any], run_id: str, nodes: list[NodeLane], world: 
     assert isinstance(failure, Mapping)
     explain = _str(failure.get("summary")) or _str(root.get("explanation")) or \
         _str(root.get("why")) or _str(root.get("reason"))
-    if explain and explain not in why:
+    if explain and explain.startswith(why):  # the explanation repeats the summary first
+        why = explain
+    elif explain and explain not in why:
         why = f"{why}: {explain}" if why else explain
     if hangs and not any(w in why for w in ("hang", "hung")):
         h = hangs[-1]
