@@ -25,6 +25,7 @@ from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
 from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
+from launcher.output.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.job.orchestrate import Job
@@ -85,7 +86,7 @@ class HangWatch:
     """Progress, hang verdicts and stack dumps for one run (see module doc)."""
 
     def __init__(self, job: Job, policy: HangPolicy, watch: ProgressWatch,
-                 ranks: Mapping[str, Sequence[int]], run_dir: Path,
+                 ranks: Mapping[str, Sequence[int]], run_dir: RunDir,
                  say: Callable[[str], None], *, alive: Callable[[], bool],
                  on_record: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
