@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from launcher.commands.report.load import Refused, load, open_guarded
+from launcher.commands.report.load import load
 from launcher.errors import UsageError
 from launcher.output.runreport import curves, document, page
 from launcher.output.runreport.curves import CurveBuilder, Series, patterns, thin
@@ -311,16 +311,22 @@ def test_reads_are_guarded(tmp_path: Path) -> None:
     target.write_text("{}")
     (run / "meta.json").unlink()
     (run / "meta.json").symlink_to(target)
-    with pytest.raises(UsageError, match="symbolic link"):
+    with pytest.raises(UsageError, match="not a regular file"):
         load(run, patterns(None))
     (run / "meta.json").unlink()
     (run / "meta.json").write_text('{"start": 1}')
     (run / "samples.jsonl").unlink()
     os.mkfifo(run / "samples.jsonl")  # would block a plain open() for ever
-    with pytest.raises(Refused):
-        open_guarded(run / "samples.jsonl")
+    (run / "stacks" / "d1" / "r0.txt").unlink()
+    (run / "stacks" / "d1" / "r0.txt").symlink_to(target)
     out = load(run, patterns(None))
-    assert any("not a regular file" in w for w in out.warnings)
+    assert [w.split(": ", 1)[0] for w in out.warnings] == [
+        str(run / "samples.jsonl"), str(run / "stacks" / "d1" / "r0.txt")]
+    assert [f.name for f in out.summary.stacks["d1"]] == ["r1.txt", "r2.txt", "r3.txt"]
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    with pytest.raises(UsageError, match="not a run directory of yours"):
+        load(link, patterns(None))
     with open(run / "output.jsonl", "a") as fh:
         fh.write('{"torn": \n' + "x" * (5 << 20) + "\n")
     assert load(run, patterns(None)).summary.bad_records == 2

@@ -1,15 +1,16 @@
 """Reading a run archive for the report: the only I/O of `dtrain report`'s input side.
 
-An archive may sit in a shared directory, so every file is opened the guarded way: without
-following a symlink (O_NOFOLLOW), without blocking on a FIFO (O_NONBLOCK), only when it is a
-regular file owned by this user, and read up to a cap (meta.json, stack files) or streamed
-(output.jsonl, samples.jsonl: one record at a time, each record capped). A file that does
-not pass is skipped with a warning; a missing optional file is simply absent.
+An archive may sit in a shared directory, so it is read the way every archive reader reads
+(launcher/output/rundir.py): the run directory is opened once with O_NOFOLLOW and must be
+this user's; every file in it is opened relative to that descriptor, without following a
+symlink, without blocking on a FIFO, only when it is a regular file of the directory's owner;
+meta.json and stack files are read up to a cap, output.jsonl and samples.jsonl streamed (one
+record at a time, each record capped). What does not pass is skipped with a warning (meta.json:
+an error, exit 2); a missing optional file is simply absent.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import stat
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 from launcher.errors import UsageError
 from launcher.output.archive import META, OUTPUT
+from launcher.output.rundir import has_entry, open_regular, open_run_dir
 from launcher.output.runreport.curves import Pattern
 from launcher.output.runreport.digest import Digest
 from launcher.output.runreport.summary import RunSummary, summarize
@@ -32,10 +34,8 @@ RECORD_CAP = 4 * 1024 * 1024  # one output.jsonl record (a longer one is skipped
 STACK_CAP = 256 * 1024  # one stack file (the rest is cut, said in the text)
 MAX_DUMPS = 100
 MAX_STACK_FILES = 1100  # per dump: 1024 ranks and their py-spy twins
-
-
-class Refused(Exception):
-    """A file the report will not read (a symlink, not regular, another user's)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+REFUSED = "not a regular file of the run's owner (a symlink, a FIFO, another user's): not read"
 
 
 @dataclass
@@ -44,43 +44,29 @@ class Loaded:
     warnings: list[str] = field(default_factory=list)
 
 
-def open_guarded(path: Path) -> IO[bytes]:
-    """Open a regular file of this user's, not following a symlink, never blocking."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refused(f"{path}: a symbolic link, not read") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{path}: not a regular file, not read")
-        if st.st_uid != os.getuid():
-            raise Refused(f"{path}: owned by uid {st.st_uid}, not you; not read")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "rb")
+def open_file(dirfd: int, name: str) -> IO[bytes] | None:
+    """A regular file of the directory's owner (rundir.open_regular), as a binary file."""
+    fd = open_regular(dirfd, name)
+    return os.fdopen(fd, "rb") if fd is not None else None
 
 
-def read_capped(path: Path, cap: int) -> tuple[bytes, bool]:
-    """Up to ``cap`` bytes of a file, and whether there was more."""
-    with open_guarded(path) as fh:
+def read_head(dirfd: int, name: str, cap: int) -> tuple[bytes, bool] | None:
+    """Up to ``cap`` bytes and whether there was more; None when refused or missing."""
+    fh = open_file(dirfd, name)
+    if fh is None:
+        return None
+    with fh:
         data = fh.read(cap + 1)
     return data[:cap], len(data) > cap
 
 
-def records(path: Path, warnings: list[str]) -> Iterator[object]:
+def records(dirfd: int, name: str, where: Path, warnings: list[str]) -> Iterator[object]:
     """JSON records of a .jsonl file, one per line; a torn or oversized line is yielded as
     None (the caller counts it)."""
-    try:
-        fh = open_guarded(path)
-    except FileNotFoundError:
-        return
-    except (Refused, OSError) as exc:
-        warnings.append(str(exc))
+    fh = open_file(dirfd, name)
+    if fh is None:
+        if _exists(dirfd, name):
+            warnings.append(f"{where / name}: {REFUSED}")
         return
     with fh:
         while True:
@@ -99,13 +85,21 @@ def records(path: Path, warnings: list[str]) -> Iterator[object]:
                     yield None
 
 
-def read_meta(run_dir: Path) -> dict[str, Any]:
+def _exists(dirfd: int, name: str) -> bool:
     try:
-        data, more = read_capped(run_dir / META, META_CAP)
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir}: no meta.json: not a run archive") from None
-    except (Refused, OSError) as exc:
-        raise UsageError(f"cannot read the run's meta.json: {exc}") from None
+        os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def read_meta(dirfd: int, run_dir: Path) -> dict[str, Any]:
+    got = read_head(dirfd, META, META_CAP)
+    if got is None:
+        if _exists(dirfd, META):
+            raise UsageError(f"{run_dir / META}: {REFUSED}")
+        raise UsageError(f"{run_dir}: no meta.json: not a run archive")
+    data, more = got
     if more:
         raise UsageError(f"{run_dir / META}: larger than {META_CAP >> 20} MiB, not read")
     try:
@@ -117,53 +111,70 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def read_stacks(run_dir: Path, warnings: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """stacks/<dump_id>/<file>: dump id -> [(file name, text)]."""
-    root = run_dir / STACKS
+def _subdir(dirfd: int, name: str) -> int | None:
+    """A subdirectory of the same owner, opened without following a symlink."""
+    if not has_entry(dirfd, name, stat.S_IFDIR):
+        return None
     try:
-        if not stat.S_ISDIR(os.lstat(root).st_mode):
-            return {}
-        dumps = sorted(os.listdir(root))
+        return os.open(name, _DIR_FLAGS, dir_fd=dirfd)
     except OSError:
+        return None
+
+
+def read_stacks(dirfd: int, run_dir: Path,
+                warnings: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """stacks/<dump_id>/<file>: dump id -> [(file name, text)]."""
+    root = _subdir(dirfd, STACKS)
+    if root is None:
         return {}
     out: dict[str, list[tuple[str, str]]] = {}
-    for dump in dumps[:MAX_DUMPS]:
-        d = root / dump
-        try:
-            if not stat.S_ISDIR(os.lstat(d).st_mode):
+    try:
+        dumps = sorted(os.listdir(root))
+        for dump in dumps[:MAX_DUMPS]:
+            d = _subdir(root, dump)
+            if d is None:
                 continue
-            names = sorted(os.listdir(d))
-        except OSError:
-            continue
-        files = []
-        for name in names[:MAX_STACK_FILES]:
             try:
-                data, more = read_capped(d / name, STACK_CAP)
-            except (Refused, OSError) as exc:
-                warnings.append(str(exc))
-                continue
-            body = data.decode("utf-8", "replace")
-            if more:
-                body += f"\n[dtrain report: cut at {STACK_CAP >> 10} KiB]"
-            files.append((name, body))
-        out[dump] = files
-    if len(dumps) > MAX_DUMPS:
-        warnings.append(f"{root}: {len(dumps)} dumps, the first {MAX_DUMPS} shown")
+                files = []
+                for name in sorted(os.listdir(d))[:MAX_STACK_FILES]:
+                    got = read_head(d, name, STACK_CAP)
+                    if got is None:
+                        warnings.append(f"{run_dir / STACKS / dump / name}: {REFUSED}")
+                        continue
+                    body = got[0].decode("utf-8", "replace")
+                    if got[1]:
+                        body += f"\n[dtrain report: cut at {STACK_CAP >> 10} KiB]"
+                    files.append((name, body))
+                out[dump] = files
+            finally:
+                os.close(d)
+        if len(dumps) > MAX_DUMPS:
+            warnings.append(f"{run_dir / STACKS}: {len(dumps)} dumps, the first {MAX_DUMPS} "
+                            "shown")
+    finally:
+        os.close(root)
     return out
 
 
 def load(run_dir: Path, pats: list[Pattern], *, lanes: str = "auto") -> Loaded:
     """Read one run's archive and summarise it."""
-    warnings: list[str] = []
-    meta = read_meta(run_dir)
-    digest = Digest(pats)
-    for rec in records(run_dir / OUTPUT, warnings):
-        digest.add(rec)
-    usage = UsageBuilder()
-    for rec in records(run_dir / SAMPLES, warnings):
-        if isinstance(rec, Mapping):
-            usage.add(rec)
-    stacks = read_stacks(run_dir, warnings)
+    dirfd = open_run_dir(run_dir)
+    if dirfd is None:
+        raise UsageError(f"{run_dir}: not a run directory of yours (a symlink, another user's, "
+                         "or unreadable): not read")
+    try:
+        warnings: list[str] = []
+        meta = read_meta(dirfd, run_dir)
+        digest = Digest(pats)
+        for rec in records(dirfd, OUTPUT, run_dir, warnings):
+            digest.add(rec)
+        usage = UsageBuilder()
+        for rec in records(dirfd, SAMPLES, run_dir, warnings):
+            if isinstance(rec, Mapping):
+                usage.add(rec)
+        stacks = read_stacks(dirfd, run_dir, warnings)
+    finally:
+        os.close(dirfd)
     if digest.bad:
         warnings.append(f"{run_dir / OUTPUT}: {digest.bad} unreadable records skipped")
     summary = summarize(meta, digest, usage, stacks, run_id=run_dir.name, lanes=lanes)
