@@ -823,6 +823,15 @@ class Evidence:
             except OSError:
                 pass
 
+    def rank_started(self, hdr):
+        """A rank's shim is up (its status connection): the hang watch counts the ranks
+        alive only once every one has started (a slow start is not a hang)."""
+        try:
+            self.out.control({"type": "rank_start", "rank": int(hdr.get("rank", -1)),
+                              "t": now()})
+        except (TypeError, ValueError):
+            pass
+
     def rank_armed(self, hdr, sock):
         try:
             rank, pid = int(hdr["rank"]), int(hdr["pid"])
@@ -1266,6 +1275,7 @@ class Supervisor(Evidence):
             if st["hdr"].get("stream") == "ctl":  # type: ignore[attr-defined]
                 self.ctl_open += 1
                 self.ctl_seen = True
+                self.rank_started(st["hdr"])
             if st["hdr"].get("stream") == "arm":  # type: ignore[attr-defined]
                 self.rank_armed(st["hdr"], sock)
             if not chunk:
