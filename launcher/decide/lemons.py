@@ -1,0 +1,135 @@
+"""Pure: the lemon list's records, which of them hold now, and which hosts a run skips.
+
+A node fenced by a run (``decide.restarts``) is remembered in the per-user state directory
+(``output/lemons.py`` keeps the file): which node, why, which run, when, until when. Later
+runs leave a remembered node out when they have hosts to spare (``--nnodes`` below the host
+count), and use it with a warning when they need every host they were given. ``dtrain
+nodes`` lists the records, ``unfence`` removes them, ``expire`` drops the old ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_TTL_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Lemon:
+    """One remembered bad node."""
+
+    host: str
+    why: str
+    run_id: str
+    t: float  # when it was fenced
+    until: float  # skipped until then (t + the fence's lifetime)
+
+    def json(self) -> dict[str, Any]:
+        return {"host": self.host, "why": self.why, "run_id": self.run_id, "t": self.t,
+                "until": self.until}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Lemon | None:
+        """A record, or None for one that is not well formed (skipped, never fatal)."""
+        try:
+            host, why, run = data["host"], data.get("why", ""), data.get("run_id", "")
+            t = float(data["t"])
+            until = float(data.get("until", t + DEFAULT_TTL_S))
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not isinstance(host, str) or not host:
+            return None
+        return cls(host, str(why), str(run), t, until)
+
+
+def parse(data: Any) -> list[Lemon]:
+    """The file's records (``{"lemons_version": 1, "lemons": [...]}``)."""
+    items = data.get("lemons") if isinstance(data, dict) else None
+    out = []
+    for item in items if isinstance(items, list) else []:
+        lemon = Lemon.from_json(item) if isinstance(item, dict) else None
+        if lemon is not None:
+            out.append(lemon)
+    return out
+
+
+def document(lemons: Iterable[Lemon]) -> dict[str, Any]:
+    return {"lemons_version": 1, "lemons": [lemon.json() for lemon in lemons]}
+
+
+def current(lemons: Iterable[Lemon], now: float) -> dict[str, Lemon]:
+    """The records in force now, the latest per host."""
+    out: dict[str, Lemon] = {}
+    for lemon in sorted(lemons, key=lambda x: x.t):
+        if lemon.until > now:
+            out[lemon.host] = lemon
+    return out
+
+
+def add(lemons: Sequence[Lemon], new: Iterable[Lemon]) -> list[Lemon]:
+    """The list with ``new`` records replacing those of the same hosts."""
+    fresh = list(new)
+    hosts = {n.host for n in fresh}
+    return [x for x in lemons if x.host not in hosts] + fresh
+
+
+def remove(lemons: Sequence[Lemon], hosts: Iterable[str]) -> tuple[list[Lemon], list[str]]:
+    """(the list without those hosts, the hosts that were on it)."""
+    drop = set(hosts)
+    found = sorted({x.host for x in lemons if x.host in drop})
+    return [x for x in lemons if x.host not in drop], found
+
+
+def expire(lemons: Sequence[Lemon], now: float, older_than: float | None = None
+           ) -> tuple[list[Lemon], list[Lemon]]:
+    """(kept, dropped): records whose time is over, or fenced more than ``older_than`` s
+    ago."""
+    kept, dropped = [], []
+    for x in lemons:
+        old = x.until <= now or (older_than is not None and now - x.t >= older_than)
+        (dropped if old else kept).append(x)
+    return kept, dropped
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Which hosts a run uses, which it leaves out, which it uses despite the list."""
+
+    hosts: tuple[str, ...]
+    skipped: tuple[Lemon, ...]
+    kept: tuple[Lemon, ...]  # on the list, used because the run needs every host
+
+
+def skip(hosts: Sequence[str], lemons: Mapping[str, Lemon], need: int) -> Skip:
+    """Leave remembered nodes out while at least ``need`` hosts remain (hostfile order);
+    those that cannot be spared are used, and said so."""
+    bad = [h for h in hosts if h in lemons]
+    spare = max(0, len(hosts) - need)
+    out = set(bad[:spare])
+    used = tuple(h for h in hosts if h not in out)
+    return Skip(used, tuple(lemons[h] for h in bad[:spare]),
+                tuple(lemons[h] for h in bad[spare:]))
+
+
+def ago(seconds: float) -> str:
+    """``3 h``, ``12 min``, ``40 s``."""
+    s = max(0.0, seconds)
+    if s >= 7200:
+        return f"{s / 3600:.0f} h"
+    if s >= 120:
+        return f"{s / 60:.0f} min"
+    return f"{s:.0f} s"
+
+
+def skip_line(lemon: Lemon, now: float) -> str:
+    return (f"{lemon.host} skipped: fenced by run {lemon.run_id} {ago(now - lemon.t)} ago "
+            f"({lemon.why}); `dtrain nodes unfence {lemon.host}` brings it back")
+
+
+def kept_line(lemon: Lemon, now: float) -> str:
+    return (f"warning: {lemon.host} was fenced by run {lemon.run_id} {ago(now - lemon.t)} "
+            f"ago ({lemon.why}); used anyway: this run needs every host it was given "
+            f"(--nnodes with a spare host leaves it out; `dtrain nodes unfence "
+            f"{lemon.host}`)")

@@ -1,0 +1,274 @@
+"""Pure: after an attempt failed, whether to run again, on which nodes, and after how long.
+
+``--restarts N`` relaunches the whole gang up to N times (docs/restarts.md). Each attempt's
+end is summed up as an ``AttemptEnd`` (facts the launcher already has: the verdict's root
+cause, hangs' ``FailureReason``, whether any rank made progress, which nodes were lost);
+``classify`` names the fault:
+
+* ``user``: deterministic, a restart fails the same way: a SyntaxError / ImportError /
+  argparse error, a rank failure before any progress line, or the same exception at the
+  same place as the attempt before. Exactly one attempt more is never spent on it.
+* ``node``: the machine: a lost or unreachable node, a node that did not start, an OOM or a
+  GPU Xid of the node's catalogue, a hang whose culprit is on that node. The node is
+  fenced (never used again by this run, and remembered: ``decide.lemons``).
+* ``process``: anything else (a signal from outside, a native crash, a peer's connection
+  closed, an exit code without a story): the same nodes again.
+* ``final``: success, Ctrl-C / `dtrain stop`, --timeout: no restart.
+
+``next_gang`` replaces fenced nodes by spares (in the fenced node's place, so node ranks
+stay), or shrinks within ``--nnodes MIN:MAX``, or says the run cannot go on. ``backoff``
+is the bounded exponential wait before a relaunch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from launcher.decide.failures import NODE_XIDS, FailureReason
+from launcher.errors import UsageError
+
+USER, NODE, PROCESS, FINAL = "user", "node", "process", "final"
+RESTART_ENV = "DTRAIN_ATTEMPT"  # 1 for the first attempt; the shim adds attempt-1 to
+#                                 TORCHELASTIC_RESTART_COUNT (torchrun resets it to its own)
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 30.0
+# exceptions that fail the same way on every run: the code or its environment
+DETERMINISTIC = ("SyntaxError", "IndentationError", "TabError", "ImportError",
+                 "ModuleNotFoundError", "NameError")
+_ARGPARSE = re.compile(r"^(?:usage: .*|\S+: error: .*)$")
+
+
+@dataclass(frozen=True)
+class NodeCount:
+    """``--nnodes K`` (min = max = K) or ``--nnodes MIN:MAX``."""
+
+    min: int
+    max: int
+
+    def __str__(self) -> str:
+        return str(self.max) if self.min == self.max else f"{self.min}:{self.max}"
+
+
+def parse_nnodes(text: str | None, option: str = "--nnodes") -> NodeCount | None:
+    """``K`` or ``MIN:MAX`` (torchrun's spelling); None when not given."""
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) in (1, 2) and all(p.isdigit() and int(p) > 0 for p in parts):
+        low, high = int(parts[0]), int(parts[-1])
+        if low <= high:
+            return NodeCount(low, high)
+    raise UsageError(f"{option} {text!r}: give a number of nodes (3) or MIN:MAX (2:4)",
+                     hint="the hosts beyond MAX are spares: they replace a fenced node")
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt ended, as the launcher saw it (facts, no judgement)."""
+
+    code: int
+    root_kind: str | None  # the verdict's: rank, node, lost, start, hang, interrupted, timeout
+    host: str | None = None
+    rank: int | None = None
+    reason: FailureReason | None = None  # why the root-cause rank died (decide.failures)
+    progressed: bool = False  # a progress line was seen during the attempt
+    lost: tuple[str, ...] = ()  # every node lost (heartbeat, connection) in the attempt
+    error: str | None = None  # the root cause's own words (a lost node's, a hang's)
+    stderr: tuple[str, ...] = ()  # the root-cause rank's last stderr lines
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What kind of failure it was, and which nodes to fence (with why)."""
+
+    kind: str  # user, node, process, final
+    why: str  # one line: "node2 lost (no heartbeat for 10 s)"
+    fence: tuple[tuple[str, str], ...] = ()  # (host, why)
+    signature: str | None = None  # "the same exception at the same place" key
+
+
+def signature(reason: FailureReason | None) -> str | None:
+    """The place of a Python exception or native crash, without the rank and host: two
+    attempts with the same signature failed the same way."""
+    if reason is None:
+        return None
+    if reason.kind == "exception":
+        _, _, rest = reason.summary.partition(" raised ")
+        return f"exception: {rest}" if rest else None
+    if reason.kind in ("segfault", "abort"):
+        frames = reason.details.get("frames") if reason.details else None
+        if frames:
+            return f"{reason.kind}: " + " <- ".join(str(f) for f in list(frames)[:4])
+    return None
+
+
+def _exception_type(reason: FailureReason) -> str:
+    first = reason.evidence[0] if reason.evidence else ""
+    return first.split(":", 1)[0].rsplit(".", 1)[-1]
+
+
+def _argparse_error(end: AttemptEnd) -> str | None:
+    """argparse's exit 2 after ``usage:`` and ``prog: error: ...`` on stderr."""
+    if end.code != 2:
+        return None
+    lines = [t.strip() for t in end.stderr if t.strip()]
+    if any(t.startswith("usage: ") for t in lines) and lines and \
+            _ARGPARSE.match(lines[-1]) and ": error: " in lines[-1]:
+        return lines[-1]
+    return None
+
+
+def classify(end: AttemptEnd, before: Sequence[Fault] = ()) -> Fault:
+    """The fault of one attempt (``before``: the faults of the earlier attempts, oldest
+    first). Node faults first: a node that went away is never the script's fault."""
+    if end.code == 0:
+        return Fault(FINAL, "succeeded")
+    if end.root_kind == "interrupted":
+        return Fault(FINAL, "interrupted")
+    if end.root_kind == "timeout":
+        return Fault(FINAL, "--timeout reached")
+    if end.lost or end.root_kind == "lost":
+        lost = list(end.lost) or ([end.host] if end.host else [])
+        why = end.error or "connection lost"
+        return Fault(NODE, f"{', '.join(lost)} lost ({why})",
+                     tuple((h, f"lost ({why})") for h in lost))
+    if end.root_kind == "start" and end.host:
+        why = end.error or "did not start"
+        return Fault(NODE, f"{end.host} {why}", ((end.host, why),))
+    if end.root_kind == "hang":
+        if end.host:
+            why = f"hang culprit ({end.error or 'no progress'})"
+            return Fault(NODE, f"{end.host}: {why}", ((end.host, why),))
+        return Fault(PROCESS, end.error or "hang")
+    reason = end.reason
+    if reason is not None and reason.host:
+        if reason.kind == "xid":
+            n = reason.details.get("xid") if reason.details else None
+            if n is None or n in NODE_XIDS or reason.scope == NODE:
+                return Fault(NODE, reason.summary, ((reason.host, reason.summary),))
+        if reason.kind == "oom":
+            return Fault(NODE, reason.summary, ((reason.host, reason.summary),))
+    sig = signature(reason)
+    if reason is not None and reason.kind == "exception":
+        kind = _exception_type(reason)
+        if kind in DETERMINISTIC:
+            return Fault(USER, f"{reason.summary} (a {kind} fails the same way on every "
+                         "attempt)", signature=sig)
+    parse_error = _argparse_error(end)
+    if parse_error:
+        return Fault(USER, f"the script refused its arguments: {parse_error}")
+    if sig is not None and before and before[-1].signature == sig:
+        return Fault(USER, f"{reason.summary if reason else sig} (the same failure at the "
+                     "same place as the attempt before)", signature=sig)
+    if end.root_kind == "rank" and not end.progressed:
+        what = reason.summary if reason is not None else f"exit {end.code}"
+        return Fault(USER, f"{what} before any progress line (a restart would fail the same "
+                     "way; --progress REGEX names the script's progress lines)",
+                     signature=sig)
+    why = reason.summary if reason is not None else end.error or f"exit {end.code}"
+    return Fault(PROCESS, why, signature=sig)
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The nodes of the next attempt, and what changed (for the console line)."""
+
+    active: tuple[str, ...]
+    spares: tuple[str, ...]
+    replaced: tuple[tuple[str, str], ...] = ()  # (fenced, spare in its place)
+    dropped: tuple[str, ...] = ()  # fenced with no spare: the run shrank
+    stop: str | None = None  # why the run cannot go on (then active is what is left)
+
+
+def next_gang(active: Sequence[str], spares: Sequence[str], fenced: Sequence[str],
+              count: NodeCount) -> Gang:
+    """Fenced nodes out; each replaced, in its place, by the first spare; without a spare
+    the run shrinks down to ``count.min``, below it the run stops."""
+    out = set(fenced)
+    pool = [s for s in spares if s not in out]
+    slots: list[str] = []
+    replaced: list[tuple[str, str]] = []
+    dropped: list[str] = []
+    for host in active:
+        if host not in out:
+            slots.append(host)
+        elif pool:
+            spare = pool.pop(0)
+            slots.append(spare)
+            replaced.append((host, spare))
+        else:
+            dropped.append(host)
+    stop = None
+    if len(slots) < count.min:
+        stop = (f"{len(slots)} usable node(s) left, the run needs at least {count.min} "
+                f"(--nnodes {count}); no spare left")
+    return Gang(tuple(slots), tuple(pool), tuple(replaced), tuple(dropped), stop)
+
+
+def backoff(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
+    """Seconds to wait before ``attempt`` (2 = the first relaunch): base, 2 base, 4 base...
+    up to ``cap``."""
+    if attempt <= 1 or base <= 0:
+        return 0.0
+    return float(min(cap, base * 2 ** (attempt - 2)))
+
+
+@dataclass
+class RestartPolicy:
+    """``--restarts N`` and its bounds."""
+
+    restarts: int = 0
+    count: NodeCount | None = None  # --nnodes
+    backoff: float = BACKOFF_BASE_S
+    remember: bool = True  # fenced nodes go on the lemon list
+    fence_ttl: float = 24 * 3600.0
+
+    def split(self, hosts: Sequence[str]) -> tuple[NodeCount, list[str], list[str]]:
+        """(the node count, the first attempt's nodes, the spares) of a host list."""
+        count = self.count or NodeCount(len(hosts), len(hosts))
+        return count, list(hosts[:count.max]), list(hosts[count.max:])
+
+
+@dataclass
+class Decision:
+    """What the loop does after an attempt: ``relaunch`` on ``gang`` after ``wait`` s, or
+    stop; ``line`` is the one console line that says so."""
+
+    relaunch: bool
+    line: str
+    fault: Fault
+    gang: Gang | None = None
+    wait: float = 0.0
+    fenced: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: RestartPolicy,
+           active: Sequence[str], spares: Sequence[str], count: NodeCount) -> Decision:
+    """The whole decision after attempt ``attempt`` ended."""
+    fault = classify(end, before)
+    if fault.kind == FINAL:
+        return Decision(False, "", fault)
+    if fault.kind == USER:
+        return Decision(False, f"{fault.why}: not restarted", fault)
+    left = policy.restarts - (attempt - 1)
+    gang = next_gang(active, spares, [h for h, _ in fault.fence], count)
+    parts = [fault.why]
+    if fault.fence:
+        change = [f"spare {new} in" for _, new in gang.replaced]
+        if gang.dropped and not gang.stop:
+            change.append(f"shrinking to {len(gang.active)} nodes")
+        parts = [f"{fault.why}: fenced" + (f", {', '.join(change)}" if change else "")]
+    if gang.stop:
+        return Decision(False, "; ".join([*parts, gang.stop]), fault, gang,
+                        fenced=fault.fence)
+    if left <= 0:
+        return Decision(False, "; ".join([*parts, f"no restart left (--restarts "
+                                          f"{policy.restarts})"]), fault, gang,
+                        fenced=fault.fence)
+    wait = backoff(attempt + 1, policy.backoff)
+    same = "" if fault.fence else " on the same nodes"
+    parts.append(f"attempt {attempt + 1}{same} from the last checkpoint" +
+                 (f" in {wait:g} s" if wait else ""))
+    return Decision(True, "; ".join(parts), fault, gang, wait, fault.fence)

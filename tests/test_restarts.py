@@ -1,0 +1,276 @@
+"""#28's pure policy: classification, fencing, spares and shrinking, back-off, the lemon
+list (decide/restarts.py, decide/lemons.py, output/lemons.py); no cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from launcher.decide import lemons as lm
+from launcher.decide.failures import explain
+from launcher.decide.restarts import (
+    FINAL,
+    NODE,
+    PROCESS,
+    USER,
+    AttemptEnd,
+    Fault,
+    NodeCount,
+    RestartPolicy,
+    backoff,
+    classify,
+    decide,
+    next_gang,
+    parse_nnodes,
+    signature,
+)
+from launcher.errors import UsageError
+from launcher.output.lemons import LemonStore, state_dir
+
+TRACE = ["Traceback (most recent call last):",
+         '  File "/w/train.py", line 40, in <module>',
+         "    main()",
+         '  File "/w/train.py", line 31, in main',
+         "    raise ValueError('bad batch 7')",
+         "ValueError: bad batch 7"]
+
+
+def _rank_end(stderr: list[str], *, progressed: bool = True, code: int = 1,
+              sig: int | None = None, evidence: dict[str, object] | None = None,
+              host: str = "node2", rank: int = 3) -> AttemptEnd:
+    reason = explain(rank=rank, host=host, code=code, sig=sig, pid=77, evidence=evidence,
+                     stderr=stderr)
+    return AttemptEnd(code, "rank", host, rank, reason, progressed, stderr=tuple(stderr))
+
+
+# -- --nnodes ---------------------------------------------------------------------------------
+
+def test_nnodes_takes_k_and_min_max() -> None:
+    assert parse_nnodes("3") == NodeCount(3, 3)
+    assert parse_nnodes("2:4") == NodeCount(2, 4)
+    assert str(NodeCount(2, 4)) == "2:4" and str(NodeCount(3, 3)) == "3"
+    assert parse_nnodes(None) is None
+    for bad in ("0", "4:2", "a", "1:2:3", "", ":3", "-1"):
+        with pytest.raises(UsageError):
+            parse_nnodes(bad)
+
+
+def test_policy_splits_hosts_into_the_gang_and_spares() -> None:
+    hosts = ["n1", "n2", "n3", "n4"]
+    assert RestartPolicy(count=NodeCount(3, 3)).split(hosts) == (NodeCount(3, 3),
+                                                                 ["n1", "n2", "n3"], ["n4"])
+    assert RestartPolicy().split(hosts) == (NodeCount(4, 4), hosts, [])
+
+
+# -- classification ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line", ["SyntaxError: invalid syntax",
+                                  "ModuleNotFoundError: No module named 'nope'",
+                                  "ImportError: cannot import name 'x' from 'y'",
+                                  "NameError: name 'foo' is not defined"])
+def test_deterministic_exceptions_are_user_errors_even_after_progress(line: str) -> None:
+    stderr = [*TRACE[:-1], line]
+    fault = classify(_rank_end(stderr, progressed=True))
+    assert fault.kind == USER
+    assert "fails the same way" in fault.why
+
+
+def test_a_syntax_error_before_the_traceback_frames_is_a_user_error() -> None:
+    # what python prints for a SyntaxError in the script itself: no "in <module>" frame
+    stderr = ['  File "/w/bad.py", line 3', "    def (:", "        ^",
+              "SyntaxError: invalid syntax"]
+    stderr = ["Traceback (most recent call last):", *stderr]
+    assert classify(_rank_end(stderr, progressed=False)).kind == USER
+
+
+def test_an_argparse_error_is_a_user_error() -> None:
+    stderr = ["usage: train.py [-h] [--lr LR]", "train.py: error: unrecognized arguments: --lx"]
+    fault = classify(_rank_end(stderr, code=2, progressed=True))
+    assert fault.kind == USER and "refused its arguments" in fault.why
+
+
+def test_a_failure_before_any_progress_is_a_user_error_after_it_a_process_fault() -> None:
+    assert classify(_rank_end(TRACE, progressed=False)).kind == USER
+    assert classify(_rank_end(TRACE, progressed=True)).kind == PROCESS
+
+
+def test_the_same_exception_at_the_same_place_twice_is_a_user_error() -> None:
+    first = classify(_rank_end(TRACE))
+    assert first.kind == PROCESS and first.signature is not None
+    again = classify(_rank_end(TRACE, host="node4", rank=0), [first])  # another rank
+    assert again.kind == USER and "same place" in again.why
+    other = [*TRACE[:-1], "ValueError: bad batch 8"]
+    assert classify(_rank_end(other), [first]).kind == PROCESS  # another message
+    assert classify(_rank_end(TRACE), [Fault(PROCESS, "x"), first][:1]).kind == PROCESS
+
+
+def test_a_lost_node_is_fenced() -> None:
+    end = AttemptEnd(255, "lost", "node2", error="no heartbeat for 10 s", lost=("node2",))
+    fault = classify(end)
+    assert fault.kind == NODE
+    assert fault.fence == (("node2", "lost (no heartbeat for 10 s)"),)
+    assert fault.why == "node2 lost (no heartbeat for 10 s)"
+
+
+def test_every_lost_node_is_fenced_whatever_the_root_cause() -> None:
+    end = AttemptEnd(1, "rank", "node1", 0, lost=("node2", "node3"), error="gone")
+    assert [h for h, _ in classify(end).fence] == ["node2", "node3"]
+
+
+def test_a_node_that_did_not_start_is_fenced() -> None:
+    end = AttemptEnd(124, "start", "node3", error="did not start within 120 s")
+    assert classify(end).fence == (("node3", "did not start within 120 s"),)
+
+
+def test_a_hang_culprits_node_is_fenced_a_hang_without_one_is_a_process_fault() -> None:
+    fault = classify(AttemptEnd(125, "hang", "node3", 4, error="no progress for 300 s"))
+    assert fault.kind == NODE and fault.fence[0][0] == "node3"
+    assert classify(AttemptEnd(125, "hang", None, None, error="hang")).kind == PROCESS
+
+
+def test_an_oom_or_a_node_xid_fences_the_node() -> None:
+    kernel = ["Out of memory: Killed process 77 (python) total-vm:1kB, anon-rss:2097152kB"]
+    oom = classify(_rank_end([], sig=9, code=137, evidence={"kernel": kernel}))
+    assert oom.kind == NODE and oom.fence[0][0] == "node2" and "OOM" in oom.why
+    xid = ["NVRM: Xid (PCI:0000:3b:00): 79, pid=77, GPU has fallen off the bus"]
+    fault = classify(_rank_end([], code=1, evidence={"kernel": xid}))
+    assert fault.kind == NODE and "Xid 79" in fault.why
+
+
+def test_a_kill_from_outside_or_a_segfault_after_progress_restarts_on_the_same_nodes() -> None:
+    killed = classify(_rank_end([], sig=9, code=137, evidence={"kernel": []}))
+    assert killed.kind == PROCESS and not killed.fence
+    assert classify(_rank_end(["Connection closed by peer"], code=1)).kind == PROCESS
+
+
+def test_success_interrupt_and_timeout_are_final() -> None:
+    assert classify(AttemptEnd(0, None)).kind == FINAL
+    assert classify(AttemptEnd(130, "interrupted")).kind == FINAL
+    assert classify(AttemptEnd(124, "timeout")).kind == FINAL
+
+
+def test_signature_leaves_out_rank_and_host() -> None:
+    a = explain(rank=1, host="a", code=1, sig=None, stderr=TRACE)
+    b = explain(rank=5, host="b", code=1, sig=None, stderr=TRACE)
+    assert signature(a) == signature(b) is not None
+    assert signature(None) is None
+
+
+# -- spares and shrinking ---------------------------------------------------------------------
+
+def test_a_fenced_node_is_replaced_by_a_spare_in_its_place() -> None:
+    gang = next_gang(["n1", "n2", "n3"], ["n4", "n5"], ["n2"], NodeCount(3, 3))
+    assert gang.active == ("n1", "n4", "n3") and gang.spares == ("n5",)
+    assert gang.replaced == (("n2", "n4"),) and gang.stop is None
+
+
+def test_without_a_spare_the_gang_shrinks_down_to_min_then_stops() -> None:
+    gang = next_gang(["n1", "n2", "n3"], [], ["n2"], NodeCount(2, 3))
+    assert gang.active == ("n1", "n3") and gang.dropped == ("n2",) and gang.stop is None
+    gang = next_gang(["n1", "n3"], [], ["n3"], NodeCount(2, 3))
+    assert gang.stop is not None and "at least 2" in gang.stop
+    assert next_gang(["n1", "n2"], [], ["n1"], NodeCount(2, 2)).stop is not None
+
+
+def test_a_fenced_spare_is_not_brought_in() -> None:
+    gang = next_gang(["n1", "n2"], ["n3", "n4"], ["n2", "n3"], NodeCount(2, 2))
+    assert gang.active == ("n1", "n4")
+
+
+# -- back-off and the decision ----------------------------------------------------------------
+
+def test_backoff_doubles_from_the_base_up_to_the_cap() -> None:
+    assert [backoff(n, 1.0, 30.0) for n in (1, 2, 3, 4, 5, 6, 7)] == [0, 1, 2, 4, 8, 16, 30]
+    assert backoff(9, 0.0) == 0.0
+
+
+def test_decision_line_for_a_lost_node_with_a_spare() -> None:
+    end = AttemptEnd(255, "lost", "node2", error="no heartbeat for 10 s", lost=("node2",))
+    d = decide(end, [], 1, RestartPolicy(restarts=3), ["node1", "node2", "node3"], ["node4"],
+               NodeCount(3, 3))
+    assert d.relaunch and d.gang is not None and d.gang.active == ("node1", "node4", "node3")
+    assert d.line == ("node2 lost (no heartbeat for 10 s): fenced, spare node4 in; "
+                      "attempt 2 from the last checkpoint in 1 s")
+    assert d.fenced == (("node2", "lost (no heartbeat for 10 s)"),)
+
+
+def test_decision_for_a_process_fault_and_the_restart_budget() -> None:
+    end = _rank_end(TRACE)
+    policy = RestartPolicy(restarts=1, backoff=0.5)
+    d = decide(end, [], 1, policy, ["a", "b"], [], NodeCount(2, 2))
+    assert d.relaunch and d.wait == 0.5 and "attempt 2 on the same nodes" in d.line
+    d = decide(end, [Fault(PROCESS, "other")], 2, policy, ["a", "b"], [], NodeCount(2, 2))
+    assert not d.relaunch and "no restart left (--restarts 1)" in d.line
+
+
+def test_decision_for_a_user_error_is_one_attempt() -> None:
+    stderr = [*TRACE[:-1], "SyntaxError: invalid syntax"]
+    d = decide(_rank_end(stderr), [], 1, RestartPolicy(restarts=9), ["a"], [], NodeCount(1, 1))
+    assert not d.relaunch and d.fault.kind == USER and d.line.endswith("not restarted")
+
+
+def test_decision_to_shrink_and_to_stop_without_nodes() -> None:
+    end = AttemptEnd(255, "lost", "b", error="gone", lost=("b",))
+    d = decide(end, [], 1, RestartPolicy(restarts=2), ["a", "b", "c"], [], NodeCount(2, 3))
+    assert d.relaunch and d.gang is not None and d.gang.active == ("a", "c")
+    assert "fenced, shrinking to 2 nodes" in d.line
+    d = decide(end, [], 1, RestartPolicy(restarts=2), ["a", "b"], [], NodeCount(2, 2))
+    assert not d.relaunch and "at least 2" in d.line
+
+
+# -- the lemon list ---------------------------------------------------------------------------
+
+def _lemon(host: str, t: float = 1000.0, ttl: float = 100.0) -> lm.Lemon:
+    return lm.Lemon(host, "lost (no heartbeat)", "run-1", t, t + ttl)
+
+
+def test_lemons_in_force_skip_and_kept() -> None:
+    now = 1050.0
+    records = [_lemon("n2"), _lemon("n5", t=800.0)]  # n5's time is over
+    current = lm.current(records, now)
+    assert list(current) == ["n2"]
+    s = lm.skip(["n1", "n2", "n3", "n4"], current, need=3)
+    assert s.hosts == ("n1", "n3", "n4") and [x.host for x in s.skipped] == ["n2"]
+    s = lm.skip(["n1", "n2", "n3"], current, need=3)  # cannot spare it: used, with a warning
+    assert s.hosts == ("n1", "n2", "n3") and [x.host for x in s.kept] == ["n2"]
+    assert "dtrain nodes unfence n2" in lm.skip_line(current["n2"], now)
+    assert "fenced by run run-1 50 s ago" in lm.skip_line(current["n2"], now)
+    assert "used anyway" in lm.kept_line(current["n2"], now)
+
+
+def test_lemons_add_remove_expire_and_tolerant_parse() -> None:
+    records = lm.add([_lemon("a"), _lemon("b")], [_lemon("a", t=2000.0)])
+    assert sorted((x.host, x.t) for x in records) == [("a", 2000.0), ("b", 1000.0)]
+    kept, found = lm.remove(records, ["a", "zz"])
+    assert [x.host for x in kept] == ["b"] and found == ["a"]
+    kept, dropped = lm.expire(records, now=1500.0)
+    assert [x.host for x in kept] == ["a"] and [x.host for x in dropped] == ["b"]
+    kept, dropped = lm.expire(records, now=2001.0, older_than=0.5)
+    assert kept == [] and len(dropped) == 2
+    doc = lm.document(records)
+    assert lm.parse(json.loads(json.dumps(doc))) == records
+    assert lm.parse({"lemons": [{"host": 3}, {"t": 1}, "x", {"host": "h", "t": "no"}]}) == []
+    assert lm.parse([1, 2]) == [] and lm.parse(None) == []
+
+
+def test_the_store_lives_in_the_state_dir_private_and_survives_garbage(tmp_path: Path) -> None:
+    assert state_dir({"XDG_STATE_HOME": "/x/state"}) == Path("/x/state/dtrain")
+    assert state_dir({"HOME": "/h"}) == Path("/h/.local/state/dtrain")
+    assert state_dir({"DTRAIN_STATE_DIR": "/s", "XDG_STATE_HOME": "/x"}) == Path("/s")
+    assert state_dir({"XDG_STATE_HOME": "rel", "HOME": "/h"}) == Path("/h/.local/state/dtrain")
+    store = LemonStore(tmp_path / "state" / "dtrain")
+    assert store.load() == []  # no directory yet: nothing, nothing created
+    assert not (tmp_path / "state").exists()
+    store.remember([_lemon("n2")])
+    store.remember([_lemon("n3")])
+    assert [x.host for x in store.load()] == ["n2", "n3"]
+    mode = stat.S_IMODE(os.stat(store.path).st_mode)
+    assert mode == 0o600 and stat.S_IMODE(os.stat(store.directory).st_mode) == 0o700
+    store.path.write_text("{torn")
+    assert store.load() == []
+    store.remember([_lemon("n4")])  # a torn file is replaced, not fatal
+    assert [x.host for x in store.load()] == ["n4"]
