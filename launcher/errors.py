@@ -24,6 +24,8 @@ class DtrainError(Exception):
     """Base of every user-facing failure."""
 
     exit_code: int = 1
+    hosts: tuple[str, ...] = ()  # the nodes it is about, when a caller can act on them
+    #                              (a restarting run fences them: docs/restarts.md)
 
     def __init__(self, message: str, *, hint: str | None = None, host: str | None = None) -> None:
         super().__init__(message)

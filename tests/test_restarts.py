@@ -29,7 +29,7 @@ from launcher.decide.restarts import (
     signature,
 )
 from launcher.errors import UsageError
-from launcher.output.lemons import LemonStore, state_dir
+from launcher.job.lemons import LemonStore, state_dir
 
 TRACE = ["Traceback (most recent call last):",
          '  File "/w/train.py", line 40, in <module>',

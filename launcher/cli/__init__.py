@@ -25,6 +25,7 @@ from launcher.cli import (
     exec,
     keys,
     logs,
+    nodes,
     ps,
     report,
     run,
@@ -69,6 +70,8 @@ app.command("stacks", cls=Cmd)(stacks.stacks_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
 app.command("report", cls=Cmd)(report.report_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)
+app.add_typer(nodes.nodes_app, name="nodes", help="Nodes fenced by `dtrain run --restarts` "
+              "(the lemon list): list, unfence, expire.")
 
 
 def only(name: str) -> typer.Typer:

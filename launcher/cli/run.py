@@ -97,9 +97,20 @@ def run_cmd(
     progress: Annotated[str | None, typer.Option(
         "--progress", help="REGEX: the output lines that show progress (default: step, "
         "iteration, epoch, loss lines and progress bars).")] = None,
-    on_hang: Annotated[str, typer.Option(
+    on_hang: Annotated[str | None, typer.Option(
         "--on-hang", help="dump (stacks, keep waiting) or stop (stacks, then stop every "
-        "node: exit 125).")] = "dump",
+        "node: exit 125); default dump, stop with --restarts.")] = None,
+    restarts: Annotated[int, typer.Option(
+        "--restarts", min=0, help="Relaunch the whole gang up to N times after a failure, "
+        "from the script's own checkpoint; a lost or faulty node is fenced (a spare takes "
+        "its place), a deterministic error is not retried (docs/restarts.md).")] = 0,
+    nnodes: Annotated[str | None, typer.Option(
+        "--nnodes", help="K or MIN:MAX (torchrun's spelling): use the first K (MAX) usable "
+        "hosts, keep the rest as spares; with --restarts a run shrinks down to MIN when no "
+        "spare is left.")] = None,
+    restart_backoff: Annotated[float, typer.Option(
+        "--restart-backoff", min=0, help="Seconds before the first relaunch, doubled for "
+        "each next one, at most 30.")] = 1.0,
     heartbeat_timeout: Annotated[float, typer.Option(
         "--heartbeat-timeout", min=1, help="Declare a silent node lost after S s "
                                            "(exit 255).")] = 30.0,
@@ -138,10 +149,15 @@ def run_cmd(
             raise UsageError(f"--rdzv {rdzv!r}: use static or c10d")
         from launcher.decide.hang import ON_HANG, HangPolicy, compile_progress
 
-        if on_hang not in ON_HANG:
+        if on_hang is not None and on_hang not in ON_HANG:
             raise UsageError(f"--on-hang {on_hang!r}: use dump or stop")
+        from launcher.decide.restarts import RestartPolicy, parse_nnodes
+
+        restart = RestartPolicy(restarts=restarts, count=parse_nnodes(nnodes),
+                                backoff=restart_backoff)
         compile_progress(progress)  # a bad pattern: exit 2 before anything connects
-        hang = HangPolicy(timeout=hang_timeout, progress=progress, on_hang=on_hang)
+        hang = HangPolicy(timeout=hang_timeout, progress=progress,
+                          on_hang=on_hang or ("stop" if restarts else "dump"))
         host_list = resolve(hostfile, hosts, include, exclude)
         pairs = load_env_file(env_file) if env_file else []
         pairs += parse_env_args(env or [])
@@ -174,7 +190,7 @@ def run_cmd(
                           else "profile", no_auto=frozenset(no_auto or ()),
                           preflight=preflight, command=tuple(command),
                           transport=transport, junit=junit, timestamps=timestamps,
-                          hang=hang)
+                          hang=hang, restart=restart)
         settings = ssh_settings(connect_timeout, accept_new)
         if detach and not dry_run:
             from launcher.commands.detach import Detacher, run_detached

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from launcher.commands.entry import Ended, finish, in_github_actions, run_command
-from launcher.commands.run import Payload, RunResult, launch, report_nodes
+from launcher.commands.launch import Payload, RunResult, launch
+from launcher.commands.run import report_nodes
 from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks
 from launcher.decide.plan import RunOptions, RunRequest

@@ -86,7 +86,8 @@ def expire(lemons: Sequence[Lemon], now: float, older_than: float | None = None
            ) -> tuple[list[Lemon], list[Lemon]]:
     """(kept, dropped): records whose time is over, or fenced more than ``older_than`` s
     ago."""
-    kept, dropped = [], []
+    kept: list[Lemon] = []
+    dropped: list[Lemon] = []
     for x in lemons:
         old = x.until <= now or (older_than is not None and now - x.t >= older_than)
         (dropped if old else kept).append(x)

@@ -14,6 +14,7 @@ from pathlib import Path
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
 from launcher.decide.netenv import EnvDecision, EnvVar, decide_env
+from launcher.decide.restarts import RestartPolicy
 from launcher.errors import PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
@@ -38,6 +39,8 @@ class RunRequest:
     rdzv: str = "static"
     max_restarts: int = 0
     run_id: str = "dtrain"
+    restarts: int = 0  # dtrain run --restarts N: relaunches of the whole gang
+    attempt: int = 1  # which attempt this plan is for (DTRAIN_ATTEMPT with --restarts)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class RunOptions:
     junit: str | None = None  # --junit PATH (not with --dry-run)
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
     hang: HangPolicy = HangPolicy()  # --hang-timeout, --progress, --on-hang (docs/hangs.md)
+    restart: RestartPolicy = RestartPolicy()  # --restarts, --nnodes (docs/restarts.md)
 
 
 @dataclass(frozen=True)
@@ -162,10 +166,14 @@ def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ..
     """Variables dtrain always sets besides the network ones: the floor of the node's
     environment (``netenv.merge_env``), under every other layer (PYTHONUNBUFFERED is set by
     netenv.decide_env, where --env can override it)."""
+    attempt = (EnvVar("DTRAIN_ATTEMPT", str(req.attempt), "dtrain",
+                      f"attempt of --restarts {req.restarts} (the shim adds attempt-1 to "
+                      "TORCHELASTIC_RESTART_COUNT)"),) if req.restarts or req.attempt > 1 else ()
     return (
         EnvVar("DTRAIN_RUN_ID", req.run_id, "dtrain", "run archive id"),
         EnvVar("DTRAIN_NODE_RANK", str(node_rank), "dtrain", "node rank"),
         EnvVar("DTRAIN_NNODES", str(nnodes), "dtrain", "number of nodes"),
+        *attempt,
         # torchrun sets 1 anyway when unset, with a banner on every node; --env overrides
         EnvVar("OMP_NUM_THREADS", "1", "dtrain", "torchrun's default, made explicit"),
     )

@@ -215,7 +215,7 @@ def backoff(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP
     return float(min(cap, base * 2 ** (attempt - 2)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class RestartPolicy:
     """``--restarts N`` and its bounds."""
 

@@ -99,6 +99,7 @@ class HangWatch:
         self.say = say
         self.alive = alive
         self.on_record = on_record  # meta.json is to be rewritten (hangs, stacks)
+        self.attempt = 1  # dtrain run --restarts: which attempt this watch follows
         self.clock = clock
         self.declared: float | None = None  # the baseline of the stall last declared
         self.hangs: list[dict[str, Any]] = []
@@ -159,7 +160,7 @@ class HangWatch:
                  f"{self.policy.timeout:g}){last}; taking every rank's stacks")
         dump = await self.dump("hang", f"no progress for {stalled:.0f} s")
         culprit = dump.folded.culprit if dump.folded else None
-        record = {"t": now, "attempt": 1, "stalled_s": round(stalled, 1),
+        record = {"t": now, "attempt": self.attempt, "stalled_s": round(stalled, 1),
                   "culprit": {"rank": culprit.rank, "host": culprit.host,
                               "ranks": list(culprit.ranks), "place": culprit.place,
                               "why": culprit.why} if culprit else None,
@@ -291,6 +292,13 @@ class HangWatch:
                      f"({folded.culprit.why}){where}")
         elif folded.groups:
             self.say(f"no rank stands out: every rank waits at {folded.groups[0].place}{where}")
+
+    def continue_from(self, earlier: HangWatch) -> None:
+        """An attempt after ``earlier`` (--restarts): its hangs and dumps stay in meta.json,
+        and dump ids go on counting (stacks/<id>/ of every attempt are kept apart)."""
+        self.hangs = list(earlier.hangs)
+        self.dumps = list(earlier.dumps)
+        self._count = dict(earlier._count)
 
     def meta(self) -> dict[str, Any]:
         """meta.json's ``hangs``, ``stacks`` and ``progress``."""

@@ -79,8 +79,10 @@ async def _gather_named(coros: Mapping[str, Any]) -> None:
         for label, coro in coros.items():
             tg.create_task(guard(label, coro), name=f"probe:{label}")
     if failures:
-        raise PreflightFailed(fold_by_message((h, failures[h]) for h in coros if h in failures),
-                              hint=PYTHON_FIX)
+        error = PreflightFailed(fold_by_message((h, failures[h]) for h in coros
+                                                if h in failures), hint=PYTHON_FIX)
+        error.hosts = tuple(h for h in coros if h in failures)
+        raise error
 
 
 def entry_missing(req: RunRequest, hosts: Sequence[str]) -> PreflightFailed:
@@ -126,6 +128,7 @@ async def check_master_port(conns: Sequence[Connection], req: RunRequest, addr: 
                                       hint="pick another --master-port")
             port = int(res["port"])
             failures: list[str] = []
+            failed: list[str] = []
 
             async def one(conn: Connection) -> None:
                 try:
@@ -135,14 +138,17 @@ async def check_master_port(conns: Sequence[Connection], req: RunRequest, addr: 
                     got = {"ok": False, "error": exc.message}
                 if not got.get("ok"):
                     failures.append(f"{conn.host.label} ({got.get('error')})")
+                    failed.append(conn.host.label)
 
             async with asyncio.TaskGroup() as tg:
                 for conn in workers:
                     tg.create_task(one(conn))
             if failures:
-                raise PreflightFailed(
+                error = PreflightFailed(
                     f"the master {addr}:{port} is unreachable from {', '.join(failures)}",
                     hint="check firewalls between the nodes, or pass --master-addr")
+                error.hosts = tuple(failed)
+                raise error
         finally:
             proc.write_eof()
             proc.abort()

@@ -52,7 +52,9 @@ def unreachable_error(hosts: Sequence[Host], errors: Mapping[str, str]) -> Conne
     text = (f"cannot reach {lines[0]}; nothing was started" if len(lines) == 1 else
             f"cannot reach {render.count(len(failed), 'node')}; nothing was started:\n  "
             + "\n  ".join(lines))
-    return ConnectError(text, hint=leave_out_hint(failed))
+    error = ConnectError(text, hint=leave_out_hint(failed))
+    error.hosts = tuple(h.label for h in failed)
+    return error
 
 
 @contextlib.asynccontextmanager

@@ -449,6 +449,9 @@ def flight_defaults(env, directory, names="current"):
     return add
 
 
+ATTEMPT_ENV = "DTRAIN_ATTEMPT"  # dtrain run --restarts: 1, 2, ... (decide/restarts.py)
+
+
 def rank_argv(argv, sock_path):
     """The worker's command line: the user's script through this file's rank mode."""
     if os.environ.get(STACKS_OFF_ENV) == "0":
@@ -458,6 +461,13 @@ def rank_argv(argv, sock_path):
 
 def rank_env(sock_path):
     env = dict(os.environ)
+    attempt = env.get(ATTEMPT_ENV, "")
+    if attempt.isdigit() and int(attempt) > 1:
+        # torchrun sets its own restart count (0 on a fresh agent): dtrain's relaunches of
+        # the whole gang count too, as the snapshot convention expects (docs/restarts.md)
+        own = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        own_n = int(own) if own.isdigit() else 0
+        env["TORCHELASTIC_RESTART_COUNT"] = str(own_n + int(attempt) - 1)
     if env.get(STACKS_OFF_ENV) != "0":
         env[ARM_ENV] = sock_path
     return env

@@ -3,7 +3,8 @@
     <run_id>/
       meta.json        versioned dict (archive_version: 1), rewritten atomically
       output.jsonl     one object per line, in arrival order:
-                       {"t", "host", "node_rank", "rank", "stream", "line"}
+                       {"t", "host", "node_rank", "rank", "stream", ["attempt",] "line"}
+                       ("attempt": with --restarts, 1, 2, ...; absent = 1)
       hosts/<host>.log plain text per host; rank lines start with "r<rank> "
 
 Run ids sort by start time (``20261129-151300-ab12``: UTC time plus a random suffix);
@@ -151,6 +152,18 @@ class RunArchive:
         self._sources: dict[_Source, tuple[str, str, list[str] | None]] = {}
         self._dirty = False
         self._last_flush = clock()
+        self.attempt: int | None = None  # --restarts: every output.jsonl line says its attempt
+
+    def begin_attempt(self, attempt: int) -> None:
+        """The lines from now on belong to ``attempt`` (``"attempt": n`` in output.jsonl;
+        the host logs get a ``dtrain: attempt n`` line); reopens the output files a
+        finished attempt's pipeline closed."""
+        self.attempt = attempt
+        self._sources.clear()
+        if self._out is None:
+            self._out = open(  # closed by close()
+                self.dir.append(OUTPUT), "a", encoding="utf-8", errors="backslashreplace",
+                buffering=1024 * 1024)
 
     @classmethod
     def create(
@@ -270,7 +283,8 @@ class RunArchive:
         host, node_rank, rank, stream = key
         middle = (
             f',"host":{json.dumps(host)},"node_rank":{json.dumps(node_rank)},'
-            f'"rank":{json.dumps(rank)},"stream":{json.dumps(stream)},"line":'
+            f'"rank":{json.dumps(rank)},"stream":{json.dumps(stream)},'
+            + (f'"attempt":{self.attempt},' if self.attempt is not None else "") + '"line":'
         )
         prefix = "dtrain: " if stream == "dtrain" else (f"r{rank} " if rank is not None else "")
         log = self._host_buf.setdefault(host, []) if host else None

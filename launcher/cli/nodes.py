@@ -1,0 +1,71 @@
+"""`dtrain nodes`: the lemon list (nodes fenced by a restarting run): list, unfence, expire."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import DtrainGroup, run_body
+
+nodes_app = typer.Typer(cls=DtrainGroup, invoke_without_command=True,
+                        help="Nodes fenced by `dtrain run --restarts` (the lemon list): "
+                             "list, unfence, expire.")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout "
+                                       "(dtrain.nodes/1).")]
+
+
+@nodes_app.callback()
+def nodes_cmd(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List the remembered bad nodes: which node, why, which run, when, until when.
+
+    Later runs leave these nodes out while they have hosts to spare (--nnodes below the host
+    count) and say so; the list lives in the per-user state directory
+    ($XDG_STATE_HOME/dtrain/lemons.json; docs/restarts.md).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+
+    def body() -> int:
+        from launcher.commands.nodes import list_nodes
+
+        return list_nodes(as_json=as_json)
+
+    run_body(body)
+
+
+@nodes_app.command("list")
+def list_cmd(as_json: JsonOpt = False) -> None:
+    """List the remembered bad nodes (the same as `dtrain nodes`)."""
+    def body() -> int:
+        from launcher.commands.nodes import list_nodes
+
+        return list_nodes(as_json=as_json)
+
+    run_body(body)
+
+
+@nodes_app.command("unfence")
+def unfence_cmd(hosts: Annotated[list[str], typer.Argument(
+        help="Host names as the hostfile writes them (node[1-3] ranges work).")]) -> None:
+    """Take nodes off the list: later runs use them again."""
+    def body() -> int:
+        from launcher.commands.nodes import unfence
+
+        return unfence(hosts)
+
+    run_body(body)
+
+
+@nodes_app.command("expire")
+def expire_cmd(older_than: Annotated[str | None, typer.Option(
+        "--older-than", help="Also drop records fenced longer ago than this (90s, 30m, 12h, "
+        "7d; 0 = every record).")] = None) -> None:
+    """Drop the records whose time is over (a fence lasts 24 h), or older ones."""
+    def body() -> int:
+        from launcher.commands.nodes import expire
+
+        return expire(older_than)
+
+    run_body(body)

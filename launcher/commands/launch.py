@@ -1,0 +1,368 @@
+"""A run's job from its plan to its verdict: the output pipeline, the live status line, the
+archive directory held and locked, meta.json, and one supervised job (``supervise``), which
+`run` (once, or once per attempt with --restarts: commands/restarts.py) and `smoke` share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher import __version__
+from launcher.decide.failures import ErrorKeeper, FailureReason
+from launcher.decide.flight import flight_names
+from launcher.decide.hang import ProgressWatch, compile_progress
+from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
+from launcher.hosts.hostfile import fold
+from launcher.job.hangwatch import HangWatch
+from launcher.job.node import JobSpec
+from launcher.job.orchestrate import (
+    Job,
+    JobOutcome,
+    JobState,
+    LineRouter,
+    NodeLaunch,
+    Policy,
+)
+from launcher.job.preflight import Preflight
+from launcher.job.prepare import Prepared
+from launcher.job.verdict import (
+    TailKeeper,
+    Verdict,
+    failure_lines,
+    failure_reason,
+    node_results,
+    root_cause_json,
+    summary_lines,
+    verdict,
+)
+from launcher.models import Host, OutputLine
+from launcher.output import render
+from launcher.output.fold import ShutdownChatter, StderrFolder
+from launcher.output.pipeline import OutputPipeline
+from launcher.output.redact import redact_command
+
+if TYPE_CHECKING:
+    from launcher.commands.detach import Detacher
+    from launcher.output.archive import RunArchive
+
+
+class RunPipeline(OutputPipeline):
+    """The output pipeline, keeping stderr tails on the way; ``take`` may claim lines
+    (dtrain smoke's reports), which then go neither to the console nor to the archive."""
+
+    def __init__(self, *args: Any, tails: TailKeeper,
+                 take: Callable[[OutputLine], bool] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tails = tails
+        self.take = take
+        self.chatter = ShutdownChatter()
+        self.observers: list[Callable[[Sequence[OutputLine]], None]] = []  # the hang watch
+
+    def stopping(self) -> None:
+        """dtrain began stopping the job: torchrun's shutdown chatter leaves the console."""
+        self.chatter.stopping = True
+
+    def job_over(self, order: Sequence[str]) -> None:
+        """The job ended: show the lines held for folding, then one line per node whose
+        torchrun shutdown chatter was kept off the console."""
+        self.flush_console()
+        for host, text in self.chatter.summary(order):
+            self.message(text, host=host)
+
+    def for_console(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
+        if self.chatter.stopping:
+            keep = self.chatter.keep
+            kept = [line for line in lines if keep(line)]
+            if len(kept) != len(lines):
+                lines = kept
+        return super().for_console(lines) if lines else lines
+
+    def emit(self, lines: Sequence[OutputLine], **kwargs: Any) -> None:
+        if self.take is not None:
+            take = self.take
+            kept = [line for line in lines if line.stream == "dtrain" or not take(line)]
+            if len(kept) != len(lines):
+                lines, kwargs["size"] = kept, None
+        self.tails.add(lines)
+        for observe in self.observers:
+            observe(lines)
+        super().emit(lines, **kwargs)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What a command adds to a run's job: files shipped in every supervisor's spec (written
+    to its private directory), and the output lines it takes out of the console and the
+    archive (dtrain smoke's report lines)."""
+
+    files: Mapping[str, str] = field(default_factory=dict)
+    take: Callable[[OutputLine], bool] | None = None
+
+
+NO_PAYLOAD = Payload()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a launch returned (torch elastic's vocabulary: the plan is the spec, the Job the
+    group of workers, this the run's result): the verdict and its evidence."""
+
+    code: int
+    outcome: JobOutcome
+    verdict: Verdict
+    tails: TailKeeper
+    archive_path: Path
+    archive: RunArchive  # still holding the run directory (smoke adds to it)
+    nodes: list[dict[str, Any]]  # meta.json's per-node results
+    root_cause: dict[str, Any]
+    run_id: str
+    world_size: int
+    master: str
+    hangs: list[dict[str, Any]] = field(default_factory=list)
+    failure: FailureReason | None = None  # why the root-cause rank died
+    progressed: bool = False  # a progress line was seen (--restarts: decide.restarts)
+    watch: HangWatch | None = None  # the attempt's hang watch (its records go on)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # meta.json's, --restarts
+
+
+def run_extra(result: RunResult | None) -> dict[str, Any]:
+    """dtrain.run/1's ``run`` section (None: the run never got a result, e.g. Ctrl-C while
+    connecting)."""
+    if result is None:
+        return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None,
+                "hangs": [], "attempts": []}
+    return {"run_id": result.run_id, "world_size": result.world_size,
+            "master": result.master, "stop_reason": result.outcome.stop_reason,
+            "hangs": result.hangs, "attempts": result.attempts}
+
+
+class NodeBoard:
+    """The live status line on a terminal: per-node state from the supervisors' messages."""
+
+    def __init__(self, labels: Sequence[str], world_size: int) -> None:
+        self.state = dict.fromkeys(labels, "starting")
+        self.world_size = world_size
+        self.ranks_done = 0
+        self.ranks_failed = 0
+        self.start = time.monotonic()
+
+    def event(self, host: Host, msg: Mapping[str, object]) -> None:
+        kind = msg.get("type")
+        if kind == "hello":
+            self.state[host.label] = "running"
+        elif kind == "stopping":
+            self.state[host.label] = "stopping"
+        elif kind == "exit":
+            self.state[host.label] = f"exit {msg.get('code')}"
+        elif kind == "rank_exit":
+            self.ranks_done += 1
+            self.ranks_failed += msg.get("code") not in (0, None)
+
+    def render(self) -> str:
+        counts: dict[str, int] = {}
+        for state in self.state.values():
+            counts[state] = counts.get(state, 0) + 1
+        elapsed = int(time.monotonic() - self.start)
+        nodes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        failed = f" ({self.ranks_failed} failed)" if self.ranks_failed else ""
+        return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | "
+                f"{render.count(len(self.state), 'node')}: "
+                f"{nodes} | ranks finished {self.ranks_done}/{self.world_size}{failed}")
+
+
+def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
+                pre: Preflight) -> dict[str, Any]:
+    torch_versions = {label: f.torch_version for label, f in pre.facts.items()}
+    return {
+        "run_id": req.run_id, "dtrain_version": __version__,
+        "command": list(opts.command),
+        "script": req.script, "args": redact_command(req.args, (), req.env, req.hidden_env),
+        "module": req.module,
+        "workdir": req.workdir, "torch_versions": torch_versions,
+        "start": time.time(), "plan": plan_json(plan),
+        "hosts": [n.host.label for n in plan.nodes], "world_size": plan.world_size,
+        "layout": [{"host": n.host.label, "node_rank": n.node_rank, "ranks": list(n.ranks)}
+                   for n in plan.nodes],
+    }
+
+
+@contextlib.contextmanager
+def held_run(req: RunRequest, opts: RunOptions,
+             detacher: Detacher | None) -> Iterator[RunArchive]:
+    """The run's archive directory, created and locked for the launcher's life (a crash or
+    a Ctrl-C before the job ended is recorded in meta.json)."""
+    from launcher.output.archive import RunArchive
+    from launcher.output.runlock import LOCK, LauncherLock
+
+    archive = RunArchive.create(opts.archive_dir, req.run_id)
+    lock: LauncherLock | None = None
+    try:
+        lock = LauncherLock.acquire(archive.dir, detached=detacher is not None)
+    except OSError as exc:  # a filesystem without locks: the run goes on, ps cannot tell
+        render.note(f"warning: cannot lock {archive.path / LOCK} ({exc.strerror}): `dtrain "
+                    "ps` will show this run as 'launcher lost' while it runs")
+    try:
+        yield archive
+    except BaseException as exc:  # a launcher crash or a Ctrl-C before the job ran: say so
+        if "exit_code" not in archive.meta:
+            archive.update_meta(end=time.time(), state="finished", exit_code=None,
+                                outcome=f"launcher ended early: {type(exc).__name__}")
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def start_meta(archive: RunArchive, req: RunRequest, opts: RunOptions, plan: LaunchPlan,
+               prep: Prepared, detacher: Detacher | None) -> None:
+    """meta.json as the job starts (each attempt's plan, with --restarts)."""
+    archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, prep.pre),
+                        "state": "starting", "transport": prep.choice.kind,
+                        "launcher": {"pid": os.getpid(), "uid": os.getuid(),
+                                     "host": socket.gethostname(),
+                                     "detached": detacher is not None,
+                                     "heartbeat_timeout": opts.heartbeat_timeout,
+                                     "grace": opts.grace}})
+
+
+async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOptions, *,
+                 detacher: Detacher | None = None, payload: Payload = NO_PAYLOAD) -> RunResult:
+    """Start torchrun on every node and follow the job to its verdict."""
+    with held_run(req, opts, detacher) as archive:
+        start_meta(archive, req, opts, plan, prep, detacher)
+        return await supervise(plan, req, opts, prep, archive, detacher, payload)
+
+
+async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: Prepared,
+                    archive: RunArchive, detacher: Detacher | None, payload: Payload = NO_PAYLOAD,
+                    *, earlier: HangWatch | None = None) -> RunResult:
+    """One job over the plan's nodes, followed to its verdict (with --restarts: one attempt,
+    ``req.attempt``; ``earlier``: the attempt before's hang watch, whose records go on)."""
+    from launcher.job.control import ControlServer, StopRequest
+    from launcher.output.console import Console
+
+    # with --json, stdout holds the one JSON document: the human output goes to stderr
+    console = Console(sys.stderr if opts.as_json else sys.stdout, color=opts.color,
+                      ranks=opts.ranks, hosts=opts.hosts_filter,
+                      sanitize=False if opts.raw else None,
+                      labels=[n.host.label for n in plan.nodes], world_size=plan.world_size,
+                      timestamps=opts.timestamps)
+    launches = {}
+    torch_versions = archive.meta.get("torch_versions") or {}
+    for node in plan.nodes:
+        spec = JobSpec(argv=node.argv, env=node.exported_env(),
+                       rank_shim=True, grace=opts.grace,
+                       heartbeat_timeout=opts.heartbeat_timeout,
+                       heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
+                       files=payload.files,
+                       flight_recorder=flight_names(torch_versions.get(node.host.label)))
+        launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
+                                               setup=req.setup, node_rank=node.node_rank)
+    policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
+                    fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0,
+                    hangup_stops=detacher is None)
+    tails = TailKeeper()
+    node_ranks = {n.host.label: n.node_rank for n in plan.nodes}
+    hosts = [n.host for n in plan.nodes]
+    board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
+    console.status = board.render
+    folder = StderrFolder(plan.world_size, len(plan.nodes), fold_hosts=fold)
+    async with RunPipeline(console, archive, tails=tails, take=payload.take,
+                           folder=folder) as out:
+        nodes = render.count(len(hosts), "node")
+        attempt = f" attempt {req.attempt}" if req.restarts or req.attempt > 1 else ""
+        if attempt:
+            archive.begin_attempt(req.attempt)
+        out.message(f"run {archive.run_id}{attempt}: {nodes}, world size {plan.world_size}, "
+                    f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
+        if detacher is None:
+            render.note("Ctrl-C stops the run on every node, and so does closing this terminal "
+                        "(SIGHUP); `dtrain run --detach` keeps a run going without it")
+
+        def on_state(state: JobState) -> None:
+            if state is JobState.RUNNING:
+                archive.update_meta(state="running")
+                if detacher is not None:
+                    console.broken = True  # the terminal is gone: the archive has every line
+                    detacher.detach(archive.run_id, archive.dir)
+            elif state is JobState.TEARING_DOWN:
+                archive.update_meta(state="stopping")
+                out.stopping()
+
+        def on_event(host: Host, msg: dict[str, object]) -> None:
+            board.event(host, msg)
+            watch.event(host, msg)
+            errors.event(host.label, msg)
+
+        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
+                  on_state=on_state)
+        watch = hang_watch(job, plan, opts, archive, out, board)
+        watch.attempt = req.attempt
+        if earlier is not None:
+            watch.continue_from(earlier)
+        errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
+        out.observers.append(errors.observe)
+
+        def on_stop(stop: StopRequest) -> str:
+            who = f"`dtrain stop` (pid {stop.pid})"
+            job.request_stop(who, grace=stop.grace, kill=stop.kill)
+            return "stopping"
+
+        async def on_stacks(pid: int) -> dict[str, Any]:
+            dump = await watch.dump("stacks", f"`dtrain stacks` (pid {pid})")
+            archive.update_meta(**watch.meta())
+            return {**dump.json(), "lines": dump.folded.lines() if dump.folded else [],
+                    "ranks": len(dump.stacks)}
+
+        control = ControlServer(archive.dir, on_stop, on_stacks=on_stacks)
+        try:
+            await control.start()
+        except OSError as exc:  # e.g. a filesystem without unix sockets
+            render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
+                        "cannot reach this run; stop it with Ctrl-C or SIGTERM")
+        watching = asyncio.get_running_loop().create_task(watch.run(), name="hang-watch")
+        try:
+            outcome = await job.run(prep.transport, prep.conns)
+        finally:
+            watching.cancel()
+            await control.aclose()
+        out.job_over([h.label for h in hosts])
+        v = verdict(outcome, plan, tails)
+        failure = failure_reason(outcome, v, errors)
+        if failure is not None:
+            v.why = failure_lines(failure)
+        for line in summary_lines(outcome, plan, v):
+            out.message(line)
+    results = node_results(outcome, plan, v)
+    root_cause = root_cause_json(outcome, v, tails)
+    if failure is not None:
+        root_cause["failure"] = failure.json()
+    archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
+                        root_cause=root_cause, nodes=results, console_skipped=out.skipped,
+                        **watch.meta())
+    return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
+                     req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
+                     watch.hangs, failure, watch.watch.any_progress, watch)
+
+
+def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,
+               out: RunPipeline, board: NodeBoard) -> HangWatch:
+    """The run's hang watch (docs/hangs.md), fed with every output line."""
+    policy = opts.hang
+    progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
+                             time.time())
+    watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},
+                      archive.dir, lambda text: out.message(text),
+                      alive=lambda: job.state is JobState.RUNNING and board.ranks_done == 0,
+                      on_record=lambda: archive.update_meta(**watch.meta()))
+    out.observers.append(watch.observe)
+    return watch

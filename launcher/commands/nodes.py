@@ -1,0 +1,89 @@
+"""`dtrain nodes`: the lemon list's records (decide/lemons.py) in the state directory's file
+(job/lemons.py), listed, taken off, expired."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from datetime import datetime
+
+from launcher.decide import lemons as lm
+from launcher.errors import UsageError
+from launcher.job.lemons import LemonStore
+from launcher.output import render
+
+NODES_SCHEMA = "dtrain.nodes/1"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, option: str = "--older-than") -> float:
+    """``90s``, ``30m``, ``12h``, ``7d`` or plain seconds."""
+    m = _DURATION.fullmatch(text.strip())
+    if not m:
+        raise UsageError(f"{option} {text!r}: give a duration like 90s, 30m, 12h or 7d")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+
+
+def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int:
+    store = store or LemonStore()
+    now = time.time()
+    records = sorted(store.load(), key=lambda x: x.t)
+    if as_json:
+        doc = {"schema": NODES_SCHEMA, "path": str(store.path),
+               "nodes": [{**x.json(), "fenced": x.until > now} for x in records]}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    if not records:
+        sys.stdout.write(f"no fenced nodes ({store.path})\n")
+        return 0
+    rows = [("HOST", "STATE", "FENCED", "UNTIL", "RUN", "WHY")]
+    for x in records:
+        state = "fenced" if x.until > now else "expired"
+        rows.append((x.host, state, f"{_when(x.t)} ({lm.ago(now - x.t)} ago)", _when(x.until),
+                     x.run_id, x.why))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
+                         + "  " + r[5] + "\n")
+    sys.stdout.write(f"{store.path}; `dtrain nodes unfence HOST` brings one back\n")
+    return 0
+
+
+def _expand(hosts: list[str]) -> list[str]:
+    from launcher.hosts.hostfile import _nodeset
+
+    out: list[str] = []
+    for expr in hosts:
+        out += [str(name) for name in _nodeset(expr, "HOST")]
+    return out
+
+
+def unfence(hosts: list[str], store: LemonStore | None = None) -> int:
+    store = store or LemonStore()
+    names = _expand(hosts)
+    found = store.change(lambda old: lm.remove(old, names))
+    missing = [h for h in names if h not in found]
+    if found:
+        render.note(f"unfenced {', '.join(found)}: later runs use "
+                    f"{'it' if len(found) == 1 else 'them'} again", sys.stdout)
+    if missing:
+        render.note(f"not on the list: {', '.join(missing)} (`dtrain nodes` lists it)",
+                    sys.stdout)
+    return 0 if found or not missing else 1
+
+
+def expire(older_than: str | None, store: LemonStore | None = None) -> int:
+    store = store or LemonStore()
+    age = parse_duration(older_than) if older_than is not None else None
+    now = time.time()
+    dropped = store.change(lambda old: lm.expire(old, now, age))
+    render.note(f"expired {render.count(len(dropped), 'record')}"
+                + (f": {', '.join(x.host for x in dropped)}" if dropped else ""), sys.stdout)
+    return 0

@@ -1,0 +1,328 @@
+"""`dtrain run --restarts N`: the relaunch loop over the shared prepare and launch phases.
+
+Each attempt is ``job.prepare.prepare`` (connect -> preflight) on the attempt's nodes,
+``Prepared.plan`` and ``commands.run.supervise`` into the one run archive (output.jsonl lines
+carry ``"attempt": n``; meta.json ``attempts[]``). After an attempt ends, ``decide.restarts``
+(pure) names the fault and the next gang: a node fault fences the node (remembered on the
+lemon list) and brings in a spare or shrinks, a process fault reruns on the same nodes, a
+deterministic user error stops. Between attempts (the back-off, the next prepare) Ctrl-C,
+SIGTERM and `dtrain stop` end the run at once: the loop serves the control socket then.
+A node that fails to connect or its preflight at a relaunch is fenced like a lost one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from launcher.commands.launch import RunResult, held_run, start_meta, supervise
+from launcher.decide import lemons as lm
+from launcher.decide.plan import RunOptions, RunRequest
+from launcher.decide.restarts import (
+    FINAL,
+    AttemptEnd,
+    Decision,
+    Fault,
+    NodeCount,
+    RestartPolicy,
+    decide,
+)
+from launcher.decide.restarts import next_gang as _next_gang
+from launcher.errors import ConnectError, PreflightFailed
+from launcher.job.prepare import prepare
+from launcher.models import Host, OutputLine
+from launcher.output import render
+
+if TYPE_CHECKING:
+    from launcher.commands.detach import Detacher
+    from launcher.job.hangwatch import HangWatch
+    from launcher.job.lemons import LemonStore
+    from launcher.output.archive import RunArchive
+    from launcher.transports.ssh import SSHSettings
+
+
+def say(archive: RunArchive | None, text: str, opts: RunOptions) -> None:
+    """One line of the loop's own: to the console and, as a dtrain line, to the archive."""
+    render.note(text, sys.stderr if opts.as_json else sys.stdout)
+    if archive is not None and archive.attempt is not None:
+        archive.begin_attempt(archive.attempt)  # reopens output.jsonl after a pipeline
+        archive.write_lines([OutputLine("", "dtrain", text, t=time.time())])
+        archive.flush()
+
+
+def skip_lemons(labels: Sequence[str], need: int, store: LemonStore,
+                opts: RunOptions) -> list[str]:
+    """Hosts on the lemon list left out while enough remain (one line each), or used with a
+    warning when the run needs every host."""
+    now = time.time()
+    current = lm.current(store.load(), now)
+    if not current:
+        return list(labels)
+    chosen = lm.skip(labels, current, need)
+    for lemon in chosen.skipped:
+        say(None, lm.skip_line(lemon, now), opts)
+    for lemon in chosen.kept:
+        say(None, lm.kept_line(lemon, now), opts)
+    return list(chosen.hosts)
+
+
+def attempt_end(result: RunResult) -> AttemptEnd:
+    """What decide.restarts needs of an attempt's result."""
+    v, outcome = result.verdict, result.outcome
+    root = outcome.root
+    lost = tuple(label for label, node in outcome.nodes.items() if node.lost)
+    host = v.root_host
+    if v.root_kind == "hang" and v.root_rank is None:
+        host = None  # no culprit: nobody to fence
+    return AttemptEnd(result.code, v.root_kind, host, v.root_rank, result.failure,
+                      result.progressed, lost, root.error if root is not None else None,
+                      tuple(result.tails.tails.get((v.root_host or "", v.root_rank), ())))
+
+
+class Between:
+    """Between two attempts: the control socket and the signals stop the run at once."""
+
+    def __init__(self, archive: RunArchive, detached: bool) -> None:
+        self.archive = archive
+        self.detached = detached
+        self.who: str | None = None
+        self.code = 130
+        self.stop = asyncio.Event()
+        self._control: Any = None
+        self._signals: list[int] = []
+
+    async def __aenter__(self) -> Between:
+        from launcher.job.control import ControlServer, StopRequest
+
+        def on_stop(req: StopRequest) -> str:
+            self._stopped(f"`dtrain stop` (pid {req.pid})", 130)
+            return "stopping"
+
+        self._control = ControlServer(self.archive.dir, on_stop)
+        try:
+            await self._control.start()
+        except OSError:
+            self._control = None
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM) + (() if self.detached else
+                                                          (signal.SIGHUP,)):
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, self._stopped, name, 128 + signum)
+                self._signals.append(signum)
+        return self
+
+    def _stopped(self, who: str, code: int) -> None:
+        if self.who is None:
+            self.who, self.code = who, code
+        self.stop.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """The back-off; True when the run was stopped meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.stop.wait()
+        return self.stop.is_set()
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in self._signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
+        self._signals = []
+        if self._control is not None:
+            control, self._control = self._control, None
+            await control.aclose()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def choose_gang(hosts: Sequence[Host], opts: RunOptions
+                ) -> tuple[list[Host], NodeCount, list[Host]]:
+    """(the first attempt's hosts, the node count, the spares): remembered bad nodes left
+    out while enough remain, --nnodes MAX hosts, the rest spares (said once)."""
+    from launcher.errors import UsageError
+    from launcher.hosts.hostfile import fold
+    from launcher.job.lemons import LemonStore
+
+    policy = opts.restart
+    labels = [h.label for h in hosts]
+    if policy.count is not None and policy.count.min > len(labels):
+        raise UsageError(f"--nnodes {policy.count}: only {len(labels)} host(s) given "
+                         f"({fold(labels)})")
+    need = policy.count.min if policy.count else len(labels)
+    usable = skip_lemons(labels, need, LemonStore(), opts)
+    count, active, spares = policy.split(usable)
+    if policy.count is None:
+        count = NodeCount(len(active), len(active))
+    if spares and not opts.dry_run:
+        names = fold(spares)
+        say(None, f"{names}: spare{'s' if len(spares) > 1 else ''} for a fenced node "
+                  f"(--nnodes {count})" if policy.restarts else
+                  f"{names} not used (--nnodes {count})", opts)
+    by_label = {h.label: h for h in hosts}
+    return [by_label[h] for h in active], count, [by_label[h] for h in spares]
+
+
+async def run_restarting(hosts: Sequence[Host], spares: Sequence[Host], count: NodeCount,
+                         req: RunRequest, opts: RunOptions, settings: SSHSettings,
+                         detacher: Detacher | None) -> RunResult:
+    """`dtrain run --restarts N` (docs/restarts.md)."""
+    from launcher.job.lemons import LemonStore
+
+    loop = Loop([*hosts, *spares], req, opts, settings, opts.restart, LemonStore(), detacher,
+                count, [h.label for h in hosts], [h.label for h in spares])
+    return await loop.run()
+
+
+class Loop:
+    """One restarting run: its nodes, spares, attempts and fenced nodes."""
+
+    def __init__(self, hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
+                 settings: SSHSettings, policy: RestartPolicy, store: LemonStore,
+                 detacher: Detacher | None, count: NodeCount, active: Sequence[str],
+                 spares: Sequence[str]) -> None:
+        self.by_label = {h.label: h for h in hosts}
+        self.req, self.opts, self.settings = req, opts, settings
+        self.policy, self.store, self.detacher = policy, store, detacher
+        self.count = count
+        self.active, self.spares = list(active), list(spares)
+        self.attempts: list[dict[str, Any]] = []
+        self.faults: list[Fault] = []
+        self.fenced: list[dict[str, Any]] = []
+        self.watch: HangWatch | None = None
+
+    def fence(self, archive: RunArchive, pairs: Sequence[tuple[str, str]]) -> None:
+        now = time.time()
+        records = [lm.Lemon(host, why, self.req.run_id, now, now + self.policy.fence_ttl)
+                   for host, why in pairs]
+        self.fenced += [{"host": r.host, "why": r.why, "t": r.t, "attempt": len(self.attempts)
+                         or 1} for r in records]
+        archive.update_meta(fenced=self.fenced)
+        if self.policy.remember and records:
+            try:
+                self.store.remember(records)
+            except OSError as exc:
+                say(archive, f"warning: cannot remember the fenced node(s) in "
+                             f"{self.store.path} ({exc.strerror})", self.opts)
+
+    async def one(self, archive: RunArchive, n: int, between: Between | None
+                  ) -> RunResult | None:
+        """Attempt ``n`` on the current nodes (None: stopped before it started); a node that
+        cannot be reached or fails its preflight is fenced and replaced first."""
+        req = replace(self.req, attempt=n)
+        while True:
+            hosts = [self.by_label[h] for h in self.active]
+            try:
+                async with prepare(hosts, req, self.opts, self.settings) as prep:
+                    plan = prep.plan(req, self.opts)
+                    if between is not None:
+                        await between.close()
+                        if between.who is not None:
+                            return None
+                    if n > 1:  # the run's start stays; the last attempt's end goes
+                        meta = archive.meta
+                        first = meta.get("start")
+                        archive.write_meta({k: v for k, v in meta.items()
+                                            if k not in ("end", "exit_code", "outcome")})
+                    start_meta(archive, req, self.opts, plan, prep, self.detacher)
+                    if n > 1:
+                        archive.update_meta(start=first)
+                    archive.update_meta(attempts=[*self.attempts, self._record(n, hosts)])
+                    return await supervise(plan, req, self.opts, prep, archive,
+                                           self.detacher, earlier=self.watch)
+            except (ConnectError, PreflightFailed) as exc:
+                bad = [h for h in exc.hosts if h in self.active]
+                if not bad or self.policy.restarts == 0 or (between and between.who):
+                    raise
+                what = "unreachable" if isinstance(exc, ConnectError) else "preflight fails"
+                pairs = [(h, f"{what}: {exc.message}"[:300]) for h in bad]
+                gang = _next_gang(self.active, self.spares, bad, self.count)
+                if gang.stop:
+                    raise
+                self.fence(archive, pairs)
+                change = [f"spare {new} in" for _, new in gang.replaced]
+                if gang.dropped:
+                    change.append(f"shrinking to {len(gang.active)} nodes")
+                say(archive, f"{', '.join(bad)} {what} at attempt {n}: fenced"
+                             + (f", {', '.join(change)}" if change else ""), self.opts)
+                self.active, self.spares = list(gang.active), list(gang.spares)
+
+    def _record(self, n: int, hosts: Sequence[Host]) -> dict[str, Any]:
+        return {"n": n, "start": time.time(), "end": None, "exit_code": None, "cause": None,
+                "hosts": [h.label for h in hosts], "fenced": []}
+
+    async def run(self) -> RunResult:
+        with held_run(self.req, self.opts, self.detacher) as archive:
+            archive.attempt = n = 1
+            try:
+                started = time.time()
+                result = await self.one(archive, n, None)
+                assert result is not None  # only a relaunch can be stopped before it starts
+                while True:
+                    d = self.judge(archive, n, result, started)
+                    result = replace(result, attempts=list(self.attempts))
+                    if not d.relaunch or d.gang is None:
+                        return result
+                    archive.update_meta(state="restarting",
+                                        next_attempt={"n": n + 1, "at": time.time() + d.wait})
+                    self.active, self.spares = list(d.gang.active), list(d.gang.spares)
+                    async with Between(archive, self.detacher is not None) as between:
+                        if await between.wait(d.wait):
+                            return self._stopped(archive, between, n + 1, result)
+                        n += 1
+                        archive.attempt = n
+                        started = time.time()
+                        relaunched = await self.one(archive, n, between)
+                    if relaunched is None:
+                        return self._stopped(archive, between, n, result)
+                    result = relaunched
+            except BaseException:
+                if archive.meta.get("state") in ("restarting", "starting", "running"):
+                    archive.update_meta(state="finished", end=time.time(),
+                                        outcome="launcher ended between attempts")
+                raise
+
+    def judge(self, archive: RunArchive, n: int, result: RunResult,
+              started: float) -> Decision:
+        """Classify attempt ``n``'s end, fence, record it in meta.json, say the decision."""
+        self.watch = result.watch
+        d = decide(attempt_end(result), self.faults, n, self.policy, self.active,
+                   self.spares, self.count)
+        self.faults.append(d.fault)
+        if d.fenced:
+            self.fence(archive, d.fenced)
+        self.attempts.append({
+            **self._record(n, [self.by_label[h] for h in self.active]),
+            "start": started, "end": time.time(), "exit_code": result.code,
+            "cause": self._cause(d.fault, result), "why": d.fault.why,
+            "fenced": [h for h, _ in d.fenced], "world_size": result.world_size,
+            "outcome": result.verdict.outcome, "decision": d.line or None,
+            "relaunch": d.relaunch})
+        archive.update_meta(attempts=self.attempts)
+        if d.line and self.policy.restarts:
+            say(archive, d.line, self.opts)
+        return d
+
+    def _cause(self, fault: Fault, result: RunResult) -> str:
+        if fault.kind != FINAL:
+            return fault.kind
+        return "ok" if result.code == 0 else result.verdict.root_kind or "final"
+
+    def _stopped(self, archive: RunArchive, between: Between, n: int,
+                 last: RunResult) -> RunResult:
+        text = f"stopped by {between.who} before attempt {n}: nothing more is started"
+        say(archive, text, self.opts)
+        archive.update_meta(state="finished", end=time.time(), exit_code=between.code,
+                            outcome=text, attempts=self.attempts, next_attempt=None)
+        base = last
+        v = replace(base.verdict, code=between.code, outcome=text, root_kind="interrupted",
+                    why=[])
+        return replace(base, code=between.code, verdict=v, attempts=list(self.attempts))
