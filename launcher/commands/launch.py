@@ -284,7 +284,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             archive.begin_attempt(req.attempt)
         out.message(f"run {archive.run_id}{attempt}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
-        if detacher is None:
+        if detacher is None and req.attempt == 1:
             render.note("Ctrl-C stops the run on every node, and so does closing this terminal "
                         "(SIGHUP); `dtrain run --detach` keeps a run going without it")
 

@@ -131,7 +131,7 @@ def classify(end: AttemptEnd, before: Sequence[Fault] = ()) -> Fault:
         return Fault(FINAL, "--timeout reached")
     if end.lost or end.root_kind == "lost":
         lost = list(end.lost) or ([end.host] if end.host else [])
-        why = end.error or "connection lost"
+        why = re.sub(r" \((.*)\)$", r", \1", end.error or "connection lost")
         return Fault(NODE, f"{', '.join(lost)} lost ({why})",
                      tuple((h, f"lost ({why})") for h in lost))
     if end.root_kind == "start" and end.host:

@@ -1,0 +1,239 @@
+"""`dtrain run --restarts` on the real-sshd cluster (#28): a lost node fenced and replaced
+by a spare, the run resumed from its checkpoint; a crash restarted on the same nodes; a
+SyntaxError tried once; a shrink within --nnodes MIN:MAX; a stop during the back-off; no
+process left on any node. The cluster grows to 6 nodes: the link cuts hit nodes 5 and 6
+only (other sessions' tests use nodes 1-4), and are restored in ``finally``."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tests.cluster as tc
+from tests.test_failures import Dtrain, JobWatch, meta, new_id
+from tests.util import REPO, need_module
+
+CKPT = "tests/workloads/ckpt.py"
+pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def six(cluster: tc.Cluster) -> tc.Cluster:
+    """The shared cluster with at least 6 nodes (``up`` only adds nodes)."""
+    need_module("torch")
+    return tc.up(6)
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Dtrain]]:
+    """Dtrain processes of a test: killed at the end whatever happened."""
+    started: list[Dtrain] = []
+    yield started
+    for job in started:
+        job.kill()
+
+
+def _saw(watch: JobWatch, supervisors: int) -> None:
+    """The watch saw every attempt's supervisors (one per node per attempt)."""
+    assert watch.supervisors() == supervisors, watch.known
+
+
+def _state(tmp_path: Path) -> dict[str, str]:
+    """This test's own per-user state directory (the lemon list)."""
+    return {"XDG_STATE_HOME": str(tmp_path / "state")}
+
+
+def _ckdir(cluster: tc.Cluster, run_id: str) -> Path:
+    folder = cluster.shared_dir / run_id
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)  # the ranks run as dtuser
+    return folder
+
+
+def _args(cluster: tc.Cluster, tmp_path: Path, run_id: str, hosts: str, *extra: str,
+          env: dict[str, str], script: str = CKPT) -> list[str]:
+    args = ["run", "-H", hosts, "--nproc-per-node", "1", "--python", cluster.python,
+            "--archive-dir", str(tmp_path / "runs"), "--run-id", run_id, "--no-color", *extra]
+    for key, value in env.items():
+        args += ["-e", f"{key}={value}"]
+    return [*args, script]
+
+
+def _records(tmp_path: Path, run_id: str) -> list[dict]:
+    path = tmp_path / "runs" / run_id / "output.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _lemons(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "state" / "dtrain" / "lemons.json"
+    return json.loads(path.read_text())["lemons"] if path.exists() else []
+
+
+def test_a_lost_node_is_fenced_a_spare_comes_in_and_the_run_resumes(
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
+    run_id = new_id("restart-lost")
+    ck = _ckdir(six, run_id)
+    args = _args(six, tmp_path, run_id, "node[3-6]", "--nnodes", "3", "--restarts", "2",
+                 "--heartbeat-timeout", "5",
+                 env={"CK_DIR": str(ck), "CK_STEPS": "60", "CK_STEP_SLEEP": "0.2"})
+    job = Dtrain(six, args, env=_state(tmp_path))
+    jobs.append(job)
+    with JobWatch(six, [3, 4, 5, 6], run_id=run_id) as watch:
+        try:
+            job.wait_line(r"checkpoint step 10$", timeout=120)
+            six.link_down(5)
+            job.wait_line(r"node5 lost .*: fenced, spare node6 in; attempt 2 from the last "
+                          r"checkpoint", timeout=60)
+        finally:
+            six.link_up(5)
+        rc = job.wait(180)
+        watch.wait_clean(30)
+        watch.assert_clean(1.0)
+    assert rc == 0, job.output
+    _saw(watch, 6)
+    out = job.output
+    assert "node6: spare for a fenced node (--nnodes 3)" in out
+    assert re.search(r"node5 lost \(no heartbeat for 5 s, node or network down\): fenced, "
+                     r"spare node6 in; attempt 2 from the last checkpoint", out), out
+    resumed = [r for r in _records(tmp_path, run_id) if r["line"].startswith("resumed at step")]
+    assert resumed and all(r.get("attempt") == 2 for r in resumed), resumed
+    assert {r["host"] for r in resumed} == {"node3", "node4", "node6"}
+    assert all(int(r["line"].split()[-1]) >= 10 for r in resumed), resumed
+    m = meta(tmp_path, run_id)
+    first, second = m["attempts"]
+    assert first["cause"] == "node" and first["fenced"] == ["node5"] and first["exit_code"] == 255
+    assert first["hosts"] == ["node3", "node4", "node5"]
+    assert second["hosts"] == ["node3", "node4", "node6"] and second["exit_code"] == 0
+    assert m["exit_code"] == 0 and m["fenced"][0]["host"] == "node5"
+    lemons = _lemons(tmp_path)
+    assert [x["host"] for x in lemons] == ["node5"] and lemons[0]["run_id"] == run_id
+
+    # a later run leaves node5 out, and says so (a dry run: the plan shows the hosts)
+    later = subprocess.run(
+        [*(_args(six, tmp_path, new_id("restart-later"), "node[3-6]", "--nnodes", "3",
+                 "--dry-run", env={"CK_DIR": str(ck)}))], cwd=REPO, text=True,
+        capture_output=True, env=six.client_env(**_state(tmp_path)), timeout=120)
+    text = later.stdout + later.stderr
+    assert later.returncode == 0, text
+    assert re.search(rf"node5 skipped: fenced by run {run_id} \d+ (s|min) ago \(lost \(no "
+                     r"heartbeat for 5 s, node or network down\)\); `dtrain nodes unfence "
+                     r"node5` brings it back", text), text
+    assert "hosts node[3-4,6]" in text, text
+    nodes = subprocess.run([sys.executable, "-m", "launcher", "nodes", "--json"], cwd=REPO,
+                           text=True, capture_output=True,
+                           env=six.client_env(**_state(tmp_path)))
+    assert [n["host"] for n in json.loads(nodes.stdout)["nodes"]] == ["node5"]
+
+
+def test_a_rank_that_crashes_once_is_restarted_on_the_same_nodes(
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
+    run_id = new_id("restart-crash")
+    ck = _ckdir(six, run_id)
+    args = _args(six, tmp_path, run_id, "node[1-3]", "--restarts", "2",
+                 "--restart-backoff", "0.2",
+                 env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"})
+    job = Dtrain(six, args, env=_state(tmp_path))
+    jobs.append(job)
+    with JobWatch(six, [1, 2, 3], run_id=run_id) as watch:
+        rc = job.wait(180)
+        watch.assert_clean(1.0, since=job.ended)
+    assert rc == 0, job.output
+    _saw(watch, 6)
+    out = job.output
+    assert re.search(r"rank 1 on node2 raised RuntimeError: injected crash at step 7 in main\(\) "
+                     r"ckpt.py:\d+; attempt 2 on the same nodes from the last checkpoint in "
+                     r"0.2 s", out), out
+    assert "world size 3 attempt 2 restart_count 1" in out  # TORCHELASTIC_RESTART_COUNT
+    assert re.search(r"r\d: resumed at step 5$", out, re.M), out
+    m = meta(tmp_path, run_id)
+    assert [a["hosts"] for a in m["attempts"]] == [["node1", "node2", "node3"]] * 2
+    assert [a["cause"] for a in m["attempts"]] == ["process", "ok"]
+    assert [a["exit_code"] for a in m["attempts"]] == [3, 0]
+    assert m["attempts"][0]["fenced"] == [] and _lemons(tmp_path) == []
+
+
+def test_a_syntax_error_gets_exactly_one_attempt(six: tc.Cluster, tmp_path: Path,
+                                                 jobs: list[Dtrain]) -> None:
+    run_id = new_id("restart-syntax")
+    ck = _ckdir(six, run_id)
+    bad = ck / "broken.py"
+    bad.write_text("print('starting')\ndef broken(:\n    pass\n")
+    bad.chmod(0o644)
+    args = _args(six, tmp_path, run_id, "node[1-2]", "--restarts", "5",
+                 "--restart-backoff", "0", env={}, script=str(bad))
+    job = Dtrain(six, args, env=_state(tmp_path))
+    jobs.append(job)
+    with JobWatch(six, [1, 2], run_id=run_id) as watch:
+        rc = job.wait(120)
+        watch.assert_clean(1.0, since=job.ended)
+    assert rc == 1, job.output
+    _saw(watch, 2)
+    out = job.output
+    assert re.search(r"raised SyntaxError: .*\(a SyntaxError fails the same way on every "
+                     r"attempt\): not restarted", out), out
+    assert "attempt 2" not in out
+    m = meta(tmp_path, run_id)
+    assert len(m["attempts"]) == 1 and m["attempts"][0]["cause"] == "user"
+
+
+def test_nnodes_min_max_without_a_spare_shrinks_and_the_job_sees_it(
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
+    run_id = new_id("restart-shrink")
+    ck = _ckdir(six, run_id)
+    args = _args(six, tmp_path, run_id, "node[4-6]", "--nnodes", "2:3", "--restarts", "1",
+                 "--heartbeat-timeout", "5",
+                 env={"CK_DIR": str(ck), "CK_STEPS": "50", "CK_STEP_SLEEP": "0.2"})
+    job = Dtrain(six, args, env=_state(tmp_path))
+    jobs.append(job)
+    with JobWatch(six, [4, 5, 6], run_id=run_id) as watch:
+        try:
+            job.wait_line(r"checkpoint step 5$", timeout=120)
+            six.link_down(6)
+            job.wait_line(r"node6 lost .*: fenced, shrinking to 2 nodes; attempt 2", timeout=60)
+        finally:
+            six.link_up(6)
+        rc = job.wait(180)
+        watch.wait_clean(30)
+        watch.assert_clean(1.0)
+    assert rc == 0, job.output
+    assert re.search(r"r\d: world size 2 attempt 2", job.output), job.output
+    m = meta(tmp_path, run_id)
+    assert [a["world_size"] for a in m["attempts"]] == [3, 2]
+    assert m["attempts"][1]["hosts"] == ["node4", "node5"] and m["world_size"] == 2
+
+
+@pytest.mark.parametrize("how", ["stop", "ctrl-c"])
+def test_a_stop_during_the_back_off_ends_the_run_at_once(
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain], how: str) -> None:
+    run_id = new_id(f"restart-{how}")
+    ck = _ckdir(six, run_id)
+    args = _args(six, tmp_path, run_id, "node[1-2]", "--restarts", "3",
+                 "--restart-backoff", "600",
+                 env={"CK_DIR": str(ck), "CK_STEPS": "30", "CK_CRASH_RANK": "1"})
+    job = Dtrain(six, args, env=_state(tmp_path))
+    jobs.append(job)
+    with JobWatch(six, [1, 2], run_id=run_id) as watch:
+        job.wait_line(r"attempt 2 on the same nodes from the last checkpoint in 600 s",
+                      timeout=120)
+        if how == "stop":
+            stop = subprocess.run([*[sys.executable, "-m", "launcher", "stop", run_id],
+                                   "--archive-dir", str(tmp_path / "runs")], cwd=REPO,
+                                  text=True, capture_output=True, env=six.client_env())
+            assert stop.returncode == 0, stop.stdout + stop.stderr
+        else:
+            job.signal(signal.SIGINT)
+        rc = job.wait(30)  # bounded: far below the 600 s back-off
+        watch.assert_clean(1.0, since=job.ended)
+    assert rc == 130, job.output
+    who = r"`dtrain stop` \(pid \d+\)" if how == "stop" else "Ctrl-C"
+    assert re.search(rf"stopped by {who} before attempt 2: nothing more is started",
+                     job.output), job.output
+    m = meta(tmp_path, run_id)
+    assert m["state"] == "finished" and m["exit_code"] == 130 and len(m["attempts"]) == 1
