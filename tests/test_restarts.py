@@ -186,6 +186,7 @@ def test_a_fenced_spare_is_not_brought_in() -> None:
 def test_backoff_doubles_from_the_base_up_to_the_cap() -> None:
     assert [backoff(n, 1.0, 30.0) for n in (1, 2, 3, 4, 5, 6, 7)] == [0, 1, 2, 4, 8, 16, 30]
     assert backoff(9, 0.0) == 0.0
+    assert backoff(2, 600.0) == 600.0 and backoff(4, 600.0) == 600.0  # a base above the cap
 
 
 def test_decision_line_for_a_lost_node_with_a_spare() -> None:

@@ -110,7 +110,7 @@ def run_cmd(
         "spare is left.")] = None,
     restart_backoff: Annotated[float, typer.Option(
         "--restart-backoff", min=0, help="Seconds before the first relaunch, doubled for "
-        "each next one, at most 30.")] = 1.0,
+        "each next one, at most 30 (or this value, if larger).")] = 1.0,
     heartbeat_timeout: Annotated[float, typer.Option(
         "--heartbeat-timeout", min=1, help="Declare a silent node lost after S s "
                                            "(exit 255).")] = 30.0,

@@ -227,14 +227,10 @@ class Loop:
                         await between.close()
                         if between.who is not None:
                             return None
-                    if n > 1:  # the run's start stays; the last attempt's end goes
-                        meta = archive.meta
-                        first = meta.get("start")
-                        archive.write_meta({k: v for k, v in meta.items()
-                                            if k not in ("end", "exit_code", "outcome")})
+                    first = archive.meta.get("start")  # the run's start stays
                     start_meta(archive, req, self.opts, plan, prep, self.detacher)
                     if n > 1:
-                        archive.update_meta(start=first)
+                        archive.update_meta(start=first, next_attempt=None)
                     archive.update_meta(attempts=[*self.attempts, self._record(n, hosts)])
                     return await supervise(plan, req, self.opts, prep, archive,
                                            self.detacher, earlier=self.watch)
@@ -270,11 +266,19 @@ class Loop:
                     d = self.judge(archive, n, result, started)
                     result = replace(result, attempts=list(self.attempts))
                     if not d.relaunch or d.gang is None:
+                        if d.line:
+                            say(archive, d.line, self.opts)
                         return result
-                    archive.update_meta(state="restarting",
-                                        next_attempt={"n": n + 1, "at": time.time() + d.wait})
+                    # live again: ps, attach and stop see a running run (the last attempt's
+                    # end is in attempts[])
+                    meta = {k: v for k, v in archive.meta.items()
+                            if k not in ("end", "exit_code", "outcome")}
+                    archive.write_meta({**meta, "state": "restarting",
+                                        "next_attempt": {"n": n + 1,
+                                                         "at": time.time() + d.wait}})
                     self.active, self.spares = list(d.gang.active), list(d.gang.spares)
                     async with Between(archive, self.detacher is not None) as between:
+                        say(archive, d.line, self.opts)  # stoppable from here on
                         if await between.wait(d.wait):
                             return self._stopped(archive, between, n + 1, result)
                         n += 1
@@ -307,8 +311,6 @@ class Loop:
             "outcome": result.verdict.outcome, "decision": d.line or None,
             "relaunch": d.relaunch})
         archive.update_meta(attempts=self.attempts)
-        if d.line and self.policy.restarts:
-            say(archive, d.line, self.opts)
         return d
 
     def _cause(self, fault: Fault, result: RunResult) -> str:

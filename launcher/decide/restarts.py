@@ -209,10 +209,10 @@ def next_gang(active: Sequence[str], spares: Sequence[str], fenced: Sequence[str
 
 def backoff(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
     """Seconds to wait before ``attempt`` (2 = the first relaunch): base, 2 base, 4 base...
-    up to ``cap``."""
+    up to ``cap`` (or the base itself, when that is larger)."""
     if attempt <= 1 or base <= 0:
         return 0.0
-    return float(min(cap, base * 2 ** (attempt - 2)))
+    return float(min(max(cap, base), base * 2 ** (attempt - 2)))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from launcher.output.runlock import probe
 from launcher.output.termsafe import inert
 
 PS_VERSION = 1
-LIVE_STATES = ("starting", "running", "stopping")
+LIVE_STATES = ("starting", "running", "stopping", "restarting")  # restarting: --restarts
 _TAIL_BYTES = 64 * 1024
 
 
