@@ -117,8 +117,9 @@ def test_a_lost_node_is_fenced_a_spare_comes_in_and_the_run_resumes(
 
     # a later run leaves node5 out, and says so (a dry run: the plan shows the hosts)
     later = subprocess.run(
-        [*(_args(six, tmp_path, new_id("restart-later"), "node[3-6]", "--nnodes", "3",
-                 "--dry-run", env={"CK_DIR": str(ck)}))], cwd=REPO, text=True,
+        [sys.executable, "-m", "launcher",
+         *_args(six, tmp_path, new_id("restart-later"), "node[3-6]", "--nnodes", "3",
+                "--dry-run", env={"CK_DIR": str(ck)})], cwd=REPO, text=True,
         capture_output=True, env=six.client_env(**_state(tmp_path)), timeout=120)
     text = later.stdout + later.stderr
     assert later.returncode == 0, text
