@@ -139,3 +139,42 @@ def test_write_json_is_one_document_and_a_newline(capsys: pytest.CaptureFixture[
     assert json.loads(text) == json.loads(json.dumps(to_json(_report()), default=str))
     assert json.loads(text)["schema"] == "dtrain.run/1"
     assert json.loads(text)["outcome"] == "failed"
+
+
+def test_junit_names_statuses_and_properties() -> None:
+    """Every attribute a CI reporter reads: the suite's and each case's names, classname,
+    the counts on both levels, error and skipped cases, and the properties."""
+    report = CommandReport(
+        "keys-check", 255, "node3 unreachable", T0, T0 + 1,
+        (NodeResult("node1", PASSED, 0), NodeResult("node3", "error", 255, message="refused"),
+         NodeResult("node4", "skipped", message="excluded")), None, "/runs/r1")
+    root = validate_junit(to_junit(report, [ExtraCase("ranks", "error"),
+                                            ExtraCase("pairs", "skipped")]))
+    assert root.get("name") == "dtrain keys-check"
+    suite = root.find("testsuite")
+    assert suite.get("name") == "dtrain keys-check" and suite.get("hostname")
+    for node in (root, suite):
+        assert (node.get("tests"), node.get("failures"), node.get("errors"),
+                node.get("skipped")) == ("5", "0", "2", "2")
+    assert root.get("time") == "1.000"
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props == {"exit_code": "255", "summary": "node3 unreachable", "archive": "/runs/r1"}
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert {c.get("classname") for c in cases.values()} == {"dtrain.keys_check"}
+    error = cases["node3"].find("error")
+    assert (error.get("message"), error.get("type")) == ("refused", "error")
+    assert error.text == "exit code: 255\nrefused\nroot cause: node3 unreachable"
+    assert cases["node4"].find("skipped").get("message") == "excluded"
+    assert cases["ranks"].find("error").get("message") == "error"
+    assert cases["pairs"].find("skipped").get("message") == "skipped"
+    assert cases["node1"].find("failure") is None and cases["node1"].find("error") is None
+    no_archive = to_junit(CommandReport("exec", 0, "ok", T0, T0 + 1))
+    assert "archive" not in no_archive and 'name="exit_code" value="0"' in no_archive
+
+
+def test_a_failure_without_a_message_says_failed() -> None:
+    report = CommandReport("exec", 1, "1 node failed", T0, T0 + 1,
+                           (NodeResult("node1", FAILED, 1),))
+    failure = validate_junit(to_junit(report)).find("testsuite/testcase/failure")
+    assert (failure.get("message"), failure.get("type")) == ("failed", "failure")
+    assert failure.text == "exit code: 1\nroot cause: 1 node failed"
