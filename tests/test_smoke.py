@@ -314,3 +314,28 @@ def test_a_rank_report_is_read_field_by_field():
     res.add_line("node3", MARK + json.dumps({"kind": "rank", "rank": 6, "torch": "2.13.0",
                                              "device": "cpu"}))
     assert res.ranks[6] == RankReport(6, "node3", 0, "", "2.13.0", None, "cpu", 0, "")
+
+
+def test_the_tie_goes_to_node_0_and_the_majority_wins_otherwise():
+    from launcher.decide.smoke import _odd_ones
+
+    assert _odd_ones({"a": "x", "b": "y"}, ["b", "a"]) == {"a": "x"}
+    assert _odd_ones({"a": "x", "b": "y", "c": "y"}, ["a", "b", "c"]) == {"a": "x"}
+    assert _odd_ones({"a": "x", "b": "x"}, ["a", "b"]) == {}
+
+
+@pytest.mark.parametrize(("field", "what"), [("torch", "torch"), ("nccl", "NCCL"),
+                                             ("device", "device"), ("python", "Python")])
+def test_each_version_check_names_what_differs(field, what):
+    res = _results()
+    for rank in res.ranks:
+        value = {2: "odd-2", 3: "odd-3"}.get(rank, "same")
+        res.ranks[rank] = replace(res.ranks[rank], **{field: value})
+    [failure] = _eval(res).failures
+    assert (failure.check, failure.hosts) == ("versions", ("n3", "n4"))
+    assert failure.message == f"{what} differs: n3 has odd-2, n4 has odd-3 (the others: same)"
+
+
+def test_parse_size_names_max_size_by_default():
+    with pytest.raises(UsageError, match=r"^--max-size '2': at least 4 bytes"):
+        parse_size("2")
