@@ -74,11 +74,12 @@ def diff(work: Path, name: str) -> str:
 def main(argv: list[str]) -> int:
     work = Path(argv[1])
     data = load(work)
-    if argv[2:3] == ["--names"]:  # the not-killed mutants of these modules (globs)
+    if argv[2:3] == ["--names"]:  # not killed (or not run yet) in these modules (globs)
         for module, codes in data.items():
             if any(fnmatch.fnmatch(module, pattern) for pattern in argv[3:]):
                 print("\n".join(n for n, c in codes.items()
-                                if status(c) in ("survived", "no tests", "suspicious")))
+                                if status(c) in ("survived", "no tests", "suspicious",
+                                                 "not run")))
         return 0
     if argv[2:3] in (["--diff"], ["--diff-module"]):
         only = argv[3] if argv[2] == "--diff-module" else None
