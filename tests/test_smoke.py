@@ -18,7 +18,9 @@ from launcher.decide.smoke import (
     evaluate,
     fmt_size,
     make_config,
+    pair_results,
     parse_size,
+    slow_failures,
 )
 from launcher.errors import UsageError
 from launcher.output.junit import ExtraCase, to_junit
@@ -339,3 +341,60 @@ def test_each_version_check_names_what_differs(field, what):
 def test_parse_size_names_max_size_by_default():
     with pytest.raises(UsageError, match=r"^--max-size '2': at least 4 bytes"):
         parse_size("2")
+
+
+def _pairs_only(n: int, rows: list[tuple[int, int, float]]) -> SmokeResults:
+    res = SmokeResults()
+    res.add_line("n1", MARK + json.dumps({"kind": "pairs", "rows": [
+        {"a": a, "b": b, "size": 1 << 20, "time_us": 100.0, "gbps": g} for a, b, g in rows]}))
+    return res
+
+
+def _pair_failures(n: int, rows: list[tuple[int, int, float]]) -> list[tuple[str, tuple]]:
+    pairs, best = pair_results(_pairs_only(n, rows), [f"n{i + 1}" for i in range(n)], 0.25)
+    return [(f.message, f.hosts) for f in slow_failures(pairs, best, 0.25)]
+
+
+@pytest.mark.parametrize("slow", [0, 3], ids=["first-node", "last-node"])
+def test_a_slow_node_is_named_whichever_end_of_its_pairs_it_is(slow):
+    rows = [(a, b, 1.0 if slow in (a, b) else 10.0) for a in range(4) for b in range(a + 1, 4)]
+    name = f"n{slow + 1}"
+    assert _pair_failures(4, rows) == [(
+        f"{name} is slow: every pair with it moves at most 1 GB/s (< 0.25 x the best pair's "
+        "10 GB/s)", (name,))]
+
+
+def test_three_nodes_can_name_a_node_two_only_a_link():
+    rows = [(0, 1, 10.0), (0, 2, 1.0), (1, 2, 1.0)]
+    assert [h for _, h in _pair_failures(3, rows)] == [("n3",)]
+    # two nodes: one pair, both ends' views; the slower one is slow against the faster
+    assert _pair_failures(2, [(0, 1, 10.0), (0, 1, 1.0)]) == [(
+        "link n1 <-> n2 is slow: 1 GB/s (< 0.25 x the best pair's 10 GB/s)", ("n1", "n2"))]
+
+
+def test_a_pair_exactly_at_the_fraction_is_not_slow():
+    rows = [(0, 1, 10.0), (0, 2, 2.5), (1, 2, 10.0)]
+    pairs, best = pair_results(_pairs_only(3, rows), ["n1", "n2", "n3"], 0.25)
+    assert best == 10.0 and not any(p.slow for p in pairs)
+
+
+def test_pair_results_keep_size_and_time():
+    res = SmokeResults()
+    res.add_line("n1", MARK + json.dumps({"kind": "pairs", "rows": [
+        {"a": 0, "b": 1, "size": 1 << 20, "time_us": 123.5, "gbps": 8.0},
+        {"a": 1, "b": 2, "gbps": 9.0}]}))
+    pairs, _ = pair_results(res, ["n1", "n2", "n3"], 0.25)
+    assert [(p.a, p.b, p.size, p.time_us, p.gbps) for p in pairs] == [
+        ("n1", "n2", 1 << 20, 123.5, 8.0), ("n2", "n3", 0, 0.0, 9.0)]
+
+
+def test_a_wrong_sum_names_its_host_even_without_the_rank_s_report():
+    res = _results(wrong={3: 5})
+    del res.ranks[3]
+    v = _eval(res, ranks_of={3: "n4"})
+    wrong = [f for f in v.failures if f.check == "correctness"]
+    assert [(f.hosts, f.message) for f in wrong] == [(
+        ("n4",), "all-reduce sum wrong on rank 3 (n4): 5 of 256 elements at 1K")]
+    res = _results(wrong={3: 5})
+    del res.ranks[3]
+    assert [f.hosts for f in _eval(res).failures if f.check == "correctness"] == [("?",)]
