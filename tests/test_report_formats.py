@@ -178,3 +178,22 @@ def test_a_failure_without_a_message_says_failed() -> None:
     failure = validate_junit(to_junit(report)).find("testsuite/testcase/failure")
     assert (failure.get("message"), failure.get("type")) == ("failed", "failure")
     assert failure.text == "exit code: 1\nroot cause: 1 node failed"
+
+
+def test_write_junit_writes_its_temp_beside_the_target(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temp is in the report's own directory, so the rename over it is atomic (a temp
+    in /tmp may be on another filesystem: a copy, not a rename)."""
+    import tempfile
+
+    made: list[str] = []
+    real = tempfile.mkstemp
+
+    def mkstemp(*args: object, **kwargs: object) -> tuple[int, str]:
+        fd, path = real(*args, **kwargs)  # type: ignore[call-overload]
+        made.append(path)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    write_junit(tmp_path / "r" / "run.xml", _report())
+    assert [Path(p).parent for p in made] == [tmp_path / "r"]
