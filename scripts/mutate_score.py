@@ -74,6 +74,17 @@ def diff(work: Path, name: str) -> str:
 def main(argv: list[str]) -> int:
     work = Path(argv[1])
     data = load(work)
+    if argv[2:3] == ["--markdown"]:  # the table of docs/testing.md
+        print("| module | judged | killed | survived | no test | not run yet | score |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for module, codes in data.items():
+            c = Counter(status(x) for x in codes.values())
+            killed = c["killed"] + c["timeout"]
+            judged = killed + c["survived"] + c["no tests"] + c["suspicious"]
+            if judged:
+                print(f"| `{module}` | {judged} | {killed} | {c['survived'] + c['suspicious']} "
+                      f"| {c['no tests']} | {c['not run']} | {killed / judged:.1%} |")
+        return 0
     if argv[2:3] == ["--names"]:  # not killed (or not run yet) in these modules (globs)
         for module, codes in data.items():
             if any(fnmatch.fnmatch(module, pattern) for pattern in argv[3:]):
