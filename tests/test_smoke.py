@@ -398,3 +398,45 @@ def test_a_wrong_sum_names_its_host_even_without_the_rank_s_report():
     res = _results(wrong={3: 5})
     del res.ranks[3]
     assert [f.hosts for f in _eval(res).failures if f.check == "correctness"] == [("?",)]
+
+
+def test_wrong_sums_at_several_sizes_are_listed_with_their_element_counts():
+    res = _results()
+    res.checks[1] = {"1024": 3, "4096": 2, "65536": 0}
+    [f] = _eval(res).failures
+    assert f.message == ("all-reduce sum wrong on rank 1 (n2): 3 of 256 elements at 1K, "
+                         "2 of 1024 elements at 4K")
+
+
+def test_missing_reports_without_a_rank_map_and_without_a_sweep():
+    res = _results()
+    del res.ranks[3]
+    assert [f.hosts for f in _eval(res).failures] == [("?",)]
+    res = _results()
+    res.sweep = []
+    [f] = _eval(res).failures
+    assert (f.message, f.hosts, f.ranks) == ("the job ended without a full report", (), ())
+
+
+def test_busbw_at_the_threshold_passes_and_under_it_without_pairs_names_every_node():
+    assert _eval(_results(busbw=1.5), min_busbw=1.5).code == 0
+    res = _results(busbw=1.0)
+    res.pairs = []
+    v = _eval(res, min_busbw=1.5)
+    [f] = v.failures
+    assert f.hosts == tuple(HOSTS)
+    assert f.message == "all-reduce busbw 1 GB/s at 1K is under --min-busbw 1.5"
+
+
+def test_the_summary_in_each_case():
+    v = evaluate(_results(), node_labels=HOSTS, world_size=4, job_code=255,
+                 job_summary="node2 was lost")
+    assert (v.code, v.summary) == (255, "the smoke job failed: node2 was lost")
+    v = _eval(_results(torch={"n2": "2.0.0"}, wrong={0: 1}))
+    assert v.summary == "; ".join(f.message for f in v.failures) and len(v.failures) == 2
+    assert "; all-reduce sum wrong on rank 0" in v.summary
+    res = _results(pairs={(0, 1): 9.0})
+    res.backend = None
+    v = _eval(res)
+    assert v.summary == "4 nodes, 4 ranks, ?; busbw 1 GB/s at 1K"
+    assert (v.best_pair, v.busbw) == (10.0, 1.0)
