@@ -138,6 +138,12 @@ def test_write_json_is_one_document_and_a_newline(capsys: pytest.CaptureFixture[
     assert text.endswith("}\n") and text.count("\n}\n") == 1
     assert json.loads(text) == json.loads(json.dumps(to_json(_report()), default=str))
     assert json.loads(text)["schema"] == "dtrain.run/1"
+    assert text.splitlines()[1] == '  "schema": "dtrain.run/1",'  # indented by 2
+    # a value JSON has no type for (a path in a command's section) is written as text
+    odd = CommandReport("exec", 0, "ok", T0, T0 + 1, extra={"command_line": Path("/x/y")})
+    out = io.StringIO()
+    write_json(odd, out)
+    assert json.loads(out.getvalue())["exec"] == {"command_line": "/x/y"}
     assert json.loads(text)["outcome"] == "failed"
 
 
