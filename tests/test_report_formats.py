@@ -203,3 +203,40 @@ def test_write_junit_writes_its_temp_beside_the_target(tmp_path: Path,
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     write_junit(tmp_path / "r" / "run.xml", _report())
     assert [Path(p).parent for p in made] == [tmp_path / "r"]
+
+
+def test_junit_details_a_ci_reporter_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import time as time_mod
+
+    report = CommandReport("keys-check", 0, "ok", T0, T0 + 1.23456,
+                           (NodeResult("node1", FAILED, None, duration=None),))
+    text = to_junit(report, [ExtraCase("pairs", FAILED, "slow", "n1 <-> n2")])
+    assert text.startswith("<?xml version='1.0' encoding='utf-8'?>\n<testsuites")
+    root = validate_junit(text)
+    suite = root.find("testsuite")
+    assert suite.get("hostname") == (socket.gethostname() or "localhost")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["node1"].get("time") == "0.000" and cases["pairs"].get("time") == "0.000"
+    # the command passed: no root cause in a case's story; no exit code when none is known
+    assert not cases["node1"].find("failure").text
+    assert cases["pairs"].find("failure").get("message") == "slow"
+    monkeypatch.setattr(socket, "gethostname", lambda: "")
+    assert validate_junit(to_junit(report)).find("testsuite").get("hostname") == "localhost"
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time_mod.tzset()
+    try:  # the timestamp is UTC whatever the local zone
+        assert validate_junit(to_junit(report)).find("testsuite").get("timestamp") == \
+            "2025-12-01T14:40:00"
+    finally:
+        monkeypatch.delenv("TZ")
+        time_mod.tzset()
+
+
+def test_json_details() -> None:
+    doc = to_json(CommandReport("keys-check", 1, "x", T0, T0 + 1.23456, (),
+                                {"kind": "node", "exit_code": 1, "summary": "x"}, None,
+                                {"nodes": 0}))
+    assert doc["duration"] == 1.235
+    assert doc["root_cause"] == {"kind": "node", "exit_code": 1, "summary": "x"}
+    assert doc["keys_check"] == {"nodes": 0} and doc["command"] == "keys-check"
