@@ -240,3 +240,23 @@ def test_json_details() -> None:
     assert doc["duration"] == 1.235
     assert doc["root_cause"] == {"kind": "node", "exit_code": 1, "summary": "x"}
     assert doc["keys_check"] == {"nodes": 0} and doc["command"] == "keys-check"
+
+
+def test_escapes_and_non_xml_characters_from_a_failing_rank_keep_the_junit_valid() -> None:
+    """A coloured line, NUL, \\x0b, U+FFFE, an OSC 52 write in a failing rank's stderr tail
+    (and in names and messages: attributes) make no invalid XML: CI keeps the report exactly
+    when the job failed (issue 22, Low 1)."""
+    hostile = ("\x1b[31mRuntimeError\x1b[0m: bad \x00 \x0b \ufffe \ud800 "
+               "\x1b]52;c;cHduZWQ=\x07end")
+    rank = RankResult(1, FAILED, 3, message=f"rank 1 said {hostile}",
+                      stderr_tail=(hostile, "plain"))
+    node = NodeResult(f"node2{hostile}", FAILED, 3, message=hostile, ranks=(rank,),
+                      stderr_tail=(hostile,))
+    report = CommandReport("run", 3, f"summary {hostile}", T0, T0 + 1, (node,), None, None)
+    text = to_junit(report, [ExtraCase(f"check {hostile}", FAILED, hostile, hostile)])
+    root = validate_junit(text)
+    assert "\x1b" not in text and "\x00" not in text and "\ufffe" not in text
+    failure = next(c.find("failure") for c in root.iter("testcase")
+                   if c.get("name", "").endswith("rank 1"))
+    assert "  RuntimeError: bad \ufffd \ufffd \ufffd \ufffd end\n  plain" in failure.text
+    assert failure.get("message") == "rank 1 said RuntimeError: bad \ufffd \ufffd \ufffd \ufffd end"
