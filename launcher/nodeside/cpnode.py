@@ -159,7 +159,9 @@ def relay(params):
             src = accept_upstream(lsock, token, time.monotonic() + timeout, result["refused"])
             src.settimeout(timeout)
             lsock.close()  # closing again in finally is harmless
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        # a new file, never one that is there (another user may have made it in a shared
+        # DEST): the launcher names each temp at random
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(tmp, flags, int(params.get("mode_bits", 0o644)))
         h = hashlib.sha256()
         got = 0
@@ -446,7 +448,8 @@ class Unpacker:
             final = self.path(root, rel, dirs)
             tmp = self.temp(final, tmpname)
             self.temps.add(tmp)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+            # a new file (O_EXCL), never one someone else made: a random name per file
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
             fd = os.open(tmp, flags, bits)
         except Unsafe as exc:
             err = ["", str(exc)]
