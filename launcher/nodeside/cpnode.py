@@ -68,31 +68,92 @@ def read_exact(sock, n):
     return data
 
 
+TOKEN_WAIT = 2.0  # a peer has this long to present the token (it sends it at once)
+MAX_PENDING = 64  # connections waiting to present a token; the oldest goes when full
+MAX_REFUSED = 16  # addresses kept of the refused peers (the count goes on)
+
+
+class _Pending:
+    """A connection that has not presented its token yet."""
+
+    def __init__(self, addr, until):
+        self.addr = addr
+        self.got = b""
+        self.until = until
+
+
 def accept_upstream(lsock, token, deadline, refused):
     """The first connection that presents the token; others are closed and remembered.
 
-    The token is compared with hmac.compare_digest (constant time) before a single byte
-    of data is accepted from the connection.
+    Connections are read at the same time, each for at most TOKEN_WAIT seconds: a few
+    silent connections from anyone on the network cannot hold the chain up (reading them
+    one at a time, three of them would). The token is compared with hmac.compare_digest
+    (constant time) before a single byte of data is accepted from the connection.
+    ``refused`` keeps the first MAX_REFUSED addresses, then "+N more".
     """
+    import selectors
     import time
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise OSError("no upstream node connected within the timeout") from None
-        lsock.settimeout(left)
-        try:
-            conn, peer = lsock.accept()
-        except socket.timeout:
-            raise OSError("no upstream node connected within the timeout") from None
-        conn.settimeout(min(left, 10.0))
-        try:
-            got = read_exact(conn, TOKEN_LEN)
-        except OSError:
-            got = b""
-        if len(got) == TOKEN_LEN and hmac.compare_digest(got, token):
-            return conn
-        refused.append(peer[0])
+
+    sel = selectors.DefaultSelector()
+    sel.register(lsock, selectors.EVENT_READ, None)
+    pending = {}  # type: dict[socket.socket, _Pending]
+    extra = [0]
+
+    def refuse(conn):
+        sel.unregister(conn)
+        addr = pending.pop(conn).addr
         conn.close()
+        if len(refused) < MAX_REFUSED:
+            refused.append(addr)
+        else:
+            extra[0] += 1
+            refused[MAX_REFUSED:] = ["+%d more" % extra[0]]
+
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise OSError("no upstream node connected within the timeout")
+            for conn in [c for c, p in pending.items() if p.until <= now]:
+                refuse(conn)
+            wait = min([deadline - now] + [p.until - now for p in pending.values()])
+            for key, _ in sel.select(max(0.0, wait)):
+                if key.data is None:  # the listening socket
+                    try:
+                        conn, peer = lsock.accept()
+                    except OSError:
+                        continue
+                    conn.setblocking(False)
+                    if len(pending) >= MAX_PENDING:
+                        refuse(min(pending, key=lambda c: pending[c].until))
+                    pending[conn] = _Pending(peer[0], time.monotonic() + TOKEN_WAIT)
+                    sel.register(conn, selectors.EVENT_READ, conn)
+                    continue
+                conn = key.data
+                try:
+                    part = conn.recv(TOKEN_LEN - len(pending[conn].got))
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    part = b""
+                if not part:
+                    refuse(conn)
+                    continue
+                pending[conn].got += part
+                got = pending[conn].got
+                if len(got) < TOKEN_LEN:
+                    continue
+                if hmac.compare_digest(got, token):
+                    sel.unregister(conn)
+                    del pending[conn]
+                    conn.setblocking(True)
+                    return conn
+                refuse(conn)
+    finally:
+        for conn in list(pending):
+            sel.unregister(conn)
+            conn.close()
+        sel.close()
 
 
 class StdinSource:
