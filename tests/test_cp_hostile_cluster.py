@@ -129,11 +129,11 @@ FILTER = r'''
 import json
 import sys
 
-# a hostile node's Python: cpnode's walk answers get a row that is no row
+# a hostile node's Python: cpnode's walk and diff answers get a row that is no row
 for line in iter(sys.stdin.buffer.readline, b""):
-    if line.startswith(b'{"tree"'):
+    if line.startswith((b'{"tree"', b'{"differ"')):
         doc = json.loads(line)
-        doc["tree"].append(["dtrain-bad-row"])
+        doc["tree" if "tree" in doc else "extra"].append(["dtrain-bad-row"])
         line = (json.dumps(doc) + "\n").encode()
     sys.stdout.buffer.write(line)
     sys.stdout.buffer.flush()

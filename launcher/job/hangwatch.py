@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 HANG_EXIT = 125  # docs/exit-codes.md
 TICK_S = 0.5
 REPLY_WAIT_S = 8.0  # the supervisors' own waits (2 s dump, 2 s flight recorder) + margin
+NATIVE_WAIT_S = 10.0  # py-spy's dumps (bounded by 8 s on the node) before --on-hang stop
 
 
 @dataclass
@@ -103,6 +104,9 @@ class HangWatch:
         self.hangs: list[dict[str, Any]] = []
         self.dumps: list[StackDump] = []
         self._pending: dict[str, _Pending] = {}
+        self._natives: dict[str, set[str]] = {}  # dump id -> hosts whose py-spy is to come
+        self.started: set[int] = set()  # ranks whose shim is up (rank_start)
+        self.world = sum(len(r) for r in self.ranks.values())
         self._count = {"h": 0, "s": 0}
         self._lock = asyncio.Lock()
 
@@ -114,10 +118,21 @@ class HangWatch:
         """Supervisor messages: ``stacks`` answers a dump; ``flight`` carries the flight
         recorder's dumps a node had at the end."""
         kind = msg.get("type")
-        if kind == "stacks":
+        if kind == "rank_start":
+            rank = msg.get("rank")
+            if isinstance(rank, int) and rank not in self.started:
+                self.started.add(rank)
+                if len(self.started) == self.world:  # the hang clock starts now
+                    self.watch.start = max(self.watch.start, self.clock())
+        elif kind == "stacks" and msg.get("native"):
+            self._native(str(msg.get("id")), msg.get("ranks"))
+            self._natives.get(str(msg.get("id")), set()).discard(host.label)
+        elif kind == "stacks":
             pending = self._pending.get(str(msg.get("id")))
             if pending is not None:
                 pending.add(host.label, msg)
+                if msg.get("pyspy"):  # its py-spy dumps follow
+                    self._natives.setdefault(str(msg.get("id")), set()).add(host.label)
         elif kind == "flight":
             self._flight_files("end", msg.get("files"))
 
@@ -127,7 +142,8 @@ class HangWatch:
         while True:
             await asyncio.sleep(TICK_S)
             now = self.clock()
-            if hang_due(self.watch, now, self.policy, all_alive=self.alive(),
+            alive = len(self.started) >= self.world and self.alive()
+            if hang_due(self.watch, now, self.policy, all_alive=alive,
                         declared=self.declared):
                 self.declared = self.watch.baseline()
                 await self._hang(now)
@@ -155,6 +171,10 @@ class HangWatch:
             self.on_record()
         if self.policy.on_hang == "stop":
             from launcher.job.orchestrate import Failure
+
+            deadline = time.monotonic() + NATIVE_WAIT_S  # py-spy's dumps, before the stop
+            while self._natives.get(dump.id) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
 
             who = culprit.describe() if culprit else "no single rank stands out"
             error = f"hang: no progress for {stalled:.0f} s; likely culprit {who}"
@@ -233,6 +253,18 @@ class HangWatch:
                 position = rank_flight(rank, loaded) if loaded is not None else None
                 if position is not None:
                     dump.positions[rank] = position
+
+    def _native(self, dump_id: str, ranks: object) -> None:
+        """py-spy's dumps, which a node sends after its faulthandler stacks."""
+        if not isinstance(ranks, dict):
+            return
+        for rank_s, entry in ranks.items():
+            spy = entry.get("pyspy") if isinstance(entry, dict) else None
+            if isinstance(spy, dict) and str(rank_s).isdigit():
+                got = spy.get("text")
+                text = got if isinstance(got, str) else f"py-spy: {spy.get('error')}\n"
+                with contextlib.suppress(OSError, ValueError):
+                    write_stack(self.run_dir, dump_id, f"r{int(rank_s)}.py-spy.txt", text)
 
     def _flight_files(self, dump_id: str, files: object) -> None:
         if not isinstance(files, dict):

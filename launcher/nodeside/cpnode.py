@@ -13,19 +13,21 @@ Modes:
         its temp name and forwards every chunk to the next node as it arrives.
   unpack {"mode": "unpack", "timeout", "idle"} -> {"home", "pid"}, then one JSON op line
         in, one JSON line out, until EOF (see Unpacker below). The push of a tree as one
-        stream: the node lists its tree (walk), hashes (hash), and carries out the
+        stream: the node lists its tree (walk) or compares it with the source's rows and
+        answers the differences only (diff), hashes (hash), and carries out the
         launcher's plan (apply), whose files' bytes follow the op line on stdin.
 """
 
-import hashlib
-import hmac
 import json
 import os
-import socket
 import sys
+
+# hashlib, hmac and socket are imported where a hash or a relay needs them: the unpack mode
+# of a re-push needs neither, and each node pays every import of this program (~6 ms)
 
 
 def sha256_of(path):
+    import hashlib
     try:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -58,28 +60,19 @@ TOKEN_LEN = 32
 CHUNK = 1 << 20
 
 
-def read_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        part = sock.recv(n - len(data))
-        if not part:
-            break
-        data += part
-    return data
+class _Pending:
+    """A connection that has not presented its token yet."""
+
+    def __init__(self, conn, addr, until):
+        self.conn = conn
+        self.addr = addr
+        self.got = b""
+        self.until = until
 
 
 TOKEN_WAIT = 2.0  # a peer has this long to present the token (it sends it at once)
 MAX_PENDING = 64  # connections waiting to present a token; the oldest goes when full
 MAX_REFUSED = 16  # addresses kept of the refused peers (the count goes on)
-
-
-class _Pending:
-    """A connection that has not presented its token yet."""
-
-    def __init__(self, addr, until):
-        self.addr = addr
-        self.got = b""
-        self.until = until
 
 
 def accept_upstream(lsock, token, deadline, refused):
@@ -91,20 +84,21 @@ def accept_upstream(lsock, token, deadline, refused):
     (constant time) before a single byte of data is accepted from the connection.
     ``refused`` keeps the first MAX_REFUSED addresses, then "+N more".
     """
+    import hmac
     import selectors
     import time
 
     sel = selectors.DefaultSelector()
     sel.register(lsock, selectors.EVENT_READ, None)
-    pending = {}  # type: dict[socket.socket, _Pending]
+    pending = {}  # type: dict[int, _Pending]
     extra = [0]
 
-    def refuse(conn):
-        sel.unregister(conn)
-        addr = pending.pop(conn).addr
-        conn.close()
+    def refuse(fd):
+        p = pending.pop(fd)
+        sel.unregister(p.conn)
+        p.conn.close()
         if len(refused) < MAX_REFUSED:
-            refused.append(addr)
+            refused.append(p.addr)
         else:
             extra[0] += 1
             refused[MAX_REFUSED:] = ["+%d more" % extra[0]]
@@ -114,8 +108,8 @@ def accept_upstream(lsock, token, deadline, refused):
             now = time.monotonic()
             if now >= deadline:
                 raise OSError("no upstream node connected within the timeout")
-            for conn in [c for c, p in pending.items() if p.until <= now]:
-                refuse(conn)
+            for fd in [fd for fd, p in pending.items() if p.until <= now]:
+                refuse(fd)
             wait = min([deadline - now] + [p.until - now for p in pending.values()])
             for key, _ in sel.select(max(0.0, wait)):
                 if key.data is None:  # the listening socket
@@ -125,34 +119,35 @@ def accept_upstream(lsock, token, deadline, refused):
                         continue
                     conn.setblocking(False)
                     if len(pending) >= MAX_PENDING:
-                        refuse(min(pending, key=lambda c: pending[c].until))
-                    pending[conn] = _Pending(peer[0], time.monotonic() + TOKEN_WAIT)
-                    sel.register(conn, selectors.EVENT_READ, conn)
+                        refuse(min(pending, key=lambda fd: pending[fd].until))
+                    pending[conn.fileno()] = _Pending(conn, peer[0],
+                                                      time.monotonic() + TOKEN_WAIT)
+                    sel.register(conn, selectors.EVENT_READ, conn.fileno())
                     continue
-                conn = key.data
+                fd = key.data
+                p = pending[fd]
                 try:
-                    part = conn.recv(TOKEN_LEN - len(pending[conn].got))
+                    part = p.conn.recv(TOKEN_LEN - len(p.got))
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
                     part = b""
                 if not part:
-                    refuse(conn)
+                    refuse(fd)
                     continue
-                pending[conn].got += part
-                got = pending[conn].got
-                if len(got) < TOKEN_LEN:
+                p.got += part
+                if len(p.got) < TOKEN_LEN:
                     continue
-                if hmac.compare_digest(got, token):
-                    sel.unregister(conn)
-                    del pending[conn]
-                    conn.setblocking(True)
-                    return conn
-                refuse(conn)
+                if hmac.compare_digest(p.got, token):
+                    del pending[fd]
+                    sel.unregister(p.conn)
+                    p.conn.setblocking(True)
+                    return p.conn
+                refuse(fd)
     finally:
-        for conn in list(pending):
-            sel.unregister(conn)
-            conn.close()
+        for p in pending.values():
+            sel.unregister(p.conn)
+            p.conn.close()
         sel.close()
 
 
@@ -182,6 +177,8 @@ def relay(params):
     EOF on stdin before the end means the launcher is gone: the temp is removed and
     nothing is renamed. The token is never printed.
     """
+    import hashlib
+    import socket
     import time
     tmp, final, size = params["tmp"], params["final"], int(params["size"])
     timeout = float(params.get("timeout", 60.0))
@@ -386,6 +383,31 @@ def walk_tree(root):
     return rows
 
 
+def is_temp(name):
+    """A dtrain cp temp name (decide/copyplan.py has the twin)."""
+    base = name.rsplit("/", 1)[-1]
+    return base.startswith(".dtrain-cp-") and base.endswith(".tmp")
+
+
+def diff_rows(have, rows, all_extras):
+    """This node's rows (walk_tree) against the launcher's manifest rows ([rel, kind, size,
+    mtime, mode, target], None: anything matches there): {"differ": this node's rows that
+    do not match theirs, "missing": manifest paths absent here, "extra": rows the manifest
+    lacks, all of them or (all_extras false) only dtrain cp temps}."""
+    want = {}
+    for r in rows:
+        want[r[0]] = r
+    differ, extra = [], []
+    for row in have:
+        w = want.pop(row[0], None)
+        if w is None:
+            if all_extras or is_temp(row[0]):
+                extra.append(row)
+        elif any(w[i] is not None and w[i] != row[i] for i in range(6)):
+            differ.append(row)
+    return {"differ": differ, "missing": list(want), "extra": extra}
+
+
 class Unsafe(ValueError):
     """A path of the manifest that would land outside the destination root."""
 
@@ -564,6 +586,9 @@ class Unpacker:
         kind = op.get("op")
         if kind == "walk":
             return {"tree": walk_tree(op["root"])}
+        if kind == "diff":
+            return diff_rows(walk_tree(op["root"]), op.get("rows", []),
+                             bool(op.get("all_extras")))
         if kind == "stat":
             try:
                 return {"kind": kind_of(os.stat(op["path"]).st_mode)}

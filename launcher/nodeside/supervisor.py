@@ -60,7 +60,7 @@ except ImportError:  # an interpreter without the accelerator: to_json falls bac
 PROTOCOL = 1
 FRAME = struct.Struct("!BiI")
 # written before the first frame: whatever the login shell printed before us (a chatty
-# .bashrc) is told apart from the frames by the launcher (launcher/wire.py has the twin)
+# .bashrc) is told apart from the frames by the launcher (launcher/nodeside/wire.py has the twin)
 MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 OUT, ERR, CTL = 1, 2, 3
 CHUNK = 65536
@@ -823,6 +823,15 @@ class Evidence:
             except OSError:
                 pass
 
+    def rank_started(self, hdr):
+        """A rank's shim is up (its status connection): the hang watch counts the ranks
+        alive only once every one has started (a slow start is not a hang)."""
+        try:
+            self.out.control({"type": "rank_start", "rank": int(hdr.get("rank", -1)),
+                              "t": now()})
+        except (TypeError, ValueError):
+            pass
+
     def rank_armed(self, hdr, sock):
         try:
             rank, pid = int(hdr["rank"]), int(hdr["pid"])
@@ -858,6 +867,11 @@ class Evidence:
                 mem = _status_kb(info["pid"])
                 if mem:
                     info["mem"] = dict(mem, t=now())
+                    events = memory_events_path(info["pid"])  # moved to another cgroup?
+                    if events != info["events"]:
+                        info["events"] = events
+                        info["oom_before"] = oom_kills(_read_from(events, 0, 4096)) \
+                            if events else None
 
     def stacks_requested(self, msg):
         _thread.start_new_thread(self.collect_stacks, (msg,))
@@ -906,9 +920,6 @@ class Evidence:
         for rank in waiting:
             ranks[str(rank)] = {"pid": self.armed[rank]["pid"],
                                 "error": "no dump within %g s" % (deadline - t0)}
-        for rank, proc in spies.items():
-            entry = ranks.setdefault(str(rank), {"pid": self.armed[rank]["pid"]})
-            entry["pyspy"] = self._pyspy_result(proc, t0 + PYSPY_TIMEOUT_S)
         if want_fr:
             fr_deadline = now() + 2.0
             while now() < fr_deadline and any(
@@ -924,7 +935,14 @@ class Evidence:
                                                         FR_PREFIX + r))
         self.out.control({"type": "stacks", "id": msg.get("id"), "ranks": ranks,
                           "host": hostname(), "t": now(), "took": now() - t0,
-                          "pyspy": bool(self.pyspy)})
+                          "pyspy": bool(spies)})
+        if spies:  # native frames follow: the fold does not wait for py-spy
+            native = {}
+            for rank, proc in spies.items():
+                native[str(rank)] = {"pyspy": self._pyspy_result(proc, t0 + PYSPY_TIMEOUT_S)}
+            self.out.control({"type": "stacks", "id": msg.get("id"), "native": True,
+                              "ranks": native, "host": hostname(), "t": now(),
+                              "took": now() - t0})
 
     def _start_pyspy(self, ranks):
         import subprocess
@@ -1257,6 +1275,7 @@ class Supervisor(Evidence):
             if st["hdr"].get("stream") == "ctl":  # type: ignore[attr-defined]
                 self.ctl_open += 1
                 self.ctl_seen = True
+                self.rank_started(st["hdr"])
             if st["hdr"].get("stream") == "arm":  # type: ignore[attr-defined]
                 self.rank_armed(st["hdr"], sock)
             if not chunk:
@@ -1471,7 +1490,7 @@ def main():
     if os.environ.get(ARM_ENV) and len(sys.argv) > 1:
         rank_main(sys.argv[1:])  # never returns: the user's script ends the process
         return
-    # shipped by launcher/wire.py: the bootstrap hands us our source and the spec, having
+    # shipped by launcher/nodeside/wire.py: the bootstrap hands us our source and the spec, having
     # read exactly their lengths from fd 0, so the rest of fd 0 is ours, unbuffered
     source = globals().get("DTRAIN_SOURCE")
     spec = globals().get("DTRAIN_SPEC")

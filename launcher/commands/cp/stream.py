@@ -46,6 +46,26 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _row(r: Any, label: str) -> Entry:
+    """One ``[rel, kind, size, mtime, mode, target]`` row a node sent, checked."""
+    if not (isinstance(r, list) and len(r) == 6 and isinstance(r[0], str)
+            and r[1] in _KINDS and all(_int(v) for v in r[2:5]) and isinstance(r[5], str)):
+        raise _bad(label, f"a walk row that is not [rel, kind, size, mtime, mode, target]: "
+                          f"{str(r)[:200]!r}")
+    why = cpl.bad_rel(r[0])
+    if why:
+        raise _bad(label, f"the walk lists {r[0]!r}: {why}")
+    return Entry(r[0], r[1], r[2], r[3], r[4] & 0o7777, r[5])
+
+
+def _check_tree(tree: Mapping[str, Entry], label: str) -> None:
+    """Every entry but the root is below a directory of the tree."""
+    for rel in tree:
+        parent = posixpath.dirname(rel)
+        if rel and (tree.get(parent) is None or tree[parent].kind != cpl.DIR):
+            raise _bad(label, f"the walk lists {rel!r}: not below a directory of the listing")
+
+
 def walk_tree(rows: Any, label: str) -> dict[str, Entry]:
     """A walk answer's rows as the destination tree, every row checked (see the module
     docstring)."""
@@ -53,21 +73,28 @@ def walk_tree(rows: Any, label: str) -> dict[str, Entry]:
         raise _bad(label, "a walk answer that is not a list")
     tree: dict[str, Entry] = {}
     for r in rows:
-        if not (isinstance(r, list) and len(r) == 6 and isinstance(r[0], str)
-                and r[1] in _KINDS and all(_int(v) for v in r[2:5])
-                and isinstance(r[5], str)):
-            raise _bad(label, f"a walk row that is not [rel, kind, size, mtime, mode, target]: "
-                              f"{str(r)[:200]!r}")
-        rel = r[0]
-        why = cpl.bad_rel(rel) or ("listed twice" if rel in tree else None)
-        parent = posixpath.dirname(rel)
-        if not why and rel and (tree.get(parent) is None or tree[parent].kind != cpl.DIR):
-            why = "not below a directory of the listing"
-        if why:
-            raise _bad(label, f"the walk lists {rel!r}: {why}")
-        tree[rel] = Entry(rel, r[1], r[2], r[3], r[4] & 0o7777, r[5])
+        e = _row(r, label)
+        if e.rel in tree:
+            raise _bad(label, f"the walk lists {e.rel!r}: listed twice")
+        tree[e.rel] = e
+    _check_tree(tree, label)
     return tree
 
+
+def checked_diff(reply: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """A diff answer with every row and path checked: ``differ`` and ``extra`` rows,
+    ``missing`` relative paths (see the module docstring)."""
+    missing = reply.get("missing")
+    rows = [reply.get("differ"), reply.get("extra")]
+    if not isinstance(missing, list) or not all(isinstance(r, list) for r in rows):
+        raise _bad(label, "a diff answer without its differ, missing and extra lists")
+    for rel in missing:
+        if not isinstance(rel, str) or cpl.bad_rel(rel):
+            raise _bad(label, f"a diff answer that misses {str(rel)[:200]!r}")
+    checked = [[_row(r, label) for r in part] for part in rows if isinstance(part, list)]
+    as_rows = [[[e.rel, e.kind, e.size, e.mtime, e.mode, e.target] for e in part]
+               for part in checked]
+    return {"differ": as_rows[0], "missing": missing, "extra": as_rows[1]}
 
 
 class NodeFiles:
@@ -126,14 +153,18 @@ class NodeFiles:
                     host=self._label)
             self._buf += chunk
 
-    async def call(self, op: Mapping[str, Any],
-                   data: AsyncIterator[bytes] | None = None) -> dict[str, Any]:
-        """One op; its reply. A lost channel → ConnectError; the node's error or silence →
-        RemoteCommandError."""
+    async def call(self, op: Mapping[str, Any], data: AsyncIterator[bytes] | None = None, *,
+                   encoded: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+        """One op; its reply. ``encoded``: more fields of the op, already JSON (the same
+        large value for every node, encoded once). A lost channel → ConnectError; the
+        node's error or silence → RemoteCommandError."""
+        line = json.dumps(op).encode()
+        for key, value in (encoded or {}).items():
+            line = line[:-1] + b"," + json.dumps(key).encode() + b":" + value + b"}"
         async with self._lock:
             self._in_step = False
             try:
-                await self._proc.write(json.dumps(op).encode() + b"\n")
+                await self._proc.write(line + b"\n")
                 if data is not None:
                     async for chunk in data:
                         async with asyncio.timeout(RELAY_IDLE_S):
@@ -205,13 +236,38 @@ class StreamPush:
                 self.copy.bcast.leave(result.label)
             await self.nf.close(sorted(self.node.temps))
 
-    async def _source(self, index: int, src: Source, root: str) -> None:
-        req, result = self.copy.req, self.node.result
-        label = self.node.result.label
-        dst_tree = walk_tree((await self.nf.call({"op": "walk", "root": root})).get("tree"),
-                             label)
+    async def _plan(self, index: int, src: Source, root: str) -> tuple[SyncPlan,
+                                                                        dict[str, Entry]]:
+        """This node's plan for one source, and its tree as plan_sync saw it.
+
+        The node compares its tree with the source's rows and answers only where it
+        differs (decide/copyplan.py "the node-side diff"): a re-push of an unchanged tree
+        moves a few bytes back, not a row per file, and every node that matched shares
+        one plan. ``--checksum`` lists the tree (its compare reads every mtime).
+        """
+        req, label = self.copy.req, self.node.result.label
+        same = False  # the node's tree matched the source's rows everywhere
+        if req.checksum:
+            dst_tree = walk_tree((await self.nf.call({"op": "walk", "root": root})).get("tree"),
+                                 label)
+        else:
+            reply = checked_diff(await self.nf.call(
+                {"op": "diff", "root": root, "all_extras": req.delete},
+                encoded={"rows": src.manifest(preserve=req.preserve)}), label)
+            same = not (reply["differ"] or reply["missing"] or reply["extra"])
+            if same and index in self.copy.unchanged:
+                return self.copy.unchanged[index], {}
+            dst_tree = cpl.tree_from_diff(src.tree.values(), reply)
+            _check_tree(dst_tree, label)
         plan = cpl.plan_sync(src.tree.values(), dst_tree, checksum=req.checksum,
                              delete=req.delete, preserve=req.preserve)
+        if same:
+            self.copy.unchanged[index] = plan
+        return plan, dst_tree
+
+    async def _source(self, index: int, src: Source, root: str) -> None:
+        req, result = self.copy.req, self.node.result
+        plan, dst_tree = await self._plan(index, src, root)
         src_root = os.path.abspath(src.path)
         if plan.compare:
             assert self.copy.data is not None
@@ -221,7 +277,7 @@ class StreamPush:
                                                                   for r in rels]})).get("sha256")
             if not isinstance(theirs, dict) or not all(
                     isinstance(v, str | None) for v in theirs.values()):
-                raise _bad(label, "a hash answer that is not {path: sha256}")
+                raise _bad(result.label, "a hash answer that is not {path: sha256}")
             cpl.resolve_compare(plan, dst_tree,
                                 {r: mine[cpl.join(src_root, r)] or "" for r in rels},
                                 {r: theirs.get(cpl.join(root, r)) for r in rels},
