@@ -21,7 +21,7 @@ import pytest
 from launcher.commands import cp
 from launcher.commands.cp.request import walk
 from launcher.commands.cp.sftp import pull_node
-from launcher.commands.cp.stream import walk_tree
+from launcher.commands.cp.stream import checked_diff, walk_tree
 from launcher.commands.cp.view import CopyView
 from launcher.decide import copyplan as cpl
 from launcher.errors import DtrainError, RemoteCommandError, TransferError
@@ -282,6 +282,18 @@ def test_the_sftp_push_with_delete_refuses_a_hostile_listing(tmp_path: Path) -> 
 def test_a_hostile_walk_answer_is_the_node_s_error(rows: Any) -> None:
     with pytest.raises(RemoteCommandError, match="refused"):
         walk_tree(rows, "node3")
+
+
+@pytest.mark.parametrize("reply", [
+    {}, {"differ": [], "missing": [], "extra": "x"}, {"differ": [["x"]], "missing": [],
+                                                     "extra": []},
+    {"differ": [], "missing": ["../x"], "extra": []},
+    {"differ": [], "missing": [7], "extra": []},
+    {"differ": [], "missing": [], "extra": [["a/../../x", "file", 1, 0, 0o644, ""]]},
+], ids=str)
+def test_a_hostile_diff_answer_is_the_node_s_error(reply: Any) -> None:
+    with pytest.raises(RemoteCommandError, match="refused"):
+        checked_diff(reply, "node3")
 
 
 def test_an_honest_walk_answer_is_the_tree() -> None:
