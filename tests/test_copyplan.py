@@ -55,7 +55,7 @@ def test_source_name(path: str, name: str) -> None:
     assert cpl.source_name(path) == name
 
 
-@pytest.mark.parametrize("path", ["/", ".", "a/.."])
+@pytest.mark.parametrize("path", ["/", ".", "a/..", "..", "//", "x/../.."])
 def test_source_name_refuses_nameless(path: str) -> None:
     with pytest.raises(ValueError):
         cpl.source_name(path)
@@ -87,6 +87,30 @@ def test_layout_directory_into_missing_dest_becomes_it() -> None:
 def test_layout_dest_is_a_file(names: list[str], kinds: list[str], slash: bool) -> None:
     with pytest.raises(cpl.LayoutError, match="not a directory"):
         cpl.layout(names, kinds, "/d/f", FILE, dest_slash=slash)
+
+
+def test_names_keep_their_own_characters() -> None:
+    """A name is what basename gives: a trailing space or an X is part of it."""
+    assert cpl.source_name("data ") == "data "
+    assert cpl.source_name("/srv/boX/") == "boX"
+    assert cpl.source_name("/srv/boX//") == "boX"
+
+
+def test_inside_the_root_directory_and_roots_ending_in_any_character() -> None:
+    assert cpl.inside("/x", "/") and not cpl.inside("/", "/")
+    assert cpl.inside("/rootX/b", "/rootX") and cpl.inside("/rootX/b", "/rootX/")
+    assert not cpl.inside("/rootXb", "/rootX")
+
+
+def test_is_temp_needs_both_ends() -> None:
+    assert not cpl.is_temp("/d/.dtrain-cp-ab12cd34-f")
+    assert not cpl.is_temp("/d/f.tmp")
+    assert cpl.is_temp("/d/.dtrain-cp-ab12cd34-f.tmp")
+
+
+def test_a_temp_name_uses_every_byte_a_name_may_have() -> None:
+    long = cpl.temp_name("/d/" + "x" * 255, "ab12cd34")
+    assert len(long.rsplit("/", 1)[1].encode()) == 255
 
 
 def test_inside() -> None:
@@ -136,6 +160,39 @@ def test_a_destination_newer_than_the_source_is_sent_too() -> None:
     plan = cpl.plan_sync(src, dst)
     assert sorted(rels(plan.send)) == ["edited-there", "older-there"]
     assert rels(plan.skip) == ["same"]
+
+
+def test_what_cannot_be_copied_says_why() -> None:
+    src = [d(""), Entry("fifo", OTHER), f("x")]
+    plan = cpl.plan_sync(src, tree(d(""), d("x")))
+    assert plan.errors == [("fifo", "not a regular file, directory or symlink: skipped"),
+                           ("x", "is a directory on the destination; remove it first")]
+
+
+def test_directory_attrs_only_with_preserve_deepest_first() -> None:
+    src = [d("", mode=0o700), d("a", mode=0o700), d("a/b", mode=0o700, mtime=5), d("c")]
+    dst = tree(d(""), d("a"), d("a/b", mode=0o700), d("c"))
+    assert cpl.plan_sync(src, dst).dir_attrs == []
+    plan = cpl.plan_sync(src, dst, preserve=True)
+    assert rels(plan.dir_attrs) == ["a/b", "a", ""]  # c is equal: not touched
+    new = cpl.plan_sync([d(""), d("z"), d("z/y"), d("z/y/x"), d("b")], {}, preserve=True)
+    assert rels(new.dir_attrs) == ["z/y/x", "z/y", "b", "z", ""]
+
+
+def test_resolve_compare_settles_every_entry() -> None:
+    src = [d(""), f("differs"), f("same-mode"), f("same", mode=0o600)]
+    dst = tree(d(""), f("differs"), f("same-mode", mode=0o600), f("same", mode=0o644))
+    plan = cpl.plan_sync(src, dst, checksum=True)
+    sums = {"differs": "1", "same-mode": "2", "same": "3"}
+    cpl.resolve_compare(plan, dst, sums, {"differs": "9", "same-mode": "2", "same": "3"})
+    assert plan.compare == []
+    assert rels(plan.send) == ["differs"]
+    assert sorted(rels(plan.skip)) == ["same", "same-mode"]
+    assert plan.fix_attrs == []  # equal content and mtime; modes only count with preserve
+    plan = cpl.plan_sync(src, dst, checksum=True, preserve=True)
+    cpl.resolve_compare(plan, dst, sums, {"differs": "9", "same-mode": "2", "same": "3"},
+                        preserve=True)
+    assert sorted(rels(plan.fix_attrs)) == ["same", "same-mode"]
 
 
 def test_checksum_compares_equal_sizes_only() -> None:

@@ -24,8 +24,10 @@ from launcher.cli import (
     keys,
     logs,
     ps,
+    report,
     run,
     smoke,
+    stacks,
     stop,
 )
 
@@ -33,7 +35,7 @@ app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
     pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
-         "every node), cp (pdcp/rpdcp), keys, doctor, logs; ps, attach, stop for runs that "
+         "every node), cp (pdcp/rpdcp), keys, doctor, logs, report; ps, attach, stop for runs that "
          "outlive the login session (run --detach).",
 )
 
@@ -61,7 +63,9 @@ app.command("doctor", cls=Cmd)(doctor.doctor_cmd)
 app.command("ps", cls=Cmd)(ps.ps_cmd)
 app.command("attach", cls=Cmd)(attach.attach_cmd)
 app.command("stop", cls=Cmd)(stop.stop_cmd)
+app.command("stacks", cls=Cmd)(stacks.stacks_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
+app.command("report", cls=Cmd)(report.report_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)
 
 

@@ -1,0 +1,352 @@
+"""Hangs, without the cluster: progress rules, faulthandler parsing, folding, the culprit,
+the flight recorder's summary and the rank wrapper's fidelity to ``python SCRIPT``.
+
+The recorded dumps in tests/data/hangs/ are real faulthandler output of the rank wrapper
+(tests/workloads/hang.py on 2 ranks: rank 0 in all_reduce, rank 1 in time.sleep).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.decide import flight, hang, stacks
+from launcher.models import OutputLine
+from launcher.nodeside import supervisor
+
+DATA = Path(__file__).parent / "data" / "hangs"
+SHIM = Path(supervisor.__file__)
+
+
+def _stack(rank: int, host: str, name: str, **sources: str) -> stacks.RankStack:
+    return stacks.rank_stack(rank, host, {"text": (DATA / name).read_text(),
+                                          "sources": sources})
+
+
+SLEEP_SRC = {"/work/wt-hangs/tests/workloads/hang.py:42": "time.sleep(3600)"}
+
+
+# -- faulthandler dumps -------------------------------------------------------------------
+
+def test_main_thread_is_the_users_without_the_wrapper_and_its_helper() -> None:
+    s = stacks.rank_stack(1, "node3", {"text": (DATA / "sleep.txt").read_text(),
+                                       "sources": SLEEP_SRC})
+    assert [t.frames[0].func for t in s.threads] == ["load_batch"]  # helper thread left out
+    assert [f.func for f in s.main] == ["load_batch", "main", "<module>"]
+    assert s.place() == "time.sleep <- load_batch() hang.py:42"
+    assert stacks.rank_stack(1, "n", {"text": (DATA / "sleep.txt").read_text()}).place() \
+        == "load_batch() hang.py:42"  # no source line: the frame itself
+
+
+def test_library_frames_show_the_call_and_the_first_user_frame() -> None:
+    s = _stack(0, "node1", "allreduce.txt")
+    assert s.place() == "all_reduce <- step_once() hang.py:47"
+
+
+def test_a_second_dump_in_the_same_file_wins() -> None:
+    text = (DATA / "allreduce.txt").read_text() + "\n" + (DATA / "sleep.txt").read_text()
+    threads = stacks.user_threads(stacks.parse_faulthandler(text))
+    assert stacks.main_frames(threads)[0].func == "load_batch"
+
+
+# -- folding and the culprit --------------------------------------------------------------
+
+def _six(stuck: int = 4) -> list[stacks.RankStack]:
+    hosts = ["node1", "node1", "node2", "node2", "node3", "node3"]
+    return [_stack(r, hosts[r], "sleep.txt" if r == stuck else "allreduce.txt", **SLEEP_SRC)
+            for r in range(6)]
+
+
+def test_fold_names_the_rank_that_differs() -> None:
+    folded = stacks.fold(_six(), range(6))
+    assert folded.lines() == [
+        "ranks 0-3,5 (5): all_reduce <- step_once() hang.py:47",
+        "rank 4 (node3): time.sleep <- load_batch() hang.py:42   <- likely culprit"]
+    c = folded.culprit
+    assert c is not None and (c.rank, c.host) == (4, "node3")
+    assert c.json()["ranks"] == [4] and "the other 5 ranks'" in c.why
+
+
+def test_no_culprit_when_every_rank_waits_alike() -> None:
+    folded = stacks.fold(_six(stuck=-1), range(6))
+    assert folded.culprit is None and len(folded.groups) == 1
+
+
+def test_a_rank_without_a_dump_is_its_own_group_and_the_culprit() -> None:
+    ranks = [*_six(stuck=-1)[:5], stacks.rank_stack(5, "node3", {"error": "no dump within 2 s"})]
+    folded = stacks.fold(ranks, range(6))
+    assert folded.culprit is not None and folded.culprit.rank == 5
+    assert folded.lines()[1].startswith("rank 5 (node3): no stack (no dump within 2 s)")
+
+
+def test_ranks_of_one_node_name_the_node() -> None:
+    ranks = _six(stuck=-1)
+    ranks[4] = _stack(4, "node3", "sleep.txt", **SLEEP_SRC)
+    ranks[5] = _stack(5, "node3", "sleep.txt", **SLEEP_SRC)
+    c = stacks.fold(ranks, range(6)).culprit
+    assert c is not None and c.rank is None and c.host == "node3"
+    assert c.describe().startswith("ranks 4-5 on node3: time.sleep")
+
+
+def test_missing_ranks_are_listed() -> None:
+    folded = stacks.fold(_six()[:4], range(6))
+    assert folded.missing == (4, 5)
+    assert folded.lines()[-1] == "ranks 4-5: no answer from their node"
+
+
+# -- progress -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "step 12 loss 0.3", "Epoch 2/10", "{'loss': 0.3121, 'learning_rate': 1e-4}",
+    "train_loss=0.3", "global_step=100", "iter: 3", " 45%|####5     | 45/100 [00:10<00:12]",
+    "Epoch 0: 10%|#| 10/100 [00:01<00:09, 9.52it/s]", "it 3"])
+def test_default_progress_matches_common_lines(text: str) -> None:
+    assert hang.compile_progress(None).search(text)
+
+
+@pytest.mark.parametrize("text", ["waiting for data", "stepping down", "NCCL INFO Bootstrap",
+                                  "Loaded 3 shards"])
+def test_default_progress_skips_other_lines(text: str) -> None:
+    assert not hang.compile_progress(None).search(text)
+
+
+def _line(t: float, text: str, rank: int = 0, stream: str = "out") -> OutputLine:
+    return OutputLine("node1", stream, text, rank, 0, t)
+
+
+def test_only_progress_lines_count_once_one_was_seen() -> None:
+    policy = hang.HangPolicy(timeout=3)
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), range(2), start=100.0)
+    w.observe([_line(101, "loading"), _line(102, "it 0")])
+    w.observe([_line(t, "waiting for data") for t in (103, 104, 105, 106)])
+    assert w.baseline() == 102 and w.ranks[0].last_line == 106
+    assert hang.hang_due(w, 105.5, policy, all_alive=True, declared=None)
+    assert not hang.hang_due(w, 105.5, policy, all_alive=False, declared=None)
+    assert not hang.hang_due(w, 105.5, policy, all_alive=True, declared=102)  # said once
+    w.observe([_line(107, "it 1", rank=1)])
+    assert not hang.hang_due(w, 109, policy, all_alive=True, declared=102)
+    assert hang.hang_due(w, 110.5, policy, all_alive=True, declared=102)  # a new stall
+
+
+def test_before_any_progress_line_any_line_counts_and_startup_has_grace() -> None:
+    policy = hang.HangPolicy(timeout=3, startup_grace=60)
+    w = hang.ProgressWatch(hang.compile_progress(None), range(1), start=100.0)
+    assert not hang.hang_due(w, 150, policy, all_alive=True, declared=None)  # importing
+    assert hang.hang_due(w, 161, policy, all_alive=True, declared=None)  # never a line
+    w.observe([_line(200, "downloading shards")])
+    assert not hang.hang_due(w, 202, policy, all_alive=True, declared=None)
+    assert hang.hang_due(w, 203.5, policy, all_alive=True, declared=None)
+    assert not hang.hang_due(w, 1e9, hang.HangPolicy(timeout=0), all_alive=True,
+                             declared=None)  # 0 = off
+
+
+def test_bad_progress_pattern_is_a_usage_error() -> None:
+    from launcher.errors import UsageError
+
+    with pytest.raises(UsageError, match="--progress"):
+        hang.compile_progress("(")
+
+
+# -- the flight recorder ------------------------------------------------------------------
+
+def _fr(enq: int, done: int) -> bytes:
+    return pickle.dumps({"version": "2.10", "pg_status": {"0": {
+        "last_enqueued_collective": enq, "last_started_collective": -1,
+        "last_completed_collective": done}}, "entries": [
+        {"pg_id": 0, "collective_seq_id": enq, "profiling_name": "gloo:all_reduce",
+         "process_group": ("0", "default_pg")}]})
+
+
+def test_flight_summary_names_the_rank_behind() -> None:
+    dumps = {r: flight.load_dump(_fr(3, 3) if r == 4 else _fr(4, 3)) for r in range(6)}
+    positions = {r: p for r, d in dumps.items() if d and (p := flight.rank_flight(r, d))}
+    s = flight.summarize(positions)
+    assert s is not None and s.behind == (4,)
+    assert s.lines == ("ranks 0-3,5 wait in collective #4 (gloo:all_reduce)",
+                       "rank 4 is at collective #3: it has not entered #4")
+
+
+def test_a_dump_that_names_a_class_is_not_loaded() -> None:
+    evil = pickle.dumps({"x": io.BytesIO})  # any global: os.system would be the same
+    assert flight.load_dump(evil) is None
+    assert flight.load_dump(b"not a pickle") is None
+
+
+@pytest.mark.parametrize("version, names", [("2.13.0+cpu", "current"), ("2.9.1", "current"),
+                                            ("2.5.1+cu124", "both"), (None, "both")])
+def test_flight_names_follow_torch(version: str | None, names: str) -> None:
+    assert flight.flight_names(version) == names
+
+
+def test_flight_defaults_leave_a_users_settings_alone() -> None:
+    d = "/tmp/dtrain-x/flight"
+    assert supervisor.flight_defaults({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}, d) == {}
+    assert supervisor.flight_defaults({}, d) == {
+        "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": d + "/rank_"}
+    mine = supervisor.flight_defaults({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+                                       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/"}, d, "both")
+    assert mine == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+
+
+# -- the rank wrapper behaves as `python SCRIPT` ----------------------------------------
+
+SCRIPT = '''import sys, os
+print(repr(sys.argv), __name__, os.path.basename(__file__), sys.path[0] == os.path.dirname(
+    os.path.realpath(__file__)), __spec__)
+def f():
+    raise ValueError("bad batch")
+if len(sys.argv) > 1 and sys.argv[1] == "raise":
+    f()
+if len(sys.argv) > 1 and sys.argv[1] == "exit":
+    sys.exit(3)
+'''
+
+
+@pytest.mark.parametrize("arg", ["ok", "raise", "exit"])
+def test_rank_wrapper_runs_a_script_as_python_does(tmp_path: Path, arg: str) -> None:
+    script = tmp_path / "user.py"
+    script.write_text(SCRIPT)
+    plain = subprocess.run([sys.executable, "-u", str(script), arg], capture_output=True,
+                           text=True, cwd=tmp_path)
+    sock = tmp_path / "ranks.sock"  # nobody listens: arming is best effort
+    wrapped = subprocess.run([sys.executable, "-u", str(SHIM), str(script), arg],
+                             capture_output=True, text=True, cwd=tmp_path,
+                             env={**os.environ, "DTRAIN_ARM_SOCK": str(sock), "RANK": "0"})
+    assert (wrapped.returncode, wrapped.stdout, wrapped.stderr) == (
+        plain.returncode, plain.stdout, plain.stderr)
+    assert (tmp_path / "stacks" / "r0.txt").exists()  # armed all the same
+
+
+def test_rank_wrapper_runs_a_module(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "job.py").write_text("import sys\nprint(__name__, sys.argv[1:])\n")
+    wrapped = subprocess.run([sys.executable, "-u", str(SHIM), "-m", "pkg.job", "a"],
+                             capture_output=True, text=True, cwd=tmp_path,
+                             env={**os.environ, "DTRAIN_ARM_SOCK": str(tmp_path / "s"),
+                                  "RANK": "0"})
+    assert wrapped.stdout == "__main__ ['a']\n", wrapped.stderr
+
+
+def test_the_shim_starts_workers_through_the_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = supervisor.rank_argv(["train.py", "--lr", "1"], "/tmp/d/ranks.sock")
+    assert argv[1:] == ["-u", str(SHIM), "train.py", "--lr", "1"]
+    assert supervisor.rank_env("/tmp/d/ranks.sock")["DTRAIN_ARM_SOCK"] == "/tmp/d/ranks.sock"
+    monkeypatch.setenv("DTRAIN_STACKS", "0")  # the escape hatch: plain python -u SCRIPT
+    assert supervisor.rank_argv(["train.py"], "s")[1:] == ["-u", "train.py"]
+    assert "DTRAIN_ARM_SOCK" not in supervisor.rank_env("s")
+
+
+@pytest.mark.torch
+def test_py_spy_where_the_node_has_it_lands_beside_the_stacks(tmp_path: Path) -> None:
+    """A node with py-spy on the job's PATH: the supervisor runs `py-spy dump --native --pid
+    P` for every rank and the archive holds what it printed (a stand-in py-spy here: the
+    real one needs ptrace rights the test cannot count on)."""
+    from tests.util import dtrain, need_module
+
+    need_module("torch")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    spy = bin_dir / "py-spy"
+    spy.write_text('#!/bin/sh\necho "py-spy stand-in: $*"\n'
+                   'echo "    clock_nanosleep (libc.so.6)"\n')
+    spy.chmod(0o755)
+    archive = tmp_path / "runs"
+    res = dtrain(["run", "-H", "localhost", "--nproc-per-node", "2", "--archive-dir",
+                  str(archive), "--run-id", "spy", "--no-color", "--hang-timeout", "3",
+                  "--on-hang", "stop", "--grace", "2", "--env",
+                  f"PATH={bin_dir}:{os.environ['PATH']}", "tests/workloads/stall.py"],
+                 timeout=170)
+    assert res.returncode == 125, res.stdout + res.stderr
+    dump = archive / "spy" / "stacks" / "h1"
+    deadline = time.monotonic() + 10
+    while not (dump / "r1.py-spy.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = (dump / "r1.py-spy.txt").read_text()
+    assert text.startswith("py-spy stand-in: dump --native --pid "), text
+    assert "clock_nanosleep" in text
+
+
+def _memory_cgroup() -> Path | None:
+    """A fresh child of this process's memory cgroup (v1, or v2 with the memory controller
+    delegated), or None where the machine does not let a test make one."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory" + path.rstrip("/"))
+        elif controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            base = Path("/sys/fs/cgroup" + path.rstrip("/"))
+            if "memory" not in (base / "cgroup.subtree_control").read_text():
+                continue
+        else:
+            continue
+        child = base / f"dtrain-oom-{os.getpid()}"
+        try:
+            child.mkdir()
+            limit = child / ("memory.limit_in_bytes" if (child / "memory.limit_in_bytes")
+                             .exists() else "memory.max")
+            limit.write_text(str(200 * 1024 * 1024))
+        except OSError:
+            return None
+        return child
+    return None
+
+
+@pytest.mark.torch
+def test_an_oom_killed_rank_is_explained_as_oom(tmp_path: Path) -> None:
+    """Live, on this machine (localhost; the sshd test nodes hide the cgroup tree and the
+    kernel log): a rank moved into a 200 MiB memory cgroup allocates until the OOM killer
+    ends it; dtrain says so, from the cgroup counter and (as root) the kernel log."""
+    from tests.util import need_module
+
+    need_module("torch")
+    if os.getuid() != 0:
+        pytest.skip("moving a process into a memory cgroup needs root")
+    cgroup = _memory_cgroup()
+    if cgroup is None:
+        pytest.skip("this machine gives no memory cgroup a test can limit")
+    archive = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "run", "-H", "localhost",
+                             "--nproc-per-node", "1", "--archive-dir", str(archive),
+                             "--run-id", "oom", "--no-color", "--hang-timeout", "0",
+                             "tests/workloads/oom.py"], cwd=Path(__file__).parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if "oom-ready pid " in line:
+                pid = line.rsplit(" ", 1)[1].strip()
+                (cgroup / "cgroup.procs").write_text(pid)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for _ in range(50):
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    text = "".join(out)
+    assert code == 137, text[-3000:]
+    assert "why: rank 0 on localhost was killed by the kernel's OOM killer" in text, text[-3000:]
+    failure = json.loads((archive / "oom" / "meta.json").read_text())[
+        "root_cause"]["failure"]
+    assert failure["kind"] == "oom" and failure["scope"] == "user", failure
