@@ -40,8 +40,9 @@ if str(REPO) not in sys.path:
 from launcher.transports.ssh import CIPHERS as DTRAIN_CIPHERS  # noqa: E402
 
 PYTHON = sys.executable  # the interpreter with torch; dtuser can run it on every node
-# what pdsh/clush/ssh are told to prefer: dtrain's own list (launcher/transports/ssh.py), so
-# the comparison is of the tools, not of the ciphers; "openssh" keeps OpenSSH's default
+# what pdsh/clush/ssh are told to prefer: dtrain's own list (launcher/transports/ssh/
+# settings.py), so the comparison is of the tools, not of the ciphers; "openssh" keeps
+# OpenSSH's default
 SSH_CIPHERS = {"dtrain": ",".join(DTRAIN_CIPHERS), "openssh": None}
 BIN = Path(PYTHON).parent
 
@@ -137,6 +138,11 @@ class Env:
         """Client environment for every tool (HOME for asyncssh, pdsh's ssh arguments)."""
         env = self.cluster.client_env(**extra)
         env["PDSH_SSH_ARGS_APPEND"] = " ".join(self.ssh_opts())
+        # the dtrain of this tree (the console script would find the installed one), with
+        # its .pyc files written as an installed package has them
+        paths = [str(REPO), *filter(None, [env.get("PYTHONPATH")])]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.pop("PDSH_RCMD_TYPE", None)
         env.pop("NO_COLOR", None)
         return env

@@ -271,3 +271,75 @@ def test_exit_code() -> None:
     assert cpl.exit_code([ok, bad]) == 1
     assert cpl.exit_code([ok, bad, lost]) == 255
     assert cpl.exit_code([]) == 0
+
+
+# ---------------------------------------------------------------- the node-side diff
+
+
+def _row(e: Entry) -> list[object]:
+    """A node's walk row of an entry (cpnode.walk_tree's format)."""
+    return [e.rel, e.kind, e.size, e.mtime, e.mode, e.target]
+
+
+def _variants(e: Entry) -> list[Entry | None]:
+    """What a node may have where the source has e: the same, absent, or one field off."""
+    r = e.rel
+    out: list[Entry | None] = [e, None, Entry(r, e.kind, e.size, e.mtime + 7, e.mode, e.target),
+                               Entry(r, e.kind, e.size, e.mtime, e.mode ^ 0o020, e.target)]
+    if e.kind == FILE:
+        out += [Entry(r, FILE, e.size + 1, e.mtime, e.mode), d(r), ln(r, "x")]
+    elif e.kind == DIR and r:
+        out += [f(r), ln(r, "elsewhere")]
+    elif e.kind == LINK:
+        out += [ln(r, e.target + "2"), f(r, size=0)]
+    return out
+
+
+def _random_case(seed: int) -> tuple[list[Entry], dict[str, Entry]]:
+    import random
+
+    rng = random.Random(seed)
+    src = [d("", mtime=50), d("a", mtime=60), d("a/b", mode=0o700), f("x"), f("a/y", 9, 120),
+           f("a/b/z", 1, 130, 0o600), ln("a/l", "y"), Entry("sock", OTHER, 0, 100, 0o644)]
+    dst: dict[str, Entry] = {}
+    for e in src:
+        have = rng.choice(_variants(e))
+        if have is not None:
+            dst[have.rel] = have
+    for extra in (f("gone"), d("a/old"), f("a/old/f"), f(".dtrain-cp-dead-x.tmp"),
+                  f("a/.dtrain-cp-dead-y.tmp"), ln("a/b/oldlink", "z")):
+        if rng.random() < 0.5:
+            dst[extra.rel] = extra
+    return src, dst
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_plan_from_a_node_side_diff_is_the_plan_from_the_full_listing(seed: int) -> None:
+    """cpnode's diff answers only where the node differs from the source's rows; rebuilt
+    by tree_from_diff, the plan must be exactly the full listing's, for every option."""
+    from launcher.nodeside import cpnode
+
+    src, dst = _random_case(seed)
+    for preserve in (False, True):
+        for delete in (False, True):
+            want = cpl.plan_sync(src, dst, preserve=preserve, delete=delete)
+            reply = cpnode.diff_rows([_row(e) for e in dst.values()],
+                                     cpl.manifest_rows(src, preserve=preserve), delete)
+            got = cpl.plan_sync(src, cpl.tree_from_diff(src, reply), preserve=preserve,
+                                delete=delete)
+            assert got == want, (seed, preserve, delete, reply)
+
+
+def test_an_unchanged_tree_answers_nothing_but_its_temps() -> None:
+    from launcher.nodeside import cpnode
+
+    src = [d("", mtime=50), d("a"), f("a/y"), ln("l", "a/y")]
+    node = [d("", mtime=999), d("a", mtime=5), f("a/y"), ln("l", "a/y"), f("mine"),
+            f("a/.dtrain-cp-dead-y.tmp")]
+    reply = cpnode.diff_rows([_row(e) for e in node], cpl.manifest_rows(src, preserve=False),
+                             False)
+    assert reply == {"differ": [], "missing": [], "extra": [_row(node[-1])]}
+    with_attrs = cpnode.diff_rows([_row(e) for e in node],
+                                  cpl.manifest_rows(src, preserve=True), True)
+    assert [r[0] for r in with_attrs["differ"]] == ["", "a"]  # directory mtimes count now
+    assert [r[0] for r in with_attrs["extra"]] == ["mine", "a/.dtrain-cp-dead-y.tmp"]
