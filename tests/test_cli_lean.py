@@ -144,6 +144,10 @@ HOT: dict[str, tuple[list[str], set[str]]] = {
                  ALWAYS_OUT | RUN_ONLY | {"rich"}),
     "cp-localhost": (["cp", "-H", "localhost", "README.md", "{tmp}/copied"],
                      ALWAYS_OUT | RUN_ONLY | {"asyncssh", "rich"}),
+    # run's own decisions are its business; a report, YAML (no --profile), SSH are not
+    "run-dry-run-localhost": (["run", "-H", "localhost", "--nproc-per-node", "2", "--dry-run",
+                               "examples/ddp_smoke.py"],
+                              ALWAYS_OUT | {"asyncssh", "rich"}),
 }
 
 
