@@ -27,14 +27,15 @@ from launcher.cli import (
     run,
     smoke,
     stop,
+    top,
 )
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
     pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
-         "every node), cp (pdcp/rpdcp), keys, doctor, logs; ps, attach, stop for runs that "
-         "outlive the login session (run --detach).",
+         "every node), cp (pdcp/rpdcp), keys, doctor, logs, top (the cluster live); ps, attach, "
+         "stop for runs that outlive the login session (run --detach).",
 )
 
 def _version(value: bool) -> None:
@@ -62,6 +63,7 @@ app.command("ps", cls=Cmd)(ps.ps_cmd)
 app.command("attach", cls=Cmd)(attach.attach_cmd)
 app.command("stop", cls=Cmd)(stop.stop_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
+app.command("top", cls=Cmd)(top.top_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)
 
 

@@ -1,0 +1,114 @@
+"""`dtrain top`: the cluster and a run at a glance, live; the slow node named."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import (
+    DEFAULT_ARCHIVE_DIR,
+    AcceptNewOpt,
+    ArchiveDirOpt,
+    ConnectTimeoutOpt,
+    ExcludeOpt,
+    FanoutOpt,
+    HostfileOpt,
+    HostsOpt,
+    IncludeOpt,
+    TransportOpt,
+    resolve,
+    run_body,
+    ssh_settings,
+)
+from launcher.cli.completion import complete_run_id
+
+SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"
+
+
+def top_cmd(
+    run: Annotated[str | None, typer.Argument(
+        autocompletion=complete_run_id,
+        help="A run (id, unique prefix or directory) to follow: its ranks, step rate and "
+             "stragglers beside each node. Its hosts, unless -f/-H names others.")] = None,
+    hostfile: HostfileOpt = None,
+    hosts: HostsOpt = None,
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
+    interval: Annotated[float, typer.Option(
+        "--interval", "-n", min=0.2, max=60, help="Seconds between samples and redraws.")
+                        ] = 1.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one plain snapshot and exit "
+                                       "(0: every node answered, 255: some did not).")
+                    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="A stream of dtrain.top/1 documents, "
+                                          "one JSON line per interval (with --once: one).")
+                       ] = False,
+    count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after N snapshots "
+                                              "(--json or a pipe).")] = None,
+    sort: Annotated[str, typer.Option("--sort", help=f"Sort column: {SORTS}.")] = "node",
+    reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the sort.")] = False,
+    filter_: Annotated[str, typer.Option("--filter", help="Only hosts matching: a substring, "
+                                         "a glob or a folded set (node[1-8]).")] = "",
+    fold: Annotated[bool, typer.Option("--fold", help="Fold nodes that look the same into one "
+                                       "row (node[01-60] (60) ... idle).")] = False,
+    iface: Annotated[list[str] | None, typer.Option(
+        "--iface", help="Network interface for NET rx/tx (repeatable; default: a run's "
+                        "NCCL/GLOO interface, else the one towards this machine).")] = None,
+    no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not start nvidia-smi on the "
+                                         "nodes.")] = False,
+    straggler_window: Annotated[float, typer.Option(
+        "--straggler-window", min=1, help="Seconds of CPU time per rank compared "
+                                          "(docs/top.md).")] = 30.0,
+    straggler_hold: Annotated[float, typer.Option(
+        "--straggler-hold", min=0, help="Seconds the evidence must hold before a flag.")
+                              ] = 30.0,
+    straggler_ratio: Annotated[float, typer.Option(
+        "--straggler-ratio", min=1.01, help="Busy at least this many times the other nodes' "
+                                            "median.")] = 2.0,
+    fanout: FanoutOpt = 64,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    accept_new: AcceptNewOpt = False,
+    transport: TransportOpt = "auto",
+    python: Annotated[str, typer.Option("--python", help="Interpreter for dtrain's node "
+                                        "sampler (any Python >= 3.8).")] = "python3",
+    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
+                                               "on or off (default: on a terminal).")] = None,
+) -> None:
+    """Every node's GPUs, CPU, memory and network, live; for a run also its ranks, step rate
+    and stragglers. Keys: s sort, r reverse, / filter, f fold, q quit.
+
+    On a terminal a full-screen view; piped, plain snapshots; --once one snapshot; --json
+    a stream of dtrain.top/1 documents (docs/top.md).
+    """
+    def body() -> int:
+        from launcher.commands.top import TopRequest, run_top
+        from launcher.commands.top.view import SORT_KEYS, ViewOptions
+        from launcher.decide.stragglers import StragglerSettings
+        from launcher.errors import UsageError
+        from launcher.nodeside.wire import check_value
+
+        check_value(python, "--python", python=True)
+        if sort not in SORT_KEYS:
+            raise UsageError(f"--sort {sort!r}: not a column", hint=f"one of {SORTS}")
+        view = ViewOptions(sort=sort, reverse=reverse, filter=filter_, fold=fold)
+        req = TopRequest(interval=interval, once=once, as_json=as_json, count=count,
+                         view=view, color=color, python=python, transport=transport,
+                         fanout=fanout, connect_timeout=connect_timeout,
+                         ifaces=tuple(iface or ()), gpu=not no_gpu,
+                         stragglers=StragglerSettings(window=straggler_window,
+                                                      hold=straggler_hold,
+                                                      ratio=straggler_ratio))
+        settings = ssh_settings(connect_timeout, accept_new)
+        if run is not None:
+            from pathlib import Path
+
+            from launcher.commands.top.runwatch import run_top_for_run
+
+            return run_top_for_run(Path(archive_dir), run, req, settings,
+                                   hostfile=hostfile, hosts=hosts, include=include,
+                                   exclude=exclude)
+        return run_top(resolve(hostfile, hosts, include, exclude), req, settings)
+
+    run_body(body)

@@ -1,0 +1,127 @@
+"""`dtrain top`: the cluster (and a run) at a glance, live, with the slow node named.
+
+One connection per node, one small sampler on each (nodeside/sampler.py, no daemon),
+samples every ``--interval`` s. The views (screen.py live, view.py plain and rows) all draw
+the same dtrain.top/1 document (model.py); runwatch.py adds what a run's archive says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.commands.top.model import TopState
+from launcher.commands.top.view import ViewOptions, plain
+from launcher.decide.stragglers import StragglerSettings
+from launcher.job.sampling import OK, FollowPolicy, SamplerParams, follow
+from launcher.models import Host
+from launcher.transports import AutoTransport
+from launcher.transports.ssh import SSHSettings
+
+UNREACHABLE_CODE = 255
+
+
+@dataclass(frozen=True)
+class TopRequest:
+    """What the user asked `dtrain top` for."""
+
+    interval: float = 1.0
+    once: bool = False
+    as_json: bool = False
+    count: int | None = None  # stop after this many snapshots (None: until q / Ctrl-C)
+    view: ViewOptions = ViewOptions()
+    color: bool | None = None
+    python: str = "python3"
+    transport: str = "auto"
+    fanout: int = 64
+    connect_timeout: float = 10.0
+    ifaces: tuple[str, ...] = ()
+    gpu: bool = True
+    stragglers: StragglerSettings = StragglerSettings()
+    live: bool | None = None  # None: the full screen exactly when stdout and stdin are a tty
+
+
+def _tty() -> bool:
+    return sys.stdout.isatty() and sys.stdin.isatty()
+
+
+def sampler_params(req: TopRequest) -> SamplerParams:
+    return SamplerParams(interval=req.interval, first=min(req.interval, 0.3),
+                         ifaces=req.ifaces, gpu=req.gpu,
+                         hb_timeout=max(30.0, req.interval * 10))
+
+
+def policy(req: TopRequest) -> FollowPolicy:
+    lost = max(5.0, req.interval * 3)
+    return FollowPolicy(connect_timeout=req.connect_timeout, lost_after=lost,
+                        reconnect_after=max(15.0, lost * 3), retry=5.0, fanout=req.fanout)
+
+
+async def _first_round(state: TopState, req: TopRequest) -> None:
+    """Wait (bounded) until every node sampled once or is known down."""
+    deadline = time.monotonic() + req.connect_timeout * 2 + req.interval * 2 + 5
+    while not state.all_reported() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def _stream(state: TopState, req: TopRequest) -> int:
+    """--once, --json, or a pipe: snapshots on stdout every interval."""
+    await _first_round(state, req)
+    count = 1 if req.once else req.count
+    n = 0
+    next_at = time.monotonic()
+    while True:
+        doc = state.document()
+        if req.as_json:
+            sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        else:
+            sys.stdout.write(("\n" if n else "") + plain(doc, req.view))
+        sys.stdout.flush()
+        n += 1
+        if count is not None and n >= count:
+            break
+        next_at += req.interval
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    if req.once:
+        return 0 if all(nd.state == OK for nd in state.nodes.values()) else UNREACHABLE_CODE
+    return 0
+
+
+async def top_async(hosts: Sequence[Host], req: TopRequest, settings: SSHSettings,
+                    state: TopState | None = None) -> int:
+    """Sample every host until the view is done; returns the exit code."""
+    transport = AutoTransport(settings, req.transport)
+    transport.choose(hosts)  # a forced srun that cannot work: exit 2 before anything starts
+    state = state or TopState([h.label for h in hosts], req.interval,
+                              settings=req.stragglers)
+    pythons = {h.label: h.python or req.python for h in hosts}
+    live = _tty() and not (req.once or req.as_json) if req.live is None else req.live
+    async with transport, asyncio.TaskGroup() as tg:
+        sampling = tg.create_task(follow(transport, hosts, sampler_params(req), state.on_sample,
+                                         state.on_state, policy(req), pythons),
+                                  name="top:follow")
+        try:
+            if live:
+                from launcher.commands.top.screen import live as live_view
+
+                code = await live_view(state, req.view, color=req.color,
+                                       refresh=req.interval)
+            else:
+                code = await _stream(state, req)
+        finally:
+            sampling.cancel()
+    return code
+
+
+def run_top(hosts: Sequence[Host], req: TopRequest, settings: SSHSettings) -> int:
+    """Synchronous entry for the CLI."""
+    try:
+        return asyncio.run(top_async(hosts, req, settings))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0  # `dtrain top | head`: the reader has what it wanted
