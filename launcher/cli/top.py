@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import typer
@@ -23,6 +24,7 @@ from launcher.cli.common import (
 )
 from launcher.cli.completion import complete_run_id
 
+IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # what Linux allows in an interface name
 SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"
 
 
@@ -67,6 +69,10 @@ def top_cmd(
     straggler_ratio: Annotated[float, typer.Option(
         "--straggler-ratio", min=1.01, help="Busy at least this many times the other nodes' "
                                             "median.")] = 2.0,
+    progress: Annotated[str | None, typer.Option(
+        "--progress", help="REGEX: a run's progress lines, for its step rate (default: the "
+                           "one hang detection uses: step, iteration, epoch, loss lines and "
+                           "progress bars).")] = None,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
@@ -90,13 +96,24 @@ def top_cmd(
         from launcher.nodeside.wire import check_value
 
         check_value(python, "--python", python=True)
+        for name in iface or ():
+            if not IFACE.match(name):
+                raise UsageError(f"--iface {name!r}: not an interface name",
+                                 hint="a name as `ip link` shows it, e.g. ens1f0")
         if sort not in SORT_KEYS:
             raise UsageError(f"--sort {sort!r}: not a column", hint=f"one of {SORTS}")
+        if progress is not None:
+            try:
+                re.compile(progress)
+            except re.error as exc:
+                raise UsageError(f"--progress {progress!r}: {exc}",
+                                 hint="a Python regular expression, searched in each line"
+                                 ) from None
         view = ViewOptions(sort=sort, reverse=reverse, filter=filter_, fold=fold)
         req = TopRequest(interval=interval, once=once, as_json=as_json, count=count,
                          view=view, color=color, python=python, transport=transport,
                          fanout=fanout, connect_timeout=connect_timeout,
-                         ifaces=tuple(iface or ()), gpu=not no_gpu,
+                         ifaces=tuple(iface or ()), gpu=not no_gpu, progress=progress,
                          stragglers=StragglerSettings(window=straggler_window,
                                                       hold=straggler_hold,
                                                       ratio=straggler_ratio))

@@ -83,9 +83,9 @@ class _Series:
 class StragglerDetector:
     """Feed it samples (``add``), ask it who is flagged (``evaluate``)."""
 
-    def __init__(self, settings: StragglerSettings = StragglerSettings(),
+    def __init__(self, settings: StragglerSettings | None = None,
                  attempt: int | None = None) -> None:
-        self.settings = settings
+        self.settings = settings or StragglerSettings()
         self.attempt = attempt
         self.series: dict[int, _Series] = {}
         self.suspect_since: dict[int, float] = {}
@@ -129,7 +129,7 @@ class StragglerDetector:
                 if t1 - p[0] >= window:
                     start = p
             t0, c0 = start
-            if t1 - t0 >= min(window, 1.0) * 0.5 and t1 - t0 >= window * 0.5:
+            if t1 - t0 >= window * 0.5:
                 out[rank] = max(0.0, (c1 - c0) / (t1 - t0))
         return out
 

@@ -32,7 +32,7 @@ from launcher.transports.base import Connection, Process, Transport
 SampleSink = Callable[[str, dict[str, Any]], None]
 StateSink = Callable[[str, str, str | None], None]  # host, state, why
 # node states as the views show them
-CONNECTING, OK, LOST, UNREACHABLE, ENDED = "connecting", "ok", "lost", "unreachable", "ended"
+CONNECTING, OK, LOST, UNREACHABLE = "connecting", "ok", "lost", "unreachable"
 
 
 @dataclass(frozen=True)

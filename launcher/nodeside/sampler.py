@@ -229,7 +229,9 @@ class NvidiaSmi:
             self.error = None if self.missing else "nvidia-smi: %s" % (exc.strerror or exc)
             self.retry_at = now() + RESTART_SMI_S
             return False
-        os.set_blocking(self.proc.stdout.fileno(), False)
+        out = self.proc.stdout
+        assert out is not None
+        os.set_blocking(out.fileno(), False)
         self.buf, self.batch = b"", []
         return True
 
@@ -237,8 +239,11 @@ class NvidiaSmi:
         return self.proc.stdout.fileno() if self.proc is not None else None
 
     def on_readable(self):
+        proc = self.proc
+        if proc is None or proc.stdout is None:
+            return
         try:
-            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            chunk = os.read(proc.stdout.fileno(), 65536)
         except BlockingIOError:
             return
         except OSError:
@@ -263,12 +268,15 @@ class NvidiaSmi:
                 self.gpus, self.t, self.batch, self.error = self.batch, now(), [], None
 
     def ended(self):
+        proc = self.proc
+        if proc is None:
+            return
         err = b""
         try:
-            err = self.proc.stderr.read() or b""
+            err = (proc.stderr.read() if proc.stderr is not None else b"") or b""
         except (OSError, ValueError):
             pass
-        code = self.proc.wait()
+        code = proc.wait()
         lines = err.decode("utf-8", "replace").strip().splitlines()
         self.error = "nvidia-smi exited (%s)%s" % (
             code, ": " + lines[-1][:200] if lines else "")
@@ -299,7 +307,7 @@ def read_amdgpus(root="/"):
         cards = sorted(n for n in os.listdir(base) if n.startswith("card") and n[4:].isdigit())
     except OSError:
         return []
-    gpus = []
+    gpus = []  # type: list[dict[str, object]]
     for name in sorted(cards, key=lambda n: int(n[4:])):
         dev = os.path.join(base, name, "device")
         if (read_text(os.path.join(dev, "vendor")) or "").strip() != "0x1002":
@@ -433,7 +441,8 @@ class Ranks:
             self._scan()
             self.next_scan = t + RESCAN_S
         self.missing = False
-        out = {}
+        out = {}  # type: dict[str, dict[str, object]]
+        pids = {}  # type: dict[int, int]
         current = {}
         for pid, (start, rank) in self.seen.items():
             if rank is None:
@@ -448,12 +457,13 @@ class Ranks:
             self.total[rank] = self.total.get(rank, 0.0) + (cpu - prev if prev is not None
                                                             else cpu)
             entry = out.setdefault(str(rank), {"cpu": 0.0, "pids": 0, "state": state})
-            entry["pids"] += 1
+            pids[rank] = pids.get(rank, 0) + 1
             if state in "RD":  # the busiest state of the rank's processes shows
                 entry["state"] = state
         self.last = current
         for rank_s, entry in out.items():
             entry["cpu"] = round(self.total[int(rank_s)], 3)
+            entry["pids"] = pids[int(rank_s)]
         return out
 
 
@@ -504,6 +514,7 @@ class Sampler:
     def sample(self):
         mono = time.monotonic()
         cpu, net = read_cpu(self.root), read_net(self.root)
+        assert self.prev is not None
         pmono, pcpu, pnet = self.prev
         dt = max(1e-6, mono - pmono)
         msg = {"type": "sample", "t": round(now(), 3), "dt": round(dt, 3)}

@@ -23,10 +23,12 @@ MOUNT_POINT = "/usr/games"
 
 # what every GPU node's fake prints: two GPUs, fixed readings (tests compare them exactly)
 FAKE_GPUS: tuple[dict[str, object], ...] = (
-    {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-00000000-0000-0000-0000-0000000000a0",
+    {"index": 0, "name": "NVIDIA H100 80GB HBM3",
+     "uuid": "GPU-00000000-0000-0000-0000-0000000000a0",
      "utilization.gpu": 37, "memory.used": 1024, "memory.total": 81559, "temperature.gpu": 41,
      "power.draw": 123.45, "power.limit": 700.00},
-    {"index": 1, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-00000000-0000-0000-0000-0000000000a1",
+    {"index": 1, "name": "NVIDIA H100 80GB HBM3",
+     "uuid": "GPU-00000000-0000-0000-0000-0000000000a1",
      "utilization.gpu": 81, "memory.used": 40960, "memory.total": 81559, "temperature.gpu": 45,
      "power.draw": 456.70, "power.limit": 700.00},
 )

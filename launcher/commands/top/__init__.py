@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.commands.top.model import TopState
@@ -43,6 +43,7 @@ class TopRequest:
     gpu: bool = True
     stragglers: StragglerSettings = StragglerSettings()
     live: bool | None = None  # None: the full screen exactly when stdout and stdin are a tty
+    progress: str | None = None  # --progress REGEX (None: the default pattern)
 
 
 def _tty() -> bool:
@@ -91,8 +92,16 @@ async def _stream(state: TopState, req: TopRequest) -> int:
     return 0
 
 
+async def _poll_run(state: TopState, every: float) -> None:
+    """A followed run's archive, re-read every interval (meta.json, new output lines)."""
+    while state.run is not None:
+        state.run.poll()
+        await asyncio.sleep(every)
+
+
 async def top_async(hosts: Sequence[Host], req: TopRequest, settings: SSHSettings,
-                    state: TopState | None = None) -> int:
+                    state: TopState | None = None,
+                    per_host: Mapping[str, SamplerParams] | None = None) -> int:
     """Sample every host until the view is done; returns the exit code."""
     transport = AutoTransport(settings, req.transport)
     transport.choose(hosts)  # a forced srun that cannot work: exit 2 before anything starts
@@ -102,8 +111,9 @@ async def top_async(hosts: Sequence[Host], req: TopRequest, settings: SSHSetting
     live = _tty() and not (req.once or req.as_json) if req.live is None else req.live
     async with transport, asyncio.TaskGroup() as tg:
         sampling = tg.create_task(follow(transport, hosts, sampler_params(req), state.on_sample,
-                                         state.on_state, policy(req), pythons),
+                                         state.on_state, policy(req), pythons, per_host),
                                   name="top:follow")
+        polling = tg.create_task(_poll_run(state, req.interval), name="top:run")
         try:
             if live:
                 from launcher.commands.top.screen import live as live_view
@@ -114,6 +124,7 @@ async def top_async(hosts: Sequence[Host], req: TopRequest, settings: SSHSetting
                 code = await _stream(state, req)
         finally:
             sampling.cancel()
+            polling.cancel()
     return code
 
 

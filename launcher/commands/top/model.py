@@ -48,12 +48,12 @@ class TopState:
 
     def __init__(self, hosts: Sequence[str], interval: float, *,
                  run: RunWatch | None = None,
-                 settings: StragglerSettings = StragglerSettings()) -> None:
+                 settings: StragglerSettings | None = None) -> None:
         self.order = list(hosts)
         self.nodes = {h: NodeView(h) for h in hosts}
         self.interval = interval
         self.run = run
-        self.detector = StragglerDetector(settings)
+        self.detector = StragglerDetector(settings or StragglerSettings())
         self.changed = 0  # bumped at every sample or state change (the screen redraws)
 
     def on_sample(self, host: str, msg: dict[str, Any]) -> None:

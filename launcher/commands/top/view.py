@@ -71,6 +71,13 @@ def _fmt(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _sig(value: float | None, digits: int) -> float | None:
+    """``value`` to ``digits`` significant digits (2712 -> 3000 with one)."""
+    if value is None or value == 0:
+        return value
+    return float(f"{value:.{digits}g}")
+
+
 def age_text(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -122,6 +129,8 @@ def node_row(node: Mapping[str, Any], *, coarse: bool = False) -> Row:
         cpu = None if cpu is None else round(cpu / 10) * 10
         load1 = None if load1 is None else float(round(load1))
         utils = [None if u is None else round(u / 10) * 10 for u in utils]
+        rx, tx, mem_used = _sig(rx, 1), _sig(tx, 1), _sig(mem_used, 2)
+        gm_used = _sig(gm_used, 2) or 0.0
     cells = {
         "node": str(node.get("host", "?")),
         "state": state,
