@@ -490,6 +490,7 @@ class Sampler:
         self.prev = None  # (t, cpu, net)
         self.cost_prev = None
         self.done = False
+        self.due = 0.0
 
     def emit(self, msg):
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
@@ -591,6 +592,7 @@ class Sampler:
 
     def set_interval(self, seconds):
         self.interval = max(0.1, seconds)
+        self.due = min(self.due, time.monotonic() + self.interval)
         if self.smi is not None and self.smi.proc is not None:
             self.smi.stop()
             self.smi.interval = self.interval
@@ -620,7 +622,7 @@ class Sampler:
             self.inbuf, rest = b"", self.inbuf
             self.feed(rest)
         start = time.monotonic()
-        due = start + self.first
+        self.due = start + self.first
         waited_gpu = False
         try:
             while not self.done:
@@ -628,7 +630,7 @@ class Sampler:
                 smi_fd = self.smi.fileno() if self.smi is not None else None
                 if smi_fd is not None:
                     fds.append(smi_fd)
-                timeout = max(0.0, due - time.monotonic())
+                timeout = max(0.0, self.due - time.monotonic())
                 ready, _, _ = select.select(fds, [], [], timeout)
                 for fd in ready:
                     if fd == self.in_fd:
@@ -640,16 +642,16 @@ class Sampler:
                         and now() >= smi.retry_at:
                     smi.start()
                 mono = time.monotonic()
-                if mono < due or self.done:
+                if mono < self.due or self.done:
                     continue
                 if not waited_gpu and smi is not None and smi.proc is not None \
                         and smi.gpus is None and mono < start + self.first + self.gpu_wait:
                     continue  # the first sample waits (a little) for the first GPU reading
                 waited_gpu = True
                 self.sample()
-                due += self.interval
-                if due < mono:
-                    due = mono + self.interval  # we were late: skip, never burst
+                self.due += self.interval
+                if self.due < mono:
+                    self.due = mono + self.interval  # we were late: skip, never burst
         finally:
             if self.smi is not None:
                 self.smi.stop()
