@@ -39,7 +39,7 @@ def top_cmd(
     exclude: ExcludeOpt = None,
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     interval: Annotated[float, typer.Option(
-        "--interval", "-n", min=0.2, max=60, help="Seconds between samples and redraws.")
+        "--interval", min=0.2, max=60, help="Seconds between samples and redraws.")
                         ] = 1.0,
     once: Annotated[bool, typer.Option("--once", help="Print one plain snapshot and exit "
                                        "(0: every node answered, 255: some did not).")
