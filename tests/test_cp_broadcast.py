@@ -1,6 +1,6 @@
 """`dtrain cp`'s broadcast mode on the real-sshd cluster: a chain of relays on real nodes.
 
-The command runs in-process (``cp_async``) so that the test hook in commands/cp.py can see
+The command runs in-process (``cp_async``) so that the test hook in commands/cp/relay.py can see
 the relays start (proof that the chain, not SFTP, carried the file) and kill one of them
 in the middle of a transfer. Files are checked through each node's home on the host.
 """
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from launcher.commands import cp as cpmod
 from launcher.commands.cp import CopyRequest, cp_async
+from launcher.commands.cp import relay as cpmod
 from launcher.hosts.hostfile import resolve_hosts
 from launcher.transports.ssh import SSHSettings
 from tests import cluster as tc

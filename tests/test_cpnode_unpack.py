@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from launcher.commands import cp
+from launcher.commands.cp.view import CopyView
 from launcher.decide import copyplan as cpl
 from launcher.models import CopyResult, Host
 from launcher.nodeside import cpnode
-from launcher.output.cpview import CopyView
 from launcher.transports.local import LocalConnection
 
 TOKEN = "abcd1234"
@@ -152,7 +152,7 @@ def push(src: Path, dest: str, *, sftp: bool = False, bcast: bool = False,
         view = CopyView(1, live=False, out=io.StringIO(), err=io.StringIO())
         conn = (LocalConnection if sftp else StreamOnly)(Host("local"))
         broadcaster = cp.Broadcaster(["local"], len(sources), req, view) if bcast else None
-        await cp.push_node(conn, req, sources, TOKEN, result, view, broadcaster)
+        await cp.push_node(conn, cp.Copy(req, TOKEN, view, sources, bcast=broadcaster), result)
 
     asyncio.run(go())
     return result

@@ -1,11 +1,11 @@
-"""output.cpview: the summary line format (cp-summary 1) and the live progress line."""
+"""commands/cp/view: the summary line format (cp-summary 1) and the live progress line."""
 
 from __future__ import annotations
 
 import io
 
+from launcher.commands.cp.view import CopyView, human, summary_line
 from launcher.models import CopyResult
-from launcher.output.cpview import CopyView, human, summary_line
 
 
 def test_summary_line_format() -> None:

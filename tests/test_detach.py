@@ -187,6 +187,41 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
     print(f"detach: started and detached in {started_in:.1f}s; stop took {stopped_in:.1f}s")
 
 
+def test_detached_launcher_imports_nothing_from_the_project_and_keeps_no_secret_in_argv(
+        cluster: tc.Cluster, archive: Path, launchers: list[int], tmp_path: Path) -> None:
+    """The detached child is `python -P -c <fixed code>`: a project's json.py, secrets.py,
+    logging.py or types.py in the current directory is never imported, and the request
+    (-e NAME=value) reaches it on stdin, so /proc/<pid>/cmdline holds no value for days."""
+    project = tmp_path / "project"
+    project.mkdir()
+    marker = tmp_path / "imported"
+    for name in ("json", "secrets", "logging", "types"):
+        (project / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name}\\n')\n")
+    run_id = f"hygiene-{uuid.uuid4().hex[:8]}"
+    secret = f"v-{uuid.uuid4().hex}"
+    args = run_args(cluster, archive, run_id, "--detach", "--workdir", str(REPO),
+                    "-e", f"DTRAIN_T_TOKEN={secret}", "-e", f"DTRAIN_T_PLAIN={secret}x")
+    # as the installed console script starts it: the project directory is not on sys.path
+    res = subprocess.run([sys.executable, "-P", "-m", "launcher", *args], cwd=project,
+                         env=cluster.client_env(PYTHONPATH=str(REPO)), capture_output=True,
+                         text=True, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    info = ps(cluster, archive)[run_id]
+    launchers.append(info["launcher_pid"])
+    cmdline = Path(f"/proc/{info['launcher_pid']}/cmdline").read_bytes()
+    assert b"launcher.cli" in cmdline  # the detached launcher itself
+    assert secret.encode() not in cmdline and b"DTRAIN_T_" not in cmdline, cmdline
+    assert not marker.exists(), f"the launcher imported {marker.read_text().split()}"
+    with JobWatch(cluster, NODES, run_id=run_id) as watch:
+        res = dtrain(["stop", run_id, "--archive-dir", str(archive), "--grace", "2"],
+                     env=cluster.client_env(), timeout=60)
+        assert res.returncode == 0, res.stderr
+        watch.assert_clean(5)
+    meta = json.loads((archive / run_id / "meta.json").read_text())
+    assert "DTRAIN_T_TOKEN=***" in meta["command"], meta["command"]
+    assert not marker.exists()
+
+
 def test_killed_detached_launcher_is_lost_and_nodes_clean(cluster: tc.Cluster, archive: Path,
                                                           launchers: list[int]) -> None:
     run_id = f"lost-{uuid.uuid4().hex[:8]}"

@@ -20,6 +20,13 @@ once). The parent prints the run id and how to attach, ps and stop, and exits 0;
 now an orphan adopted by init, goes on with heartbeats, archive and teardown exactly as in the
 foreground. The parent is the child's only reader, so it exits only after the child's pipes
 are closed (or 2 s, if a local job kept a copy).
+
+What the child runs is fixed and holds nothing of the request: ``python -P -c CHILD_CODE``.
+The arguments (``-e NAME=value`` among them) reach it as JSON on its stdin, which it reads
+whole and then replaces with /dev/null, so a launcher that lives for days keeps no secret in
+its /proc/<pid>/cmdline. ``-P`` keeps the current directory off sys.path: a project's own
+``json.py``, ``secrets.py`` or ``types.py`` is never imported by the launcher (only dtrain's
+own package directory is put first, as the parent found it).
 """
 
 from __future__ import annotations
@@ -42,24 +49,40 @@ LAUNCHER_LOG = "launcher.log"
 _DRAIN_S = 2.0
 
 
-def child_argv(argv: list[str]) -> list[str]:
-    """This very dtrain (the same package, whatever the cwd) with the same arguments."""
+# The detached child's whole program: read the request from stdin, put this dtrain first on
+# sys.path, run the CLI. Nothing in it depends on the request (see the module docstring).
+CHILD_CODE = ("import json, os, sys; req = json.loads(sys.stdin.buffer.read()); "
+              "fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd); "
+              "sys.path.insert(0, req['root']); sys.argv = ['dtrain', *req['argv']]; "
+              "from launcher.cli import main; main()")
+
+
+def child_argv() -> list[str]:
+    """The fixed command line of the detached child (its arguments travel on stdin)."""
+    return [sys.executable, "-P", "-c", CHILD_CODE]
+
+
+def child_request(argv: list[str]) -> bytes:
+    """What the child reads on stdin: this very dtrain (the same package, whatever the cwd)
+    and the same arguments."""
     import launcher
 
     root = str(Path(launcher.__file__).resolve().parent.parent)
-    code = (f"import sys; sys.path.insert(0, {root!r}); sys.argv[0] = 'dtrain'; "
-            "from launcher.cli import main; main()")
-    return [sys.executable, "-c", code, *argv]
+    return json.dumps({"root": root, "argv": argv}).encode()
 
 
 def run_detached(argv: list[str], attach_hint: str) -> int:
     """The parent: start the run as a detached child, relay it until it has started."""
     r, w = os.pipe()
     env = {**os.environ, ENV_FD: str(w)}
-    proc = subprocess.Popen(child_argv(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(child_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, pass_fds=(w,), start_new_session=True,
                             env=env)
     os.close(w)
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):  # a child that died at once: its rc says why
+        proc.stdin.write(child_request(argv))
+    proc.stdin.close()
     forwards: dict[int, int] = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
                                 signal.SIGHUP: signal.SIGTERM}
     previous = {sig: signal.signal(sig, lambda s, _f: _forward(proc, forwards[s]))
@@ -157,7 +180,7 @@ class Detacher:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-        log = os.open(run_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log = os.open(run_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)

@@ -2,7 +2,7 @@
 
 Which files go by broadcast, the order of the chain (who is fed by the launcher, who
 connects to whom) and, once the chain has run, which nodes fall back to a direct send and
-why. No I/O here; ``commands/cp.py`` carries it out with ``nodeside/cpnode.py``'s relay.
+why. No I/O here; ``commands/cp/relay.py`` carries it out with ``nodeside/cpnode.py``'s relay.
 """
 
 from __future__ import annotations

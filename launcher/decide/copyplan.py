@@ -1,6 +1,6 @@
 """Pure decisions of `dtrain cp`: where each source lands, and what to send, skip or delete.
 
-Nothing here touches a file or a socket. The command (``commands/cp.py``) lists the source
+Nothing here touches a file or a socket. The command (``commands/cp/``) lists the source
 tree and the destination tree into ``Entry`` records, asks ``plan_sync`` what to do, and
 does it. The same functions serve push (local → node) and pull (node → local).
 
