@@ -23,6 +23,7 @@ from launcher.cli.common import (
     ssh_settings,
 )
 from launcher.cli.completion import complete_run_id
+from launcher.cli.watching import StragglerHoldOpt, StragglerRatioOpt, StragglerWindowOpt
 
 IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # what Linux allows in an interface name
 SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"
@@ -60,15 +61,9 @@ def top_cmd(
                         "NCCL/GLOO interface, else the one towards this machine).")] = None,
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not start nvidia-smi on the "
                                          "nodes.")] = False,
-    straggler_window: Annotated[float, typer.Option(
-        "--straggler-window", min=1, help="Seconds of CPU time per rank compared "
-                                          "(docs/top.md).")] = 30.0,
-    straggler_hold: Annotated[float, typer.Option(
-        "--straggler-hold", min=0, help="Seconds the evidence must hold before a flag.")
-                              ] = 30.0,
-    straggler_ratio: Annotated[float, typer.Option(
-        "--straggler-ratio", min=1.01, help="Busy at least this many times the other nodes' "
-                                            "median.")] = 2.0,
+    straggler_window: StragglerWindowOpt = 30.0,
+    straggler_hold: StragglerHoldOpt = 30.0,
+    straggler_ratio: StragglerRatioOpt = 2.0,
     progress: Annotated[str | None, typer.Option(
         "--progress", help="REGEX: a run's progress lines, for its step rate (default: the "
                            "one hang detection uses: step, iteration, epoch, loss lines and "

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
+from launcher.commands.run_sampling import RunSampling, alongside
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
 from launcher.errors import ConnectError, DtrainError
 from launcher.hosts.hostfile import fold, host_sources
@@ -258,6 +259,9 @@ def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
         "hosts": [n.host.label for n in plan.nodes], "world_size": plan.world_size,
         "layout": [{"host": n.host.label, "node_rank": n.node_rank, "ranks": list(n.ranks)}
                    for n in plan.nodes],
+        # how to reach each host again (`dtrain top RUN`): as the hostfile gave it
+        "host_entries": [{"label": n.host.label, "name": n.host.name, "user": n.host.user,
+                          "port": n.host.port, "python": n.host.python} for n in plan.nodes],
     }
 
 
@@ -362,8 +366,13 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         except OSError as exc:  # e.g. a filesystem without unix sockets
             render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
                         "cannot reach this run; stop it with Ctrl-C or SIGTERM")
+        sampling = RunSampling(archive, plan, opts.sample_interval, opts.stragglers,
+                               out.message, heartbeat_timeout=opts.heartbeat_timeout) \
+            if opts.sample_interval > 0 else None
+        if sampling is not None:
+            archive.update_meta(**sampling.meta())
         try:
-            outcome = await job.run(transport, conns)
+            outcome = await alongside(job.run(transport, conns), sampling, conns)
         finally:
             await control.aclose()
         out.job_over([h.label for h in hosts])
@@ -375,7 +384,8 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     report.root_cause = root_cause_json(outcome, v, tails)
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
                         root_cause=report.root_cause, nodes=report.nodes,
-                        console_skipped=out.skipped)
+                        console_skipped=out.skipped,
+                        **(sampling.meta() if sampling is not None else {}))
     return v.code
 
 

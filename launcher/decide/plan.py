@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.decide.facts import NodeFacts
 from launcher.decide.netenv import EnvDecision, EnvVar
+from launcher.decide.stragglers import StragglerSettings
 from launcher.errors import UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
@@ -65,6 +66,8 @@ class RunOptions:
     transport: str = "auto"  # --transport: auto, ssh or srun
     junit: str | None = None  # --junit PATH (not with --dry-run)
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
+    sample_interval: float = 10.0  # --sample-interval: samples.jsonl every S s (0: off)
+    stragglers: StragglerSettings = field(default_factory=StragglerSettings)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class StragglerSettings:
     window: float = 30.0
     hold: float = 30.0
     ratio: float = 2.0
-    min_gap: float = 0.1
+    min_gap: float = 0.05
 
 
 @dataclass(frozen=True)

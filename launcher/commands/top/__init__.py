@@ -95,7 +95,7 @@ async def _stream(state: TopState, req: TopRequest) -> int:
 async def _poll_run(state: TopState, every: float) -> None:
     """A followed run's archive, re-read every interval (meta.json, new output lines)."""
     while state.run is not None:
-        state.run.poll()
+        state.poll_run()
         await asyncio.sleep(every)
 
 

@@ -75,6 +75,15 @@ class TopState:
                 self.detector.evaluate(time.time())
         self.changed += 1
 
+    def poll_run(self) -> None:
+        """Re-read the followed run's archive; its samples feed the straggler evidence."""
+        if self.run is None:
+            return
+        self.run.poll()
+        for host, t, cpu in self.run.history():
+            self.detector.add(host, t, cpu)
+        self.detector.evaluate(time.time())
+
     def on_state(self, host: str, state: str, why: str | None) -> None:
         node = self.nodes.get(host)
         if node is None:
@@ -96,11 +105,11 @@ class TopState:
         busy = self.detector.busy()
         flagged = {h for h, s in self.detector.flagged.items() if s.cleared is None}
         stragglers = self.detector.as_json()
-        if self.run is not None:
+        if self.run is not None:  # the run's own flags first; ours only for other nodes
             flagged |= self.run.flagged_hosts()
-            known = {(s["host"], s["flagged"]) for s in stragglers}
-            stragglers = [*(s for s in self.run.stragglers()
-                            if (s.get("host"), s.get("flagged")) not in known), *stragglers]
+            theirs = self.run.stragglers()
+            hosts = {s.get("host") for s in theirs}
+            stragglers = [*theirs, *(s for s in stragglers if s["host"] not in hosts)]
         nodes = []
         for host in self.order:
             n = self.nodes[host]

@@ -20,6 +20,7 @@ from launcher.decide.steprate import PROGRESS, StepRate
 from launcher.models import Host
 from launcher.output.archive import read_meta, resolve_run
 from launcher.output.runs import run_status
+from launcher.output.samplelog import SAMPLES
 
 if TYPE_CHECKING:
     from launcher.commands.top import TopRequest
@@ -54,6 +55,34 @@ def plan_iface(env: list[dict[str, Any]]) -> str | None:
     return None
 
 
+class Tail:
+    """An archive file read as it grows: whole lines only, from where the last read
+    stopped; the first read starts at most TAIL_BYTES before the end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset: int | None = None
+        self.partial = b""
+
+    def lines(self) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                if self.offset is None or self.offset > size:
+                    start = max(0, size - TAIL_BYTES)
+                    fh.seek(start)
+                    if start:
+                        fh.readline()  # a torn first line
+                    self.offset, self.partial = fh.tell(), b""
+                fh.seek(self.offset)
+                data = fh.read(READ_BYTES)
+        except OSError:
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return lines
+
+
 class RunWatch:
     """One run, followed through its archive."""
 
@@ -62,8 +91,8 @@ class RunWatch:
         self.pattern = pattern or re.compile(PROGRESS)
         self.meta: dict[str, Any] = {}
         self._meta_stamp: tuple[int, int] | None = None
-        self._offset: int | None = None
-        self._partial = b""
+        self._output = Tail(run_dir / OUTPUT)
+        self._samples = Tail(run_dir / SAMPLES)
         self.last_line: dict[int, float] = {}
         self.steps = StepRate(self.pattern)
         self.state: str | None = None
@@ -131,23 +160,29 @@ class RunWatch:
         self._read_output()
 
     def _read_output(self) -> None:
-        try:
-            with open(self.run_dir / OUTPUT, "rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                if self._offset is None or self._offset > size:
-                    start = max(0, size - TAIL_BYTES)
-                    fh.seek(start)
-                    if start:
-                        fh.readline()  # a torn first line
-                    self._offset, self._partial = fh.tell(), b""
-                fh.seek(self._offset)
-                data = fh.read(READ_BYTES)
-        except OSError:
-            return
-        self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for raw in lines:
+        for raw in self._output.lines():
             self._record(raw)
+
+    def history(self) -> list[tuple[str, float, dict[int, float]]]:
+        """New samples.jsonl lines since the last call, as (host, t, per-rank CPU s): the
+        run's own samples from before top started prime top's straggler evidence."""
+        out = []
+        for raw in self._samples.lines():
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict) or not isinstance(rec.get("t"), (int, float)):
+                continue
+            ranks = rec.get("ranks")
+            if not isinstance(ranks, dict) or not isinstance(rec.get("host"), str):
+                continue
+            cpu = {int(r): float(v["cpu"]) for r, v in ranks.items()
+                   if str(r).isdigit() and isinstance(v, dict)
+                   and isinstance(v.get("cpu"), (int, float))}
+            if cpu:
+                out.append((rec["host"], float(rec["t"]), cpu))
+        return out
 
     def _record(self, raw: bytes) -> None:
         try:

@@ -275,7 +275,9 @@ def header_lines(doc: Mapping[str, Any], opts: ViewOptions, *, shown: int) -> li
         lines.append("  ".join(parts))
     for s in doc.get("stragglers") or []:
         if s.get("cleared") is None:
-            lines.append(f"straggler: {s.get('host')} (ranks {ranks_text(s.get('ranks') or [])})"
+            ranks = s.get("ranks") or []
+            lines.append(f"straggler: {s.get('host')} (rank{'s' if len(ranks) > 1 else ''} "
+                         f"{ranks_text(ranks)})"
                          f" busy {s.get('busy'):.2f} against {s.get('others'):.2f} on the "
                          f"other nodes, flagged {_clock(s.get('flagged'))}")
     return lines
