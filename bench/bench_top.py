@@ -180,9 +180,11 @@ def micro(n: int = 2000) -> dict[str, float]:
     ranks = sampler.Ranks("bench-no-such-run", None)
     ranks._scan()
     out[f"first /proc scan ({procs} processes) us"] = (time.process_time() - t0) * 1e6
-    # the steady state: 8 tracked ranks' stat reads, as on a node of 8 GPUs
+    # the steady state: one tracked rank process (this one), its stat read per sample
     me = os.getpid()
-    ranks.seen = {me: (sampler.proc_stat("/", me)[2], r) for r in range(1)}  # type: ignore[index]
+    st = sampler.proc_stat("/", me)
+    assert st is not None
+    ranks.seen = {me: (st[2], 0)}
     out["per-rank CPU read (one /proc/<pid>/stat) us"] = per_call(ranks.sample)
     # a stack sample: faulthandler's all-thread dump (what a rank armed by `hangs` does on
     # its signal; py-spy adds ptrace stops), timed here 30 frames deep: the rank's own CPU
