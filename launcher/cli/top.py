@@ -113,14 +113,28 @@ def top_cmd(
                                                       hold=straggler_hold,
                                                       ratio=straggler_ratio))
         settings = ssh_settings(connect_timeout, accept_new)
-        if run is not None:
-            from pathlib import Path
+        from pathlib import Path
 
-            from launcher.commands.top.runwatch import run_top_for_run
+        from launcher.commands.top.runwatch import latest_live_run, run_top_for_run
+        from launcher.errors import HostfileError
 
-            return run_top_for_run(Path(archive_dir), run, req, settings,
+        target = run
+        try:
+            host_list = resolve(hostfile, hosts, include, exclude) if run is None else None
+        except HostfileError:
+            if hostfile is not None or hosts is not None:
+                raise
+            # no hosts anywhere: the latest running run, if there is one
+            target = latest_live_run(Path(archive_dir))
+            if target is None:
+                raise HostfileError("no hosts given and no running run in "
+                                    f"{archive_dir}", hint="use -f FILE or -H EXPR, or name "
+                                    "a run: dtrain top RUN") from None
+        if target is not None:
+            return run_top_for_run(Path(archive_dir), target, req, settings,
                                    hostfile=hostfile, hosts=hosts, include=include,
                                    exclude=exclude)
-        return run_top(resolve(hostfile, hosts, include, exclude), req, settings)
+        assert host_list is not None
+        return run_top(host_list, req, settings)
 
     run_body(body)

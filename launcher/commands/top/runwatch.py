@@ -211,6 +211,16 @@ class RunWatch:
                 else None, "progress": self.pattern.pattern, "archive": str(self.run_dir)}
 
 
+def latest_live_run(archive_dir: Path) -> str | None:
+    """The most recently started run whose launcher is alive (a path), or None."""
+    from launcher.output.archive import list_runs
+
+    for run_dir in reversed(list_runs(archive_dir) if archive_dir.is_dir() else []):
+        if run_status(run_dir).alive:
+            return str(run_dir)
+    return None
+
+
 def run_top_for_run(archive_dir: Path, run: str, req: TopRequest, settings: SSHSettings, *,
                     hostfile: str | None = None, hosts: str | None = None,
                     include: str | None = None, exclude: str | None = None) -> int:
