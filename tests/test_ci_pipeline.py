@@ -35,10 +35,25 @@ def test_the_ci_pipeline_steps(cluster, tmp_path):
     assert doc["outcome"] == "ok"
     validate_junit((reports / "doctor.xml").read_text())
 
-    smoke = dtrain(["smoke", *hosts, *py, "--min-busbw", "0.0001", "--junit",
+    # both thresholds at ~0: a speed is no assertion (a loaded 2-core box measures its own
+    # load); which size and which pairs the verdict judged is checked below and in
+    # tests/test_smoke.py
+    smoke = dtrain(["smoke", *hosts, *py, "--min-busbw", "0.0001", "--pair-fraction", "0.0001",
+                    "--junit",
                     str(reports / "smoke.xml"), "--json"], env=env, timeout=170)
     assert smoke.returncode == 0, smoke.stderr[-3000:]
-    validate_json(one_json_document(smoke.stdout), "smoke")
+    doc = one_json_document(smoke.stdout)
+    validate_json(doc, "smoke")
+    # --min-busbw was judged on the whole sweep's largest size (gloo: 1K ... 4M): a verdict
+    # on another row, or a sweep that stopped short, would pass this threshold too
+    sweep = doc["smoke"]["sweep"]
+    sizes = [row["size"] for row in sweep]
+    assert sizes[0] == 1024 and sizes[-1] == 4 << 20 and sizes == sorted(set(sizes)), sizes
+    assert len(sizes) >= 3, sizes
+    assert doc["smoke"]["busbw"] == sweep[-1]["busbw"], doc["smoke"]
+    assert doc["smoke"]["backend"] == "gloo"
+    assert len(doc["smoke"]["pairs"]) == 6, doc["smoke"]["pairs"]  # every pair of 4 nodes
+    assert doc["summary"].endswith(" at 4M"), doc["summary"]
     validate_junit((reports / "smoke.xml").read_text())
 
     run = dtrain(["run", *hosts, *py, "--nproc-per-node", "1", "--timeout", "120",

@@ -128,6 +128,16 @@ def test_delta_skips_same_size_and_mtime_sends_the_rest() -> None:
     assert plan.mkdirs == []
 
 
+def test_a_destination_newer_than_the_source_is_sent_too() -> None:
+    """Same size, the node's copy newer (edited there, or a clock ahead): it diverged, so it
+    is replaced. Only an equal mtime means "the same file" (rsync's quick check)."""
+    src = [d(""), f("edited-there", mtime=100), f("older-there", mtime=100), f("same")]
+    dst = tree(d(""), f("edited-there", mtime=300), f("older-there", mtime=99), f("same"))
+    plan = cpl.plan_sync(src, dst)
+    assert sorted(rels(plan.send)) == ["edited-there", "older-there"]
+    assert rels(plan.skip) == ["same"]
+
+
 def test_checksum_compares_equal_sizes_only() -> None:
     src = [d(""), f("same"), f("newer", mtime=200), f("bigger", size=9)]
     dst = tree(d(""), f("same"), f("newer"), f("bigger"))

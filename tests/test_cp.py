@@ -226,6 +226,8 @@ def test_bad_input_exits_2_before_connecting(cluster, tmp_path):
     other_home = dtrain(["cp", "-H", UNREACHABLE, str(tmp_path / "d"), "-r", "~bob/x"],
                         env=cluster.client_env())
     assert other_home.returncode == 2, other_home.stderr
+    assert "DEST ~bob/x: ~user paths are not supported; write the absolute path" in \
+        other_home.stderr, other_home.stderr
     assert time.monotonic() - start < 15  # nothing waited on the unreachable address
 
 
@@ -265,10 +267,24 @@ def test_push_streams_through_the_node_program_or_falls_back_to_sftp(cluster, tm
     src.mkdir()
     make_tree(src)
     env = cluster.client_env()
-    streamed = dtrain(["cp", "-H", "node1", "-r", "-p", str(src), f"~/{remote_dir}/s/"],
-                      env=env)
-    assert streamed.returncode == 0, streamed.stderr
-    assert "SFTP" not in streamed.stderr
+    # the node's python is a wrapper that keeps a copy of what the node program reads on its
+    # stdin: the stream path ran when the files' bytes went through it (an absent "SFTP" in
+    # the output, or cpnode merely started, would not show it)
+    seen = cluster.shared_dir / f"cpnode-stdin-{uuid.uuid4().hex[:8]}"
+    wrapper = cluster.shared_dir / f"{seen.name}.sh"
+    wrapper.write_text(f'#!/bin/sh\ntee -a {seen} | {cluster.python} "$@"\n')
+    wrapper.chmod(0o755)
+    try:
+        streamed = dtrain(["cp", "-H", "node1", "-r", "-p", "--python", str(wrapper),
+                           str(src), f"~/{remote_dir}/s/"], env=env)
+        assert streamed.returncode == 0, streamed.stderr
+        assert "SFTP" not in streamed.stderr
+        stream = seen.read_bytes()
+        for rel in ("run.sh", "sub dir/é ü ñ.txt", "sub dir/deep/data.bin", "priv/secret"):
+            assert (src / rel).read_bytes() in stream, f"{rel} did not go through cpnode"
+    finally:
+        wrapper.unlink()
+        seen.unlink(missing_ok=True)
     fallback = dtrain(["cp", "-H", "node1", "-r", "-p", "--python", "/nonexistent/python3",
                        str(src), f"~/{remote_dir}/f/"], env=env)
     assert fallback.returncode == 0, fallback.stderr

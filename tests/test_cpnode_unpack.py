@@ -93,6 +93,66 @@ def test_a_temp_name_must_be_a_dtrain_temp_in_the_files_directory(tmp_path: Path
     assert list(root.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", [".dtrain-cp-x/../../../evil.tmp", ".dtrain-cp-x/evil.tmp"])
+def test_a_temp_name_with_a_slash_is_refused_although_it_looks_like_one(
+        tmp_path: Path, name: str) -> None:
+    """Prefix and suffix are right, so only the '/' guard stands between the name and a
+    write outside the file's directory."""
+    root = tmp_path / "dest"
+    (root / ".dtrain-cp-x").mkdir(parents=True)
+    u = unpacker(tmp_path, b"x\x01x\x01")
+    res = u.apply({"root": str(root), "files": [["f", 1, 0o644, None, 1, name]],
+                   "links": [["l", "target", name]]})
+    assert res["sent"] == 0
+    assert [e[1] for e in res["errors"]] == [f"{name}: refused: not a dtrain cp temp name"] * 2
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
+                  if p.name != "stdin.bin") == ["dest", "dest/.dtrain-cp-x"]
+
+
+@pytest.mark.parametrize("root", ["dest", "", "/tmp/a\0b"])
+def test_the_root_must_be_absolute(tmp_path: Path, root: str,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    u = unpacker(tmp_path, b"x\x01")
+    res = u.apply({"root": root, "files": [["f", 1, 0o644, None, 1, tmpname(tmp_path, "f")]],
+                   "mkdirs": [""]})
+    assert res["sent"] == 0
+    assert [e[1] for e in res["errors"]] == [f"{root}: the root must be an absolute path"] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stdin.bin"]
+
+
+def test_a_nul_in_a_path_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "dest"
+    root.mkdir()
+    u = unpacker(tmp_path, b"x\x01")
+    res = u.apply({"root": str(root), "files": [file_row(root, "a\0b", 1)]})
+    assert res["sent"] == 0 and "refused: the path leaves" in res["errors"][0][1]
+
+
+@pytest.mark.parametrize("kind", ["fix_attrs", "dir_attrs"])
+def test_modes_and_times_are_never_set_through_a_symlinked_leaf(tmp_path: Path,
+                                                                kind: str) -> None:
+    """The leaf itself a symlink (its directory checked, its name a link to a file outside):
+    chmod and utime would follow it, so it is refused and the target keeps its mode and
+    mtime."""
+    root = tmp_path / "dest"
+    root.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("o")
+    os.chmod(outside, 0o600)
+    os.utime(outside, (1_000_000, 1_000_000))
+    (root / "leaf").symlink_to(outside)
+    (root / "plain").write_text("p")
+    u = unpacker(tmp_path, b"")
+    res = u.apply({"root": str(root), kind: [["leaf", 0o777, 1_600_000_000],
+                                             ["plain", 0o640, 1_600_000_000]]})
+    assert res["errors"] == [["", f"{root}/leaf: refused: a symlink on this node"]]
+    st = outside.stat()
+    assert (st.st_mode & 0o777, int(st.st_mtime)) == (0o600, 1_000_000)
+    st = (root / "plain").stat()
+    assert (st.st_mode & 0o777, int(st.st_mtime)) == (0o640, 1_600_000_000)
+
+
 def test_a_truncated_stream_leaves_no_temp(tmp_path: Path) -> None:
     root = tmp_path / "dest"
     root.mkdir()
@@ -223,6 +283,18 @@ def test_drop_removes_only_dtrain_temps(tmp_path: Path) -> None:
     u = unpacker(tmp_path, b"")
     out = u.handle({"op": "drop", "paths": [str(keep), str(temp), "relative.dtrain-cp-x.tmp"]})
     assert out == {"dropped": 1} and keep.exists() and not temp.exists()
+
+
+def test_drop_refuses_a_relative_path_even_to_a_temp(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path would be resolved against the node program's working directory: only
+    absolute paths are dropped (this name passes every other check)."""
+    monkeypatch.chdir(tmp_path)
+    temp = tmp_path / ".dtrain-cp-abcd1234-big.bin.tmp"
+    temp.write_text("t")
+    u = unpacker(tmp_path, b"")
+    out = u.handle({"op": "drop", "paths": [temp.name, f"./{temp.name}"]})
+    assert out == {"dropped": 0} and temp.exists()
 
 
 def test_large_files_handed_back_by_the_broadcaster_go_in_a_second_apply(

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timeout(150)]
 
 TICK = "tests/workloads/tick.py"
 NODES = [1, 2]
+GRACE = 2  # --grace of the detached run: a stop would have ended it this long after
 
 
 def run_args(cluster: tc.Cluster, archive: Path, run_id: str, *extra: str) -> list[str]:
@@ -73,6 +74,29 @@ def launchers():  # type: ignore[no-untyped-def]
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def wait_ticks_after(archive: Path, run_id: str, since: float, ranks: tuple[int, ...] = (0, 1),
+                     timeout: float = 30) -> None:
+    """Wait until every rank's tick line stamped after ``since`` is in the archive: the run
+    went on (the launcher writes the archive, so it is alive too). With ``since`` = a signal's
+    time + grace + 1, a run that the signal stopped cannot pass: its ranks are dead by then."""
+    path = archive / run_id / "output.jsonl"
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = set()
+        for raw in path.read_text().splitlines() if path.exists() else []:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if rec.get("t", 0) > since and str(rec.get("line", "")).startswith("tick "):
+                seen.add(rec.get("rank"))
+        if set(ranks) <= seen:
+            return
+        assert time.monotonic() < deadline, f"no tick after {since} from ranks " \
+            f"{sorted(set(ranks) - seen)} within {timeout}s"
+        time.sleep(0.1)
 
 
 class Session:
@@ -123,7 +147,7 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
     with JobWatch(cluster, NODES, run_id=run_id) as watch:
         t0 = time.monotonic()
         session = Session(cluster, run_args(cluster, archive, run_id, "--detach", "--grace",
-                                            "2"))
+                                            str(GRACE)))
         assert session.rc(90) == 0, session.output
         started_in = time.monotonic() - t0
         assert f"run {run_id} started; detached" in session.output
@@ -137,7 +161,7 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
         # launcher itself
         session.hang_up()
         os.kill(info["launcher_pid"], signal.SIGHUP)
-        time.sleep(2.0)
+        wait_ticks_after(archive, run_id, time.time() + GRACE + 1)
         assert ps(cluster, archive)[run_id]["state"] == "running"
         assert watch.supervisors() == 2 and watch.left(), "the job must still be running"
         table = ps_table(cluster, archive)
@@ -155,7 +179,7 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
         attach.signal(signal.SIGINT)
         assert attach.wait(10) == 0, attach.output
         assert f"detached from run {run_id}; it is still running" in attach.output
-        time.sleep(1.0)
+        wait_ticks_after(archive, run_id, time.time() + GRACE + 1)
         assert ps(cluster, archive)[run_id]["state"] == "running"
         assert watch.left(), "attach's Ctrl-C must leave the run running"
 
@@ -165,7 +189,12 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
              sys.executable, "-m", "launcher", "stop", run_id, "--archive-dir", str(archive)],
             cwd=REPO, env=cluster.client_env(HOME="/tmp"), capture_output=True, text=True,
             timeout=30)
-        assert other.returncode != 0 and "refused" in other.stderr, other.stderr
+        # refused before any socket: the run directory (0700) is not theirs to read
+        assert other.returncode == 2, (other.returncode, other.stderr)
+        assert f"{run_id}: permission denied: the run belongs to another user, refused" in \
+            other.stderr, other.stderr
+        assert "only the user who started a run can" in other.stderr, other.stderr
+        assert "Traceback" not in other.stderr, other.stderr
         assert ps(cluster, archive)[run_id]["state"] == "running"
 
         # stop: as Ctrl-C in the foreground, from this other shell
@@ -231,8 +260,10 @@ def test_killed_detached_launcher_is_lost_and_nodes_clean(cluster: tc.Cluster, a
     info = ps(cluster, archive)[run_id]
     launchers.append(info["launcher_pid"])
     with JobWatch(cluster, NODES, run_id=run_id) as watch:
-        time.sleep(0.5)
-        assert watch.supervisors() == 2
+        deadline = time.monotonic() + 30
+        while watch.supervisors() != 2:  # the watch sees the job before the kill
+            assert time.monotonic() < deadline, f"supervisors seen: {watch.supervisors()}"
+            time.sleep(0.1)
         os.kill(info["launcher_pid"], signal.SIGKILL)
         ok, took = watch.wait_clean(20)
     assert ok, f"left after 20s: {watch.left()}"

@@ -169,10 +169,17 @@ async def test_the_pipeline_folds_on_the_console_and_archives_every_line() -> No
             pipe.feed("node1", r, "err", b"warn\n")
         pipe.feed("node1", 0, "err", b"alone\n")
         pipe.feed("node1", 0, "out", b"loss 1\n")
-        await asyncio.sleep(0.4)  # the window passes: "alone" goes out by the timer
+        # "alone" goes out by the timer once its window passes, while the pipeline is still
+        # open (closing it would flush it too, so that would prove nothing): wait for it
+        deadline = asyncio.get_running_loop().time() + 30
+        while "alone" not in stream.getvalue():
+            assert asyncio.get_running_loop().time() < deadline, stream.getvalue()
+            await asyncio.sleep(0.02)
         assert f.held == 0
-    assert stream.getvalue().splitlines() == [
+        shown_while_open = stream.getvalue().splitlines()
+    assert shown_while_open == [
         "node1 r0-2 [err]: warn", "node1 r0: loss 1", "node1 r0 [err]: alone"]
+    assert stream.getvalue().splitlines() == shown_while_open
     assert len(archived) == 5
 
 

@@ -20,7 +20,14 @@ from launcher.models import OutputLine
 from launcher.output.archive import RunArchive
 from launcher.output.logview import replay, tail_offset
 from launcher.output.runlock import LOCK, LauncherLock, probe
-from launcher.output.runs import age, list_status, ps_json, render_table, status_of
+from launcher.output.runs import (
+    age,
+    last_line_time,
+    list_status,
+    ps_json,
+    render_table,
+    status_of,
+)
 from tests.util import dtrain
 
 # -- the state decision (pure) -------------------------------------------------------------
@@ -80,12 +87,15 @@ def test_lock_held_means_alive_released_means_lost(tmp_path: Path) -> None:
 
 def test_a_dead_process_releases_the_lock_and_a_child_never_holds_it(tmp_path: Path) -> None:
     """kill -9 releases the lock (a pid is never trusted); a process the holder started
-    does not inherit it."""
+    does not inherit it, even one started with close_fds=False (as a library that spawns
+    without closing fds would): the lock's own fd is close-on-exec, Popen's default of
+    closing every fd is not what keeps it out."""
     archive = _archive(tmp_path)
     code = ("import sys, time, subprocess; from pathlib import Path; "
             "from launcher.output.runlock import LauncherLock; "
             "LauncherLock.acquire(Path(sys.argv[1])); "
-            "subprocess.Popen(['sleep', '30']); print('locked', flush=True); time.sleep(60)")
+            "subprocess.Popen(['sleep', '30'], close_fds=False); "
+            "print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(archive.path)],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -99,10 +109,34 @@ def test_a_dead_process_releases_the_lock_and_a_child_never_holds_it(tmp_path: P
     assert (archive.path / LOCK).exists()
 
 
+def test_last_line_time_is_the_last_record_s_own_time_not_the_file_s(tmp_path: Path) -> None:
+    """The time comes from the last complete record's "t"; the file's mtime (set here an
+    hour apart from every record) is only the fallback for a tail that is one long line."""
+    archive = _archive(tmp_path)
+    t0 = 1_700_000_000.25
+    archive.write_lines([OutputLine("n1", "out", f"line {i}", rank=0, node_rank=0, t=t0 + i)
+                         for i in range(3)])
+    archive.close()
+    out = archive.path / "output.jsonl"
+    os.utime(out, (t0 + 3600, t0 + 3600))
+    assert last_line_time(archive.path) == t0 + 2
+    with open(out, "ab") as fh:  # a torn last record (the launcher died mid-write)
+        fh.write(b'{"t": 1800000000, "host": "n1", "li')
+    os.utime(out, (t0 + 3600, t0 + 3600))
+    assert last_line_time(archive.path) == t0 + 2
+    out.write_bytes(b"x" * (70 * 1024))  # one long line: nothing to read a time from
+    os.utime(out, (t0 + 7200, t0 + 7200))
+    assert last_line_time(archive.path) == t0 + 7200
+    out.write_bytes(b"")
+    assert last_line_time(archive.path) is None
+
+
 def test_ps_table_and_json(tmp_path: Path) -> None:
     archive = _archive(tmp_path)
-    archive.write_lines([OutputLine("n1", "out", "hello", rank=0, node_rank=0, t=time.time())])
+    said = time.time() - 2
+    archive.write_lines([OutputLine("n1", "out", "hello", rank=0, node_rank=0, t=said)])
     archive.close()
+    os.utime(archive.path / "output.jsonl", (said - 3, said - 3))  # not the mtime
     fin = _archive(tmp_path, "r2")
     fin.update_meta(exit_code=7, end=time.time(), outcome="rank 1 on n2 exited 7")
     runs = list_status(tmp_path)
@@ -115,7 +149,7 @@ def test_ps_table_and_json(tmp_path: Path) -> None:
     r1 = doc["runs"][0]
     assert (r1["run_id"], r1["state"], r1["nodes"], r1["world_size"]) == ("r1", "launcher lost",
                                                                          2, 2)
-    assert r1["last_line_t"] is not None and abs(r1["last_line_t"] - time.time()) < 60
+    assert r1["last_line_t"] == pytest.approx(said, abs=1e-3)
 
 
 # -- the control socket -------------------------------------------------------------------------

@@ -183,22 +183,31 @@ def test_allocation_smaller_than_asked_is_exit_2(cluster: tc.Cluster, slurm: Any
 
 def test_exec_over_srun_tags_hosts(cluster: tc.Cluster, slurm: Any,
                                    allocs: list[Salloc]) -> None:
-    job = Salloc(cluster, slurm, 4, ["exec", "--", "sh", "-c", "hostname; exit 3"])
+    """Inside the allocation, auto picks srun: each command runs in a step of the job (its
+    SLURM_JOB_ID and a SLURM_STEP_ID, no SSH_CONNECTION); over SSH it would be the reverse."""
+    show = 'echo "$(hostname) job=${SLURM_JOB_ID-none} step=${SLURM_STEP_ID-none} ' \
+           'ssh=${SSH_CONNECTION:+yes}"; exit 3'
+    job = Salloc(cluster, slurm, 4, ["exec", "--no-color", "--", "sh", "-c", show])
     allocs.append(job)
     assert job.wait(60) == 3, job.output
+    rows = dict(re.findall(r"^(node\d): (node\d job=\d+ step=\d+ ssh=)$", job.output, re.M))
+    assert sorted(rows) == [f"node{k}" for k in range(1, 5)], job.output
     for k in range(1, 5):
-        assert f"node{k}: node{k}" in job.output
+        assert rows[f"node{k}"].startswith(f"node{k} job="), job.output
 
 
 def test_hosts_from_a_mixed_nodelist_over_ssh(cluster: tc.Cluster) -> None:
-    """SLURM_JOB_NODELIST with two ranges, one of them ssh-config aliases on port 2222: the
-    hosts are the list, in its order, reached over SSH (~/.ssh/config honoured)."""
-    env = cluster.client_env(SLURM_JOB_ID="99", SLURM_JOB_NODELIST="node[1-2],alt[3-4]")
+    """SLURM_JOB_NODELIST with two ranges, one of them ssh-config aliases on port 2222, each
+    out of order: the hosts are the list, in its order (the --json report lists the nodes
+    in host order, node 0 first), reached over SSH (~/.ssh/config honoured)."""
+    env = cluster.client_env(SLURM_JOB_ID="99", SLURM_JOB_NODELIST="node[2,1],alt[4,3]")
     show = 'echo "$(hostname) ${SSH_CONNECTION##* }"'
     proc = subprocess.run([sys.executable, "-m", "launcher", "exec", "--transport", "ssh",
-                           "--no-color", "--", "sh", "-c", show],
+                           "--no-color", "--json", "--", "sh", "-c", show],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    lines = sorted(proc.stdout.splitlines())
-    assert lines == ["alt3: node3 2222", "alt4: node4 2222", "node1: node1 22",
-                     "node2: node2 22"], proc.stdout
+    report = json.loads(proc.stdout)
+    assert [node["host"] for node in report["nodes"]] == ["node2", "node1", "alt4", "alt3"]
+    assert sorted(proc.stderr.splitlines()) == ["alt3: node3 2222", "alt4: node4 2222",
+                                                "node1: node1 22", "node2: node2 22"], \
+        proc.stderr

@@ -22,12 +22,13 @@ JOB = {"SLURM_JOB_ID": "42"}
     pytest.param("zeta,alpha[1-2]", ["zeta", "alpha1", "alpha2"], id="first-is-node0"),
     pytest.param("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"],
                  id="two-dimensions"),
+    pytest.param("node[1-2],,x", ["node1", "node2", "x"], id="empty-entry-skipped-as-slurm"),
 ])
 def test_nodelist_expands_in_slurm_order(text: str, names: list[str]) -> None:
     assert expand_nodelist(text) == names
 
 
-@pytest.mark.parametrize("text", ["node[1-", "node[1-2],,x", "@group", "node1,node1",
+@pytest.mark.parametrize("text", ["node[1-", "@group", "node1,node1",
                                   "bad!name"])
 def test_bad_nodelist_is_a_usage_error(text: str) -> None:
     with pytest.raises(HostfileError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -102,6 +103,58 @@ def test_min_busbw():
     assert _eval(_results(busbw=2.0), min_busbw=1.5).code == 0
     v = _eval(_results(busbw=1.0), min_busbw=1.5)
     assert v.code == 1 and v.failures[0].check == "busbw"
+
+
+def _sweep(res: SmokeResults, busbw_by_size: dict[int, float]) -> SmokeResults:
+    res.add_line("n1", MARK + json.dumps({"kind": "sweep", "backend": "gloo", "rows": [
+        {"size": size, "count": size // 4, "iters": 5, "time_us": 10.0, "algbw": bw / 1.5,
+         "busbw": bw} for size, bw in busbw_by_size.items()]}))
+    return res
+
+
+def test_min_busbw_is_judged_at_the_largest_size():
+    """Three sizes: small messages are latency-bound and slow; only the largest counts."""
+    ok = _eval(_sweep(_results(), {1024: 0.01, 65536: 0.2, 4 << 20: 2.0}), min_busbw=1.5)
+    assert ok.code == 0, ok.summary
+    assert ok.busbw == 2.0
+    assert "busbw 2 GB/s at 4M" in ok.summary
+    slow = _eval(_sweep(_results(), {1024: 9.0, 65536: 8.0, 4 << 20: 1.0}), min_busbw=1.5)
+    assert slow.code == 1
+    assert [f.check for f in slow.failures] == ["busbw"]
+    assert "busbw 1 GB/s at 4M is under --min-busbw 1.5" in slow.failures[0].message
+
+
+def test_a_different_gpu_count_on_one_node_is_named():
+    res = _results()
+    for rank in res.ranks:
+        res.ranks[rank] = replace(res.ranks[rank], device="cuda",
+                                  device_count=4 if rank == 2 else 8)
+    v = _eval(res)
+    assert v.code == 1
+    assert [(f.check, f.hosts) for f in v.failures] == [("versions", ("n3",))]
+    assert "GPU count differs: n3 has 4 (the others: 8)" in v.failures[0].message
+
+
+@pytest.mark.parametrize("gone", ["report", "check", "both"])
+def test_the_last_rank_missing_is_no_pass(gone: str):
+    """A rank that never reported (its report or its sum check) fails the smoke, the last
+    rank included: the range of expected ranks ends at world_size - 1, not before."""
+    res = _results()
+    if gone in ("report", "both"):
+        del res.ranks[3]
+    if gone in ("check", "both"):
+        del res.checks[3]
+    v = _eval(res, ranks_of={3: "n4"})
+    assert v.code == 1
+    assert [(f.check, f.hosts, f.ranks) for f in v.failures] == [("ranks", ("n4",), (3,))]
+    assert "the job ended without a full report (ranks [3])" in v.summary
+
+
+def test_no_sweep_is_no_pass():
+    res = _results()
+    res.sweep = []
+    v = _eval(res)
+    assert v.code == 1 and [f.check for f in v.failures] == ["ranks"]
 
 
 def test_a_crashed_job_keeps_its_own_exit_code():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from launcher.errors import UsageError
 from launcher.models import Host
-from launcher.transports.srun import decide_transport, srun_argv
+from launcher.transports.srun import EXPORTED, SrunProcess, decide_transport, srun_argv
 
 ALLOC = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node[1-3]"}
 NODES = [Host("node1"), Host("node2")]
@@ -54,3 +56,72 @@ def test_srun_argv_one_task_on_one_node_unbuffered_short_export() -> None:
             "--unbuffered"} <= set(argv)
     assert "--export=PATH,HOME" in argv
     assert argv[-3:] == ["/bin/sh", "-c", "exec python3 -c 'x'"]
+
+
+def test_srun_argv_exports_the_listed_names_in_order_or_none() -> None:
+    """--export names only the EXPORTED variables that are set, in that order; with none of
+    them set it is --export=NONE (srun's default, ALL, would pass the whole environment)."""
+    full = dict.fromkeys(EXPORTED, "x") | {"NCCL_DEBUG": "INFO", "SLURM_JOB_ID": "5"}
+    assert f"--export={','.join(EXPORTED)}" in srun_argv("srun", "n1", "true", full)
+    argv = srun_argv("srun", "n1", "true", {"NCCL_DEBUG": "INFO", "SLURM_JOB_ID": "5"})
+    assert [a for a in argv if a.startswith("--export")] == ["--export=NONE"]
+    assert [a for a in srun_argv("srun", "n1", "true", {"USER": "u", "PATH": "/bin"})
+            if a.startswith("--export")] == ["--export=PATH,USER"]
+
+
+@pytest.mark.parametrize("host", [Host("node1", user="dtuser"), Host("node1", port=2222)],
+                         ids=["user=", "port="])
+def test_hosts_with_ssh_only_settings_go_over_ssh(host: Host) -> None:
+    """A node of the allocation with user= (or :port) is an SSH destination: auto takes SSH
+    and says which host made it; forced srun refuses it by name."""
+    choice = decide_transport("auto", [Host("node2"), host], ALLOC, "/usr/bin/srun")
+    assert choice.kind == "ssh"
+    assert choice.reason.startswith(f"auto: {host.label} not in job 5")
+    with pytest.raises(UsageError, match=f"{host.label} not in it"):
+        decide_transport("srun", [Host("node2"), host], ALLOC, "/usr/bin/srun")
+
+
+class _Chunks:
+    """Stands in for an asyncio subprocess: stderr delivers the given chunks, then EOF."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.stderr = asyncio.StreamReader()
+        self._chunks = chunks
+
+    async def feed(self) -> None:
+        for chunk in self._chunks:
+            self.stderr.feed_data(chunk)
+            await asyncio.sleep(0)
+        self.stderr.feed_eof()
+
+
+async def _stderr_of(chunks: list[bytes]) -> list[bytes]:
+    fake = _Chunks(chunks)
+    proc = SrunProcess(fake)  # type: ignore[arg-type]
+    feeder = asyncio.ensure_future(fake.feed())
+    reads = []
+    while data := await proc.read_stderr(4096):
+        reads.append(data)
+    await feeder
+    return reads
+
+
+NOISE = b"srun: error: node2: task 0: Exited with exit code 7\n"
+
+
+@pytest.mark.parametrize("cut", [1, 10, len(NOISE) - 1, len(NOISE)])
+async def test_srun_noise_is_dropped_even_when_split_across_reads(cut: int) -> None:
+    """srun's own report about the step is dropped whole, wherever the pipe cut it; the lines
+    around it (and a last line without a newline) come through once, unchanged."""
+    data = b"rank said this\n" + NOISE + b"srun: Job step aborted: waiting\nlast words"
+    at = len(b"rank said this\n") + cut
+    reads = await _stderr_of([data[:at], data[at:]])
+    assert b"".join(reads) == b"rank said this\nlast words"
+    assert all(reads)
+
+
+async def test_only_srun_s_own_reports_are_dropped() -> None:
+    kept = (b"srun: error: node2: task 0: Exited with exit code 7 (and more)\n"
+            b"my srun: error: node2: task 0: Killed\n"
+            b"srun: warning: something the user must see\n")
+    assert b"".join(await _stderr_of([kept, b"srun: error: n1: task 3: Killed\n"])) == kept

@@ -110,13 +110,14 @@ def test_the_working_directory_cannot_shadow_the_standard_library(tmp_path: Path
 # -- what replaced subprocess.Popen --------------------------------------------------------------
 
 def test_the_job_gets_only_stdin_stdout_stderr_and_default_signals(tmp_path: Path) -> None:
-    """close_fds and restore_signals as Popen did them: an fd our parent left open does not
-    reach the job, SIGPIPE/SIGXFSZ (ignored by Python) are default again, stdin is
-    /dev/null, and the job leads its own session."""
+    """close_fds and restore_signals as Popen did them: no fd our parent left open reaches
+    the job (fd 3, the first one above stdio, and a high one), SIGPIPE/SIGXFSZ (ignored by
+    Python) are default again, stdin is /dev/null, and the job leads its own session."""
     extra = os.open(os.devnull, os.O_RDONLY)
     os.set_inheritable(extra, True)
     try:
-        cmd = wire.remote_command(sys.executable, stdlib_only=True)
+        # the shell opens fd 3 (inheritable) and execs the bootstrap in place
+        cmd = "exec 3</dev/null; " + wire.remote_command(sys.executable, stdlib_only=True)
         probe = ("ls /proc/self/fd; readlink /proc/self/fd/0; grep SigIgn /proc/self/status; "
                  "ps -o sid= -p $$; echo pid $$")
         proc = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.PIPE,
@@ -133,7 +134,9 @@ def test_the_job_gets_only_stdin_stdout_stderr_and_default_signals(tmp_path: Pat
     frames = wire.FrameDecoder().feed(out)
     lines = b"".join(f.data for f in frames if f.kind == wire.KIND_OUT).decode().split()
     fds = lines[:lines.index("/dev/null")]
-    assert str(extra) not in fds and {"0", "1", "2"} <= set(fds), fds
+    # exactly stdio, and 3: ls's own handle on /proc/self/fd (the lowest free fd; were 3
+    # inherited, ls's would be 4)
+    assert sorted(fds, key=int) == ["0", "1", "2", "3"], fds
     ignored = int(lines[lines.index("SigIgn:") + 1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1)), hex(ignored)
     assert lines[-3] == lines[-1]  # session id == the job's pid

@@ -5,31 +5,39 @@ Pure: it reads a mapping (the environment), never the scheduler. Used when neith
 ``salloc``/``sbatch``.
 
 Order matters: node 0 (the master) is the allocation's first node, in Slurm's own order, and
-``SLURM_JOB_CPUS_PER_NODE`` lists its counts in that order. NodeSet sorts the patterns of a
-multi-pattern set (``gpu[1-2],cpu1`` iterates cpu1 first), so each comma-separated piece is
-expanded on its own (with node groups off) and the pieces are kept in the order written.
+``SLURM_JOB_CPUS_PER_NODE`` lists its counts in that order. The list is expanded exactly as
+Slurm expands it (``slurm_hostlist.py``: order inside brackets kept, mixed padding, numeric
+names), not with NodeSet, which sorts.
 
 Slots (processes per node, the default of ``--nproc-per-node``), first found wins:
 
 1. ``SLURM_NTASKS_PER_NODE`` (``--ntasks-per-node=N``): the user asked for N per node.
 2. ``SLURM_GPUS_ON_NODE`` then ``SLURM_GPUS_PER_NODE`` (``4`` or ``a100:4``): one per GPU.
-3. ``SLURM_JOB_CPUS_PER_NODE`` (``2(x3),1``: per node) -- only for a job that asked for no
-   GPUs: on a GPU job a CPU count is not a process count, so slots stay unset there and
-   ``--nproc-per-node`` falls back to ``gpu`` (the GPUs each node's probe finds).
+3. On a job that asked for no GPUs (on a GPU job a CPU count is not a process count, so
+   slots stay unset there and ``--nproc-per-node`` falls back to ``gpu``, the GPUs each
+   node's probe finds):
+   a. ``SLURM_TASKS_PER_NODE`` (``4(x2)``) when the job asked for tasks or CPUs per task
+      (``SLURM_NTASKS``/``SLURM_NPROCS``/``SLURM_CPUS_PER_TASK`` set, as ``-n8 -c4`` does):
+      the tasks Slurm placed on each node, not its CPUs (16 per node for ``-n8 -c4`` on two);
+   b. else ``SLURM_JOB_CPUS_PER_NODE`` (``2(x3),1``): one process per allocated CPU.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.errors import HostfileError
-from launcher.hosts.entries import _check_name, _Ctx, _expand
+from launcher.hosts import slurm_hostlist
+from launcher.hosts.entries import MAX_HOSTS, _Ctx, _name_problem
 from launcher.models import Host
 
 NODELIST = "SLURM_JOB_NODELIST"
-_COUNTS = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+# set when the job asked for tasks (-n) or CPUs per task (-c): slots are then its tasks
+_TASK_REQUESTS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_CPUS_PER_TASK")
+_COUNTS = re.compile(r"(\d+)(?:\(x(\d+)\))?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -73,33 +81,47 @@ def split_top_commas(expr: str) -> list[str]:
 
 
 def expand_nodelist(text: str, source: str = NODELIST) -> list[str]:
-    """Slurm's compressed list (``gpu[01-04,07],cpu-a[1-2]``) in Slurm's order."""
+    """Slurm's compressed list (``gpu[01-04,07],cpu-a[1-2]``) expanded as Slurm expands it
+    (slurm_hostlist.py), each name checked; a node listed twice is refused."""
     ctx = _Ctx(source)
-    names: list[str] = []
-    for piece in split_top_commas(text):
-        if not piece:
-            raise ctx.error(f"empty entry in {text!r}", hint="e.g. node[1-4],login2")
-        names += _expand(piece, ctx) if "[" in piece else [_check_name(piece, ctx)]
+    try:
+        names = slurm_hostlist.expand(text, MAX_HOSTS)
+    except slurm_hostlist.HostlistError as exc:
+        raise ctx.error(f"cannot read {text!r}: {exc}",
+                        hint="e.g. node[1-4],login2 (as scontrol show hostnames reads it)") \
+            from None
     if not names:
         raise ctx.error("empty node list", hint="are you inside salloc/sbatch?")
-    if len(set(names)) != len(names):
-        raise ctx.error(f"node listed twice in {text!r}")
+    for name in names:
+        problem = _name_problem(name)
+        if problem:
+            raise ctx.error(f"invalid node name {name!r} in {text!r}: {problem}")
+    twice = sorted(name for name, n in Counter(names).items() if n > 1)
+    if twice:
+        raise ctx.error(f"node listed twice in {text!r}: {', '.join(twice)}",
+                        hint="each node once: Slurm never allocates a node twice")
     return names
 
 
 def expand_counts(text: str, n_nodes: int, source: str) -> tuple[int, ...]:
-    """``2(x3),1`` -> (2, 2, 2, 1): one count per node, checked against the node count."""
-    counts: list[int] = []
+    """``2(x3),1`` -> (2, 2, 2, 1): one positive count per node, checked against the node
+    count before the repeats are built."""
+    pieces: list[tuple[int, int]] = []
     for part in text.split(","):
         match = _COUNTS.fullmatch(part.strip())
         if not match:
             raise HostfileError(f"cannot read {text!r}: expected counts like 2(x3),1",
                                 source=source)
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    if len(counts) != n_nodes:
-        raise HostfileError(f"{text!r} gives {len(counts)} counts for {n_nodes} nodes",
+        value, times = int(match.group(1)), int(match.group(2) or 1)
+        if value == 0 or times == 0:
+            raise HostfileError(f"cannot read {text!r}: {part.strip()!r} is a zero count",
+                                source=source, hint="every node has at least one")
+        pieces.append((value, times))
+    total = sum(times for _, times in pieces)
+    if total != n_nodes:
+        raise HostfileError(f"{text!r} gives {total} counts for {n_nodes} nodes",
                             source=source, hint=f"does it match {NODELIST}?")
-    return tuple(counts)
+    return tuple(value for value, times in pieces for _ in range(times))
 
 
 def _positive(text: str, source: str) -> int:
@@ -125,8 +147,13 @@ def _slots(environ: Mapping[str, str], n: int) -> tuple[tuple[int | None, ...], 
     for key in ("SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
         if environ.get(key):
             return (_positive(environ[key], key),) * n, key
+    if _asks_for_gpus(environ):
+        return (None,) * n, None
+    key = "SLURM_TASKS_PER_NODE"
+    if environ.get(key) and any(environ.get(asked) for asked in _TASK_REQUESTS):
+        return expand_counts(environ[key], n, key), key
     key = "SLURM_JOB_CPUS_PER_NODE"
-    if environ.get(key) and not _asks_for_gpus(environ):
+    if environ.get(key):
         return expand_counts(environ[key], n, key), key
     return (None,) * n, None
 

@@ -1,0 +1,113 @@
+"""The JSON report and JUnit XML writers (launcher/output/report.py, junit.py), pure: the
+formats a CI system parses (RFC 3339 timestamps, non-negative times) and the failure story
+(exit code, the node's message, the root cause, the stderr tail)."""
+
+from __future__ import annotations
+
+import copy
+
+import jsonschema
+import pytest
+
+from launcher.output.junit import ExtraCase, to_junit
+from launcher.output.report import (
+    FAILED,
+    PASSED,
+    CommandReport,
+    NodeResult,
+    RankResult,
+    to_json,
+)
+from tests.reports import validate_json, validate_junit
+
+T0 = 1_764_600_000.25  # 2025-12-01T14:40:00.250Z
+
+
+def _report(*, started: float = T0, ended: float = T0 + 2.5, summary: str = "node2 r1 exited 3",
+            node_message: str | None = "rank 1 exited with code 3",
+            duration: float | None = 1.25) -> CommandReport:
+    ranks = (RankResult(0, PASSED, 0, duration=duration),
+             RankResult(1, FAILED, 3, role="root cause", message=node_message,
+                        duration=duration, stderr_tail=("Traceback", "ValueError: bad")))
+    nodes = (NodeResult("node1", PASSED, 0, duration=duration),
+             NodeResult("node2", FAILED, 3, message=node_message, duration=duration,
+                        ranks=ranks, stderr_tail=("ValueError: bad",)))
+    return CommandReport("run", 3, summary, started, ended, nodes,
+                         {"kind": "rank", "host": "node2", "rank": 1, "exit_code": 3,
+                          "summary": summary}, None,
+                         {"run_id": "20251201-144000-ab12", "world_size": 2})
+
+
+def test_timestamps_are_rfc3339_with_a_zone() -> None:
+    doc = to_json(_report())
+    assert doc["started"] == "2025-12-01T14:40:00.250+00:00"
+    assert doc["ended"] == "2025-12-01T14:40:02.750+00:00"
+    assert doc["duration"] == 2.5
+    validate_json(doc, "run")
+
+
+@pytest.mark.parametrize("stamp", ["2025-12-01T14:40:00", "2025-12-01 14:40", "1764600000",
+                                   "yesterday", "2025-13-01T14:40:00Z"])
+def test_a_wrong_timestamp_fails_validation(stamp: str) -> None:
+    """The schema's format: date-time is enforced (jsonschema checks it only with
+    rfc3339-validator installed: it is in the test extras, and validate_json insists)."""
+    for key in ("started", "ended"):
+        doc = copy.deepcopy(to_json(_report()))
+        doc[key] = stamp
+        with pytest.raises(jsonschema.ValidationError, match="date-time"):
+            validate_json(doc, "run")
+
+
+def test_a_clock_that_went_backwards_is_no_negative_duration() -> None:
+    report = _report(started=T0 + 5, ended=T0)
+    doc = to_json(report)
+    assert doc["duration"] == 0
+    validate_json(doc, "run")
+    suite = validate_junit(to_junit(report)).find("testsuite")
+    assert suite.get("time") == "0.000"
+
+
+def test_a_negative_node_or_rank_duration_is_a_zero_testcase_time() -> None:
+    """The XSD's time is unsigned: one negative time and CI drops the whole report."""
+    root = validate_junit(to_junit(_report(duration=-1.5)))
+    assert [case.get("time") for case in root.iter("testcase")] == ["0.000"] * 4
+
+
+def test_junit_times_are_the_durations() -> None:
+    root = validate_junit(to_junit(_report(duration=1.25)))
+    assert [c.get("time") for c in root.iter("testcase")] == ["1.250"] * 4
+    suite = root.find("testsuite")
+    assert suite.get("time") == "2.500"
+    assert suite.get("timestamp") == "2025-12-01T14:40:00"
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("4", "2", "0")
+
+
+def test_the_failure_text_tells_the_whole_story() -> None:
+    root = validate_junit(to_junit(_report()))
+    failures = {case.get("name"): case.find("failure") for case in root.iter("testcase")}
+    assert failures["node1"] is None and failures["node2 rank 0"] is None
+    rank = failures["node2 rank 1"]
+    assert rank.get("message") == "rank 1 exited with code 3"
+    assert rank.text == ("exit code: 3\nrank 1 exited with code 3\n"
+                         "root cause: node2 r1 exited 3\nlast stderr lines:\n"
+                         "  Traceback\n  ValueError: bad")
+    assert "root cause: node2 r1 exited 3" in failures["node2"].text
+
+
+def test_the_root_cause_is_not_repeated_when_it_is_the_message() -> None:
+    root = validate_junit(to_junit(_report(summary="same words", node_message="same words")))
+    text = next(c.find("failure").text for c in root.iter("testcase")
+                if c.get("name") == "node2")
+    assert text == "exit code: 3\nsame words\nlast stderr lines:\n  ValueError: bad"
+
+
+def test_a_passing_report_has_no_root_cause_in_its_cases() -> None:
+    ok = CommandReport("exec", 0, "2 nodes ok", T0, T0 + 1,
+                       (NodeResult("node1", PASSED, 0), NodeResult("node2", PASSED, 0)),
+                       extra={"command_line": "true"})
+    root = validate_junit(to_junit(ok, [ExtraCase("busbw", FAILED, "slow", "at 4M")]))
+    cases = list(root.iter("testcase"))
+    assert [c.get("name") for c in cases] == ["node1", "node2", "busbw"]
+    assert cases[2].find("failure").text == "at 4M"
+    assert root.find("testsuite").get("failures") == "1"
+    validate_json(to_json(ok), "exec")
