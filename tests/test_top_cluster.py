@@ -133,9 +133,9 @@ class Tmux:
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width),
                         "-y", str(height), command], check=True)
 
-    def screen(self) -> str:
-        res = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name],
-                             capture_output=True, text=True)
+    def screen(self, *, escapes: bool = False) -> str:
+        res = subprocess.run(["tmux", "capture-pane", "-p", *(["-e"] if escapes else []),
+                              "-t", self.name], capture_output=True, text=True)
         return res.stdout
 
     def keys(self, *keys: str) -> None:
@@ -154,9 +154,9 @@ class Tmux:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
 
-def live_command(cluster: tc.Cluster, args: str) -> str:
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in cluster.client_env().items()
-                   if k in ("HOME", "PATH"))
+def live_command(cluster: tc.Cluster, args: str, **extra: str) -> str:
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**cluster.client_env(), **extra}.items()
+                   if k in ("HOME", "PATH", *extra))
     # no COLUMNS/LINES from pytest's environment (rich honours them): the pane's own size
     return (f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES {env} "
             f"{shlex.quote(sys.executable)} -m "
@@ -217,6 +217,28 @@ def test_the_live_screen_updates_a_row_and_the_keys_work(cluster):
     finally:
         if ping is not None:
             ping.stop()
+        tmux.close()
+
+
+COLOUR = re.compile(r"\x1b\[[0-9;]*3[0-7](?:;[0-9;]*)?m|\x1b\[[0-9;]*38;")  # a foreground colour
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_rows_are_coloured_by_state_unless_no_color(cluster, no_color):
+    extra = {"NO_COLOR": "1"} if no_color else {}
+    tmux = Tmux(live_command(cluster, "-H node1,198.18.0.99 --connect-timeout 1", **extra))
+    try:
+        tmux.wait(lambda s: " unreachable " in row(s, "198.18.0.99") and " ok " in
+                  row(s, "node1"))
+        coloured = tmux.screen(escapes=True)
+        bad = next(line for line in coloured.splitlines() if "198.18.0.99" in line)
+        if no_color:
+            assert not COLOUR.search(coloured), coloured
+        else:
+            assert COLOUR.search(bad), bad  # the unreachable row is red
+        tmux.keys("q")
+        tmux.wait(lambda s: "DTRAIN-TOP-EXIT=0" in s)
+    finally:
         tmux.close()
 
 
