@@ -49,6 +49,7 @@ from common import (
     save_json,
     series_json,
     table,
+    wait_quiet,
     wall_table,
 )
 
@@ -223,7 +224,9 @@ def main(argv: list[str]) -> int:
             print(table(["piece", "cost"], [[k, f"{v:.1f}"] for k, v in m.items()]))
         if "steady" in only:
             log(f"steady: {args.nodes} nodes, every {args.interval:g} s, {args.seconds:g} s")
+            quiet = wait_quiet(args.max_busy, args.patience)
             st = asyncio.run(steady(env, args.nodes, args.seconds, args.interval))
+            st["quiet"] = quiet
             out["steady"] = st
             print(f"\n### dtrain top, steady refresh at {st['nodes']} nodes "
                   f"(every {st['interval']:g} s, {st['refreshes']} refreshes)\n")
@@ -242,6 +245,7 @@ def main(argv: list[str]) -> int:
                  f"{st['node_cpu_ms_gpu_nodes_median']:.2f} / "
                  f"{st['node_cpu_ms_gpu_nodes_p95']:.2f} ms", "reported"],
                 ["every node sampling after", f"{st['start_s']:.1f} s", ""],
+                ["started on a quiet machine", "yes" if st["quiet"] else "no (busy)", ""],
             ]))
         if "snapshot" in only:
             series = Series(f"snapshot, {args.nodes} nodes")
