@@ -99,7 +99,7 @@ def test_the_node_that_rarely_waits_is_named_once_and_no_other(cluster, tmp_path
     s = meta["stragglers"][0]
     assert s["ranks"] == [2] and s["signal"] == "cpu" and s["window"] == WINDOW
     assert s["busy"] >= 2.0 * s["others"] and s["flagged"] - s["since"] >= HOLD
-    assert meta["samples"] == {"interval": INTERVAL, "file": "samples.jsonl"}
+    assert meta["samples"] == {"interval": INTERVAL, "file": "samples.jsonl", "errors": {}}
     records = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
     for rec in records:
         validate_sample_record(rec)

@@ -376,6 +376,8 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         finally:
             await control.aclose()
         out.job_over([h.label for h in hosts])
+        for line in sampling.problems() if sampling is not None else ():
+            out.message(line)
         v = verdict(outcome, plan, tails)
         for line in summary_lines(outcome, plan, v):
             out.message(line)

@@ -72,7 +72,8 @@ class RunSampling:
     def meta(self) -> dict[str, Any]:
         """What meta.json records about sampling (docs/output-and-archive.md)."""
         s = self.settings
-        return {"samples": {"interval": self.interval, "file": SAMPLES},
+        return {"samples": {"interval": self.interval, "file": SAMPLES,
+                            "errors": dict(self.errors)},
                 "straggler_settings": {"window": s.window, "hold": s.hold, "ratio": s.ratio,
                                        "min_gap": s.min_gap},
                 "stragglers": self.detector.as_json()}
@@ -103,6 +104,15 @@ class RunSampling:
             why = f"{type(exc).__name__}: {exc}"
         if why:
             self.errors[label] = why
+
+    def problems(self) -> list[str]:
+        """One line per distinct reason a node's sampler ended early (hosts folded)."""
+        from launcher.hosts.hostfile import fold
+
+        by_why: dict[str, list[str]] = {}
+        for host, why in self.errors.items():
+            by_why.setdefault(why, []).append(host)
+        return [f"no samples from {fold(hosts)}: {why}" for why, hosts in by_why.items()]
 
     def on_sample(self, host: str, msg: dict[str, Any]) -> None:
         record = {"t": msg.get("t"), "host": host, "node_rank": self.node_ranks.get(host),
