@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.reports import validate_sample_record, validate_top
-from tests.util import REPO, assert_exit, dtrain
+from tests.util import REPO, assert_exit, dtrain, interrupt_when
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timeout(400)]
 
@@ -110,3 +110,50 @@ def test_the_node_that_rarely_waits_is_named_once_and_no_other(cluster, tmp_path
     for k, host in enumerate(sorted(by_host)):
         assert any(str(k) in (r.get("ranks") or {}) for r in by_host[host]), host
     assert any(r["gpus"] for r in by_host["node4"]) and not any(r["gpus"] for r in by_host["node1"])
+
+
+def _ranks_sampled(archive: Path) -> dict[str, set[str]]:
+    """Per host, the ranks its samples.jsonl lines have found so far."""
+    out: dict[str, set[str]] = {}
+    for run_dir in archive.glob("*"):
+        path = run_dir / "samples.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        for raw in lines[:-1]:  # the last one may be half written
+            rec = json.loads(raw)
+            out.setdefault(rec["host"], set()).update(rec.get("ranks") or {})
+    return out
+
+
+def _ticked(archive: Path) -> bool:
+    out = [p / "output.jsonl" for p in archive.glob("*")]
+    return any(p.exists() and p.read_text().count('"tick ') >= 6 for p in out)
+
+
+@pytest.mark.parametrize("interval", [1.0, 0.0])
+def test_samples_are_archived_during_a_run_and_off_with_0(cluster, tmp_path: Path, interval):
+    archive = tmp_path / "runs"
+    args = ["run", "-H", "node1,node4", "--python", cluster.python, "--nproc-per-node", "1",
+            "--archive-dir", str(archive), "--sample-interval", str(interval),
+            "tests/workloads/tick.py"]
+    if interval:  # stopped (Ctrl-C) once both nodes' samples have found their rank
+        ready = lambda: _ranks_sampled(archive) == {"node1": {"0"}, "node4": {"1"}}  # noqa: E731
+    else:  # ... once the ranks tick: a few samples would be there by now
+        ready = lambda: _ticked(archive)  # noqa: E731
+    code, out, err = interrupt_when(args, cluster.client_env(), ready, timeout=240)
+    assert code == 130, out + err
+    run_dir = next(archive.iterdir())
+    meta = json.loads((run_dir / "meta.json").read_text())
+    if not interval:
+        assert not (run_dir / "samples.jsonl").exists()
+        assert "samples" not in meta and "stragglers" not in meta
+        return
+    assert meta["stragglers"] == [] and meta["samples"]["errors"] == {}, meta["samples"]
+    assert "no samples from" not in out + err
+    records = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    for rec in records:
+        validate_sample_record(rec)
+    assert {r["host"] for r in records} == {"node1", "node4"}
+    node4 = [r for r in records if r["host"] == "node4"]
+    assert any(r["gpus"] and r["gpus"][0]["util_pct"] == 37 for r in node4)
+    # the NET column is the run's GLOO_SOCKET_IFNAME: each node's own interface
+    assert all(r["net"]["iface"] == cluster.node(int(r["host"][4:])).ifname for r in records)

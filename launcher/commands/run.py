@@ -352,7 +352,16 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
                 archive.update_meta(state="stopping")
                 out.stopping()
 
-        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=board.event,
+        sampling = RunSampling(archive, plan, opts.sample_interval, opts.stragglers,
+                               out.message, heartbeat_timeout=opts.heartbeat_timeout) \
+            if opts.sample_interval > 0 else None
+
+        def on_event(host: Host, msg: dict[str, object]) -> None:
+            board.event(host, msg)
+            if sampling is not None:
+                sampling.event(host.label, msg)
+
+        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
                   on_state=on_state)
 
         def on_stop(stop: StopRequest) -> str:
@@ -366,9 +375,6 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         except OSError as exc:  # e.g. a filesystem without unix sockets
             render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
                         "cannot reach this run; stop it with Ctrl-C or SIGTERM")
-        sampling = RunSampling(archive, plan, opts.sample_interval, opts.stragglers,
-                               out.message, heartbeat_timeout=opts.heartbeat_timeout) \
-            if opts.sample_interval > 0 else None
         if sampling is not None:
             archive.update_meta(**sampling.meta())
         try:

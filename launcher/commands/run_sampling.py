@@ -68,6 +68,7 @@ class RunSampling:
             for n in plan.nodes}
         self.pythons = {n.host.label: n.python for n in plan.nodes}
         self.errors: dict[str, str] = {}
+        self.ended: set[str] = set()
 
     def meta(self) -> dict[str, Any]:
         """What meta.json records about sampling (docs/output-and-archive.md)."""
@@ -102,8 +103,14 @@ class RunSampling:
             why = await sampler.run()
         except Exception as exc:  # watching must never end the run
             why = f"{type(exc).__name__}: {exc}"
-        if why:
+        if why and label not in self.ended:  # after the node's job: its channel closes
             self.errors[label] = why
+
+    def event(self, host: str, msg: Mapping[str, object]) -> None:
+        """A supervisor's control message: after a node's exit its connection closes, and
+        with it the sampler's channel; that is the end, not a problem."""
+        if msg.get("type") == "exit":
+            self.ended.add(host)
 
     def problems(self) -> list[str]:
         """One line per distinct reason a node's sampler ended early (hosts folded)."""
