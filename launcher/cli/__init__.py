@@ -26,6 +26,7 @@ from launcher.cli import (
     ps,
     run,
     smoke,
+    stacks,
     stop,
     top,
 )
@@ -62,6 +63,7 @@ app.command("doctor", cls=Cmd)(doctor.doctor_cmd)
 app.command("ps", cls=Cmd)(ps.ps_cmd)
 app.command("attach", cls=Cmd)(attach.attach_cmd)
 app.command("stop", cls=Cmd)(stop.stop_cmd)
+app.command("stacks", cls=Cmd)(stacks.stacks_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
 app.command("top", cls=Cmd)(top.top_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)

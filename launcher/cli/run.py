@@ -28,6 +28,7 @@ from launcher.cli.watching import (
     StragglerRatioOpt,
     StragglerWindowOpt,
 )
+from launcher.decide.hang import DEFAULT_HANG_TIMEOUT
 
 
 def run_cmd(
@@ -95,6 +96,16 @@ def run_cmd(
     start_timeout: Annotated[float, typer.Option(
         "--start-timeout", min=1, help="Seconds for every node to start (exit 124, node "
                                        "named).")] = 120.0,
+    hang_timeout: Annotated[float, typer.Option(
+        "--hang-timeout", min=0, help="Declare a hang when no rank made progress for S s "
+        "while every rank is alive: every rank's stacks, folded, the culprit named "
+        "(0 = off; docs/hangs.md).")] = DEFAULT_HANG_TIMEOUT,
+    progress: Annotated[str | None, typer.Option(
+        "--progress", help="REGEX: the output lines that show progress (default: step, "
+        "iteration, epoch, loss lines and progress bars).")] = None,
+    on_hang: Annotated[str, typer.Option(
+        "--on-hang", help="dump (stacks, keep waiting) or stop (stacks, then stop every "
+        "node: exit 125).")] = "dump",
     heartbeat_timeout: Annotated[float, typer.Option(
         "--heartbeat-timeout", min=1, help="Declare a silent node lost after S s "
                                            "(exit 255).")] = 30.0,
@@ -136,6 +147,12 @@ def run_cmd(
             default_workdir(), "the current directory (the default --workdir)")
         if rdzv not in ("static", "c10d"):
             raise UsageError(f"--rdzv {rdzv!r}: use static or c10d")
+        from launcher.decide.hang import ON_HANG, HangPolicy, compile_progress
+
+        if on_hang not in ON_HANG:
+            raise UsageError(f"--on-hang {on_hang!r}: use dump or stop")
+        compile_progress(progress)  # a bad pattern: exit 2 before anything connects
+        hang = HangPolicy(timeout=hang_timeout, progress=progress, on_hang=on_hang)
         host_list = resolve(hostfile, hosts, include, exclude)
         pairs = load_env_file(env_file) if env_file else []
         pairs += parse_env_args(env or [])
@@ -168,7 +185,7 @@ def run_cmd(
                           else "profile", no_auto=frozenset(no_auto or ()),
                           preflight=preflight, command=tuple(command),
                           transport=transport, junit=junit, timestamps=timestamps,
-                          sample_interval=sample_interval,
+                          hang=hang, sample_interval=sample_interval,
                           stragglers=StragglerSettings(window=straggler_window,
                                                        hold=straggler_hold,
                                                        ratio=straggler_ratio))

@@ -98,12 +98,9 @@ def top_cmd(
         if sort not in SORT_KEYS:
             raise UsageError(f"--sort {sort!r}: not a column", hint=f"one of {SORTS}")
         if progress is not None:
-            try:
-                re.compile(progress)
-            except re.error as exc:
-                raise UsageError(f"--progress {progress!r}: {exc}",
-                                 hint="a Python regular expression, searched in each line"
-                                 ) from None
+            from launcher.decide.hang import compile_progress
+
+            compile_progress(progress)  # a bad pattern: exit 2 before anything connects
         view = ViewOptions(sort=sort, reverse=reverse, filter=filter_, fold=fold)
         req = TopRequest(interval=interval, once=once, as_json=as_json, count=count,
                          view=view, color=color, python=python, transport=transport,

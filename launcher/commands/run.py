@@ -22,10 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
 from launcher.commands.run_sampling import RunSampling, alongside
+from launcher.decide.failures import ErrorKeeper, FailureReason
+from launcher.decide.flight import flight_names
+from launcher.decide.hang import ProgressWatch, compile_progress
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
 from launcher.errors import ConnectError, DtrainError
 from launcher.hosts.hostfile import fold, host_sources
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
+from launcher.job.hangwatch import HangWatch
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import (
     Job,
@@ -40,6 +44,8 @@ from launcher.job.preflight import Preflight, preflight
 from launcher.job.verdict import (
     TailKeeper,
     Verdict,
+    failure_lines,
+    failure_reason,
     node_results,
     root_cause_json,
     summary_lines,
@@ -108,6 +114,7 @@ class RunPipeline(OutputPipeline):
         self.tails = tails
         self.take = take
         self.chatter = ShutdownChatter()
+        self.observers: list[Callable[[Sequence[OutputLine]], None]] = []  # the hang watch
 
     def stopping(self) -> None:
         """dtrain began stopping the job: torchrun's shutdown chatter leaves the console."""
@@ -135,6 +142,8 @@ class RunPipeline(OutputPipeline):
             if len(kept) != len(lines):
                 lines, kwargs["size"] = kept, None
         self.tails.add(lines)
+        for observe in self.observers:
+            observe(lines)
         super().emit(lines, **kwargs)
 
 
@@ -154,12 +163,14 @@ class LaunchReport:
     run_id: str | None = None
     world_size: int = 0
     master: str | None = None
+    hangs: list[dict[str, Any]] = field(default_factory=list)
+    failure: FailureReason | None = None  # why the root-cause rank died
 
     def extra(self) -> dict[str, Any]:
         """dtrain.run/1's ``run`` section."""
         stop = self.outcome.stop_reason if self.outcome is not None else None
         return {"run_id": self.run_id, "world_size": self.world_size, "master": self.master,
-                "stop_reason": stop}
+                "stop_reason": stop, "hangs": self.hangs}
 
 
 class NodeBoard:
@@ -316,12 +327,14 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size,
                       timestamps=opts.timestamps)
     launches = {}
+    torch_versions = archive.meta.get("torch_versions") or {}
     for node in plan.nodes:
         spec = JobSpec(argv=node.argv, env=node.exported_env(),
                        rank_shim=True, grace=opts.grace,
                        heartbeat_timeout=opts.heartbeat_timeout,
                        heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
-                       files=report.files)
+                       files=report.files,
+                       flight_recorder=flight_names(torch_versions.get(node.host.label)))
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank)
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
@@ -358,43 +371,76 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
 
         def on_event(host: Host, msg: dict[str, object]) -> None:
             board.event(host, msg)
+            watch.event(host, msg)
+            errors.event(host.label, msg)
             if sampling is not None:
                 sampling.event(host.label, msg)
 
         job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
                   on_state=on_state)
+        watch = hang_watch(job, plan, opts, archive, out, board)
+        errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
+        out.observers.append(errors.observe)
 
         def on_stop(stop: StopRequest) -> str:
             who = f"`dtrain stop` (pid {stop.pid})"
             job.request_stop(who, grace=stop.grace, kill=stop.kill)
             return "stopping"
 
-        control = ControlServer(archive.path, on_stop)
+        async def on_stacks(pid: int) -> dict[str, Any]:
+            dump = await watch.dump("stacks", f"`dtrain stacks` (pid {pid})")
+            archive.update_meta(**watch.meta())
+            return {**dump.json(), "lines": dump.folded.lines() if dump.folded else [],
+                    "ranks": len(dump.stacks)}
+
+        control = ControlServer(archive.path, on_stop, on_stacks=on_stacks)
         try:
             await control.start()
         except OSError as exc:  # e.g. a filesystem without unix sockets
             render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
                         "cannot reach this run; stop it with Ctrl-C or SIGTERM")
+        watching = asyncio.get_running_loop().create_task(watch.run(), name="hang-watch")
         if sampling is not None:
             archive.update_meta(**sampling.meta())
         try:
             outcome = await alongside(job.run(transport, conns), sampling, conns)
         finally:
+            watching.cancel()
             await control.aclose()
         out.job_over([h.label for h in hosts])
         for line in sampling.problems() if sampling is not None else ():
             out.message(line)
         v = verdict(outcome, plan, tails)
+        report.failure = failure_reason(outcome, v, errors)
+        if report.failure is not None:
+            v.why = failure_lines(report.failure)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
     report.outcome, report.verdict, report.tails = outcome, v, tails
     report.nodes = node_results(outcome, plan, v)
     report.root_cause = root_cause_json(outcome, v, tails)
+    if report.failure is not None:
+        report.root_cause["failure"] = report.failure.json()
+    report.hangs = watch.hangs
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
                         root_cause=report.root_cause, nodes=report.nodes,
-                        console_skipped=out.skipped,
+                        console_skipped=out.skipped, **watch.meta(),
                         **(sampling.meta() if sampling is not None else {}))
     return v.code
+
+
+def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,
+               out: RunPipeline, board: NodeBoard) -> HangWatch:
+    """The run's hang watch (docs/hangs.md), fed with every output line."""
+    policy = opts.hang
+    progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
+                             time.time())
+    watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},
+                      archive.path, lambda text: out.message(text),
+                      alive=lambda: job.state is JobState.RUNNING and board.ranks_done == 0,
+                      on_record=lambda: archive.update_meta(**watch.meta()))
+    out.observers.append(watch.observe)
+    return watch
 
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
@@ -448,7 +494,8 @@ def report_nodes(report: LaunchReport) -> tuple[NodeResult, ...]:
         for rank_s, r in node["ranks"].items():
             rank, role = int(rank_s), r.get("role")
             status = PASSED if role == "ok" else ERROR if role == "unknown" else FAILED
-            msg = {"root cause": v.outcome if v else "root cause",
+            why = f": {report.failure.summary}" if report.failure is not None else ""
+            msg = {"root cause": (v.outcome if v else "root cause") + why,
                    "failed": f"rank {rank} failed too (exit {r['exit_code']})",
                    "stopped": "stopped by dtrain",
                    "unknown": "no exit report (killed along with its node)"}.get(role or "")

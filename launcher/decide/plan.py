@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.decide.facts import NodeFacts
+from launcher.decide.hang import HangPolicy
 from launcher.decide.netenv import EnvDecision, EnvVar
 from launcher.decide.stragglers import StragglerSettings
 from launcher.errors import UsageError
@@ -66,6 +67,7 @@ class RunOptions:
     transport: str = "auto"  # --transport: auto, ssh or srun
     junit: str | None = None  # --junit PATH (not with --dry-run)
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
+    hang: HangPolicy = HangPolicy()  # --hang-timeout, --progress, --on-hang (docs/hangs.md)
     sample_interval: float = 10.0  # --sample-interval: samples.jsonl every S s (0: off)
     stragglers: StragglerSettings = field(default_factory=StragglerSettings)
 

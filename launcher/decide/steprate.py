@@ -14,12 +14,12 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from launcher.decide.hang import DEFAULT_PROGRESS
+
 STEP_NUMBER = re.compile(r"(?i)(?:(?<![a-z])(?:global_step|step|iteration|iter|batch)['\"]?"
                          r"\s*[:=#]?\s*(\d+))|(?:(\d+)/\d+\s*\[)")
 WINDOW_S = 30.0
-# until hang detection (#27) lands its DEFAULT_PROGRESS in decide/hang.py, the same words
-PROGRESS = (r"(?i)(?:(?<![a-z])(?:global_step|step|iter|iteration|it|epoch|batch|loss)"
-            r"['\"]?\s*[:=#]?\s*[-+]?\d)|(?:\d+/\d+\s*\[)|(?:\d(?:it/s|s/it)\b)")
+PROGRESS = DEFAULT_PROGRESS  # the pattern hang detection uses (decide/hang.py)
 
 
 @dataclass

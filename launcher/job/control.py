@@ -6,6 +6,8 @@ Protocol (version 1): the client sends one JSON line, the launcher answers one J
 
     -> {"control_version": 1, "op": "stop", "grace": 5.0 | null, "kill": false}
     <- {"ok": true, "state": "stopping"}           or {"ok": false, "error": "..."}
+    -> {"control_version": 1, "op": "stacks"}      (`dtrain stacks`, docs/hangs.md)
+    <- {"ok": true, "id": "s1", "lines": [...], "culprit": {...} | null, "dir": "...", ...}
 
 Only the user who started the run may stop it. Two locks on that door: the socket file is
 0600 (another user's ``connect`` fails with EACCES), and the launcher checks the peer's uid
@@ -25,7 +27,7 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ CONTROL = "control.sock"
 CONTROL_VERSION = 1
 _MAX_PATH = 100
 _READ_TIMEOUT_S = 5.0
+STACKS_TIMEOUT_S = 30.0  # a dump waits for every node (hangwatch.REPLY_WAIT_S) first
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,11 @@ class ControlServer:
     """Serves stop requests for one run, from its owner only."""
 
     def __init__(self, run_dir: Path, on_stop: Callable[[StopRequest], str],
-                 *, owner_uid: int | None = None) -> None:
+                 *, owner_uid: int | None = None,
+                 on_stacks: Callable[[int], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.run_dir = run_dir
         self.on_stop = on_stop  # returns the run's state after the request
+        self.on_stacks = on_stacks  # `dtrain stacks`: every rank's stacks, folded
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
         self._server: asyncio.AbstractServer | None = None
         self._dirfd: int | None = None
@@ -120,6 +125,8 @@ class ControlServer:
             return {"ok": False, "error": f"refused: this run belongs to uid "
                                           f"{self.owner_uid}, the request came from uid {uid}"}
         msg = json.loads(line or b"{}")
+        if isinstance(msg, dict) and msg.get("op") == "stacks" and self.on_stacks is not None:
+            return {"ok": True, **await self.on_stacks(pid)}
         if not isinstance(msg, dict) or msg.get("op") != "stop":
             return {"ok": False, "error": f"unknown request {msg!r}"}
         grace = msg.get("grace")
@@ -132,13 +139,24 @@ def request_stop(run_dir: Path, *, grace: float | None, kill: bool,
                  timeout: float = _READ_TIMEOUT_S) -> dict[str, Any]:
     """Ask a run's launcher to stop its job; the launcher's answer (``ok`` is True)."""
     msg = {"control_version": CONTROL_VERSION, "op": "stop", "grace": grace, "kill": kill}
+    return _ask(run_dir, msg, timeout, "stop")
+
+
+def request_stacks(run_dir: Path, timeout: float = STACKS_TIMEOUT_S) -> dict[str, Any]:
+    """Ask a run's launcher for every rank's stacks (`dtrain stacks`): its folded answer."""
+    return _ask(run_dir, {"control_version": CONTROL_VERSION, "op": "stacks"}, timeout,
+                "read the stacks of")
+
+
+def _ask(run_dir: Path, msg: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+    """One request on the control socket, one answer."""
     with _short_path(run_dir) as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         try:
             s.connect(path)
         except PermissionError:
             raise DtrainError(f"refused: run {run_dir.name} belongs to another user",
-                              hint="only the user who started a run can stop it") from None
+                              hint=f"only the user who started a run can {what} it") from None
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise DtrainError(f"run {run_dir.name}: its launcher does not answer ({exc.strerror})",
                               hint="`dtrain ps` shows whether it is still alive") from None
@@ -158,6 +176,6 @@ def request_stop(run_dir: Path, *, grace: float | None, kill: bool,
     if not isinstance(reply, dict) or not reply.get("ok"):
         error = reply.get("error") if isinstance(reply, dict) else None
         raise DtrainError(f"run {run_dir.name}: {error or 'no answer from its launcher'}",
-                          hint="only the user who started a run can stop it"
+                          hint=f"only the user who started a run can {what} it"
                           if error and error.startswith("refused") else None)
     return reply

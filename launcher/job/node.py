@@ -38,6 +38,8 @@ class JobSpec:
     # name -> text, written beside the rank shim in the supervisor's private directory;
     # "{DTRAIN_DIR}" in argv names that directory (needs rank_shim)
     files: Mapping[str, str] = field(default_factory=dict)
+    # PyTorch's flight recorder defaults on the node (decide.flight.flight_names), None: off
+    flight_recorder: str | None = None
 
     def wire(self) -> dict[str, object]:
         return {
@@ -46,6 +48,7 @@ class JobSpec:
             "grace": self.grace, "heartbeat_timeout": self.heartbeat_timeout,
             "heartbeat_interval": self.heartbeat_interval,
             **({"files": dict(self.files)} if self.files else {}),
+            **({"flight_recorder": self.flight_recorder} if self.flight_recorder else {}),
         }
 
 
@@ -117,6 +120,10 @@ class NodeSession:
     async def kill(self, reason: str) -> None:
         """Ask the supervisor to KILL the job now."""
         await self._request(wire.control("kill", reason=reason))
+
+    async def request_stacks(self, dump_id: str, **options: object) -> None:
+        """Ask the supervisor for every rank's stacks (answered by a ``stacks`` message)."""
+        await self._request(wire.control("stacks", id=dump_id, **options))
 
     async def _request(self, line: bytes) -> None:
         if not self._shipped:

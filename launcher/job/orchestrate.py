@@ -80,7 +80,7 @@ class Failure:
 
     kind: str  # rank (a rank exited non-zero), node (the node's program failed or never
     #            started), lost (heartbeats stopped / connection dropped), start (did not
-    #            start within --start-timeout)
+    #            start within --start-timeout), hang (no progress: --on-hang stop)
     host: str
     rank: int | None = None
     code: int | None = None  # the exit code (128+N for signal N)
@@ -291,6 +291,13 @@ class Job:
         except RuntimeError:
             pass  # the task group is finishing: the job is ending anyway
 
+    def declare_failure(self, failure: Failure) -> None:
+        """A failure found outside the nodes' own reports (a hang, by the hang watch): the
+        root cause if it is the first, and the job is stopped as for any failure."""
+        if self._tg is not None and self.state is not JobState.DONE:
+            with contextlib.suppress(RuntimeError):  # the task group is finishing
+                self._failed(failure, self._tg)
+
     def _interrupt(self, signum: int, tg: asyncio.TaskGroup) -> None:
         self._interrupts += 1
         if self.outcome.interrupted is None:
@@ -319,6 +326,8 @@ class Job:
                 why = f"{failure.host} rank {failure.rank} exited {failure.code}"
             elif failure.kind == "lost":
                 why = f"{failure.host} lost"
+            elif failure.kind == "hang":
+                why = failure.error or "hang"
             else:
                 why = f"{failure.host} failed ({failure.error or f'exit {failure.code}'})"
             self._stopping_now(why, tg)

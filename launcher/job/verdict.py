@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.decide.failures import ErrorKeeper, FailureReason, explain
 from launcher.decide.plan import LaunchPlan
 from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
@@ -56,7 +57,8 @@ class Verdict:
     root_host: str | None = None
     root_rank: int | None = None
     lines: list[str] = field(default_factory=list)
-    root_kind: str | None = None  # rank, node, lost, start, interrupted, timeout
+    root_kind: str | None = None  # rank, node, lost, start, hang, interrupted, timeout
+    why: list[str] = field(default_factory=list)  # the failure's explanation, after the head
 
 
 def rank_exits(outcome: JobOutcome) -> list[RankExit]:
@@ -114,6 +116,9 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
         if tail:
             lines.append(f"last stderr lines of rank {root.rank} on {root.host}:")
             lines += [f"  {t}" for t in tail]
+    elif root is not None and root.kind == "hang":
+        v = Verdict(root.code or 125, root.error or "hang", root.host or None, root.rank,
+                    root_kind="hang")
     elif root is not None and root.kind == "lost":
         v = Verdict(255, f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
                     root_kind="lost")
@@ -170,7 +175,7 @@ def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
     of the root cause), ok, or unknown (no exit report: killed along with its node)."""
     if e is None:
         return "unknown"
-    if (host, rank) == (v.root_host, v.root_rank) and v.root_kind == "rank":
+    if (host, rank) == (v.root_host, v.root_rank) and v.root_kind in ("rank", "hang"):
         return "root cause"
     if e.code == 0:
         return "ok"
@@ -191,7 +196,7 @@ def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str
     """Per node and rank: how it ended and after how long; the root cause first, followers
     marked as stopped by dtrain; then the last stderr lines of the root cause."""
     head = "ok" if not v.code else "" if v.root_kind == "interrupted" else "FAILED"
-    out = [f"{head + ': ' if head else ''}{v.outcome} (exit {v.code})"]
+    out = [f"{head + ': ' if head else ''}{v.outcome} (exit {v.code})", *v.why]
     exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
     order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
     by_dtrain = outcome.stop_reason is not None
@@ -268,9 +273,31 @@ def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[
     root = outcome.root
     data: dict[str, Any] = {"kind": v.root_kind, "host": v.root_host, "rank": v.root_rank,
                             "exit_code": v.code, "summary": v.outcome}
-    if root is not None and v.root_kind in ("rank", "node", "lost", "start"):
+    if root is not None and v.root_kind in ("rank", "node", "lost", "start", "hang"):
         data.update(signal=root.signal, error=root.error, t=root.t)
         data["stderr_tail"] = list(tails.tails.get((root.host, root.rank), ()))
     if outcome.stop_reason:
         data["stop_reason"] = outcome.stop_reason
     return data
+
+
+def failure_reason(outcome: JobOutcome, v: Verdict, keeper: ErrorKeeper) -> FailureReason | None:
+    """Why the root-cause rank died (decide.failures), when the root cause is a rank."""
+    if v.root_kind != "rank" or v.root_host is None or v.root_rank is None:
+        return None
+    node = outcome.nodes.get(v.root_host)
+    msg = node.ranks.get(str(v.root_rank), {}) if node is not None else {}
+    code, sig, pid = msg.get("code"), msg.get("signal"), msg.get("pid")
+    return explain(rank=v.root_rank, host=v.root_host,
+                   code=code if isinstance(code, int) else v.code,
+                   sig=sig if isinstance(sig, int) else None,
+                   pid=pid if isinstance(pid, int) else None,
+                   evidence=keeper.evidence.get((v.root_host, v.root_rank)),
+                   stderr=list(keeper.tails.get((v.root_host, v.root_rank), ())),
+                   comm=keeper.comm_lines())
+
+
+def failure_lines(reason: FailureReason) -> list[str]:
+    """The summary's two lines: why, and what to do next (the evidence under why)."""
+    return [f"why: {reason.summary}", *(f"  {e}" for e in reason.evidence[:8]),
+            f"next: {reason.advice}"]

@@ -49,6 +49,9 @@ import struct
 import sys
 import time
 
+if False:  # for mypy only: typing is not imported on the nodes
+    from typing import Any  # noqa: F401
+
 try:
     from _json import encode_basestring_ascii as _json_string
 except ImportError:  # an interpreter without the accelerator: to_json falls back to json
@@ -399,7 +402,601 @@ def _exec_child(argv, env, null, out_w, err_w, fail_w, mask):
         os._exit(255)
 
 
-class Supervisor:
+# -- evidence: stacks on demand, why a rank died (docs/hangs.md) -------------------------------
+# The rank shim starts each worker through this same file in *rank* mode (``rank_main``):
+# before the user's script runs, faulthandler is armed on STACK_SIGNAL (all threads, into a
+# per-rank file of the supervisor's private directory) and on fatal signals (into a crash
+# file), and one more unix socket tells the supervisor the worker's pid. A ``stacks`` control
+# line makes the supervisor signal every armed worker and ship the new text back as a
+# ``stacks`` message. Nothing here ever raises into the user's job: arming that fails leaves
+# the worker exactly as it would have run.
+ARM_ENV = "DTRAIN_ARM_SOCK"
+STACKS_OFF_ENV = "DTRAIN_STACKS"  # "0": no wrapper, no dumper (docs/hangs.md)
+PTRACER_ENV = "DTRAIN_PTRACER"
+# a real-time signal: no library we know uses it, and its default action (terminate) never
+# applies: the supervisor signals only workers that reported the handler armed
+STACK_SIGNAL = getattr(signal, "SIGRTMAX", 64) - 4
+PR_SET_PTRACER = 0x59616D61
+STACK_WAIT_S = 2.0  # how long a dump may take to appear in a worker's file
+PYSPY_TIMEOUT_S = 8.0
+MAX_DUMP = 256 * 1024  # bytes of one worker's dump shipped back
+MAX_CRASH = 64 * 1024
+MAX_FLIGHT = 8 * 1024 * 1024  # one flight recorder dump shipped back
+KMSG_WORDS = ("Out of memory", "oom-kill", "Killed process", "oom_reaper", "Xid",
+              "segfault", "Memory cgroup out of memory")
+# PyTorch's flight recorder: every variable a user may have set for it (one set = hands off)
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_DUMP_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+FR_ENTRIES = "2000"  # the flight recorder tutorial's advice
+FR_PREFIX = "rank_"
+
+
+def flight_defaults(env, directory, names="current"):
+    """The flight recorder's variables dtrain adds to a rank's environment: none when the
+    user set any of its buffer variables; otherwise a 2000-entry buffer, dump on timeout,
+    and the dumps into ``directory`` (``<directory>/rank_<N>``, the analyzer's layout).
+    ``names``: "current" (TORCH_FR_*, torch >= 2.9), "legacy" (TORCH_NCCL_*), "both"."""
+    if any(env.get(name) for name in FR_BUFFER_VARS):
+        return {}
+    pick = {"current": (0,), "legacy": (1,)}.get(names, (0, 1))
+    add = {FR_BUFFER_VARS[i]: FR_ENTRIES for i in pick}
+    if not env.get(FR_DUMP_VAR):
+        add[FR_DUMP_VAR] = "1"
+    if not any(env.get(name) for name in FR_FILE_VARS):
+        for i in pick:
+            add[FR_FILE_VARS[i]] = os.path.join(directory, FR_PREFIX)
+    return add
+
+
+def rank_argv(argv, sock_path):
+    """The worker's command line: the user's script through this file's rank mode."""
+    if os.environ.get(STACKS_OFF_ENV) == "0":
+        return [sys.executable, "-u"] + argv
+    return [sys.executable, "-u", os.path.abspath(rank_argv.__code__.co_filename)] + argv
+
+
+def rank_env(sock_path):
+    env = dict(os.environ)
+    if env.get(STACKS_OFF_ENV) != "0":
+        env[ARM_ENV] = sock_path
+    return env
+
+
+def rank_main(argv):
+    """Rank mode: arm the dumpers, then become the user's script (as ``python SCRIPT``)."""
+    keep = _arm(os.environ.pop(ARM_ENV, ""))
+    os.environ.pop(PTRACER_ENV, None)
+    _run_user(argv)
+    del keep
+
+
+def _arm(sock_path):
+    """faulthandler on STACK_SIGNAL and fatal signals, and the supervisor told; the open
+    files and the socket are returned to be kept alive. Never raises."""
+    keep = []  # type: list[object]
+    try:
+        import faulthandler
+        import json
+        import socket
+
+        rank = int(os.environ.get("RANK", "-1"))
+        folder = os.path.join(os.path.dirname(sock_path), "stacks")
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        stack_path = os.path.join(folder, "r%d.txt" % rank)
+        dump = open(stack_path, "a")
+        keep.append(dump)
+        faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+        crash_path = None
+        if not faulthandler.is_enabled():  # PYTHONFAULTHANDLER / -X faulthandler: theirs
+            crash_path = os.path.join(folder, "r%d.crash" % rank)
+            crash = open(crash_path, "a")
+            keep.append(crash)
+            faulthandler.enable(file=crash, all_threads=True)
+        tracer = os.environ.get(PTRACER_ENV)
+        if tracer:  # Yama ptrace_scope 1: let the supervisor's py-spy read this process
+            try:
+                import ctypes
+
+                ctypes.CDLL(None).prctl(PR_SET_PTRACER, int(tracer), 0, 0, 0)
+            except Exception:
+                pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(sock_path)
+        sock.sendall(json.dumps({
+            "rank": rank, "stream": "arm", "pid": os.getpid(), "stacks": stack_path,
+            "crash": crash_path, "signal": STACK_SIGNAL}).encode() + b"\n")
+        keep.append(sock)
+        _thread.start_new_thread(_arm_helper, (sock, json))
+    except Exception:
+        pass
+    return keep
+
+
+def _arm_helper(sock, json):
+    """In the worker, idle until asked: a flight recorder dump (``fr``) into a file.
+
+    Started with _thread (threading.enumerate() does not list it). It runs only on a
+    request, and takes the GIL only then: a main thread holding the GIL in C leaves the
+    request unanswered (the supervisor's wait is bounded), never stuck.
+    """
+    buf = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except OSError:
+            return
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+                reply = {"op": req.get("op"), "ok": False}
+                if req.get("op") == "fr":
+                    reply.update(_flight_dump(req.get("path")))
+                sock.sendall(json.dumps(reply).encode() + b"\n")
+            except Exception:
+                pass
+
+
+def _flight_dump(path):
+    """The flight recorder's pickle (fr_trace's format) into ``path``, when torch.distributed
+    is in use in this process (never imports torch itself)."""
+    dist = sys.modules.get("torch.distributed")
+    torch = sys.modules.get("torch")
+    if dist is None or torch is None or not dist.is_initialized():
+        return {"error": "torch.distributed not initialized"}
+    dump = torch._C._distributed_c10d._dump_fr_trace
+    try:
+        try:
+            # without the call sites' stacks: their first symbolization takes seconds, and
+            # the rank's own stacks come from faulthandler anyway
+            data = dump(includeStackTraces=False)
+        except TypeError:  # an older torch without the keyword
+            data = dump()
+    except Exception as exc:
+        return {"error": "flight recorder: %s" % (exc,)}
+    with open(path, "wb") as f:
+        f.write(data)
+    return {"ok": True, "size": len(data)}
+
+
+def _run_user(argv):
+    """Run the user's script (or ``-m module``) as ``python -u SCRIPT ARGS`` would: a fresh
+    ``__main__``, sys.argv, sys.path[0]; an uncaught exception prints the same traceback
+    (our own frames left out) and exits 1."""
+    import types
+
+    if argv[0] == "-m" and len(argv) > 1:
+        import runpy
+
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        _guarded(lambda: runpy._run_module_as_main(argv[1], True))  # type: ignore[attr-defined]  # what -m does
+        return
+    path = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    if os.path.isdir(path) or not path.endswith(".py") and _is_zip(path):
+        import runpy
+
+        _guarded(lambda: runpy.run_path(path, run_name="__main__"))
+        return
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (
+            sys.executable, path, exc.errno or 0, exc.strerror))
+        sys.exit(2)
+    import builtins
+    from importlib.machinery import SourceFileLoader
+
+    filename = os.path.abspath(path)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=filename, __builtins__=builtins, __cached__=None,
+                         __loader__=SourceFileLoader("__main__", filename))
+    sys.modules["__main__"] = main
+    code = compile(source, filename, "exec", dont_inherit=True)
+    _guarded(lambda: exec(code, main.__dict__))
+
+
+def _is_zip(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _guarded(run):
+    """An uncaught exception is printed as Python prints it, without this file's frames."""
+    try:
+        run()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        own = _guarded.__code__.co_filename
+        tb = exc.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename == own
+                                  or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
+                                  or tb.tb_frame.f_code.co_filename == "<frozen runpy>"):
+            tb = tb.tb_next
+        exc.__traceback__ = tb  # hooks that format exc itself (torch's) see the same
+        sys.excepthook(type(exc), exc, tb)
+        del exc, tb
+        sys.exit(1)
+
+
+def _read_from(path, offset, limit):
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(limit).decode("utf-8", "replace")
+    except (OSError, TypeError):
+        return ""
+
+
+def _b64(path, limit=MAX_FLIGHT):
+    """A file's bytes as base64 text (for a JSON message), or None."""
+    import base64
+
+    try:
+        with open(path, "rb") as f:
+            return base64.b64encode(f.read(limit)).decode()
+    except OSError:
+        return None
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _size(path):
+    try:
+        return os.stat(path).st_size
+    except (OSError, TypeError):
+        return 0
+
+
+def _status_kb(pid):
+    """VmRSS and VmHWM of a process (kB), or None once it is gone."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    out = {}  # type: dict[str, int]
+    for line in text.splitlines():
+        if line.startswith((b"VmRSS:", b"VmHWM:")):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                out["rss_kb" if line.startswith(b"VmRSS") else "hwm_kb"] = int(parts[1])
+    return out or None
+
+
+def memory_events_path(pid):
+    """The memory cgroup file that counts OOM kills for pid's cgroup (v2 memory.events,
+    v1 memory.oom_control), or None."""
+    try:
+        with open("/proc/%d/cgroup" % pid) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            path = "/sys/fs/cgroup" + parts[2].rstrip("/") + "/memory.events"
+        elif "memory" in parts[1].split(","):
+            path = "/sys/fs/cgroup/memory" + parts[2].rstrip("/") + "/memory.oom_control"
+        else:
+            continue
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def oom_kills(text):
+    """The ``oom_kill N`` counter of memory.events / memory.oom_control text."""
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "oom_kill" and parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
+def kernel_lines(since, words=KMSG_WORDS, limit=60):
+    """Kernel log records since ``since`` (seconds since boot) that mention one of
+    ``words``, as "[seconds] text"; or an error string when the log is not readable."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        return "/dev/kmsg: %s" % (exc.strerror,)
+    found = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == 32:  # EPIPE: overwritten while reading, go on
+                    continue
+                break
+            if not record:
+                break
+            head, _, text = record.decode("utf-8", "replace").partition(";")
+            fields = head.split(",")
+            try:
+                t = int(fields[2]) / 1e6
+            except (IndexError, ValueError):
+                continue
+            text = text.split("\n", 1)[0]
+            if t >= since - 1 and any(w in text for w in words):
+                found.append("[%.6f] %s" % (t, text))
+    finally:
+        os.close(fd)
+    return found[-limit:]
+
+
+def _uptime():
+    try:
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def which(name, path):
+    for folder in (path or "").split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def frame_sources(text, limit=400):
+    """``{"path:line": source line}`` for the two innermost frames of each thread of a
+    faulthandler dump, read on the node (the launcher may not see these files)."""
+    import linecache
+
+    out = {}  # type: dict[str, str]
+    depth = 0
+    for line in text.splitlines():
+        if not line.startswith("  File "):
+            depth = 0
+            continue
+        depth += 1
+        if depth > 2 or len(out) >= limit:
+            continue
+        head, sep, rest = line.partition('", line ')
+        if not sep:
+            continue
+        path = head[len('  File "'):]
+        number = rest.split(" ", 1)[0]
+        if number.isdigit() and path + ":" + number not in out:
+            out[path + ":" + number] = linecache.getline(path, int(number)).strip()[:200]
+    return out
+
+
+class Evidence:
+    """The supervisor's half of stacks and death evidence (mixed into Supervisor)."""
+
+    # Supervisor.__init__ sets these (declared here for mypy)
+    spec = None  # type: Any
+    tmpdir = None  # type: Any
+    out = None  # type: Any
+    armed = None  # type: Any
+    rank_status = None  # type: Any
+    fr_shipped = None  # type: Any
+    boot_start = None  # type: Any
+    pyspy = None  # type: Any
+    open_streams = 0
+
+    def evidence_env(self, env):
+        """Run mode: the flight recorder's defaults and, where py-spy can only read our
+        ranks through PR_SET_PTRACER (Yama ptrace_scope 1), the pid to allow."""
+        self.boot_start = _uptime()
+        self.pyspy = which("py-spy", env.get("PATH"))
+        flight = os.path.join(self.tmpdir, "flight")
+        os.mkdir(flight, 0o700)
+        if self.spec.get("flight_recorder"):
+            env.update(flight_defaults(env, flight, self.spec["flight_recorder"]))
+        if self.pyspy:
+            try:
+                with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+                    if f.read().strip() == "1":
+                        env[PTRACER_ENV] = str(os.getpid())
+            except OSError:
+                pass
+
+    def rank_armed(self, hdr, sock):
+        try:
+            rank, pid = int(hdr["rank"]), int(hdr["pid"])
+        except (KeyError, TypeError, ValueError):
+            return
+        events = memory_events_path(pid)
+        self.armed[rank] = {
+            "pid": pid, "start": start_time(pid), "stacks": hdr.get("stacks"),
+            "crash": hdr.get("crash"), "signal": int(hdr.get("signal") or STACK_SIGNAL),
+            "sock": sock, "buf": b"", "replies": [], "events": events,
+            "oom_before": oom_kills(_read_from(events, 0, 4096)) if events else None,
+            "mem": _status_kb(pid),
+        }
+        self.open_streams -= 1  # not output: the job's end does not wait for it
+
+    def arm_reply(self, rank, chunk):
+        info = self.armed.get(rank)
+        if info is None:
+            return
+        info["buf"] += chunk
+        while b"\n" in info["buf"]:
+            line, info["buf"] = info["buf"].split(b"\n", 1)
+            try:
+                info["replies"].append(from_json(line))
+            except ValueError:
+                pass
+
+    def sample_ranks(self):
+        """Each armed rank's memory, at the heartbeat: the last value is what it had when
+        it died (read only while it lives)."""
+        for rank, info in list(self.armed.items()):
+            if str(rank) not in self.rank_status:
+                mem = _status_kb(info["pid"])
+                if mem:
+                    info["mem"] = dict(mem, t=now())
+
+    def stacks_requested(self, msg):
+        _thread.start_new_thread(self.collect_stacks, (msg,))
+
+    def collect_stacks(self, msg):
+        """Every live armed rank's stacks (faulthandler, py-spy where the node has it, the
+        flight recorder when asked), as one ``stacks`` message. Runs in its own thread."""
+        try:
+            self._collect_stacks(msg)
+        except Exception as exc:  # never the supervisor's end
+            self.out.control({"type": "stacks", "id": msg.get("id"), "ranks": {},
+                              "error": repr(exc), "host": hostname(), "t": now()})
+
+    def _collect_stacks(self, msg):
+        t0 = now()
+        ranks, waiting = {}, {}
+        want_fr = bool(msg.get("fr")) and self.tmpdir is not None
+        for rank, info in sorted(self.armed.items()):
+            if str(rank) in self.rank_status:
+                continue  # exited: its exit report tells the rest
+            before = _size(info["stacks"])
+            if not signal_pid(info["pid"], info["start"], info["signal"]):
+                ranks[str(rank)] = {"pid": info["pid"], "error": "exited"}
+                continue
+            waiting[rank] = before
+            if want_fr:
+                info["replies"] = []
+                path = os.path.join(self.tmpdir, "flight", FR_PREFIX + str(rank))
+                try:
+                    info["sock"].sendall(to_json({"op": "fr", "path": path}).encode() + b"\n")
+                except OSError:
+                    pass
+        spies = self._start_pyspy(waiting) if msg.get("pyspy", True) and self.pyspy else {}
+        seen = {}  # type: dict[int, int]
+        deadline = t0 + float(msg.get("wait") or STACK_WAIT_S)
+        while waiting and now() < deadline:
+            time.sleep(0.02)
+            for rank in list(waiting):
+                size = _size(self.armed[rank]["stacks"])
+                if size > waiting[rank] and seen.get(rank) == size:
+                    text = _read_from(self.armed[rank]["stacks"], waiting[rank], MAX_DUMP)
+                    ranks[str(rank)] = {"pid": self.armed[rank]["pid"], "text": text,
+                                        "sources": frame_sources(text)}
+                    del waiting[rank]
+                seen[rank] = size
+        for rank in waiting:
+            ranks[str(rank)] = {"pid": self.armed[rank]["pid"],
+                                "error": "no dump within %g s" % (deadline - t0)}
+        for rank, proc in spies.items():
+            entry = ranks.setdefault(str(rank), {"pid": self.armed[rank]["pid"]})
+            entry["pyspy"] = self._pyspy_result(proc, t0 + PYSPY_TIMEOUT_S)
+        if want_fr:
+            fr_deadline = now() + 2.0
+            while now() < fr_deadline and any(
+                    not self.armed[int(r)]["replies"] for r, e in ranks.items() if "text" in e):
+                time.sleep(0.02)
+            for r, e in ranks.items():
+                replies = self.armed[int(r)]["replies"]
+                e["fr"] = replies[-1] if replies else {"error": "no answer"}
+                if e["fr"].get("ok"):
+                    self.fr_shipped[r] = _mtime(os.path.join(self.tmpdir, "flight",
+                                                             FR_PREFIX + r))
+                    e["fr"]["data"] = _b64(os.path.join(self.tmpdir, "flight",
+                                                        FR_PREFIX + r))
+        self.out.control({"type": "stacks", "id": msg.get("id"), "ranks": ranks,
+                          "host": hostname(), "t": now(), "took": now() - t0,
+                          "pyspy": bool(self.pyspy)})
+
+    def _start_pyspy(self, ranks):
+        import subprocess
+
+        procs = {}
+        for rank in ranks:
+            try:
+                procs[rank] = subprocess.Popen(
+                    [self.pyspy, "dump", "--native", "--pid", str(self.armed[rank]["pid"])],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT)
+            except OSError:
+                pass
+        return procs
+
+    def _pyspy_result(self, proc, deadline):
+        import subprocess
+
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - now()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return {"error": "py-spy did not answer within %g s" % PYSPY_TIMEOUT_S}
+        text = out.decode("utf-8", "replace")[:MAX_DUMP]
+        return {"text": text} if proc.returncode == 0 else {
+            "error": "py-spy exited %s" % proc.returncode, "text": text}
+
+    def ship_flight(self):
+        """Flight recorder dumps the ranks left (NCCL's dump on timeout), before the private
+        directory goes: one ``flight`` message."""
+        if not self.tmpdir:
+            return
+        folder = os.path.join(self.tmpdir, "flight")
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return
+        files = {}
+        for name in names:
+            rank = name[len(FR_PREFIX):]
+            if name.startswith(FR_PREFIX) and rank.isdigit() and \
+                    self.fr_shipped.get(rank) != _mtime(os.path.join(folder, name)):
+                files[rank] = _b64(os.path.join(folder, name))
+        if files:
+            self.out.control({"type": "flight", "files": files, "host": hostname(),
+                              "t": now()})
+
+    def death_evidence(self, rank, msg):
+        """What the node knows about a rank that did not exit 0: its faulthandler crash
+        dump, its last memory, the cgroup OOM counter, the kernel log's OOM/Xid lines."""
+        if msg.get("code") in (0, None):
+            return None
+        info = self.armed.get(rank) or {}
+        evidence = {}
+        crash = _read_from(info.get("crash"), 0, MAX_CRASH)
+        if crash.strip():
+            evidence["crash"] = crash
+        if info.get("mem"):
+            evidence["memory"] = info["mem"]
+        if info.get("events"):
+            evidence["memory_events"] = _read_from(info["events"], 0, 4096)
+            evidence["oom_kill_before"] = info.get("oom_before")
+        if self.boot_start is not None:
+            cached = getattr(self, "_kmsg", None)
+            if cached is None or now() - cached[0] > 1.0:
+                cached = self._kmsg = (now(), kernel_lines(self.boot_start))
+            evidence["kernel"] = cached[1]
+        return evidence
+
+
+class Supervisor(Evidence):
     """Runs one job, forwards its output as frames, and guarantees its teardown."""
 
     def __init__(self, spec, source):
@@ -428,6 +1025,10 @@ class Supervisor:
         self.done = False
         self.subreaper = False
         self.childless = False  # the last reap found no child at all
+        self.armed = {}  # rank -> what its wrapper reported (pid, stack file, signal ...)
+        self.boot_start = None  # the job's start in kernel-log time (s since boot)
+        self.pyspy = None  # its path, where the node has it (run mode)
+        self.fr_shipped = {}  # rank -> mtime of the flight dump a stacks message carried
         # re-entrant: a signal handler runs teardown on the main thread, maybe inside it
         self.lock = _thread.RLock()
 
@@ -550,6 +1151,7 @@ class Supervisor:
             listener.setblocking(False)
             self.watch(listener.fileno(), "listen", None, listener)
             env[SHIM_ENV] = path
+            self.evidence_env(env)
             env[TMPDIR_ENV] = env.get("TMPDIR", "")
             env["TMPDIR"] = self.tmpdir
         argv = self.job_argv()
@@ -602,6 +1204,8 @@ class Supervisor:
                 signal_tree(int(msg["sig"]))
             except (KeyError, TypeError, ValueError):
                 pass
+        elif op == "stacks":
+            self.stacks_requested(msg)
 
     def handle(self, fd):
         kind, data, sock = self.watched[fd]
@@ -635,7 +1239,8 @@ class Supervisor:
         if not chunk:
             self.unwatch(fd)
             sock.close()
-            self.open_streams -= 1
+            if st["hdr"] is None or st["hdr"].get("stream") != "arm":
+                self.open_streams -= 1  # (an arm stream stopped counting when it armed)
             if st["hdr"] is not None and st["hdr"].get("stream") == "ctl":
                 self.ctl_open -= 1
             return
@@ -652,10 +1257,15 @@ class Supervisor:
             if st["hdr"].get("stream") == "ctl":  # type: ignore[attr-defined]
                 self.ctl_open += 1
                 self.ctl_seen = True
+            if st["hdr"].get("stream") == "arm":  # type: ignore[attr-defined]
+                self.rank_armed(st["hdr"], sock)
             if not chunk:
                 return
         rank = int(st["hdr"].get("rank", -1))
         stream = st["hdr"].get("stream")
+        if stream == "arm":
+            self.arm_reply(rank, chunk)
+            return
         if stream == "ctl":
             st["buf"] += chunk
             while b"\n" in st["buf"]:
@@ -665,7 +1275,10 @@ class Supervisor:
                 except ValueError:
                     continue
                 msg.update({"type": "rank_exit", "rank": rank})
+                evidence = self.death_evidence(rank, msg)
                 self.rank_status[str(rank)] = msg
+                if evidence:
+                    msg = dict(msg, evidence=evidence)  # the exit report stays small
                 self.out.control(msg)
         else:
             self.out.frame(OUT if stream == "out" else ERR, rank, chunk)
@@ -703,6 +1316,7 @@ class Supervisor:
                 self.agent_killed = True
                 signal_tree(signal.SIGKILL)
             if now() >= next_hb:
+                self.sample_ranks()
                 self.out.control({"type": "hb", "t": now()})
                 next_hb = now() + self.hb_interval
             if self.job_status is not None:
@@ -756,6 +1370,7 @@ class Supervisor:
         return exit_code(self.job_status or 0)
 
     def finish(self):
+        self.ship_flight()
         code, sig = self.exit_code()
         self.out.control({"type": "exit", "code": code, "signal": sig, "t": now(),
                           "stopped": self.stopping, "ranks": self.rank_status})
@@ -818,8 +1433,8 @@ def shim_main(argv):
         return s
 
     out, err, ctl = connect("out"), connect("err"), connect("ctl")
-    child = subprocess.Popen([sys.executable, "-u"] + argv, stdout=out.fileno(),
-                             stderr=err.fileno())
+    child = subprocess.Popen(rank_argv(argv, path), stdout=out.fileno(), stderr=err.fileno(),
+                             env=rank_env(path))
     out.close()
     err.close()
     for forwarded in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -853,6 +1468,9 @@ def shim_main(argv):
 def main():
     if os.environ.get(SHIM_ENV) and len(sys.argv) > 1:
         sys.exit(shim_main(sys.argv[1:]))
+    if os.environ.get(ARM_ENV) and len(sys.argv) > 1:
+        rank_main(sys.argv[1:])  # never returns: the user's script ends the process
+        return
     # shipped by launcher/wire.py: the bootstrap hands us our source and the spec, having
     # read exactly their lengths from fd 0, so the rest of fd 0 is ours, unbuffered
     source = globals().get("DTRAIN_SOURCE")

@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.decide.steprate import PROGRESS, StepRate
+from launcher.decide.hang import compile_progress
+from launcher.decide.steprate import StepRate
 from launcher.models import Host
 from launcher.output.archive import read_meta, resolve_run
 from launcher.output.runs import run_status
@@ -88,7 +89,7 @@ class RunWatch:
 
     def __init__(self, run_dir: Path, pattern: re.Pattern[str] | None = None) -> None:
         self.run_dir = run_dir
-        self.pattern = pattern or re.compile(PROGRESS)
+        self.pattern = pattern or compile_progress(None)
         self.meta: dict[str, Any] = {}
         self._meta_stamp: tuple[int, int] | None = None
         self._output = Tail(run_dir / OUTPUT)
@@ -232,8 +233,11 @@ def run_top_for_run(archive_dir: Path, run: str, req: TopRequest, settings: SSHS
     from launcher.commands.top.model import TopState
     from launcher.hosts.hostfile import filter_hosts, resolve_hosts
 
-    watch = RunWatch(resolve_run(archive_dir, run),
-                     re.compile(req.progress) if req.progress else None)
+    run_dir = resolve_run(archive_dir, run)
+    # the run's own --progress (meta.json hang_policy, docs/hangs.md) unless top names one
+    recorded = (read_meta(run_dir).get("hang_policy") or {}).get("progress")
+    pattern = req.progress or (recorded if isinstance(recorded, str) else None)
+    watch = RunWatch(run_dir, compile_progress(pattern))
     if hostfile is not None or hosts is not None:
         host_list = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include,
                                   exclude=exclude)

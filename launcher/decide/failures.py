@@ -1,0 +1,296 @@
+"""Pure: why the root-cause rank died, in one line, with what to do next.
+
+Evidence comes from two places, both recorded text: what the node's supervisor gathered when
+the rank ended (``rank_exit``'s ``evidence``: faulthandler's crash dump, the rank's last
+memory sample, its memory cgroup's ``memory.events``, the kernel log's OOM / Xid / segfault
+records) and what the rank printed on stderr (a Python traceback, NCCL and gloo error
+lines), kept by ``ErrorKeeper``. ``explain`` turns them into a ``FailureReason``: a typed
+result (kind, rank, host, summary, evidence, advice, scope) that the summary, meta.json,
+--json and JUnit show, and that a restart policy can classify: ``scope`` is ``node`` (the
+machine: a GPU Xid, the fabric), ``process`` (this process, not its code: killed from
+outside, a native crash), ``user`` (the script or its configuration: an exception, an OOM
+at this batch size; a restart fails the same way) or ``unknown``.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.decide.stacks import SHIM_NAME, Frame, RankStack, parse_faulthandler, user_threads
+from launcher.models import OutputLine
+
+NODE, PROCESS, USER, UNKNOWN = "node", "process", "user", "unknown"
+CRASH_SIGNALS: dict[int, str] = {_signal.SIGSEGV: "segmentation fault", _signal.SIGBUS: "bus error",
+                 _signal.SIGFPE: "floating-point exception", _signal.SIGILL: "illegal instruction",
+                 _signal.SIGABRT: "aborted"}
+_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torch's "[rank3]: " before each line
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+_EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Failure)|"
+                  r"[A-Za-z_][\w.]*Error[\w]*): ?(.*)$")
+# the lines that quote a communication library's own error
+_COMM = re.compile(
+    r"NCCL WARN|ncclSystemError|ncclInternalError|ncclRemoteError|ncclUnhandledCudaError|"
+    r"ncclInvalidUsage|Watchdog caught collective operation timeout|NCCL error|"
+    r"gloo/transport|Connection closed by peer|Timed out waiting \d+ms|"
+    r"ProcessGroupGloo|DistBackendError|Connection reset by peer", re.I)
+_XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)(?:, (.*))?")
+_OOM_PID = re.compile(r"(?:Killed process|oom-kill:.*?\bpid=)\s*(\d+)")
+_ANON_RSS = re.compile(r"anon-rss:(\d+)kB")
+_SEGFAULT = re.compile(r"segfault at \S+ ip \S+ sp \S+ error \S+(?: in (\S+))?")
+# Xid codes of the driver's catalogue whose cause is usually the machine, not the program
+NODE_XIDS = {48: "double-bit ECC error", 63: "ECC page retirement", 64: "ECC page retirement "
+             "failure", 74: "NVLink error", 79: "GPU has fallen off the bus", 92: "high "
+             "single-bit ECC rate", 94: "contained ECC error", 95: "uncontained ECC error",
+             119: "GSP timeout", 120: "GSP error", 61: "internal micro-controller breakpoint",
+             62: "internal micro-controller halt"}
+APP_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped "
+            "processing", 45: "preemptive cleanup"}
+
+
+@dataclass(frozen=True)
+class FailureReason:
+    """Why one rank (or node) died: what the summary says, and what #28's restart policy
+    reads (``scope``)."""
+
+    kind: str  # oom, xid, segfault, abort, signal, exception, comm, exit
+    summary: str
+    advice: str
+    scope: str = UNKNOWN
+    rank: int | None = None
+    host: str | None = None
+    evidence: tuple[str, ...] = ()
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rank": self.rank, "host": self.host, "scope": self.scope,
+                "summary": self.summary, "evidence": list(self.evidence),
+                "advice": self.advice, **({"details": dict(self.details)} if self.details
+                                          else {})}
+
+
+class ErrorKeeper:
+    """Per rank: the last stderr lines (for a traceback) and communication error lines; per
+    (host, rank): the supervisor's evidence of how it ended. Fed with the output lines and
+    the supervisors' messages."""
+
+    def __init__(self, size: int = 40, errors: int = 5) -> None:
+        self.tails: dict[tuple[str, int | None], deque[str]] = {}
+        self.comm: dict[tuple[str, int | None], deque[str]] = {}
+        self.evidence: dict[tuple[str, int], Mapping[str, Any]] = {}
+        self.size, self.errors = size, errors
+
+    def observe(self, lines: Sequence[OutputLine]) -> None:
+        for line in lines:
+            if line.stream != "err":
+                continue
+            key = (line.host, line.rank)
+            tail = self.tails.get(key)
+            if tail is None:
+                tail = self.tails[key] = deque(maxlen=self.size)
+            tail.append(line.text)
+            if _COMM.search(line.text):
+                comm = self.comm.get(key)
+                if comm is None:
+                    comm = self.comm[key] = deque(maxlen=self.errors)
+                comm.append(line.text)
+
+    def event(self, host: str, msg: Mapping[str, Any]) -> None:
+        if msg.get("type") == "rank_exit" and isinstance(msg.get("evidence"), dict):
+            rank = msg.get("rank")
+            if isinstance(rank, int):
+                self.evidence[(host, rank)] = msg["evidence"]
+
+    def comm_lines(self) -> list[tuple[str, int | None, str]]:
+        """Every communication error line kept, as (host, rank, line)."""
+        return [(h, r, text) for (h, r), lines in self.comm.items() for text in lines]
+
+
+def _strip(line: str) -> str:
+    return _PREFIX.sub("", line)
+
+
+def python_exception(lines: Iterable[str]) -> tuple[str, str, str | None] | None:
+    """(type, message, "func() file:line" of the last frame) of the last traceback in
+    lines, or None."""
+    text = [_strip(line) for line in lines]
+    last = None
+    for i, line in enumerate(text):
+        if line.startswith("Traceback (most recent call last)"):
+            last = i
+    if last is None:
+        return None
+    frame, exc = None, None
+    for line in text[last + 1:]:
+        f = _FRAME.match(line)
+        if f:
+            frame = f"{f.group(3)}() {f.group(1).rsplit('/', 1)[-1]}:{f.group(2)}"
+            continue
+        m = _EXC.match(line)
+        if m and not line.startswith(" "):
+            exc = (m.group(1), m.group(2))
+    if exc is None:
+        return None
+    return exc[0], exc[1], frame
+
+
+def crash_place(text: str) -> tuple[str | None, tuple[Frame, ...]]:
+    """From faulthandler's crash dump: the fatal error line and the crashing thread's frames
+    (innermost first, the rank wrapper's left out)."""
+    fatal = next((line[len("Fatal Python error:"):].strip() for line in text.splitlines()
+                  if line.startswith("Fatal Python error:")), None)
+    threads = user_threads(parse_faulthandler(text))
+    crashed = next((t for t in threads if t.current), None)
+    frames = list(crashed.frames) if crashed is not None else []
+    while frames and frames[-1].basename == SHIM_NAME:
+        frames.pop()
+    return fatal, tuple(frames)
+
+
+def _gib(kb: int) -> str:
+    return f"{kb / 1024 / 1024:.1f} GiB" if kb >= 1024 * 1024 else f"{kb / 1024:.0f} MiB"
+
+
+def _oom(pid: int | None, evidence: Mapping[str, Any]) -> tuple[bool, list[str], str | None]:
+    """(OOM-killed?, the records that say so, its memory at the end)."""
+    kernel = evidence.get("kernel")
+    lines = [str(x) for x in kernel] if isinstance(kernel, list) else []
+    said = []
+    rss = None
+    for line in lines:
+        m = _OOM_PID.search(line)
+        if m and pid is not None and int(m.group(1)) == pid:
+            said.append(line)
+            r = _ANON_RSS.search(line)
+            if r:
+                rss = _gib(int(r.group(1)))
+    events = evidence.get("memory_events")
+    before = evidence.get("oom_kill_before")
+    count = None
+    for line in str(events or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "oom_kill" and parts[1].isdigit():
+            count = int(parts[1])
+    if count is not None and isinstance(before, int) and count > before:
+        said.append(f"memory cgroup: oom_kill {before} -> {count}")
+    memory = evidence.get("memory")
+    if rss is None and isinstance(memory, dict) and isinstance(memory.get("rss_kb"), int):
+        rss = _gib(memory["rss_kb"]) + " resident at its last sample"
+    return bool(said), said, rss
+
+
+def _xids(evidence: Mapping[str, Any]) -> list[tuple[int, str, str]]:
+    kernel = evidence.get("kernel")
+    out = []
+    for line in kernel if isinstance(kernel, list) else []:
+        m = _XID.search(str(line))
+        if m:
+            out.append((int(m.group(2)), m.group(1), str(line)))
+    return out
+
+
+def explain(*, rank: int | None, host: str, code: int | None, sig: int | None,
+            pid: int | None = None, evidence: Mapping[str, Any] | None = None,
+            stderr: Sequence[str] = (),
+            comm: Sequence[tuple[str, int | None, str]] = ()) -> FailureReason:
+    """The root cause's reason, most specific evidence first: OOM killer, GPU Xid, a native
+    crash, another signal, a communication library's error, a Python exception, the code."""
+    ev = evidence or {}
+    who = f"rank {rank} on {host}" if rank is not None else host
+    xids = _xids(ev)
+    node_xid = next(((n, dev, line) for n, dev, line in xids if n in NODE_XIDS), None)
+    if node_xid is not None:
+        n, dev, line = node_xid
+        return FailureReason(
+            "xid", f"{who}: GPU fault on {host}: Xid {n} ({NODE_XIDS[n]}) on {dev}",
+            f"drain {host} and run its GPU diagnostics (nvidia-smi -q, dcgmi diag); rerun "
+            f"without it (--exclude {host})", NODE, evidence=(line,), rank=rank, host=host)
+    if sig == _signal.SIGKILL:
+        oom, said, rss = _oom(pid, ev)
+        if oom:
+            mem = f" ({rss})" if rss else ""
+            return FailureReason(
+                "oom", f"{who} was killed by the kernel's OOM killer{mem}",
+                "the rank needs more memory than the node (or its cgroup) gives: lower the "
+                "batch size, the data loader's workers or prefetch, or use nodes with more "
+                "memory", USER, evidence=tuple(said), rank=rank, host=host)
+        kernel = ev.get("kernel")
+        unread = f"; the kernel log was not readable ({kernel})" if isinstance(kernel, str) \
+            else ""
+        return FailureReason(
+            "signal", f"{who} was killed by SIGKILL, not by dtrain and not by the OOM killer"
+                      f" (no OOM record{unread})",
+            "something outside the job killed it: a user's kill -9, a scheduler's preemption "
+            f"or a watchdog; look at {host}'s logs (journalctl, dmesg) around that time",
+            PROCESS if not unread else UNKNOWN, rank=rank, host=host)
+    if sig in CRASH_SIGNALS:
+        fatal, frames = crash_place(str(ev.get("crash") or ""))
+        name = _signal.Signals(sig).name
+        where = f" in {RankStack(rank or 0, host, main=frames).place()}" if frames else ""
+        kernel = ev.get("kernel")
+        lib = None
+        for line in kernel if isinstance(kernel, list) else []:
+            m = _SEGFAULT.search(str(line))
+            if m and m.group(1):
+                lib = m.group(1)
+        native = f" (native code: {lib})" if lib else ""
+        tail = [_strip(t) for t in stderr if t.strip()][-1:] if sig == _signal.SIGABRT else []
+        shown = tuple(f"  {f.where()}" for f in frames[:8]) + tuple(tail)
+        head: tuple[str, ...] = (f"Fatal Python error: {fatal}",) if fatal else ()
+        return FailureReason(
+            "abort" if sig == _signal.SIGABRT else "segfault",
+            f"{who} crashed: {name} ({CRASH_SIGNALS[sig]}){where}{native}",
+            "a native extension or library crashed under the Python line shown: check its "
+            "build against this torch and CUDA, and reproduce with that rank alone (gdb, or "
+            "`python -X faulthandler`)", PROCESS,
+            evidence=head + shown,
+            details={"frames": [f.where() for f in frames]}, rank=rank, host=host)
+    if sig is not None:
+        try:
+            name = _signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return FailureReason(
+            "signal", f"{who} was killed by {name} (not by dtrain)",
+            f"another process sent {name}: a scheduler, a user, a watchdog on {host}",
+            PROCESS, rank=rank, host=host)
+    exc = python_exception(stderr)
+    own = [text for h, r, text in comm if (h, r) == (host, rank)]
+    if own:
+        line = _strip(own[-1])
+        peer = re.search(r"Connection closed by peer|Connection reset by peer", line)
+        timeout = re.search(r"Timed out waiting|Watchdog caught collective", line)
+        if peer:
+            advice = ("a peer rank went away first: its own failure is the cause; if none "
+                      "failed, a node or the network dropped it (dtrain doctor, dtrain smoke)")
+            scope = UNKNOWN
+        elif timeout:
+            advice = ("a collective timed out: one rank stopped taking part; set "
+                      "--hang-timeout below the collective timeout to see where every rank "
+                      "stood")
+            scope = UNKNOWN
+        else:
+            advice = "check the fabric between the nodes (dtrain doctor, dtrain smoke)"
+            scope = NODE
+        return FailureReason("comm", f"{who}: communication error on {host}: {line[:300]}",
+                             advice, scope, evidence=tuple(_strip(t) for t in own),
+                             rank=rank, host=host)
+    if exc is not None:
+        kind, message, frame = exc
+        at = f" in {frame}" if frame else ""
+        return FailureReason(
+            "exception", f"{who} raised {kind}: {message[:300]}{at}",
+            f"an error in the script or its input: a restart fails the same way; the whole "
+            f"traceback: dtrain logs --rank {rank}" if rank is not None else
+            "an error in the program: the whole output is in the archive", USER,
+            evidence=(f"{kind}: {message}"[:500],), rank=rank, host=host)
+    last = [_strip(t) for t in stderr if t.strip()][-1:]
+    return FailureReason(
+        "exit", f"{who} exited {code}" + (f": {last[0][:200]}" if last else ""),
+        "its last output says why (dtrain logs" + (f" --rank {rank}" if rank is not None
+                                                   else "") + ")",
+        UNKNOWN, evidence=tuple(last), rank=rank, host=host)

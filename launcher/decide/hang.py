@@ -1,0 +1,130 @@
+"""Pure: per-rank progress from output lines, and when a job counts as hung.
+
+Every line a rank prints updates its *last line* time; a line matching the progress pattern
+(``--progress REGEX``; by default step/iteration/epoch/loss lines and progress bars) updates
+its *last progress* time. A job is hung when no rank made progress for ``--hang-timeout``
+seconds while every rank is alive (docs/hangs.md). Until the first progress line of the job,
+any line counts as progress: a job whose lines the pattern does not know is judged by its
+silence, not declared hung for printing the wrong words.
+
+Times are the launcher's arrival times (OutputLine.t); the clock is passed in, so the rules
+are unit-tested without waiting.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from launcher.errors import UsageError
+from launcher.models import OutputLine
+
+# step 12 / iter: 3 / Epoch 2/10 / 'loss': 0.31 / train_loss=0.3 / global_step=100, and
+# progress bars (tqdm, Lightning): "45/100 [00:10<00:12" or "4.50it/s" / "1.2s/it"
+DEFAULT_PROGRESS = (r"(?i)(?:(?<![a-z])(?:global_step|step|iter|iteration|it|epoch|batch|loss)"
+                    r"['\"]?\s*[:=#]?\s*[-+]?\d)|(?:\d+/\d+\s*\[)|(?:\d(?:it/s|s/it)\b)")
+# long enough for a slow step, a checkpoint or an evaluation that prints nothing, and shorter
+# than NCCL's 10-minute watchdog (PyTorch's default collective timeout), so the stacks are
+# taken while the ranks still hang; a false alarm with --on-hang dump costs one dump
+DEFAULT_HANG_TIMEOUT = 300.0
+ON_HANG = ("dump", "stop")
+RESOLUTION_S = 1.0  # a rank's progress time is kept to this (fewer pattern matches)
+
+
+def compile_progress(pattern: str | None) -> re.Pattern[str]:
+    """The --progress pattern (exit 2 on a bad one, before anything connects)."""
+    try:
+        return re.compile(DEFAULT_PROGRESS if pattern is None else pattern)
+    except re.error as exc:
+        raise UsageError(f"--progress {pattern!r}: {exc}",
+                         hint="a Python regular expression, searched in each output line"
+                         ) from None
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    """--hang-timeout (0 = off), --progress, --on-hang."""
+
+    timeout: float = DEFAULT_HANG_TIMEOUT
+    progress: str | None = None  # None: DEFAULT_PROGRESS
+    on_hang: str = "dump"
+    # before any rank printed a line (importing torch, the rendezvous) the timeout is at
+    # least this: a slow start is not a hang, a rendezvous that never ends still is
+    startup_grace: float = 60.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout > 0
+
+
+@dataclass
+class RankProgress:
+    last_line: float | None = None
+    last_progress: float | None = None
+    progress_text: str | None = None
+
+
+class ProgressWatch:
+    """Per-rank last line and last progress times, fed with the job's output lines."""
+
+    def __init__(self, pattern: re.Pattern[str], ranks: Iterable[int], start: float) -> None:
+        self.pattern = pattern
+        self.ranks = {r: RankProgress() for r in ranks}
+        self.start = start
+        self.any_progress = False  # a progress line was seen: only those count now
+        self.any_line = False  # a rank printed anything at all
+        self.last_any: float = start  # the job's last line (before any progress line)
+        self.last: float = start  # the job's last progress
+        self.last_text: str | None = None
+        self.last_rank: int | None = None
+
+    def observe(self, lines: Sequence[OutputLine]) -> None:
+        search = self.pattern.search
+        for line in lines:
+            rank = line.rank
+            if rank is None or line.stream not in ("out", "err"):
+                continue
+            state = self.ranks.get(rank)
+            if state is None:
+                state = self.ranks[rank] = RankProgress()
+            t = line.t
+            state.last_line = t
+            self.any_line = True
+            if t > self.last_any:
+                self.last_any = t
+            if state.last_progress is not None and t - state.last_progress < RESOLUTION_S \
+                    and self.any_progress:
+                continue
+            if search(line.text):
+                state.last_progress = t
+                state.progress_text = line.text
+                self.any_progress = True
+                if t >= self.last:
+                    self.last, self.last_text, self.last_rank = t, line.text, rank
+
+    def baseline(self) -> float:
+        """Since when the job has made no progress."""
+        return self.last if self.any_progress else max(self.last_any, self.start)
+
+    def stalled_for(self, now: float) -> float:
+        return max(0.0, now - self.baseline())
+
+    def json(self) -> dict[str, dict[str, object]]:
+        """meta.json ``progress``: per rank, its last line and last progress times."""
+        return {str(r): {"last_line": p.last_line, "last_progress": p.last_progress,
+                         "progress_line": p.progress_text}
+                for r, p in sorted(self.ranks.items())}
+
+
+def hang_due(watch: ProgressWatch, now: float, policy: HangPolicy, *, all_alive: bool,
+             declared: float | None) -> bool:
+    """True when a hang is to be declared now: enabled, every rank alive, no progress for
+    the timeout, and not already declared for this stall (a stall is declared once; the
+    next one begins with new progress)."""
+    if not policy.enabled or not all_alive:
+        return False
+    if declared is not None and watch.baseline() <= declared:
+        return False
+    limit = policy.timeout if watch.any_line else max(policy.timeout, policy.startup_grace)
+    return watch.stalled_for(now) >= limit

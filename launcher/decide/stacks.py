@@ -1,0 +1,288 @@
+"""Pure: faulthandler dumps of every rank -> one folded verdict and the likely culprit.
+
+A rank's dump is faulthandler's text (docs/hangs.md): one block per thread, innermost frame
+first, ``  File "path", line N in func``. The rank's *main* thread is the one that runs the
+user's script: it holds the rank wrapper's frames (``_run_user`` in dtrain_shim.py) at its
+bottom, which are cut off; the wrapper's idle helper thread is left out. Ranks whose main
+threads stand at the same place (same frames) fold into one group, as ``--gather`` folds
+output::
+
+    ranks 0-3,5 (5): all_reduce <- step_once() train.py:88
+    rank 4 (node3): time.sleep <- load_batch() data.py:41
+
+The group that differs from the majority is the likely culprit: in a hang, every rank but
+the stuck one waits in the same collective. A rank that did not answer the dump at all
+(stopped, or stuck in the kernel) is a group of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from launcher.output.fold import rank_ranges
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+SHIM_NAME = "dtrain_shim.py"
+_WRAPPER = frozenset({"_run_user", "_guarded", "rank_main", "<lambda>", "main", "<module>",
+                      "_run_module_as_main", "_run_code", "run_path", "_run_module_code"})
+_HELPER = "_arm_helper"
+COLLECTIVES = frozenset({
+    "all_reduce", "allreduce", "barrier", "monitored_barrier", "broadcast", "all_gather",
+    "all_gather_into_tensor", "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "isend",
+    "irecv", "wait", "broadcast_object_list", "_allgather_base", "_reduce_scatter_base"})
+
+
+@dataclass(frozen=True)
+class Frame:
+    path: str
+    line: int
+    func: str
+
+    @property
+    def library(self) -> bool:
+        """Not the user's code: site-packages, the standard library, frozen modules."""
+        path = self.path
+        return "-packages/" in path or path.startswith("<") or "/lib/python3" in path
+
+    @property
+    def basename(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    def where(self) -> str:
+        return f"{self.func}() {self.basename}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Thread:
+    ident: str
+    current: bool
+    frames: tuple[Frame, ...]  # innermost first
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One rank's dump, parsed (``error`` when there was none)."""
+
+    rank: int
+    host: str
+    threads: tuple[Thread, ...] = ()
+    main: tuple[Frame, ...] = ()  # the main thread, the wrapper's frames cut off
+    sources: Mapping[str, str] = field(default_factory=dict)  # "path:line" -> source
+    error: str | None = None
+
+    def place(self) -> str:
+        """Where the main thread stands: ``all_reduce <- step() train.py:88``."""
+        if self.error is not None:
+            return f"no stack ({self.error})"
+        if not self.main:
+            return "no Python frame"
+        inner = self.main[0]
+        user = next((f for f in self.main if not f.library), None)
+        if not inner.library:
+            call = _called(self.sources.get(f"{inner.path}:{inner.line}", ""))
+            return f"{call} <- {inner.where()}" if call else inner.where()
+        if user is None:
+            return inner.where()
+        return f"{inner.func} <- {user.where()}"
+
+    def key(self) -> tuple[object, ...]:
+        if self.error is not None:
+            return ("error", self.error)
+        return tuple((f.path, f.line, f.func) for f in self.main)
+
+
+def _called(source: str) -> str | None:
+    """``time.sleep`` from ``time.sleep(3600)``: the first call on a source line."""
+    m = _CALL.search(source)
+    return m.group(1) if m else None
+
+
+def parse_faulthandler(text: str) -> tuple[Thread, ...]:
+    """faulthandler's all-threads dump -> threads (the last dump when several follow)."""
+    blocks: list[list[Thread]] = [[]]
+    ident, current, frames = None, False, []  # type: ignore[var-annotated]
+
+    def close() -> None:
+        if ident is not None:
+            blocks[-1].append(Thread(ident, current, tuple(frames)))
+
+    for raw in text.splitlines():
+        line = raw.rstrip("\r")
+        m = _THREAD.match(line)
+        if m:
+            close()
+            seen = {t.ident for t in blocks[-1]}
+            again = m.group(1) == "Current thread" and any(t.current for t in blocks[-1])
+            if m.group(2) in seen or again:  # a thread seen again: a new dump begins
+                blocks.append([])
+            ident, current, frames = m.group(2), m.group(1) == "Current thread", []
+            continue
+        f = _FRAME.match(line)
+        if f and ident is not None:
+            frames.append(Frame(f.group(1), int(f.group(2)), f.group(3)))
+    close()
+    return tuple(blocks[-1])
+
+
+def _is_wrapper(frame: Frame) -> bool:
+    return frame.basename == SHIM_NAME or frame.path.endswith("runpy.py") \
+        or frame.path == "<frozen runpy>"
+
+
+def main_frames(threads: Sequence[Thread]) -> tuple[Frame, ...]:
+    """The user's main thread, innermost first, without the wrapper's outer frames."""
+    chosen = None
+    for t in threads:
+        if any(f.basename == SHIM_NAME and f.func in _WRAPPER for f in t.frames):
+            chosen = t
+            break
+    if chosen is None:  # no wrapper (another launcher's dump): the thread at <module>
+        for t in threads:
+            if t.frames and t.frames[-1].func == "<module>":
+                chosen = t
+                break
+    if chosen is None:
+        chosen = next((t for t in threads if t.current), threads[0] if threads else None)
+    if chosen is None:
+        return ()
+    frames = list(chosen.frames)
+    while frames and _is_wrapper(frames[-1]):
+        frames.pop()
+    return tuple(frames)
+
+
+def user_threads(threads: Sequence[Thread]) -> tuple[Thread, ...]:
+    """Every thread but the wrapper's helper."""
+    return tuple(t for t in threads if not any(f.func == _HELPER and f.basename == SHIM_NAME
+                                                for f in t.frames))
+
+
+def rank_stack(rank: int, host: str, entry: Mapping[str, object]) -> RankStack:
+    """One rank of a supervisor's ``stacks`` message."""
+    text = entry.get("text")
+    sources = entry.get("sources")
+    src = {str(k): str(v) for k, v in sources.items()} if isinstance(sources, dict) else {}
+    if not isinstance(text, str) or not text.strip():
+        error = entry.get("error")
+        return RankStack(rank, host, error=str(error) if error else "no dump")
+    threads = user_threads(parse_faulthandler(text))
+    return RankStack(rank, host, threads, main_frames(threads), src)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Ranks whose main threads stand at the same place."""
+
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    place: str
+    stack: RankStack  # the first rank's, for the frames
+
+    def label(self) -> str:
+        """``ranks 0-3,5 (5)``, ``rank 4 (node3)``, ``ranks 4-5 (node3)``."""
+        n = len(self.ranks)
+        who = f"rank {self.ranks[0]}" if n == 1 else f"ranks {rank_ranges(self.ranks)}"
+        hosts = list(dict.fromkeys(self.hosts))
+        if len(hosts) == 1:
+            return f"{who} ({hosts[0]})"
+        return f"{who} ({n})"
+
+    @property
+    def in_collective(self) -> bool:
+        frames = self.stack.main
+        return bool(frames) and any(f.func in COLLECTIVES for f in frames[:6])
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The likely culprit: one rank, or the ranks of one node, or several."""
+
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    place: str
+    why: str
+
+    @property
+    def rank(self) -> int | None:
+        return self.ranks[0] if len(self.ranks) == 1 else None
+
+    @property
+    def host(self) -> str | None:
+        hosts = set(self.hosts)
+        return self.hosts[0] if len(hosts) == 1 else None
+
+    def describe(self) -> str:
+        if self.rank is not None:
+            who = f"rank {self.rank} on {self.hosts[0]}"
+        elif self.host is not None:
+            who = f"ranks {rank_ranges(self.ranks)} on {self.host}"
+        else:
+            who = f"ranks {rank_ranges(self.ranks)}"
+        return f"{who}: {self.place}"
+
+    def json(self) -> dict[str, object]:
+        return {"rank": self.rank, "host": self.host, "ranks": list(self.ranks),
+                "hosts": sorted(set(self.hosts)), "place": self.place, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Folded:
+    """Every rank's stack folded into groups (largest first) and the likely culprit."""
+
+    groups: tuple[Group, ...]
+    culprit: Culprit | None
+    missing: tuple[int, ...] = ()  # ranks of the plan with no answer at all
+
+    def lines(self) -> list[str]:
+        out = []
+        for g in self.groups:
+            mark = "   <- likely culprit" if self.culprit is not None and set(
+                g.ranks) <= set(self.culprit.ranks) else ""
+            out.append(f"{g.label()}: {g.place}{mark}")
+        if self.missing:
+            out.append(f"ranks {rank_ranges(self.missing)}: no answer from their node")
+        return out
+
+    def json(self) -> list[dict[str, object]]:
+        return [{"ranks": list(g.ranks), "hosts": sorted(set(g.hosts)), "place": g.place,
+                 "frames": [{"path": f.path, "line": f.line, "func": f.func}
+                            for f in g.stack.main]} for g in self.groups]
+
+
+def fold(stacks: Iterable[RankStack], expected: Iterable[int] = ()) -> Folded:
+    """Group ranks by their main thread's frames and name the group that differs."""
+    by_key: dict[tuple[object, ...], list[RankStack]] = {}
+    for s in sorted(stacks, key=lambda s: s.rank):
+        by_key.setdefault(s.key(), []).append(s)
+    groups = [Group(tuple(s.rank for s in members), tuple(s.host for s in members),
+                    members[0].place(), members[0]) for members in by_key.values()]
+    # largest first; among equals, ranks waiting in a collective first (they are the
+    # ones waiting for someone), then by first rank
+    groups.sort(key=lambda g: (-len(g.ranks), not g.in_collective, g.ranks[0]))
+    seen = {r for g in groups for r in g.ranks}
+    missing = tuple(sorted(set(expected) - seen))
+    return Folded(tuple(groups), _culprit(groups, missing), missing)
+
+
+def _culprit(groups: Sequence[Group], missing: Sequence[int]) -> Culprit | None:
+    if not groups:
+        return None
+    majority, others = groups[0], list(groups[1:])
+    if not others:
+        return None  # every rank stands at the same place: nobody differs
+    if len(majority.ranks) == len(others[0].ranks) and not majority.in_collective:
+        return None  # no majority to differ from
+    # the stuck ones: every rank that is not where the majority waits
+    ranks = tuple(r for g in others for r in g.ranks)
+    hosts = tuple(h for g in others for h in g.hosts)
+    place = others[0].place if len(others) == 1 else "; ".join(g.place for g in others)
+    why = (f"its stack differs from the other {len(majority.ranks)} ranks', which wait at "
+           f"{majority.place}") if len(ranks) == 1 else (
+        f"their stacks differ from the other {len(majority.ranks)} ranks', which wait at "
+        f"{majority.place}")
+    return Culprit(ranks, hosts, place, why)

@@ -1,0 +1,267 @@
+"""The hang watch of one run: progress per rank, the hang verdict, stack dumps on demand.
+
+It runs beside the Job (its own task): once a second it asks ``decide.hang`` whether the job
+is hung; when it is (or `dtrain stacks` asks), every running node's supervisor is sent a
+``stacks`` control line, each answers with one ``stacks`` message (faulthandler's dump of
+every rank, the flight recorder's when asked), and ``decide.stacks`` folds them into the
+verdict. The evidence goes to the archive (``output.evidence``), a few lines to the console.
+With ``--on-hang stop`` the hang then becomes the run's root cause (exit 125).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.decide.flight import FlightSummary, RankFlight, load_dump, rank_flight, summarize
+from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
+from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
+from launcher.models import Host, OutputLine
+from launcher.output.evidence import stack_dir, write_flight, write_stack
+
+if TYPE_CHECKING:
+    from launcher.job.orchestrate import Job
+
+HANG_EXIT = 125  # docs/exit-codes.md
+TICK_S = 0.5
+REPLY_WAIT_S = 8.0  # the supervisors' own waits (2 s dump, 2 s flight recorder) + margin
+
+
+@dataclass
+class StackDump:
+    """One collection of every rank's stacks."""
+
+    id: str
+    reason: str
+    t: float
+    stacks: list[RankStack] = field(default_factory=list)
+    folded: Folded | None = None
+    took: float = 0.0
+    hosts_missing: tuple[str, ...] = ()
+    flight: dict[int, str] = field(default_factory=dict)  # rank -> archived file
+    flight_errors: dict[int, str] = field(default_factory=dict)  # rank -> why none
+    positions: dict[int, RankFlight] = field(default_factory=dict)  # from those dumps
+    flight_summary: FlightSummary | None = None
+    path: Path | None = None
+
+    def json(self) -> dict[str, Any]:
+        folded = self.folded
+        return {"id": self.id, "t": self.t, "reason": self.reason, "took": round(self.took, 3),
+                "dir": str(self.path) if self.path else None,
+                "culprit": folded.culprit.json() if folded and folded.culprit else None,
+                "folded": folded.json() if folded else [],
+                "missing": list(folded.missing) if folded else [],
+                "flight": {str(r): p for r, p in sorted(self.flight.items())},
+                "flight_errors": {str(r): e for r, e in sorted(self.flight_errors.items())},
+                "flight_summary": list(self.flight_summary.lines) if self.flight_summary
+                else None,
+                "flight_behind": list(self.flight_summary.behind) if self.flight_summary
+                else []}
+
+
+class _Pending:
+    def __init__(self, hosts: Sequence[str]) -> None:
+        self.waiting = set(hosts)
+        self.messages: dict[str, Mapping[str, Any]] = {}
+        self.done = asyncio.Event()
+        if not self.waiting:
+            self.done.set()
+
+    def add(self, host: str, msg: Mapping[str, Any]) -> None:
+        self.messages[host] = msg
+        self.waiting.discard(host)
+        if not self.waiting:
+            self.done.set()
+
+
+class HangWatch:
+    """Progress, hang verdicts and stack dumps for one run (see module doc)."""
+
+    def __init__(self, job: Job, policy: HangPolicy, watch: ProgressWatch,
+                 ranks: Mapping[str, Sequence[int]], run_dir: Path,
+                 say: Callable[[str], None], *, alive: Callable[[], bool],
+                 on_record: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.job = job
+        self.policy = policy
+        self.watch = watch
+        self.ranks = {h: list(r) for h, r in ranks.items()}  # host -> its global ranks
+        self.run_dir = run_dir
+        self.say = say
+        self.alive = alive
+        self.on_record = on_record  # meta.json is to be rewritten (hangs, stacks)
+        self.clock = clock
+        self.declared: float | None = None  # the baseline of the stall last declared
+        self.hangs: list[dict[str, Any]] = []
+        self.dumps: list[StackDump] = []
+        self._pending: dict[str, _Pending] = {}
+        self._count = {"h": 0, "s": 0}
+        self._lock = asyncio.Lock()
+
+    # -- fed by the run ----------------------------------------------------------------------
+    def observe(self, lines: Sequence[OutputLine]) -> None:
+        self.watch.observe(lines)
+
+    def event(self, host: Host, msg: Mapping[str, Any]) -> None:
+        """Supervisor messages: ``stacks`` answers a dump; ``flight`` carries the flight
+        recorder's dumps a node had at the end."""
+        kind = msg.get("type")
+        if kind == "stacks":
+            pending = self._pending.get(str(msg.get("id")))
+            if pending is not None:
+                pending.add(host.label, msg)
+        elif kind == "flight":
+            self._flight_files("end", msg.get("files"))
+
+    # -- the watch ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Check once every TICK_S until cancelled (when the job is over)."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = self.clock()
+            if hang_due(self.watch, now, self.policy, all_alive=self.alive(),
+                        declared=self.declared):
+                self.declared = self.watch.baseline()
+                await self._hang(now)
+
+    async def _hang(self, now: float) -> None:
+        stalled = self.watch.stalled_for(now)
+        last = ""
+        if self.watch.last_text is not None:
+            stamp = time.strftime("%H:%M:%S", time.localtime(self.watch.last))
+            last = f"; the last progress: r{self.watch.last_rank} at {stamp}: " \
+                   f"{self.watch.last_text[:80]!r}"
+        self.say(f"HANG: no rank made progress for {stalled:.0f} s (--hang-timeout "
+                 f"{self.policy.timeout:g}){last}; taking every rank's stacks")
+        dump = await self.dump("hang", f"no progress for {stalled:.0f} s")
+        culprit = dump.folded.culprit if dump.folded else None
+        record = {"t": now, "attempt": 1, "stalled_s": round(stalled, 1),
+                  "culprit": {"rank": culprit.rank, "host": culprit.host,
+                              "ranks": list(culprit.ranks), "place": culprit.place,
+                              "why": culprit.why} if culprit else None,
+                  "folded": dump.folded.json() if dump.folded else [], "dump": dump.id,
+                  "dir": str(dump.path) if dump.path else None,
+                  "action": self.policy.on_hang}
+        self.hangs.append(record)
+        if self.on_record is not None:
+            self.on_record()
+        if self.policy.on_hang == "stop":
+            from launcher.job.orchestrate import Failure
+
+            who = culprit.describe() if culprit else "no single rank stands out"
+            error = f"hang: no progress for {stalled:.0f} s; likely culprit {who}"
+            host = culprit.host if culprit and culprit.host else next(iter(self.ranks), "")
+            self.say("--on-hang stop: stopping every node")
+            self.job.declare_failure(Failure("hang", host, rank=culprit.rank if culprit
+                                             else None, code=HANG_EXIT, t=now, seen=now,
+                                             error=error))
+        else:
+            self.say("--on-hang dump: the run goes on (`dtrain stacks` dumps again, Ctrl-C "
+                     "stops it)")
+
+    # -- dumps -------------------------------------------------------------------------------
+    async def dump(self, kind: str, reason: str) -> StackDump:
+        """Every running rank's stacks, folded, archived, and told on the console."""
+        async with self._lock:
+            self._count[kind[0]] = self._count.get(kind[0], 0) + 1
+            dump_id = f"{kind[0]}{self._count[kind[0]]}"
+            dump = StackDump(dump_id, reason, self.clock())
+            hosts = [label for label, s in self.job.sessions.items()
+                     if label not in self.job.outcome.nodes and s.hello is not None]
+            pending = self._pending[dump_id] = _Pending(hosts)
+            t0 = time.monotonic()
+            for label in hosts:
+                await self.job.sessions[label].request_stacks(dump_id, fr=True, pyspy=True)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REPLY_WAIT_S):
+                    await pending.done.wait()
+            del self._pending[dump_id]
+            dump.took = time.monotonic() - t0
+            dump.hosts_missing = tuple(sorted(pending.waiting))
+            self._collect(dump, pending.messages)
+            self.dumps.append(dump)
+            self._tell(dump)
+            return dump
+
+    def _collect(self, dump: StackDump, messages: Mapping[str, Mapping[str, Any]]) -> None:
+        expected = [r for host in self.job.sessions for r in self.ranks.get(host, ())
+                    if host not in self.job.outcome.nodes]
+        for host, msg in messages.items():
+            entries = msg.get("ranks")
+            if not isinstance(entries, dict):
+                continue
+            for rank_s, entry in entries.items():
+                if not (isinstance(entry, dict) and str(rank_s).lstrip("-").isdigit()):
+                    continue
+                rank = int(rank_s)
+                if entry.get("error") == "exited":
+                    expected = [r for r in expected if r != rank]
+                    continue
+                dump.stacks.append(rank_stack(rank, host, entry))
+                self._archive_rank(dump, rank, entry)
+        dump.folded = fold(dump.stacks, expected)
+        dump.flight_summary = summarize(dump.positions)
+        with contextlib.suppress(OSError):
+            write_stack(self.run_dir, dump.id, "folded.txt", "\n".join(
+                [f"{dump.reason} ({len(dump.stacks)} ranks, {dump.took:.2f} s)",
+                 *dump.folded.lines()]) + "\n")
+            dump.path = stack_dir(self.run_dir, dump.id)
+
+    def _archive_rank(self, dump: StackDump, rank: int, entry: Mapping[str, Any]) -> None:
+        text = entry.get("text")
+        with contextlib.suppress(OSError, ValueError):
+            if isinstance(text, str):
+                write_stack(self.run_dir, dump.id, f"r{rank}.txt", text)
+            spy = entry.get("pyspy")
+            if isinstance(spy, dict) and isinstance(spy.get("text"), str):
+                write_stack(self.run_dir, dump.id, f"r{rank}.py-spy.txt", spy["text"])
+            fr = entry.get("fr")
+            if isinstance(fr, dict) and fr.get("error"):
+                dump.flight_errors[rank] = str(fr["error"])
+            if isinstance(fr, dict) and isinstance(fr.get("data"), str):
+                data = base64.b64decode(fr["data"])
+                dump.flight[rank] = str(write_flight(self.run_dir, dump.id, rank, data))
+                loaded = load_dump(data)
+                position = rank_flight(rank, loaded) if loaded is not None else None
+                if position is not None:
+                    dump.positions[rank] = position
+
+    def _flight_files(self, dump_id: str, files: object) -> None:
+        if not isinstance(files, dict):
+            return
+        for rank_s, data in files.items():
+            if isinstance(data, str) and str(rank_s).isdigit():
+                with contextlib.suppress(OSError, ValueError, binascii.Error):
+                    write_flight(self.run_dir, dump_id, int(rank_s), base64.b64decode(data))
+
+    def _tell(self, dump: StackDump) -> None:
+        folded = dump.folded
+        if folded is None:
+            return
+        self.say(f"stacks of {len(dump.stacks)} ranks in {dump.took:.1f} s ({dump.reason}):")
+        for line in folded.lines():
+            self.say(f"  {line}")
+        for host in dump.hosts_missing:
+            self.say(f"  {host}: no answer within {REPLY_WAIT_S:g} s")
+        if dump.flight_summary is not None:
+            self.say(f"flight recorder: {'; '.join(dump.flight_summary.lines)}")
+        where = f"; every rank's stacks: {dump.path}" if dump.path else ""
+        if folded.culprit is not None:
+            self.say(f"likely culprit: {folded.culprit.describe()} "
+                     f"({folded.culprit.why}){where}")
+        elif folded.groups:
+            self.say(f"no rank stands out: every rank waits at {folded.groups[0].place}{where}")
+
+    def meta(self) -> dict[str, Any]:
+        """meta.json's ``hangs``, ``stacks`` and ``progress``."""
+        return {"hangs": self.hangs, "stacks": [d.json() for d in self.dumps],
+                "progress": self.watch.json(),
+                "hang_policy": {"timeout": self.policy.timeout, "on_hang": self.policy.on_hang,
+                                "progress": self.watch.pattern.pattern}}

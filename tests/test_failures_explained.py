@@ -1,0 +1,133 @@
+"""Why a rank died, from recorded evidence (decide/failures.py): no cluster, no kernel.
+
+The kernel and cgroup texts are in the formats Linux writes them (dmesg / /dev/kmsg records
+of the OOM killer and of NVIDIA's driver, cgroup v2 memory.events, v1 memory.oom_control);
+the crash dump is real faulthandler output of the rank wrapper (a ctypes NULL read). The OOM
+case is tested here on recorded text only: the test machine gives no memory cgroup a test
+could limit (docs/hangs.md says so).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from launcher.decide import failures
+from launcher.models import OutputLine
+from launcher.nodeside import supervisor
+
+DATA = Path(__file__).parent / "data" / "hangs"
+
+OOM_KMSG = [
+    "[81234.551023] python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, "
+    "oom_score_adj=0",
+    "[81234.551187] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+    "mems_allowed=0,oom_memcg=/job,task_memcg=/job,task=python3,pid=4242,uid=1000",
+    "[81234.551201] Memory cgroup out of memory: Killed process 4242 (python3) "
+    "total-vm:12345678kB, anon-rss:8123456kB, file-rss:10240kB, shmem-rss:0kB, UID:1000 "
+    "pgtables:16000kB oom_score_adj:0",
+]
+EVENTS_V2 = "low 0\nhigh 0\nmax 31\noom 1\noom_kill 1\noom_group_kill 0\n"
+OOM_CONTROL_V1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"
+XID = "[ 9310.221004] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen " \
+      "off the bus."
+TRACEBACK = [
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/home/u/proj/train.py", line 70, in <module>',
+    "[rank1]:     sys.exit(main())",
+    '[rank1]:   File "/home/u/proj/data.py", line 38, in load_batch',
+    '[rank1]:     raise ValueError(f"bad batch at step {step}")',
+    "[rank1]: ValueError: bad batch at step 3",
+]
+WATCHDOG = ("[rank3]:[E1201 12:00:00.112 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, "
+            "NumelOut=1, Timeout(ms)=600000) ran for 600041 milliseconds before timing out.")
+
+
+def test_oom_killer_from_the_kernel_log_with_the_memory_at_the_end() -> None:
+    r = failures.explain(rank=4, host="node3", code=137, sig=signal.SIGKILL, pid=4242,
+                         evidence={"kernel": OOM_KMSG})
+    assert r.kind == "oom" and r.scope == failures.USER
+    assert r.summary == "rank 4 on node3 was killed by the kernel's OOM killer (7.7 GiB)"
+    assert any("Killed process 4242" in e for e in r.evidence)
+    assert "batch size" in r.advice
+
+
+def test_oom_killer_from_the_cgroup_counter() -> None:
+    for text, before in ((EVENTS_V2, 0), (OOM_CONTROL_V1, 1)):
+        r = failures.explain(rank=0, host="node1", code=137, sig=signal.SIGKILL, pid=7,
+                             evidence={"memory_events": text, "oom_kill_before": before,
+                                       "kernel": "/dev/kmsg: Operation not permitted",
+                                       "memory": {"rss_kb": 3 * 1024 * 1024, "hwm_kb": 1}})
+        assert r.kind == "oom", r
+        assert "(3.0 GiB resident at its last sample)" in r.summary
+    assert supervisor.oom_kills(EVENTS_V2) == 1 and supervisor.oom_kills(OOM_CONTROL_V1) == 2
+
+
+def test_a_sigkill_without_an_oom_record_is_a_signal_from_outside() -> None:
+    r = failures.explain(rank=2, host="node2", code=137, sig=signal.SIGKILL, pid=99,
+                         evidence={"kernel": OOM_KMSG, "memory_events": EVENTS_V2,
+                                   "oom_kill_before": 1})  # another pid; counter unchanged
+    assert r.kind == "signal" and "not by the OOM killer" in r.summary
+    unread = failures.explain(rank=2, host="node2", code=137, sig=signal.SIGKILL, pid=99,
+                              evidence={"kernel": "/dev/kmsg: Operation not permitted"})
+    assert "the kernel log was not readable" in unread.summary
+    assert unread.scope == failures.UNKNOWN
+
+
+def test_gpu_xid_is_a_node_fault() -> None:
+    r = failures.explain(rank=1, host="gpu07", code=1, sig=None, evidence={"kernel": [XID]},
+                         stderr=TRACEBACK)
+    assert r.kind == "xid" and r.scope == failures.NODE
+    assert "Xid 79 (GPU has fallen off the bus)" in r.summary
+    assert "--exclude gpu07" in r.advice
+
+
+def test_segfault_shows_the_python_stack() -> None:
+    crash = (DATA / "segv.crash").read_text()
+    r = failures.explain(rank=1, host="node2", code=139, sig=signal.SIGSEGV,
+                         evidence={"crash": crash, "kernel": [
+                             "[ 100.1] python3[4242]: segfault at 0 ip 00007f1d sp 00007ffd "
+                             "error 4 in libc.so.6[7f1d2c028000+195000]"]})
+    assert r.kind == "segfault" and r.scope == failures.PROCESS
+    assert r.summary == ("rank 1 on node2 crashed: SIGSEGV (segmentation fault) in string_at "
+                         "<- load_batch() data.py:3 (native code: libc.so.6[7f1d2c028000+"
+                         "195000])")
+    assert r.evidence[0] == "Fatal Python error: Segmentation fault"
+    assert "  load_batch() data.py:3" in r.evidence
+    assert not any("dtrain_shim" in e for e in r.evidence)
+
+
+def test_python_exception_last_frame_and_message() -> None:
+    r = failures.explain(rank=1, host="node2", code=1, sig=None, stderr=TRACEBACK)
+    assert r.kind == "exception" and r.scope == failures.USER
+    assert r.summary == ("rank 1 on node2 raised ValueError: bad batch at step 3 in "
+                         "load_batch() data.py:38")
+    assert "dtrain logs --rank 1" in r.advice
+
+
+def test_nccl_and_gloo_lines_are_quoted_with_their_node() -> None:
+    keeper = failures.ErrorKeeper()
+    keeper.observe([OutputLine("node4", "err", WATCHDOG, 3, 3, 1.0),
+                    OutputLine("node4", "err", "plain warning", 3, 3, 1.0)])
+    r = failures.explain(rank=3, host="node4", code=1, sig=None, stderr=TRACEBACK,
+                         comm=keeper.comm_lines())
+    assert r.kind == "comm" and "communication error on node4" in r.summary
+    assert "Watchdog caught collective operation timeout" in r.summary
+    assert "--hang-timeout" in r.advice
+    peer = failures.explain(rank=0, host="node1", code=1, sig=None, comm=[(
+        "node1", 0, "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection "
+                    "closed by peer [10.0.0.2]:4242")])
+    assert peer.kind == "comm" and "a peer rank went away first" in peer.advice
+
+
+def test_other_signal_and_plain_exit() -> None:
+    r = failures.explain(rank=0, host="n", code=143, sig=signal.SIGTERM)
+    assert r.kind == "signal" and "SIGTERM" in r.summary
+    e = failures.explain(rank=0, host="n", code=3, sig=None, stderr=["giving up: no data"])
+    assert e.kind == "exit" and e.summary == "rank 0 on n exited 3: giving up: no data"
+    assert e.json()["scope"] == "unknown"
+
+
+def test_kernel_lines_filter_by_time_and_words(tmp_path: Path) -> None:
+    assert isinstance(supervisor.kernel_lines(0.0), (list, str))  # readable or why not
