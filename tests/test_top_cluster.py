@@ -141,7 +141,7 @@ class Tmux:
     def keys(self, *keys: str) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
 
-    def wait(self, cond: Callable[[str], bool], timeout: float = 60) -> str:
+    def wait(self, cond: Callable[[str], bool], timeout: float = 120) -> str:
         deadline = time.monotonic() + timeout
         while True:
             text = self.screen()
@@ -254,7 +254,7 @@ def test_a_node_that_drops_shows_as_lost_and_the_view_goes_on(six):
         tmux.wait(lambda s: all(" ok " in row(s, h) for h in ("node1", "node2", "node6")))
         six.link_down(6)
         try:
-            lost = tmux.wait(lambda s: " lost " in row(s, "node6"), timeout=60)
+            lost = tmux.wait(lambda s: " lost " in row(s, "node6"))
             assert " ok " in row(lost, "node1") and " ok " in row(lost, "node2")
             assert "no sample for" in row(lost, "node6")
             clock = re.search(r"dtrain top  (\S+)", lost)
