@@ -17,12 +17,17 @@ Cases (numbers, never assertions; docs/benchmarks.md "Hangs"):
   steps) on 2 nodes x 1 rank, interleaved rounds in rotated order: the armed dumper and the
   flight recorder (dtrain's default), ``DTRAIN_STACKS=0`` (no wrapper, flight recorder on),
   and both off (``DTRAIN_STACKS=0``, ``TORCH_FR_BUFFER_SIZE=0``): what each costs a step.
+* ``armcost``: the same loop in one process (world size 1, a HashStore: no network, no
+  ssh, ~25 us a step), plain ``python`` vs the rank wrapper armed (a listener stands in for
+  the supervisor), each with the flight recorder off and at 2000 entries; 5000 steps a run,
+  rotated rounds; median and minimum of the runs' medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -146,10 +151,65 @@ def steptime(cluster: tc.Cluster, archive: Path, reps: int) -> dict[str, list[fl
     return results
 
 
+ARM_SCRIPT = r"""
+import os, statistics, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+t, times = torch.ones(1024), []
+for i in range(5500):
+    s = time.perf_counter()
+    dist.all_reduce(t)
+    if i >= 500:
+        times.append(time.perf_counter() - s)
+print(f"median_us {statistics.median(times) * 1e6:.2f}", flush=True)
+os._exit(0)
+"""
+
+
+def armcost(reps: int) -> dict[str, list[float]]:
+    import socket
+    import threading
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-arm-"))
+    script = folder / "step.py"
+    script.write_text(ARM_SCRIPT)
+    sock_path = str(folder / "ranks.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(sock_path)
+    listener.listen(64)
+    held: list[object] = []
+
+    def accept() -> None:  # stands in for the supervisor: keeps every rank's arm socket
+        while True:
+            held.append(listener.accept())
+
+    threading.Thread(target=accept, daemon=True).start()
+    shim = str(REPO / "launcher/nodeside/supervisor.py")
+    armed = {"DTRAIN_ARM_SOCK": sock_path, "RANK": "0"}
+    variants = {
+        "plain, FR off": ([PYTHON, "-u", str(script)], {"TORCH_FR_BUFFER_SIZE": "0"}),
+        "armed, FR off": ([PYTHON, "-u", shim, str(script)],
+                          {"TORCH_FR_BUFFER_SIZE": "0", **armed}),
+        "plain, FR 2000": ([PYTHON, "-u", str(script)], {"TORCH_FR_BUFFER_SIZE": "2000"}),
+        "armed, FR 2000 (dtrain's default)": ([PYTHON, "-u", shim, str(script)],
+                                              {"TORCH_FR_BUFFER_SIZE": "2000", **armed}),
+    }
+    names = list(variants)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps + 1):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            argv, env = variants[name]
+            got = subprocess.run(argv, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                                 capture_output=True, text=True, timeout=300).stdout
+            m = re.search(r"median_us ([\d.]+)", got)
+            if m and r > 0:
+                out[name].append(float(m.group(1)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--only", default="verdict16,verdict64,stacks16,steptime")
+    ap.add_argument("--only", default="verdict16,verdict64,stacks16,steptime,armcost")
     ap.add_argument("--json")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -178,6 +238,13 @@ def main() -> int:
                 ratio = f"{med / base:.3f}" if base else "-"
                 print(f"| {name} | {med:.1f} (runs: {', '.join(f'{v:.0f}' for v in values)})"
                       f" | {ratio} |")
+    if "armcost" in only:
+        arm = armcost(max(args.reps, 5))
+        report["armcost_us"] = arm
+        print("\n| in one process | median step (us) | min | runs |\n|---|---|---|---|")
+        for name, values in arm.items():
+            print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | "
+                  f"{', '.join(f'{v:.1f}' for v in values)} |")
     print("\n| case | ok | declared -> verdict (s) | dump took (s) | wall (s) |")
     print("|---|---|---|---|---|")
     rows_out: list[dict[str, object]] = report.get("rows", [])  # type: ignore[assignment]

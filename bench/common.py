@@ -137,6 +137,11 @@ class Env:
         """Client environment for every tool (HOME for asyncssh, pdsh's ssh arguments)."""
         env = self.cluster.client_env(**extra)
         env["PDSH_SSH_ARGS_APPEND"] = " ".join(self.ssh_opts())
+        # the dtrain of this tree (the console script would find the installed one), with
+        # its .pyc files written as an installed package has them
+        paths = [str(REPO), *filter(None, [env.get("PYTHONPATH")])]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.pop("PDSH_RCMD_TYPE", None)
         env.pop("NO_COLOR", None)
         return env

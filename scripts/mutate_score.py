@@ -1,11 +1,17 @@
 """The score of a mutmut run (scripts/mutate): per module, killed / (killed + survived +
 timeout... ), and every mutant that was not killed, from mutmut's own ``mutants/*.meta``.
 
-Usage: python scripts/mutate_score.py WORKDIR [--json]
+Usage: python scripts/mutate_score.py WORKDIR             the table and the names
+       python scripts/mutate_score.py WORKDIR --diff [NAME...]  each not-killed mutant's
+                                                    change (or the named ones), one line each
+       python scripts/mutate_score.py WORKDIR --diff-module launcher/x/y.py   one module's
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
 import json
 import sys
 from collections import Counter
@@ -36,9 +42,46 @@ def status(code: int | None) -> str:
     return "survived" if code == 0 else "suspicious"
 
 
+@functools.cache
+def _functions(path: Path) -> dict[str, list[str]]:
+    """Every function of a mutated file (mutmut keeps each mutant as a function of its own),
+    by name, as source lines."""
+    text = path.read_text()
+    lines = text.splitlines()
+    out = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out[node.name] = lines[node.lineno - 1:node.end_lineno]
+    return out
+
+
+def diff(work: Path, name: str) -> str:
+    """``launcher.hosts.slurm.x_expand__mutmut_9`` -> the lines it changed, '-'/'+'."""
+    module, _, func = name.rpartition(".")
+    path = work / "mutants" / (module.replace(".", "/") + ".py")
+    funcs = _functions(path)
+    orig = funcs.get(func.rpartition("__mutmut_")[0] + "__mutmut_orig", [])
+    mutant = funcs.get(func, [])
+    if not orig or not mutant:
+        return f"{name}: (not in {path}: run that group again)"
+    changed = [line for line in difflib.ndiff([x.strip() for x in orig[1:]],
+                                               [x.strip() for x in mutant[1:]])
+               if line[:1] in "-+"]
+    return "\n".join([f"{name}:"] + [f"  {line}" for line in changed])
+
+
 def main(argv: list[str]) -> int:
     work = Path(argv[1])
     data = load(work)
+    if argv[2:3] in (["--diff"], ["--diff-module"]):
+        only = argv[3] if argv[2] == "--diff-module" else None
+        names = [] if only else argv[3:]
+        names = names or [n for module, codes in data.items() for n, c in codes.items()
+                          if status(c) in ("survived", "no tests", "suspicious")
+                          and only in (None, module)]
+        for name in names:
+            print(diff(work, name))
+        return 0
     total: Counter[str] = Counter()
     survivors = []
     print(f"{'module':<42} {'killed':>7} {'surv.':>6} {'no test':>8} {'not run':>8} {'score':>6}")

@@ -89,7 +89,7 @@ def test_meta_is_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyP
     archive = RunArchive.create(tmp_path, "r")
     archive.write_meta({"v": 1})
 
-    def crash(*args: object) -> None:
+    def crash(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", crash)

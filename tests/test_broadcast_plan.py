@@ -134,3 +134,28 @@ def test_a_relay_lost_before_linking_falls_back_with_everything_after_it():
 
 def test_the_last_node_has_no_link_to_fail():
     assert cut_chain(["a", "b"], {"a": "", "b": "whatever"}) == (["a", "b"], {})
+
+
+def test_a_scoped_ipv6_address_can_relay() -> None:
+    """fe80::1%eth0: the zone is not part of the address to check, and it is kept."""
+    assert relay_address("fe80::1%eth0") == "fe80::1%eth0"
+    assert relay_address("::1%lo") is None
+
+
+def test_a_node_that_cannot_reach_its_successor_cuts_the_chain_after_itself() -> None:
+    chain = ["a", "b", "c"]
+    assert cut_chain(chain, {"a": "", "b": "refused", "c": ""}) == (
+        ["a", "b"], {"c": "chain broken after b (refused)"})
+    # the last node has no successor: its error cuts nothing
+    assert cut_chain(chain, {"a": "", "b": "", "c": "refused"}) == (chain, {})
+
+
+def test_fallback_reasons_name_the_first_break_not_the_echo() -> None:
+    chain = ["a", "b", "c"]
+    # a failed by itself (no message from its relay), b then was lost: b is an echo of a
+    assert fallbacks(chain, {"a": Outcome(False), "b": None, "c": Outcome(True)}) == {
+        "a": "relay failed", "b": "chain broken at a"}
+    # two failures: the second names the first, then its own error
+    assert fallbacks(chain, {"a": Outcome(False, "disk full"), "b": Outcome(False, "eof"),
+                             "c": Outcome(True)}) == {
+        "a": "disk full", "b": "chain broken at a (eof)"}

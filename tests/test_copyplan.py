@@ -55,7 +55,7 @@ def test_source_name(path: str, name: str) -> None:
     assert cpl.source_name(path) == name
 
 
-@pytest.mark.parametrize("path", ["/", ".", "a/.."])
+@pytest.mark.parametrize("path", ["/", ".", "a/..", "..", "//", "x/../.."])
 def test_source_name_refuses_nameless(path: str) -> None:
     with pytest.raises(ValueError):
         cpl.source_name(path)
@@ -87,6 +87,30 @@ def test_layout_directory_into_missing_dest_becomes_it() -> None:
 def test_layout_dest_is_a_file(names: list[str], kinds: list[str], slash: bool) -> None:
     with pytest.raises(cpl.LayoutError, match="not a directory"):
         cpl.layout(names, kinds, "/d/f", FILE, dest_slash=slash)
+
+
+def test_names_keep_their_own_characters() -> None:
+    """A name is what basename gives: a trailing space or an X is part of it."""
+    assert cpl.source_name("data ") == "data "
+    assert cpl.source_name("/srv/boX/") == "boX"
+    assert cpl.source_name("/srv/boX//") == "boX"
+
+
+def test_inside_the_root_directory_and_roots_ending_in_any_character() -> None:
+    assert cpl.inside("/x", "/") and not cpl.inside("/", "/")
+    assert cpl.inside("/rootX/b", "/rootX") and cpl.inside("/rootX/b", "/rootX/")
+    assert not cpl.inside("/rootXb", "/rootX")
+
+
+def test_is_temp_needs_both_ends() -> None:
+    assert not cpl.is_temp("/d/.dtrain-cp-ab12cd34-f")
+    assert not cpl.is_temp("/d/f.tmp")
+    assert cpl.is_temp("/d/.dtrain-cp-ab12cd34-f.tmp")
+
+
+def test_a_temp_name_uses_every_byte_a_name_may_have() -> None:
+    long = cpl.temp_name("/d/" + "x" * 255, "ab12cd34")
+    assert len(long.rsplit("/", 1)[1].encode()) == 255
 
 
 def test_inside() -> None:
@@ -136,6 +160,39 @@ def test_a_destination_newer_than_the_source_is_sent_too() -> None:
     plan = cpl.plan_sync(src, dst)
     assert sorted(rels(plan.send)) == ["edited-there", "older-there"]
     assert rels(plan.skip) == ["same"]
+
+
+def test_what_cannot_be_copied_says_why() -> None:
+    src = [d(""), Entry("fifo", OTHER), f("x")]
+    plan = cpl.plan_sync(src, tree(d(""), d("x")))
+    assert plan.errors == [("fifo", "not a regular file, directory or symlink: skipped"),
+                           ("x", "is a directory on the destination; remove it first")]
+
+
+def test_directory_attrs_only_with_preserve_deepest_first() -> None:
+    src = [d("", mode=0o700), d("a", mode=0o700), d("a/b", mode=0o700, mtime=5), d("c")]
+    dst = tree(d(""), d("a"), d("a/b", mode=0o700), d("c"))
+    assert cpl.plan_sync(src, dst).dir_attrs == []
+    plan = cpl.plan_sync(src, dst, preserve=True)
+    assert rels(plan.dir_attrs) == ["a/b", "a", ""]  # c is equal: not touched
+    new = cpl.plan_sync([d(""), d("z"), d("z/y"), d("z/y/x"), d("b")], {}, preserve=True)
+    assert rels(new.dir_attrs) == ["z/y/x", "z/y", "b", "z", ""]
+
+
+def test_resolve_compare_settles_every_entry() -> None:
+    src = [d(""), f("differs"), f("same-mode"), f("same", mode=0o600)]
+    dst = tree(d(""), f("differs"), f("same-mode", mode=0o600), f("same", mode=0o644))
+    plan = cpl.plan_sync(src, dst, checksum=True)
+    sums = {"differs": "1", "same-mode": "2", "same": "3"}
+    cpl.resolve_compare(plan, dst, sums, {"differs": "9", "same-mode": "2", "same": "3"})
+    assert plan.compare == []
+    assert rels(plan.send) == ["differs"]
+    assert sorted(rels(plan.skip)) == ["same", "same-mode"]
+    assert plan.fix_attrs == []  # equal content and mtime; modes only count with preserve
+    plan = cpl.plan_sync(src, dst, checksum=True, preserve=True)
+    cpl.resolve_compare(plan, dst, sums, {"differs": "9", "same-mode": "2", "same": "3"},
+                        preserve=True)
+    assert sorted(rels(plan.fix_attrs)) == ["same", "same-mode"]
 
 
 def test_checksum_compares_equal_sizes_only() -> None:
@@ -214,3 +271,75 @@ def test_exit_code() -> None:
     assert cpl.exit_code([ok, bad]) == 1
     assert cpl.exit_code([ok, bad, lost]) == 255
     assert cpl.exit_code([]) == 0
+
+
+# ---------------------------------------------------------------- the node-side diff
+
+
+def _row(e: Entry) -> list[object]:
+    """A node's walk row of an entry (cpnode.walk_tree's format)."""
+    return [e.rel, e.kind, e.size, e.mtime, e.mode, e.target]
+
+
+def _variants(e: Entry) -> list[Entry | None]:
+    """What a node may have where the source has e: the same, absent, or one field off."""
+    r = e.rel
+    out: list[Entry | None] = [e, None, Entry(r, e.kind, e.size, e.mtime + 7, e.mode, e.target),
+                               Entry(r, e.kind, e.size, e.mtime, e.mode ^ 0o020, e.target)]
+    if e.kind == FILE:
+        out += [Entry(r, FILE, e.size + 1, e.mtime, e.mode), d(r), ln(r, "x")]
+    elif e.kind == DIR and r:
+        out += [f(r), ln(r, "elsewhere")]
+    elif e.kind == LINK:
+        out += [ln(r, e.target + "2"), f(r, size=0)]
+    return out
+
+
+def _random_case(seed: int) -> tuple[list[Entry], dict[str, Entry]]:
+    import random
+
+    rng = random.Random(seed)
+    src = [d("", mtime=50), d("a", mtime=60), d("a/b", mode=0o700), f("x"), f("a/y", 9, 120),
+           f("a/b/z", 1, 130, 0o600), ln("a/l", "y"), Entry("sock", OTHER, 0, 100, 0o644)]
+    dst: dict[str, Entry] = {}
+    for e in src:
+        have = rng.choice(_variants(e))
+        if have is not None:
+            dst[have.rel] = have
+    for extra in (f("gone"), d("a/old"), f("a/old/f"), f(".dtrain-cp-dead-x.tmp"),
+                  f("a/.dtrain-cp-dead-y.tmp"), ln("a/b/oldlink", "z")):
+        if rng.random() < 0.5:
+            dst[extra.rel] = extra
+    return src, dst
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_plan_from_a_node_side_diff_is_the_plan_from_the_full_listing(seed: int) -> None:
+    """cpnode's diff answers only where the node differs from the source's rows; rebuilt
+    by tree_from_diff, the plan must be exactly the full listing's, for every option."""
+    from launcher.nodeside import cpnode
+
+    src, dst = _random_case(seed)
+    for preserve in (False, True):
+        for delete in (False, True):
+            want = cpl.plan_sync(src, dst, preserve=preserve, delete=delete)
+            reply = cpnode.diff_rows([_row(e) for e in dst.values()],
+                                     cpl.manifest_rows(src, preserve=preserve), delete)
+            got = cpl.plan_sync(src, cpl.tree_from_diff(src, reply), preserve=preserve,
+                                delete=delete)
+            assert got == want, (seed, preserve, delete, reply)
+
+
+def test_an_unchanged_tree_answers_nothing_but_its_temps() -> None:
+    from launcher.nodeside import cpnode
+
+    src = [d("", mtime=50), d("a"), f("a/y"), ln("l", "a/y")]
+    node = [d("", mtime=999), d("a", mtime=5), f("a/y"), ln("l", "a/y"), f("mine"),
+            f("a/.dtrain-cp-dead-y.tmp")]
+    reply = cpnode.diff_rows([_row(e) for e in node], cpl.manifest_rows(src, preserve=False),
+                             False)
+    assert reply == {"differ": [], "missing": [], "extra": [_row(node[-1])]}
+    with_attrs = cpnode.diff_rows([_row(e) for e in node],
+                                  cpl.manifest_rows(src, preserve=True), True)
+    assert [r[0] for r in with_attrs["differ"]] == ["", "a"]  # directory mtimes count now
+    assert [r[0] for r in with_attrs["extra"]] == ["mine", "a/.dtrain-cp-dead-y.tmp"]

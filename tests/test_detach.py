@@ -249,6 +249,8 @@ def test_detached_launcher_imports_nothing_from_the_project_and_keeps_no_secret_
     meta = json.loads((archive / run_id / "meta.json").read_text())
     assert "DTRAIN_T_TOKEN=***" in meta["command"], meta["command"]
     assert not marker.exists()
+    for name in ("launcher.log", "launcher.lock", "meta.json"):
+        assert (archive / run_id / name).stat().st_mode & 0o777 == 0o600, name
 
 
 def test_killed_detached_launcher_is_lost_and_nodes_clean(cluster: tc.Cluster, archive: Path,

@@ -71,8 +71,10 @@ def test_a_sigkill_without_an_oom_record_is_a_signal_from_outside() -> None:
     assert r.kind == "signal" and "not by the OOM killer" in r.summary
     unread = failures.explain(rank=2, host="node2", code=137, sig=signal.SIGKILL, pid=99,
                               evidence={"kernel": "/dev/kmsg: Operation not permitted"})
-    assert "the kernel log was not readable" in unread.summary
-    assert unread.scope == failures.UNKNOWN
+    assert "whether the OOM killer did it cannot be told on node2 (the kernel log is not " \
+           "readable: /dev/kmsg: Operation not permitted; no memory cgroup counter)" \
+           in unread.summary
+    assert unread.scope == failures.UNKNOWN and "Killed process 99" in unread.advice
 
 
 def test_gpu_xid_is_a_node_fault() -> None:

@@ -140,10 +140,6 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
         class host:  # noqa: N801
             label, source = "node1", "hosts.txt:1"
 
-        @staticmethod
-        def command_line() -> str:
-            return "python3 -m torch.distributed.run train.py"
-
     class Plan:
         master_addr, master_port, master_reason = "198.18.0.11", 29500, "single"
         world_size, rdzv, nodes = 1, "static", [Node()]
@@ -151,6 +147,10 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
         @staticmethod
         def shown_env(node: Node) -> dict[str, str]:
             return {v.name: v.value for v in node.env}
+
+        @staticmethod
+        def shown_argv(node: Node) -> tuple[str, ...]:
+            return ("python3", "-m", "torch.distributed.run", "train.py")
 
     out = io.StringIO()
     render_plan(Plan(), out, workdir="/home/me/proj",  # type: ignore[arg-type]

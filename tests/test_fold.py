@@ -230,3 +230,9 @@ def test_chatter_leaves_the_console_only_while_stopping_and_only_the_agent_s() -
     assert c.summary(["node1", "node2", "node3"]) == [
         ("node3", "torchrun shutting down (7 lines in the archive)")]
     assert c.summary() == []  # said once
+
+
+def test_a_traceback_ends_at_its_first_unindented_line_even_a_short_one() -> None:
+    assert is_shutdown_chatter("E", True) == (True, False)
+    assert is_shutdown_chatter(" x", True) == (True, True)
+    assert is_shutdown_chatter("", True) == (True, True)

@@ -8,10 +8,12 @@ The recorded dumps in tests/data/hangs/ are real faulthandler output of the rank
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,109 @@ def test_the_shim_starts_workers_through_the_wrapper(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("DTRAIN_STACKS", "0")  # the escape hatch: plain python -u SCRIPT
     assert supervisor.rank_argv(["train.py"], "s")[1:] == ["-u", "train.py"]
     assert "DTRAIN_ARM_SOCK" not in supervisor.rank_env("s")
+
+
+@pytest.mark.torch
+def test_py_spy_where_the_node_has_it_lands_beside_the_stacks(tmp_path: Path) -> None:
+    """A node with py-spy on the job's PATH: the supervisor runs `py-spy dump --native --pid
+    P` for every rank and the archive holds what it printed (a stand-in py-spy here: the
+    real one needs ptrace rights the test cannot count on)."""
+    from tests.util import dtrain, need_module
+
+    need_module("torch")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    spy = bin_dir / "py-spy"
+    spy.write_text('#!/bin/sh\necho "py-spy stand-in: $*"\n'
+                   'echo "    clock_nanosleep (libc.so.6)"\n')
+    spy.chmod(0o755)
+    archive = tmp_path / "runs"
+    res = dtrain(["run", "-H", "localhost", "--nproc-per-node", "2", "--archive-dir",
+                  str(archive), "--run-id", "spy", "--no-color", "--hang-timeout", "3",
+                  "--on-hang", "stop", "--grace", "2", "--env",
+                  f"PATH={bin_dir}:{os.environ['PATH']}", "tests/workloads/stall.py"],
+                 timeout=170)
+    assert res.returncode == 125, res.stdout + res.stderr
+    dump = archive / "spy" / "stacks" / "h1"
+    deadline = time.monotonic() + 10
+    while not (dump / "r1.py-spy.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = (dump / "r1.py-spy.txt").read_text()
+    assert text.startswith("py-spy stand-in: dump --native --pid "), text
+    assert "clock_nanosleep" in text
+
+
+def _memory_cgroup() -> Path | None:
+    """A fresh child of this process's memory cgroup (v1, or v2 with the memory controller
+    delegated), or None where the machine does not let a test make one."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory" + path.rstrip("/"))
+        elif controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            base = Path("/sys/fs/cgroup" + path.rstrip("/"))
+            if "memory" not in (base / "cgroup.subtree_control").read_text():
+                continue
+        else:
+            continue
+        child = base / f"dtrain-oom-{os.getpid()}"
+        try:
+            child.mkdir()
+            limit = child / ("memory.limit_in_bytes" if (child / "memory.limit_in_bytes")
+                             .exists() else "memory.max")
+            limit.write_text(str(200 * 1024 * 1024))
+        except OSError:
+            return None
+        return child
+    return None
+
+
+@pytest.mark.torch
+def test_an_oom_killed_rank_is_explained_as_oom(tmp_path: Path) -> None:
+    """Live, on this machine (localhost; the sshd test nodes hide the cgroup tree and the
+    kernel log): a rank moved into a 200 MiB memory cgroup allocates until the OOM killer
+    ends it; dtrain says so, from the cgroup counter and (as root) the kernel log."""
+    from tests.util import need_module
+
+    need_module("torch")
+    if os.getuid() != 0:
+        pytest.skip("moving a process into a memory cgroup needs root")
+    cgroup = _memory_cgroup()
+    if cgroup is None:
+        pytest.skip("this machine gives no memory cgroup a test can limit")
+    archive = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "run", "-H", "localhost",
+                             "--nproc-per-node", "1", "--archive-dir", str(archive),
+                             "--run-id", "oom", "--no-color", "--hang-timeout", "0",
+                             "tests/workloads/oom.py"], cwd=Path(__file__).parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if "oom-ready pid " in line:
+                pid = line.rsplit(" ", 1)[1].strip()
+                (cgroup / "cgroup.procs").write_text(pid)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for _ in range(50):
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    text = "".join(out)
+    assert code == 137, text[-3000:]
+    assert "why: rank 0 on localhost was killed by the kernel's OOM killer" in text, text[-3000:]
+    failure = json.loads((archive / "oom" / "meta.json").read_text())[
+        "root_cause"]["failure"]
+    assert failure["kind"] == "oom" and failure["scope"] == "user", failure

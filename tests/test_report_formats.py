@@ -5,11 +5,14 @@ formats a CI system parses (RFC 3339 timestamps, non-negative times) and the fai
 from __future__ import annotations
 
 import copy
+import io
+import json
+from pathlib import Path
 
 import jsonschema
 import pytest
 
-from launcher.output.junit import ExtraCase, to_junit
+from launcher.output.junit import ExtraCase, to_junit, write_junit
 from launcher.output.report import (
     FAILED,
     PASSED,
@@ -17,6 +20,7 @@ from launcher.output.report import (
     NodeResult,
     RankResult,
     to_json,
+    write_json,
 )
 from tests.reports import validate_json, validate_junit
 
@@ -111,3 +115,49 @@ def test_a_passing_report_has_no_root_cause_in_its_cases() -> None:
     assert cases[2].find("failure").text == "at 4M"
     assert root.find("testsuite").get("failures") == "1"
     validate_json(to_json(ok), "exec")
+    assert to_json(ok)["outcome"] == "ok" and to_json(ok)["root_cause"] is None
+
+
+def test_write_junit_makes_the_directory_and_replaces_the_file_whole(tmp_path: Path) -> None:
+    target = tmp_path / "reports" / "nested" / "run.xml"
+    write_junit(target, _report(), [ExtraCase("busbw", PASSED)])
+    first = target.read_text()
+    assert first == to_junit(_report(), [ExtraCase("busbw", PASSED)])
+    write_junit(target, _report(summary="other"), node_cases=False)
+    root = validate_junit(target.read_text())
+    assert [c.get("name") for c in root.iter("testcase")] == []
+    assert sorted(p.name for p in target.parent.iterdir()) == ["run.xml"]  # no temp left
+
+
+def test_write_json_is_one_document_and_a_newline(capsys: pytest.CaptureFixture[str]) -> None:
+    write_json(_report())
+    assert json.loads(capsys.readouterr().out)["summary"] == "node2 r1 exited 3"
+    out = io.StringIO()
+    write_json(_report(), out)
+    text = out.getvalue()
+    assert text.endswith("}\n") and text.count("\n}\n") == 1
+    assert json.loads(text) == json.loads(json.dumps(to_json(_report()), default=str))
+    assert json.loads(text)["schema"] == "dtrain.run/1"
+    assert json.loads(text)["outcome"] == "failed"
+
+
+
+
+def test_escapes_and_non_xml_characters_from_a_failing_rank_keep_the_junit_valid() -> None:
+    """A coloured line, NUL, \\x0b, U+FFFE, an OSC 52 write in a failing rank's stderr tail
+    (and in names and messages: attributes) make no invalid XML: CI keeps the report exactly
+    when the job failed (issue 22, Low 1)."""
+    hostile = ("\x1b[31mRuntimeError\x1b[0m: bad \x00 \x0b \ufffe \ud800 "
+               "\x1b]52;c;cHduZWQ=\x07end")
+    rank = RankResult(1, FAILED, 3, message=f"rank 1 said {hostile}",
+                      stderr_tail=(hostile, "plain"))
+    node = NodeResult(f"node2{hostile}", FAILED, 3, message=hostile, ranks=(rank,),
+                      stderr_tail=(hostile,))
+    report = CommandReport("run", 3, f"summary {hostile}", T0, T0 + 1, (node,), None, None)
+    text = to_junit(report, [ExtraCase(f"check {hostile}", FAILED, hostile, hostile)])
+    root = validate_junit(text)
+    assert "\x1b" not in text and "\x00" not in text and "\ufffe" not in text
+    failure = next(c.find("failure") for c in root.iter("testcase")
+                   if c.get("name", "").endswith("rank 1"))
+    assert "  RuntimeError: bad \ufffd \ufffd \ufffd \ufffd end\n  plain" in failure.text
+    assert failure.get("message") == "rank 1 said RuntimeError: bad \ufffd \ufffd \ufffd \ufffd end"

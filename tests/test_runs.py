@@ -19,6 +19,7 @@ from launcher.job.control import CONTROL, ControlServer, StopRequest, request_st
 from launcher.models import OutputLine
 from launcher.output.archive import RunArchive
 from launcher.output.logview import replay, tail_offset
+from launcher.output.rundir import RunDir
 from launcher.output.runlock import LOCK, LauncherLock, probe
 from launcher.output.runs import (
     age,
@@ -74,7 +75,7 @@ def _archive(tmp_path: Path, run_id: str = "r1") -> RunArchive:
 def test_lock_held_means_alive_released_means_lost(tmp_path: Path) -> None:
     archive = _archive(tmp_path)
     assert probe(archive.path) is None  # no lock file yet
-    lock = LauncherLock.acquire(archive.path, detached=True)
+    lock = LauncherLock.acquire(archive.dir, detached=True)
     info = probe(archive.path)
     assert info is not None and info["pid"] == os.getpid() and info["detached"] is True
     [st] = list_status(tmp_path)
@@ -93,7 +94,8 @@ def test_a_dead_process_releases_the_lock_and_a_child_never_holds_it(tmp_path: P
     archive = _archive(tmp_path)
     code = ("import sys, time, subprocess; from pathlib import Path; "
             "from launcher.output.runlock import LauncherLock; "
-            "LauncherLock.acquire(Path(sys.argv[1])); "
+            "from launcher.output.rundir import RunDir; "
+            "LauncherLock.acquire(RunDir.open(Path(sys.argv[1]))); "
             "subprocess.Popen(['sleep', '30'], close_fds=False); "
             "print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(archive.path)],
@@ -163,7 +165,7 @@ async def test_stop_request_reaches_the_launcher(tmp_path: Path) -> None:
         got.append(req)
         return "stopping"
 
-    server = ControlServer(deep, on_stop)
+    server = ControlServer(RunDir.open(deep), on_stop)
     await server.start()
     try:
         assert (deep / CONTROL).stat().st_mode & 0o777 == 0o600
@@ -180,7 +182,7 @@ async def test_stop_request_reaches_the_launcher(tmp_path: Path) -> None:
 async def test_stop_from_another_uid_is_refused(tmp_path: Path) -> None:
     """SO_PEERCRED: the launcher answers only its owner, whatever the socket's mode."""
     got: list[StopRequest] = []
-    server = ControlServer(tmp_path, lambda r: got.append(r) or "stopping",
+    server = ControlServer(RunDir.open(tmp_path), lambda r: got.append(r) or "stopping",
                            owner_uid=os.getuid() + 1)
     await server.start()
     try:
@@ -206,7 +208,7 @@ def test_tail_offset_starts_at_the_last_lines(tmp_path: Path) -> None:
     out = io.StringIO()
     replay(archive.path, out=out, color=False, tail=3)
     assert out.getvalue().splitlines() == ["n1 r0: line 97", "n1 r0: line 98", "n1 r0: line 99"]
-    assert tail_offset(archive.path / "output.jsonl", 1000) == 0
+    assert tail_offset(archive.path, 1000) == 0
     assert tail_offset(tmp_path / "missing", 3) == 0
 
 

@@ -73,6 +73,26 @@ def test_a_secret_value_given_to_the_script_is_hidden_too():
     assert redact_env({"MY_VAR": "abc", "N": "1"}, {"MY_VAR"}) == {"MY_VAR": REDACTED, "N": "1"}
 
 
+def test_the_plan_hides_a_secret_value_in_the_script_arguments():
+    """plan.nodes[].command (meta.json, --dry-run text and JSON) redacts like the recorded
+    command line: a word equal to a secret value, or ``--opt=VALUE``; torchrun's own words
+    (counts, ports) are never rewritten, even when a secret happens to equal one."""
+    from launcher.decide.plan import LaunchPlan, NodePlan, plan_json
+    from launcher.models import Host
+    from launcher.nodeside.wire import SHIM_PLACEHOLDER
+
+    argv = ("python", "-m", "torch.distributed.run", "--nnodes", "1", SHIM_PLACEHOLDER,
+            "train.py", SECRET, f"--token={SECRET}", "--lr", "1", "plain")
+    env = (EnvVar("HF_TOKEN", SECRET, "--env", "user"), EnvVar("KEY", "1", "--env", "user"))
+    node = NodePlan(Host("n1"), 0, 1, 0, "python", argv, env)
+    plan = LaunchPlan((node,), "10.0.0.1", 29500, "probed", 1, "static")
+    shown = plan.shown_argv(node)
+    assert shown == (*argv[:7], REDACTED, f"--token={REDACTED}", "--lr", REDACTED, "plain")
+    assert list(shown) == plan_json(plan)["nodes"][0]["command"]
+    assert redact_command(["dtrain", "run", "train.py", f"--token={SECRET}"], [],
+                          [("HF_TOKEN", SECRET)])[-1] == f"--token={REDACTED}"
+
+
 def test_reasons_and_warnings_never_carry_a_secret_value():
     detected = [EnvVar("HF_TOKEN", "detected-secret", "detected", "x")]
     final, warnings = merge_env(detected, profile={"HF_TOKEN": "profile-secret"},
@@ -169,15 +189,19 @@ def test_secrets_never_shown_in_meta_dry_run_or_messages(cluster, tmp_path):
             "--env-file", str(envfile)]
     env = cluster.client_env(FROM_ENV=values["FROM_ENV"])
     outputs = []
+    # the script is also given secret values as arguments: shown nowhere (plan included)
+    script = ["tests/workloads/env_report.py", *names, values["HF_TOKEN"],
+              f"--key={values['F_TOKEN']}"]
     for extra in (["--dry-run"], ["--dry-run", "--json"]):
-        res = dtrain([*args, *extra, "tests/workloads/env_report.py", *names], env=env,
-                     timeout=150)
+        res = dtrain([*args, *extra, *script], env=env, timeout=150)
         assert res.returncode == 0, res.stderr
         outputs.append(res.stdout + res.stderr)
-    res = dtrain([*args, "tests/workloads/env_report.py", *names], env=env, timeout=150)
+    plan = json.loads(res.stdout)
+    assert plan["nodes"][0]["command"][-2:] == [REDACTED, f"--key={REDACTED}"]
+    res = dtrain([*args, *script], env=env, timeout=150)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     report = json.loads(res.stdout.split("REPORT ", 1)[1].splitlines()[0])
-    assert report["env"] == values  # the rank gets every real value
+    assert {n: report["env"][n] for n in names} == values  # the rank gets every real value
     (run,) = (tmp_path / "runs").iterdir()
     meta = (run / "meta.json").read_text()
     outputs += [meta, res.stderr, res.stdout.replace(res.stdout.split("REPORT ", 1)[1]

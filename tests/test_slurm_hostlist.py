@@ -229,3 +229,48 @@ def test_slots_are_the_tasks_slurm_placed(extra: dict[str, str],
     assert alloc is not None
     assert alloc.nodes == ("node2", "node1")
     assert (alloc.slots, alloc.slots_from) == (slots, source)
+
+
+# ---------------------------------------------------------------------------- what each error says
+
+
+@pytest.mark.parametrize(("text", "message", "hint"), [
+    pytest.param("n[3-1]", "range '3-1' runs backwards",
+                 "e.g. node[1-4],login2 (as scontrol show hostnames reads it)", id="backwards"),
+    pytest.param("n[[1-2]]", "unclosed '[' in 'n[[1-2]]'",
+                 "e.g. node[1-4],login2 (as scontrol show hostnames reads it)", id="nested"),
+    pytest.param("n@x[1-2]", "'@' in 'n@x[1-2]' is not allowed in a node name",
+                 "e.g. node[1-4],login2 (as scontrol show hostnames reads it)", id="bad-prefix"),
+    pytest.param("a[1-2],a1", "node listed twice in 'a[1-2],a1': a1",
+                 "each node once: Slurm never allocates a node twice", id="twice"),
+    pytest.param(" , ", "empty node list", "are you inside salloc/sbatch?", id="empty"),
+])
+def test_each_refusal_says_what_and_what_to_do(text: str, message: str, hint: str) -> None:
+    with pytest.raises(HostfileError) as exc:
+        expand_nodelist(text)
+    assert message in str(exc.value)
+    assert exc.value.hint == hint
+    assert exc.value.source == "SLURM_JOB_NODELIST"
+
+
+def test_the_cap_counts_every_bracket_of_an_entry() -> None:
+    """a[1-300][1-300] is 90,000 names: the product of the brackets, not the last one."""
+    with pytest.raises(HostfileError, match="makes 90000 nodes"):
+        expand_nodelist("a[1-300][1-300]")
+    assert slurm_hostlist.count(slurm_hostlist.parse_entry("a[1-3]b[1-2,5]")[1]) == 9
+
+
+@pytest.mark.parametrize(("text", "message", "hint"), [
+    pytest.param("x", "cannot read 'x': expected counts like 2(x3),1", None, id="garbage"),
+    pytest.param("0(x2)", "cannot read '0(x2)': '0(x2)' is a zero count",
+                 "every node has at least one", id="zero"),
+    pytest.param("2(x3)", "'2(x3)' gives 3 counts for 2 nodes",
+                 "does it match SLURM_JOB_NODELIST?", id="mismatch"),
+])
+def test_each_count_error_says_what_and_what_to_do(text: str, message: str,
+                                                   hint: str | None) -> None:
+    with pytest.raises(HostfileError) as exc:
+        expand_counts(text, 2, "SLURM_TASKS_PER_NODE")
+    assert message in str(exc.value)
+    assert exc.value.hint == hint
+    assert exc.value.source == "SLURM_TASKS_PER_NODE"

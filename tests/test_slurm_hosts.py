@@ -109,3 +109,48 @@ def test_include_exclude_apply_to_the_allocation() -> None:
 def test_no_hosts_anywhere_says_salloc() -> None:
     with pytest.raises(UsageError, match="salloc"):
         resolve_hosts(hostfile=None, hosts=None, environ={})
+
+
+def test_the_old_job_id_variable_counts_too() -> None:
+    """SLURM_JOBID (Slurm's older name) where SLURM_JOB_ID is not set."""
+    env = {"SLURM_JOBID": "77", "SLURM_JOB_NODELIST": "n1"}
+    assert in_allocation(env)
+    alloc = allocation(env)
+    assert alloc is not None and alloc.job_id == "77"
+    assert alloc.source == "SLURM_JOB_NODELIST (job 77, no slot count)"
+    assert not in_allocation({"SLURM_JOB_NODELIST": "n1", "SLURM_JOBID": ""})
+
+
+@pytest.mark.parametrize(("value", "slots"), [("1", 1), ("8", 8), ("a100:4", 4)])
+def test_a_per_node_count_is_a_positive_number(value: str, slots: int) -> None:
+    alloc = allocation({**JOB, "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": value})
+    assert alloc is not None and alloc.slots == (slots, slots)
+
+
+@pytest.mark.parametrize("value", ["0", "x", "-1", "４", "a100:0", ""])
+def test_a_per_node_count_that_is_not_positive_is_refused(value: str) -> None:
+    env = {**JOB, "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_GPUS_ON_NODE": value or " "}
+    with pytest.raises(HostfileError) as exc:
+        allocation(env)
+    assert exc.value.source == "SLURM_GPUS_ON_NODE"
+    assert "expected a positive number" in str(exc.value)
+
+
+@pytest.mark.parametrize("key", ["SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE"])
+def test_a_bad_count_list_names_its_variable(key: str) -> None:
+    env = {**JOB, "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "2", key: "2(x3)"}
+    with pytest.raises(HostfileError) as exc:
+        allocation(env)
+    assert exc.value.source == key
+
+
+@pytest.mark.parametrize(("extra", "gpu_job"), [
+    pytest.param({"SLURM_GRES": "gpu:2"}, True, id="gres-gpu"),
+    pytest.param({"SLURM_GRES": "nvme:1"}, False, id="gres-not-gpu"),
+    pytest.param({"SLURM_JOB_GPUS": ""}, False, id="empty-gpu-variable"),
+    pytest.param({"CUDA_GPU_COUNT": "2", "MY_TRES": "gpu:1"}, False, id="not-slurm-s"),
+])
+def test_what_makes_a_gpu_job(extra: dict[str, str], gpu_job: bool) -> None:
+    alloc = allocation({**BASE, **extra})
+    assert alloc is not None
+    assert alloc.slots == ((None,) * 4 if gpu_job else (2, 2, 2, 1)), extra

@@ -12,9 +12,11 @@ import pytest
 from launcher.decide.facts import NodeFacts
 from launcher.decide.smoke import (
     MARK,
+    RankReport,
     SmokeResults,
     choose_backend,
     evaluate,
+    fmt_size,
     make_config,
     parse_size,
 )
@@ -26,23 +28,47 @@ from tests.reports import validate_json, validate_junit
 HOSTS = ["n1", "n2", "n3", "n4"]
 
 
+LAYOUT = dict(enumerate(HOSTS))  # one rank per node: rank i on HOSTS[i]
+
+
+def _line(res: SmokeResults, src: int | None, node: str | None = None, **msg: object) -> bool:
+    """A DTRAIN-SMOKE line as the launcher attributes it (rank ``src`` on ``node``, by
+    default that rank's node)."""
+    return res.add_line(node or LAYOUT[src or 0], src, MARK + json.dumps(msg))
+
+
+def _pair(a: int, b: int, gbps: float, time_us: float = 100.0) -> dict[str, object]:
+    return {"a": a, "b": b, "size": 1 << 20, "time_us": time_us, "gbps": gbps}
+
+
 def _results(torch: dict[str, str] | None = None, pairs: dict[tuple[int, int], float] | None
-             = None, wrong: dict[int, int] | None = None, busbw: float = 1.0) -> SmokeResults:
-    res = SmokeResults()
+             = None, wrong: dict[int, int] | None = None, busbw: float = 1.0,
+             sweep: dict[int, float] | None = None,
+             views: dict[int, list[dict[str, object]]] | None = None) -> SmokeResults:
+    """A healthy 4-node report; ``pairs``: the speed of some pairs as both ends see it,
+    ``views``: each rank's own pair rows instead, ``sweep``: busbw per size."""
+    return _fill(SmokeResults(layout=LAYOUT, nodes=HOSTS), torch, pairs, wrong, busbw, sweep,
+                 views)
+
+
+def _fill(res: SmokeResults, torch: dict[str, str] | None = None,
+          pairs: dict[tuple[int, int], float] | None = None, wrong: dict[int, int] | None = None,
+          busbw: float = 1.0, sweep: dict[int, float] | None = None,
+          views: dict[int, list[dict[str, object]]] | None = None) -> SmokeResults:
     for i, host in enumerate(HOSTS):
-        res.add_line(host, MARK + json.dumps({
-            "kind": "rank", "rank": i, "node_rank": i, "hostname": host,
-            "torch": (torch or {}).get(host, "2.13.0"), "nccl": None, "device": "cpu",
-            "device_count": 0, "python": "3.11.7"}))
-        res.add_line(host, MARK + json.dumps({"kind": "check", "rank": i,
-                                              "mismatches": {"1024": (wrong or {}).get(i, 0)}}))
-    res.add_line("n1", MARK + json.dumps({"kind": "sweep", "backend": "gloo", "rows": [
-        {"size": 1024, "count": 256, "iters": 5, "time_us": 10.0, "algbw": busbw / 1.5,
-         "busbw": busbw}]}))
+        _line(res, i, kind="rank", rank=i, node_rank=i, hostname=host,
+              torch=(torch or {}).get(host, "2.13.0"), nccl=None, device="cpu",
+              device_count=0, python="3.11.7")
+        _line(res, i, kind="check", rank=i, mismatches={"1024": (wrong or {}).get(i, 0)})
+    _line(res, 0, kind="sweep", backend="gloo", rows=[
+        {"size": size, "count": size // 4, "iters": 5, "time_us": 10.0, "algbw": bw / 1.5,
+         "busbw": bw} for size, bw in (sweep or {1024: busbw}).items()])
     speeds = pairs or {}
-    rows = [{"a": a, "b": b, "size": 1 << 20, "time_us": 100.0,
-             "gbps": speeds.get((a, b), 10.0)} for a in range(4) for b in range(a + 1, 4)]
-    res.add_line("n1", MARK + json.dumps({"kind": "pairs", "rows": rows}))
+    if views is None:
+        views = {i: [_pair(a, b, speeds.get((a, b), 10.0)) for a in range(4)
+                     for b in range(a + 1, 4) if i in (a, b)] for i in range(4)}
+    for i, rows in views.items():
+        _line(res, i, kind="pairs", rank=i, rows=rows)
     return res
 
 
@@ -64,14 +90,11 @@ def test_a_node_whose_every_pair_is_slow_is_named():
 
 def test_the_slower_end_of_a_pair_is_the_link_s_speed():
     """Both ends report: the sender's view of a slow direction can be only its buffer's."""
-    res = _results()
-    # every pair as its lower end saw it (all fast), then node 3's end of its three pairs
-    fast_view = [{"a": a, "b": b, "size": 1 << 20, "time_us": 100.0, "gbps": 10.0}
-                 for a in range(4) for b in range(a + 1, 4)]
-    slow_view = [{"a": a, "b": b, "size": 1 << 20, "time_us": 1e5, "gbps": 0.01}
-                 for a, b in ((0, 2), (1, 2), (2, 3))]
-    res.add_line("n1", MARK + json.dumps({"kind": "pairs", "rows": fast_view + slow_view}))
-    v = _eval(res)
+    # every pair as its other end saw it (all fast), and node 3's (index 2) slow end
+    fast = {0: [(0, 1), (0, 2), (0, 3)], 1: [(1, 2), (1, 3)], 3: [(2, 3)]}
+    views = {i: [_pair(a, b, 10.0) for a, b in ab] for i, ab in fast.items()}
+    views[2] = [_pair(a, b, 0.01, 1e5) for a, b in ((0, 2), (1, 2), (2, 3))]
+    v = _eval(_results(views=views))
     assert [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n3",))]
     assert sorted((p.a, p.b, p.gbps) for p in v.pairs if p.slow) == [
         ("n1", "n3", 0.01), ("n2", "n3", 0.01), ("n3", "n4", 0.01)]
@@ -105,20 +128,13 @@ def test_min_busbw():
     assert v.code == 1 and v.failures[0].check == "busbw"
 
 
-def _sweep(res: SmokeResults, busbw_by_size: dict[int, float]) -> SmokeResults:
-    res.add_line("n1", MARK + json.dumps({"kind": "sweep", "backend": "gloo", "rows": [
-        {"size": size, "count": size // 4, "iters": 5, "time_us": 10.0, "algbw": bw / 1.5,
-         "busbw": bw} for size, bw in busbw_by_size.items()]}))
-    return res
-
-
 def test_min_busbw_is_judged_at_the_largest_size():
     """Three sizes: small messages are latency-bound and slow; only the largest counts."""
-    ok = _eval(_sweep(_results(), {1024: 0.01, 65536: 0.2, 4 << 20: 2.0}), min_busbw=1.5)
+    ok = _eval(_results(sweep={1024: 0.01, 65536: 0.2, 4 << 20: 2.0}), min_busbw=1.5)
     assert ok.code == 0, ok.summary
     assert ok.busbw == 2.0
     assert "busbw 2 GB/s at 4M" in ok.summary
-    slow = _eval(_sweep(_results(), {1024: 9.0, 65536: 8.0, 4 << 20: 1.0}), min_busbw=1.5)
+    slow = _eval(_results(sweep={1024: 9.0, 65536: 8.0, 4 << 20: 1.0}), min_busbw=1.5)
     assert slow.code == 1
     assert [f.check for f in slow.failures] == ["busbw"]
     assert "busbw 1 GB/s at 4M is under --min-busbw 1.5" in slow.failures[0].message
@@ -235,3 +251,157 @@ def test_junit_has_a_case_per_node_and_rank_with_the_failure_story():
     text = cases["n1 rank 0"].find("failure").text
     assert "exit code: 3" in text and 'ValueError: <bad> & "worse"' in text
     assert cases["n2"].find("failure") is None
+
+
+def test_the_job_reads_every_key_the_config_sends_and_nothing_else():
+    """SmokeConfig.to_json is the node job's input: the same keys, the same values."""
+    import re as re_
+    from pathlib import Path
+
+    job = (Path(__file__).parents[1] / "launcher/nodeside/smoke_job.py").read_text()
+    read = set(re_.findall(r'cfg\["(\w+)"\]', job))
+    cfg = make_config("nccl", None)
+    sent = cfg.to_json()
+    assert set(sent) == read
+    assert sent == {"backend": "nccl", "min_size": 1024, "max_size": 64 << 20, "warmup": 5,
+                    "iters": 20, "big": 16 << 20, "pair_size": 16 << 20, "pair_warmup": 2,
+                    "pair_iters": 5}
+
+
+def test_gloo_config_and_a_cap_below_the_smallest_size():
+    assert make_config("gloo", None).to_json() == {
+        "backend": "gloo", "min_size": 1024, "max_size": 4 << 20, "warmup": 2, "iters": 5,
+        "big": 1 << 20, "pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5}
+    assert (make_config("gloo", 256).min_size, make_config("gloo", 256).max_size) == (256, 256)
+    assert (make_config("nccl", 512).min_size, make_config("nccl", 512).max_size) == (512, 512)
+
+
+@pytest.mark.parametrize(("text", "size"), [("4", 4), ("7", 7), ("2g", 2 << 30),
+                                            ("1G", 1 << 30), ("3K", 3072), ("5MiB", 5 << 20)])
+def test_parse_size_units(text, size):
+    assert parse_size(text) == size
+
+
+def test_parse_size_needs_one_float():
+    with pytest.raises(UsageError) as exc:
+        parse_size("3", "--max-size")
+    assert str(exc.value) == "--max-size '3': at least 4 bytes (one float)"
+
+
+def test_backend_reasons():
+    gpu, one, cpu = NodeFacts(gpus=8), NodeFacts(gpus=1), NodeFacts(gpus=0)
+    assert choose_backend({"a": gpu}, "gloo") == ("gloo", "--backend")
+    assert choose_backend({"a": gpu, "b": one}, None) == ("nccl", "every node has a GPU")
+    assert choose_backend({"a": gpu, "b": cpu, "c": cpu}, None) == ("gloo", "no GPU on b, c")
+    assert choose_backend({"a": cpu, "b": cpu}, None) == ("gloo", "no GPU on any node")
+
+
+def test_lines_that_are_not_reports_are_left_alone():
+    """A plain line stays in the output; a line with the mark is always taken out of it,
+    and counts only when it is a report of that rank (else it is refused, see below)."""
+    res = SmokeResults(layout=LAYOUT, nodes=HOSTS)
+    assert res.add_line("n1", 0, "loss 0.5") is False
+    assert res.add_line("n1", 0, "DTRAIN-SMOKE") is False  # no space: not the mark
+    for body in ("{not json", "[1, 2]", '{"kind": "other"}'):
+        assert res.add_line("n1", 0, MARK + body) is True
+    assert res.ranks == {} and res.sweep == [] and len(res.refused) == 3
+
+
+def test_a_busbw_failure_names_the_slowest_pair():
+    v = _eval(_results(busbw=1.0, pairs={(1, 3): 4.0}), min_busbw=1.5)
+    assert [(f.check, f.hosts) for f in v.failures] == [("busbw", ("n2", "n4"))]
+    assert v.failures[0].message.endswith("; slowest pair n2 <-> n4")
+
+
+@pytest.mark.parametrize(("n", "text"), [(1 << 30, "1G"), (3 << 20, "3M"), (1024, "1K"),
+                                         (1536, "1536"), (512, "512"), (0, "0"),
+                                         (1 << 40, "1024G")])
+def test_fmt_size(n, text):
+    assert fmt_size(n) == text
+
+
+def test_a_rank_report_is_read_field_by_field():
+    res = SmokeResults(layout={5: "node2", 6: "node3"}, nodes=["node1", "node2", "node3"])
+    assert res.add_line("node2", 5, MARK + json.dumps({
+        "kind": "rank", "rank": 5, "node_rank": 1, "hostname": "gpu07", "torch": "2.13.0",
+        "nccl": "2.27.3", "device": "cuda", "device_count": 8, "python": "3.12.1"}))
+    assert res.ranks[5] == RankReport(5, "node2", 1, "gpu07", "2.13.0", "2.27.3", "cuda", 8,
+                                      "3.12.1")
+    # a report without every field is no report of the job's (issue 22): refused
+    res.add_line("node3", 6, MARK + json.dumps({"kind": "rank", "rank": 6, "torch": "2.13.0",
+                                                "device": "cpu"}))
+    assert 6 not in res.ranks and res.refused == [("node3", "node_rank is not an integer >= 0")]
+
+
+# -- a node speaks only for its own ranks (issue 22, Medium 4) ------------------------------
+
+def test_a_node_speaks_only_for_its_own_ranks():
+    """One extra DTRAIN-SMOKE line on a node's stdout neither replaces the sweep nor
+    another rank's report, nor times a pair it is no end of: it is refused, and the smoke
+    fails naming the node it came from (a FAIL stays a FAIL, nobody else is accused)."""
+    views = {i: [_pair(a, b, 10.0) for a in range(4) for b in range(a + 1, 4) if i in (a, b)]
+             for i in (0, 1, 3)}  # n3 (rank 2) has not reported its pairs yet
+    res = _results(busbw=1.0, wrong={1: 3}, views=views)
+    fast = [{"size": 1024, "count": 256, "iters": 5, "time_us": 0.1, "algbw": 600.0,
+             "busbw": 999.0}]
+    assert _line(res, 2, kind="sweep", backend="gloo", rows=fast)  # n3 is not rank 0
+    assert _line(res, 2, kind="check", rank=1, mismatches={"1024": 0})  # rank 1's sum is ok?
+    assert _line(res, 2, kind="rank", rank=0, node_rank=0, hostname="n1", torch="9.9",
+                 nccl=None, device="cpu", device_count=0, python="3.11.7")
+    assert _line(res, 2, kind="pairs", rank=2, rows=[_pair(0, 1, 0.001)])  # n1 <-> n2
+    assert _line(res, None, "n2", kind="sweep", backend="gloo", rows=fast)  # not from a rank
+    assert _line(res, 1, "n4", kind="check", rank=1, mismatches={"1024": 0})  # rank 1 is n2's
+    assert _line(res, 0, kind="sweep", backend="gloo", rows=fast)  # rank 0, a second time
+    v = _eval(res, min_busbw=1.5)
+    assert v.code == 1
+    assert res.sweep[0]["busbw"] == 1.0 and res.checks[1] == {"1024": 3}
+    assert res.ranks[0].torch == "2.13.0"
+    refused = [(f.check, f.hosts) for f in v.failures if "refused" in f.message]
+    assert refused == [("ranks", ("n3",))] * 4 + [("ranks", ("n2",)), ("ranks", ("n4",)),
+                                                  ("ranks", ("n1",))]
+    assert "n3: a smoke report refused: a sweep from rank 2" in v.summary
+    assert "which it is no end of" in v.summary and "a second sweep" in v.summary
+    others = [(f.check, f.hosts) for f in v.failures if "refused" not in f.message]
+    assert others == [("correctness", ("n2",)), ("busbw", ("n1", "n2"))], v.failures
+    assert not any(p.slow for p in v.pairs)  # n3's word on n1 <-> n2 did not count
+
+
+@pytest.mark.parametrize("body", [
+    "not json", "[1, 2]", '{"kind": "rank"}', '{"kind": "rank", "rank": "0"}',
+    '{"kind": "rank", "rank": true}', '{"kind": "check", "rank": 0, "mismatches": {"x": 1}}',
+    '{"kind": "check", "rank": 0, "mismatches": [1]}',
+    '{"kind": "sweep", "backend": "gloo", "rows": [{"size": 1024, "count": 1, "iters": 1, '
+    '"time_us": 1, "algbw": 1, "busbw": NaN}]}',
+    '{"kind": "sweep", "backend": "gloo", "rows": "many"}',
+    '{"kind": "pairs", "rank": 0, "rows": [{"a": 0, "b": 99, "size": 1, "time_us": 1, '
+    '"gbps": 1}]}',
+    '{"kind": "pairs", "rank": 0, "rows": [{"a": 0, "b": 1, "size": 1, "time_us": 1, '
+    '"gbps": -1}]}',
+    '{"kind": "rank", "rank": 0, "node_rank": 0, "hostname": "' + "x" * 5000 + '", '
+    '"torch": "2", "nccl": null, "device": "cpu", "device_count": 0, "python": "3"}',
+    '{"kind": "nonsense"}',
+], ids=lambda b: b[:40])
+def test_a_malformed_report_is_a_failure_naming_the_node_not_a_traceback(body: str):
+    res = SmokeResults(layout=LAYOUT, nodes=HOSTS)
+    assert res.add_line("n1", 0, MARK + body)
+    assert res.refused and res.refused[0][0] == "n1"
+    v = _eval(res)
+    assert v.code == 1
+    assert v.failures[0].check == "ranks" and v.failures[0].hosts == ("n1",)
+    assert v.failures[0].message.startswith("n1: a smoke report refused: ")
+
+
+def test_a_forged_report_that_comes_first_takes_no_rank_s_place():
+    """n4's supervisor claims lines of rank 1 (n2's) and rank 0 (n1's) before they speak:
+    refused, so the real reports count (rank 1's wrong sum is still found)."""
+    res = SmokeResults(layout=LAYOUT, nodes=HOSTS)
+    assert _line(res, 1, "n4", kind="check", rank=1, mismatches={"1024": 0})
+    assert _line(res, 0, "n4", kind="sweep", backend="gloo", rows=[
+        {"size": 1024, "count": 256, "iters": 5, "time_us": 0.1, "algbw": 600.0,
+         "busbw": 999.0}])
+    assert _line(res, 0, "n4", kind="pairs", rank=0, rows=[_pair(0, 3, 0.001)])
+    v = _eval(_fill(res, wrong={1: 3}, busbw=1.0), min_busbw=1.5)
+    assert [(f.check, f.hosts) for f in v.failures] == [("ranks", ("n4",))] * 3 + [
+        ("correctness", ("n2",)), ("busbw", ("n1", "n2"))]
+    assert "not from a rank of this node" in v.failures[0].message
+    assert not any(p.slow for p in v.pairs)

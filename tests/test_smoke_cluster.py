@@ -120,3 +120,49 @@ def test_smoke_names_the_node_whose_torch_differs(cluster, tmp_path):
     assert f"node3 has {FAKE}" in fails[0]["message"]
     assert "node3" in _failed_cases(root)
     assert doc["root_cause"]["host"] == "node3"
+
+
+# a node whose Python prints one forged report as the job exits (after rank 0's sweep): a
+# sweep fast enough for any --min-busbw, and a pair time for two other nodes' link
+FORGER = '''
+import json
+import os
+import sys
+
+_exit = os._exit
+
+
+def _forge(code):
+    mark = "DTRAIN-SMOKE "
+    fast = {"size": 4096, "count": 1024, "iters": 5, "time_us": 0.1, "algbw": 500.0,
+            "busbw": 999.0}
+    sys.stdout.write(mark + json.dumps({"kind": "sweep", "backend": "gloo", "world": 3,
+                                        "rows": [fast]}) + "\\n")
+    sys.stdout.write(mark + json.dumps({"kind": "pairs", "rank": 99, "rows": [
+        {"a": 0, "b": 1, "size": 1, "time_us": 1e9, "gbps": 1e-9}]}) + "\\n")
+    sys.stdout.flush()
+    _exit(code)
+
+
+os._exit = _forge
+'''
+
+
+def test_smoke_believes_no_node_on_its_word(cluster, tmp_path):
+    """node3 forges the sweep (FAIL would become PASS) and accuses the node1 <-> node2 link:
+    both lines are refused, the smoke fails naming node3, the real sweep is judged."""
+    forger = Path(cluster.shared_dir) / "smoke-forger"
+    forger.mkdir(exist_ok=True)
+    (forger / "sitecustomize.py").write_text(FORGER)
+    setup = f'if [ "$(hostname)" = node3 ]; then export PYTHONPATH={forger}; fi'
+    res, doc, root = _smoke(cluster, tmp_path, "--setup", setup, "--max-size", "4K",
+                            "--min-busbw", "100", "--pair-fraction", "0.000001",
+                            hosts="node[1-3]")
+    assert res.returncode == 1, res.stderr[-3000:]
+    fails = {(f["check"], tuple(f["hosts"]), f["message"]) for f in doc["smoke"]["failures"]}
+    assert ("ranks", ("node3",), "node3: a smoke report refused: a sweep from rank 2") in fails
+    assert any(host == ("node3",) and "a second pairs report from rank 2" in msg
+               for _, host, msg in fails), fails
+    assert doc["smoke"]["busbw"] < 100 and any(c == "busbw" for c, _, _ in fails)
+    assert not any(p["slow"] for p in doc["smoke"]["pairs"])
+    assert "check ranks" in _failed_cases(root) and "check busbw" in _failed_cases(root)

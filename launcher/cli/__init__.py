@@ -8,7 +8,9 @@ tables, the orchestrator) are imported inside the commands so `dtrain --help` st
 
 from __future__ import annotations
 
+import copy
 import os
+import sys
 from typing import Annotated
 
 import typer
@@ -24,6 +26,7 @@ from launcher.cli import (
     keys,
     logs,
     ps,
+    report,
     run,
     smoke,
     stacks,
@@ -35,8 +38,8 @@ app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
     pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
-         "every node), cp (pdcp/rpdcp), keys, doctor, logs, top (the cluster live); ps, attach, "
-         "stop for runs that outlive the login session (run --detach).",
+         "every node), cp (pdcp/rpdcp), keys, doctor, logs, report, top (the cluster live); "
+         "ps, attach, stop for runs that outlive the login session (run --detach).",
 )
 
 def _version(value: bool) -> None:
@@ -65,16 +68,34 @@ app.command("attach", cls=Cmd)(attach.attach_cmd)
 app.command("stop", cls=Cmd)(stop.stop_cmd)
 app.command("stacks", cls=Cmd)(stacks.stacks_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
+app.command("report", cls=Cmd)(report.report_cmd)
 app.command("top", cls=Cmd)(top.top_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)
+
+
+def only(name: str) -> typer.Typer:
+    """The app with one command (or group) registered: typer builds the click command of
+    every registered command on each call (~70 ms of CPU for all of them, against ~10 ms
+    for one: issue 26), and `dtrain exec ...` needs exec's alone. Same callback, settings,
+    help and errors for that command (tests/test_cli_lean.py compares them)."""
+    lean = copy.copy(app)
+    lean.registered_commands = [c for c in app.registered_commands if c.name == name]
+    lean.registered_groups = [g for g in app.registered_groups if g.name == name]
+    return lean
 
 
 def main() -> None:
     """Console-script entry point (``_DTRAIN_COMPLETE`` set: the shell asks for completions,
     also under `python -m launcher`)."""
-    if os.environ.get(completion.COMPLETE_VAR):
+    completing = bool(os.environ.get(completion.COMPLETE_VAR))
+    if completing:
         completion.init()
-    app(complete_var=completion.COMPLETE_VAR)
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    # a command's name first: only that one is built; anything else (--help, --version, a
+    # typo that wants "did you mean", completion) gets the whole app
+    target = only(name) if name in names and not completing else app
+    target(complete_var=completion.COMPLETE_VAR)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from launcher.cli import coerce
 from launcher.cli.completion import complete_hostfile
 from launcher.errors import DtrainError
 
@@ -51,6 +52,10 @@ class DtrainGroup(TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return _no_flag_metavars(super().get_params(ctx))
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        coerce.install(self.get_params(ctx))
+        return super().parse_args(ctx, args)
+
 
 class DtrainCommand(TyperCommand):
     """typer's command with dtrain's wording for an unknown option and no `<bool>` on flags."""
@@ -59,6 +64,7 @@ class DtrainCommand(TyperCommand):
         return _no_flag_metavars(super().get_params(ctx))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        coerce.install(self.get_params(ctx))  # no pydantic for plain values (cli/coerce.py)
         exceptions = _click_exceptions()
         try:
             return super().parse_args(ctx, args)

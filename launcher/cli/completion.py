@@ -55,11 +55,11 @@ def complete_hostfile(incomplete: str) -> list[str]:
 
 
 def complete_run_id(ctx: typer.Context, incomplete: str) -> list[str]:
-    """The run ids in the archive directory given so far (--archive-dir, $DTRAIN_ARCHIVE_DIR
-    or the default), newest first."""
+    """This user's run ids in the archive directory given so far (--archive-dir,
+    $DTRAIN_ARCHIVE_DIR or the default), newest first."""
     from pathlib import Path
 
-    from launcher.output.archive import list_runs
+    from launcher.output.archive import is_run_id, list_runs
 
     archive_dir = ctx.params.get("archive_dir") or os.environ.get("DTRAIN_ARCHIVE_DIR") \
         or "dtrain-runs"
@@ -67,7 +67,10 @@ def complete_run_id(ctx: typer.Context, incomplete: str) -> list[str]:
         runs = list_runs(Path(archive_dir))
     except OSError:
         return []
-    return [p.name for p in reversed(runs) if p.name.startswith(incomplete)][:MAX_ITEMS]
+    # only this user's runs (list_runs), and only names a run id can have: a directory name
+    # is text someone chose, and the shell prints it
+    return [p.name for p in reversed(runs)
+            if p.name.startswith(incomplete) and is_run_id(p.name)][:MAX_ITEMS]
 
 
 def completion_cmd(

@@ -40,9 +40,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from launcher.output import render
+
+if TYPE_CHECKING:
+    from launcher.output.rundir import RunDir
 
 ENV_FD = "DTRAIN_DETACH_STATUS_FD"
 LAUNCHER_LOG = "launcher.log"
@@ -172,22 +175,24 @@ class Detacher:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         return cls(fd)
 
-    def detach(self, run_id: str, run_dir: Path) -> None:
-        """Point stdout/stderr at the launcher log and tell the parent we have started."""
+    def detach(self, run_id: str, run_dir: RunDir) -> None:
+        """Point stdout/stderr at the launcher log (0600, in the held run directory) and tell
+        the parent we have started."""
         if self.detached:
             return
         self.detached = True
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-        log = os.open(run_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = run_dir.append(LAUNCHER_LOG)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
         sys.stderr.write(f"dtrain: {time.strftime('%Y-%m-%d %H:%M:%S')} detached: launcher "
                          f"pid {os.getpid()}, run {run_id}\n")
         sys.stderr.flush()
-        msg = {"event": "started", "run_id": run_id, "path": str(run_dir), "pid": os.getpid()}
+        msg = {"event": "started", "run_id": run_id, "path": str(run_dir.path),
+               "pid": os.getpid()}
         if self.status_fd is not None:
             with contextlib.suppress(OSError):  # the parent was killed: we go on regardless
                 os.write(self.status_fd, (json.dumps(msg) + "\n").encode())

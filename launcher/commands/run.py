@@ -87,7 +87,8 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
         w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
-        command = node.command_line().replace(repr(SHIM_PLACEHOLDER), "<dtrain-rank-shim>")
+        command = shlex.join(plan.shown_argv(node)).replace(repr(SHIM_PLACEHOLDER),
+                                                            "<dtrain-rank-shim>")
         w(f"  command: {command}\n")
         shown = plan.shown_env(node)
         for var in node.env:
@@ -158,6 +159,7 @@ class LaunchReport:
     verdict: Verdict | None = None
     tails: TailKeeper | None = None
     archive_path: Path | None = None
+    archive: RunArchive | None = None  # still holding the run directory (smoke adds to it)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     root_cause: dict[str, Any] = field(default_factory=dict)
     run_id: str | None = None
@@ -216,8 +218,11 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     from dataclasses import replace
 
     from launcher.output.archive import check_run_id, new_run_id
+    from launcher.output.rundir import check_archive_dir
 
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
+    if not opts.dry_run:
+        check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     transport = AutoTransport(settings, opts.transport)
     choice = transport.choose(hosts)
     async with transport:
@@ -287,7 +292,7 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
     archive = RunArchive.create(opts.archive_dir, req.run_id)
     lock: LauncherLock | None = None
     try:
-        lock = LauncherLock.acquire(archive.path, detached=detacher is not None)
+        lock = LauncherLock.acquire(archive.dir, detached=detacher is not None)
     except OSError as exc:  # a filesystem without locks: the run goes on, ps cannot tell
         render.note(f"warning: cannot lock {archive.path / LOCK} ({exc.strerror}): `dtrain "
                     "ps` will show this run as 'launcher lost' while it runs")
@@ -317,7 +322,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     from launcher.job.control import ControlServer, StopRequest
     from launcher.output.console import Console
 
-    report.archive_path = archive.path
+    report.archive_path, report.archive = archive.path, archive
     report.run_id, report.world_size = req.run_id, plan.world_size
     report.master = f"{plan.master_addr}:{plan.master_port}"
     # with --json, stdout holds the one JSON document: the human output goes to stderr
@@ -360,7 +365,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
                 archive.update_meta(state="running")
                 if detacher is not None:
                     console.broken = True  # the terminal is gone: the archive has every line
-                    detacher.detach(archive.run_id, archive.path)
+                    detacher.detach(archive.run_id, archive.dir)
             elif state is JobState.TEARING_DOWN:
                 archive.update_meta(state="stopping")
                 out.stopping()
@@ -393,7 +398,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
             return {**dump.json(), "lines": dump.folded.lines() if dump.folded else [],
                     "ranks": len(dump.stacks)}
 
-        control = ControlServer(archive.path, on_stop, on_stacks=on_stacks)
+        control = ControlServer(archive.dir, on_stop, on_stacks=on_stacks)
         try:
             await control.start()
         except OSError as exc:  # e.g. a filesystem without unix sockets
@@ -436,7 +441,7 @@ def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive
     progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
                              time.time())
     watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},
-                      archive.path, lambda text: out.message(text),
+                      archive.dir, lambda text: out.message(text),
                       alive=lambda: job.state is JobState.RUNNING and board.ranks_done == 0,
                       on_record=lambda: archive.update_meta(**watch.meta()))
     out.observers.append(watch.observe)

@@ -82,7 +82,7 @@ class RunSampling:
     async def run(self, conns: Mapping[str, Connection]) -> None:
         """Sample every node until cancelled (the job is over); never raises."""
         try:
-            self.log = SampleLog(self.archive.path)
+            self.log = SampleLog(self.archive.dir)
         except OSError as exc:
             render.note(f"warning: no samples for this run: cannot create "
                         f"{self.archive.path / SAMPLES} ({exc.strerror or exc})")

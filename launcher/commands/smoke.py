@@ -16,8 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from launcher.commands.reporting import finish, in_github_actions
 from launcher.commands.run import LaunchReport, launch, report_nodes
@@ -43,8 +42,12 @@ from launcher.nodeside.wire import program_source
 from launcher.output import render
 from launcher.output.junit import ExtraCase
 from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
+from launcher.output.termsafe import inert
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
+
+if TYPE_CHECKING:
+    from launcher.output.archive import RunArchive
 
 JOB_FILE = "dtrain_smoke.py"
 
@@ -94,7 +97,7 @@ def render_table(res: SmokeResults, v: SmokeVerdict, out: TextIO) -> None:
     """nccl-tests' all_reduce_perf table, then the node pairs."""
     w = out.write
     if res.sweep:
-        w(f"# all_reduce sum float32, {res.backend}, {len(res.ranks)} ranks\n")
+        w(f"# all_reduce sum float32, {inert(res.backend or '?')}, {len(res.ranks)} ranks\n")
         w(f"#{'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'time(us)':>10} "
           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}\n")
         wrong = _wrong_by_size(res)
@@ -221,8 +224,10 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
                       settings: SSHSettings, run: SmokeRun) -> None:
     """Connect, probe, decide, launch the job, judge it."""
     from launcher.output.archive import check_run_id, new_run_id
+    from launcher.output.rundir import check_archive_dir
 
     run_id = check_run_id(req.run_id) if req.run_id else new_run_id()
+    check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
                       setup=req.setup, workdir=None, env=req.env, run_id=run_id)
     async with AutoTransport(settings) as transport:
@@ -252,11 +257,13 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
             run.world_size = plan.world_size
             for warning in pre.warnings:
                 render.note(f"warning: {warning}")
-            results = run.results = SmokeResults()
             ranks_of = {r: n.host.label for n in plan.nodes for r in n.ranks}
+            results = run.results = SmokeResults(layout=ranks_of,
+                                                 nodes=[n.host.label for n in plan.nodes])
 
             def take(line: OutputLine) -> bool:
-                return line.stream == "out" and results.add_line(line.host, line.text)
+                return line.stream == "out" and results.add_line(line.host, line.rank,
+                                                                 line.text)
 
             report = run.launch = LaunchReport(
                 files={JOB_FILE: program_source("smoke_job").decode()}, take=take)
@@ -295,25 +302,21 @@ def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
             f.message for f in run.preflight_failures))
     if run.results is not None and run.verdict is not None:
         render_table(run.results, run.verdict, human)
-    human.write(verdict_line(run) + "\n")
+    human.write(inert(verdict_line(run)) + "\n")  # versions, names: what nodes reported
     human.flush()
     if in_github_actions():
         annotate(run, human)
     report = command_report(run, time.time())
-    if run.launch is not None and run.launch.archive_path is not None:
-        _archive_smoke(run.launch.archive_path, report)
+    if run.launch is not None and run.launch.archive is not None:
+        _archive_smoke(run.launch.archive, report)
     return finish(report, as_json=req.as_json, junit=req.junit,
                   extra_cases=extra_cases(run), annotations=False)
 
 
-def _archive_smoke(path: Path, report: CommandReport) -> None:
-    """The smoke results beside the run's own in meta.json."""
-    from launcher.output.archive import RunArchive
+def _archive_smoke(archive: RunArchive, report: CommandReport) -> None:
+    """The smoke results beside the run's own in meta.json (the run directory the launch
+    still holds)."""
     from launcher.output.report import to_json
 
     with contextlib.suppress(OSError):
-        archive = RunArchive(path, path.name)
-        try:
-            archive.update_meta(smoke=to_json(report)["smoke"])
-        finally:
-            archive.close()
+        archive.update_meta(smoke=to_json(report)["smoke"])

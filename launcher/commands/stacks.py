@@ -3,7 +3,9 @@
 A running run (foreground or detached) is asked through its launcher's control socket
 (job/control.py): the launcher dumps every rank exactly as on a hang, archives the dump
 under ``stacks/s<N>/`` and answers with the folded lines, which are printed here. A
-finished run shows the last dump its archive holds.
+finished run shows the last dump its archive holds (``stacks/<id>/folded.txt``, read with
+the archive readers' checks). Stacks are the nodes' text: printed with every control
+character inert.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from pathlib import Path
 from launcher.job.control import request_stacks
 from launcher.output import render
 from launcher.output.archive import read_meta, resolve_run
+from launcher.output.evidence import STACKS_DIR, read_stack
 from launcher.output.runs import run_status
+from launcher.output.termsafe import inert
 
 
 def stacks(archive_dir: Path, run: str | None) -> int:
@@ -22,29 +26,33 @@ def stacks(archive_dir: Path, run: str | None) -> int:
     st = run_status(run_dir)
     if st.state != "finished" and st.alive:
         reply = request_stacks(run_dir)
-        print(f"run {st.run_id}: stacks of {reply.get('ranks', 0)} ranks in "
-              f"{float(reply.get('took') or 0):.1f} s")
+        _print(f"run {st.run_id}: stacks of {reply.get('ranks', 0)} ranks in "
+               f"{float(reply.get('took') or 0):.1f} s")
         for line in reply.get("lines") or []:
-            print(f"  {line}")
+            _print(f"  {line}")
         culprit = reply.get("culprit")
         if isinstance(culprit, dict):
-            print(f"likely culprit: {_who(culprit)}: {culprit.get('place')} "
-                  f"({culprit.get('why')})")
+            _print(f"likely culprit: {_who(culprit)}: {culprit.get('place')} "
+                   f"({culprit.get('why')})")
         if reply.get("dir"):
-            print(f"every rank's stacks: {reply['dir']}")
+            _print(f"every rank's stacks: {reply['dir']}")
         return 0
     dumps = read_meta(run_dir).get("stacks") or []
     last = dumps[-1] if isinstance(dumps, list) and dumps else None
-    folded = Path(str(last.get("dir"))) / "folded.txt" if isinstance(last, dict) and \
-        last.get("dir") else None
-    if folded is None or not folded.is_file():
+    dump_id = str(last.get("id")) if isinstance(last, dict) else ""
+    text = read_stack(run_dir, dump_id, "folded.txt") if dump_id else None
+    if text is None:
         render.note(f"run {st.run_id} is not running ({st.label}) and its archive holds no "
                     "stack dump")
         return 1
-    render.note(f"run {st.run_id} is not running ({st.label}); its last dump ({last.get('id')}"  # type: ignore[union-attr]
-                f"):")
-    print(folded.read_text(encoding="utf-8", errors="replace"), end="")
+    render.note(f"run {st.run_id} is not running ({st.label}); its last dump ({dump_id}) "
+                f"in {run_dir / STACKS_DIR / dump_id}:")
+    print(inert(text, "\n\t"), end="")
     return 0
+
+
+def _print(text: object) -> None:
+    print(inert(str(text), "\t"))
 
 
 def _who(culprit: dict[str, object]) -> str:

@@ -28,6 +28,7 @@ import posixpath
 import stat as stat_mod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from launcher.models import CopyResult
 
@@ -222,6 +223,49 @@ def _plan_file(plan: SyncPlan, e: Entry, have: Entry | None, checksum: bool,
             plan.fix_attrs.append(e)
     else:
         plan.send.append(e)
+
+
+# ---------------------------------------------------------------- the node-side diff
+#
+# A re-push mostly finds the destination as the last push left it. Rather than list its
+# whole tree back (a row per file, parsed and planned per node), the node compares its tree
+# with the source's rows (``manifest_rows``; the same bytes for every node) and answers
+# only where it differs (op "diff", cpnode.py). ``tree_from_diff`` turns the answer back
+# into the destination tree as plan_sync sees it, so the plan is exactly the one a full
+# listing gives: plan_sync reads a destination entry only at a source's path, at temps
+# and (with delete) at extras, and of an entry only the fields a manifest row keeps.
+
+
+def manifest_rows(src: Iterable[Entry], *, preserve: bool) -> list[list[object]]:
+    """What a node compares its tree with: ``[rel, kind, size, mtime, mode, target]`` per
+    source entry, None where plan_sync does not look (the node matches anything there): a
+    file's mode without preserve; a directory's size and target, and its mode and mtime
+    without preserve; a link's size, mtime and mode. Not for ``checksum`` (plan_sync's
+    compare and resolve_compare read a file's mtime whatever its content)."""
+    rows: list[list[object]] = []
+    for e in src:
+        if e.kind == FILE:
+            rows.append([e.rel, FILE, e.size, e.mtime, e.mode if preserve else None, ""])
+        elif e.kind == DIR:
+            rows.append([e.rel, DIR, None, e.mtime if preserve else None,
+                         e.mode if preserve else None, None])
+        elif e.kind == LINK:
+            rows.append([e.rel, LINK, None, None, None, e.target])
+        else:  # never sent (plan_sync reports it): any difference is irrelevant
+            rows.append([e.rel, None, None, None, None, None])
+    return rows
+
+
+def tree_from_diff(src: Iterable[Entry], reply: Mapping[str, Any]) -> dict[str, Entry]:
+    """The destination tree for plan_sync from a node's diff reply: a source entry the node
+    matched stands for its own (equal wherever plan_sync looks); ``differ`` and ``extra``
+    rows are the node's entries; ``missing`` paths are absent."""
+    tree = {e.rel: e for e in src}
+    for rel in reply.get("missing", ()):
+        tree.pop(str(rel), None)
+    for r in (*reply.get("differ", ()), *reply.get("extra", ())):
+        tree[r[0]] = Entry(r[0], r[1], r[2], r[3], r[4], r[5])
+    return tree
 
 
 def resolve_compare(plan: SyncPlan, dst: Mapping[str, Entry], src_sums: Mapping[str, str],

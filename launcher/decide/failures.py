@@ -219,14 +219,22 @@ def explain(*, rank: int | None, host: str, code: int | None, sig: int | None,
                 "batch size, the data loader's workers or prefetch, or use nodes with more "
                 "memory", USER, evidence=tuple(said), rank=rank, host=host)
         kernel = ev.get("kernel")
-        unread = f"; the kernel log was not readable ({kernel})" if isinstance(kernel, str) \
-            else ""
+        counted = isinstance(ev.get("oom_kill_before"), int)
+        if isinstance(kernel, list) or counted:
+            return FailureReason(
+                "signal", f"{who} was killed by SIGKILL, not by dtrain and not by the OOM "
+                          "killer (no OOM record)",
+                "something outside the job killed it: a user's kill -9, a scheduler's "
+                f"preemption or a watchdog; look at {host}'s logs (journalctl) around then",
+                PROCESS, rank=rank, host=host)
+        why = f"the kernel log is not readable: {kernel}" if isinstance(kernel, str) else \
+            "no kernel log"
         return FailureReason(
-            "signal", f"{who} was killed by SIGKILL, not by dtrain and not by the OOM killer"
-                      f" (no OOM record{unread})",
-            "something outside the job killed it: a user's kill -9, a scheduler's preemption "
-            f"or a watchdog; look at {host}'s logs (journalctl, dmesg) around that time",
-            PROCESS if not unread else UNKNOWN, rank=rank, host=host)
+            "signal", f"{who} was killed by SIGKILL, not by dtrain; whether the OOM killer did "
+                      f"it cannot be told on {host} ({why}; no memory cgroup counter)",
+            f"look at `dmesg` on {host} (as root) for 'Killed process {pid}': the OOM killer, "
+            "or something outside the job (a kill -9, a scheduler's preemption)",
+            UNKNOWN, rank=rank, host=host)
     if sig in CRASH_SIGNALS:
         fatal, frames = crash_place(str(ev.get("crash") or ""))
         name = _signal.Signals(sig).name

@@ -95,7 +95,7 @@ def summarize(ranks: Mapping[int, RankFlight]) -> FlightSummary | None:
     what = f"collective #{front}" + (f" ({op})" if op else "")
     lines = []
     if waiting:
-        lines.append(f"{_ranks(waiting)} wait in {what}")
+        lines.append(f"{_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in {what}")
     done = [r for r in ahead if r not in waiting]
     if done:
         lines.append(f"{_ranks(done)} completed {what}")

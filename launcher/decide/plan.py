@@ -7,7 +7,6 @@ so `--dry-run` shows precisely what would start.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from launcher.decide.stragglers import StragglerSettings
 from launcher.errors import UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
-from launcher.output.redact import redact_env
+from launcher.output.redact import redact_env, redact_words, secret_values
 
 
 @dataclass(frozen=True)
@@ -93,10 +92,6 @@ class NodePlan:
         """The variables sent to the node (site values are already in effect there)."""
         return {v.name: v.value for v in self.env if v.exported}
 
-    def command_line(self) -> str:
-        """The argv as a shell would show it, for dry runs."""
-        return shlex.join(self.argv)
-
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -113,6 +108,16 @@ class LaunchPlan:
     def shown_env(self, node: NodePlan) -> dict[str, str]:
         """One node's variables as dry runs and meta.json show them (secrets as ***)."""
         return redact_env([(v.name, v.value) for v in node.env], self.hidden)
+
+    def shown_argv(self, node: NodePlan) -> tuple[str, ...]:
+        """One node's command as dry runs and meta.json show it: the script's arguments that
+        carry a secret value (``VALUE`` or ``--opt=VALUE``) as ***. Only the words after the
+        rank shim are the user's; torchrun's own (ports, counts) are never rewritten."""
+        if SHIM_PLACEHOLDER not in node.argv:
+            return node.argv
+        cut = node.argv.index(SHIM_PLACEHOLDER) + 1
+        values = secret_values([(v.name, v.value) for v in node.env], self.hidden)
+        return (*node.argv[:cut], *redact_words(node.argv[cut:], values))
 
 
 def nproc_for(host: Host, facts: NodeFacts, requested: str | None) -> tuple[str, int]:
@@ -214,7 +219,7 @@ def plan_json(plan: LaunchPlan) -> dict[str, object]:
         "nodes": [{
             "host": n.host.label, "source": n.host.source, "node_rank": n.node_rank,
             "nproc": n.nproc,
-            "ranks": list(n.ranks), "command": list(n.argv),
+            "ranks": list(n.ranks), "command": list(plan.shown_argv(n)),
             "env": [{"name": v.name, "value": plan.shown_env(n)[v.name],
                      "source": v.source, "reason": v.reason, "exported": v.exported}
                     for v in n.env],

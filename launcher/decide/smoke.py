@@ -3,11 +3,20 @@
 The smoke job (nodeside/smoke_job.py) reports per-rank facts, the exact-sum check, the
 all-reduce sweep and the node-pair bandwidths as ``DTRAIN-SMOKE <json>`` lines; this module
 parses them and turns them into named failures. No I/O.
+
+A node is not believed on its word: a report counts only from the rank it is about, as the
+launcher attributed the line (the rank shim's socket, on the node the plan put that rank
+on): a rank's facts and sum check from that rank, the sweep from rank 0, a pair's time from
+a rank on one of its two nodes; each at most once, every field of the expected type (finite
+numbers, bounded strings). Anything else (a line from another rank or from no rank, a
+second sweep, a malformed line) is refused and fails the smoke as a ``ranks`` failure naming
+the node it came from.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -19,6 +28,9 @@ from launcher.errors import UsageError
 from launcher.output.render import count
 
 MARK = "DTRAIN-SMOKE "
+_MAX_TEXT = 200  # a version, device or host name: longer is no report of ours
+_MAX_ROWS = 4096
+_MAX_REFUSED = 20
 KIB, MIB = 1024, 1024 * 1024
 MIN_SIZE = KIB
 NCCL_MAX_SIZE = 64 * MIB
@@ -98,42 +110,141 @@ class RankReport:
     python: str
 
 
+class _Refused(ValueError):
+    """A smoke report line that does not count (why, for the failure message)."""
+
+
+def _int(value: Any, what: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _Refused(f"{what} is not an integer >= {low}")
+    return value
+
+
+def _num(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value < 0:
+        raise _Refused(f"{what} is not a finite number >= 0")
+    return float(value)
+
+
+def _text(value: Any, what: str, *, none: bool = False) -> str | None:
+    if value is None and none:
+        return None
+    if not isinstance(value, str) or len(value) > _MAX_TEXT:
+        raise _Refused(f"{what} is not a short string")
+    return value
+
+
+def _rows(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = msg.get("rows")
+    if not isinstance(rows, list) or len(rows) > _MAX_ROWS \
+            or not all(isinstance(r, dict) for r in rows):
+        raise _Refused("rows is not a list of objects")
+    return rows
+
+
 @dataclass
 class SmokeResults:
-    """What the job reported, gathered from its output lines."""
+    """What the job reported, gathered from its output lines.
 
+    ``layout`` is the plan's rank -> node label and ``nodes`` the node labels in node-rank
+    order: what a line's origin is checked against (empty: every report is refused)."""
+
+    layout: Mapping[int, str] = field(default_factory=dict)
+    nodes: Sequence[str] = ()
     ranks: dict[int, RankReport] = field(default_factory=dict)
     checks: dict[int, dict[str, int]] = field(default_factory=dict)
     sweep: list[dict[str, Any]] = field(default_factory=list)
     pairs: list[dict[str, Any]] = field(default_factory=list)
     backend: str | None = None
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (node, why)
+    _pairs_from: set[int] = field(default_factory=set)
 
-    def add_line(self, host: str, text: str) -> bool:
-        """Take one output line; False when it is not a smoke report."""
+    def add_line(self, host: str, rank: int | None, text: str) -> bool:
+        """Take one output line of ``host`` (``rank``: the rank the launcher attributed it
+        to, None for node-level output); False when it is not a smoke report."""
         if not text.startswith(MARK):
             return False
         try:
-            msg = json.loads(text[len(MARK):])
-        except ValueError:
-            return False
-        if not isinstance(msg, dict):
-            return False
-        kind = msg.get("kind")
-        if kind == "rank":
-            r = int(msg["rank"])
-            self.ranks[r] = RankReport(
-                r, host, int(msg.get("node_rank", 0)), str(msg.get("hostname", "")),
-                str(msg.get("torch")), msg.get("nccl"), str(msg.get("device")),
-                int(msg.get("device_count") or 0), str(msg.get("python", "")))
-        elif kind == "check":
-            self.checks[int(msg["rank"])] = {str(k): int(v)
-                                             for k, v in dict(msg["mismatches"]).items()}
-        elif kind == "sweep":
-            self.sweep = list(msg.get("rows") or [])
-            self.backend = msg.get("backend")
-        elif kind == "pairs":
-            self.pairs = list(msg.get("rows") or [])
+            self._take(host, rank, text[len(MARK):])
+        except _Refused as exc:
+            if len(self.refused) < _MAX_REFUSED:
+                self.refused.append((host, str(exc)))
         return True
+
+    def _take(self, host: str, rank: int | None, body: str) -> None:
+        try:
+            msg = json.loads(body)
+        except ValueError:
+            raise _Refused("not JSON") from None
+        if not isinstance(msg, dict):
+            raise _Refused("not a JSON object")
+        if rank is None or self.layout.get(rank) != host:
+            raise _Refused("not from a rank of this node")
+        kind = msg.get("kind")
+        if kind in ("rank", "check"):
+            if _int(msg.get("rank"), "rank") != rank:
+                raise _Refused(f"rank {rank} reported for rank {msg.get('rank')!r}")
+            if rank in (self.ranks if kind == "rank" else self.checks):
+                raise _Refused(f"a second {kind} report from rank {rank}")
+            if kind == "rank":
+                self.ranks[rank] = self._rank(host, rank, msg)
+            else:
+                self.checks[rank] = self._check(msg)
+        elif kind == "sweep":
+            if rank != 0 or self.sweep:
+                raise _Refused(f"a sweep from rank {rank}" if rank else "a second sweep")
+            backend = _text(msg.get("backend"), "backend")
+            self.sweep = [self._sweep_row(r) for r in _rows(msg)]
+            self.backend = backend
+        elif kind == "pairs":
+            if rank in self._pairs_from:
+                raise _Refused(f"a second pairs report from rank {rank}")
+            rows = [self._pair_row(host, r) for r in _rows(msg)]
+            self._pairs_from.add(rank)
+            self.pairs += rows
+        else:
+            raise _Refused(f"unknown kind {kind!r}")
+
+    def _rank(self, host: str, rank: int, msg: dict[str, Any]) -> RankReport:
+        return RankReport(
+            rank, host, _int(msg.get("node_rank"), "node_rank"),
+            str(_text(msg.get("hostname"), "hostname")), str(_text(msg.get("torch"), "torch")),
+            _text(msg.get("nccl"), "nccl", none=True), str(_text(msg.get("device"), "device")),
+            _int(msg.get("device_count"), "device_count"),
+            str(_text(msg.get("python"), "python")))
+
+    @staticmethod
+    def _check(msg: dict[str, Any]) -> dict[str, int]:
+        bad = msg.get("mismatches")
+        if not isinstance(bad, dict) or len(bad) > _MAX_ROWS:
+            raise _Refused("mismatches is not an object")
+        out = {}
+        for size, n in bad.items():
+            if not size.isdigit():
+                raise _Refused("a mismatch size is not a number")
+            out[size] = _int(n, "a mismatch count")
+        return out
+
+    @staticmethod
+    def _sweep_row(row: dict[str, Any]) -> dict[str, Any]:
+        return {"size": _int(row.get("size"), "size", 1), "count": _int(row.get("count"), "count"),
+                "iters": _int(row.get("iters"), "iters"),
+                "time_us": _num(row.get("time_us"), "time_us"),
+                "algbw": _num(row.get("algbw"), "algbw"), "busbw": _num(row.get("busbw"), "busbw")}
+
+    def _pair_row(self, host: str, row: dict[str, Any]) -> dict[str, Any]:
+        a, b = _int(row.get("a"), "a"), _int(row.get("b"), "b")
+        ends = [self.nodes[i] for i in (a, b) if i < len(self.nodes)]
+        if len(ends) != 2 or a == b:
+            raise _Refused(f"pair ({a}, {b}) is not a pair of nodes of this job")
+        if host not in ends:
+            raise _Refused(f"a time for the pair {ends[0]} <-> {ends[1]}, which it is no end of")
+        gbps = _num(row.get("gbps"), "gbps")
+        if gbps <= 0:
+            raise _Refused("gbps is not positive")
+        return {"a": a, "b": b, "size": _int(row.get("size"), "size"),
+                "time_us": _num(row.get("time_us"), "time_us"), "gbps": gbps}
 
 
 @dataclass(frozen=True)
@@ -257,6 +368,8 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
     """Every check over what the job reported; the code: the job's own when it failed
     (the usual codes), else 1 when a check failed, else 0."""
     failures: list[SmokeFailure] = []
+    for host, why in res.refused:
+        failures.append(SmokeFailure("ranks", (host,), f"{host}: a smoke report refused: {why}"))
     failures += version_failures(res, node_labels)
     ranks_of = ranks_of or {}
     for rank, bad in sorted(res.checks.items()):

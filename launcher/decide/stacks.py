@@ -281,8 +281,8 @@ def _culprit(groups: Sequence[Group], missing: Sequence[int]) -> Culprit | None:
     ranks = tuple(r for g in others for r in g.ranks)
     hosts = tuple(h for g in others for h in g.hosts)
     place = others[0].place if len(others) == 1 else "; ".join(g.place for g in others)
-    why = (f"its stack differs from the other {len(majority.ranks)} ranks', which wait at "
-           f"{majority.place}") if len(ranks) == 1 else (
-        f"their stacks differ from the other {len(majority.ranks)} ranks', which wait at "
-        f"{majority.place}")
+    n = len(majority.ranks)
+    others_ = f"the other {n} ranks', which wait" if n > 1 else "the other rank's, which waits"
+    why = f"{'its stack differs' if len(ranks) == 1 else 'their stacks differ'} from " \
+          f"{others_} at {majority.place}"
     return Culprit(ranks, hosts, place, why)

@@ -13,9 +13,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
 from ClusterShell.NodeSet import (
     RESOLVER_NOGROUP,
     NodeSet,
@@ -42,6 +41,9 @@ from launcher.hosts.entries import (
 from launcher.hosts.envfile import name_problem
 from launcher.hosts.slurm import NODELIST, allocation, split_top_commas
 from launcher.models import Host
+
+if TYPE_CHECKING:
+    import yaml  # imported where a YAML hostfile is read: -H and text files never pay for it
 
 
 def _strip_comment(line: str) -> str:
@@ -93,6 +95,8 @@ class _Yaml:
     """A composed YAML document: values come with their line numbers, for the errors."""
 
     def __init__(self, text: str, source: str) -> None:
+        import yaml
+
         self.source = source
         self.text = text
         self.budget = _Budget()
@@ -103,6 +107,8 @@ class _Yaml:
                                 line=_yaml_line(exc, text)) from None
 
     def root(self) -> yaml.Node | None:
+        import yaml
+
         try:
             return self.loader.get_single_node()
         except yaml.YAMLError as exc:
@@ -114,6 +120,8 @@ class _Yaml:
         return _Ctx(self.source, node.start_mark.line + 1, path, budget=self.budget)
 
     def value(self, node: yaml.Node, path: str) -> Any:
+        import yaml
+
         try:
             return self.loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
@@ -121,6 +129,8 @@ class _Yaml:
 
     def mapping(self, node: yaml.Node, path: str, keys: Iterable[str]) -> dict[str, yaml.Node]:
         """The mapping's items by key; unknown and repeated keys are errors."""
+        import yaml
+
         if not isinstance(node, yaml.MappingNode):
             raise self.ctx(node, path).error("expected a mapping of key: value")
         self.loader.flatten_mapping(node)  # resolves '<<' merge keys
@@ -161,6 +171,8 @@ def _join(path: str, key: str) -> str:
 
 def _yaml_env(doc: _Yaml, node: yaml.Node, path: str) -> dict[str, str]:
     """env: NAME: value; numbers become strings, booleans and nulls must be quoted."""
+    import yaml
+
     if not isinstance(node, yaml.MappingNode):
         raise doc.ctx(node, path).error("expected a mapping of NAME: value",
                                         hint="e.g. env: {NCCL_DEBUG: INFO}")
@@ -209,6 +221,8 @@ def _yaml_spec(doc: _Yaml, node: yaml.Node, path: str, keys: tuple[str, ...]) ->
 
 def _yaml_entry(doc: _Yaml, node: yaml.Node, path: str) -> _Spec:
     """A hosts: item: a text-format line as a string, or a mapping."""
+    import yaml
+
     if isinstance(node, yaml.ScalarNode):
         ctx = doc.ctx(node, path)
         value = doc.value(node, path)
@@ -221,6 +235,8 @@ def _yaml_entry(doc: _Yaml, node: yaml.Node, path: str) -> _Spec:
 
 def parse_hostfile_yaml(text: str, source: str) -> list[Host]:
     """Parse the YAML format: ``defaults:`` then ``hosts:`` (strings or mappings)."""
+    import yaml
+
     doc = _Yaml(text, source)
     try:
         root = doc.root()

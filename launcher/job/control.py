@@ -15,8 +15,12 @@ with ``SO_PEERCRED`` on every connection (a copied or loosened socket still refu
 signal to a pid read from a file was the alternative; it needs the same ownership checks,
 cannot carry ``--grace`` or an answer, and two quick SIGINTs (for ``--kill``) may merge.
 
-Unix socket paths are limited to 107 bytes; a longer run directory is reached through
-``/proc/self/fd/<dirfd>/control.sock`` (Linux resolves the directory from the open fd).
+Both ends reach the socket through ``/proc/self/fd/<dirfd>/control.sock`` (Linux resolves
+the directory from the open fd): the launcher binds it in the run directory it holds open
+(output/rundir.py), whatever the path now names, and fits in sockaddr_un's 107 bytes
+whatever the run directory's length. The client opens the run directory with the readers'
+checks (a directory of this user, not a symlink) and talks only to a socket this user owns:
+a ``control.sock`` planted by someone else is never asked anything.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import struct
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -33,11 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DtrainError
+from launcher.output.rundir import RunDir, has_entry, open_run_dir
 
 CONTROL = "control.sock"
 CONTROL_VERSION = 1
-_MAX_PATH = 100
 _READ_TIMEOUT_S = 5.0
+_MAX_REPLY = 64 * 1024 * 1024  # a stacks answer of many ranks; a bound all the same
 STACKS_TIMEOUT_S = 30.0  # a dump waits for every node (hangwatch.REPLY_WAIT_S) first
 
 
@@ -59,15 +65,16 @@ def peer_uid_pid(sock: socket.socket) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _short_path(run_dir: Path) -> Iterator[str]:
-    """A path to ``run_dir/control.sock`` that fits in sockaddr_un."""
-    path = str(run_dir / CONTROL)
-    if len(path) <= _MAX_PATH:
-        yield path
+def _socket_path(run_dir: Path) -> Iterator[str | None]:
+    """A path to this user's ``run_dir/control.sock`` through an open descriptor of the run
+    directory; None when the directory or the socket is not this user's."""
+    dirfd = open_run_dir(run_dir)
+    if dirfd is None:
+        yield None
         return
-    dirfd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        yield f"/proc/self/fd/{dirfd}/{CONTROL}"
+        yield f"/proc/self/fd/{dirfd}/{CONTROL}" if has_entry(dirfd, CONTROL, stat.S_IFSOCK) \
+            else None
     finally:
         os.close(dirfd)
 
@@ -75,24 +82,20 @@ def _short_path(run_dir: Path) -> Iterator[str]:
 class ControlServer:
     """Serves stop requests for one run, from its owner only."""
 
-    def __init__(self, run_dir: Path, on_stop: Callable[[StopRequest], str],
+    def __init__(self, run_dir: RunDir, on_stop: Callable[[StopRequest], str],
                  *, owner_uid: int | None = None,
                  on_stacks: Callable[[int], Awaitable[dict[str, Any]]] | None = None) -> None:
-        self.run_dir = run_dir
+        self.run_dir = run_dir  # held open by the archive for the launcher's life
         self.on_stop = on_stop  # returns the run's state after the request
         self.on_stacks = on_stacks  # `dtrain stacks`: every rank's stacks, folded
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
         self._server: asyncio.AbstractServer | None = None
-        self._dirfd: int | None = None
 
     async def start(self) -> None:
-        """Listen on ``control.sock`` (mode 0600)."""
-        path = str(self.run_dir / CONTROL)
-        if len(path) > _MAX_PATH:  # the fd stays open while the server lives
-            self._dirfd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            path = f"/proc/self/fd/{self._dirfd}/{CONTROL}"
+        """Listen on ``control.sock`` (mode 0600) in the held run directory."""
+        path = self.run_dir.socket_path(CONTROL)
         self._server = await asyncio.start_unix_server(self._handle, path=path)
-        os.chmod(self.run_dir / CONTROL, 0o600)
+        os.chmod(path, 0o600)
 
     async def aclose(self) -> None:
         """Stop listening and remove the socket file."""
@@ -102,10 +105,7 @@ class ControlServer:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             self._server = None
         with contextlib.suppress(OSError):
-            (self.run_dir / CONTROL).unlink()
-        if self._dirfd is not None:
-            os.close(self._dirfd)
-            self._dirfd = None
+            self.run_dir.unlink(CONTROL)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -150,7 +150,12 @@ def request_stacks(run_dir: Path, timeout: float = STACKS_TIMEOUT_S) -> dict[str
 
 def _ask(run_dir: Path, msg: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
     """One request on the control socket, one answer."""
-    with _short_path(run_dir) as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    with _socket_path(run_dir) as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        if path is None:
+            raise DtrainError(f"run {run_dir.name}: its launcher does not answer (no control "
+                              f"socket of yours in {run_dir})",
+                              hint="`dtrain ps` shows whether it is still alive; only the "
+                                   f"user who started a run can {what} it")
         s.settimeout(timeout)
         try:
             s.connect(path)
@@ -164,7 +169,7 @@ def _ask(run_dir: Path, msg: dict[str, Any], timeout: float, what: str) -> dict[
             s.sendall((json.dumps(msg) + "\n").encode())  # the answer may come anyway
         data = b""
         with contextlib.suppress(ConnectionResetError):
-            while not data.endswith(b"\n"):
+            while not data.endswith(b"\n") and len(data) <= _MAX_REPLY:
                 chunk = s.recv(65536)
                 if not chunk:
                     break

@@ -25,6 +25,7 @@ from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
 from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
+from launcher.output.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.job.orchestrate import Job
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 HANG_EXIT = 125  # docs/exit-codes.md
 TICK_S = 0.5
 REPLY_WAIT_S = 8.0  # the supervisors' own waits (2 s dump, 2 s flight recorder) + margin
+NATIVE_WAIT_S = 10.0  # py-spy's dumps (bounded by 8 s on the node) before --on-hang stop
 
 
 @dataclass
@@ -85,7 +87,7 @@ class HangWatch:
     """Progress, hang verdicts and stack dumps for one run (see module doc)."""
 
     def __init__(self, job: Job, policy: HangPolicy, watch: ProgressWatch,
-                 ranks: Mapping[str, Sequence[int]], run_dir: Path,
+                 ranks: Mapping[str, Sequence[int]], run_dir: RunDir,
                  say: Callable[[str], None], *, alive: Callable[[], bool],
                  on_record: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -102,6 +104,7 @@ class HangWatch:
         self.hangs: list[dict[str, Any]] = []
         self.dumps: list[StackDump] = []
         self._pending: dict[str, _Pending] = {}
+        self._natives: dict[str, set[str]] = {}  # dump id -> hosts whose py-spy is to come
         self._count = {"h": 0, "s": 0}
         self._lock = asyncio.Lock()
 
@@ -113,10 +116,15 @@ class HangWatch:
         """Supervisor messages: ``stacks`` answers a dump; ``flight`` carries the flight
         recorder's dumps a node had at the end."""
         kind = msg.get("type")
-        if kind == "stacks":
+        if kind == "stacks" and msg.get("native"):
+            self._native(str(msg.get("id")), msg.get("ranks"))
+            self._natives.get(str(msg.get("id")), set()).discard(host.label)
+        elif kind == "stacks":
             pending = self._pending.get(str(msg.get("id")))
             if pending is not None:
                 pending.add(host.label, msg)
+                if msg.get("pyspy"):  # its py-spy dumps follow
+                    self._natives.setdefault(str(msg.get("id")), set()).add(host.label)
         elif kind == "flight":
             self._flight_files("end", msg.get("files"))
 
@@ -154,6 +162,10 @@ class HangWatch:
             self.on_record()
         if self.policy.on_hang == "stop":
             from launcher.job.orchestrate import Failure
+
+            deadline = time.monotonic() + NATIVE_WAIT_S  # py-spy's dumps, before the stop
+            while self._natives.get(dump.id) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
 
             who = culprit.describe() if culprit else "no single rank stands out"
             error = f"hang: no progress for {stalled:.0f} s; likely culprit {who}"
@@ -232,6 +244,18 @@ class HangWatch:
                 position = rank_flight(rank, loaded) if loaded is not None else None
                 if position is not None:
                     dump.positions[rank] = position
+
+    def _native(self, dump_id: str, ranks: object) -> None:
+        """py-spy's dumps, which a node sends after its faulthandler stacks."""
+        if not isinstance(ranks, dict):
+            return
+        for rank_s, entry in ranks.items():
+            spy = entry.get("pyspy") if isinstance(entry, dict) else None
+            if isinstance(spy, dict) and str(rank_s).isdigit():
+                got = spy.get("text")
+                text = got if isinstance(got, str) else f"py-spy: {spy.get('error')}\n"
+                with contextlib.suppress(OSError, ValueError):
+                    write_stack(self.run_dir, dump_id, f"r{int(rank_s)}.py-spy.txt", text)
 
     def _flight_files(self, dump_id: str, files: object) -> None:
         if not isinstance(files, dict):

@@ -249,7 +249,8 @@ def node_results(outcome: JobOutcome, plan: LaunchPlan,
             e = exits.get((label, rank))
             entry: dict[str, Any] = {"exit_code": e.code if e else None,
                                      "signal": e.signal if e else None,
-                                     "duration": e.duration if e else None}
+                                     "duration": e.duration if e else None,
+                                     **_rank_times(e)}
             if v is not None:
                 entry["role"] = _rank_role(outcome, v, label, rank, e)
             ranks[str(rank)] = entry
@@ -261,11 +262,24 @@ def node_results(outcome: JobOutcome, plan: LaunchPlan,
             "abandoned": bool(res and res.abandoned),
             "stopped": res.stopped if res else None,
             "duration": res.duration if res else None,
+            "start": round(res.started, 3) if res and res.started is not None else None,
+            "end": round(res.ended, 3) if res and res.ended else None,
             "supervisor_pid": res.supervisor_pid if res else None,
             "pid": res.pid if res else None,
             "ranks": ranks,
         })
     return results
+
+
+def _rank_times(e: RankExit | None) -> dict[str, float]:
+    """``start``/``end``: the node's clock when the rank started and ended (its exit report's
+    time, less its duration), for the report's timeline."""
+    if e is None or not e.t:
+        return {}
+    times = {"end": round(e.t, 3)}
+    if e.duration is not None:
+        times["start"] = round(e.t - e.duration, 3)
+    return times
 
 
 def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[str, Any]:

@@ -11,7 +11,9 @@ One argument: a JSON object (backend, sizes, iterations). Results go to stdout a
 - ``rank``: every rank, before anything collective: host, device, torch/NCCL versions;
 - ``check``: every rank: the exact all-reduce sum check (mismatching elements);
 - ``sweep``: rank 0: all-reduce time, algbw and busbw per size (nccl-tests' definitions);
-- ``pairs``: rank 0: per pair of nodes (their local rank 0), the send/recv bandwidth.
+- ``pairs``: every rank: the pairs of nodes it measured (as its node's local rank 0), the
+  send/recv bandwidth. The launcher takes a pair's time only from a rank on one of its two
+  nodes, the sweep only from rank 0, each rank's facts and check only from that rank.
 """
 
 import json
@@ -179,11 +181,9 @@ def main():
     emit("check", rank=rank, mismatches=bad)
     rows = sweep(torch, dist, device, world, cfg)
     pairs = pair_test(torch, dist, device, all_facts, rank, cfg)
-    gathered = [pairs for _ in range(world)]  # placeholders, replaced by every rank's list
-    dist.all_gather_object(gathered, pairs)
     if rank == 0:
         emit("sweep", backend=backend, world=world, rows=rows)
-        emit("pairs", rows=[p for part in gathered for p in part])
+    emit("pairs", rank=rank, rows=pairs)  # each end its own view (decide/smoke.py)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -858,6 +858,11 @@ class Evidence:
                 mem = _status_kb(info["pid"])
                 if mem:
                     info["mem"] = dict(mem, t=now())
+                    events = memory_events_path(info["pid"])  # moved to another cgroup?
+                    if events != info["events"]:
+                        info["events"] = events
+                        info["oom_before"] = oom_kills(_read_from(events, 0, 4096)) \
+                            if events else None
 
     def stacks_requested(self, msg):
         _thread.start_new_thread(self.collect_stacks, (msg,))
@@ -906,9 +911,6 @@ class Evidence:
         for rank in waiting:
             ranks[str(rank)] = {"pid": self.armed[rank]["pid"],
                                 "error": "no dump within %g s" % (deadline - t0)}
-        for rank, proc in spies.items():
-            entry = ranks.setdefault(str(rank), {"pid": self.armed[rank]["pid"]})
-            entry["pyspy"] = self._pyspy_result(proc, t0 + PYSPY_TIMEOUT_S)
         if want_fr:
             fr_deadline = now() + 2.0
             while now() < fr_deadline and any(
@@ -924,7 +926,14 @@ class Evidence:
                                                         FR_PREFIX + r))
         self.out.control({"type": "stacks", "id": msg.get("id"), "ranks": ranks,
                           "host": hostname(), "t": now(), "took": now() - t0,
-                          "pyspy": bool(self.pyspy)})
+                          "pyspy": bool(spies)})
+        if spies:  # native frames follow: the fold does not wait for py-spy
+            native = {}
+            for rank, proc in spies.items():
+                native[str(rank)] = {"pyspy": self._pyspy_result(proc, t0 + PYSPY_TIMEOUT_S)}
+            self.out.control({"type": "stacks", "id": msg.get("id"), "native": True,
+                              "ranks": native, "host": hostname(), "t": now(),
+                              "took": now() - t0})
 
     def _start_pyspy(self, ranks):
         import subprocess

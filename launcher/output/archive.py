@@ -14,6 +14,11 @@ The archive never stores secrets: callers pass the job's environment through
 ``launcher.output.redact.redact_env`` before putting it into meta.json. It is private all
 the same (training output can hold anything): run directories are 0700 and files 0600
 whatever the umask; an archive directory dtrain creates is 0700 too.
+
+The run directory is held open (``output/rundir.py``): every file is created and opened
+relative to its descriptor with O_NOFOLLOW, so a shared archive directory (sticky, or
+refused) cannot redirect a write. Readers (``list_runs``, ``read_meta``, ``resolve_run``)
+take only this user's runs, regular files under a size cap, and skip what they cannot read.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import operator
 import os
 import re
 import secrets
-import tempfile
 import time
 from datetime import UTC, datetime
 from json.encoder import encode_basestring  # the C-accelerated string quoter
@@ -32,6 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
 from launcher.errors import UsageError
+from launcher.output.rundir import (
+    RunDir,
+    has_entry,
+    open_archive_dir,
+    open_regular,
+    open_run_dir,
+    owner_of,
+    read_capped,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -48,12 +61,18 @@ _HOST_BUFFER_CHARS = 4 * 1024 * 1024
 _SOURCE_KEY = operator.attrgetter("host", "node_rank", "rank", "stream")
 _Source = tuple[str, "int | None", "int | None", str]
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_META_BYTES = 16 * 1024 * 1024  # a readers' cap: meta.json of a 1000-node run is ~2 MB
 
 
 def new_run_id(now: float | None = None) -> str:
     """A run id that sorts by start time: UTC YYYYMMDD-HHMMSS plus 4 random hex digits."""
     stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC)
     return f"{stamp:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def is_run_id(name: str) -> bool:
+    """Whether ``name`` has the form of a run id (one plain directory name)."""
+    return _SAFE_ID.fullmatch(name) is not None
 
 
 def check_run_id(run_id: str) -> str:
@@ -66,70 +85,69 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-DIR_MODE = 0o700
-FILE_MODE = 0o600
+def meta_bytes(data: dict[str, Any]) -> bytes:
+    """meta.json's text."""
+    return (json.dumps(data, indent=2, sort_keys=False, default=str) + "\n").encode()
 
 
-def _private_opener(path: str, flags: int) -> int:
-    """``open(..., opener=)``: create files 0600 and fix the mode of existing ones (the umask
-    can only take bits away, and a umask of 0o200 would take the owner's write)."""
-    fd = os.open(path, flags, FILE_MODE)
-    os.fchmod(fd, FILE_MODE)
-    return fd
-
-
-def _private_dir(path: Path) -> None:
-    """mkdir (FileExistsError if it exists), then 0700 whatever the umask."""
-    path.mkdir(mode=DIR_MODE)
-    os.chmod(path, DIR_MODE)
-
-
-def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON through a temp file and os.replace: readers see old or new, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def parse_meta(raw: bytes | None) -> dict[str, Any]:
+    """meta.json's dict; {} for missing, torn or non-object data."""
+    if raw is None:
+        return {}
     try:
-        os.fchmod(fd, FILE_MODE)  # mkstemp's 0600, kept whatever the umask
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def read_meta(run_dir: Path) -> dict[str, Any]:
-    """meta.json as a dict; {} when it is missing or being replaced mid-read."""
-    try:
-        data = json.loads((run_dir / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(raw)
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def read_meta(run_dir: Path, owner: int | None = None) -> dict[str, Any]:
+    """meta.json as a dict; {} when it is missing, being replaced mid-read, not a regular
+    file of the run's owner (``owner``: this user by default), or over the size cap."""
+    dirfd = open_run_dir(run_dir, owner)
+    if dirfd is None:
+        return {}
+    try:
+        return parse_meta(read_capped(dirfd, META, MAX_META_BYTES))
+    finally:
+        os.close(dirfd)
+
+
+def open_output(run_dir: Path, owner: int | None = None) -> int | None:
+    """output.jsonl opened for reading (the readers' checks), or None."""
+    dirfd = open_run_dir(run_dir, owner)
+    if dirfd is None:
+        return None
+    try:
+        return open_regular(dirfd, OUTPUT)
+    finally:
+        os.close(dirfd)
 
 
 class RunArchive:
     """One run's directory, written while the job runs."""
 
     def __init__(
-        self, path: Path, run_id: str, *, clock: Callable[[], float] = time.monotonic
+        self, path: Path, run_id: str, *, clock: Callable[[], float] = time.monotonic,
+        rundir: RunDir | None = None,
     ) -> None:
+        self.dir = rundir or RunDir.open(path)  # reopening: an existing run of this user
         self.path = path
         self.run_id = run_id
         self._clock = clock  # tests pass a fake one to check the flush interval
-        self._meta: dict[str, Any] = read_meta(path)  # continue an existing run's meta
+        # continue an existing run's meta
+        self._meta: dict[str, Any] = parse_meta(read_capped(self.dir.fd, META, MAX_META_BYTES))
         self._out: TextIO | None = open(  # closed by close()
-            path / OUTPUT,
+            self.dir.append(OUTPUT),
             "a",
             encoding="utf-8",
             errors="backslashreplace",
             buffering=1024 * 1024,
-            opener=_private_opener,
         )
-        self._hosts_dir = path / HOSTS_DIR
+        self._hosts_dir: RunDir | None = None
         self._host_buf: dict[str, list[str]] = {}
         self._host_chars = 0
-        self._host_files: dict[str, Path] = {}
+        self._host_files: dict[str, str] = {}
         self._sources: dict[_Source, tuple[str, str, list[str] | None]] = {}
         self._dirty = False
         self._last_flush = clock()
@@ -142,14 +160,21 @@ class RunArchive:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> RunArchive:
-        """Make a new run directory (never reusing one) and write its first meta.json."""
-        if not archive_dir.is_dir():
-            archive_dir.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):  # another run made it meanwhile
-                _private_dir(archive_dir)
-        path, run_id = _make_run_dir(archive_dir, run_id)
-        _private_dir(path / HOSTS_DIR)
-        archive = cls(path, run_id, clock=clock)
+        """Make a new run directory (never reusing one) and write its first meta.json.
+
+        Exit 2 when the archive directory can be written by other users and is not sticky.
+        """
+        parent = open_archive_dir(archive_dir)
+        try:
+            rundir, run_id = _make_run_dir(parent, archive_dir, run_id)
+        finally:
+            os.close(parent)
+        try:
+            rundir.mkdir(HOSTS_DIR).close()
+            archive = cls(rundir.path, run_id, clock=clock, rundir=rundir)
+        except BaseException:
+            rundir.close()
+            raise
         archive.write_meta({"created": datetime.now(UTC).isoformat(), "created_ts": time.time()})
         return archive
 
@@ -162,7 +187,7 @@ class RunArchive:
         """Replace meta.json's fields (archive_version and run_id are always kept)."""
         self._meta = {"archive_version": ARCHIVE_VERSION, "run_id": self.run_id, **meta}
         self._meta["archive_version"] = ARCHIVE_VERSION
-        atomic_write_json(self.path / META, self._meta)
+        self.dir.replace(META, meta_bytes(self._meta))
 
     def update_meta(self, **fields: Any) -> None:
         """Merge fields into meta.json (e.g. outcome=..., end=... when the job is over)."""
@@ -210,21 +235,24 @@ class RunArchive:
         self._out.flush()
         for host, texts in self._host_buf.items():
             if texts:
-                with open(
-                    self._host_path(host), "a", encoding="utf-8", errors="backslashreplace",
-                    opener=_private_opener,
-                ) as fh:
+                hosts = self._hosts_dir = self._hosts_dir or self.dir.subdir(HOSTS_DIR)
+                with open(hosts.append(self._host_file(host)), "a", encoding="utf-8",
+                          errors="backslashreplace") as fh:
                     fh.write("\n".join(texts) + "\n")
                 texts.clear()  # in place: the per-source cache holds these lists
         self._host_chars = 0
         self._dirty = False
 
     def close(self) -> None:
-        """Flush and close the output files; meta.json can still be updated afterwards."""
+        """Flush and close the output files; meta.json can still be updated afterwards
+        (the run directory stays held until the process ends)."""
         if self._out is not None:
             self.flush()
             self._out.close()
             self._out = None
+        if self._hosts_dir is not None:
+            self._hosts_dir.close()
+            self._hosts_dir = None
 
     def __enter__(self) -> Self:
         return self
@@ -249,88 +277,118 @@ class RunArchive:
         entry = self._sources[key] = (middle, prefix, log)
         return entry
 
-    def _host_path(self, host: str) -> Path:
-        path = self._host_files.get(host)
-        if path is None:
+    def _host_file(self, host: str) -> str:
+        name = self._host_files.get(host)
+        if name is None:
             # Host labels are user input: keep them from naming another directory.
-            name = re.sub(r"[^A-Za-z0-9._:@\[\]-]", "_", host).lstrip(".") or "_"
-            path = self._host_files[host] = self._hosts_dir / f"{name}.log"
-        return path
+            safe = re.sub(r"[^A-Za-z0-9._:@\[\]-]", "_", host).lstrip(".") or "_"
+            name = self._host_files[host] = f"{safe}.log"
+        return name
 
 
-def _make_run_dir(archive_dir: Path, run_id: str | None) -> tuple[Path, str]:
+def _make_run_dir(parent: int, archive_dir: Path, run_id: str | None) -> tuple[RunDir, str]:
     if run_id is not None:
-        path = archive_dir / check_run_id(run_id)
         try:
-            _private_dir(path)
+            return RunDir.make(parent, archive_dir, check_run_id(run_id)), run_id
         except FileExistsError:
             raise UsageError(
                 f"run {run_id!r} already exists in {archive_dir}",
                 hint="choose another --run-id",
             ) from None
-        return path, run_id
     for _ in range(100):
         run_id = new_run_id()
-        path = archive_dir / run_id
         with contextlib.suppress(FileExistsError):
-            _private_dir(path)
-            return path, run_id
+            return RunDir.make(parent, archive_dir, run_id), run_id
     raise RuntimeError(f"could not create a fresh run directory in {archive_dir}")
 
 
-def _run_dirs(archive_dir: Path) -> list[Path]:
-    if not archive_dir.is_dir():
+def _run_dirs(archive_dir: Path, owner: int | None = None) -> list[tuple[Path, float]]:
+    """(run directory, start time) of each run of ``owner`` (this user by default); what
+    is not a readable run directory of that user is skipped."""
+    try:
+        entries = list(os.scandir(archive_dir))
+    except OSError:
         return []
-    return [p for p in archive_dir.iterdir() if p.is_dir() and (p / META).exists()]
+    runs = []
+    for entry in entries:
+        path = Path(entry.path)
+        dirfd = open_run_dir(path, owner)
+        if dirfd is None:
+            continue
+        try:
+            meta = _run_meta(dirfd)
+            if not meta:
+                continue
+            created = meta.get("created_ts")
+            when = float(created) if isinstance(created, int | float) and \
+                not isinstance(created, bool) else os.fstat(dirfd).st_mtime
+            runs.append((path, when))
+        except OSError:
+            continue
+        finally:
+            os.close(dirfd)
+    return runs
 
 
-def _started(run_dir: Path) -> tuple[float, str]:
-    created = read_meta(run_dir).get("created_ts")
-    when = float(created) if isinstance(created, int | float) else run_dir.stat().st_mtime
-    return when, run_dir.name
-
-
-def list_runs(archive_dir: Path) -> list[Path]:
-    """Run directories, oldest first (by their recorded start time, then name)."""
-    return sorted(_run_dirs(archive_dir), key=_started)
+def list_runs(archive_dir: Path, owner: int | None = None) -> list[Path]:
+    """This user's run directories (``owner``'s if given), oldest first (by their recorded
+    start time, then name)."""
+    return [p for p, _ in sorted(_run_dirs(archive_dir, owner), key=lambda r: (r[1], r[0].name))]
 
 
 def latest_run(archive_dir: Path) -> Path | None:
-    """The most recently started run, or None when there is none."""
+    """This user's most recently started run, or None when there is none."""
     runs = list_runs(archive_dir)
     return runs[-1] if runs else None
 
 
 def _has_meta(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run; another user's private run is refused by name."""
+    """Whether ``run_dir`` holds a run of this user; another user's run is refused by name."""
+    dirfd = open_run_dir(run_dir)
+    if dirfd is None:
+        owner = owner_of(run_dir)
+        if owner is not None and owner != os.getuid() and os.path.isdir(run_dir):
+            raise UsageError(f"{run_dir}: permission denied: the run belongs to another user, "
+                             "refused",
+                             hint="only the user who started a run can read, attach to or "
+                                  "stop it (run directories are 0700)") from None
+        return False
     try:
-        return (run_dir / META).exists()
-    except PermissionError:
-        raise UsageError(f"{run_dir}: permission denied: the run belongs to another user, "
-                         "refused", hint="only the user who started a run can read, attach "
-                         "to or stop it (run directories are 0700)") from None
+        return bool(_run_meta(dirfd))
+    finally:
+        os.close(dirfd)
+
+
+def _run_meta(dirfd: int) -> dict[str, Any]:
+    """A run's meta.json ({} when it is not a readable run: no meta.json, not a regular file
+    of the directory's owner, over the cap, not a JSON object)."""
+    if not has_entry(dirfd, META):
+        return {}
+    return parse_meta(read_capped(dirfd, META, MAX_META_BYTES))
 
 
 def resolve_run(archive_dir: Path, run: str | None) -> Path:
-    """Find a run from a path, a run id, a unique run-id prefix, or None for the latest."""
+    """Find a run from a path (an argument with a ``/`` or a leading ``.``), a run id, a
+    unique run-id prefix, or None for the latest; only this user's runs."""
     if run is None:
         latest = latest_run(archive_dir)
         if latest is None:
             raise UsageError(f"no runs in {archive_dir}", hint="start one with `dtrain run`")
         return latest
-    as_path = Path(run).expanduser()
-    if _has_meta(as_path) and (os.sep in run or run.startswith(".")):
-        return as_path
-    if _SAFE_ID.fullmatch(run):
+    if os.sep in run or run.startswith("."):
+        as_path = Path(os.path.realpath(Path(run).expanduser()))  # the user named this path
+        if _has_meta(as_path):
+            return as_path
+    elif _SAFE_ID.fullmatch(run):
         if _has_meta(archive_dir / run):
             return archive_dir / run
-        matches = [p for p in _run_dirs(archive_dir) if p.name.startswith(run)]
+        matches = [p for p in list_runs(archive_dir) if p.name.startswith(run)]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
             names = ", ".join(sorted(p.name for p in matches)[:5])
             raise UsageError(f"run {run!r} is ambiguous in {archive_dir}", hint=f"matches {names}")
-    if _has_meta(as_path):
-        return as_path
     recent = ", ".join(p.name for p in list_runs(archive_dir)[-3:]) or "none"
-    raise UsageError(f"no run {run!r} in {archive_dir}", hint=f"recent runs: {recent}")
+    raise UsageError(f"no run {run!r} in {archive_dir}", hint=f"recent runs: {recent}"
+                     + ("; a run directory elsewhere is named by its path (./NAME)"
+                        if not _SAFE_ID.fullmatch(run) or os.path.isdir(run) else ""))

@@ -5,11 +5,18 @@ One ``testsuite`` per command; one ``testcase`` per node, and per rank for run a
 named ``<host>`` and ``<host> rank <N>`` with classname ``dtrain.<command>``; a failure
 carries the exit code, the root cause and the last stderr lines of that rank. Checks that
 belong to no node (smoke's cluster-wide ones) are testcases of their own.
+
+Every text and attribute is XML 1.0 safe: a failing rank's stderr tail is exactly where a
+colour, a NUL, a ``\\x0b`` or a U+FFFE turns up, and one such character makes the whole
+document unreadable to the CI server, which then drops the report of the failing job. Escape
+sequences (CSI, OSC, two-byte ESC) are stripped; any other character outside XML 1.0's
+``Char`` becomes U+FFFD. Times are never negative.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tempfile
 import xml.etree.ElementTree as ET
@@ -19,6 +26,28 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from launcher.output.report import ERROR, FAILED, SKIPPED, CommandReport, NodeResult, RankResult
+
+# CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \\), and other two-character escapes
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(text: str) -> str:
+    """``text`` as XML 1.0 may hold it: escape sequences dropped, other illegal characters
+    (NUL, C0 controls, lone surrogates, U+FFFE/U+FFFF) as U+FFFD."""
+    if "\x1b" in text:
+        text = _ESCAPES.sub("", text)
+    return _NOT_XML.sub("\ufffd", text)
+
+
+def _xml_safe(root: ET.Element) -> None:
+    for el in root.iter():
+        if el.text:
+            el.text = xml_text(el.text)
+        if el.tail:
+            el.tail = xml_text(el.tail)
+        for key, value in el.attrib.items():
+            el.attrib[key] = xml_text(value)
 
 
 @dataclass(frozen=True)
@@ -66,7 +95,7 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
     suite = ET.SubElement(
         suites, "testsuite", name=f"dtrain {report.command}",
         timestamp=datetime.fromtimestamp(report.started, UTC).strftime("%Y-%m-%dT%H:%M:%S"),
-        hostname=socket.gethostname() or "localhost", time=f"{report.duration:.3f}")
+        hostname=socket.gethostname() or "localhost", time=f"{max(0.0, report.duration):.3f}")
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", name="exit_code", value=str(report.exit_code))
     ET.SubElement(props, "property", name="summary", value=report.summary)
@@ -88,7 +117,8 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
     for key, value in counts.items():
         suite.set(key, str(value))
         suites.set(key, str(value))
-    suites.set("time", f"{report.duration:.3f}")
+    suites.set("time", f"{max(0.0, report.duration):.3f}")
+    _xml_safe(suites)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 

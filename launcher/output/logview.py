@@ -24,7 +24,7 @@ from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 from launcher.errors import UsageError
 from launcher.hosts.entries import check_expr_size
 from launcher.models import OutputLine
-from launcher.output.archive import OUTPUT, read_meta
+from launcher.output.archive import open_output, read_meta
 from launcher.output.console import Console
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def replay(
     )
     console.status = status
     pattern = _compile(grep)
-    start = tail_offset(run_dir / OUTPUT, tail) if tail is not None else 0
+    start = tail_offset(run_dir, tail) if tail is not None else 0
     done = ended or (lambda: is_finished(run_dir))
     try:
         for batch in _batches(run_dir, follow=follow, poll_s=poll_s, start=start, ended=done):
@@ -87,13 +87,13 @@ def replay(
     return 0
 
 
-def tail_offset(path: Path, lines: int) -> int:
-    """Where the last ``lines`` complete lines of a file start (0: the whole file)."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115  (closed below)
-    except OSError:
+def tail_offset(run_dir: Path, lines: int) -> int:
+    """Where the last ``lines`` complete lines of a run's output.jsonl start (0: the whole
+    file)."""
+    fd = open_output(run_dir)
+    if fd is None:
         return 0
-    with fh:
+    with open(fd, "rb") as fh:
         pos = size = fh.seek(0, os.SEEK_END)
         if lines == 0:
             return size
@@ -181,14 +181,13 @@ def _batches(run_dir: Path, *, follow: bool, poll_s: float, start: int = 0,
              ended: Callable[[], bool] | None = None) -> Iterator[list[_Record]]:
     """Parsed output.jsonl records, a read at a time; in follow mode, until the run ends
     (an empty batch each idle poll, so a status line can refresh)."""
-    path = run_dir / OUTPUT
     done_fn = ended or (lambda: is_finished(run_dir))
-    while not path.exists():
+    while (fd := open_output(run_dir)) is None:  # a regular file of this user, or nothing
         if not follow or done_fn():
             return
         time.sleep(poll_s)
         yield []
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+    with open(fd, encoding="utf-8", errors="replace", newline="\n") as fh:
         if start:
             fh.seek(start)  # a byte offset: a valid cookie for utf-8 at a line start
         partial = ""

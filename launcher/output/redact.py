@@ -54,6 +54,26 @@ def redact_env(mapping: Mapping[str, str] | Iterable[tuple[str, str]],
     return {name: redact_value(name, value, hidden) for name, value in items}
 
 
+def redact_words(words: Iterable[str], values: Collection[str]) -> list[str]:
+    """Words equal to a secret value become ***, and so does the value of a word ending in
+    ``=value`` (``--token=VALUE``)."""
+    out = []
+    for word in words:
+        if word in values:
+            word = REDACTED
+        else:
+            head, sep, tail = word.rpartition("=")
+            if sep and tail in values:
+                word = f"{head}={REDACTED}"
+        out.append(word)
+    return out
+
+
+def secret_values(env: Iterable[tuple[str, str]], hidden: Collection[str] = ()) -> set[str]:
+    """The non-empty values of the secret (or hidden) variables among ``env``."""
+    return {value for name, value in env if value and is_hidden(name, hidden)}
+
+
 def redact_command(argv: Sequence[str], env_items: Iterable[str],
                    env: Iterable[tuple[str, str]], hidden: Collection[str] = ()) -> list[str]:
     """The command line as recorded: parsed ``--env`` items with a secret name lose their
@@ -66,12 +86,11 @@ def redact_command(argv: Sequence[str], env_items: Iterable[str],
         name, sep, _ = item.partition("=")
         if sep and is_hidden(name, hidden):
             items.append((item, f"{name}={REDACTED}"))
-    values = {value for name, value in env if value and is_hidden(name, hidden)}
     out = []
     for word in argv:
         for item, shown in items:
             if word.endswith(item):
                 word = word[:-len(item)] + shown
                 break
-        out.append(REDACTED if word in values else word)
-    return out
+        out.append(word)
+    return redact_words(out, secret_values(env, hidden))

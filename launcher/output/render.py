@@ -1,6 +1,9 @@
 """Everything dtrain itself prints (errors, summaries, tables) is drawn here.
 
-Plain text when stderr is not a terminal or NO_COLOR is set, so CI logs stay clean.
+Plain text when stderr is not a terminal or NO_COLOR is set, so CI logs stay clean. A
+message may quote what a node or an archive supplied (an error a node sent, a host name, a
+run's outcome): ``error`` and ``note`` pass it through ``termsafe.inert``, so no control
+sequence in it reaches the terminal (or a CI log that renders ANSI).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from launcher.errors import DtrainError
+from launcher.output.termsafe import inert
+
+_KEEP = "\n\t"  # a message may span lines; every other control is shown, inert
 
 
 def _color(stream: TextIO) -> bool:
@@ -26,11 +32,11 @@ def count(n: int, noun: str) -> str:
 def error(exc: DtrainError, stream: TextIO | None = None) -> None:
     """One line (two with a hint): what failed, where, and what to try."""
     stream = stream or sys.stderr
-    where = f"{exc.host}: " if exc.host else ""
+    where = f"{inert(exc.host)}: " if exc.host else ""
     red, dim, reset = ("\x1b[1;31m", "\x1b[2m", "\x1b[0m") if _color(stream) else ("", "", "")
-    stream.write(f"{red}dtrain: error:{reset} {where}{exc.message}\n")
+    stream.write(f"{red}dtrain: error:{reset} {where}{inert(exc.message, _KEEP)}\n")
     if exc.hint:
-        stream.write(f"{dim}  hint: {exc.hint}{reset}\n")
+        stream.write(f"{dim}  hint: {inert(exc.hint, _KEEP)}{reset}\n")
     stream.flush()
 
 
@@ -38,13 +44,13 @@ def note(text: str, stream: TextIO | None = None) -> None:
     """A line of dtrain's own on stderr (summaries, warnings)."""
     stream = stream or sys.stderr
     bold, reset = ("\x1b[1m", "\x1b[0m") if _color(stream) else ("", "")
-    stream.write(f"{bold}dtrain:{reset} {text}\n")
+    stream.write(f"{bold}dtrain:{reset} {inert(text, _KEEP)}\n")
     stream.flush()
 
 
 def _gh_escape(text: str, *, prop: bool = False) -> str:
     """GitHub workflow-command escaping (data: % CR LF; properties also : and ,)."""
-    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    text = inert(text, "\r\n").replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
     if prop:
         text = text.replace(":", "%3A").replace(",", "%2C")
     return text

@@ -10,7 +10,9 @@ information (shown by ``dtrain ps``); nothing trusts it without the lock being h
 
 The descriptor is opened close-on-exec, so a child process never inherits the lock (a local
 job outliving its launcher must not make the run look alive). flock works on local
-filesystems and on NFS (Linux emulates it with byte-range locks there).
+filesystems and on NFS (Linux emulates it with byte-range locks there). The file is created
+0600 relative to the held run directory (output/rundir.py); readers open it with the
+readers' checks (a regular file of the run's owner, no symlink, no FIFO).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.output.rundir import RunDir, open_regular, open_run_dir
+
 LOCK = "launcher.lock"
 LOCK_VERSION = 1
 
@@ -31,16 +35,16 @@ LOCK_VERSION = 1
 class LauncherLock:
     """Held by the launcher of one run for its whole life."""
 
-    def __init__(self, run_dir: Path, fd: int, info: dict[str, Any]) -> None:
+    def __init__(self, run_dir: RunDir, fd: int, info: dict[str, Any]) -> None:
         self.run_dir = run_dir
         self.info = info
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, run_dir: Path, *, detached: bool = False) -> LauncherLock:
-        """Create and lock ``launcher.lock`` (blocking: a concurrent probe holds it briefly)."""
-        path = run_dir / LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def acquire(cls, run_dir: RunDir, *, detached: bool = False) -> LauncherLock:
+        """Create (0600) and lock ``launcher.lock`` (blocking: a concurrent probe holds it
+        briefly)."""
+        fd = run_dir.create(LOCK, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             info = {"lock_version": LOCK_VERSION, "pid": os.getpid(), "uid": os.getuid(),
@@ -72,16 +76,24 @@ class LauncherLock:
             self._fd = None
 
 
-def probe(run_dir: Path) -> dict[str, Any] | None:
+def _open_lock(run_dir: Path, owner: int | None) -> int | None:
+    dirfd = open_run_dir(run_dir, owner)
+    if dirfd is None:
+        return None
+    try:
+        return open_regular(dirfd, LOCK)
+    finally:
+        os.close(dirfd)
+
+
+def probe(run_dir: Path, owner: int | None = None) -> dict[str, Any] | None:
     """The live launcher's lock information, or None when no launcher holds the lock.
 
     Also None when the file is missing (an archive from before the lock existed) or cannot
-    be opened (another user's run in a private directory).
+    be opened (another user's run, a symlink, not a regular file).
     """
-    path = run_dir / LOCK
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    fd = _open_lock(run_dir, owner)
+    if fd is None:
         return None
     try:
         try:
@@ -94,11 +106,10 @@ def probe(run_dir: Path) -> dict[str, Any] | None:
         os.close(fd)
 
 
-def read_info(run_dir: Path) -> dict[str, Any]:
+def read_info(run_dir: Path, owner: int | None = None) -> dict[str, Any]:
     """The lock file's information whether or not it is held ({} when unreadable)."""
-    try:
-        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    fd = _open_lock(run_dir, owner)
+    if fd is None:
         return {}
     try:
         return _read_info(fd)

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.output.archive import OUTPUT, list_runs, read_meta
+from launcher.output.archive import list_runs, open_output, read_meta
 from launcher.output.runlock import probe
+from launcher.output.termsafe import inert
 
 PS_VERSION = 1
 LIVE_STATES = ("starting", "running", "stopping")
@@ -114,9 +115,11 @@ def list_status(archive_dir: Path) -> list[RunStatus]:
 def last_line_time(run_dir: Path) -> float | None:
     """The time of output.jsonl's last complete record (its mtime if the tail is one long
     line); None when there is no output yet."""
-    path = run_dir / OUTPUT
+    fd = open_output(run_dir)
+    if fd is None:
+        return None
     try:
-        with open(path, "rb") as fh:
+        with open(fd, "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
             if size == 0:
                 return None
@@ -165,10 +168,11 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
         rows.append((r.run_id, r.label, str(len(r.hosts)) if r.hosts else "-",
                      str(r.world_size) if r.world_size is not None else "-",
                      age(now - r.created) if r.created else "-", last, who))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    cells = [[inert(cell) for cell in row] for row in rows]  # archive text: no controls
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines += [f"{r.run_id}: launcher lost: {r.note}" for r in runs if r.note]
+             for row in cells]
+    lines += [f"{inert(r.run_id)}: launcher lost: {r.note}" for r in runs if r.note]
     return "\n".join(lines) + "\n"
 
 

@@ -13,18 +13,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from launcher.output import render
-from launcher.output.archive import _private_opener
+from launcher.output.rundir import RunDir
 
 SAMPLES = "samples.jsonl"
 
 
 class SampleLog:
-    """Append-only samples.jsonl of one run directory (0600, as the rest of the archive)."""
+    """Append-only samples.jsonl of one run directory (0600, as the rest of the archive),
+    opened through the run directory's held descriptor (output/rundir.py)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / SAMPLES
+    def __init__(self, run_dir: RunDir) -> None:
+        self.path: Path = run_dir.path / SAMPLES
         self._fh: TextIO | None = open(  # closed by close()
-            self.path, "a", encoding="utf-8", opener=_private_opener)
+            run_dir.append(SAMPLES), "a", encoding="utf-8")
         self.lines = 0
 
     def write(self, record: dict[str, Any]) -> None:

@@ -16,6 +16,11 @@ window title; others switch character sets or ask the terminal to answer. So, on
   text that still shows what the node sent;
 * tab and newline are left alone.
 
+Text dtrain itself prints that holds something a node or an archive supplied (a node's
+error, a host name it reported, a run id or an outcome read from meta.json) goes through
+``inert``: every control, ESC of a colour included, is shown in the same notation, on a
+terminal or not (render.note, render.error, the doctor, smoke, cp and ps tables).
+
 The run archive and ``--raw`` keep the original bytes. Both forms work on whole lines (a
 sequence torn across two reads would otherwise slip through), and the byte form is cheap to
 skip: a chunk without any control byte is returned as it is after one ``bytes.translate``.
@@ -100,3 +105,15 @@ def clean_text(text: str) -> str:
         text = text.replace("\n", RESET + "\n") + RESET
     return text
 
+
+
+_ANY_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def inert(text: str, keep: str = "") -> str:
+    """Every control character (C0, DEL, C1; ESC too) in ``cat -v`` notation, except those
+    in ``keep`` (a note keeps "\\n" and "\\t"); cheap when there is none."""
+    if not _ANY_CONTROL.search(text):
+        return text
+    return _ANY_CONTROL.sub(lambda m: m.group() if m.group() in keep else _CARET_S[m.group()],
+                            text)

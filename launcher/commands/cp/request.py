@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.commands.cp.view import CopyView
 from launcher.decide import broadcast as bc
@@ -60,10 +61,19 @@ class Source:
     path: str
     name: str
     tree: dict[str, Entry]
+    _manifests: dict[bool, bytes] = field(default_factory=dict, repr=False)
 
     @property
     def kind(self) -> str:
         return self.tree[""].kind
+
+    def manifest(self, *, preserve: bool) -> bytes:
+        """The rows a node compares its tree with (op "diff"), as JSON: encoded once for
+        every node."""
+        if preserve not in self._manifests:
+            rows = cpl.manifest_rows(self.tree.values(), preserve=preserve)
+            self._manifests[preserve] = json.dumps(rows, separators=(",", ":")).encode()
+        return self._manifests[preserve]
 
 
 # ---------------------------------------------------------------- listing

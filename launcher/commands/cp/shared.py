@@ -15,7 +15,7 @@ from launcher.commands.cp.relay import Broadcaster, Want
 from launcher.commands.cp.request import CopyRequest, Source, SourceData
 from launcher.commands.cp.view import CopyView
 from launcher.decide import copyplan as cpl
-from launcher.decide.copyplan import Entry
+from launcher.decide.copyplan import Entry, SyncPlan
 from launcher.models import CopyResult
 from launcher.output import render
 from launcher.transports.base import Connection
@@ -31,6 +31,8 @@ class Copy:
     sources: Sequence[Source] = ()  # push: listed before connecting
     data: SourceData | None = None  # push: each source file read once for every node
     bcast: Broadcaster | None = None  # push: large files go by broadcast
+    unchanged: dict[int, SyncPlan] = field(default_factory=dict)  # per source: the plan of
+    # every node whose tree matched the source's rows (one plan_sync for all of them)
 
     def big(self, e: Entry) -> bool:
         """Whether this file goes to the broadcast rather than directly."""

@@ -81,14 +81,18 @@ class NodeFiles:
                     host=self._label)
             self._buf += chunk
 
-    async def call(self, op: Mapping[str, Any],
-                   data: AsyncIterator[bytes] | None = None) -> dict[str, Any]:
-        """One op; its reply. A lost channel → ConnectError; the node's error or silence →
-        RemoteCommandError."""
+    async def call(self, op: Mapping[str, Any], data: AsyncIterator[bytes] | None = None, *,
+                   encoded: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+        """One op; its reply. ``encoded``: more fields of the op, already JSON (the same
+        large value for every node, encoded once). A lost channel → ConnectError; the
+        node's error or silence → RemoteCommandError."""
+        line = json.dumps(op).encode()
+        for key, value in (encoded or {}).items():
+            line = line[:-1] + b"," + json.dumps(key).encode() + b":" + value + b"}"
         async with self._lock:
             self._in_step = False
             try:
-                await self._proc.write(json.dumps(op).encode() + b"\n")
+                await self._proc.write(line + b"\n")
                 if data is not None:
                     async for chunk in data:
                         async with asyncio.timeout(RELAY_IDLE_S):
@@ -158,12 +162,37 @@ class StreamPush:
                 self.copy.bcast.leave(result.label)
             await self.nf.close(sorted(self.node.temps))
 
-    async def _source(self, index: int, src: Source, root: str) -> None:
-        req, result = self.copy.req, self.node.result
-        rows = (await self.nf.call({"op": "walk", "root": root}))["tree"]
-        dst_tree = {r[0]: Entry(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
+    async def _plan(self, index: int, src: Source, root: str) -> tuple[SyncPlan,
+                                                                        dict[str, Entry]]:
+        """This node's plan for one source, and its tree as plan_sync saw it.
+
+        The node compares its tree with the source's rows and answers only where it
+        differs (decide/copyplan.py "the node-side diff"): a re-push of an unchanged tree
+        moves a few bytes back, not a row per file, and every node that matched shares
+        one plan. ``--checksum`` lists the tree (its compare reads every mtime).
+        """
+        req = self.copy.req
+        same = False  # the node's tree matched the source's rows everywhere
+        if req.checksum:
+            rows = (await self.nf.call({"op": "walk", "root": root}))["tree"]
+            dst_tree = {r[0]: Entry(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
+        else:
+            reply = await self.nf.call({"op": "diff", "root": root,
+                                        "all_extras": req.delete},
+                                       encoded={"rows": src.manifest(preserve=req.preserve)})
+            same = not (reply["differ"] or reply["missing"] or reply["extra"])
+            if same and index in self.copy.unchanged:
+                return self.copy.unchanged[index], {}
+            dst_tree = cpl.tree_from_diff(src.tree.values(), reply)
         plan = cpl.plan_sync(src.tree.values(), dst_tree, checksum=req.checksum,
                              delete=req.delete, preserve=req.preserve)
+        if same:
+            self.copy.unchanged[index] = plan
+        return plan, dst_tree
+
+    async def _source(self, index: int, src: Source, root: str) -> None:
+        req, result = self.copy.req, self.node.result
+        plan, dst_tree = await self._plan(index, src, root)
         src_root = os.path.abspath(src.path)
         if plan.compare:
             assert self.copy.data is not None

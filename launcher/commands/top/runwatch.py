@@ -20,6 +20,7 @@ from launcher.decide.hang import compile_progress
 from launcher.decide.steprate import StepRate
 from launcher.models import Host
 from launcher.output.archive import read_meta, resolve_run
+from launcher.output.rundir import open_regular, open_run_dir
 from launcher.output.runs import run_status
 from launcher.output.samplelog import SAMPLES
 
@@ -65,9 +66,23 @@ class Tail:
         self.offset: int | None = None
         self.partial = b""
 
-    def lines(self) -> list[bytes]:
+    def _open(self) -> int | None:
+        """The file, with the archive readers' checks (this user's regular file, no
+        symlink followed: output/rundir.py)."""
+        dirfd = open_run_dir(self.path.parent)
+        if dirfd is None:
+            return None
         try:
-            with open(self.path, "rb") as fh:
+            return open_regular(dirfd, self.path.name)
+        finally:
+            os.close(dirfd)
+
+    def lines(self) -> list[bytes]:
+        fd = self._open()
+        if fd is None:
+            return []
+        try:
+            with os.fdopen(fd, "rb") as fh:
                 size = fh.seek(0, os.SEEK_END)
                 if self.offset is None or self.offset > size:
                     start = max(0, size - TAIL_BYTES)

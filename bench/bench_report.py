@@ -1,0 +1,70 @@
+"""`dtrain report` on a synthetic 64-rank, 1-hour archive: the page's size and the time to
+make it (issue #30: "state the size for a 64-rank, 1-hour run").
+
+    python bench/bench_report.py [--nodes 8] [--per-node 8] [--seconds 3600] [--every 1]
+                                 [--reps 3] [--json results.json]
+
+The archive (tests/report_archives.py ``synthetic``): every rank prints ``step=N loss=...
+lr=... tokens_per_s=...`` every ``--every`` seconds, one utilisation sample per node every
+10 s with 8 GPUs, one straggler. Reported, never asserted: the archive's size, the page's
+size (and gzip'd, as it would be attached to a ticket), the ``--json`` size, and the median
+wall time of `dtrain report` (a fresh process each time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.report_archives import synthetic  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--per-node", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=3600)
+    ap.add_argument("--every", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = synthetic(Path(tmp) / "synthetic", nodes=a.nodes, per_node=a.per_node,
+                        seconds=a.seconds, every=a.every)
+        archive = sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
+        lines = sum(1 for _ in open(run / "output.jsonl"))
+        out = Path(tmp) / "report.html"
+        times = []
+        for _ in range(a.reps):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "launcher", "report", str(run), "-o",
+                            str(out)], cwd=REPO, check=True, capture_output=True)
+            times.append(time.perf_counter() - t)
+        page = out.read_bytes()
+        doc = subprocess.run([sys.executable, "-m", "launcher", "report", str(run), "--json"],
+                             cwd=REPO, check=True, capture_output=True).stdout
+    result = {
+        "ranks": a.nodes * a.per_node, "seconds": a.seconds, "lines": lines,
+        "archive_bytes": archive, "page_bytes": len(page),
+        "page_gzip_bytes": len(gzip.compress(page)), "json_bytes": len(doc),
+        "report_s_median": round(statistics.median(times), 2),
+        "report_s_all": [round(x, 2) for x in times],
+    }
+    print(json.dumps(result, indent=2))
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Training curves from the ranks' output: pure, line by line (docs/report.md, "Curves").
+
+A metric is a ``name=value`` or ``name: value`` pair on a rank's **stdout** line
+(``step=120 loss=0.4312 lr=3e-4``, ``epoch: 1, loss: 0.52``). stderr is not read: warnings
+and c10d's ``err=-3`` are not training metrics. The step (the x axis) is the value of a
+``step``/``global_step``/``iter``/``iteration`` pair, or the number after a bare ``step``
+word (``step 120 ...``); a line without one counts as the next step of its rank.
+``--metric REGEX`` replaces the default pattern: a regex with a ``value`` group (and
+optionally a ``name`` group; without one the metric is named after the pattern), or with
+exactly one group, the value.
+
+Every point is kept per rank (and attempt); ``curves()`` then averages the ranks per step
+and thins each series to a fixed budget of points (the minimum and maximum of each bucket,
+so a spike survives), which keeps the page small at any run length.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from launcher.errors import UsageError
+
+DEFAULT_METRIC = (r"(?<![\w./-])(?P<name>[A-Za-z_][\w./-]*?)\s*(?:=|:\s)\s*"
+                  r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.:/-])")
+STEP_NAMES = frozenset({"step", "global_step", "iter", "iteration", "it", "steps"})
+_BARE_STEP = re.compile(r"(?<![\w-])(?:step|iter|iteration)\s+(\d+)\b", re.I)
+# names that are ids, not curves
+IGNORED_NAMES = frozenset({"rank", "local_rank", "global_rank", "world_size", "world", "pid",
+                           "port", "node", "node_rank", "nnodes", "gpu", "device", "seed"})
+_METRIC, _STEP, _IGNORED = 0, 1, 2
+MAX_METRICS = 16
+MEAN_POINTS = 2000  # per series (and attempt) of the averaged curve
+RANK_POINTS_TOTAL = 8000  # shared by every rank's series of one metric
+RANK_POINTS_MAX = 1000  # per rank
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One metric pattern: the compiled regex and the name it gives when it has no name
+    group."""
+
+    regex: re.Pattern[str]
+    label: str | None  # None: the regex names each metric (its `name` group)
+
+    def pairs(self, text: str) -> list[tuple[str, str]]:
+        """(name, value text) of every match."""
+        rx = self.regex
+        if self.label is None:
+            if rx.groups == 2 and list(rx.groupindex) == ["name", "value"]:
+                return rx.findall(text)  # the default: one C call per line
+            return [(m.group("name") or "", m.group("value")) for m in rx.finditer(text)]
+        if "value" in rx.groupindex:
+            return [(self.label, m.group("value")) for m in rx.finditer(text)]
+        return [(self.label, m.group(1)) for m in rx.finditer(text)]
+
+
+def patterns(user: list[str] | None) -> list[Pattern]:
+    """The default pattern, or the user's ``--metric`` patterns (bad one: exit 2)."""
+    if not user:
+        return [Pattern(re.compile(DEFAULT_METRIC), None)]
+    out = []
+    for text in user:
+        try:
+            rx = re.compile(text)
+        except re.error as exc:
+            raise UsageError(f"--metric {text!r}: not a regular expression: {exc}",
+                             hint="e.g. --metric 'loss (?P<value>[0-9.]+)'") from None
+        names = rx.groupindex
+        if "value" not in names and rx.groups != 1:
+            raise UsageError(f"--metric {text!r}: needs a group named `value` (or exactly one "
+                             "group)", hint="e.g. --metric 'tok/s=(?P<value>[0-9.]+)'")
+        out.append(Pattern(rx, None if "name" in names else text))
+    return out
+
+
+@dataclass
+class Series:
+    """One rank's points of one metric in one attempt: time, step (or None), value."""
+
+    t: list[float] = field(default_factory=list)
+    step: list[int | None] = field(default_factory=list)
+    v: list[float] = field(default_factory=list)
+
+
+@dataclass
+class CurveBuilder:
+    """Fed one stdout line at a time; keeps every point per (metric, rank, attempt)."""
+
+    pats: list[Pattern]
+    series: dict[str, dict[tuple[int, int], Series]] = field(default_factory=dict)
+    stepped: set[str] = field(default_factory=set)  # metrics seen with a step number
+    _count: dict[tuple[int, int], int] = field(default_factory=dict)
+    _last_step: dict[tuple[int, int], int] = field(default_factory=dict)
+    _kinds: dict[str, int] = field(default_factory=dict)  # name -> _METRIC/_STEP/_IGNORED
+    _cells: dict[tuple[str, tuple[int, int]], Series] = field(default_factory=dict)
+
+    def add(self, t: float, rank: int, attempt: int, text: str) -> None:
+        found: list[tuple[str, float]] = []
+        step: int | None = None
+        kinds = self._kinds
+        for pat in self.pats:
+            for name, raw in pat.pairs(text):
+                kind = kinds.get(name)
+                if kind is None:
+                    low = name.lower()
+                    kind = kinds[name] = (
+                        _STEP if pat.label is None and low in STEP_NAMES else
+                        _IGNORED if not name or low in IGNORED_NAMES else _METRIC)
+                if kind == _IGNORED:
+                    continue
+                try:
+                    value = float(raw)
+                except (TypeError, ValueError):
+                    continue
+                if kind == _STEP:
+                    if value.is_integer():
+                        step = int(value)
+                elif math.isfinite(value):
+                    found.append((name, value))
+        if not found:
+            return
+        if step is None:
+            bare = _BARE_STEP.search(text)
+            if bare:
+                step = int(bare.group(1))
+        key = (rank, attempt)
+        if step is None:
+            step = self._last_step.get(key)  # `epoch: 1, acc: 0.9` after step 40's line
+        else:
+            self._last_step[key] = step
+        n = self._count.get(key, 0)
+        self._count[key] = n + 1
+        x = step if step is not None else n
+        cells = self._cells
+        for name, value in found:
+            s = cells.get((name, key))
+            if s is None:
+                s = cells[(name, key)] = self.series.setdefault(name, {})[key] = Series()
+            s.t.append(t)
+            s.step.append(x)
+            s.v.append(value)
+            if step is not None and name not in self.stepped:
+                self.stepped.add(name)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One metric as the page draws it: the mean over ranks per attempt, and per-rank series
+    (both thinned). ``x_is_step``: the lines carried a step number (else the x axis counts the
+    rank's lines with metrics). Times are seconds since the run's start."""
+
+    name: str
+    x_is_step: bool
+    mean: dict[int, Series]  # attempt -> averaged series
+    ranks: dict[tuple[int, int], Series]  # (rank, attempt) -> thinned series
+    points: int  # points in the archive, all ranks
+    thinned: bool
+
+
+def curves(builder: CurveBuilder, t0: float, *, mean_points: int = MEAN_POINTS,
+           rank_points_total: int = RANK_POINTS_TOTAL) -> tuple[list[Curve], list[str]]:
+    """The curves worth drawing (at most MAX_METRICS, the most frequent first) and the names
+    left out. A metric needs two points on some rank."""
+    ranked = sorted(builder.series.items(),
+                    key=lambda kv: (-sum(len(s.v) for s in kv[1].values()), kv[0]))
+    ranked = [(n, r) for n, r in ranked if max(len(s.v) for s in r.values()) >= 2]
+    keep, dropped = ranked[:MAX_METRICS], [n for n, _ in ranked[MAX_METRICS:]]
+    out = []
+    for name, by_rank in keep:
+        per_rank = max(2, min(RANK_POINTS_MAX, rank_points_total // max(1, len(by_rank))))
+        ranks = {key: thin(_shift(s, t0), per_rank) for key, s in sorted(by_rank.items())}
+        full = _means(by_rank, t0)
+        means = {a: thin(m, mean_points) for a, m in full.items()}
+        total = sum(len(s.v) for s in by_rank.values())
+        thinned = (sum(len(s.v) for s in ranks.values()) < total
+                   or any(len(means[a].v) < len(m.v) for a, m in full.items()))
+        out.append(Curve(name=name, x_is_step=name in builder.stepped, mean=means,
+                         ranks=ranks, points=total, thinned=thinned))
+    return out, dropped
+
+
+def _shift(s: Series, t0: float) -> Series:
+    return Series([round(t - t0, 3) for t in s.t], list(s.step), list(s.v))
+
+
+def _means(by_rank: dict[tuple[int, int], Series], t0: float) -> dict[int, Series]:
+    """Per attempt: at each step, the mean value and mean time over the ranks that have it."""
+    acc: dict[int, dict[int, list[float]]] = {}
+    for (_rank, attempt), s in by_rank.items():
+        steps = acc.setdefault(attempt, {})
+        for t, step, v in zip(s.t, s.step, s.v, strict=True):
+            cell = steps.setdefault(step if step is not None else 0, [0.0, 0.0, 0.0])
+            cell[0] += t
+            cell[1] += v
+            cell[2] += 1
+    out = {}
+    for attempt, steps in sorted(acc.items()):
+        m = Series()
+        for step in sorted(steps):
+            t_sum, v_sum, n = steps[step]
+            m.t.append(round(t_sum / n - t0, 3))
+            m.step.append(step)
+            m.v.append(v_sum / n)
+        out[attempt] = m
+    return out
+
+
+def thin(s: Series, budget: int) -> Series:
+    """At most ``budget`` points: the series cut into budget/2 buckets by position, each
+    kept as its lowest and highest point (in their order). Shorter series are unchanged."""
+    n = len(s.v)
+    if n <= budget:
+        return s
+    buckets = max(1, budget // 2)
+    out = Series()
+    for b in range(buckets):
+        lo, hi = b * n // buckets, (b + 1) * n // buckets
+        if lo >= hi:
+            continue
+        idx = range(lo, hi)
+        i_min = min(idx, key=s.v.__getitem__)
+        i_max = max(idx, key=s.v.__getitem__)
+        for i in sorted({i_min, i_max}):
+            out.t.append(s.t[i])
+            out.step.append(s.step[i])
+            out.v.append(s.v[i])
+    return out

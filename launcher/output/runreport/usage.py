@@ -1,0 +1,148 @@
+"""Utilisation over time per node, from the archive's ``samples.jsonl`` (pure).
+
+One record per node per sample, ``{"t", "host", ...}`` (docs/output-and-archive.md). The
+reader is tolerant: every field is optional and a few spellings are accepted, so a record
+with fields this version does not know still gives what it can, and one without samples
+gives an empty list. Per node it derives:
+
+    gpu_util   mean utilisation of the node's GPUs, %
+    gpu_mem    memory used over memory total, all the node's GPUs, %
+    cpu        CPU busy, %
+    mem        host memory used, %
+    nic        the NCCL/GLOO interface's receive + transmit rate, bytes/s
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.output.runreport.curves import Series, thin
+
+USAGE_POINTS = 720  # per node and metric (an hour at 5 s)
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("gpu_util", "GPU utilisation", "%"),
+    ("gpu_mem", "GPU memory", "%"),
+    ("cpu", "CPU busy", "%"),
+    ("mem", "host memory", "%"),
+    ("nic", "NIC rx + tx", "B/s"),
+)
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def _first(d: Mapping[str, Any], *names: str) -> float | None:
+    for name in names:
+        v = _num(d.get(name))
+        if v is not None:
+            return v
+    return None
+
+
+def _percent(value: object, used: tuple[str, ...], total: tuple[str, ...],
+             pct: tuple[str, ...]) -> float | None:
+    """A percentage from a number, or from a dict's percent field or used/total."""
+    direct = _num(value)
+    if direct is not None:
+        return direct
+    if not isinstance(value, Mapping):
+        return None
+    p = _first(value, *pct)
+    if p is not None:
+        return p
+    u, t = _first(value, *used), _first(value, *total)
+    return 100.0 * u / t if u is not None and t else None
+
+
+def sample_values(rec: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics one sample record gives (those it has)."""
+    out: dict[str, float] = {}
+    gpus = rec.get("gpus")
+    if isinstance(gpus, list):
+        utils = [u for g in gpus if isinstance(g, Mapping)
+                 for u in [_first(g, "util", "utilization", "gpu_util", "utilization_gpu")]
+                 if u is not None]
+        if utils:
+            out["gpu_util"] = sum(utils) / len(utils)
+        used = [(_first(g, "mem_used", "memory_used", "used_mib", "mem_used_mib"),
+                 _first(g, "mem_total", "memory_total", "total_mib", "mem_total_mib"))
+                for g in gpus if isinstance(g, Mapping)]
+        pairs = [(u, t) for u, t in used if u is not None and t]
+        if pairs:
+            out["gpu_mem"] = 100.0 * sum(u for u, _ in pairs) / sum(t for _, t in pairs)
+    cpu = _percent(rec.get("cpu"), ("used",), ("total",), ("busy", "util", "percent", "pct"))
+    if cpu is None:
+        cpu = _first(rec, "cpu_busy", "cpu_percent", "cpu_util")
+    if cpu is not None:
+        out["cpu"] = cpu
+    mem = _percent(rec.get("mem"), ("used", "used_bytes", "used_kb", "used_mib"),
+                   ("total", "total_bytes", "total_kb", "total_mib"), ("percent", "pct", "util"))
+    if mem is not None:
+        out["mem"] = mem
+    nic = rec.get("nic")
+    if isinstance(nic, list):  # one entry per interface
+        rates = [sample_values({"nic": n}).get("nic") for n in nic]
+        if any(r is not None for r in rates):
+            out["nic"] = sum(r for r in rates if r is not None)
+    elif isinstance(nic, Mapping):
+        rx = _first(nic, "rx", "rx_bps", "rx_bytes_per_s", "rx_rate", "rx_Bps")
+        tx = _first(nic, "tx", "tx_bps", "tx_bytes_per_s", "tx_rate", "tx_Bps")
+        if rx is not None or tx is not None:
+            out["nic"] = (rx or 0.0) + (tx or 0.0)
+    else:
+        rx, tx = _first(rec, "nic_rx", "rx"), _first(rec, "nic_tx", "tx")
+        if rx is not None or tx is not None:
+            out["nic"] = (rx or 0.0) + (tx or 0.0)
+    return out
+
+
+@dataclass
+class UsageBuilder:
+    """Fed one sample record at a time."""
+
+    series: dict[str, dict[str, Series]] = field(default_factory=dict)  # metric -> host -> s
+    records: int = 0
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        t, host = _num(rec.get("t")), rec.get("host")
+        if t is None or not isinstance(host, str) or not host:
+            return
+        self.records += 1
+        for name, value in sample_values(rec).items():
+            s = self.series.setdefault(name, {}).setdefault(host, Series())
+            s.t.append(t)
+            s.step.append(None)
+            s.v.append(value)
+
+
+@dataclass(frozen=True)
+class UsageChart:
+    """One metric, one series per node (seconds since the run's start)."""
+
+    name: str
+    title: str
+    unit: str
+    hosts: dict[str, Series]
+
+
+def charts(builder: UsageBuilder, t0: float, points: int = USAGE_POINTS) -> list[UsageChart]:
+    out = []
+    for name, title, unit in METRICS:
+        by_host = builder.series.get(name)
+        if not by_host:
+            continue
+        hosts = {}
+        for host, s in by_host.items():
+            order = sorted(range(len(s.t)), key=s.t.__getitem__)
+            shifted = Series([round(s.t[i] - t0, 3) for i in order], [None] * len(order),
+                             [round(s.v[i], 3) for i in order])
+            hosts[host] = thin(shifted, points)
+        out.append(UsageChart(name, title, unit, hosts))
+    return out

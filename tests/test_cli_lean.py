@@ -1,0 +1,123 @@
+"""The CLI's fixed cost stays small: pydantic-free coercion that agrees with typer's, and
+the import set of the hot commands pinned (issue 26; docs/benchmarks.md "Fixed costs").
+
+As tests/test_supervisor_lean.py pins what the node program imports, these pin what the
+launcher imports for the commands a pdsh user runs all day: a module that sneaks into them
+(asyncssh for localhost, pydantic, the JSON/JUnit report code, yaml for -H) costs every
+user tens of milliseconds on every call. Time itself is never asserted (bench/
+bench_startup.py measures it); the import set is what the time is made of.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import typer
+from typer._coercion import build_runtime_param
+
+from launcher.cli import app, coerce
+
+VALUES: dict[type, list[Any]] = {
+    str: ["", "x", "node[1-4]", "-", "é", "a b", 5, None],
+    int: ["0", "1", "64", "007", "-3", "-0", "+5", " 5", "5_0", "x", "1.5", "1.0", "1e3", "",
+          "١", "9" * 30, 7, 0, -1, True, 2.0, None],
+    float: ["0", "0.1", "0.05", "2", "-1", "-0.5", "1e3", "inf", "nan", ".5", "5.", "x", "",
+            " 2", "1_0", 2, 2.5, 0, True, None],
+    bool: [True, False, None, "yes", ""],
+}
+LISTS: list[Any] = [("a", "b"), [], ("x",), ("--", "-v"), "abc", None, (1, 2)]
+
+
+def _commands(cmd: Any, path: str = "dtrain") -> list[tuple[str, Any]]:
+    out = [(path, cmd)]
+    for name, sub in getattr(cmd, "commands", {}).items():
+        out += _commands(sub, f"{path} {name}")
+    return out
+
+
+def _outcome(fn: Any) -> tuple[str, Any]:
+    try:
+        value = fn()
+    except Exception as exc:  # the error typer shows is the message of a click exception
+        return ("error", (type(exc).__name__, exc.format_message()
+                          if hasattr(exc, "format_message") else str(exc)))
+    return ("ok", (type(value).__name__, value if value == value else "nan"))
+
+
+def _plain_params() -> list[tuple[str, Any, Any]]:
+    root = typer.main.get_command(app)
+    found = []
+    for path, cmd in _commands(root):
+        ctx = typer._click.Context(cmd, info_name=path)
+        for param in cmd.get_params(ctx):
+            if coerce._plain(param) is not None:
+                found.append((f"{path} {param.name}", param, ctx))
+    return found
+
+
+PLAIN = _plain_params()
+
+
+def test_the_commands_options_are_plain_ones() -> None:
+    """Most of dtrain's options take the cheap path; a new Path/Enum option would just be
+    coerced by typer, but a CLI where none is plain means coerce.py stopped matching."""
+    names = {name for name, _, _ in PLAIN}
+    assert {"dtrain exec fanout", "dtrain exec command", "dtrain exec hosts",
+            "dtrain run nproc_per_node", "dtrain cp fanout"} <= names, sorted(names)
+
+
+@pytest.mark.parametrize("name,param,ctx", PLAIN, ids=[n for n, _, _ in PLAIN])
+def test_cheap_coercion_agrees_with_typers(name: str, param: Any, ctx: Any) -> None:
+    leaf, is_list = coerce._plain(param)  # type: ignore[misc]
+    values = LISTS if is_list else VALUES[leaf]
+    for value in values:
+        if leaf is bool and isinstance(value, bool):
+            continue  # typer never coerces a flag's own bool
+        theirs = _outcome(lambda v=value: build_runtime_param(param.type_descriptor).coerce(
+            v, param=param, ctx=ctx))
+        mine = _outcome(lambda v=value: coerce.CheapParam(param, leaf, is_list).coerce(
+            v, param=param, ctx=ctx))
+        assert mine == theirs, (name, value)
+
+
+def test_install_covers_every_plain_parameter_and_only_those() -> None:
+    root = typer.main.get_command(app)
+    cmd = root.commands["exec"]  # type: ignore[attr-defined]
+    ctx = typer._click.Context(cmd, info_name="exec")
+    params = cmd.get_params(ctx)
+    for p in params:
+        if hasattr(p, "_runtime_param"):
+            p._runtime_param = None
+    coerce.install(params)
+    for p in params:
+        if not hasattr(p, "_runtime_param"):
+            continue
+        cheap = isinstance(p._runtime_param, coerce.CheapParam)
+        assert cheap == (coerce._plain(p) is not None), p.name
+
+
+# ---------------------------------------------------------------- one command built, not all
+
+NAMES = sorted({c.name for c in app.registered_commands} | {g.name for g in app.registered_groups})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_one_command_app_says_what_the_whole_app_says(name: str) -> None:
+    """main() builds only the command named first (cli.only): its help, its usage errors
+    and a run of it are what the whole app gives."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import only
+
+    runner = CliRunner()
+    cases = [[name, "--help"], [name, "--no-such-option"], [name]]
+    if name == "keys":
+        cases += [["keys", "check", "--help"], ["keys", "nope"]]
+    if name == "completion":
+        cases += [["completion", "bash"]]
+    for args in cases:
+        whole = runner.invoke(app, args, prog_name="dtrain", env={"COLUMNS": "100"})
+        lean = runner.invoke(only(name), args, prog_name="dtrain", env={"COLUMNS": "100"})
+        assert (lean.exit_code, lean.output) == (whole.exit_code, whole.output), args
+    assert len(typer.main.get_command(only(name)).commands) == 1  # type: ignore[attr-defined]
