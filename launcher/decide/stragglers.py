@@ -62,7 +62,7 @@ class Straggler:
                 "flagged": round(self.flagged, 3), "window": self.window, "hold": self.hold,
                 "ratio": self.ratio, "attempt": self.attempt,
                 "cleared": round(self.cleared, 3) if self.cleared is not None else None,
-                "signal": "cpu"}
+                "signal": "cpu", "summary": self.line()}
 
     def line(self) -> str:
         """The one console line."""
