@@ -86,8 +86,8 @@ def sample_values(rec: Mapping[str, Any]) -> dict[str, float]:
     mem = _percent(rec.get("mem"), ("used", "used_bytes", "used_kb", "used_mib"),
                    ("total", "total_bytes", "total_kb", "total_mib"), ("percent", "pct", "util"))
     if mem is None:  # dtrain's sampler: flat bytes (docs/output-and-archive.md)
-        used, total = _first(rec, "mem_used"), _first(rec, "mem_total")
-        mem = 100.0 * used / total if used is not None and total else None
+        m_used, m_total = _first(rec, "mem_used"), _first(rec, "mem_total")
+        mem = 100.0 * m_used / m_total if m_used is not None and m_total else None
     if mem is not None:
         out["mem"] = mem
     nic = rec.get("nic", rec.get("net"))  # "net": dtrain's sampler
