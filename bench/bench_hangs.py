@@ -72,9 +72,12 @@ def timed_lines(argv: list[str], env: dict[str, str],
 def verdict(cluster: tc.Cluster, nodes: int, nproc: int, archive: Path) -> dict[str, object]:
     run_id = f"bench-hang-{uuid.uuid4().hex[:6]}"
     hosts = f"node[5-{4 + nodes}]"
+    barrier = Path(tempfile.mkdtemp(prefix="stall-", dir=cluster.shared_dir))
+    barrier.chmod(0o777)
     code, lines = timed_lines(dtrain_cmd(cluster, hosts, nproc, archive, run_id,
                                          "--hang-timeout", "3", "--on-hang", "stop",
-                                         "--grace", "2", STALL),
+                                         "--grace", "2", "-e", f"WL_BARRIER_DIR={barrier}",
+                                         STALL),
                               cluster.client_env(PYTHONUNBUFFERED="1"), 900)
     hang = next((t for t, text in lines if text.startswith("dtrain: HANG:")), None)
     folded = next((t for t, text in lines if text.startswith("dtrain: likely culprit:")), None)
@@ -83,7 +86,8 @@ def verdict(cluster: tc.Cluster, nodes: int, nproc: int, archive: Path) -> dict[
     culprit = (dump.get("culprit") or {})
     ok = code == 125 and culprit.get("rank") == nodes * nproc - 1
     if not ok:
-        print("\n".join(text for _, text in lines[-30:]), file=sys.stderr)
+        print("\n".join(text for _, text in lines if not text.startswith("dtrain:   node")),
+              file=sys.stderr)
     return {"case": f"verdict {nodes}x{nproc}", "ok": ok, "exit": code,
             "declared_to_verdict_s": round(folded - hang, 3) if hang and folded else None,
             "dump_took_s": dump.get("took"), "ranks": nodes * nproc}
@@ -94,8 +98,11 @@ def stacks(cluster: tc.Cluster, nodes: int, nproc: int, archive: Path,
     run_id = f"bench-stacks-{uuid.uuid4().hex[:6]}"
     env = cluster.client_env(PYTHONUNBUFFERED="1")
     hosts = f"node[5-{4 + nodes}]"
+    barrier = Path(tempfile.mkdtemp(prefix="stall-", dir=cluster.shared_dir))
+    barrier.chmod(0o777)
     res = subprocess.run(dtrain_cmd(cluster, hosts, nproc, archive, run_id, "--detach",
-                                    "--hang-timeout", "0", "--grace", "2", STALL),
+                                    "--hang-timeout", "0", "--grace", "2", "-e",
+                                    f"WL_BARRIER_DIR={barrier}", STALL),
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     out = []
     try:

@@ -40,8 +40,9 @@ if str(REPO) not in sys.path:
 from launcher.transports.ssh import CIPHERS as DTRAIN_CIPHERS  # noqa: E402
 
 PYTHON = sys.executable  # the interpreter with torch; dtuser can run it on every node
-# what pdsh/clush/ssh are told to prefer: dtrain's own list (launcher/transports/ssh.py), so
-# the comparison is of the tools, not of the ciphers; "openssh" keeps OpenSSH's default
+# what pdsh/clush/ssh are told to prefer: dtrain's own list (launcher/transports/ssh/
+# settings.py), so the comparison is of the tools, not of the ciphers; "openssh" keeps
+# OpenSSH's default
 SSH_CIPHERS = {"dtrain": ",".join(DTRAIN_CIPHERS), "openssh": None}
 BIN = Path(PYTHON).parent
 

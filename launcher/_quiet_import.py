@@ -5,7 +5,7 @@ When it is imported, ``asyncssh.crypto.pq`` looks for liboqs with
 -p`` and, when that finds nothing, gcc and ld: 11 processes and ~25 ms on every dtrain start,
 odd in a login node's process accounting. liboqs only adds post-quantum key exchanges
 (sntrup761; ML-KEM comes from OpenSSL when it has it), and dtrain never offers those
-(``KEX_ALGS`` in transports/ssh.py). So while that one module executes, those two names
+(``KEX_ALGS`` in transports/ssh/settings.py). So while that one module executes, those two names
 are "not found"; every other ``find_library`` call, and every other module, is untouched.
 
 The hook sits on ``sys.meta_path`` and does nothing until asyncssh is imported, so commands

@@ -1,4 +1,5 @@
-"""Frozen dataclasses shared by every layer (hosts, output lines, results)."""
+"""Frozen dataclasses shared by every layer (hosts, output lines, results), and the password
+holder."""
 
 from __future__ import annotations
 
@@ -72,3 +73,21 @@ class CopyResult:
         if self.unreachable is not None:
             return 255
         return 1 if self.errors else 0
+
+
+class Secret:
+    """A password: hidden from repr/str, so no traceback, log or message can show it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The password itself, for the one place that sends it to sshd."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__

@@ -114,6 +114,18 @@ def test_run_unreachable_host_once_with_its_line_and_exclude(cluster, hostfile_w
     assert "hint: fix it, or leave it out: --exclude 198.18.0.11\n" in res.stderr
 
 
+def test_smoke_unreachable_host_is_named_as_run_names_it(cluster, hostfile_with_a_dead_port):
+    """smoke and run share one prepare phase (job/prepare.py): the same message."""
+    hf = hostfile_with_a_dead_port
+    res = dtrain(["smoke", "-f", str(hf), "--python", cluster.python],
+                 env=cluster.client_env())
+    assert res.returncode == 255
+    assert res.stderr.count("connection refused") == 1, res.stderr
+    assert (f"dtrain: error: cannot reach 198.18.0.11:2299 ({hf}:3): connection refused"
+            in res.stderr)
+    assert "hint: fix it, or leave it out: --exclude 198.18.0.11\n" in res.stderr
+
+
 @pytest.mark.torch
 def test_torchrun_temp_dirs_are_removed_with_the_job(cluster, tmp_path):
     """torchrun's torchelastic_* log dir lives in the supervisor's private dir (gone after

@@ -7,7 +7,8 @@ Layers, top to bottom (docs/architecture.md "Where does my change go"):
 A module may import its own layer or any layer below it, never one above. Lazy imports inside
 functions count too: they are still a dependency. The node programs (``nodeside/supervisor``
 and ``nodeside/probe``) run on nodes with nothing but a Python >= 3.8 standard library, so they
-import nothing else at all. Module-level imports form no cycle.
+import nothing else at all. No modules import each other in a loop, lazy imports included.
+asyncssh is imported under ``transports/ssh/`` only.
 """
 
 from __future__ import annotations
@@ -111,29 +112,90 @@ def test_node_programs_import_only_the_standard_library(program: str) -> None:
     assert foreign == [], f"{program} imports {foreign}: node programs are stdlib only"
 
 
-def test_no_import_cycles() -> None:
-    mods = modules()
-    graph = {name: {t for t, _ in imports(path, top_level_only=True) if t in mods and t != name}
-             for name, path in mods.items()}
-    # a package's __init__ importing its own submodules is how packages work, not a cycle
-    for name in graph:
-        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
-    state: dict[str, int] = {}
-    cycles: list[list[str]] = []
+FENCED = {"asyncssh": "launcher.transports.ssh"}  # a foreign library: the package it is fenced in
 
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
-            elif nxt not in state:
-                visit(nxt, stack + [nxt])
-        state[node] = 2
+
+def fence_violations(mods: dict[str, Path]) -> list[str]:
+    """Every import (lazy ones too) of a fenced library from outside its package."""
+    bad = []
+    for name, path in mods.items():
+        for target, line in imports(path):
+            lib = target.split(".")[0]
+            home = FENCED.get(lib)
+            if home is not None and name != home and not name.startswith(home + "."):
+                bad.append(f"{name}:{line}: imports {target} (only {home} may)")
+    return bad
+
+
+def test_asyncssh_is_imported_only_under_transports_ssh() -> None:
+    """httpx's habit: the foreign library behind one package and one error map, so a
+    change of SSH library, or of its exceptions, is a change in one place."""
+    assert fence_violations(modules()) == []
+
+
+def test_the_fence_check_catches_a_lazy_import(tmp_path: Path) -> None:
+    mods = modules()
+    rogue = tmp_path / "rogue.py"
+    rogue.write_text("def f():\n    from asyncssh import SSHKey\n    return SSHKey\n")
+    mods["launcher.commands.rogue"] = rogue
+    assert fence_violations(mods) == [
+        "launcher.commands.rogue:2: imports asyncssh (only launcher.transports.ssh may)"]
+
+
+def import_circles(mods: dict[str, Path]) -> list[list[str]]:
+    """Every set of modules that import each other in a loop (strongly connected
+    components of the import graph), reading every import: lazy ones inside functions and
+    ``if TYPE_CHECKING:`` ones too, so a circle closed through a deferred import counts."""
+    graph = {name: sorted({t for t, _ in imports(path) if t in mods and t != name
+                           # a package's __init__ importing its own submodules is how
+                           # packages work, not a circle
+                           and not t.startswith(name + ".")})
+             for name, path in mods.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
 
     for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
-    assert cycles == []
+        if name not in index:
+            visit(name)
+    return sorted(circles)
+
+
+def test_no_import_cycles() -> None:
+    assert import_circles(modules()) == []
+
+
+def test_the_cycle_check_reads_lazy_imports(tmp_path: Path) -> None:
+    """The circle output/console → fold → render → console was closed by an import inside
+    a function; the check must see such a circle."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import launcher.output.rogue_b\n")
+    b.write_text("def f():\n    from launcher.output.rogue_a import x\n    return x\n")
+    mods = {**modules(), "launcher.output.rogue_a": a, "launcher.output.rogue_b": b}
+    assert ["launcher.output.rogue_a", "launcher.output.rogue_b"] in import_circles(mods)
 
 
 def test_node_programs_run_on_python_3_8() -> None:

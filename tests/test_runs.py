@@ -21,7 +21,7 @@ from launcher.output.archive import RunArchive
 from launcher.output.logview import replay, tail_offset
 from launcher.output.rundir import RunDir
 from launcher.output.runlock import LOCK, LauncherLock, probe
-from launcher.output.runs import (
+from launcher.output.runstate import (
     age,
     last_line_time,
     list_status,

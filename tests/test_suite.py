@@ -127,3 +127,14 @@ def test_bench_ssh_tools_use_dtrains_ciphers() -> None:
     assert f"Ciphers={','.join(CIPHERS)}" in same.ssh_opts()
     assert not any(o.startswith("Ciphers=") for o in common.Env(
         cluster, Path("/tmp"), ciphers=common.SSH_CIPHERS["openssh"]).ssh_opts())
+
+
+def test_testing_md_maps_every_test_file() -> None:
+    """docs/testing.md's table names each test file, so a newcomer finds where a behaviour
+    is tested (and a new file is placed in an area when it lands)."""
+    import re
+
+    text = (REPO / "docs" / "testing.md").read_text()
+    named = set(re.findall(r"\btest_\w+\.py\b", text))
+    files = {p.name for p in (REPO / "tests").glob("test_*.py")}
+    assert sorted(files - named) == [], "add them to docs/testing.md's table"

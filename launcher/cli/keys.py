@@ -129,9 +129,9 @@ class TerminalPrompts:
 
 
 def _table(results: Sequence[KeyResult], stream: TextIO) -> None:
-    """A rich table when colour is on (``console.should_color``: a terminal or FORCE_COLOR,
+    """A rich table when colour is on (``render.should_color``: a terminal or FORCE_COLOR,
     never NO_COLOR), plain aligned columns otherwise (pipes, CI logs)."""
-    from launcher.output.console import should_color
+    from launcher.output.render import should_color
 
     if should_color(stream):
         from rich.console import Console
@@ -159,8 +159,8 @@ def _report(action: str, results: Sequence[KeyResult], keypair: KeyPair, started
             as_json: bool, junit: str | None) -> int:
     """Print the table (to stderr under --json) and the tally, then the dtrain.keys/1
     document and the JUnit file when asked; 0 only when every node succeeded."""
+    from launcher.commands.entry import finish
     from launcher.commands.keys import keys_report
-    from launcher.commands.reporting import finish
     from launcher.output import render
 
     _table(results, sys.stderr if as_json else sys.stdout)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -101,9 +99,9 @@ def summary(outcome: JobOutcome, hosts: Sequence[Host] = ()) -> list[str]:
     return lines
 
 
-async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings,
-                     outcomes: list[JobOutcome] | None = None) -> int:
-    """Run the command on every host and return the exit code."""
+async def exec_async(hosts: Sequence[Host], req: ExecRequest,
+                     settings: SSHSettings) -> JobOutcome:
+    """Run the command on every host; the job's outcome (``exit_code`` gives the code)."""
     stdout = sys.stderr if req.as_json else sys.stdout
     spec = exec_spec(req.command, grace=req.grace, heartbeat_timeout=req.heartbeat_timeout)
     launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
@@ -132,9 +130,7 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest, settings: SSHSetti
             fast.close()
     for line in summary(outcome, hosts):
         render.note(line)
-    if outcomes is not None:
-        outcomes.append(outcome)
-    return exit_code(outcome)
+    return outcome
 
 
 def exec_report(outcome: JobOutcome | None, code: int, req: ExecRequest, started: float,
@@ -167,22 +163,12 @@ def exec_report(outcome: JobOutcome | None, code: int, req: ExecRequest, started
 
 
 def run_exec(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> int:
-    """Synchronous entry for the CLI."""
-    from launcher.commands.reporting import error_report, finish
-    from launcher.errors import DtrainError
+    """`dtrain exec`; --json/--junit report every node's exit code (dtrain.exec/1)."""
+    from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
 
-    started = time.time()
-    outcomes: list[JobOutcome] = []
-    reporting = req.as_json or bool(req.junit)
-    try:
-        code = asyncio.run(exec_async(hosts, req, settings, outcomes))
-    except KeyboardInterrupt:
-        code = 128 + signal.SIGINT
-    except DtrainError as exc:
-        if not reporting:
-            raise
-        render.error(exc)
-        return finish(error_report("exec", exc, started, [h.label for h in hosts]),
-                      as_json=req.as_json, junit=req.junit)
-    report = exec_report(outcomes[0] if outcomes else None, code, req, started, hosts)
-    return finish(report, as_json=req.as_json, junit=req.junit)
+    def conclude(ended: Ended[JobOutcome]) -> CommandReport:
+        code = INTERRUPTED if ended.result is None else exit_code(ended.result)
+        return exec_report(ended.result, code, req, ended.started, hosts)
+
+    return run_command("exec", hosts, lambda: exec_async(hosts, req, settings), conclude,
+                       reports=Reports(req.as_json, req.junit))

@@ -1,8 +1,9 @@
-"""dtrain's own SSH key pair on the login node, and the password holder.
+"""dtrain's own SSH key pair on the login node.
 
 ``ensure_keypair`` creates ~/.ssh/dtrain_ed25519 with mode 0600 from its first byte (never a
-world-readable moment) or reads the existing one; ``Secret`` keeps a password out of reprs,
-tracebacks and logs from the moment it is read.
+world-readable moment) or reads the existing one (the key files themselves go through
+``transports.ssh.keyfiles``). ``Secret``, the password holder (``launcher.models``), is
+handed on from here for the CLI.
 """
 
 from __future__ import annotations
@@ -14,34 +15,24 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncssh
-
 from launcher.commands.authorized_keys import (
     PublicKey,
 )
 from launcher.errors import UsageError
+from launcher.models import Secret
 from launcher.transports.ssh import (
     DTRAIN_KEY_NAME,
+    SSHKey,
     fingerprint,
 )
+from launcher.transports.ssh.keyfiles import (
+    KeyFileError,
+    new_private_key,
+    public_line,
+    read_private_key,
+)
 
-
-class Secret:
-    """A password: hidden from repr/str, so no traceback, log or message can show it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The password itself, for the one place that sends it to sshd."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
+__all__ = ["KeyPair", "Secret", "default_key_path", "ensure_keypair"]
 
 
 # --------------------------------------------------------------------------- results
@@ -56,7 +47,7 @@ class KeyPair:
     key: PublicKey
     fingerprint: str
     created: bool
-    ssh_key: asyncssh.SSHKey = field(repr=False, compare=False)
+    ssh_key: SSHKey = field(repr=False, compare=False)
 
 
 def default_key_path(home: Path | None = None) -> Path:
@@ -75,22 +66,22 @@ def _create_private(path: Path) -> bool:
     O_EXCL means two setups started at once cannot overwrite each other's key.
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = asyncssh.generate_private_key("ssh-ed25519", comment=_key_comment())
+    key = new_private_key(_key_comment())
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         return False
     with os.fdopen(fd, "wb") as f:
-        f.write(key.export_private_key("openssh"))
+        f.write(key)
     return True
 
 
-def _read_private(path: Path) -> asyncssh.SSHKey:
+def _read_private(path: Path) -> SSHKey:
     """Load an unencrypted private key OpenSSH will also accept (owner-only permissions)."""
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
-        key = asyncssh.read_private_key(str(path))
-    except asyncssh.KeyImportError as exc:
+        key = read_private_key(path)
+    except KeyFileError as exc:
         hint = ("dtrain needs a key without a passphrase; omit --identity to use its own"
                 if "passphrase" in str(exc).lower() else "delete it to let dtrain create a new one")
         raise UsageError(f"cannot use {path}: {exc}", hint=hint) from None
@@ -102,9 +93,9 @@ def _read_private(path: Path) -> asyncssh.SSHKey:
     return key
 
 
-def _public_key(path: Path, key: asyncssh.SSHKey) -> PublicKey:
+def _public_key(path: Path, key: SSHKey) -> PublicKey:
     """The .pub line: the file's when it matches the private key, else written from it."""
-    derived = PublicKey.parse(key.export_public_key("openssh").decode())
+    derived = PublicKey.parse(public_line(key))
     try:
         found = PublicKey.parse(path.read_text())
     except FileNotFoundError:
@@ -128,7 +119,3 @@ def ensure_keypair(path: Path) -> KeyPair:
     public = path.with_name(path.name + ".pub")
     return KeyPair(private=path, public=public, key=_public_key(public, key),
                    fingerprint=fingerprint(key), created=created, ssh_key=key)
-
-
-# --------------------------------------------------------------------------- SSH
-

@@ -14,20 +14,16 @@ setup, each step on all nodes in parallel (at most ``fanout`` at once):
    stdin, so the command line holds nothing but ``sh -s``;
 4. each node that got the key is checked with a fresh key-only login.
 
-asyncssh is used directly here rather than through SSHTransport: the transport offers the
-agent and every default key, which would hide whether *this* key works, and it has no
-password-only mode. Its errors still go through ``transports.ssh.map_ssh_errors``.
+The logins themselves (this key alone; a password offered once) are not SSHTransport's:
+they live in ``transports.ssh.login``, so asyncssh stays behind the transport package.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
-
-import asyncssh
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 from launcher.commands.authorized_keys import (
     ScriptReport,
@@ -44,22 +40,27 @@ from launcher.models import Host
 from launcher.output.report import ERROR, PASSED, CommandReport, NodeResult
 from launcher.output.report import FAILED as FAILED_STATUS
 from launcher.transports.ssh import (
-    CIPHERS,
-    KEX_ALGS,
     HostKeyPolicy,
-    HostKeyVerdict,
     SSHSettings,
     SSHTransport,
-    fingerprint,
+    UnknownHostKey,
     load_host_config,
-    map_ssh_errors,
 )
+from launcher.transports.ssh.login import (
+    Completed,
+    LoginClient,
+    LoginSession,
+    is_password_prompt,
+    login,
+)
+
+_Client = LoginClient  # the name the tests know it by
+__all__ = ["KeyResult", "Prompts", "UnknownHostKey", "check_keys", "is_password_prompt",
+           "keys_report", "revoke_keys", "setup_keys"]
 
 INSTALLED, PRESENT, FAILED = "installed", "present", "failed"
 OK, REMOVED, ABSENT = "ok", "removed", "absent"
 SCRIPT_TIMEOUT = 30.0
-RETRIES = 3  # for the drops sshd's MaxStartups produces before authentication
-_TRANSIENT = (asyncssh.ConnectionLost, ConnectionResetError, BrokenPipeError)
 _T = TypeVar("_T")
 _KEY_HINT = ("check sshd's AuthorizedKeysFile and StrictModes (home, ~/.ssh and "
              "authorized_keys must not be group- or world-writable)")
@@ -80,23 +81,6 @@ class KeyResult:
 
     def to_json(self) -> dict[str, str]:
         return {"host": self.host, "status": self.status, "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class UnknownHostKey:
-    """A host key no known_hosts line vouches for, kept so the one shown is the one recorded."""
-
-    host: str  # the node's label
-    algorithm: str
-    fingerprint: str
-    where: tuple[str, str | None, int | None] = field(repr=False, compare=False)
-    key: asyncssh.SSHKey = field(repr=False, compare=False)
-    policy: HostKeyPolicy | None = field(default=None, repr=False, compare=False)
-
-    def record(self) -> None:
-        """Append exactly this key to the known_hosts file its host's policy records in."""
-        assert self.policy is not None
-        self.policy.record(*self.where, self.key)
 
 
 class Prompts(Protocol):
@@ -126,54 +110,6 @@ def _failed(host: Host, exc: DtrainError | str, reachable: bool | None = None) -
 # --------------------------------------------------------------------------- the local key
 
 
-class _Client(asyncssh.SSHClient):
-    """Host keys through HostKeyPolicy; the password offered once, by either method."""
-
-    def __init__(self, policy: HostKeyPolicy, password: Secret | None = None) -> None:
-        self._policy = policy
-        self._password = password
-        self.password_sent = False
-        self.verdict: HostKeyVerdict | None = None  # this connection's own
-        self.refused: UnknownHostKey | None = None  # unknown, not recorded
-        self.declined: str = ""  # a keyboard-interactive prompt that was not a password's
-        self.added: UnknownHostKey | None = None  # unknown, recorded (--accept-new)
-
-    def validate_host_public_key(self, host: str, addr: str, port: int,
-                                 key: asyncssh.SSHKey) -> bool:
-        self.verdict = self._policy.validate(host, addr, port, key)
-        seen = UnknownHostKey("", key.get_algorithm(), fingerprint(key), (host, addr, port), key,
-                              self._policy)
-        if self.verdict.kind == "unknown":
-            self.refused = seen
-        elif self.verdict.kind == "added":
-            self.added = seen
-        return self.verdict.kind == "added"
-
-    def _take_password(self) -> str | None:
-        if self._password is None or self.password_sent:
-            return None  # never a second try: a wrong password must fail at once
-        self.password_sent = True
-        return self._password.reveal()
-
-    def password_auth_requested(self) -> str | None:
-        return self._take_password()
-
-    def kbdint_auth_requested(self) -> str | None:
-        return "" if self._password is not None and not self.password_sent else None
-
-    def kbdint_challenge_received(self, name: str, instructions: str, lang: str,
-                                  prompts: Sequence[tuple[str, bool]]) -> list[str] | None:
-        if not prompts:
-            return []  # PAM sends empty rounds to show messages
-        text, echo = prompts[0]
-        if len(prompts) == 1 and not echo and is_password_prompt(text):
-            password = self._take_password()
-            return None if password is None else [password]
-        # an OTP, a new password, several questions: never answered with the password
-        self.declined = " / ".join(p.strip() for p, _ in prompts)[:80]
-        return None
-
-
 @dataclass(frozen=True)
 class _Probe:
     """A key-only login's outcome: a final result, or what setup has to do next."""
@@ -192,74 +128,32 @@ class _Nodes:
         self.settings = settings
         self.keypair = keypair
         self.fanout = fanout
-        config = settings.config_path
-        self._config = [str(config)] if config.is_file() else []
 
     def policy(self, host: Host, accept_new: bool | None = None) -> HostKeyPolicy:
         """The host's known_hosts files (ssh config's UserKnownHostsFile/GlobalKnownHostsFile)."""
         return self.settings.host_key_policy(load_host_config(self.settings, host), accept_new)
 
-    def _options(self, host: Host, policy: HostKeyPolicy, *, key_only: bool) -> dict[str, Any]:
-        timeout = self.settings.connect_timeout
-        options: dict[str, Any] = {
-            "known_hosts": policy.trusted_arg(), "config": self._config,
-            "connect_timeout": timeout, "login_timeout": timeout,
-            "kex_algs": KEX_ALGS, "encryption_algs": CIPHERS, "agent_path": None,
-            "gss_auth": False, "gss_kex": False, "host_based_auth": False,
-        }
-        if key_only:
-            options.update(client_keys=[self.keypair.ssh_key], public_key_auth=True,
-                           kbdint_auth=False, password_auth=False, preferred_auth="publickey")
-        else:
-            options.update(client_keys=None, public_key_auth=False, kbdint_auth=True,
-                           password_auth=True, preferred_auth="keyboard-interactive,password")
-        if host.user:
-            options["username"] = host.user
-        if host.port:
-            options["port"] = host.port
-        return options
+    async def connect(self, host: Host, client: LoginClient, policy: HostKeyPolicy, *,
+                      key_only: bool) -> LoginSession:
+        """Log in with this key alone, or with the client's password (offered once)."""
+        return await login(self.settings, host, client, policy,
+                           self.keypair.ssh_key if key_only else None)
 
-    async def connect(self, host: Host, client: _Client, policy: HostKeyPolicy, *,
-                      key_only: bool) -> asyncssh.SSHClientConnection:
-        """Log in; ConnectError/AuthError/HostKeyError name the host and what to try."""
-        options = self._options(host, policy, key_only=key_only)
-        delay = 0.1
-        for attempt in range(RETRIES + 1):
-            with map_ssh_errors(host.label, self.settings, lambda: client.verdict):
-                try:
-                    async with asyncio.timeout(self.settings.connect_timeout + 1):
-                        conn, _ = await asyncssh.create_connection(
-                            lambda: client, host.name, **options)
-                    return conn
-                except asyncssh.PermissionDenied as exc:
-                    raise _auth_error(host, client, key_only) from exc
-                except _TRANSIENT:
-                    if attempt == RETRIES or client.password_sent:
-                        raise
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
-
-    async def run(self, host: Host, conn: asyncssh.SSHClientConnection, command: str,
-                  stdin: str | None = None) -> asyncssh.SSHCompletedProcess:
+    async def run(self, conn: LoginSession, command: str,
+                  stdin: str | None = None) -> Completed:
         """Run one command to completion (bounded), errors mapped."""
-        with map_ssh_errors(host.label, self.settings):
-            try:
-                return await conn.run(command, input=stdin, check=False, timeout=SCRIPT_TIMEOUT)
-            except asyncssh.TimeoutError as exc:  # else it would read as a connect timeout
-                raise ConnectError(f"`{command}` did not finish within {SCRIPT_TIMEOUT:g} s",
-                                   host=host.label) from exc
+        return await conn.run(command, stdin, timeout=SCRIPT_TIMEOUT)
 
     async def probe(self, host: Host, accept_new: bool | None = None) -> _Probe:
         """Key-only login, then `true`: does this key alone get us in?"""
         policy = self.policy(host, accept_new)
-        client = _Client(policy)
+        client = LoginClient(policy)
         probe = await self._probe(host, client, policy)
         if client.added is not None:
             return replace(probe, added=replace(client.added, host=host.label))
         return probe
 
-    async def _probe(self, host: Host, client: _Client, policy: HostKeyPolicy) -> _Probe:
+    async def _probe(self, host: Host, client: LoginClient, policy: HostKeyPolicy) -> _Probe:
         try:
             conn = await self.connect(host, client, policy, key_only=True)
         except AuthError as exc:
@@ -271,7 +165,7 @@ class _Nodes:
             return _Probe(host, _failed(host, exc))
         async with conn:
             try:
-                done = await self.run(host, conn, "true")
+                done = await self.run(conn, "true")
             except ConnectError as exc:
                 return _Probe(host, _failed(host, exc, reachable=True))
         if done.exit_status != 0:
@@ -283,11 +177,11 @@ class _Nodes:
     async def install(self, host: Host, password: Secret) -> KeyResult:
         """Password login, the install script, then a key-only login to prove it."""
         policy = self.policy(host)
-        client = _Client(policy, password)
+        client = LoginClient(policy, password)
         try:
             conn = await self.connect(host, client, policy, key_only=False)
             async with conn:
-                done = await self.run(host, conn, "sh -s", install_script(self.keypair.key))
+                done = await self.run(conn, "sh -s", install_script(self.keypair.key))
         except ConnectError as exc:
             return _failed(host, exc)
         report = parse_report(_text(done.stdout))
@@ -351,44 +245,6 @@ class _Nodes:
             for host in hosts:
                 tg.create_task(one(host), name=f"keys:{host.label}")
         return out
-
-
-# What PAM asks for a login password, in the languages its translations use.
-_PASSWORD_WORDS = re.compile(
-    r"password|passwort|mot de passe|contrase\u00f1a|senha|wachtwoord|has\u0142o|heslo|"
-    r"jelsz\u00f3|l\u00f6senord|adgangskode|passord|salasana|parola|\u043f\u0430\u0440\u043e\u043b\u044c|"
-    r"\u30d1\u30b9\u30ef\u30fc\u30c9|\u5bc6\u7801|\u5bc6\u78bc|\uc554\ud638", re.IGNORECASE)
-# ... and what marks a prompt as something else that merely mentions a password.
-_NOT_PASSWORD = re.compile(
-    r"one[- ]time|\botp\b|verification|code|token|pin\b|2fa|two[- ]factor|duo|yubi|"
-    r"\bnew\b|neues|nouveau|retype|again|confirm", re.IGNORECASE)
-
-
-def is_password_prompt(text: str) -> bool:
-    """True for a login password prompt ("Password: ", "Passwort: ", "dtuser@n1's password:").
-
-    Not for an OTP, a verification code, a token or a new password: those must never be
-    answered with the login password.
-    """
-    return bool(_PASSWORD_WORDS.search(text)) and not _NOT_PASSWORD.search(text)
-
-
-def _auth_error(host: Host, client: _Client, key_only: bool) -> AuthError:
-    """Say which credential was refused (never the password itself)."""
-    if key_only:
-        return AuthError("the key is not accepted", host=host.label)
-    if client.declined and not client.password_sent:
-        return AuthError(f"the node asks {client.declined!r} (keyboard-interactive), which is "
-                         "not a password prompt: dtrain answers only a password prompt, and "
-                         "never with the password for another question", host=host.label,
-                         hint="install the key another way (ssh-copy-id, which lets you "
-                              "answer it), then use `dtrain keys check`")
-    if not client.password_sent:
-        return AuthError("the node offers no password login (PasswordAuthentication and "
-                         "KbdInteractiveAuthentication are off)", host=host.label,
-                         hint="install the key another way, e.g. through the console")
-    return AuthError("authentication failed: wrong password? (tried once, not retried)",
-                     host=host.label, hint="check the user name and the password")
 
 
 def _text(data: object) -> str:

@@ -8,7 +8,6 @@ Phases, each bounded: connect (--connect-timeout) -> probe facts (one short node
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shlex
@@ -21,14 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
+from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
 from launcher.commands.run_sampling import RunSampling, alongside
 from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
-from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan, plan_json
-from launcher.errors import ConnectError, DtrainError
+from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
 from launcher.hosts.hostfile import fold, host_sources
-from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.hangwatch import HangWatch
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import (
@@ -38,9 +36,9 @@ from launcher.job.orchestrate import (
     LineRouter,
     NodeLaunch,
     Policy,
-    connect_all,
 )
-from launcher.job.preflight import Preflight, preflight
+from launcher.job.preflight import Preflight
+from launcher.job.prepare import Prepared, prepare
 from launcher.job.verdict import (
     TailKeeper,
     Verdict,
@@ -58,8 +56,6 @@ from launcher.output.fold import ShutdownChatter, StderrFolder
 from launcher.output.pipeline import OutputPipeline
 from launcher.output.redact import redact_command
 from launcher.output.report import CommandReport, NodeResult
-from launcher.transports import AutoTransport
-from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
@@ -148,31 +144,48 @@ class RunPipeline(OutputPipeline):
         super().emit(lines, **kwargs)
 
 
-@dataclass
-class LaunchReport:
-    """What `launch` learned, for the callers that report more than the exit code (--json,
-    --junit, dtrain smoke). ``files`` and ``take`` go in; the rest is filled in."""
+@dataclass(frozen=True)
+class Payload:
+    """What a command adds to a run's job: files shipped in every supervisor's spec (written
+    to its private directory), and the output lines it takes out of the console and the
+    archive (dtrain smoke's report lines)."""
 
     files: Mapping[str, str] = field(default_factory=dict)
     take: Callable[[OutputLine], bool] | None = None
-    outcome: JobOutcome | None = None
-    verdict: Verdict | None = None
-    tails: TailKeeper | None = None
-    archive_path: Path | None = None
-    archive: RunArchive | None = None  # still holding the run directory (smoke adds to it)
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    root_cause: dict[str, Any] = field(default_factory=dict)
-    run_id: str | None = None
-    world_size: int = 0
-    master: str | None = None
+
+
+NO_PAYLOAD = Payload()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a launch returned (torch elastic's vocabulary: the plan is the spec, the Job the
+    group of workers, this the run's result): the verdict and its evidence."""
+
+    code: int
+    outcome: JobOutcome
+    verdict: Verdict
+    tails: TailKeeper
+    archive_path: Path
+    archive: RunArchive  # still holding the run directory (smoke adds to it)
+    nodes: list[dict[str, Any]]  # meta.json's per-node results
+    root_cause: dict[str, Any]
+    run_id: str
+    world_size: int
+    master: str
     hangs: list[dict[str, Any]] = field(default_factory=list)
     failure: FailureReason | None = None  # why the root-cause rank died
 
-    def extra(self) -> dict[str, Any]:
-        """dtrain.run/1's ``run`` section."""
-        stop = self.outcome.stop_reason if self.outcome is not None else None
-        return {"run_id": self.run_id, "world_size": self.world_size, "master": self.master,
-                "stop_reason": stop, "hangs": self.hangs}
+
+def run_extra(result: RunResult | None) -> dict[str, Any]:
+    """dtrain.run/1's ``run`` section (None: the run never got a result, e.g. Ctrl-C while
+    connecting)."""
+    if result is None:
+        return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None,
+                "hangs": []}
+    return {"run_id": result.run_id, "world_size": result.world_size,
+            "master": result.master, "stop_reason": result.outcome.stop_reason,
+            "hangs": result.hangs}
 
 
 class NodeBoard:
@@ -212,9 +225,9 @@ class NodeBoard:
 # -- the command -----------------------------------------------------------------------------
 
 async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
-                    settings: SSHSettings, detacher: Detacher | None = None,
-                    report: LaunchReport | None = None) -> int:
-    """The whole `dtrain run`."""
+                    settings: SSHSettings, detacher: Detacher | None = None
+                    ) -> RunResult | None:
+    """The whole `dtrain run`: prepare, plan, launch (None: a dry run, printed)."""
     from dataclasses import replace
 
     from launcher.output.archive import check_run_id, new_run_id
@@ -223,43 +236,16 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id())
     if not opts.dry_run:
         check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
-    transport = AutoTransport(settings, opts.transport)
-    choice = transport.choose(hosts)
-    async with transport:
-        conns, errors = await connect_all(transport, hosts, fanout=opts.fanout,
-                                          timeout=settings.connect_timeout)
-        try:
-            if errors:
-                raise unreachable_error(hosts, errors)
-            pre = await preflight(conns, hosts, req, opts)
-            plan = build_plan(req, hosts, pre.facts, pre.decisions,
-                              master_addr=pre.master_addr, master_port=pre.master_port,
-                              master_reason=pre.master_reason)
-            for warning in pre.warnings:
-                render.note(f"warning: {warning}")
-            if opts.dry_run:
-                if opts.as_json:
-                    sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
-                else:
-                    render_plan(plan, transport=f"{choice.kind} ({choice.reason})",
-                                workdir=req.workdir, setup=req.setup)
-                return 0
-            return await launch(plan, req, opts, transport, conns, pre, detacher, choice.kind,
-                                report)
-        finally:
-            for conn in conns.values():
-                with contextlib.suppress(Exception):
-                    await conn.aclose()
-
-
-def unreachable_error(hosts: Sequence[Host], errors: Mapping[str, str]) -> ConnectError:
-    """Each unreachable host once, with its hostfile line and the exact --exclude."""
-    lines = failed_hosts_lines(hosts, errors)
-    failed = [h for h in hosts if h.label in errors]
-    text = (f"cannot reach {lines[0]}; nothing was started" if len(lines) == 1 else
-            f"cannot reach {render.count(len(failed), 'node')}; nothing was started:\n  "
-            + "\n  ".join(lines))
-    return ConnectError(text, hint=leave_out_hint(failed))
+    async with prepare(hosts, req, opts, settings) as prep:
+        plan = prep.plan(req, opts)
+        if opts.dry_run:
+            if opts.as_json:
+                sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
+            else:
+                render_plan(plan, transport=f"{prep.choice.kind} ({prep.choice.reason})",
+                            workdir=req.workdir, setup=req.setup)
+            return None
+        return await launch(prep, plan, req, opts, detacher=detacher)
 
 
 def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
@@ -281,10 +267,8 @@ def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
     }
 
 
-async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport: Transport,
-                 conns: dict[str, Connection], pre: Preflight,
-                 detacher: Detacher | None = None, via: str = "ssh",
-                 report: LaunchReport | None = None) -> int:
+async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOptions, *,
+                 detacher: Detacher | None = None, payload: Payload = NO_PAYLOAD) -> RunResult:
     """Start torchrun on every node and follow the job to its verdict."""
     from launcher.output.archive import RunArchive
     from launcher.output.runlock import LOCK, LauncherLock
@@ -297,15 +281,14 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
         render.note(f"warning: cannot lock {archive.path / LOCK} ({exc.strerror}): `dtrain "
                     "ps` will show this run as 'launcher lost' while it runs")
     try:
-        archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, pre),
-                            "state": "starting", "transport": via,
+        archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, prep.pre),
+                            "state": "starting", "transport": prep.choice.kind,
                             "launcher": {"pid": os.getpid(), "uid": os.getuid(),
                                          "host": socket.gethostname(),
                                          "detached": detacher is not None,
                                          "heartbeat_timeout": opts.heartbeat_timeout,
                                          "grace": opts.grace}})
-        return await _supervise(plan, req, opts, transport, conns, archive, detacher,
-                                report if report is not None else LaunchReport())
+        return await _supervise(plan, req, opts, prep, archive, detacher, payload)
     except BaseException as exc:  # a launcher crash or a Ctrl-C before the job ran: say so
         if "exit_code" not in archive.meta:
             archive.update_meta(end=time.time(), state="finished", exit_code=None,
@@ -316,15 +299,12 @@ async def launch(plan: LaunchPlan, req: RunRequest, opts: RunOptions, transport:
             lock.release()
 
 
-async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
-                     transport: Transport, conns: dict[str, Connection], archive: RunArchive,
-                     detacher: Detacher | None, report: LaunchReport) -> int:
+async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: Prepared,
+                     archive: RunArchive, detacher: Detacher | None,
+                     payload: Payload) -> RunResult:
     from launcher.job.control import ControlServer, StopRequest
     from launcher.output.console import Console
 
-    report.archive_path, report.archive = archive.path, archive
-    report.run_id, report.world_size = req.run_id, plan.world_size
-    report.master = f"{plan.master_addr}:{plan.master_port}"
     # with --json, stdout holds the one JSON document: the human output goes to stderr
     console = Console(sys.stderr if opts.as_json else sys.stdout, color=opts.color,
                       ranks=opts.ranks, hosts=opts.hosts_filter,
@@ -338,7 +318,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
                        rank_shim=True, grace=opts.grace,
                        heartbeat_timeout=opts.heartbeat_timeout,
                        heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
-                       files=report.files,
+                       files=payload.files,
                        flight_recorder=flight_names(torch_versions.get(node.host.label)))
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank)
@@ -351,7 +331,7 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
     board = NodeBoard([n.host.label for n in plan.nodes], plan.world_size)
     console.status = board.render
     folder = StderrFolder(plan.world_size, len(plan.nodes), fold_hosts=fold)
-    async with RunPipeline(console, archive, tails=tails, take=report.take,
+    async with RunPipeline(console, archive, tails=tails, take=payload.take,
                            folder=folder) as out:
         nodes = render.count(len(hosts), "node")
         out.message(f"run {archive.run_id}: {nodes}, world size {plan.world_size}, "
@@ -408,7 +388,8 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         if sampling is not None:
             archive.update_meta(**sampling.meta())
         try:
-            outcome = await alongside(job.run(transport, conns), sampling, conns)
+            outcome = await alongside(job.run(prep.transport, prep.conns), sampling,
+                                      prep.conns)
         finally:
             watching.cancel()
             await control.aclose()
@@ -416,22 +397,21 @@ async def _supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions,
         for line in sampling.problems() if sampling is not None else ():
             out.message(line)
         v = verdict(outcome, plan, tails)
-        report.failure = failure_reason(outcome, v, errors)
-        if report.failure is not None:
-            v.why = failure_lines(report.failure)
+        failure = failure_reason(outcome, v, errors)
+        if failure is not None:
+            v.why = failure_lines(failure)
         for line in summary_lines(outcome, plan, v):
             out.message(line)
-    report.outcome, report.verdict, report.tails = outcome, v, tails
-    report.nodes = node_results(outcome, plan, v)
-    report.root_cause = root_cause_json(outcome, v, tails)
-    if report.failure is not None:
-        report.root_cause["failure"] = report.failure.json()
-    report.hangs = watch.hangs
+    results = node_results(outcome, plan, v)
+    root_cause = root_cause_json(outcome, v, tails)
+    if failure is not None:
+        root_cause["failure"] = failure.json()
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
-                        root_cause=report.root_cause, nodes=report.nodes,
-                        console_skipped=out.skipped, **watch.meta(),
-                        **(sampling.meta() if sampling is not None else {}))
-    return v.code
+                        root_cause=root_cause, nodes=results, console_skipped=out.skipped,
+                        **watch.meta(), **(sampling.meta() if sampling is not None else {}))
+    return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
+                     req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
+                     watch.hangs, failure)
 
 
 def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,
@@ -450,32 +430,23 @@ def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
              settings: SSHSettings, detacher: Detacher | None = None) -> int:
-    """Synchronous entry for the CLI (``detacher``: this is a detached child); --json
-    (without --dry-run) and --junit report the run's result (dtrain.run/1)."""
-    from launcher.commands.reporting import error_report, finish
-
-    started = time.time()
-    reporting = (opts.as_json and not opts.dry_run) or bool(opts.junit and not opts.dry_run)
-    report = LaunchReport()
-    try:
-        code = asyncio.run(run_async(hosts, req, opts, settings, detacher, report))
-    except KeyboardInterrupt:
-        code = 130
-    except DtrainError as exc:
-        if not reporting:
-            raise
-        render.error(exc)
-        return finish(error_report("run", exc, started, [h.label for h in hosts]),
-                      as_json=opts.as_json, junit=opts.junit)
+    """`dtrain run` (``detacher``: this is a detached child); --json (without --dry-run)
+    and --junit report the run's result (dtrain.run/1)."""
     if opts.dry_run:
-        return code
-    v = report.verdict
-    result = CommandReport(
-        "run", code, v.outcome if v else ("interrupted" if code == 130 else f"exit {code}"),
-        started, time.time(), report_nodes(report),
-        report.root_cause or None, str(report.archive_path) if report.archive_path else None,
-        report.extra())
-    return finish(result, as_json=opts.as_json, junit=opts.junit)
+        return run_command("run", hosts, lambda: run_async(hosts, req, opts, settings),
+                           lambda ended: INTERRUPTED if ended.interrupted else 0)
+
+    def conclude(ended: Ended[RunResult | None]) -> CommandReport:
+        result = ended.result
+        code = result.code if result is not None else INTERRUPTED
+        summary = result.verdict.outcome if result is not None else "interrupted"
+        return CommandReport(
+            "run", code, summary, ended.started, time.time(), report_nodes(result),
+            (result.root_cause or None) if result else None,
+            str(result.archive_path) if result else None, run_extra(result))
+
+    return run_command("run", hosts, lambda: run_async(hosts, req, opts, settings, detacher),
+                       conclude, reports=Reports(opts.as_json, opts.junit))
 
 
 def default_workdir() -> str:
@@ -485,21 +456,23 @@ def default_workdir() -> str:
 
 # -- reports (--json, --junit) ----------------------------------------------------------------
 
-def report_nodes(report: LaunchReport) -> tuple[NodeResult, ...]:
+def report_nodes(result: RunResult | None) -> tuple[NodeResult, ...]:
     """meta.json's per-node results as report NodeResults (a rank stopped by dtrain as
     collateral of the root cause fails too, with that said)."""
     from launcher.output.report import ERROR, FAILED, PASSED, NodeResult, RankResult
 
-    tails = report.tails.tails if report.tails is not None else {}
-    v = report.verdict
+    if result is None:
+        return ()
+    tails = result.tails.tails
+    v = result.verdict
     out = []
-    for node in report.nodes:
+    for node in result.nodes:
         host = node["host"]
         ranks = []
         for rank_s, r in node["ranks"].items():
             rank, role = int(rank_s), r.get("role")
             status = PASSED if role == "ok" else ERROR if role == "unknown" else FAILED
-            why = f": {report.failure.summary}" if report.failure is not None else ""
+            why = f": {result.failure.summary}" if result.failure is not None else ""
             msg = {"root cause": (v.outcome if v else "root cause") + why,
                    "failed": f"rank {rank} failed too (exit {r['exit_code']})",
                    "stopped": "stopped by dtrain",

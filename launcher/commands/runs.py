@@ -19,7 +19,7 @@ from launcher.job.orchestrate import KILL_MARGIN, STOP_MARGIN
 from launcher.output import render
 from launcher.output.archive import read_meta, resolve_run
 from launcher.output.logview import replay
-from launcher.output.runs import age, list_status, ps_json, render_table, run_status
+from launcher.output.runstate import age, list_status, ps_json, render_table, run_status
 
 STATUS_EVERY_S = 1.0
 _WAIT_EXTRA_S = 10.0  # beyond grace + the launcher's own margins, before giving up waiting

@@ -9,7 +9,6 @@ decide/smoke.py; this module renders the table and the verdict (docs/smoke.md).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import sys
@@ -18,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
-from launcher.commands.reporting import finish, in_github_actions
-from launcher.commands.run import LaunchReport, launch, report_nodes
+from launcher.commands.entry import Ended, finish, in_github_actions, run_command
+from launcher.commands.run import Payload, RunResult, launch, report_nodes
 from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks
-from launcher.decide.plan import RunOptions, RunRequest, build_plan
+from launcher.decide.plan import RunOptions, RunRequest
 from launcher.decide.smoke import (
     DEFAULT_PAIR_FRACTION,
     SmokeFailure,
@@ -33,17 +32,14 @@ from launcher.decide.smoke import (
     fmt_size,
     make_config,
 )
-from launcher.errors import ConnectError, DtrainError
-from launcher.hosts.hostfile import fold
-from launcher.job.orchestrate import connect_all
-from launcher.job.preflight import preflight
+from launcher.errors import DtrainError
+from launcher.job.prepare import prepare
 from launcher.models import Host, OutputLine
 from launcher.nodeside.wire import program_source
 from launcher.output import render
 from launcher.output.junit import ExtraCase
 from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
 from launcher.output.termsafe import inert
-from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
@@ -77,7 +73,8 @@ class SmokeRequest:
 
 @dataclass
 class SmokeRun:
-    """Everything one smoke run produced, for the human, JSON and JUnit outputs."""
+    """Everything one smoke run produced, for the human, JSON and JUnit outputs (what
+    ``smoke_async`` returns; ``error`` is set by the conclusion when the body failed)."""
 
     started: float
     hosts: list[str]
@@ -86,7 +83,7 @@ class SmokeRun:
     world_size: int = 0
     results: SmokeResults | None = None
     verdict: SmokeVerdict | None = None
-    launch: LaunchReport | None = None
+    launch: RunResult | None = None
     error: DtrainError | None = None
     preflight_failures: tuple[SmokeFailure, ...] = ()
 
@@ -187,8 +184,7 @@ def command_report(run: SmokeRun, ended: float) -> CommandReport:
         root = {"kind": first.check if first else "job",
                 "host": first.hosts[0] if first and first.hosts else None,
                 "exit_code": code, "summary": summary}
-        if run.launch is not None and run.launch.root_cause and run.launch.root_cause.get(
-                "kind"):
+        if run.launch is not None and run.launch.root_cause.get("kind"):
             root = {**run.launch.root_cause, "summary": summary}
     archive = str(run.launch.archive_path) if run.launch and run.launch.archive_path else None
     return CommandReport("smoke", code, summary, run.started, ended, _node_results(run),
@@ -221,82 +217,72 @@ def annotate(run: SmokeRun, stream: TextIO) -> None:
 # -- the command -----------------------------------------------------------------------------
 
 async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
-                      settings: SSHSettings, run: SmokeRun) -> None:
+                      settings: SSHSettings) -> SmokeRun:
     """Connect, probe, decide, launch the job, judge it."""
     from launcher.output.archive import check_run_id, new_run_id
     from launcher.output.rundir import check_archive_dir
 
+    run = SmokeRun(time.time(), [h.label for h in hosts])
     run_id = check_run_id(req.run_id) if req.run_id else new_run_id()
     check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
                       setup=req.setup, workdir=None, env=req.env, run_id=run_id)
-    async with AutoTransport(settings) as transport:
-        conns, errors = await connect_all(transport, hosts, fanout=opts.fanout,
-                                          timeout=settings.connect_timeout)
-        try:
-            if errors:
-                for label, why in errors.items():
-                    render.note(f"{label}: {why}")
-                raise ConnectError(f"cannot reach {fold(errors)}; nothing was started",
-                                   hint="fix the nodes or leave them out with --exclude")
-            pre = await preflight(conns, hosts, rreq, replace(opts, preflight=False))
-            bad = check_failures(fast_checks(pre.facts, hosts))
-            if bad:
-                run.preflight_failures = tuple(
-                    SmokeFailure("preflight", (r.host,), f"{r.host}: {r.check}: {r.detail}")
-                    for r in bad)
-                return
-            run.backend, run.backend_reason = choose_backend(pre.facts, req.backend)
-            cfg = make_config(run.backend, req.max_size)
-            nproc = req.nproc_per_node or ("gpu" if run.backend == "nccl" else "1")
-            rreq = replace(rreq, nproc_per_node=nproc,
-                           args=(json.dumps(cfg.to_json(), separators=(",", ":")),))
-            plan = build_plan(rreq, hosts, pre.facts, pre.decisions,
-                              master_addr=pre.master_addr, master_port=pre.master_port,
-                              master_reason=pre.master_reason)
-            run.world_size = plan.world_size
-            for warning in pre.warnings:
-                render.note(f"warning: {warning}")
-            ranks_of = {r: n.host.label for n in plan.nodes for r in n.ranks}
-            results = run.results = SmokeResults(layout=ranks_of,
-                                                 nodes=[n.host.label for n in plan.nodes])
+    # SSH, as ever: smoke has no --transport (yet)
+    async with prepare(hosts, rreq, replace(opts, preflight=False), settings,
+                       transport="ssh") as prep:
+        pre = prep.pre
+        bad = check_failures(fast_checks(pre.facts, hosts))
+        if bad:
+            run.preflight_failures = tuple(
+                SmokeFailure("preflight", (r.host,), f"{r.host}: {r.check}: {r.detail}")
+                for r in bad)
+            return run
+        run.backend, run.backend_reason = choose_backend(pre.facts, req.backend)
+        cfg = make_config(run.backend, req.max_size)
+        nproc = req.nproc_per_node or ("gpu" if run.backend == "nccl" else "1")
+        rreq = replace(rreq, nproc_per_node=nproc,
+                       args=(json.dumps(cfg.to_json(), separators=(",", ":")),))
+        plan = prep.plan(rreq, opts)
+        run.world_size = plan.world_size
+        ranks_of = {r: n.host.label for n in plan.nodes for r in n.ranks}
+        results = run.results = SmokeResults(layout=ranks_of,
+                                             nodes=[n.host.label for n in plan.nodes])
 
-            def take(line: OutputLine) -> bool:
-                return line.stream == "out" and results.add_line(line.host, line.rank,
-                                                                 line.text)
+        def take(line: OutputLine) -> bool:
+            return line.stream == "out" and results.add_line(line.host, line.rank, line.text)
 
-            report = run.launch = LaunchReport(
-                files={JOB_FILE: program_source("smoke_job").decode()}, take=take)
-            render.note(f"smoke: {render.count(len(hosts), 'node')}, "
-                        f"world size {plan.world_size}, {run.backend} ({run.backend_reason}), "
-                        f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
-            code = await launch(plan, rreq, opts, transport, conns, pre, report=report)
-            v = report.verdict
-            run.verdict = evaluate(results, node_labels=[h.label for h in hosts],
-                                   world_size=plan.world_size, job_code=code,
-                                   job_summary=v.outcome if v else "",
-                                   min_busbw=req.min_busbw, pair_fraction=req.pair_fraction,
-                                   ranks_of=ranks_of)
-        finally:
-            for conn in conns.values():
-                with contextlib.suppress(Exception):
-                    await conn.aclose()
+        render.note(f"smoke: {render.count(len(hosts), 'node')}, "
+                    f"world size {plan.world_size}, {run.backend} ({run.backend_reason}), "
+                    f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
+        payload = Payload({JOB_FILE: program_source("smoke_job").decode()}, take)
+        launched = run.launch = await launch(prep, plan, rreq, opts, payload=payload)
+        run.verdict = evaluate(results, node_labels=[h.label for h in hosts],
+                               world_size=plan.world_size, job_code=launched.code,
+                               job_summary=launched.verdict.outcome,
+                               min_busbw=req.min_busbw, pair_fraction=req.pair_fraction,
+                               ranks_of=ranks_of)
+    return run
 
 
 def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
                settings: SSHSettings) -> int:
-    """Synchronous entry for the CLI: run, then the table, the verdict and the reports."""
-    run = SmokeRun(time.time(), [h.label for h in hosts])
+    """`dtrain smoke`: run, then the table, the verdict and the reports."""
+    return run_command("smoke", hosts, lambda: smoke_async(hosts, req, opts, settings),
+                       lambda ended: conclude(ended, hosts, req), concludes_errors=True)
+
+
+def conclude(ended: Ended[SmokeRun], hosts: Sequence[Host], req: SmokeRequest) -> int:
+    """The table, the verdict line, the annotations, the reports (also after an error or
+    Ctrl-C, when --json or --junit asked for them)."""
     human = sys.stderr if req.as_json else sys.stdout
-    try:
-        asyncio.run(smoke_async(hosts, req, opts, settings, run))
-    except KeyboardInterrupt:
+    run = ended.result or SmokeRun(ended.started, [h.label for h in hosts])
+    if ended.interrupted:
         run.error = Interrupted("interrupted by Ctrl-C")
-    except DtrainError as exc:
+    elif ended.error is not None:
+        render.error(ended.error)
         if not (req.as_json or req.junit):
-            raise
-        render.error(exc)
-        run.error = exc
+            return ended.error.exit_code
+        run.error = ended.error
     if run.preflight_failures:
         run.verdict = SmokeVerdict(1, (), (), None, None, "; ".join(
             f.message for f in run.preflight_failures))
@@ -307,7 +293,7 @@ def smoke_sync(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions,
     if in_github_actions():
         annotate(run, human)
     report = command_report(run, time.time())
-    if run.launch is not None and run.launch.archive is not None:
+    if run.launch is not None:
         _archive_smoke(run.launch.archive, report)
     return finish(report, as_json=req.as_json, junit=req.junit,
                   extra_cases=extra_cases(run), annotations=False)

@@ -16,7 +16,7 @@ from launcher.job.control import request_stacks
 from launcher.output import render
 from launcher.output.archive import read_meta, resolve_run
 from launcher.output.evidence import STACKS_DIR, read_stack
-from launcher.output.runs import run_status
+from launcher.output.runstate import run_status
 from launcher.output.termsafe import inert
 
 

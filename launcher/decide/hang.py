@@ -49,8 +49,8 @@ class HangPolicy:
     timeout: float = DEFAULT_HANG_TIMEOUT
     progress: str | None = None  # None: DEFAULT_PROGRESS
     on_hang: str = "dump"
-    # before any rank printed a line (importing torch, the rendezvous) the timeout is at
-    # least this: a slow start is not a hang, a rendezvous that never ends still is
+    # every rank started, none printed a line yet (importing torch, the rendezvous): the
+    # timeout is at least this: a slow start is not a hang, a rendezvous that never ends is
     startup_grace: float = 60.0
 
     @property

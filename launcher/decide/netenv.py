@@ -281,10 +281,14 @@ def _vendor_vars(facts: NodeFacts) -> tuple[list[EnvVar], list[str]]:
 
 def merge_env(detected: Iterable[EnvVar], *, profile: Mapping[str, str] | None,
               site: Mapping[str, tuple[str, str]], user: Mapping[str, str],
-              profile_name: str = "profile") -> tuple[dict[str, EnvVar], list[str]]:
-    """Layer detection < profile < site < user; warn where site/profile overrule detection.
+              profile_name: str = "profile", dtrain: Iterable[EnvVar] = ()
+              ) -> tuple[dict[str, EnvVar], list[str]]:
+    """Every precedence rule of a node's environment, in one place:
+    user (``--env``, the hostfile's env) > site > profile > detection > dtrain's own.
 
-    ``site`` maps key -> (value, source path or "env").
+    Warns where site/profile overrule detection. ``site`` maps key -> (value, source path
+    or "env"). ``dtrain`` (the run id, node rank, ...) is the floor: any other layer wins
+    over it silently.
     """
     # reasons and warnings name values of other layers: a secret name's value is never shown
     final: dict[str, EnvVar] = {v.name: v for v in detected}
@@ -310,6 +314,8 @@ def merge_env(detected: Iterable[EnvVar], *, profile: Mapping[str, str] | None,
         if prev is not None and prev.source == "site":
             note = f"; forced over {old} ({prev.reason.removeprefix('already set by ')})"
         final[key] = EnvVar(key, value, "user", "--env" + note)
+    for var in dtrain:
+        final.setdefault(var.name, var)
     return final, warnings
 
 
@@ -344,11 +350,13 @@ def _lint(final: Mapping[str, EnvVar], facts: NodeFacts, hca: HcaChoice | None) 
 def decide_env(facts: NodeFacts, *, master_addr: str, is_master: bool,
                user_env: Mapping[str, str], profile: Mapping[str, str] | None = None,
                nnodes: int, profile_name: str = "profile",
-               no_auto: Collection[str] = ()) -> EnvDecision:
-    """One node's network environment: detection, then profile, site config and --env on top.
+               no_auto: Collection[str] = (), dtrain: Sequence[EnvVar] = ()) -> EnvDecision:
+    """One node's whole environment: dtrain's own variables, detection, then profile, site
+    config and --env on top (``merge_env``).
 
-    ``no_auto`` names detected variables to leave unset (``--no-auto K``). Raises
-    PreflightFailed when the node cannot reach the master on a usable interface.
+    ``no_auto`` names detected variables to leave unset (``--no-auto K``). Blocking problems
+    (the node cannot reach the master on a usable interface) are in ``errors``. The order:
+    dtrain's own variables first, as given, then the others by name.
     """
     sock = socket_choice(facts, master_addr, is_master, multi_node=nnodes > 1)
     detected = _socket_vars(facts, sock, master_addr)
@@ -359,11 +367,12 @@ def decide_env(facts: NodeFacts, *, master_addr: str, is_master: bool,
     detected = [v for v in detected if v.name not in no_auto]
     site = {k: (s.value, s.source) for k, s in facts.effective_site_env().items()}
     final, merge_warn = merge_env(detected, profile=profile, site=site, user=user_env,
-                                  profile_name=profile_name)
+                                  profile_name=profile_name, dtrain=dtrain)
+    first = [v.name for v in dtrain]
     warnings = list(sock.warnings) + rdma_warn + vendor_warn
     warnings += [f"{facts.hostname}: {w}" for w in merge_warn] + _lint(final, facts, hca)
     return EnvDecision(
-        env=tuple(final[k] for k in sorted(final)),
+        env=tuple(final[k] for k in [*first, *sorted(set(final) - set(first))]),
         warnings=tuple(warnings),
         errors=tuple(errors),
         socket_iface=sock.ifname,

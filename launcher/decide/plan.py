@@ -1,6 +1,6 @@
 """Pure: a run request + hosts + node facts -> a LaunchPlan (ranks, rendezvous, argv, env).
 
-No I/O here: the probe supplies NodeFacts, netenv decides each node's network environment,
+No I/O here: the probe supplies NodeFacts, netenv decides each node's whole environment,
 and this module lays out node ranks, global ranks and the exact torchrun command per node,
 so `--dry-run` shows precisely what would start.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
-from launcher.decide.netenv import EnvDecision, EnvVar
+from launcher.decide.netenv import EnvDecision, EnvVar, decide_env
 from launcher.decide.stragglers import StragglerSettings
-from launcher.errors import UsageError
+from launcher.errors import PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.output.redact import redact_env, redact_words, secret_values
@@ -162,7 +162,8 @@ def torchrun_argv(req: RunRequest, *, python: str, nnodes: int, node_rank: int, 
 
 
 def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ...]:
-    """Variables dtrain always sets besides the network ones (PYTHONUNBUFFERED is set by
+    """Variables dtrain always sets besides the network ones: the floor of the node's
+    environment (``netenv.merge_env``), under every other layer (PYTHONUNBUFFERED is set by
     netenv.decide_env, where --env can override it)."""
     return (
         EnvVar("DTRAIN_RUN_ID", req.run_id, "dtrain", "run archive id"),
@@ -182,19 +183,24 @@ def expand_home(value: str, home: str | None) -> str:
     return home.rstrip("/") + value[1:] if value != "~" else home
 
 
-def merge_env(*layers: Sequence[EnvVar]) -> tuple[EnvVar, ...]:
-    """Later layers win, keeping first-seen order."""
-    merged: dict[str, EnvVar] = {}
-    for layer in layers:
-        for var in layer:
-            merged[var.name] = var
-    return tuple(merged.values())
-
-
-def build_plan(req: RunRequest, hosts: Sequence[Host], facts: Mapping[str, NodeFacts],
-               decisions: Mapping[str, EnvDecision], *, master_addr: str, master_port: int,
+def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
+               facts: Mapping[str, NodeFacts], *, master_addr: str, master_port: int,
                master_reason: str) -> LaunchPlan:
-    """Lay out node ranks in host order and global ranks by cumulative nproc."""
+    """Every node's environment (``netenv.decide_env``: the one place for its precedence),
+    node ranks in host order and global ranks by cumulative nproc."""
+    decisions: dict[str, EnvDecision] = {}
+    errors: list[str] = []
+    for node_rank, host in enumerate(hosts):
+        decision = decide_env(facts[host.label], master_addr=master_addr,
+                              is_master=node_rank == 0,
+                              user_env={**dict(host.env), **dict(req.env)},
+                              profile=opts.profile, nnodes=len(hosts),
+                              profile_name=opts.profile_name, no_auto=opts.no_auto,
+                              dtrain=dtrain_env(req, node_rank, len(hosts)))
+        errors += [f"{host.label}: {e}" for e in decision.errors]
+        decisions[host.label] = decision
+    if errors:
+        raise PreflightFailed("; ".join(errors))
     nodes: list[NodePlan] = []
     first = 0
     for node_rank, host in enumerate(hosts):
@@ -203,8 +209,7 @@ def build_plan(req: RunRequest, hosts: Sequence[Host], facts: Mapping[str, NodeF
         argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
                              nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
         decision = decisions[host.label]
-        env = merge_env(dtrain_env(req, node_rank, len(hosts)), decision.env)
-        nodes.append(NodePlan(host, node_rank, nproc, first, python, argv, env,
+        nodes.append(NodePlan(host, node_rank, nproc, first, python, argv, decision.env,
                               tuple(decision.warnings)))
         first += nproc
     return LaunchPlan(tuple(nodes), master_addr, master_port, master_reason, first, req.rdzv,

@@ -105,6 +105,8 @@ class HangWatch:
         self.dumps: list[StackDump] = []
         self._pending: dict[str, _Pending] = {}
         self._natives: dict[str, set[str]] = {}  # dump id -> hosts whose py-spy is to come
+        self.started: set[int] = set()  # ranks whose shim is up (rank_start)
+        self.world = sum(len(r) for r in self.ranks.values())
         self._count = {"h": 0, "s": 0}
         self._lock = asyncio.Lock()
 
@@ -116,7 +118,13 @@ class HangWatch:
         """Supervisor messages: ``stacks`` answers a dump; ``flight`` carries the flight
         recorder's dumps a node had at the end."""
         kind = msg.get("type")
-        if kind == "stacks" and msg.get("native"):
+        if kind == "rank_start":
+            rank = msg.get("rank")
+            if isinstance(rank, int) and rank not in self.started:
+                self.started.add(rank)
+                if len(self.started) == self.world:  # the hang clock starts now
+                    self.watch.start = max(self.watch.start, self.clock())
+        elif kind == "stacks" and msg.get("native"):
             self._native(str(msg.get("id")), msg.get("ranks"))
             self._natives.get(str(msg.get("id")), set()).discard(host.label)
         elif kind == "stacks":
@@ -134,7 +142,8 @@ class HangWatch:
         while True:
             await asyncio.sleep(TICK_S)
             now = self.clock()
-            if hang_due(self.watch, now, self.policy, all_alive=self.alive(),
+            alive = len(self.started) >= self.world and self.alive()
+            if hang_due(self.watch, now, self.policy, all_alive=alive,
                         declared=self.declared):
                 self.declared = self.watch.baseline()
                 await self._hang(now)

@@ -1,4 +1,6 @@
-"""`dtrain run`'s preflight: probe every node, choose and validate the master, decide env.
+"""`dtrain run`'s preflight: probe every node, choose and validate the master: facts only.
+
+A node's environment is decided from these facts by the plan (``decide.plan.build_plan``).
 
 Each step is bounded (--connect-timeout for the links, the probe timeout for every node
 program). An unreachable master is found here, with a real TCP connect from every worker
@@ -15,7 +17,7 @@ from typing import Any
 
 from launcher.decide.checks import PYTHON_FIX, fold_by_message
 from launcher.decide.facts import NodeFacts
-from launcher.decide.netenv import EnvDecision, choose_master, decide_env, pick_master_addr
+from launcher.decide.netenv import choose_master, pick_master_addr
 from launcher.decide.plan import RunOptions, RunRequest
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
 from launcher.hosts.hostfile import fold
@@ -26,10 +28,9 @@ from launcher.transports.base import Connection
 
 @dataclass
 class Preflight:
-    """What the probe phase learned and decided."""
+    """What the probe phase learned: every node's facts and the master that works."""
 
     facts: dict[str, NodeFacts] = field(default_factory=dict)
-    decisions: dict[str, EnvDecision] = field(default_factory=dict)
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     master_reason: str = ""
@@ -150,7 +151,7 @@ async def check_master_port(conns: Sequence[Connection], req: RunRequest, addr: 
 
 async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: RunRequest,
                     opts: RunOptions) -> Preflight:
-    """Probe, choose and validate the master, decide every node's environment."""
+    """Probe, choose and validate the master."""
     ordered = [conns[h.label] for h in hosts]
     pre = Preflight()
     guess = req.master_addr or ordered[0].peer_addr
@@ -190,14 +191,4 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
     pre.master_port = req.master_port or 0
     pre.master_port = await check_master_port(ordered, req, pre.master_addr, pre.master_port,
                                               opts.probe_timeout)
-    errors: list[str] = []
-    for i, host in enumerate(hosts):
-        decision = decide_env(pre.facts[host.label], master_addr=pre.master_addr,
-                              is_master=i == 0, user_env={**dict(host.env), **dict(req.env)},
-                              profile=opts.profile, nnodes=len(hosts),
-                              profile_name=opts.profile_name, no_auto=opts.no_auto)
-        errors += [f"{host.label}: {e}" for e in decision.errors]
-        pre.decisions[host.label] = decision
-    if errors:
-        raise PreflightFailed("; ".join(errors))
     return pre

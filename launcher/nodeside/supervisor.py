@@ -60,7 +60,7 @@ except ImportError:  # an interpreter without the accelerator: to_json falls bac
 PROTOCOL = 1
 FRAME = struct.Struct("!BiI")
 # written before the first frame: whatever the login shell printed before us (a chatty
-# .bashrc) is told apart from the frames by the launcher (launcher/wire.py has the twin)
+# .bashrc) is told apart from the frames by the launcher (launcher/nodeside/wire.py has the twin)
 MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 OUT, ERR, CTL = 1, 2, 3
 CHUNK = 65536
@@ -823,6 +823,15 @@ class Evidence:
             except OSError:
                 pass
 
+    def rank_started(self, hdr):
+        """A rank's shim is up (its status connection): the hang watch counts the ranks
+        alive only once every one has started (a slow start is not a hang)."""
+        try:
+            self.out.control({"type": "rank_start", "rank": int(hdr.get("rank", -1)),
+                              "t": now()})
+        except (TypeError, ValueError):
+            pass
+
     def rank_armed(self, hdr, sock):
         try:
             rank, pid = int(hdr["rank"]), int(hdr["pid"])
@@ -1266,6 +1275,7 @@ class Supervisor(Evidence):
             if st["hdr"].get("stream") == "ctl":  # type: ignore[attr-defined]
                 self.ctl_open += 1
                 self.ctl_seen = True
+                self.rank_started(st["hdr"])
             if st["hdr"].get("stream") == "arm":  # type: ignore[attr-defined]
                 self.rank_armed(st["hdr"], sock)
             if not chunk:
@@ -1480,7 +1490,7 @@ def main():
     if os.environ.get(ARM_ENV) and len(sys.argv) > 1:
         rank_main(sys.argv[1:])  # never returns: the user's script ends the process
         return
-    # shipped by launcher/wire.py: the bootstrap hands us our source and the spec, having
+    # shipped by launcher/nodeside/wire.py: the bootstrap hands us our source and the spec, having
     # read exactly their lengths from fd 0, so the rest of fd 0 is ours, unbuffered
     source = globals().get("DTRAIN_SOURCE")
     spec = globals().get("DTRAIN_SPEC")

@@ -26,7 +26,7 @@ from launcher.hosts.entries import node_value_problem
 
 FRAME = struct.Struct("!BiI")
 KIND_NOISE, KIND_OUT, KIND_ERR, KIND_CTL = 0, 1, 2, 3
-# the supervisor's first bytes (launcher/supervisor.py has the twin): anything before them
+# the supervisor's first bytes (launcher/nodeside/supervisor.py has the twin): anything before them
 # is what the node's login shell printed (a chatty .bashrc), passed on as KIND_NOISE
 MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"

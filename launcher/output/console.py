@@ -25,7 +25,6 @@ launcher received it (``OutputLine.t``), ``2026-11-30T12:34:56.789 node1 r3: tex
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import sys
 import time
@@ -35,10 +34,11 @@ from typing import TYPE_CHECKING, TextIO
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from launcher.output.fold import FOLDED
+from launcher.output.render import should_color
 from launcher.output.termsafe import clean_text
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable, Mapping, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
     from launcher.models import OutputLine
 
@@ -71,18 +71,6 @@ def _isatty(stream: object) -> bool:
         return bool(isatty and isatty())
     except (ValueError, OSError):
         return False
-
-
-def should_color(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
-    """Colour only a terminal, and never when NO_COLOR is set (https://no-color.org);
-    FORCE_COLOR (non-empty, not 0) colours a pipe too (CI logs that render ANSI)."""
-    env = os.environ if env is None else env
-    if env.get("NO_COLOR"):
-        return False
-    if env.get("FORCE_COLOR", "") not in ("", "0"):
-        return True
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
 
 
 class Console:

@@ -25,7 +25,8 @@ import time
 from typing import BinaryIO
 
 from launcher.models import Host
-from launcher.output.console import should_color, wall_clock
+from launcher.output.console import wall_clock
+from launcher.output.render import should_color
 from launcher.output.termsafe import clean_bytes, needs_cleaning
 
 HIGH_WATER = 16 * 1024 * 1024

@@ -1,4 +1,5 @@
-"""Everything dtrain itself prints (errors, summaries, tables) is drawn here.
+"""Everything dtrain itself prints (errors, notes, GitHub annotations), and the one colour
+rule every printer follows (``should_color``: the console, exec's fast path, the tables).
 
 Plain text when stderr is not a terminal or NO_COLOR is set, so CI logs stay clean. A
 message may quote what a node or an archive supplied (an error a node sent, a host name, a
@@ -8,8 +9,9 @@ sequence in it reaches the terminal (or a CI log that renders ANSI).
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from launcher.errors import DtrainError
@@ -18,9 +20,19 @@ from launcher.output.termsafe import inert
 _KEEP = "\n\t"  # a message may span lines; every other control is shown, inert
 
 
-def _color(stream: TextIO) -> bool:
-    from launcher.output.console import should_color
+def should_color(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
+    """Colour only a terminal, and never when NO_COLOR is set (https://no-color.org);
+    FORCE_COLOR (non-empty, not 0) colours a pipe too (CI logs that render ANSI)."""
+    env = os.environ if env is None else env
+    if env.get("NO_COLOR"):
+        return False
+    if env.get("FORCE_COLOR", "") not in ("", "0"):
+        return True
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
+
+def _color(stream: TextIO) -> bool:
     return should_color(stream)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import signal
 from collections.abc import Iterable, Sequence
 
 from launcher.commands.cp.relay import Broadcaster
@@ -17,6 +16,7 @@ from launcher.commands.cp.sftp import pull_node, push_sftp
 from launcher.commands.cp.shared import Copy, Target
 from launcher.commands.cp.stream import NodeFiles, StreamPush
 from launcher.commands.cp.view import CopyView
+from launcher.commands.entry import INTERRUPTED, run_command
 from launcher.decide import copyplan as cpl
 from launcher.errors import ConnectError, DtrainError, RemoteCommandError
 from launcher.models import CopyResult, Host
@@ -101,8 +101,6 @@ def _report(results: Iterable[CopyResult]) -> None:
 
 
 def run_cp(hosts: Sequence[Host], req: CopyRequest, settings: SSHSettings) -> int:
-    """Synchronous entry for the CLI."""
-    try:
-        return asyncio.run(cp_async(hosts, req, settings))
-    except KeyboardInterrupt:
-        return 128 + signal.SIGINT
+    """`dtrain cp`: the exit code as exec's."""
+    return run_command("cp", hosts, lambda: cp_async(hosts, req, settings),
+                       lambda ended: INTERRUPTED if ended.result is None else ended.result)

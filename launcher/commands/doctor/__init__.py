@@ -12,8 +12,6 @@ prints. This module re-exports the whole doctor API under one name.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,11 +69,16 @@ def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
                as_json: bool = False, junit: str | None = None, strict: bool = False,
                color: bool | None = None) -> int:
     """The whole command: gather, evaluate, report."""
-    started = time.time()
-    gathered = asyncio.run(gather(hosts, opts, settings))
-    return report(evaluate(gathered), [h.label for h in hosts], started=started,
-                  timing=gathered.timing, as_json=as_json, junit=junit, strict=strict,
-                  color=color)
+    from launcher.commands.entry import INTERRUPTED, Ended, run_command
+
+    def conclude(ended: Ended[Gathered]) -> int:
+        if ended.result is None:
+            return INTERRUPTED
+        return report(evaluate(ended.result), [h.label for h in hosts], started=ended.started,
+                      timing=ended.result.timing, as_json=as_json, junit=junit, strict=strict,
+                      color=color)
+
+    return run_command("doctor", hosts, lambda: gather(hosts, opts, settings), conclude)
 
 
 __all__ = [

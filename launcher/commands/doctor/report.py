@@ -40,9 +40,8 @@ from launcher.decide.fabric_checks import (
     check_socket,
     socket_choices,
 )
-from launcher.output.console import should_color
 from launcher.output.junit import ExtraCase
-from launcher.output.render import count
+from launcher.output.render import count, should_color
 from launcher.output.report import ERROR, FAILED, PASSED, SKIPPED, CommandReport, NodeResult
 
 
@@ -191,7 +190,7 @@ def summary(results: Sequence[CheckResult], nhosts: int) -> str:
 
 
 def show(results: Sequence[CheckResult], stream: TextIO, color: bool | None = None) -> None:
-    """The table: rich when colour is on (``console.should_color``: a terminal, or
+    """The table: rich when colour is on (``render.should_color``: a terminal, or
     FORCE_COLOR; never with NO_COLOR), aligned columns otherwise."""
     use_rich = color if color is not None else should_color(stream)
     if use_rich:
@@ -206,7 +205,7 @@ def report(results: Sequence[CheckResult], hosts: Sequence[str], *, started: flo
            color: bool | None = None) -> int:
     """Print the table (to stderr under --json), the summary, then what --json/--junit
     asked for (and ``::error`` lines under GitHub Actions); return the exit code."""
-    from launcher.commands.reporting import finish
+    from launcher.commands.entry import finish
     from launcher.output import render
 
     stream = stream or (sys.stderr if as_json else sys.stdout)

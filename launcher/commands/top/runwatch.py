@@ -21,7 +21,7 @@ from launcher.decide.steprate import StepRate
 from launcher.models import Host
 from launcher.output.archive import read_meta, resolve_run
 from launcher.output.rundir import open_regular, open_run_dir
-from launcher.output.runs import run_status
+from launcher.output.runstate import run_status
 from launcher.output.samplelog import SAMPLES
 
 if TYPE_CHECKING:

@@ -1,0 +1,77 @@
+"""What every command that runs a job does first: connect → preflight → plan, as a value.
+
+``prepare`` connects to every node (an unreachable one is named with its hostfile line and
+the exact ``--exclude`` that leaves it out: nothing is started), probes them and checks the
+master (``preflight``: facts only), and yields a ``Prepared``; ``Prepared.plan`` decides
+(``decide.plan.build_plan``, pure). The connections are closed when the block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan
+from launcher.errors import ConnectError
+from launcher.hosts.where import failed_hosts_lines, leave_out_hint
+from launcher.job.orchestrate import connect_all
+from launcher.job.preflight import Preflight, preflight
+from launcher.models import Host
+from launcher.output import render
+from launcher.transports import AutoTransport, Choice
+from launcher.transports.base import Connection, Transport
+from launcher.transports.ssh import SSHSettings
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Every node connected and probed, the master checked."""
+
+    hosts: Sequence[Host]
+    transport: Transport
+    choice: Choice  # ssh or srun, and why
+    conns: dict[str, Connection]
+    pre: Preflight
+
+    def plan(self, req: RunRequest, opts: RunOptions) -> LaunchPlan:
+        """Decide every node's argv and environment (pure); the preflight's warnings are
+        shown once the plan stands."""
+        pre = self.pre
+        plan = build_plan(req, opts, self.hosts, pre.facts, master_addr=pre.master_addr,
+                          master_port=pre.master_port, master_reason=pre.master_reason)
+        for warning in pre.warnings:
+            render.note(f"warning: {warning}")
+        return plan
+
+
+def unreachable_error(hosts: Sequence[Host], errors: Mapping[str, str]) -> ConnectError:
+    """Each unreachable host once, with its hostfile line and the exact --exclude."""
+    lines = failed_hosts_lines(hosts, errors)
+    failed = [h for h in hosts if h.label in errors]
+    text = (f"cannot reach {lines[0]}; nothing was started" if len(lines) == 1 else
+            f"cannot reach {render.count(len(failed), 'node')}; nothing was started:\n  "
+            + "\n  ".join(lines))
+    return ConnectError(text, hint=leave_out_hint(failed))
+
+
+@contextlib.asynccontextmanager
+async def prepare(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
+                  settings: SSHSettings, *, transport: str | None = None
+                  ) -> AsyncIterator[Prepared]:
+    """Connect to every host and run the preflight (``transport``: the --transport mode,
+    default ``opts.transport``)."""
+    auto = AutoTransport(settings, opts.transport if transport is None else transport)
+    choice = auto.choose(hosts)
+    async with auto:
+        conns, errors = await connect_all(auto, hosts, fanout=opts.fanout,
+                                          timeout=settings.connect_timeout)
+        try:
+            if errors:
+                raise unreachable_error(hosts, errors)
+            pre = await preflight(conns, hosts, req, opts)
+            yield Prepared(hosts, auto, choice, conns, pre)
+        finally:
+            for conn in conns.values():
+                with contextlib.suppress(Exception):
+                    await conn.aclose()
