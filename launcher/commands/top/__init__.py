@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from launcher.commands.entry import INTERRUPTED, Ended, run_command
 from launcher.commands.top.model import TopState
 from launcher.commands.top.view import ViewOptions, plain
 from launcher.decide.stragglers import StragglerSettings
@@ -128,11 +129,17 @@ async def top_async(hosts: Sequence[Host], req: TopRequest, settings: SSHSetting
     return code
 
 
-def run_top(hosts: Sequence[Host], req: TopRequest, settings: SSHSettings) -> int:
-    """Synchronous entry for the CLI."""
+def conclude(ended: Ended[int]) -> int:
+    """The view's own code, or 130 for a Ctrl-C."""
+    return INTERRUPTED if ended.result is None else ended.result
+
+
+def run_top(hosts: Sequence[Host], req: TopRequest, settings: SSHSettings,
+            state: TopState | None = None,
+            per_host: Mapping[str, SamplerParams] | None = None) -> int:
+    """`dtrain top`, through the one entry of every command body (commands/entry.py)."""
     try:
-        return asyncio.run(top_async(hosts, req, settings))
-    except KeyboardInterrupt:
-        return 130
+        return run_command("top", hosts, lambda: top_async(hosts, req, settings, state,
+                                                           per_host), conclude)
     except BrokenPipeError:
         return 0  # `dtrain top | head`: the reader has what it wanted

@@ -241,10 +241,9 @@ def run_top_for_run(archive_dir: Path, run: str, req: TopRequest, settings: SSHS
                     hostfile: str | None = None, hosts: str | None = None,
                     include: str | None = None, exclude: str | None = None) -> int:
     """`dtrain top RUN`: the run's hosts (or -f/-H's), samplers told the run's ranks."""
-    import asyncio
     from dataclasses import replace
 
-    from launcher.commands.top import sampler_params, top_async
+    from launcher.commands.top import run_top, sampler_params
     from launcher.commands.top.model import TopState
     from launcher.hosts.hostfile import filter_hosts, resolve_hosts
 
@@ -267,9 +266,4 @@ def run_top_for_run(archive_dir: Path, run: str, req: TopRequest, settings: SSHS
                 for h in host_list}
     state = TopState([h.label for h in host_list], req.interval, run=watch,
                      settings=req.stragglers)
-    try:
-        return asyncio.run(top_async(host_list, req, settings, state, per_host=per_host))
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
+    return run_top(host_list, req, settings, state, per_host)
