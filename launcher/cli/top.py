@@ -112,7 +112,7 @@ def top_cmd(
         settings = ssh_settings(connect_timeout, accept_new)
         from pathlib import Path
 
-        from launcher.commands.top.runwatch import latest_live_run, run_top_for_run
+        from launcher.commands.top import latest_live_run, run_top_for_run
         from launcher.errors import HostfileError
 
         target = run

@@ -17,11 +17,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from launcher.commands.top.model import sample_fields
 from launcher.decide.stragglers import StragglerDetector, StragglerSettings
 from launcher.job.sampling import NodeSampler, SamplerParams
 from launcher.output import render
-from launcher.output.samplelog import SAMPLES, SampleLog
+from launcher.output.samplelog import SAMPLES, SampleLog, sample_fields
 
 if TYPE_CHECKING:
     from launcher.decide.plan import LaunchPlan

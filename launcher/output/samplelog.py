@@ -9,6 +9,7 @@ A write that fails (a full disk) turns the log off with one note instead of fail
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -16,6 +17,15 @@ from launcher.output import render
 from launcher.output.rundir import RunDir
 
 SAMPLES = "samples.jsonl"
+
+# what a sample carries that the document passes on unchanged (docs/top.md)
+SAMPLE_FIELDS = ("t", "dt", "cpu_pct", "ncpu", "load", "mem_used", "mem_total", "net", "gpus",
+                 "gpu_source", "gpu_error", "gpu_age", "ranks", "self_cpu_ms")
+
+
+def sample_fields(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """The documented fields of a sampler's sample (anything else is dropped)."""
+    return {k: msg[k] for k in SAMPLE_FIELDS if k in msg}
 
 
 class SampleLog:

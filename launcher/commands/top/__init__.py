@@ -12,14 +12,20 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from launcher.commands.entry import INTERRUPTED, Ended, run_command
 from launcher.commands.top.model import TopState
+from launcher.commands.top.runwatch import RunWatch
 from launcher.commands.top.view import ViewOptions, plain
+from launcher.decide.hang import compile_progress
 from launcher.decide.stragglers import StragglerSettings
+from launcher.hosts.hostfile import filter_hosts, resolve_hosts
 from launcher.job.sampling import OK, FollowPolicy, SamplerParams, follow
 from launcher.models import Host
+from launcher.output.archive import list_runs, read_meta, resolve_run
+from launcher.output.runstate import run_status
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
@@ -143,3 +149,39 @@ def run_top(hosts: Sequence[Host], req: TopRequest, settings: SSHSettings,
                                                            per_host), conclude)
     except BrokenPipeError:
         return 0  # `dtrain top | head`: the reader has what it wanted
+
+
+# -- a run ---------------------------------------------------------------------------------
+
+def latest_live_run(archive_dir: Path) -> str | None:
+    """The most recently started run whose launcher is alive (a path), or None."""
+    for run_dir in reversed(list_runs(archive_dir) if archive_dir.is_dir() else []):
+        if run_status(run_dir).alive:
+            return str(run_dir)
+    return None
+
+
+def run_top_for_run(archive_dir: Path, run: str, req: TopRequest, settings: SSHSettings, *,
+                    hostfile: str | None = None, hosts: str | None = None,
+                    include: str | None = None, exclude: str | None = None) -> int:
+    """`dtrain top RUN`: the run's hosts (or -f/-H's), samplers told the run's ranks."""
+    run_dir = resolve_run(archive_dir, run)
+    # the run's own --progress (meta.json hang_policy, docs/hangs.md) unless top names one
+    recorded = (read_meta(run_dir).get("hang_policy") or {}).get("progress")
+    pattern = req.progress or (recorded if isinstance(recorded, str) else None)
+    watch = RunWatch(run_dir, compile_progress(pattern))
+    if hostfile is not None or hosts is not None:
+        host_list = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include,
+                                  exclude=exclude)
+    else:
+        host_list = filter_hosts(watch.hosts(), include, exclude)
+    layout, ifaces = watch.layout, watch.ifaces()
+    base = sampler_params(req)
+    per_host = {h.label: replace(base, run_id=watch.run_id,
+                                 ranks=tuple(layout.get(h.label, ())) or None,
+                                 ifaces=req.ifaces or ((ifaces[h.label],)
+                                                       if h.label in ifaces else ()))
+                for h in host_list}
+    state = TopState([h.label for h in host_list], req.interval, run=watch,
+                     settings=req.stragglers)
+    return run_top(host_list, req, settings, state, per_host)

@@ -15,21 +15,12 @@ from typing import TYPE_CHECKING, Any
 from launcher import __version__
 from launcher.decide.stragglers import StragglerDetector, StragglerSettings
 from launcher.job.sampling import CONNECTING, OK
+from launcher.output.samplelog import sample_fields
 
 if TYPE_CHECKING:
     from launcher.commands.top.runwatch import RunWatch
 
 SCHEMA = "dtrain.top/1"
-# what a sample carries that the document passes on unchanged (docs/top.md)
-SAMPLE_FIELDS = ("t", "dt", "cpu_pct", "ncpu", "load", "mem_used", "mem_total", "net", "gpus",
-                 "gpu_source", "gpu_error", "gpu_age", "ranks", "self_cpu_ms")
-
-
-def sample_fields(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """The documented fields of a sampler's sample (anything else is dropped)."""
-    return {k: msg[k] for k in SAMPLE_FIELDS if k in msg}
-
-
 @dataclass
 class NodeView:
     """One node: its sampler's state and last sample."""

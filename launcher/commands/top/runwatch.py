@@ -14,19 +14,15 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from launcher.decide.hang import compile_progress
 from launcher.decide.steprate import StepRate
 from launcher.models import Host
-from launcher.output.archive import read_meta, resolve_run
+from launcher.output.archive import read_meta
 from launcher.output.rundir import open_regular, open_run_dir
 from launcher.output.runstate import run_status
 from launcher.output.samplelog import SAMPLES
-
-if TYPE_CHECKING:
-    from launcher.commands.top import TopRequest
-    from launcher.transports.ssh import SSHSettings
 
 TAIL_BYTES = 4 << 20  # the first read of output.jsonl starts at most this far before its end
 READ_BYTES = 8 << 20  # at most this much per poll (a chatty run cannot stall the view)
@@ -225,45 +221,3 @@ class RunWatch:
                 else None, "exit_code": code if isinstance(code, int) else None,
                 "step": self.steps.step(), "step_rate": round(rate, 3) if rate is not None
                 else None, "progress": self.pattern.pattern, "archive": str(self.run_dir)}
-
-
-def latest_live_run(archive_dir: Path) -> str | None:
-    """The most recently started run whose launcher is alive (a path), or None."""
-    from launcher.output.archive import list_runs
-
-    for run_dir in reversed(list_runs(archive_dir) if archive_dir.is_dir() else []):
-        if run_status(run_dir).alive:
-            return str(run_dir)
-    return None
-
-
-def run_top_for_run(archive_dir: Path, run: str, req: TopRequest, settings: SSHSettings, *,
-                    hostfile: str | None = None, hosts: str | None = None,
-                    include: str | None = None, exclude: str | None = None) -> int:
-    """`dtrain top RUN`: the run's hosts (or -f/-H's), samplers told the run's ranks."""
-    from dataclasses import replace
-
-    from launcher.commands.top import run_top, sampler_params
-    from launcher.commands.top.model import TopState
-    from launcher.hosts.hostfile import filter_hosts, resolve_hosts
-
-    run_dir = resolve_run(archive_dir, run)
-    # the run's own --progress (meta.json hang_policy, docs/hangs.md) unless top names one
-    recorded = (read_meta(run_dir).get("hang_policy") or {}).get("progress")
-    pattern = req.progress or (recorded if isinstance(recorded, str) else None)
-    watch = RunWatch(run_dir, compile_progress(pattern))
-    if hostfile is not None or hosts is not None:
-        host_list = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include,
-                                  exclude=exclude)
-    else:
-        host_list = filter_hosts(watch.hosts(), include, exclude)
-    layout, ifaces = watch.layout, watch.ifaces()
-    base = sampler_params(req)
-    per_host = {h.label: replace(base, run_id=watch.run_id,
-                                 ranks=tuple(layout.get(h.label, ())) or None,
-                                 ifaces=req.ifaces or ((ifaces[h.label],)
-                                                       if h.label in ifaces else ()))
-                for h in host_list}
-    state = TopState([h.label for h in host_list], req.interval, run=watch,
-                     settings=req.stragglers)
-    return run_top(host_list, req, settings, state, per_host)
