@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.cluster import gpus
+
 __all__ = [
     "ALT_PORT",
     "BRIDGE",
@@ -520,6 +522,8 @@ def up(n_nodes: int = 4, state_dir: Path = DEFAULT_STATE_DIR, *,
             cluster = existing
         else:
             cluster = _build(state_dir, max(n_nodes, recorded))
+        # the fake-GPU trap (tests/cluster/gpus.py): nvidia-smi on nodes 4, 6, 8, ...
+        gpus.ensure((n.index, n.dir, sshd_pid(n.index, state_dir)) for n in cluster.nodes)
     return _cluster(state_dir, n_nodes, _meta(cluster), cluster.password)
 
 
