@@ -125,3 +125,11 @@ def test_stacks_lines_from_nodes(capsys):
 
     stacks._print(f"  File \"train.py\", line 3, in {OSC52}{MOVE}")
     _inert(capsys.readouterr().out)
+
+
+def test_top_s_note_column():
+    from launcher.commands.top.view import node_row
+
+    row = node_row({"host": "node3", "state": "ok", "ranks": [0],
+                    "sample": {"gpu_error": f"nvidia-smi: {OSC52}{MOVE}"}})
+    _inert(row.cells["note"])
