@@ -28,13 +28,12 @@ from launcher.commands.cp.shared import Copy, Target, hand_off
 from launcher.decide import copyplan as cpl
 from launcher.decide.copyplan import Entry, SyncPlan
 from launcher.errors import ConnectError, RemoteCommandError
-from launcher.job.remote import read_json_line, start_program
+from launcher.job.remote import MAX_LINE, read_json_line, start_program
 from launcher.transports.base import Connection, Process
 
 UNPACK_REPLY_S = 120.0  # an op's reply, once its data is sent (walk, hash, apply)
 UNPACK_IDLE_S = 60.0  # node side: silence inside an op's data
 UNPACK_WAIT_S = 3600.0  # node side: silence between ops (a broadcast may run meanwhile)
-MAX_LINE = 256 << 20  # one answer line (a walk of ~2M files); longer: the node's error
 _KINDS = (cpl.FILE, cpl.DIR, cpl.LINK, cpl.OTHER)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.hosts.hostfile import fold
+from launcher.output.termsafe import inert
 
 # (key, header, plain width); RUN_COLUMNS only when the view follows a run
 COLUMNS = (("node", "NODE", 0), ("state", "STATE", 7), ("cpu", "CPU%", 4), ("load", "LOAD", 5),
@@ -132,8 +133,8 @@ def node_row(node: Mapping[str, Any], *, coarse: bool = False) -> Row:
         rx, tx, mem_used = _sig(rx, 1), _sig(tx, 1), _sig(mem_used, 2)
         gm_used = _sig(gm_used, 2) or 0.0
     cells = {
-        "node": str(node.get("host", "?")),
-        "state": state,
+        "node": inert(str(node.get("host", "?"))),
+        "state": inert(state),
         "cpu": _fmt(cpu) if live else "-",
         "load": _fmt(load1, ".0f" if coarse else ".2f") if live else "-",
         "mem": f"{human(mem_used)}/{human(mem_total)}" if live and mem_total else "-",
@@ -164,7 +165,7 @@ def node_row(node: Mapping[str, Any], *, coarse: bool = False) -> Row:
         notes.append(str(s["gpu_error"]))
     if live and not ranks and gpus and all(u is not None and u < IDLE_UTIL_PCT for u in utils):
         notes.append("idle")
-    cells["note"] = "; ".join(notes)
+    cells["note"] = inert("; ".join(notes))  # a node's error text: no control reaches the screen
     good_utils = [u for u in utils if u is not None]
     keys: dict[str, float | str | None] = {
         "node": None, "state": state, "cpu": cpu, "load": load1, "mem": mem_used,
