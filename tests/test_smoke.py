@@ -207,6 +207,53 @@ def _job():
     return mod
 
 
+def test_a_pair_slowed_in_one_pass_is_judged_by_its_best_pass(monkeypatch):
+    """A burst of load on a shared node slows every iteration of one pass: the other passes
+    carry the link's real speed. With one pass the burst would decide (a false "slow")."""
+    job = _job()
+
+    class Req:
+        def wait(self):
+            pass
+
+    class Dist:
+        def isend(self, t, peer):
+            return Req()
+
+        irecv = isend
+
+        def barrier(self):
+            pass
+
+    class Torch:
+        float32 = "f32"
+
+        def ones(self, n, **kw):
+            return [1.0] * n
+
+        empty = ones
+
+    clock = {"t": 0.0, "calls": 0}
+
+    def perf_counter():  # each exchange: 1 ms, or 100 ms in the first pass (the burst)
+        clock["calls"] += 1
+        if clock["calls"] % 2 == 0:
+            clock["t"] += 0.1 if clock["calls"] <= 2 * 6 else 0.001
+        return clock["t"]
+
+    monkeypatch.setattr(job.time, "perf_counter", perf_counter)
+    facts = [{"rank": 0, "local_rank": 0, "node_rank": 0},
+             {"rank": 1, "local_rank": 0, "node_rank": 1}]
+    cfg = {"pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5, "pair_passes": 3}
+    device = type("D", (), {"type": "cpu"})()
+    rows = job.pair_test(Torch(), Dist(), device, facts, 0, cfg)
+    assert [(r["a"], r["b"]) for r in rows] == [(0, 1)]
+    assert rows[0]["time_us"] == pytest.approx(1000)
+    clock.update(t=0.0, calls=0)
+    one = job.pair_test(Torch(), Dist(), device, facts, 0, dict(cfg, pair_passes=1))
+    assert one[0]["time_us"] == pytest.approx(100_000)
+
+
 @pytest.mark.parametrize("n", range(1, 13))
 def test_pair_schedule_rounds_are_disjoint_and_cover_every_pair_or_the_ring(n):
     rounds = _job().schedule(n)
@@ -267,13 +314,14 @@ def test_the_job_reads_every_key_the_config_sends_and_nothing_else():
     assert set(sent) == read
     assert sent == {"backend": "nccl", "min_size": 1024, "max_size": 64 << 20, "warmup": 5,
                     "iters": 20, "big": 16 << 20, "pair_size": 16 << 20, "pair_warmup": 2,
-                    "pair_iters": 5}
+                    "pair_iters": 5, "pair_passes": 3}
 
 
 def test_gloo_config_and_a_cap_below_the_smallest_size():
     assert make_config("gloo", None).to_json() == {
         "backend": "gloo", "min_size": 1024, "max_size": 4 << 20, "warmup": 2, "iters": 5,
-        "big": 1 << 20, "pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5}
+        "big": 1 << 20, "pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5,
+        "pair_passes": 3}
     assert (make_config("gloo", 256).min_size, make_config("gloo", 256).max_size) == (256, 256)
     assert (make_config("nccl", 512).min_size, make_config("nccl", 512).max_size) == (512, 512)
 
