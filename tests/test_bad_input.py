@@ -16,29 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.util import DIAL_SITECUSTOMIZE as SITECUSTOMIZE
 from tests.util import REPO
 
 UNREACHABLE = "198.18.0.250"
 
-SITECUSTOMIZE = '''
-import os, socket
-_log = os.environ["DTRAIN_TEST_DIAL_LOG"]
-def _note(what):
-    with open(_log, "a") as f:
-        f.write(what + "\\n")
-_connect, _connect_ex, _gai = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
-def connect(self, address):
-    _note("connect %r" % (address,))
-    return _connect(self, address)
-def connect_ex(self, address):
-    _note("connect_ex %r" % (address,))
-    return _connect_ex(self, address)
-def getaddrinfo(host, *args, **kwargs):
-    _note("getaddrinfo %r" % (host,))
-    return _gai(host, *args, **kwargs)
-socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
-socket.getaddrinfo = getaddrinfo
-'''
 
 # hostfiles: (file name, bytes); each also lists the unreachable host
 HOSTFILES = {

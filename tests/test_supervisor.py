@@ -280,9 +280,9 @@ def test_stop_kills_the_whole_tree(sups) -> None:
     s = sups({"argv": py(TREE)})
     pids = _pids(s) + [int(s.message("hello")["pid"])]
     t0 = time.monotonic()
-    s.send("stop", reason="test", grace=5)
+    s.send("stop", reason="test", grace=120)
     assert s.wait() == 128 + signal.SIGTERM
-    assert time.monotonic() - t0 < 2.0, "a job honouring TERM must not wait for the grace"
+    assert time.monotonic() - t0 < 60, "a job honouring TERM must not wait for the grace"
     assert not [p for p in pids if alive(p)]
     assert s.message("stopping")["reason"] == "test"
     assert s.message("exit")["stopped"] == "test"
