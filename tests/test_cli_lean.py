@@ -135,7 +135,8 @@ RUN_ONLY = {"launcher.decide.netenv", "launcher.decide.plan", "launcher.decide.c
 HOT: dict[str, tuple[list[str], set[str]]] = {
     # the help renders with rich (typer's help), and reaches nothing
     "help": (["--help"], ALWAYS_OUT | {"asyncssh", "launcher.commands", "launcher.job",
-                                       "launcher.transports", "ClusterShell"}),
+                                       "launcher.transports", "ClusterShell",
+                                       "rich.markdown", "markdown_it", "rich.traceback"}),
     # localhost: subprocesses, no SSH library at all, no help renderer
     "exec-localhost": (["exec", "-H", "localhost", "--", "true"],
                        ALWAYS_OUT | RUN_ONLY | {"asyncssh", "rich"}),
@@ -204,3 +205,44 @@ def test_the_ssh_package_names_every_module_it_serves() -> None:
     for name, module in ssh._WHERE.items():
         mod = importlib.import_module(f"launcher.transports.ssh.{module}")
         assert getattr(ssh, name) is getattr(mod, name), name
+
+
+@pytest.mark.parametrize("args", [["--help"], ["exec", "--help"], ["run", "--help"],
+                                  ["keys", "check", "--help"], ["exec", "--fanout", "x"]])
+def test_help_without_markdown_says_what_typer_says(args: list[str]) -> None:
+    """_quiet_import defers rich.markdown/rich.traceback while typer.rich_utils loads; the
+    help (and a usage error's panel) is byte for byte what typer prints with them loaded."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "100"}
+
+    def show(pre: str) -> subprocess.CompletedProcess[str]:
+        code = f"{pre}import runpy; runpy.run_module('launcher', run_name='__main__', " \
+               "alter_sys=True)"
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, cwd=REPO, env=env, timeout=60)
+
+    lean, real = show(""), show("import typer.rich_utils; ")
+    assert (lean.returncode, lean.stdout, lean.stderr) == \
+        (real.returncode, real.stdout, real.stderr)
+    assert "Usage" in lean.stdout + lean.stderr
+
+
+def test_the_deferred_modules_are_real_once_asked_for() -> None:
+    """After typer.rich_utils, `import rich.markdown` is the real module, and typer's own
+    names work (a Markdown renders, Traceback.from_exception exists)."""
+    import subprocess
+    import sys
+
+    code = ("import launcher, typer.rich_utils as ru, sys\n"
+            "assert 'rich.markdown' not in sys.modules, 'still deferred'\n"
+            "import rich.markdown\n"
+            "assert rich.markdown.Markdown.__module__ == 'rich.markdown'\n"
+            "m = ru.Markdown('**x**')\n"
+            "assert isinstance(m, rich.markdown.Markdown) and isinstance(m, ru.Markdown)\n"
+            "assert callable(ru.Traceback.from_exception)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert res.returncode == 0, res.stderr
