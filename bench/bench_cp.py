@@ -9,7 +9,8 @@ Cases (issue #16):
 * ``tree``: a directory of --files small files (1-8 KiB, 40 per directory) pushed to every
   node, into a directory emptied before each run;
 * ``delta``: the same push again with nothing changed (dtrain skips by size+mtime; pdcp
-  and clush have no delta and send it all again);
+  and clush have no delta and send it all again), with ``dtrain exec true`` on the same
+  nodes beside it: the floor of any dtrain command there (connect, start a node program);
 * ``large``: one --large-mib file to every node, on the unlimited bridge (dtrain
   broadcasts it by default: the file is above --broadcast-min);
 * ``bcast``: one --bcast-mib file with the login node's uplink limited to --uplink
@@ -64,6 +65,7 @@ BRIDGE = "dtbr0"  # tests/cluster: the login node's port on the cluster's bridge
 PDCP = shutil.which("pdcp") or "pdcp"
 RPDCP = shutil.which("rpdcp") or "rpdcp"
 TOOLS = ("dtrain", "pdcp", "clush")
+EXEC_FLOOR = "dtrain exec true"  # beside the re-push: its floor (connect, a node program)
 BCAST_TOOLS = ("dtrain 1 node", "dtrain", "dtrain naive", "pdcp", "clush")
 REMOTE_DIR = "bench-cp"  # under each node's home
 
@@ -192,10 +194,10 @@ class CpBench:
 
 
 def case(b: CpBench, name: str, reps: int, args: argparse.Namespace,
-         fn: Callable[[str, int], Run]) -> Series:
+         fn: Callable[[str, int], Run], tools: tuple[str, ...] = TOOLS) -> Series:
     series = Series(name)
-    log(f"{name}: {reps} rounds of {', '.join(TOOLS)}")
-    rounds(series, [(t, lambda r, t=t: fn(t, r)) for t in TOOLS], reps,
+    log(f"{name}: {reps} rounds of {', '.join(tools)}")
+    rounds(series, [(t, lambda r, t=t: fn(t, r)) for t in tools], reps,
            max_busy=args.max_busy, patience=args.patience)
     return series
 
@@ -236,11 +238,13 @@ def main() -> int:
                                lambda t, r: push_tree(t, r, fresh=True)))
         if "delta" in only:
             def delta(tool: str, r: int) -> Run:
+                if tool == EXEC_FLOOR:  # connecting and starting a node program, no copy
+                    return timed(tool, env.dtrain_exec(args.nodes, "true"), f"exec-{r}.out")
                 if r == -1:  # the warm-up round seeds each tool's copy
                     push_tree(tool, r, fresh=True)
                 return push_tree(tool, r, fresh=False)
             series.append(case(b, f"unchanged re-push x {args.nodes} nodes", args.reps, args,
-                               delta))
+                               delta, (*TOOLS, EXEC_FLOOR)))
         if "large" in only:
             big = env.tmp / "large.bin"
             make_large(big, args.large_mib)
@@ -304,7 +308,7 @@ def main() -> int:
     print(f"\n{machine()}\n{revision()}\n")
     plain = [s for s in series if "uplink" not in s.case]
     if plain:
-        print(wall_table(plain, others=TOOLS[1:]))
+        print(wall_table(plain, others=(*TOOLS[1:], EXEC_FLOOR)))
     for s in series:
         if "uplink" in s.case:
             print()

@@ -10,6 +10,15 @@ are "not found"; every other ``find_library`` call, and every other module, is u
 
 The hook sits on ``sys.meta_path`` and does nothing until asyncssh is imported, so commands
 that never connect (``--help``, ``logs``) pay nothing for it.
+
+A second one, for ``--help`` (issue 26): typer renders help through ``typer.rich_utils``,
+whose first lines import ``rich.markdown`` (markdown_it, rich.syntax) and ``rich.traceback``
+for two names it uses only for the "markdown" markup mode and pretty exceptions, neither
+of which dtrain uses: ~50 ms of CPU, a sixth of `dtrain --help`. While that one module
+executes, those two modules are placeholders whose class (``Markdown``, ``Traceback``)
+imports the real one on first use (a call, an attribute, isinstance); afterwards the
+placeholders leave ``sys.modules``, so any later ``import rich.markdown`` gets the real
+module. The help text is the same (tests/test_cli_lean.py compares it).
 """
 
 from __future__ import annotations
@@ -53,7 +62,63 @@ class _NoOqsProbe:
         return spec
 
 
+HELP_MODULE = "typer.rich_utils"
+DEFERRED = {"rich.markdown": "Markdown", "rich.traceback": "Traceback"}
+
+
+class _Deferred(type):
+    """The metaclass of a placeholder class: the real class is imported on first use."""
+
+    _module: str
+
+    def real(cls) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(cls._module), cls.__name__)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls.real()(*args, **kwargs)
+
+    def __getattr__(cls, name: str) -> Any:  # Traceback.from_exception ...
+        return getattr(cls.real(), name)
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, cls.real())
+
+
+class _HelpWithoutMarkdown:
+    """A meta-path finder for typer.rich_utils: executed with DEFERRED as placeholders."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None
+                  ) -> ModuleSpec | None:
+        if fullname != HELP_MODULE:
+            return None
+        spec = PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            placed = {}
+            for name, cls in DEFERRED.items():
+                if name not in sys.modules:
+                    stub = ModuleType(name)
+                    setattr(stub, cls, _Deferred(cls, (), {"_module": name}))
+                    placed[name] = sys.modules[name] = stub
+            try:
+                real_exec(module)
+            finally:
+                for name, stub in placed.items():
+                    if sys.modules.get(name) is stub:
+                        del sys.modules[name]
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 def install() -> None:
-    """Put the finder first on sys.meta_path (once)."""
+    """Put the finders first on sys.meta_path (once)."""
     if not any(isinstance(f, _NoOqsProbe) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoOqsProbe())
+    if not any(isinstance(f, _HelpWithoutMarkdown) for f in sys.meta_path):
+        sys.meta_path.insert(0, _HelpWithoutMarkdown())

@@ -1,5 +1,6 @@
-"""The score of a mutmut run (scripts/mutate): per module, killed / (killed + survived +
-timeout... ), and every mutant that was not killed, from mutmut's own ``mutants/*.meta``.
+"""The score of a mutmut run (scripts/mutate): per module, killed / (killed + survived + no
+test), timeouts and mutants not run yet apart, and every mutant that was not killed, from
+mutmut's own ``mutants/*.meta``.
 
 Usage: python scripts/mutate_score.py WORKDIR             the table and the names
        python scripts/mutate_score.py WORKDIR --diff [NAME...]  each not-killed mutant's
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import fnmatch
 import functools
 import json
 import sys
@@ -36,7 +38,9 @@ def status(code: int | None) -> str:
     if code in KILLED:
         return "killed"
     if code in TIMEOUT:
-        return "timeout"  # an endless loop the tests stopped: counted as killed
+        # an endless loop the tests stopped, or a box so loaded that the tests ran past
+        # mutmut's limit: not counted either way (the table shows how many)
+        return "timeout"
     if code in NOT_RUN:
         return "not run" if code is None or code == 2 else "no tests"
     return "survived" if code == 0 else "suspicious"
@@ -73,6 +77,25 @@ def diff(work: Path, name: str) -> str:
 def main(argv: list[str]) -> int:
     work = Path(argv[1])
     data = load(work)
+    if argv[2:3] == ["--markdown"]:  # the table of docs/testing.md
+        print("| module | judged | killed | survived | no test | timeout | not run | score |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for module, codes in data.items():
+            c = Counter(status(x) for x in codes.values())
+            killed = c["killed"]
+            judged = killed + c["survived"] + c["no tests"] + c["suspicious"]
+            if judged:
+                print(f"| `{module}` | {judged} | {killed} | {c['survived'] + c['suspicious']} "
+                      f"| {c['no tests']} | {c['timeout']} | {c['not run']} "
+                      f"| {killed / judged:.1%} |")
+        return 0
+    if argv[2:3] == ["--names"]:  # not killed (or not run yet) in these modules (globs)
+        for module, codes in data.items():
+            if any(fnmatch.fnmatch(module, pattern) for pattern in argv[3:]):
+                print("\n".join(n for n, c in codes.items()
+                                if status(c) in ("survived", "no tests", "suspicious",
+                                                 "not run")))
+        return 0
     if argv[2:3] in (["--diff"], ["--diff-module"]):
         only = argv[3] if argv[2] == "--diff-module" else None
         names = [] if only else argv[3:]
@@ -88,17 +111,18 @@ def main(argv: list[str]) -> int:
     for module, codes in data.items():
         counts = Counter(status(c) for c in codes.values())
         total.update(counts)
-        judged = counts["killed"] + counts["timeout"] + counts["survived"] + counts["no tests"]
-        score = (counts["killed"] + counts["timeout"]) / judged if judged else float("nan")
-        print(f"{module:<42} {counts['killed'] + counts['timeout']:>7} {counts['survived']:>6} "
-              f"{counts['no tests']:>8} {counts['not run']:>8} {score:>6.1%}")
+        judged = counts["killed"] + counts["survived"] + counts["no tests"]
+        score = counts["killed"] / judged if judged else float("nan")
+        print(f"{module:<42} {counts['killed']:>7} {counts['survived']:>6} "
+              f"{counts['no tests']:>8} {counts['not run'] + counts['timeout']:>8} "
+              f"{score:>6.1%}")
         survivors += [name for name, c in codes.items()
                       if status(c) in ("survived", "no tests", "suspicious")]
-    judged = total["killed"] + total["timeout"] + total["survived"] + total["no tests"]
+    judged = total["killed"] + total["survived"] + total["no tests"]
     if judged:
-        print(f"{'all':<42} {total['killed'] + total['timeout']:>7} {total['survived']:>6} "
-              f"{total['no tests']:>8} {total['not run']:>8} "
-              f"{(total['killed'] + total['timeout']) / judged:>6.1%}")
+        print(f"{'all':<42} {total['killed']:>7} {total['survived']:>6} "
+              f"{total['no tests']:>8} {total['not run'] + total['timeout']:>8} "
+              f"{total['killed'] / judged:>6.1%}")
     print(f"\nnot killed ({len(survivors)}): scripts/mutate --show NAME for the diff")
     for name in survivors:
         print(f"  {name}")

@@ -41,3 +41,25 @@ def one_json_document(stdout: str) -> dict[str, Any]:
     doc = json.loads(stdout)
     assert isinstance(doc, dict)
     return doc
+
+
+def _top_validator(ref: str | None = None) -> Any:
+    import jsonschema
+
+    from launcher.output.report import schema_text
+
+    schema = json.loads(schema_text("top"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    if ref is not None:
+        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": ref}
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate_top(doc: dict[str, Any]) -> None:
+    """Raise jsonschema.ValidationError unless ``doc`` is a valid dtrain.top/1 document."""
+    _top_validator().validate(doc)
+
+
+def validate_sample_record(record: dict[str, Any]) -> None:
+    """... unless ``record`` is a valid samples.jsonl line (top.schema.json#/$defs/record)."""
+    _top_validator("#/$defs/record").validate(record)

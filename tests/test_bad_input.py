@@ -16,29 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.util import DIAL_SITECUSTOMIZE as SITECUSTOMIZE
 from tests.util import REPO
 
 UNREACHABLE = "198.18.0.250"
 
-SITECUSTOMIZE = '''
-import os, socket
-_log = os.environ["DTRAIN_TEST_DIAL_LOG"]
-def _note(what):
-    with open(_log, "a") as f:
-        f.write(what + "\\n")
-_connect, _connect_ex, _gai = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
-def connect(self, address):
-    _note("connect %r" % (address,))
-    return _connect(self, address)
-def connect_ex(self, address):
-    _note("connect_ex %r" % (address,))
-    return _connect_ex(self, address)
-def getaddrinfo(host, *args, **kwargs):
-    _note("getaddrinfo %r" % (host,))
-    return _gai(host, *args, **kwargs)
-socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
-socket.getaddrinfo = getaddrinfo
-'''
 
 # hostfiles: (file name, bytes); each also lists the unreachable host
 HOSTFILES = {
@@ -144,7 +126,7 @@ def _dtrain(args: list[str], site: Path, tmp: Path) -> tuple[int, str, list[str]
                HOME=str(tmp))
     start = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "launcher", *args], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=180)
     elapsed = time.monotonic() - start
     dials = log.read_text().splitlines() if log.exists() else []
     return res.returncode, res.stderr, dials, elapsed
@@ -155,8 +137,7 @@ def _assert_bad_input(args: list[str], site: Path, tmp: Path) -> str:
     assert "Traceback" not in err, err
     assert code == 2, (code, err)
     assert err.strip(), "no message"
-    assert dials == [], dials
-    assert elapsed < 10, elapsed  # python start-up included; nothing waits on a network
+    assert dials == [], dials  # the oracle: nothing connected (not how fast it refused)
     return err
 
 
@@ -228,15 +209,31 @@ def test_logs_host_is_capped(host: str, dial_site: Path, tmp_path: Path) -> None
     assert "65536" in err
 
 
-def test_the_cap_fails_fast_in_process() -> None:
+def test_the_cap_fails_fast_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap is checked before NodeSet builds a range: counted in names NodeSet is asked
+    to build (at most the cap in all), not in seconds, so a loaded machine cannot fail it
+    and a cap checked too late cannot pass it."""
+    from ClusterShell import NodeSet as nodeset_module
+
     from launcher.errors import HostfileError
+    from launcher.hosts import entries, hostfile
+    from launcher.hosts.entries import MAX_HOSTS, expr_size
     from launcher.hosts.hostfile import filter_hosts, parse_host_expr, parse_hostfile_yaml
 
+    built: list[int] = []
+
+    def counting(pattern: object = None, *args: object, **kw: object):  # type: ignore[no-untyped-def]
+        size = expr_size(str(pattern)) if isinstance(pattern, str) else 0
+        built.append(size)
+        assert sum(built) <= MAX_HOSTS, f"NodeSet asked for {sum(built)} names past the cap"
+        return nodeset_module.NodeSet(pattern, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(entries, "NodeSet", counting)
+    monkeypatch.setattr(hostfile, "NodeSet", counting)
     aliases = "hosts:\n  - &a 'n[1-60000]'\n" + "  - *a\n" * 1000
     for parse in (lambda: parse_host_expr("node[1-100000000]"),
                   lambda: parse_hostfile_yaml(aliases, "h.yaml"),
                   lambda: filter_hosts([], "node[1-100000000]", None)):
-        start = time.monotonic()
+        built.clear()
         with pytest.raises(HostfileError, match="65536"):
             parse()
-        assert time.monotonic() - start < 0.5

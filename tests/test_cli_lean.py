@@ -10,6 +10,7 @@ bench_startup.py measures it); the import set is what the time is made of.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ import typer
 from typer._coercion import build_runtime_param
 
 from launcher.cli import app, coerce
+
+REPO = Path(__file__).resolve().parents[1]
 
 VALUES: dict[type, list[Any]] = {
     str: ["", "x", "node[1-4]", "-", "é", "a b", 5, None],
@@ -121,3 +124,125 @@ def test_the_one_command_app_says_what_the_whole_app_says(name: str) -> None:
         lean = runner.invoke(only(name), args, prog_name="dtrain", env={"COLUMNS": "100"})
         assert (lean.exit_code, lean.output) == (whole.exit_code, whole.output), args
     assert len(typer.main.get_command(only(name)).commands) == 1  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- what the hot commands import
+
+REPORTS = {"launcher.output.report", "launcher.output.junit", "launcher.output.schemas", "xml"}
+ALWAYS_OUT = {"pydantic", "pydantic_core", "yaml", "jsonschema", *REPORTS}
+RUN_ONLY = {"launcher.decide.netenv", "launcher.decide.plan", "launcher.decide.checks",
+            "launcher.decide.facts", "launcher.decide.rdma"}  # run's decisions
+HOT: dict[str, tuple[list[str], set[str]]] = {
+    # the help renders with rich (typer's help), and reaches nothing
+    "help": (["--help"], ALWAYS_OUT | {"asyncssh", "launcher.commands", "launcher.job",
+                                       "launcher.transports", "ClusterShell",
+                                       "rich.markdown", "markdown_it", "rich.traceback"}),
+    # localhost: subprocesses, no SSH library at all, no help renderer
+    "exec-localhost": (["exec", "-H", "localhost", "--", "true"],
+                       ALWAYS_OUT | RUN_ONLY | {"asyncssh", "rich"}),
+    # one SSH host (refused at once: nothing listens on 127.0.0.1:1)
+    "exec-ssh": (["exec", "-H", "127.0.0.1:1", "--connect-timeout", "2", "--", "true"],
+                 ALWAYS_OUT | RUN_ONLY | {"rich"}),
+    "cp-localhost": (["cp", "-H", "localhost", "README.md", "{tmp}/copied"],
+                     ALWAYS_OUT | RUN_ONLY | {"asyncssh", "rich"}),
+    # run's own decisions are its business; a report, YAML (no --profile), SSH are not
+    "run-dry-run-localhost": (["run", "-H", "localhost", "--nproc-per-node", "2", "--dry-run",
+                               "examples/ddp_smoke.py"],
+                              ALWAYS_OUT | {"asyncssh", "rich"}),
+}
+
+
+def _imports(args: list[str], tmp: Path, **env: str) -> tuple[int, set[str]]:
+    """What `python -m launcher ARGS` imports (python -X importtime), and its exit code."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_", "GITHUB_"))}
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", *args],
+                         capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env={**base, "HOME": str(tmp), **env})
+    names = {line.split("|")[-1].strip() for line in res.stderr.splitlines()
+             if line.startswith("import time:") and "imported package" not in line}
+    return res.returncode, names
+
+
+def _forbidden(names: set[str], out: set[str]) -> list[str]:
+    return sorted(n for n in names if any(n == o or n.startswith(o + ".") for o in out))
+
+
+@pytest.mark.parametrize("case", sorted(HOT))
+def test_a_hot_command_imports_only_what_it_needs(case: str, tmp_path: Path) -> None:
+    args, out = HOT[case]
+    code, names = _imports([a.replace("{tmp}", str(tmp_path)) for a in args], tmp_path)
+    assert code in (0, 255), (case, code)  # exec-ssh: the host refuses (255)
+    assert "launcher.cli" in names and "typer" in names  # the measurement itself works
+    assert not _forbidden(names, out), f"`dtrain {' '.join(args)}` imports " \
+        f"{_forbidden(names, out)}: see docs/benchmarks.md (fixed costs)"
+
+
+def test_the_report_code_loads_when_a_report_is_asked_for(tmp_path: Path) -> None:
+    """The lean path is a choice, not an accident: --json/--junit and GitHub Actions'
+    annotations still get the report (its code imported then)."""
+    base = ["exec", "-H", "localhost"]
+    _, plain = _imports([*base, "--", "true"], tmp_path)
+    _, as_json = _imports([*base, "--json", "--", "true"], tmp_path)
+    _, junit = _imports([*base, "--junit", str(tmp_path / "j.xml"), "--", "true"], tmp_path)
+    _, github = _imports([*base, "--", "true"], tmp_path, GITHUB_ACTIONS="true")
+    assert "launcher.output.report" not in plain
+    assert {"launcher.output.report"} <= as_json & github
+    assert {"launcher.output.junit", "launcher.output.report"} <= junit
+    assert (tmp_path / "j.xml").is_file()
+
+
+def test_the_ssh_package_names_every_module_it_serves() -> None:
+    """transports/ssh/__init__ is lazy: each exported name maps to the module defining it."""
+    import importlib
+
+    from launcher.transports import ssh
+
+    assert sorted(ssh.__all__) == sorted(ssh._WHERE)
+    for name, module in ssh._WHERE.items():
+        mod = importlib.import_module(f"launcher.transports.ssh.{module}")
+        assert getattr(ssh, name) is getattr(mod, name), name
+
+
+@pytest.mark.parametrize("args", [["--help"], ["exec", "--help"], ["run", "--help"],
+                                  ["keys", "check", "--help"], ["exec", "--fanout", "x"]])
+def test_help_without_markdown_says_what_typer_says(args: list[str]) -> None:
+    """_quiet_import defers rich.markdown/rich.traceback while typer.rich_utils loads; the
+    help (and a usage error's panel) is byte for byte what typer prints with them loaded."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "100"}
+
+    def show(pre: str) -> subprocess.CompletedProcess[str]:
+        code = f"{pre}import runpy; runpy.run_module('launcher', run_name='__main__', " \
+               "alter_sys=True)"
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, cwd=REPO, env=env, timeout=60)
+
+    lean, real = show(""), show("import typer.rich_utils; ")
+    assert (lean.returncode, lean.stdout, lean.stderr) == \
+        (real.returncode, real.stdout, real.stderr)
+    assert "Usage" in lean.stdout + lean.stderr
+
+
+def test_the_deferred_modules_are_real_once_asked_for() -> None:
+    """After typer.rich_utils, `import rich.markdown` is the real module, and typer's own
+    names work (a Markdown renders, Traceback.from_exception exists)."""
+    import subprocess
+    import sys
+
+    code = ("import launcher, typer.rich_utils as ru, sys\n"
+            "assert 'rich.markdown' not in sys.modules, 'still deferred'\n"
+            "import rich.markdown\n"
+            "assert rich.markdown.Markdown.__module__ == 'rich.markdown'\n"
+            "m = ru.Markdown('**x**')\n"
+            "assert isinstance(m, rich.markdown.Markdown) and isinstance(m, ru.Markdown)\n"
+            "assert callable(ru.Traceback.from_exception)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert res.returncode == 0, res.stderr

@@ -343,3 +343,22 @@ def test_an_unchanged_tree_answers_nothing_but_its_temps() -> None:
                                   cpl.manifest_rows(src, preserve=True), True)
     assert [r[0] for r in with_attrs["differ"]] == ["", "a"]  # directory mtimes count now
     assert [r[0] for r in with_attrs["extra"]] == ["mine", "a/.dtrain-cp-dead-y.tmp"]
+
+
+def test_the_messages_that_name_what_to_do() -> None:
+    with pytest.raises(ValueError) as exc:
+        cpl.source_name("a/..")
+    assert str(exc.value) == ("a/..: cannot tell the name to copy it under; name the "
+                              "directory itself (e.g. ../{name} or its absolute path)")
+    with pytest.raises(cpl.LayoutError) as err:
+        cpl.layout(["d"], [DIR], "/d/f", FILE, dest_slash=False)
+    assert str(err.value) == ("/d/f exists and is not a directory; cannot copy a directory "
+                              "onto it")
+
+
+def test_only_a_symlink_has_a_target() -> None:
+    import stat
+
+    assert cpl.Entry.from_stat("f", stat.S_IFREG | 0o640, 3, 7.9) == Entry("f", FILE, 3, 7,
+                                                                            0o640, "")
+    assert cpl.Entry.from_stat("l", stat.S_IFLNK | 0o777, 9, 1, "t").target == "t"

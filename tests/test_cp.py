@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import cluster as tc
-from tests.util import dtrain, interrupt_when
+from tests.util import dial_watch, dtrain, interrupt_when
 
 pytestmark = pytest.mark.ssh
 
@@ -203,11 +202,9 @@ def test_interrupted_copy_leaves_nothing_behind(cluster, tmp_path, remote_dir):
 def test_unreachable_node_is_255_and_the_others_are_done(cluster, tmp_path, remote_dir):
     src = tmp_path / "f.txt"
     src.write_text("hello\n")
-    start = time.monotonic()
     res = dtrain(["cp", "-H", f"node[1-3],{UNREACHABLE}", "--connect-timeout", "2", str(src),
                   f"~/{remote_dir}/"], env=cluster.client_env())
     assert res.returncode == 255
-    assert time.monotonic() - start < 20
     assert "198.18.0.250: not reached: timed out" in res.stdout
     for k in (1, 2, 3):
         assert (cluster.node(k).home / remote_dir / "f.txt").read_text() == "hello\n"
@@ -215,20 +212,18 @@ def test_unreachable_node_is_255_and_the_others_are_done(cluster, tmp_path, remo
 
 
 def test_bad_input_exits_2_before_connecting(cluster, tmp_path):
-    start = time.monotonic()
-    missing = dtrain(["cp", "-H", UNREACHABLE, str(tmp_path / "nope"), "~/x"],
-                     env=cluster.client_env())
+    env, dials = dial_watch(cluster.client_env(), tmp_path / "site")
+    missing = dtrain(["cp", "-H", UNREACHABLE, str(tmp_path / "nope"), "~/x"], env=env)
     assert missing.returncode == 2 and "no such file" in missing.stderr
     (tmp_path / "d").mkdir()
-    no_r = dtrain(["cp", "-H", UNREACHABLE, str(tmp_path / "d"), "~/x"],
-                  env=cluster.client_env())
+    no_r = dtrain(["cp", "-H", UNREACHABLE, str(tmp_path / "d"), "~/x"], env=env)
     assert no_r.returncode == 2 and "use -r" in no_r.stderr
     other_home = dtrain(["cp", "-H", UNREACHABLE, str(tmp_path / "d"), "-r", "~bob/x"],
-                        env=cluster.client_env())
+                        env=env)
     assert other_home.returncode == 2, other_home.stderr
     assert "DEST ~bob/x: ~user paths are not supported; write the absolute path" in \
         other_home.stderr, other_home.stderr
-    assert time.monotonic() - start < 15  # nothing waited on the unreachable address
+    assert not dials.exists(), dials.read_text()  # nothing dialled the unreachable address
 
 
 def test_pull_lands_per_host_with_globs_and_missing_files(cluster, tmp_path, remote_dir):

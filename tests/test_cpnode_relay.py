@@ -7,6 +7,7 @@ a token for the others). No cluster: tests/test_cp_broadcast.py does it on real 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -146,3 +147,60 @@ def test_a_next_node_that_cannot_be_reached_is_reported_at_once(tmp_path):
     send(proc, {"sha256": hashlib.sha256(b"0123456789").hexdigest()})
     r = result(proc)
     assert r["ok"] and "cannot connect" in r["forward_error"]  # it still got its copy
+
+
+def test_silent_connections_do_not_cut_the_chain_and_few_refusals_are_kept(tmp_path):
+    """Three (and then forty) connections that never send a token, held open, from anyone
+    on the network: the real upstream, connecting after them, is still taken well within
+    the relay's timeout (tokens are read at the same time, each for TOKEN_WAIT seconds),
+    and the reply keeps at most MAX_REFUSED addresses (issue 22, Low 4)."""
+    data = b"chain data\n" * 100
+    tmp, final = tmp_path / "f.tmp", tmp_path / "f"
+    proc, port = start(tmp, final, len(data), timeout=12.0)
+    send(proc, {"stdin": False, "next": None})
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as good:
+            good.sendall(TOKEN + data)
+            send(proc, {"sha256": hashlib.sha256(data).hexdigest()})
+            r = result(proc)
+    finally:
+        for s in silent:
+            s.close()
+    assert r["ok"], r
+    assert final.read_bytes() == data
+    assert len(r["refused"]) <= 17 and len(r["refused"]) <= len(silent) + 1
+
+
+def test_refused_peers_are_kept_up_to_a_cap():
+    import threading
+    import time
+
+    from launcher.nodeside import cpnode
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(128)
+    port = lsock.getsockname()[1]
+
+    def peers() -> None:
+        for _ in range(40):  # a wrong token each, and wait until the relay hung up
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as bad:
+                bad.sendall(b"\x01" * 32)
+                with contextlib.suppress(ConnectionResetError):
+                    assert bad.recv(1) == b""
+        good = socket.create_connection(("127.0.0.1", port), timeout=5)
+        good.sendall(TOKEN)
+        kept.append(good)
+
+    kept: list[socket.socket] = []
+    t = threading.Thread(target=peers)
+    t.start()
+    refused: list[str] = []
+    conn = cpnode.accept_upstream(lsock, TOKEN, time.monotonic() + 30, refused)
+    t.join(10)
+    conn.close()
+    lsock.close()
+    for s in kept:
+        s.close()
+    assert refused == ["127.0.0.1"] * cpnode.MAX_REFUSED + ["+24 more"]

@@ -212,7 +212,7 @@ def push(src: Path, dest: str, *, sftp: bool = False, bcast: bool = False,
         view = CopyView(1, live=False, out=io.StringIO(), err=io.StringIO())
         conn = (LocalConnection if sftp else StreamOnly)(Host("local"))
         broadcaster = cp.Broadcaster(["local"], len(sources), req, view) if bcast else None
-        await cp.push_node(conn, cp.Copy(req, TOKEN, view, sources, bcast=broadcaster), result)
+        await cp.push_node(conn, cp.Copy(req, view, sources, bcast=broadcaster), result)
 
     asyncio.run(go())
     return result

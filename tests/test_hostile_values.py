@@ -130,20 +130,24 @@ def test_tilde_means_the_remote_home_for_probe_cd_and_torchrun(cluster, tmp_path
             (home / "dt wd").mkdir(exist_ok=True)
             (home / "dt wd" / "cwd.py").write_text(
                 SCRIPT + "print('EXE=' + sys.executable, flush=True)\n")
+            # the interpreter's whole tree, not the executable alone: a venv's python started
+            # through a bare symlink finds no pyvenv.cfg beside it, runs as the base
+            # interpreter and has no torch (README command 1 leaves such a venv active)
             link = home / "dt-py"
             link.unlink(missing_ok=True)
-            os.symlink(cluster.python, link)
+            os.symlink(Path(cluster.python).parent.parent, link)
             for p in (home / "dt wd", home / "dt wd" / "cwd.py"):
                 os.chown(p, home.stat().st_uid, home.stat().st_gid)
             os.lchown(link, home.stat().st_uid, home.stat().st_gid)
             made.append(home)
-        args = ["run", "-H", "node[1-2]", "--python", "~/dt-py", "--workdir", "~/dt wd",
+        exe = Path(cluster.python).name
+        args = ["run", "-H", "node[1-2]", "--python", f"~/dt-py/bin/{exe}", "--workdir", "~/dt wd",
                 "--nproc-per-node", "1", "--archive-dir", str(tmp_path / "runs"), "--no-color",
                 "cwd.py"]
         res = dtrain([*args[:-1], "--dry-run", "cwd.py"], env=cluster.client_env(),
                      timeout=150)
         assert res.returncode == 0, res.stderr
-        assert "command: /home/dtuser/dt-py -m torch.distributed.run" in res.stdout
+        assert f"command: /home/dtuser/dt-py/bin/{exe} -m torch.distributed.run" in res.stdout
         res = dtrain(args, env=cluster.client_env(), timeout=150)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         assert res.stdout.count("CWD=/home/dtuser/dt wd\n") == 2, res.stdout

@@ -24,7 +24,7 @@ PKG = Path(__file__).resolve().parent.parent / "launcher"
 LAYERS = ("cli", "commands", "job", "transports", "decide", "output", "nodeside", "hosts",
           "base")
 NODE_PROGRAMS = ("launcher.nodeside.supervisor", "launcher.nodeside.probe",
-                 "launcher.nodeside.cpnode")
+                 "launcher.nodeside.cpnode", "launcher.nodeside.sampler")
 
 
 def module_name(path: Path) -> str:

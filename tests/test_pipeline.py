@@ -91,7 +91,7 @@ async def test_slow_console_never_blocks_emit_and_marks_the_gap(tmp_path: Path) 
         start = time.monotonic()
         for i in range(1000):
             out.emit([OutputLine("h", "out", f"line {i}")])
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < 30  # emit never waits for the stuck writer
         skipped = out.skipped
         assert skipped == 900
         stream.release.set()
@@ -109,7 +109,7 @@ async def test_stuck_console_is_left_behind_after_drain_timeout() -> None:
     start = time.monotonic()
     async with OutputPipeline(Console(stream, color=False), drain_timeout=0.2) as out:
         out.emit([OutputLine("h", "out", "never shown")])
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 30  # left behind after 0.2 s, not waited for
     stream.release.set()
 
 

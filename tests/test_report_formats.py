@@ -138,9 +138,108 @@ def test_write_json_is_one_document_and_a_newline(capsys: pytest.CaptureFixture[
     assert text.endswith("}\n") and text.count("\n}\n") == 1
     assert json.loads(text) == json.loads(json.dumps(to_json(_report()), default=str))
     assert json.loads(text)["schema"] == "dtrain.run/1"
+    assert text.splitlines()[1] == '  "schema": "dtrain.run/1",'  # indented by 2
+    # a value JSON has no type for (a path in a command's section) is written as text
+    odd = CommandReport("exec", 0, "ok", T0, T0 + 1, extra={"command_line": Path("/x/y")})
+    out = io.StringIO()
+    write_json(odd, out)
+    assert json.loads(out.getvalue())["exec"] == {"command_line": "/x/y"}
     assert json.loads(text)["outcome"] == "failed"
 
 
+def test_junit_names_statuses_and_properties() -> None:
+    """Every attribute a CI reporter reads: the suite's and each case's names, classname,
+    the counts on both levels, error and skipped cases, and the properties."""
+    report = CommandReport(
+        "keys-check", 255, "node3 unreachable", T0, T0 + 1,
+        (NodeResult("node1", PASSED, 0), NodeResult("node3", "error", 255, message="refused"),
+         NodeResult("node4", "skipped", message="excluded")), None, "/runs/r1")
+    root = validate_junit(to_junit(report, [ExtraCase("ranks", "error"),
+                                            ExtraCase("pairs", "skipped")]))
+    assert root.get("name") == "dtrain keys-check"
+    suite = root.find("testsuite")
+    assert suite.get("name") == "dtrain keys-check" and suite.get("hostname")
+    for node in (root, suite):
+        assert (node.get("tests"), node.get("failures"), node.get("errors"),
+                node.get("skipped")) == ("5", "0", "2", "2")
+    assert root.get("time") == "1.000"
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props == {"exit_code": "255", "summary": "node3 unreachable", "archive": "/runs/r1"}
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert {c.get("classname") for c in cases.values()} == {"dtrain.keys_check"}
+    error = cases["node3"].find("error")
+    assert (error.get("message"), error.get("type")) == ("refused", "error")
+    assert error.text == "exit code: 255\nrefused\nroot cause: node3 unreachable"
+    assert cases["node4"].find("skipped").get("message") == "excluded"
+    assert cases["ranks"].find("error").get("message") == "error"
+    assert cases["pairs"].find("skipped").get("message") == "skipped"
+    assert cases["node1"].find("failure") is None and cases["node1"].find("error") is None
+    no_archive = to_junit(CommandReport("exec", 0, "ok", T0, T0 + 1))
+    assert "archive" not in no_archive and 'name="exit_code" value="0"' in no_archive
+
+
+def test_a_failure_without_a_message_says_failed() -> None:
+    report = CommandReport("exec", 1, "1 node failed", T0, T0 + 1,
+                           (NodeResult("node1", FAILED, 1),))
+    failure = validate_junit(to_junit(report)).find("testsuite/testcase/failure")
+    assert (failure.get("message"), failure.get("type")) == ("failed", "failure")
+    assert failure.text == "exit code: 1\nroot cause: 1 node failed"
+
+
+def test_write_junit_writes_its_temp_beside_the_target(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temp is in the report's own directory, so the rename over it is atomic (a temp
+    in /tmp may be on another filesystem: a copy, not a rename)."""
+    import tempfile
+
+    made: list[str] = []
+    real = tempfile.mkstemp
+
+    def mkstemp(*args: object, **kwargs: object) -> tuple[int, str]:
+        fd, path = real(*args, **kwargs)  # type: ignore[call-overload]
+        made.append(path)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    write_junit(tmp_path / "r" / "run.xml", _report())
+    assert [Path(p).parent for p in made] == [tmp_path / "r"]
+
+
+def test_junit_details_a_ci_reporter_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import time as time_mod
+
+    report = CommandReport("keys-check", 0, "ok", T0, T0 + 1.23456,
+                           (NodeResult("node1", FAILED, None, duration=None),))
+    text = to_junit(report, [ExtraCase("pairs", FAILED, "slow", "n1 <-> n2")])
+    assert text.startswith("<?xml version='1.0' encoding='utf-8'?>\n<testsuites")
+    root = validate_junit(text)
+    suite = root.find("testsuite")
+    assert suite.get("hostname") == (socket.gethostname() or "localhost")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["node1"].get("time") == "0.000" and cases["pairs"].get("time") == "0.000"
+    # the command passed: no root cause in a case's story; no exit code when none is known
+    assert not cases["node1"].find("failure").text
+    assert cases["pairs"].find("failure").get("message") == "slow"
+    monkeypatch.setattr(socket, "gethostname", lambda: "")
+    assert validate_junit(to_junit(report)).find("testsuite").get("hostname") == "localhost"
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time_mod.tzset()
+    try:  # the timestamp is UTC whatever the local zone
+        assert validate_junit(to_junit(report)).find("testsuite").get("timestamp") == \
+            "2025-12-01T14:40:00"
+    finally:
+        monkeypatch.delenv("TZ")
+        time_mod.tzset()
+
+
+def test_json_details() -> None:
+    doc = to_json(CommandReport("keys-check", 1, "x", T0, T0 + 1.23456, (),
+                                {"kind": "node", "exit_code": 1, "summary": "x"}, None,
+                                {"nodes": 0}))
+    assert doc["duration"] == 1.235
+    assert doc["root_cause"] == {"kind": "node", "exit_code": 1, "summary": "x"}
+    assert doc["keys_check"] == {"nodes": 0} and doc["command"] == "keys-check"
 
 
 def test_escapes_and_non_xml_characters_from_a_failing_rank_keep_the_junit_valid() -> None:

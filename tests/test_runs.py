@@ -223,11 +223,11 @@ def test_detach_bad_input_exits_2_before_anything_starts(tmp_path: Path) -> None
 
 
 def test_ps_attach_stop_on_an_empty_archive(tmp_path: Path) -> None:
-    res = dtrain(["ps", "--archive-dir", str(tmp_path)], timeout=30)
+    res = dtrain(["ps", "--archive-dir", str(tmp_path)], timeout=180)
     assert res.returncode == 0 and "no runs in" in res.stderr
-    res = dtrain(["attach", "--archive-dir", str(tmp_path)], timeout=30)
+    res = dtrain(["attach", "--archive-dir", str(tmp_path)], timeout=180)
     assert res.returncode == 2 and "no runs in" in res.stderr
-    res = dtrain(["stop", "nope", "--archive-dir", str(tmp_path)], timeout=30)
+    res = dtrain(["stop", "nope", "--archive-dir", str(tmp_path)], timeout=180)
     assert res.returncode == 2 and "no run 'nope'" in res.stderr
 
 

@@ -274,3 +274,18 @@ def test_each_count_error_says_what_and_what_to_do(text: str, message: str,
     assert message in str(exc.value)
     assert exc.value.hint == hint
     assert exc.value.source == "SLURM_TASKS_PER_NODE"
+
+
+@pytest.mark.parametrize(("text", "whole"), [
+    (" , ", "SLURM_JOB_NODELIST: empty node list (are you inside salloc/sbatch?)"),
+    ("n[1-]", "SLURM_JOB_NODELIST: cannot read 'n[1-]': bad range '1-' in [1-]: expected N "
+              "or N-M (decimal digits) (e.g. node[1-4],login2 (as scontrol show hostnames "
+              "reads it))"),
+    ("n[1-70000]", "SLURM_JOB_NODELIST: cannot read 'n[1-70000]': 'n[1-70000]' makes 70000 "
+                   "nodes, more than 65536 (the cap on one job) (e.g. node[1-4],login2 (as "
+                   "scontrol show hostnames reads it))"),
+])
+def test_whole_messages(text: str, whole: str) -> None:
+    with pytest.raises(HostfileError) as exc:
+        expand_nodelist(text)
+    assert str(exc.value) == whole

@@ -154,3 +154,10 @@ def test_what_makes_a_gpu_job(extra: dict[str, str], gpu_job: bool) -> None:
     alloc = allocation({**BASE, **extra})
     assert alloc is not None
     assert alloc.slots == ((None,) * 4 if gpu_job else (2, 2, 2, 1)), extra
+
+
+def test_a_gpu_request_counts_wherever_it_is_in_the_environment() -> None:
+    """Variables of other programs before the job's own do not stop the scan."""
+    env = {"AAA": "1", "PATH": "/bin", **BASE, "ZZZ": "", "SLURM_JOB_GPUS": "0"}
+    alloc = allocation(env)
+    assert alloc is not None and alloc.slots == (None,) * 4

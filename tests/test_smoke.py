@@ -18,7 +18,9 @@ from launcher.decide.smoke import (
     evaluate,
     fmt_size,
     make_config,
+    pair_results,
     parse_size,
+    slow_failures,
 )
 from launcher.errors import UsageError
 from launcher.output.junit import ExtraCase, to_junit
@@ -205,6 +207,53 @@ def _job():
     return mod
 
 
+def test_a_pair_slowed_in_one_pass_is_judged_by_its_best_pass(monkeypatch):
+    """A burst of load on a shared node slows every iteration of one pass: the other passes
+    carry the link's real speed. With one pass the burst would decide (a false "slow")."""
+    job = _job()
+
+    class Req:
+        def wait(self):
+            pass
+
+    class Dist:
+        def isend(self, t, peer):
+            return Req()
+
+        irecv = isend
+
+        def barrier(self):
+            pass
+
+    class Torch:
+        float32 = "f32"
+
+        def ones(self, n, **kw):
+            return [1.0] * n
+
+        empty = ones
+
+    clock = {"t": 0.0, "calls": 0}
+
+    def perf_counter():  # each exchange: 1 ms, or 100 ms in the first pass (the burst)
+        clock["calls"] += 1
+        if clock["calls"] % 2 == 0:
+            clock["t"] += 0.1 if clock["calls"] <= 2 * 6 else 0.001
+        return clock["t"]
+
+    monkeypatch.setattr(job.time, "perf_counter", perf_counter)
+    facts = [{"rank": 0, "local_rank": 0, "node_rank": 0},
+             {"rank": 1, "local_rank": 0, "node_rank": 1}]
+    cfg = {"pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5, "pair_passes": 3}
+    device = type("D", (), {"type": "cpu"})()
+    rows = job.pair_test(Torch(), Dist(), device, facts, 0, cfg)
+    assert [(r["a"], r["b"]) for r in rows] == [(0, 1)]
+    assert rows[0]["time_us"] == pytest.approx(1000)
+    clock.update(t=0.0, calls=0)
+    one = job.pair_test(Torch(), Dist(), device, facts, 0, dict(cfg, pair_passes=1))
+    assert one[0]["time_us"] == pytest.approx(100_000)
+
+
 @pytest.mark.parametrize("n", range(1, 13))
 def test_pair_schedule_rounds_are_disjoint_and_cover_every_pair_or_the_ring(n):
     rounds = _job().schedule(n)
@@ -265,13 +314,14 @@ def test_the_job_reads_every_key_the_config_sends_and_nothing_else():
     assert set(sent) == read
     assert sent == {"backend": "nccl", "min_size": 1024, "max_size": 64 << 20, "warmup": 5,
                     "iters": 20, "big": 16 << 20, "pair_size": 16 << 20, "pair_warmup": 2,
-                    "pair_iters": 5}
+                    "pair_iters": 5, "pair_passes": 3}
 
 
 def test_gloo_config_and_a_cap_below_the_smallest_size():
     assert make_config("gloo", None).to_json() == {
         "backend": "gloo", "min_size": 1024, "max_size": 4 << 20, "warmup": 2, "iters": 5,
-        "big": 1 << 20, "pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5}
+        "big": 1 << 20, "pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5,
+        "pair_passes": 3}
     assert (make_config("gloo", 256).min_size, make_config("gloo", 256).max_size) == (256, 256)
     assert (make_config("nccl", 512).min_size, make_config("nccl", 512).max_size) == (512, 512)
 
@@ -405,3 +455,138 @@ def test_a_forged_report_that_comes_first_takes_no_rank_s_place():
         ("correctness", ("n2",)), ("busbw", ("n1", "n2"))]
     assert "not from a rank of this node" in v.failures[0].message
     assert not any(p.slow for p in v.pairs)
+
+
+
+
+def test_the_tie_goes_to_node_0_and_the_majority_wins_otherwise():
+    from launcher.decide.smoke import _odd_ones
+
+    assert _odd_ones({"a": "x", "b": "y"}, ["b", "a"]) == {"a": "x"}
+    assert _odd_ones({"a": "x", "b": "y", "c": "y"}, ["a", "b", "c"]) == {"a": "x"}
+    assert _odd_ones({"a": "x", "b": "x"}, ["a", "b"]) == {}
+
+
+@pytest.mark.parametrize(("field", "what"), [("torch", "torch"), ("nccl", "NCCL"),
+                                             ("device", "device"), ("python", "Python")])
+def test_each_version_check_names_what_differs(field, what):
+    res = _results()
+    for rank in res.ranks:
+        value = {2: "odd-2", 3: "odd-3"}.get(rank, "same")
+        res.ranks[rank] = replace(res.ranks[rank], **{field: value})
+    [failure] = _eval(res).failures
+    assert (failure.check, failure.hosts) == ("versions", ("n3", "n4"))
+    assert failure.message == f"{what} differs: n3 has odd-2, n4 has odd-3 (the others: same)"
+
+
+def test_parse_size_names_max_size_by_default():
+    with pytest.raises(UsageError, match=r"^--max-size '2': at least 4 bytes"):
+        parse_size("2")
+
+
+def _pairs_only(n: int, rows: list[tuple[int, int, float]]) -> SmokeResults:
+    """Pair rows as the job sends them: each from one of its two ends (a pair's first row
+    from ``a``, a second row of the same pair from ``b``: the other end's view)."""
+    labels = [f"n{i + 1}" for i in range(n)]
+    res = SmokeResults(layout=dict(enumerate(labels)), nodes=labels)
+    by_rank: dict[int, list[dict[str, object]]] = {}
+    seen: set[tuple[int, int]] = set()
+    for a, b, g in rows:
+        src = b if (a, b) in seen else a
+        seen.add((a, b))
+        by_rank.setdefault(src, []).append(_pair(a, b, g))
+    for src, mine in by_rank.items():
+        assert res.add_line(labels[src], src, MARK + json.dumps(
+            {"kind": "pairs", "rank": src, "rows": mine}))
+    assert not res.refused, res.refused
+    return res
+
+
+def _pair_failures(n: int, rows: list[tuple[int, int, float]]) -> list[tuple[str, tuple]]:
+    pairs, best = pair_results(_pairs_only(n, rows), [f"n{i + 1}" for i in range(n)], 0.25)
+    return [(f.message, f.hosts) for f in slow_failures(pairs, best, 0.25)]
+
+
+@pytest.mark.parametrize("slow", [0, 3], ids=["first-node", "last-node"])
+def test_a_slow_node_is_named_whichever_end_of_its_pairs_it_is(slow):
+    rows = [(a, b, 1.0 if slow in (a, b) else 10.0) for a in range(4) for b in range(a + 1, 4)]
+    name = f"n{slow + 1}"
+    assert _pair_failures(4, rows) == [(
+        f"{name} is slow: every pair with it moves at most 1 GB/s (< 0.25 x the best pair's "
+        "10 GB/s)", (name,))]
+
+
+def test_three_nodes_can_name_a_node_two_only_a_link():
+    rows = [(0, 1, 10.0), (0, 2, 1.0), (1, 2, 1.0)]
+    assert [h for _, h in _pair_failures(3, rows)] == [("n3",)]
+    # two nodes: one pair, both ends' views; the slower one is slow against the faster
+    assert _pair_failures(2, [(0, 1, 10.0), (0, 1, 1.0)]) == [(
+        "link n1 <-> n2 is slow: 1 GB/s (< 0.25 x the best pair's 10 GB/s)", ("n1", "n2"))]
+
+
+def test_a_pair_exactly_at_the_fraction_is_not_slow():
+    rows = [(0, 1, 10.0), (0, 2, 2.5), (1, 2, 10.0)]
+    pairs, best = pair_results(_pairs_only(3, rows), ["n1", "n2", "n3"], 0.25)
+    assert best == 10.0 and not any(p.slow for p in pairs)
+
+
+def test_pair_results_keep_size_and_time():
+    res = _pairs_only(3, [(0, 1, 8.0), (1, 2, 9.0)])
+    res.pairs[0]["time_us"] = 123.5
+    pairs, _ = pair_results(res, ["n1", "n2", "n3"], 0.25)
+    assert [(p.a, p.b, p.size, p.time_us, p.gbps) for p in pairs] == [
+        ("n1", "n2", 1 << 20, 123.5, 8.0), ("n2", "n3", 1 << 20, 100.0, 9.0)]
+
+
+def test_a_wrong_sum_names_its_host_even_without_the_rank_s_report():
+    res = _results(wrong={3: 5})
+    del res.ranks[3]
+    v = _eval(res, ranks_of={3: "n4"})
+    wrong = [f for f in v.failures if f.check == "correctness"]
+    assert [(f.hosts, f.message) for f in wrong] == [(
+        ("n4",), "all-reduce sum wrong on rank 3 (n4): 5 of 256 elements at 1K")]
+    res = _results(wrong={3: 5})
+    del res.ranks[3]
+    assert [f.hosts for f in _eval(res).failures if f.check == "correctness"] == [("?",)]
+
+
+def test_wrong_sums_at_several_sizes_are_listed_with_their_element_counts():
+    res = _results()
+    res.checks[1] = {"1024": 3, "4096": 2, "65536": 0}
+    [f] = _eval(res).failures
+    assert f.message == ("all-reduce sum wrong on rank 1 (n2): 3 of 256 elements at 1K, "
+                         "2 of 1024 elements at 4K")
+
+
+def test_missing_reports_without_a_rank_map_and_without_a_sweep():
+    res = _results()
+    del res.ranks[3]
+    assert [f.hosts for f in _eval(res).failures] == [("?",)]
+    res = _results()
+    res.sweep = []
+    [f] = _eval(res).failures
+    assert (f.message, f.hosts, f.ranks) == ("the job ended without a full report", (), ())
+
+
+def test_busbw_at_the_threshold_passes_and_under_it_without_pairs_names_every_node():
+    assert _eval(_results(busbw=1.5), min_busbw=1.5).code == 0
+    res = _results(busbw=1.0)
+    res.pairs = []
+    v = _eval(res, min_busbw=1.5)
+    [f] = v.failures
+    assert f.hosts == tuple(HOSTS)
+    assert f.message == "all-reduce busbw 1 GB/s at 1K is under --min-busbw 1.5"
+
+
+def test_the_summary_in_each_case():
+    v = evaluate(_results(), node_labels=HOSTS, world_size=4, job_code=255,
+                 job_summary="node2 was lost")
+    assert (v.code, v.summary) == (255, "the smoke job failed: node2 was lost")
+    v = _eval(_results(torch={"n2": "2.0.0"}, wrong={0: 1}))
+    assert v.summary == "; ".join(f.message for f in v.failures) and len(v.failures) == 2
+    assert "; all-reduce sum wrong on rank 0" in v.summary
+    res = _results(pairs={(0, 1): 9.0})
+    res.backend = None
+    v = _eval(res)
+    assert v.summary == "4 nodes, 4 ranks, ?; busbw 1 GB/s at 1K"
+    assert (v.best_pair, v.busbw) == (10.0, 1.0)

@@ -125,3 +125,43 @@ async def test_only_srun_s_own_reports_are_dropped() -> None:
             b"my srun: error: node2: task 0: Killed\n"
             b"srun: warning: something the user must see\n")
     assert b"".join(await _stderr_of([kept, b"srun: error: n1: task 3: Killed\n"])) == kept
+
+
+def test_the_whole_srun_command_line() -> None:
+    assert srun_argv("/usr/bin/srun", "node2", "cmd", {"PATH": "/bin"}) == [
+        "/usr/bin/srun", "--nodes=1", "--ntasks=1", "--nodelist=node2", "--overlap",
+        "--unbuffered", "--quiet", "--job-name=dtrain", "--export=PATH", "/bin/sh", "-c", "cmd"]
+
+
+@pytest.mark.parametrize(("requested", "environ", "srun", "hosts", "reason"), [
+    ("ssh", ALLOC, "/usr/bin/srun", NODES, "--transport ssh"),
+    ("srun", ALLOC, "/usr/bin/srun", NODES, "--transport srun (job 5)"),
+    ("auto", {}, "/usr/bin/srun", NODES, "auto: not inside a Slurm allocation"),
+    ("auto", {"SLURM_JOB_NODELIST": "node1"}, "/usr/bin/srun", NODES,
+     "auto: not inside a Slurm allocation"),
+    ("auto", ALLOC, None, NODES, "auto: job 5, but srun is not on PATH"),
+    ("auto", ALLOC, "/usr/bin/srun", [Host("node4"), Host("node9")],
+     "auto: node4, node9 not in job 5"),
+    ("auto", ALLOC, "/usr/bin/srun", NODES, "auto: inside Slurm job 5"),
+])
+def test_each_choice_says_why(requested: str, environ: dict[str, str], srun: str | None,
+                              hosts: list[Host], reason: str) -> None:
+    assert decide_transport(requested, hosts, environ, srun).reason == reason
+
+
+@pytest.mark.parametrize(("environ", "srun", "hosts", "message", "hint"), [
+    ({}, "/usr/bin/srun", NODES,
+     "--transport srun: not inside a Slurm allocation (SLURM_JOB_ID/SLURM_JOB_NODELIST are "
+     "not set)", "run dtrain inside salloc or an sbatch script, or use --transport ssh"),
+    (ALLOC, None, NODES, "--transport srun: srun is not on PATH",
+     "load Slurm's module / add its bin directory to PATH, or use --transport ssh"),
+    (ALLOC, "/usr/bin/srun", [Host("node1"), Host("node8"), Host("node9")],
+     "the allocation (job 5: 3 nodes) is smaller than asked: node8, node9 not in it",
+     "ask salloc/sbatch for those nodes (-N, -w), or leave out -f/-H to use the "
+     "allocation's nodes (node1,node2,node3)"),
+])
+def test_forced_srun_says_what_to_do(environ: dict[str, str], srun: str | None,
+                                     hosts: list[Host], message: str, hint: str) -> None:
+    with pytest.raises(UsageError) as exc:
+        decide_transport("srun", hosts, environ, srun)
+    assert (exc.value.message, exc.value.hint) == (message, hint)

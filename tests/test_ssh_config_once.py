@@ -17,6 +17,7 @@ from asyncssh.config import SSHClientConfig
 
 from launcher.models import Host
 from launcher.transports.ssh import SSHSettings, SSHTransport
+from launcher.transports.ssh.configreplay import config_class
 
 KEY = asyncssh.generate_private_key("ssh-ed25519")
 
@@ -49,13 +50,14 @@ async def test_config_is_parsed_once_per_host_and_still_applies(
         f"{filler}Host gpu-a gpu-b gpu-c\n    HostName 127.0.0.1\n    Port {port}\n"
         "    User from-config\n")
     parsed: list[Path] = []
-    real_parse = SSHClientConfig.parse
+    parser = config_class()  # asyncssh's SSHClientConfig, or dtrain's replay of it
+    real_parse = parser.parse
 
     def counting_parse(self: SSHClientConfig, path: Path) -> None:
         parsed.append(path)
         real_parse(self, path)
 
-    monkeypatch.setattr(SSHClientConfig, "parse", counting_parse)
+    monkeypatch.setattr(parser, "parse", counting_parse)
     try:
         transport = SSHTransport(SSHSettings(home=tmp_path, accept_new=True, retries=0,
                                              connect_timeout=5))

@@ -241,3 +241,54 @@ def test_bootstrap_works_with_a_read_only_home(tmp_path):
     finally:
         os.chmod(tmp_path, 0o700)
     assert res.returncode == 0 and res.stdout == b"still runs\n"
+
+
+# -- what a hostile node sends the launcher (issue 22, Low 6) ------------------------------
+
+def test_a_frame_longer_than_the_cap_is_refused_at_its_header():
+    """A 4 GiB frame length: refused as soon as the header is read, nothing buffered."""
+    import pytest
+
+    dec = wire.FrameDecoder()
+    with pytest.raises(wire.FrameError, match="4294967295 bytes"):
+        dec.feed(wire.MAGIC + wire.FRAME.pack(wire.KIND_OUT, 0, 0xFFFFFFFF) + b"x" * 1000)
+    small = wire.FrameDecoder(max_frame=10)
+    assert [f.data for f in small.feed(wire.MAGIC + wire.FRAME.pack(wire.KIND_OUT, 0, 10)
+                                       + b"0123456789")] == [b"0123456789"]
+    with pytest.raises(wire.FrameError):
+        small.feed(wire.FRAME.pack(wire.KIND_OUT, 0, 11))
+
+
+def test_a_control_message_that_is_not_a_json_object_is_refused():
+    import pytest
+
+    for data in (b"not json", b"[1, 2]", b'"text"', b"\xff\xfe"):
+        with pytest.raises(wire.FrameError, match="not a JSON object"):
+            wire.Frame(wire.KIND_CTL, -1, data).message()
+    assert wire.Frame(wire.KIND_CTL, -1, b'{"type": "hb"}').message() == {"type": "hb"}
+
+
+def test_an_endless_answer_line_is_the_node_s_error(monkeypatch):
+    """A node program's answer without a newline, forever: refused at MAX_LINE, not kept."""
+    import asyncio
+
+    import pytest
+
+    from launcher.errors import RemoteCommandError
+    from launcher.job import remote
+
+    class Endless:
+        reads = 0
+
+        async def read_stdout(self, n: int) -> bytes:
+            self.reads += 1
+            return b"{" + b"x" * (n - 1)
+
+        async def read_stderr(self, n: int) -> bytes:
+            return b""
+
+    monkeypatch.setattr(remote, "MAX_LINE", 1 << 20)
+    proc = Endless()
+    with pytest.raises(RemoteCommandError, match="longer than 1 MiB: refused"):
+        asyncio.run(remote.read_json_line(proc, "node3", "cp node program"))  # type: ignore[arg-type]
+    assert proc.reads <= (1 << 20) // 65536 + 2

@@ -83,3 +83,38 @@ def interrupt_when(args: Sequence[str], env: Mapping[str, str], ready: Callable[
             proc.kill()
             proc.wait()
     return proc.returncode, out, err
+
+
+# a sitecustomize.py that records every socket.connect and name lookup of the process it is
+# loaded into (PYTHONPATH) in the file $DTRAIN_TEST_DIAL_LOG: the oracle of "nothing dialled"
+DIAL_SITECUSTOMIZE = '''
+import os, socket
+_log = os.environ["DTRAIN_TEST_DIAL_LOG"]
+def _note(what):
+    with open(_log, "a") as f:
+        f.write(what + "\\n")
+_connect, _connect_ex, _gai = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
+def connect(self, address):
+    _note("connect %r" % (address,))
+    return _connect(self, address)
+def connect_ex(self, address):
+    _note("connect_ex %r" % (address,))
+    return _connect_ex(self, address)
+def getaddrinfo(host, *args, **kwargs):
+    _note("getaddrinfo %r" % (host,))
+    return _gai(host, *args, **kwargs)
+socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+socket.getaddrinfo = getaddrinfo
+'''
+
+
+def dial_watch(env: Mapping[str, str], site: Path) -> tuple[dict[str, str], Path]:
+    """``env`` with DIAL_SITECUSTOMIZE loaded from ``site``; (env, the log it writes)."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(DIAL_SITECUSTOMIZE)
+    log = site / "dials.log"
+    out = dict(env)
+    out.update(PYTHONPATH=os.pathsep.join(p for p in (str(site), str(REPO),
+                                                      env.get("PYTHONPATH", "")) if p),
+               DTRAIN_TEST_DIAL_LOG=str(log))
+    return out, log

@@ -32,14 +32,15 @@ from launcher.cli import (
     smoke,
     stacks,
     stop,
+    top,
 )
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
     pretty_exceptions_enable=False, add_completion=False,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
-         "every node), cp (pdcp/rpdcp), keys, doctor, logs, report; ps, attach, stop for runs that "
-         "outlive the login session (run --detach).",
+         "every node), cp (pdcp/rpdcp), keys, doctor, logs, report, top (the cluster live); "
+         "ps, attach, stop for runs that outlive the login session (run --detach).",
 )
 
 def _version(value: bool) -> None:
@@ -69,6 +70,7 @@ app.command("stop", cls=Cmd)(stop.stop_cmd)
 app.command("stacks", cls=Cmd)(stacks.stacks_cmd)
 app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
 app.command("report", cls=Cmd)(report.report_cmd)
+app.command("top", cls=Cmd)(top.top_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)
 app.add_typer(nodes.nodes_app, name="nodes", help="Nodes fenced by `dtrain run --restarts` "
               "(the lemon list): list, unfence, expire.")

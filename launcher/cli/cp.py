@@ -35,6 +35,9 @@ def cp_cmd(
     preserve: Annotated[bool, typer.Option(
         "-p", "--preserve", help="Keep permission bits exactly and directory mtimes (file "
                                  "mtimes are always kept: the delta check uses them).")] = False,
+    keep_setuid: Annotated[bool, typer.Option(
+        "--keep-setuid", help="With --pull -p: keep the setuid/setgid bits a node's files "
+                              "have (default: dropped).")] = False,
     checksum: Annotated[bool, typer.Option(
         "--checksum", help="Skip a file only when its sha256 matches (default: size and "
                            "mtime).")] = False,
@@ -87,7 +90,8 @@ def cp_cmd(
         req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
                           recursive=recursive, preserve=preserve, checksum=checksum,
                           delete=delete, fanout=fanout, python=python, progress=progress,
-                          broadcast=broadcast, broadcast_min=min_size, stream=not sftp)
+                          broadcast=broadcast, broadcast_min=min_size, stream=not sftp,
+                          keep_setuid=keep_setuid)
         return run_cp(host_list, req, ssh_settings(connect_timeout, accept_new))
 
     run_body(body)

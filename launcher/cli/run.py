@@ -22,6 +22,12 @@ from launcher.cli.common import (
     run_body,
     ssh_settings,
 )
+from launcher.cli.watching import (
+    SampleIntervalOpt,
+    StragglerHoldOpt,
+    StragglerRatioOpt,
+    StragglerWindowOpt,
+)
 from launcher.decide.hang import DEFAULT_HANG_TIMEOUT
 
 
@@ -126,6 +132,10 @@ def run_cmd(
     detach: Annotated[bool, typer.Option("--detach", help="Once every node's job has "
                                          "started, leave the terminal: the run survives "
                                          "logout; `dtrain attach`, `ps`, `stop`.")] = False,
+    sample_interval: SampleIntervalOpt = 10.0,
+    straggler_window: StragglerWindowOpt = 30.0,
+    straggler_hold: StragglerHoldOpt = 30.0,
+    straggler_ratio: StragglerRatioOpt = 2.0,
 ) -> None:
     """torchrun on every node: node ranks, a validated master, per-node NCCL/GLOO env.
 
@@ -137,6 +147,7 @@ def run_cmd(
     def body() -> int:
         from launcher.commands.run import default_workdir, run_sync
         from launcher.decide.plan import RunOptions, RunRequest
+        from launcher.decide.stragglers import StragglerSettings
         from launcher.errors import UsageError
         from launcher.hosts.envfile import from_environment, load_env_file, parse_env_args
         from launcher.nodeside.wire import check_value
@@ -190,7 +201,10 @@ def run_cmd(
                           else "profile", no_auto=frozenset(no_auto or ()),
                           preflight=preflight, command=tuple(command),
                           transport=transport, junit=junit, timestamps=timestamps,
-                          hang=hang, restart=restart)
+                          hang=hang, restart=restart, sample_interval=sample_interval,
+                          stragglers=StragglerSettings(window=straggler_window,
+                                                       hold=straggler_hold,
+                                                       ratio=straggler_ratio))
         settings = ssh_settings(connect_timeout, accept_new)
         if detach and not dry_run:
             from launcher.commands.detach import Detacher, run_detached

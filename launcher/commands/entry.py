@@ -21,14 +21,15 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar
 
 from launcher.errors import DtrainError
 from launcher.models import Host
 from launcher.output import render
-from launcher.output.junit import ExtraCase, write_junit
-from launcher.output.render import github_error
-from launcher.output.report import ERROR, FAILED, CommandReport, NodeResult, write_json
+
+if TYPE_CHECKING:  # the report code is imported when a report is made (issue 26)
+    from launcher.output.junit import ExtraCase
+    from launcher.output.report import CommandReport
 
 R = TypeVar("R")
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -44,6 +45,13 @@ class Reports:
     @property
     def wanted(self) -> bool:
         return self.as_json or bool(self.junit)
+
+    @property
+    def made(self) -> bool:
+        """Whether the command's report is to be built at all: asked for, or for the
+        ``::error`` annotations under GitHub Actions. Otherwise a ``conclude`` returns the
+        exit code alone and the report code is never imported (tests/test_cli_lean.py)."""
+        return self.wanted or in_github_actions()
 
 
 NO_REPORTS = Reports()
@@ -82,9 +90,9 @@ def run_command(name: str, hosts: Sequence[Host], body: Callable[[], Coroutine[A
                           as_json=reports.as_json, junit=reports.junit)
         ended = Ended(started, error=exc)
     out = conclude(ended)
-    if isinstance(out, CommandReport):
-        return finish(out, as_json=reports.as_json, junit=reports.junit)
-    return out
+    if isinstance(out, int):
+        return out
+    return finish(out, as_json=reports.as_json, junit=reports.junit)
 
 
 # -- the reports --------------------------------------------------------------------------
@@ -95,6 +103,9 @@ def in_github_actions() -> bool:
 
 def annotate(report: CommandReport, stream: TextIO | None = None) -> None:
     """Each failed rank (or node without ranks) as an ``::error`` naming host and rank."""
+    from launcher.output.render import github_error
+    from launcher.output.report import ERROR, FAILED
+
     stream = stream or sys.stderr
     for node in report.nodes:
         bad_ranks = [r for r in node.ranks if r.status in (FAILED, ERROR)]
@@ -113,6 +124,9 @@ def finish(report: CommandReport, *, as_json: bool, junit: str | None,
            node_cases: bool = True) -> int:
     """Write what was asked (the JUnit file, then the one JSON document on stdout) and
     return the report's exit code."""
+    from launcher.output.junit import write_junit
+    from launcher.output.report import write_json
+
     if annotations and in_github_actions():
         annotate(report)
     if junit:
@@ -125,6 +139,8 @@ def finish(report: CommandReport, *, as_json: bool, junit: str | None,
 def error_report(command: str, exc: DtrainError, started: float,
                  hosts: Sequence[str] = ()) -> CommandReport:
     """A command that failed before it had per-node results (bad host, preflight)."""
+    from launcher.output.report import ERROR, CommandReport, NodeResult
+
     nodes = tuple(NodeResult(h, ERROR, None, exc.message if exc.host in (None, h) else
                              "not started") for h in hosts)
     root = {"kind": "error", "host": exc.host, "rank": None, "exit_code": exc.exit_code,

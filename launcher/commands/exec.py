@@ -166,9 +166,13 @@ def run_exec(hosts: Sequence[Host], req: ExecRequest, settings: SSHSettings) -> 
     """`dtrain exec`; --json/--junit report every node's exit code (dtrain.exec/1)."""
     from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
 
-    def conclude(ended: Ended[JobOutcome]) -> CommandReport:
+    reports = Reports(req.as_json, req.junit)
+
+    def conclude(ended: Ended[JobOutcome]) -> int | CommandReport:
         code = INTERRUPTED if ended.result is None else exit_code(ended.result)
+        if not reports.made:
+            return code
         return exec_report(ended.result, code, req, ended.started, hosts)
 
     return run_command("exec", hosts, lambda: exec_async(hosts, req, settings), conclude,
-                       reports=Reports(req.as_json, req.junit))
+                       reports=reports)

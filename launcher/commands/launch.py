@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
+from launcher.commands.run_sampling import RunSampling, alongside
 from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
@@ -192,6 +193,9 @@ def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
         "hosts": [n.host.label for n in plan.nodes], "world_size": plan.world_size,
         "layout": [{"host": n.host.label, "node_rank": n.node_rank, "ranks": list(n.ranks)}
                    for n in plan.nodes],
+        # how to reach each host again (`dtrain top RUN`): as the hostfile gave it
+        "host_entries": [{"label": n.host.label, "name": n.host.name, "user": n.host.user,
+                          "port": n.host.port, "python": n.host.python} for n in plan.nodes],
     }
 
 
@@ -298,10 +302,16 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                 archive.update_meta(state="stopping")
                 out.stopping()
 
+        sampling = RunSampling(archive, plan, opts.sample_interval, opts.stragglers,
+                               out.message, heartbeat_timeout=opts.heartbeat_timeout) \
+            if opts.sample_interval > 0 else None
+
         def on_event(host: Host, msg: dict[str, object]) -> None:
             board.event(host, msg)
             watch.event(host, msg)
             errors.event(host.label, msg)
+            if sampling is not None:
+                sampling.event(host.label, msg)
 
         job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
                   on_state=on_state)
@@ -330,12 +340,17 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
                         "cannot reach this run; stop it with Ctrl-C or SIGTERM")
         watching = asyncio.get_running_loop().create_task(watch.run(), name="hang-watch")
+        if sampling is not None:
+            archive.update_meta(**sampling.meta())
         try:
-            outcome = await job.run(prep.transport, prep.conns)
+            outcome = await alongside(job.run(prep.transport, prep.conns), sampling,
+                                      prep.conns)
         finally:
             watching.cancel()
             await control.aclose()
         out.job_over([h.label for h in hosts])
+        for line in sampling.problems() if sampling is not None else ():
+            out.message(line)
         v = verdict(outcome, plan, tails)
         failure = failure_reason(outcome, v, errors)
         if failure is not None:
@@ -348,7 +363,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         root_cause["failure"] = failure.json()
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
                         root_cause=root_cause, nodes=results, console_skipped=out.skipped,
-                        **watch.meta())
+                        **watch.meta(), **(sampling.meta() if sampling is not None else {}))
     return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
                      req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
                      watch.hangs, failure, watch.watch.any_progress, watch)

@@ -22,11 +22,11 @@ from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
-from launcher.output.report import CommandReport, NodeResult
 from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
     from launcher.commands.detach import Detacher
+    from launcher.output.report import CommandReport, NodeResult
 # -- rendering -------------------------------------------------------------------------------
 
 def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None, *,
@@ -113,9 +113,15 @@ def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         return run_command("run", hosts, lambda: run_async(hosts, req, opts, settings),
                            lambda ended: INTERRUPTED if ended.interrupted else 0)
 
-    def conclude(ended: Ended[RunResult | None]) -> CommandReport:
+    reports = Reports(opts.as_json, opts.junit)
+
+    def conclude(ended: Ended[RunResult | None]) -> int | CommandReport:
+        from launcher.output.report import CommandReport
+
         result = ended.result
         code = result.code if result is not None else INTERRUPTED
+        if not reports.made:
+            return code
         summary = result.verdict.outcome if result is not None else "interrupted"
         return CommandReport(
             "run", code, summary, ended.started, time.time(), report_nodes(result),
@@ -123,7 +129,7 @@ def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
             str(result.archive_path) if result else None, run_extra(result))
 
     return run_command("run", hosts, lambda: run_async(hosts, req, opts, settings, detacher),
-                       conclude, reports=Reports(opts.as_json, opts.junit))
+                       conclude, reports=reports)
 
 
 def default_workdir() -> str:

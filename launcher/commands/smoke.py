@@ -124,6 +124,14 @@ def _wrong_by_size(res: SmokeResults) -> dict[int, int]:
     return wrong
 
 
+def show(run: SmokeRun, human: TextIO) -> None:
+    """The table and the verdict line, every control character a node sent inert."""
+    if run.results is not None and run.verdict is not None:
+        render_table(run.results, run.verdict, human)
+    human.write(inert(verdict_line(run)) + "\n")  # versions, names: what nodes reported
+    human.flush()
+
+
 def verdict_line(run: SmokeRun) -> str:
     v = run.verdict
     if run.error is not None:
@@ -287,10 +295,7 @@ def conclude(ended: Ended[SmokeRun], hosts: Sequence[Host], req: SmokeRequest) -
     if run.preflight_failures:
         run.verdict = SmokeVerdict(1, (), (), None, None, "; ".join(
             f.message for f in run.preflight_failures))
-    if run.results is not None and run.verdict is not None:
-        render_table(run.results, run.verdict, human)
-    human.write(inert(verdict_line(run)) + "\n")  # versions, names: what nodes reported
-    human.flush()
+    show(run, human)
     if in_github_actions():
         annotate(run, human)
     report = command_report(run, time.time())

@@ -18,12 +18,17 @@ Decisions (docs/cp.md):
 * Symlinks are links on both sides, compared by target; never followed below a root, so a
   deletion can never leave the destination tree.
 * A temp file is ``.dtrain-cp-<token>-<name>.tmp`` in the file's own directory, renamed
-  over the final name when complete. Any such name met in a destination tree is a stale
-  temp of an interrupted run, removed by the next run.
+  over the final name when complete; the token is random per file (not guessable from
+  another temp). Any such name met in a destination tree is a stale temp of an interrupted
+  run, removed by the next run.
+* What a node lists is not trusted: every name must be one path component (``bad_name``:
+  no ``/``, NUL, ``.`` or ``..``), every glob match one of the pattern's own (``bad_match``),
+  or the node gets an error and nothing of that listing is acted on.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import posixpath
 import stat as stat_mod
 from collections.abc import Iterable, Mapping, Sequence
@@ -130,6 +135,53 @@ def layout(names: Sequence[str], kinds: Sequence[str], dest: str, dest_kind: str
         raise LayoutError(f"{dest} exists and is not a directory; cannot copy a directory "
                           "onto it")
     return [dest], False
+
+
+def bad_name(name: str) -> str | None:
+    """Why ``name``, one entry a node listed in a directory, is not a single path component
+    (None when it is one)."""
+    if name in ("", ".", ".."):
+        return f"{name!r} is not a file name"
+    if "/" in name:
+        return "a name with '/'"
+    if "\0" in name:
+        return "a name with NUL"
+    if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        return f"a name longer than {NAME_MAX} bytes"
+    return None
+
+
+def bad_rel(rel: str) -> str | None:
+    """Why ``rel``, a path relative to a tree's root that a node listed ('' = the root), is
+    not made of single components (None when it is)."""
+    if rel == "":
+        return None
+    for name in rel.split("/"):
+        why = bad_name(name)
+        if why:
+            return why
+    return None
+
+
+def bad_match(pattern: str, match: str) -> str | None:
+    """Why ``match``, a path a node returned for the (absolute) glob ``pattern``, is not one
+    of its matches: a plain absolute path as deep as the pattern, equal to it where it has
+    no pattern characters and matching it (single components) where it has (None: it is)."""
+    if not match.startswith("/") or posixpath.normpath(match) != match:
+        return "not a plain absolute path"
+    want, got = pattern.split("/"), match.split("/")
+    if len(want) != len(got):
+        return "not a match of the pattern (another depth)"
+    for part, name in zip(want[1:], got[1:], strict=True):
+        if has_glob(part):
+            why = bad_name(name)
+            if why:
+                return why
+            if not fnmatch.fnmatchcase(name, part):
+                return "not a match of the pattern"
+        elif part != name:
+            return "not a match of the pattern (outside it)"
+    return None
 
 
 def inside(path: str, root: str) -> bool:

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from launcher.decide.facts import Iface, NodeFacts, Route
 from launcher.decide.rdma import HcaChoice, check_gid_index, plan_gids, select_hcas
 from launcher.errors import ConfigError, PreflightFailed
@@ -389,6 +387,8 @@ def parse_profile(text: str, source: str = "<profile>") -> dict[str, str]:
     Values must be strings or numbers: YAML turns ``on``/``yes`` into booleans, which NCCL
     would then receive as "True".
     """
+    import yaml  # only with --profile: a run without one never pays for it
+
     try:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -8,13 +8,14 @@ so `--dry-run` shows precisely what would start.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
 from launcher.decide.netenv import EnvDecision, EnvVar, decide_env
 from launcher.decide.restarts import RestartPolicy
+from launcher.decide.stragglers import StragglerSettings
 from launcher.errors import PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
@@ -70,6 +71,8 @@ class RunOptions:
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
     hang: HangPolicy = HangPolicy()  # --hang-timeout, --progress, --on-hang (docs/hangs.md)
     restart: RestartPolicy = RestartPolicy()  # --restarts, --nnodes (docs/restarts.md)
+    sample_interval: float = 10.0  # --sample-interval: samples.jsonl every S s (0: off)
+    stragglers: StragglerSettings = field(default_factory=StragglerSettings)
 
 
 @dataclass(frozen=True)

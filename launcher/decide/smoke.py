@@ -52,12 +52,15 @@ class SmokeConfig:
     pair_size: int = MIB
     pair_warmup: int = 1
     pair_iters: int = 5
+    # the whole pair schedule runs this many times, each pass after the others, and a pair's
+    # best time counts: a burst of load on a shared node slows one pass, a slow link all
+    pair_passes: int = 3
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "min_size": self.min_size, "max_size": self.max_size,
                 "warmup": self.warmup, "iters": self.iters, "big": self.big,
                 "pair_size": self.pair_size, "pair_warmup": self.pair_warmup,
-                "pair_iters": self.pair_iters}
+                "pair_iters": self.pair_iters, "pair_passes": self.pair_passes}
 
 
 def parse_size(text: str, option: str = "--max-size") -> int:

@@ -35,11 +35,12 @@ from launcher.hosts.entries import (
     _hosts,
     _set,
     _Spec,
+    _split_top,
     _why,
     check_expr_size,
 )
 from launcher.hosts.envfile import name_problem
-from launcher.hosts.slurm import NODELIST, allocation, split_top_commas
+from launcher.hosts.slurm import NODELIST, allocation
 from launcher.models import Host
 
 if TYPE_CHECKING:
@@ -327,7 +328,7 @@ def parse_host_expr(expr: str, source: str = "-H") -> list[Host]:
     """pdsh-style ``[user@]host[:port]`` entries separated by commas, ranges allowed."""
     ctx = _Ctx(source)  # one budget for the whole expression
     hosts: list[Host] = []
-    for entry in filter(None, split_top_commas(expr)):
+    for entry in filter(None, (part.strip() for part in _split_top(expr, ","))):
         if len(entry.split()) > 1:
             raise ctx.error(f"unexpected space in {entry!r}",
                             hint="separate hosts with commas: -H 'dtuser@node[1-4],login2:2222'")

@@ -68,18 +68,6 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
                                                  or environ.get("SLURM_JOBID"))
 
 
-def split_top_commas(expr: str) -> list[str]:
-    """Split at commas outside brackets: ``gpu[1,3],cpu1`` -> ``gpu[1,3]``, ``cpu1``."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(expr):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth <= 0:
-            parts.append(expr[start:i])
-            start = i + 1
-    parts.append(expr[start:])
-    return [part.strip() for part in parts]
-
-
 def expand_nodelist(text: str, source: str = NODELIST) -> list[str]:
     """Slurm's compressed list (``gpu[01-04,07],cpu-a[1-2]``) expanded as Slurm expands it
     (slurm_hostlist.py), each name checked; a node listed twice is refused."""

@@ -104,6 +104,7 @@ class NodeSession:
         self._raw_err: list[bytes] = []
         self._pending: bytes | None = None  # a stop/kill asked for before the job was sent
         self._abandoned: str | None = None
+        self._bad: str | None = None  # the node sent what no supervisor sends: its error
         self._give_up = asyncio.Event()
 
     async def _send(self, data: bytes) -> None:
@@ -167,7 +168,7 @@ class NodeSession:
                 await asyncio.wait([frames, beat, give_up], return_when=asyncio.FIRST_COMPLETED)
                 beat.cancel()
                 give_up.cancel()
-                if self._lost or self._abandoned:
+                if self._lost or self._abandoned or self._bad:
                     frames.cancel()
                     errs.cancel()
                 else:
@@ -178,7 +179,7 @@ class NodeSession:
             if self.exit_msg is None:
                 self.abort()
         status = None
-        if not (self._lost or self._abandoned):  # a dropped channel may never report
+        if not (self._lost or self._abandoned or self._bad):  # a dropped channel may never report
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2):
                     status = await self.proc.wait()
@@ -192,9 +193,16 @@ class NodeSession:
             if not data:
                 return
             self._last_frame = time.monotonic()
-            for frame in decoder.feed(data):
-                if frame.kind == wire.KIND_CTL:
-                    self._control(frame.message())
+            try:
+                frames = decoder.feed(data)
+                messages = [f.message() if f.kind == wire.KIND_CTL else None for f in frames]
+            except wire.FrameError as exc:  # that node's error: drop its channel
+                self._bad = f"the node's supervisor stream is not dtrain's: {exc}; refused"
+                self.abort()
+                return
+            for frame, msg in zip(frames, messages, strict=True):
+                if msg is not None:
+                    self._control(msg)
                 elif frame.kind == wire.KIND_NOISE:
                     self.on_chunk(self.host, None, "out", frame.data)  # the shell's banner
                 else:
@@ -248,6 +256,8 @@ class NodeSession:
         pids = {"supervisor_pid": _int(hello.get("supervisor_pid")), "pid": _int(hello.get("pid")),
                 "started": float(hello["t"]) if isinstance(hello.get("t"), (int, float))  # type: ignore[arg-type]
                 else None}
+        if self._bad:
+            return NodeOutcome(self.host, None, ended=time.time(), error=self._bad, **pids)  # type: ignore[arg-type]
         if self._lost:
             return NodeOutcome(self.host, None, lost=True, ended=time.time(), **pids,  # type: ignore[arg-type]
                                error=f"no heartbeat for {self.spec.heartbeat_timeout:g} s "

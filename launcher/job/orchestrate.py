@@ -208,6 +208,7 @@ class Job:
         self.sessions: dict[str, NodeSession] = {}
         self._stopping = False
         self._interrupts = 0
+        self._repeat_said = False
         self._bound: asyncio.Task[None] | None = None
         self._bound_s = 0.0
         self._tg: asyncio.TaskGroup | None = None
@@ -299,19 +300,30 @@ class Job:
                 self._failed(failure, self._tg)
 
     def _interrupt(self, signum: int, tg: asyncio.TaskGroup) -> None:
+        """Ctrl-C, SIGTERM, SIGHUP: the first starts a graceful stop. Only a Ctrl-C once a
+        stop is under way escalates to KILL: a closing terminal delivers several SIGHUPs
+        (and maybe a SIGTERM), and an init system repeats SIGTERM; those are the same
+        request, and must not cut the ranks' checkpoints short."""
         self._interrupts += 1
+        first = self.outcome.interrupted is None
         if self.outcome.interrupted is None:
             self.outcome.interrupted = signum
             self.outcome.interrupted_t = time.time()
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        if self._interrupts == 1:
+        if first:
             why = " (the terminal closed)" if signum == signal.SIGHUP else ""
-            self.router.say("dtrain", f"{name}{why}: stopping every node (again to kill now)")
+            again = "again " if signum == signal.SIGINT else ""
+            self.router.say("dtrain", f"{name}{why}: stopping every node "
+                                      f"(Ctrl-C {again}to kill now)")
             self._stopping_now(f"{name} from the user", tg)
-        else:
+        elif signum == signal.SIGINT and not self.outcome.killed:
             self.outcome.killed = True
             self.router.say("dtrain", f"{name} again: killing every node now")
             tg.create_task(self.stop_all(f"{name} from the user", kill=True), name="kill-all")
+        elif not self._repeat_said and signum != signal.SIGINT:
+            self._repeat_said = True
+            self.router.say("dtrain", f"{name}: already stopping (the grace period holds; "
+                                      "Ctrl-C to kill now)")
 
     def _failed(self, failure: Failure, tg: asyncio.TaskGroup) -> None:
         """Record a failure; the first one before any stop is the root cause."""
@@ -345,8 +357,10 @@ class Job:
 
     def _rank_event(self, host: Host, msg: dict[str, object], tg: asyncio.TaskGroup) -> None:
         """A rank that fails is the first failure, before its agent even notices."""
+        # a rank that was asked to stop (its shim forwarded a stop from dtrain or torchrun)
+        # and then exited is a follower whatever its code, never a root-cause candidate
         if msg.get("type") == "rank_exit" and msg.get("code") not in (0, None) \
-                and self.policy.rank_fail_fast:
+                and msg.get("stop_signal") is None and self.policy.rank_fail_fast:
             now = time.time()
             sig = msg.get("signal")
             self._failed(Failure("rank", host.label, rank=_int(msg.get("rank")),

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from launcher.decide.checks import PYTHON_FIX, fold_by_message
 from launcher.decide.facts import NodeFacts
 from launcher.decide.netenv import choose_master, pick_master_addr
 from launcher.decide.plan import RunOptions, RunRequest
-from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
+from launcher.errors import DtrainError, PreflightFailed
 from launcher.hosts.hostfile import fold
-from launcher.job.remote import read_json_line, run_program, start_program
+from launcher.job.probes import NodeProbes
 from launcher.models import Host
 from launcher.transports.base import Connection
 
@@ -37,53 +35,7 @@ class Preflight:
     warnings: list[str] = field(default_factory=list)
 
 
-# -- probing ---------------------------------------------------------------------------------
-
-async def _probe(conn: Connection, params: Mapping[str, Any], req: RunRequest,
-                 timeout: float) -> dict[str, Any]:
-    python = conn.host.python or req.python
-    try:
-        return await run_program(conn, "probe", params, python=python, setup=req.setup,
-                                 timeout=timeout)
-    except TimeoutError:
-        raise RemoteCommandError(f"the probe did not answer within {timeout:g} s",
-                                 host=conn.host.label) from None
-
-
-async def probe_facts(conns: Mapping[str, Connection], req: RunRequest, targets: Sequence[str],
-                      timeout: float) -> dict[str, NodeFacts]:
-    """Facts of every node, in parallel."""
-    params = {"mode": "facts", "workdir": req.workdir, "targets": list(targets),
-              "entry": {"name": req.script, "module": req.module}}
-    results: dict[str, NodeFacts] = {}
-
-    async def one(label: str, conn: Connection) -> None:
-        results[label] = NodeFacts.from_json(await _probe(conn, params, req, timeout))
-
-    await _gather_named({label: one(label, c) for label, c in conns.items()})
-    return results
-
-
-async def _gather_named(coros: Mapping[str, Any]) -> None:
-    """Run per-host coroutines; raise one PreflightFailed listing every host that failed,
-    in the given (hostfile) order, hosts with the same failure folded."""
-    failures: dict[str, str] = {}
-
-    async def guard(label: str, coro: Any) -> None:
-        try:
-            await coro
-        except DtrainError as exc:
-            failures[label] = exc.message
-
-    async with asyncio.TaskGroup() as tg:
-        for label, coro in coros.items():
-            tg.create_task(guard(label, coro), name=f"probe:{label}")
-    if failures:
-        error = PreflightFailed(fold_by_message((h, failures[h]) for h in coros
-                                                if h in failures), hint=PYTHON_FIX)
-        error.hosts = tuple(h for h in coros if h in failures)
-        raise error
-
+# -- probing: one probe per node (job/probes.py) -----------------------------------------------
 
 def entry_missing(req: RunRequest, hosts: Sequence[str]) -> PreflightFailed:
     """The script (or module) is not on those nodes: refused before anything starts."""
@@ -107,64 +59,66 @@ def _is_ip(text: str | None) -> bool:
     return True
 
 
-async def check_master_port(conns: Sequence[Connection], req: RunRequest, addr: str,
+async def check_master_port(probes: NodeProbes, labels: Sequence[str], addr: str,
                             port: int, timeout: float) -> int:
-    """Bind the master port on node 0 and connect to it from every other node.
+    """Bind the master port on node 0 and connect to it from every other node, through the
+    probes that reported their facts (no new node program).
 
     Port 0 lets node 0 pick a free one. An unreachable master is a preflight error here,
-    not a 15-minute rendezvous hang later.
+    not a 15-minute rendezvous hang later. The port stays bound until the probes close.
     """
-    master, workers = conns[0], conns[1:]
-    python = master.host.python or req.python
+    master, workers = labels[0], labels[1:]
     async with asyncio.timeout(timeout):
-        proc = await start_program(master, "probe", {"mode": "listen", "addr": addr,
-                                                     "port": port},
-                                   python=python, setup=req.setup)
-        try:
-            res = await read_json_line(proc, master.host.label, "master port check")
-            if not res.get("ok"):
-                raise PreflightFailed(f"cannot bind the master port {addr}:{port}: "
-                                      f"{res.get('error')}", host=master.host.label,
-                                      hint="pick another --master-port")
-            port = int(res["port"])
-            failures: list[str] = []
-            failed: list[str] = []
+        res = await probes.ask(master, {"op": "listen", "addr": addr, "port": port})
+        if not res.get("ok"):
+            raise PreflightFailed(f"cannot bind the master port {addr}:{port}: "
+                                  f"{res.get('error')}", host=master,
+                                  hint="pick another --master-port")
+        port = int(res["port"])
+        failures: list[str] = []
+        failed: list[str] = []
 
-            async def one(conn: Connection) -> None:
-                try:
-                    got = await _probe(conn, {"mode": "connect", "addr": addr, "port": port,
-                                              "timeout": 3}, req, timeout)
-                except DtrainError as exc:  # kept out of the TaskGroup's ExceptionGroup
-                    got = {"ok": False, "error": exc.message}
-                if not got.get("ok"):
-                    failures.append(f"{conn.host.label} ({got.get('error')})")
-                    failed.append(conn.host.label)
+        async def one(label: str) -> None:
+            try:
+                got = await probes.ask(label, {"op": "connect", "addr": addr, "port": port,
+                                               "timeout": 3})
+            except DtrainError as exc:  # kept out of the TaskGroup's ExceptionGroup
+                got = {"ok": False, "error": exc.message}
+            if not got.get("ok"):
+                failures.append(f"{label} ({got.get('error')})")
+                failed.append(label)
 
-            async with asyncio.TaskGroup() as tg:
-                for conn in workers:
-                    tg.create_task(one(conn))
-            if failures:
-                error = PreflightFailed(
-                    f"the master {addr}:{port} is unreachable from {', '.join(failures)}",
-                    hint="check firewalls between the nodes, or pass --master-addr")
-                error.hosts = tuple(failed)
-                raise error
-        finally:
-            proc.write_eof()
-            proc.abort()
+        async with asyncio.TaskGroup() as tg:
+            for label in workers:
+                tg.create_task(one(label))
+        if failures:
+            error = PreflightFailed(
+                f"the master {addr}:{port} is unreachable from {', '.join(failures)}",
+                hint="check firewalls between the nodes, or pass --master-addr")
+            error.hosts = tuple(failed)  # a restarting run fences them
+            raise error
     return port
 
 
 async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: RunRequest,
                     opts: RunOptions) -> Preflight:
-    """Probe, choose and validate the master."""
+    """Probe, choose and validate the master: one probe program per node throughout."""
+    probes = NodeProbes(req, opts.probe_timeout)
+    try:
+        return await _preflight(probes, conns, hosts, req, opts)
+    finally:
+        await probes.aclose()
+
+
+async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Sequence[Host],
+                     req: RunRequest, opts: RunOptions) -> Preflight:
     ordered = [conns[h.label] for h in hosts]
     pre = Preflight()
     guess = req.master_addr or ordered[0].peer_addr
     first_guess: list[str] = [guess] if guess and _is_ip(guess) else []
     if len(hosts) == 1:
         first_guess = [req.master_addr or "127.0.0.1"]
-    pre.facts = await probe_facts(conns, req, first_guess, opts.probe_timeout)
+    pre.facts = await probes.facts(conns, first_guess)
     if opts.preflight:
         from launcher.decide.checks import failure_hint, failure_message, fast_checks
 
@@ -186,15 +140,14 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
         candidates = [req.master_addr] if req.master_addr else pick_master_addr(master_facts)
         workers = {h.label: pre.facts[h.label] for h in hosts[1:]}
         if any(c not in f.routes for c in candidates for f in workers.values()):
-            more = await probe_facts({h.label: conns[h.label] for h in hosts[1:]}, req,
-                                     candidates, opts.probe_timeout)
-            workers.update(more)
+            workers.update(await probes.routes(workers, candidates))
         choice = choose_master(candidates, {k: f.routes for k, f in workers.items()})
         pre.master_addr, pre.master_reason = choice.addr, choice.reason
         if choice.warning:
             pre.warnings.append(choice.warning)
         pre.facts.update(workers)
     pre.master_port = req.master_port or 0
-    pre.master_port = await check_master_port(ordered, req, pre.master_addr, pre.master_port,
+    pre.master_port = await check_master_port(probes, [h.label for h in hosts],
+                                              pre.master_addr, pre.master_port,
                                               opts.probe_timeout)
     return pre

@@ -30,11 +30,14 @@ async def start_program(conn: Connection, name: str, params: Mapping[str, Any], 
     return proc
 
 
+MAX_LINE = 256 << 20  # one answer line of a node program (a hash of ~2M paths); longer: refused
+
+
 async def read_json_line(proc: Process, label: str, what: str) -> dict[str, Any]:
     """The program's JSON line, or a RemoteCommandError with its stderr.
 
     Lines before it that are not JSON are what the login shell printed (a chatty .bashrc):
-    skipped.
+    skipped. A line longer than MAX_LINE is that node's error (its memory is not ours).
     """
     buf = b""
     while True:
@@ -42,9 +45,14 @@ async def read_json_line(proc: Process, label: str, what: str) -> dict[str, Any]
         found = next((ln for ln in lines[:-1] if ln.lstrip().startswith(b"{")), None)
         if found is not None:
             break
+        if lines[:-1]:
+            buf = lines[-1]  # the shell's lines before it: skipped, not kept
+        if len(buf) > MAX_LINE:
+            raise RemoteCommandError(f"{what}: an answer line longer than {MAX_LINE >> 20} "
+                                     "MiB: refused", host=label)
         chunk = await proc.read_stdout(65536)
         if not chunk:
-            found = lines[-1] if lines[-1].lstrip().startswith(b"{") else None
+            found = buf if buf.lstrip().startswith(b"{") else None
             break
         buf += chunk
     if found is None:

@@ -46,6 +46,7 @@ class RankExit:
     signal: int | None
     t: float
     duration: float | None
+    stop_signal: int | None = None  # its shim forwarded this stop signal before it ended
 
 
 @dataclass
@@ -66,11 +67,12 @@ def rank_exits(outcome: JobOutcome) -> list[RankExit]:
     for label, node in outcome.nodes.items():
         for rank, msg in node.ranks.items():
             code, sig = msg.get("code"), msg.get("signal")
-            t, dur = msg.get("t"), msg.get("duration")
+            t, dur, stop = msg.get("t"), msg.get("duration"), msg.get("stop_signal")
             exits.append(RankExit(label, int(rank), code if isinstance(code, int) else 0,
                                   sig if isinstance(sig, int) else None,
                                   float(t) if isinstance(t, (int, float)) else 0.0,
-                                  float(dur) if isinstance(dur, (int, float)) else None))
+                                  float(dur) if isinstance(dur, (int, float)) else None,
+                                  stop if isinstance(stop, int) else None))
     return sorted(exits, key=lambda e: e.t)
 
 
@@ -181,9 +183,12 @@ def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
         return "ok"
     if any(f.kind == "rank" and (f.host, f.rank) == (host, rank) for f in outcome.failures):
         return "failed"
-    if e.signal not in STOP_SIGNALS:
-        return "failed"  # it exited on its own (a crash, a peer's error): not our doing
-    return "stopped"
+    if e.signal in STOP_SIGNALS:
+        return "stopped"
+    if e.stop_signal is not None and e.signal is None:
+        # asked to stop, it exited by itself (a checkpoint, then exit 143, or 1): stopped
+        return "stopped"
+    return "failed"  # it exited on its own (a crash, a peer's error): not our doing
 
 
 def _exit_text(code: int | None, sig: int | None) -> str:
@@ -250,6 +255,7 @@ def node_results(outcome: JobOutcome, plan: LaunchPlan,
             entry: dict[str, Any] = {"exit_code": e.code if e else None,
                                      "signal": e.signal if e else None,
                                      "duration": e.duration if e else None,
+                                     "stop_signal": e.stop_signal if e else None,
                                      **_rank_times(e)}
             if v is not None:
                 entry["role"] = _rank_role(outcome, v, label, rank, e)

@@ -60,43 +60,95 @@ TOKEN_LEN = 32
 CHUNK = 1 << 20
 
 
-def read_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        part = sock.recv(n - len(data))
-        if not part:
-            break
-        data += part
-    return data
+class _Pending:
+    """A connection that has not presented its token yet."""
+
+    def __init__(self, conn, addr, until):
+        self.conn = conn
+        self.addr = addr
+        self.got = b""
+        self.until = until
+
+
+TOKEN_WAIT = 2.0  # a peer has this long to present the token (it sends it at once)
+MAX_PENDING = 64  # connections waiting to present a token; the oldest goes when full
+MAX_REFUSED = 16  # addresses kept of the refused peers (the count goes on)
 
 
 def accept_upstream(lsock, token, deadline, refused):
     """The first connection that presents the token; others are closed and remembered.
 
-    The token is compared with hmac.compare_digest (constant time) before a single byte
-    of data is accepted from the connection.
+    Connections are read at the same time, each for at most TOKEN_WAIT seconds: a few
+    silent connections from anyone on the network cannot hold the chain up (reading them
+    one at a time, three of them would). The token is compared with hmac.compare_digest
+    (constant time) before a single byte of data is accepted from the connection.
+    ``refused`` keeps the first MAX_REFUSED addresses, then "+N more".
     """
     import hmac
-    import socket
+    import selectors
     import time
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise OSError("no upstream node connected within the timeout") from None
-        lsock.settimeout(left)
-        try:
-            conn, peer = lsock.accept()
-        except socket.timeout:
-            raise OSError("no upstream node connected within the timeout") from None
-        conn.settimeout(min(left, 10.0))
-        try:
-            got = read_exact(conn, TOKEN_LEN)
-        except OSError:
-            got = b""
-        if len(got) == TOKEN_LEN and hmac.compare_digest(got, token):
-            return conn
-        refused.append(peer[0])
-        conn.close()
+
+    sel = selectors.DefaultSelector()
+    sel.register(lsock, selectors.EVENT_READ, None)
+    pending = {}  # type: dict[int, _Pending]
+    extra = [0]
+
+    def refuse(fd):
+        p = pending.pop(fd)
+        sel.unregister(p.conn)
+        p.conn.close()
+        if len(refused) < MAX_REFUSED:
+            refused.append(p.addr)
+        else:
+            extra[0] += 1
+            refused[MAX_REFUSED:] = ["+%d more" % extra[0]]
+
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise OSError("no upstream node connected within the timeout")
+            for fd in [fd for fd, p in pending.items() if p.until <= now]:
+                refuse(fd)
+            wait = min([deadline - now] + [p.until - now for p in pending.values()])
+            for key, _ in sel.select(max(0.0, wait)):
+                if key.data is None:  # the listening socket
+                    try:
+                        conn, peer = lsock.accept()
+                    except OSError:
+                        continue
+                    conn.setblocking(False)
+                    if len(pending) >= MAX_PENDING:
+                        refuse(min(pending, key=lambda fd: pending[fd].until))
+                    pending[conn.fileno()] = _Pending(conn, peer[0],
+                                                      time.monotonic() + TOKEN_WAIT)
+                    sel.register(conn, selectors.EVENT_READ, conn.fileno())
+                    continue
+                fd = key.data
+                p = pending[fd]
+                try:
+                    part = p.conn.recv(TOKEN_LEN - len(p.got))
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    part = b""
+                if not part:
+                    refuse(fd)
+                    continue
+                p.got += part
+                if len(p.got) < TOKEN_LEN:
+                    continue
+                if hmac.compare_digest(p.got, token):
+                    del pending[fd]
+                    sel.unregister(p.conn)
+                    p.conn.setblocking(True)
+                    return p.conn
+                refuse(fd)
+    finally:
+        for p in pending.values():
+            sel.unregister(p.conn)
+            p.conn.close()
+        sel.close()
 
 
 class StdinSource:
@@ -165,7 +217,9 @@ def relay(params):
             src = accept_upstream(lsock, token, time.monotonic() + timeout, result["refused"])
             src.settimeout(timeout)
             lsock.close()  # closing again in finally is harmless
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        # a new file, never one that is there (another user may have made it in a shared
+        # DEST): the launcher names each temp at random
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(tmp, flags, int(params.get("mode_bits", 0o644)))
         h = hashlib.sha256()
         got = 0
@@ -477,7 +531,8 @@ class Unpacker:
             final = self.path(root, rel, dirs)
             tmp = self.temp(final, tmpname)
             self.temps.add(tmp)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+            # a new file (O_EXCL), never one someone else made: a random name per file
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
             fd = os.open(tmp, flags, bits)
         except Unsafe as exc:
             err = ["", str(exc)]

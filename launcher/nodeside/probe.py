@@ -14,6 +14,13 @@ Modes (``params["mode"]``):
   close connections until stdin reaches EOF (the launcher closes the channel).
 * ``connect``: one TCP connect to ``addr:port``; print ``{"ok": bool, "error"?: str, "ms": float}``.
 
+``facts`` with ``"stay": true`` (what `dtrain run` sends: one interpreter per node for the
+whole preflight): after the facts the program stays, reads one JSON op a line from stdin
+and answers each with one JSON line, until EOF: ``{"op": "routes", "targets"}`` → the route
+to each (``{"ok", "routes"}``); ``{"op": "listen", "addr", "port"}`` → ``listen``'s answer,
+and the port stays bound, its connections accepted and closed, until EOF;
+``{"op": "connect", ...}`` → ``connect``'s answer.
+
 Every file is read through a ``root`` prefix and every command through an injectable runner
 (``System``), so tests point the readers at fake sysfs trees instead of patching ``open``.
 Unreadable files (EINVAL, ENOENT, EISDIR, any OSError) count as absent, never as errors: the
@@ -625,10 +632,8 @@ def _emit(obj: Json, stream: TextIO | None = None) -> None:
     stream.flush()
 
 
-def listen(params: Json, stdin_fd: int = 0, stream: TextIO | None = None) -> int:
-    """Bind+listen, report the port, accept and close until stdin EOF."""
-    import select
-
+def bind_listen(params: Json) -> tuple[socket.socket | None, Json]:
+    """Bind+listen on ``addr:port`` (port 0: any free one); (the socket, the answer)."""
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(
             params.get("addr") or "0.0.0.0", int(params.get("port") or 0),
@@ -638,9 +643,18 @@ def listen(params: Json, stdin_fd: int = 0, stream: TextIO | None = None) -> int
         srv.bind(sockaddr)
         srv.listen(64)
     except (OSError, ValueError) as exc:
-        _emit({"ok": False, "error": f"{type(exc).__name__}: {exc}"}, stream)
+        return None, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return srv, {"ok": True, "port": srv.getsockname()[1]}
+
+
+def listen(params: Json, stdin_fd: int = 0, stream: TextIO | None = None) -> int:
+    """Bind+listen, report the port, accept and close until stdin EOF."""
+    import select
+
+    srv, answer = bind_listen(params)
+    _emit(answer, stream)
+    if srv is None:
         return 0
-    _emit({"ok": True, "port": srv.getsockname()[1]}, stream)
     try:
         while True:
             ready, _, _ = select.select([srv.fileno(), stdin_fd], [], [])
@@ -673,6 +687,63 @@ def connect(params: Json, stream: TextIO | None = None) -> int:
     return 0
 
 
+def routes_to(targets: Iterable[Any] | None, sys_: System | None = None) -> Json:
+    """The route from this node to each target (what ``facts`` reports as ``routes``)."""
+    sys_ = sys_ or System()
+    ifaces = read_interfaces(sys_)
+    addrs, _ = read_addresses(sys_, [i["name"] for i in ifaces])
+    for iface in ifaces:
+        iface["addrs"] = addrs.get(iface["name"], [])
+    proc_routes = parse_proc_route(read_text(sys_.path("/proc/net/route")))
+    return read_routes(sys_, targets, ifaces, proc_routes)
+
+
+def stay(stdin_fd: int = 0, stream: TextIO | None = None, sys_: System | None = None) -> int:
+    """After the facts: one JSON op a line until EOF (routes, listen, connect; see the
+    module's docstring). A bound listen socket accepts (and closes) while we wait."""
+    import select
+
+    srv: socket.socket | None = None
+    buf = b""
+    try:
+        while True:
+            fds = [stdin_fd] + ([srv.fileno()] if srv is not None else [])
+            ready = select.select(fds, [], [])[0]
+            if srv is not None and srv.fileno() in ready:
+                try:
+                    srv.accept()[0].close()
+                except OSError:
+                    pass
+            if stdin_fd not in ready:
+                continue
+            data = os.read(stdin_fd, 65536)
+            if not data:
+                return 0
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                try:
+                    op = json.loads(line)
+                    kind = op.get("op")
+                except (ValueError, AttributeError) as exc:
+                    _emit({"ok": False, "error": f"bad op: {exc}"}, stream)
+                    continue
+                if kind == "routes":
+                    _emit({"ok": True, "routes": routes_to(op.get("targets"), sys_)}, stream)
+                elif kind == "listen" and srv is None:
+                    srv, answer = bind_listen(op)
+                    _emit(answer, stream)
+                elif kind == "connect":
+                    connect(op, stream)
+                else:
+                    _emit({"ok": False, "error": f"unexpected op {kind!r}"}, stream)
+    finally:
+        if srv is not None:
+            srv.close()
+
+
 def main() -> int:
     """Read one JSON line of parameters, run the mode, write one JSON object."""
     spec = globals().get("DTRAIN_SPEC")  # the bootstrap may hand the params over directly
@@ -687,7 +758,7 @@ def main() -> int:
     mode = params.get("mode", "facts")
     if mode == "facts":
         _emit(collect_facts(params))
-        return 0
+        return stay() if params.get("stay") else 0
     if mode == "listen":
         return listen(params)
     if mode == "connect":

@@ -242,8 +242,11 @@ def start_time(pid):
     return int(fields[19])
 
 
-def descendants(root_pid):
-    """Every live process descending from root_pid as (pid, start time), via /proc ppid links."""
+def descendants(root_pid, prune=None):
+    """Every live process descending from root_pid as (pid, start time), via /proc ppid links.
+
+    ``prune(pid)`` true: that process is listed, its own descendants are not.
+    """
     children = {}  # type: dict[int, list[tuple[int, int]]]
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -256,7 +259,8 @@ def descendants(root_pid):
     while todo:
         for child in children.get(todo.pop(), ()):
             found.append(child)
-            todo.append(child[0])
+            if prune is None or not prune(child[0]):
+                todo.append(child[0])
     return found
 
 
@@ -291,13 +295,30 @@ def signal_pid(pid, started, sig):
             os.close(fd)
 
 
-def signal_tree(sig):
-    """Send sig to every descendant of this supervisor; returns how many were signalled."""
+def signal_tree(sig, prune=None, once=None):
+    """Send sig to every descendant of this supervisor; returns how many were signalled.
+
+    ``prune``: as for descendants (a rank shim's rank is not signalled: the shim forwards).
+    ``once``: a set of (pid, start time) already sent this signal, skipped, and added to.
+    """
     count = 0
-    for pid, started in descendants(os.getpid()):
-        if signal_pid(pid, started, sig):
+    for key in descendants(os.getpid(), prune):
+        if once is not None and key in once:
+            continue
+        if signal_pid(key[0], key[1], sig):
             count += 1
+            if once is not None:
+                once.add(key)
     return count
+
+
+def cmdline(pid):
+    """A process's argv as bytes, or () when it is gone."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return tuple(f.read().split(b"\0"))
+    except OSError:
+        return ()
 
 
 def spawn(argv, env):
@@ -1040,6 +1061,11 @@ class Supervisor(Evidence):
         self.job = None  # its pid
         self.job_status = None  # raw wait status
         self.kill_at = None  # when set, KILL the tree at this time
+        # every process this supervisor has sent SIGTERM, as (pid, start time): a stop is
+        # one TERM per process however many times it is asked for (stop, then stdin EOF,
+        # then SIGHUP ...); what follows is the KILL at the deadline
+        self.termed = set()
+        self.shim_path = None  # run mode: the rank shim's path (its argv names it)
         self.stopping = None  # reason
         self.stopping_sent = False
         self.orphaned = None  # why the launcher is gone (stdin EOF, heartbeat lost)
@@ -1084,7 +1110,21 @@ class Supervisor(Evidence):
             deadline = now() + grace
             if self.kill_at is None or deadline < self.kill_at:
                 self.kill_at = deadline
-        signal_tree(signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            if grace > 0:
+                self.term_tree()
+        if grace <= 0:
+            signal_tree(signal.SIGKILL)
+
+    def term_tree(self):
+        """SIGTERM every process of the tree that has not had one from us yet, except the
+        ranks: each rank's shim forwards the first stop signal it gets (ours, or torchrun's
+        killpg) to its rank and no other, so a rank sees exactly one TERM per stop."""
+        with self.lock:
+            return signal_tree(signal.SIGTERM, self.is_shim, self.termed)
+
+    def is_shim(self, pid):
+        """A rank shim (torchrun's worker: ``python -u <our dir>/dtrain_shim.py ...``)."""
+        return self.shim_path is not None and self.shim_path in cmdline(pid)[:3]
 
     def launcher_gone(self, why, grace=None):
         self.orphaned = self.orphaned or why
@@ -1150,6 +1190,7 @@ class Supervisor(Evidence):
         argv = list(spec["argv"])
         if self.tmpdir:
             shim = os.path.join(self.tmpdir, "dtrain_shim.py")
+            self.shim_path = shim.encode()
             argv = [shim if a == SHIM_PLACEHOLDER else a.replace(DIR_PLACEHOLDER, self.tmpdir)
                     for a in argv]
         return argv
@@ -1179,6 +1220,9 @@ class Supervisor(Evidence):
             listener.setblocking(False)
             self.watch(listener.fileno(), "listen", None, listener)
             env[SHIM_ENV] = path
+            # torchrun KILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT s (30) after its own
+            # TERM; the grace is dtrain's to give (the KILL at its end is ours)
+            env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(30, int(self.grace) + 5)))
             self.evidence_env(env)
             env[TMPDIR_ENV] = env.get("TMPDIR", "")
             env["TMPDIR"] = self.tmpdir
@@ -1368,7 +1412,7 @@ class Supervisor(Evidence):
         return self.finish()
 
     def teardown_leftovers(self):
-        signal_tree(signal.SIGTERM)
+        self.term_tree()
         with self.lock:
             if self.kill_at is None:
                 self.kill_at = now() + 1.0
@@ -1440,7 +1484,14 @@ def shim_main(argv):
 
     torchrun starts ``python -u dtrain_shim.py [-m] script args`` as each worker; we connect
     three unix sockets (out, err, ctl), start the real worker with the first two as its
-    stdout/stderr, forward termination signals, report its exit status and exit the same way.
+    stdout/stderr, forward a stop, report its exit status and exit the same way.
+
+    One stop, one signal: the rank runs in a process group of its own (so torchrun's killpg
+    of its worker reaches only us), and the first SIGTERM/SIGINT/SIGHUP we get, from the
+    supervisor or from torchrun, is sent on to the rank's group; later ones are the same
+    stop arriving by another road (the supervisor, torchrun and the user each send one) and
+    are not repeated. The KILL after the grace comes from the supervisor; if we are KILLed
+    ourselves, the rank is too (PR_SET_PDEATHSIG), as torchrun's killpg would have done.
     """
     import json  # the shim runs once per rank under torchrun: not on the exec path
     import socket
@@ -1462,12 +1513,30 @@ def shim_main(argv):
         return s
 
     out, err, ctl = connect("out"), connect("err"), connect("ctl")
+    stop = {"sig": None, "pending": None, "pid": None}  # type: dict[str, int | None]
+
+    def on_stop(signum, frame):
+        if stop["sig"] is not None:
+            return  # the same stop again: the rank has its one signal
+        if stop["pid"] is None:
+            stop["pending"] = signum  # before the rank exists: sent once it does
+            return
+        stop["sig"] = signum
+        try:
+            os.killpg(stop["pid"], signum)
+        except OSError:
+            pass
+
+    for forwarded in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(forwarded, on_stop)
     child = subprocess.Popen(rank_argv(argv, path), stdout=out.fileno(), stderr=err.fileno(),
-                             env=rank_env(path))
+                             env=rank_env(path), start_new_session=True,
+                             preexec_fn=_die_with_parent(os.getpid()))
+    stop["pid"] = child.pid
+    if stop["pending"] is not None:
+        on_stop(stop["pending"], None)
     out.close()
     err.close()
-    for forwarded in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(forwarded, lambda s, f: child.send_signal(s))
     started = now()
     while True:
         try:
@@ -1478,6 +1547,8 @@ def shim_main(argv):
     sig = -code if code < 0 else None
     msg = {"code": 128 + sig if sig else code, "signal": sig, "t": now(),
            "duration": now() - started, "pid": child.pid}
+    if stop["sig"] is not None:
+        msg["stop_signal"] = stop["sig"]  # it was asked to stop: whatever it exited with
     try:
         ctl.sendall(json.dumps(msg).encode() + b"\n")
         ctl.close()
@@ -1492,6 +1563,23 @@ def shim_main(argv):
             pass
         os.kill(os.getpid(), sig)
     return code
+
+
+def _die_with_parent(parent):
+    """A preexec_fn: the rank gets SIGKILL when the shim dies (PR_SET_PDEATHSIG)."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        prctl = _prctl()
+    except Exception:
+        prctl = None
+
+    def preexec():
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the shim died before that took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 def main():

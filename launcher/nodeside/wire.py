@@ -203,16 +203,32 @@ class Frame:
     data: bytes
 
     def message(self) -> dict[str, object]:
-        """The decoded control message (kind 3)."""
-        return json.loads(self.data)  # type: ignore[no-any-return]
+        """The decoded control message (kind 3); FrameError when it is not a JSON object."""
+        try:
+            msg = json.loads(self.data)
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict):
+            raise FrameError("a control message that is not a JSON object")
+        return msg
+
+
+MAX_FRAME = 256 * 1024 * 1024  # the largest a supervisor sends: a flight message of 8 ranks
+
+
+class FrameError(ValueError):
+    """The stream is not the supervisor's: a frame over MAX_FRAME, a control message that is
+    not a JSON object (that node's error, never the launcher's memory or a traceback)."""
 
 
 class FrameDecoder:
-    """Incremental decoder for the supervisor's stdout."""
+    """Incremental decoder for the supervisor's stdout; a frame longer than ``max_frame``
+    raises FrameError as soon as its header is read (nothing of it is buffered)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
         self._synced = False
+        self.max_frame = max_frame
 
     def _sync(self) -> list[Frame]:
         """Skip to the MAGIC marker; what precedes it is shell noise."""
@@ -239,6 +255,8 @@ class FrameDecoder:
         pos, buf, size = 0, self._buf, FRAME.size
         while len(buf) - pos >= size:
             kind, rank, length = FRAME.unpack_from(buf, pos)
+            if length > self.max_frame:
+                raise FrameError(f"a frame of {length} bytes (more than {self.max_frame})")
             if len(buf) - pos - size < length:
                 break
             start = pos + size

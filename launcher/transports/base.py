@@ -132,7 +132,8 @@ class FileSystem(abc.ABC):
 
     @abc.abstractmethod
     def open_write(self, path: str, mode: int) -> AbstractAsyncContextManager[Writer]:
-        """Create (or truncate) a file with these permission bits (the umask applies)."""
+        """Create a new file with these permission bits (the umask applies); one that
+        exists already is an error (O_EXCL: cp writes to random temp names only)."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release the session."""

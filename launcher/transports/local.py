@@ -188,7 +188,7 @@ class LocalFileSystem(FileSystem):
     @contextlib.asynccontextmanager
     async def open_write(self, path: str, mode: int) -> AsyncIterator[Writer]:
         with _errors(path, self._host):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         with os.fdopen(fd, "wb") as f, _errors(path, self._host):
             yield _LocalWriter(f)
 

@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.cluster import gpus
+
 __all__ = [
     "ALT_PORT",
     "BRIDGE",
@@ -419,6 +421,39 @@ def set_authorized_keys(cluster: Cluster, k: int, text: str | None = None) -> No
     _install_ssh_dir(cluster.node(k).home, text if text is not None else _client_pub(paths))
 
 
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+
+
+@contextlib.contextmanager
+def hostile_sftp(cluster: Cluster, k: int, rename: Mapping[str, str]) -> Iterator[None]:
+    """Node k's SFTP server lists names as ``rename`` says until the block ends: a hostile
+    node (the proxy in tests/cluster/hostile_sftp.py, bind-mounted over the node's
+    sftp-server in its own mount namespace; sshd itself is untouched). Every SFTP session to
+    node k goes through it meanwhile, other tests' too: rename only names no one else uses."""
+    d = cluster.state_dir / "hostile-sftp"
+    d.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(d, 0o755)
+    real = d / "sftp-server.real"
+    if not real.exists():
+        tmp = d / f".sftp-server.{os.getpid()}"
+        shutil.copy2(SFTP_SERVER, tmp)  # the node's own path is shadowed while hostile
+        os.replace(tmp, real)
+    prog = d / "hostile_sftp.py"
+    _write(prog, (Path(__file__).parent / "hostile_sftp.py").read_text())
+    config = d / f"node{k}.json"
+    _write(config, json.dumps({"server": str(real), "rename": dict(rename)}))
+    launcher = d / f"node{k}.sh"
+    _write(launcher, f'#!/bin/sh\nexec {cluster.python} {prog} {config} "$@"\n', 0o755)
+    pid = sshd_pid(k, cluster.state_dir)
+    if pid is None:
+        raise ClusterError(f"node{k} is not running (python -m tests.cluster up)")
+    _run(["nsenter", "-t", str(pid), "-m", "mount", "--bind", str(launcher), SFTP_SERVER])
+    try:
+        yield
+    finally:
+        _run(["nsenter", "-t", str(pid), "-m", "umount", SFTP_SERVER], check=False)
+
+
 def healthy(cluster: Cluster) -> bool:
     """Every node's sshd answers on port 22 (checked in parallel, ~1 s timeout)."""
     if not cluster.nodes:
@@ -487,6 +522,8 @@ def up(n_nodes: int = 4, state_dir: Path = DEFAULT_STATE_DIR, *,
             cluster = existing
         else:
             cluster = _build(state_dir, max(n_nodes, recorded))
+        # the fake-GPU trap (tests/cluster/gpus.py): nvidia-smi on nodes 4, 6, 8, ...
+        gpus.ensure((n.index, n.dir, sshd_pid(n.index, state_dir)) for n in cluster.nodes)
     return _cluster(state_dir, n_nodes, _meta(cluster), cluster.password)
 
 

@@ -7,7 +7,6 @@ where that program cannot start (no such python: a note says so); pull is SFTP.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Iterable, Sequence
 
 from launcher.commands.cp.relay import Broadcaster
@@ -40,7 +39,7 @@ async def push_node(conn: Connection, copy: Copy, result: CopyResult) -> None:
         else:
             if copy.data is None:
                 copy.data = SourceData(req.python)
-            await StreamPush(nf, copy, Target(conn, result, python, copy.token)).run(home)
+            await StreamPush(nf, copy, Target(conn, result, python)).run(home)
             return
     await push_sftp(conn, copy, result)
 
@@ -52,7 +51,7 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
         prepare_pull(req)
     view = CopyView(len(hosts), live=req.progress, verb="received" if req.pull else "sent")
     # each source file read once per push, not once per node
-    copy = Copy(req, secrets.token_hex(4), view, sources, SourceData(req.python))
+    copy = Copy(req, view, sources, SourceData(req.python))
     results = {h.label: CopyResult(h.label) for h in hosts}
     sem = asyncio.Semaphore(req.fanout)
     if not req.pull and req.broadcast is not False:

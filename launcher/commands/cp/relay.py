@@ -217,9 +217,12 @@ class Broadcaster:
                     got = await read_json_line(proc, label, "cp relay")
             except (DtrainError, TimeoutError):
                 return None
-            for addr in got.get("refused", []):
-                render.note(f"{label}: cp relay refused a connection from {addr} "
+            refused = got.get("refused")  # the node caps it; this side shows 5 at most
+            for addr in (refused if isinstance(refused, list) else [])[:5]:
+                render.note(f"{label}: cp relay refused a connection from {str(addr)[:64]} "
                             "(wrong token)")
+            if isinstance(refused, list) and len(refused) > 5:
+                render.note(f"{label}: cp relay refused {len(refused) - 5} more")
             return bc.Outcome(bool(got.get("ok")), str(got.get("error", "")),
                               str(got.get("forward_error", "")))
 

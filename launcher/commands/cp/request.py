@@ -48,6 +48,7 @@ class CopyRequest:
     broadcast: bool | None = None  # None: on for large files that >= 3 nodes receive
     broadcast_min: int = bc.DEFAULT_MIN
     stream: bool = True  # push through dtrain's node program (False: SFTP only)
+    keep_setuid: bool = False  # pull -p: keep setuid/setgid bits (off: masked, 0o6000)
 
     def python_on(self, host: Host) -> str:
         """The interpreter of dtrain's node programs on this node."""
@@ -87,6 +88,8 @@ async def walk(fs: FileSystem, root: str) -> dict[str, Entry]:
     """The tree at root (lstat: links are listed, never followed), {} when absent.
 
     Directories of one level are listed concurrently (one round trip per level over SFTP).
+    A name that is not one path component (``..``, ``x/y``, NUL, empty), or one listed
+    twice, is a TransferError: the listing came from a node and is not acted on.
     """
     st = await fs.lstat(root)
     if st is None:
@@ -103,6 +106,10 @@ async def walk(fs: FileSystem, root: str) -> dict[str, Entry]:
         for d, names in zip(level, listings, strict=True):
             for name, est in names:
                 rel = f"{d}/{name}" if d else name
+                why = cpl.bad_name(name) or ("listed twice" if rel in tree else None)
+                if why:
+                    raise TransferError(f"the listing holds {name!r}: {why}; refused",
+                                        path=cpl.join(root, d))
                 tree[rel] = e = _entry(rel, est)
                 if e.kind == DIR:
                     nxt.append(rel)

@@ -5,7 +5,10 @@ node (``decide.copyplan.layout``), the tree at the destination listed (``walk``)
 ``plan_sync`` decides, and the ``Syncer`` carries it out: stale temps removed, extras
 deleted (``--delete``), directories made, files written to a temp name and renamed over the
 final one, symlinks likewise. Pull is the same machinery the other way round, each node's
-files under LOCALDIR/<host>/.
+files under LOCALDIR/<host>/, written only through ``ConfinedFileSystem`` (nothing outside
+that directory, no symlink followed below it, setuid/setgid bits dropped unless
+``--keep-setuid``). What the node lists and what its glob returns is checked first
+(``request.walk``, ``copyplan.bad_match``): a hostile name is that node's error.
 
 A temp name that is in flight is remembered until it is renamed; on any error or
 cancellation (Ctrl-C) the node's remaining temps are removed before the node task ends.
@@ -27,6 +30,7 @@ from launcher.decide.copyplan import DIR, LINK, Entry, SyncPlan
 from launcher.errors import DtrainError, TransferError
 from launcher.models import CopyResult
 from launcher.transports.base import Connection, FileStat, FileSystem
+from launcher.transports.confined import ConfinedFileSystem
 from launcher.transports.local import LocalFileSystem
 
 
@@ -64,8 +68,9 @@ class Syncer:
                 self.result.stale += 1
         for d in plan.delete:
             path = cpl.join(dst_root, d.rel)
-            if not cpl.inside(path, dst_root):  # by construction; never trust it blindly
-                raise AssertionError(f"refusing to delete {path} outside {dst_root}")
+            if not cpl.inside(path, dst_root):  # walk refuses such names; never trust it blindly
+                self._fail(TransferError(f"outside {dst_root}: not deleted", path=path))
+                continue
             rm = self.dst.fs.rmdir(path) if d.kind == DIR else self.dst.fs.remove(path)
             if await self.attempt(rm):
                 self.result.deleted += 1
@@ -189,7 +194,7 @@ async def push_sftp(conn: Connection, copy: Copy, result: CopyResult) -> None:
     python = req.python_on(conn.host)
     local = Side(LocalFileSystem(), Sums(None, req.python))
     remote = Side(fs, Sums(conn, python))
-    syncer = Syncer(local, remote, copy, Target(conn, result, python, copy.token))
+    syncer = Syncer(local, remote, copy, Target(conn, result, python))
     try:
         dest = cpl.remote_path(req.dest, await fs.home())
         try:
@@ -220,8 +225,10 @@ async def pull_node(conn: Connection, copy: Copy, result: CopyResult) -> None:
     fs = await conn.files()
     python = req.python_on(conn.host)
     remote = Side(fs, Sums(conn, python))
-    local = Side(LocalFileSystem(), Sums(None, req.python))
-    syncer = Syncer(remote, local, copy, Target(conn, result, python, copy.token))
+    mine = ConfinedFileSystem(os.path.join(os.path.abspath(req.dest), result.label),
+                              host=result.label, keep_setid=req.keep_setuid)
+    local = Side(mine, Sums(None, req.python))
+    syncer = Syncer(remote, local, copy, Target(conn, result, python))
     seen: set[str] = set()
     try:
         home = await fs.home()
@@ -230,6 +237,11 @@ async def pull_node(conn: Connection, copy: Copy, result: CopyResult) -> None:
             matches = await fs.glob(path) if cpl.has_glob(path) else [path]
             if not matches:
                 result.errors.append(f"{pattern}: no match")
+            bad = [(m, why) for m in matches if (why := cpl.bad_match(path, m))]
+            if bad:  # the node answered the pattern with a path that is not a match
+                result.errors += [f"{pattern}: the node's glob returned {m!r}: {why}; "
+                                  "refused" for m, why in bad]
+                continue
             for m in matches:
                 await _pull_one(syncer, fs, m, seen)
     finally:

@@ -8,6 +8,7 @@ there). Both engines (``stream``, ``sftp``) hand their large files to the broadc
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
@@ -26,7 +27,6 @@ class Copy:
     """One `dtrain cp` over every node."""
 
     req: CopyRequest
-    token: str  # names this copy's temps (``decide.copyplan.temp_name``)
     view: CopyView
     sources: Sequence[Source] = ()  # push: listed before connecting
     data: SourceData | None = None  # push: each source file read once for every node
@@ -46,11 +46,20 @@ class Target:
     conn: Connection | None  # the node (None: the launcher's own side)
     result: CopyResult
     python: str  # the interpreter of dtrain's node programs there
-    token: str
     temps: set[str] = field(default_factory=set)  # in flight: removed if interrupted
+    _named: dict[str, str] = field(default_factory=dict)
 
     def temp(self, final: str) -> str:
-        return cpl.temp_name(final, self.token)
+        """The temp name of ``final``: random per file (another user who sees one temp of
+        this copy cannot tell the next one's name), the same until ``renew``."""
+        tmp = self._named.get(final)
+        if tmp is None:
+            tmp = self._named[final] = cpl.temp_name(final, secrets.token_hex(8))
+        return tmp
+
+    def renew(self, final: str) -> None:
+        """The next ``temp(final)`` is a new name (the old temp may still exist)."""
+        self._named.pop(final, None)
 
 
 async def hand_off(bcast: Broadcaster, index: int, node: Target, entries: Sequence[Entry],
@@ -80,4 +89,5 @@ async def hand_off(bcast: Broadcaster, index: int, node: Target, entries: Sequen
         if outcome:
             render.note(f"{node.result.label}: {w.final}: broadcast failed: {outcome}; "
                         "sending it directly")
+        node.renew(w.final)  # the relay's temp may be left: created O_EXCL, a new name
         yield w.entry

@@ -4,6 +4,11 @@
 push stream"): the node's tree is listed (``walk``), ``plan_sync`` decides, and one ``apply``
 op carries the plan out with the files' bytes as one stream. Large files go to the
 broadcast first (directories are made before, so the relays can write into them).
+
+The node program's answers are a node's word: a line over ``MAX_LINE``, a line that is not
+a JSON object, a walk row that is not ``[rel, kind, size, mtime, mode, target]`` with a rel
+of single components under a listed directory, counts that are not integers: each is that
+node's error (``RemoteCommandError``), never an exception that stops the other nodes.
 """
 
 from __future__ import annotations
@@ -23,13 +28,72 @@ from launcher.commands.cp.shared import Copy, Target, hand_off
 from launcher.decide import copyplan as cpl
 from launcher.decide.copyplan import Entry, SyncPlan
 from launcher.errors import ConnectError, RemoteCommandError
-from launcher.job.remote import read_json_line, start_program
+from launcher.job.remote import MAX_LINE, read_json_line, start_program
 from launcher.transports.base import Connection, Process
 
 UNPACK_REPLY_S = 120.0  # an op's reply, once its data is sent (walk, hash, apply)
 UNPACK_IDLE_S = 60.0  # node side: silence inside an op's data
 UNPACK_WAIT_S = 3600.0  # node side: silence between ops (a broadcast may run meanwhile)
+_KINDS = (cpl.FILE, cpl.DIR, cpl.LINK, cpl.OTHER)
 
+
+def _bad(label: str, what: str) -> RemoteCommandError:
+    return RemoteCommandError(f"cp node program: {what}: refused", host=label)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _row(r: Any, label: str) -> Entry:
+    """One ``[rel, kind, size, mtime, mode, target]`` row a node sent, checked."""
+    if not (isinstance(r, list) and len(r) == 6 and isinstance(r[0], str)
+            and r[1] in _KINDS and all(_int(v) for v in r[2:5]) and isinstance(r[5], str)):
+        raise _bad(label, f"a walk row that is not [rel, kind, size, mtime, mode, target]: "
+                          f"{str(r)[:200]!r}")
+    why = cpl.bad_rel(r[0])
+    if why:
+        raise _bad(label, f"the walk lists {r[0]!r}: {why}")
+    return Entry(r[0], r[1], r[2], r[3], r[4] & 0o7777, r[5])
+
+
+def _check_tree(tree: Mapping[str, Entry], label: str) -> None:
+    """Every entry but the root is below a directory of the tree."""
+    for rel in tree:
+        parent = posixpath.dirname(rel)
+        if rel and (tree.get(parent) is None or tree[parent].kind != cpl.DIR):
+            raise _bad(label, f"the walk lists {rel!r}: not below a directory of the listing")
+
+
+def walk_tree(rows: Any, label: str) -> dict[str, Entry]:
+    """A walk answer's rows as the destination tree, every row checked (see the module
+    docstring)."""
+    if not isinstance(rows, list):
+        raise _bad(label, "a walk answer that is not a list")
+    tree: dict[str, Entry] = {}
+    for r in rows:
+        e = _row(r, label)
+        if e.rel in tree:
+            raise _bad(label, f"the walk lists {e.rel!r}: listed twice")
+        tree[e.rel] = e
+    _check_tree(tree, label)
+    return tree
+
+
+def checked_diff(reply: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """A diff answer with every row and path checked: ``differ`` and ``extra`` rows,
+    ``missing`` relative paths (see the module docstring)."""
+    missing = reply.get("missing")
+    rows = [reply.get("differ"), reply.get("extra")]
+    if not isinstance(missing, list) or not all(isinstance(r, list) for r in rows):
+        raise _bad(label, "a diff answer without its differ, missing and extra lists")
+    for rel in missing:
+        if not isinstance(rel, str) or cpl.bad_rel(rel):
+            raise _bad(label, f"a diff answer that misses {str(rel)[:200]!r}")
+    checked = [[_row(r, label) for r in part] for part in rows if isinstance(part, list)]
+    as_rows = [[[e.rel, e.kind, e.size, e.mtime, e.mode, e.target] for e in part]
+               for part in checked]
+    return {"differ": as_rows[0], "missing": missing, "extra": as_rows[1]}
 
 
 class NodeFiles:
@@ -65,9 +129,16 @@ class NodeFiles:
             if nl:
                 self._buf = rest
                 if line.lstrip().startswith(b"{"):
-                    got: dict[str, Any] = json.loads(line)
+                    try:
+                        got = json.loads(line)
+                    except ValueError:
+                        got = None
+                    if not isinstance(got, dict):
+                        raise _bad(self._label, "an answer that is not a JSON object")
                     return got
                 continue
+            if len(self._buf) > MAX_LINE:
+                raise _bad(self._label, f"an answer line longer than {MAX_LINE >> 20} MiB")
             chunk = await self._proc.read_stdout(1 << 20)
             if not chunk:
                 err = b""
@@ -142,6 +213,8 @@ class StreamPush:
         try:
             dest = cpl.remote_path(req.dest, home)
             kind = (await self.nf.call({"op": "stat", "path": dest})).get("kind")
+            if kind is not None and kind not in _KINDS:
+                raise _bad(result.label, f"a stat answer with kind {str(kind)[:50]!r}")
             sources = self.copy.sources
             try:
                 roots, make = cpl.layout([s.name for s in sources], [s.kind for s in sources],
@@ -171,19 +244,20 @@ class StreamPush:
         moves a few bytes back, not a row per file, and every node that matched shares
         one plan. ``--checksum`` lists the tree (its compare reads every mtime).
         """
-        req = self.copy.req
+        req, label = self.copy.req, self.node.result.label
         same = False  # the node's tree matched the source's rows everywhere
         if req.checksum:
-            rows = (await self.nf.call({"op": "walk", "root": root}))["tree"]
-            dst_tree = {r[0]: Entry(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
+            dst_tree = walk_tree((await self.nf.call({"op": "walk", "root": root})).get("tree"),
+                                 label)
         else:
-            reply = await self.nf.call({"op": "diff", "root": root,
-                                        "all_extras": req.delete},
-                                       encoded={"rows": src.manifest(preserve=req.preserve)})
+            reply = checked_diff(await self.nf.call(
+                {"op": "diff", "root": root, "all_extras": req.delete},
+                encoded={"rows": src.manifest(preserve=req.preserve)}), label)
             same = not (reply["differ"] or reply["missing"] or reply["extra"])
             if same and index in self.copy.unchanged:
                 return self.copy.unchanged[index], {}
             dst_tree = cpl.tree_from_diff(src.tree.values(), reply)
+            _check_tree(dst_tree, label)
         plan = cpl.plan_sync(src.tree.values(), dst_tree, checksum=req.checksum,
                              delete=req.delete, preserve=req.preserve)
         if same:
@@ -199,7 +273,10 @@ class StreamPush:
             rels = [e.rel for e in plan.compare]
             mine = await self.copy.data.sums.of([cpl.join(src_root, r) for r in rels])
             theirs = (await self.nf.call({"op": "hash", "paths": [cpl.join(root, r)
-                                                                  for r in rels]}))["sha256"]
+                                                                  for r in rels]})).get("sha256")
+            if not isinstance(theirs, dict) or not all(
+                    isinstance(v, str | None) for v in theirs.values()):
+                raise _bad(result.label, "a hash answer that is not {path: sha256}")
             cpl.resolve_compare(plan, dst_tree,
                                 {r: mine[cpl.join(src_root, r)] or "" for r in rels},
                                 {r: theirs.get(cpl.join(root, r)) for r in rels},
@@ -225,11 +302,17 @@ class StreamPush:
                                         self.copy.view, bad)
                   if entries else None)
         reply = await self.nf.call({"op": "apply", "root": root, **fields}, stream)
-        result.sent += int(reply["sent"])
-        result.sent_bytes += int(reply["sent_bytes"])
-        result.deleted += int(reply["deleted"])
-        result.stale += int(reply["stale"])
-        result.errors += [f"{p}: {m}" if p else str(m) for p, m in reply["errors"]]
+        counts = [reply.get(k) for k in ("sent", "sent_bytes", "deleted", "stale")]
+        errors = reply.get("errors")
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) \
+                or not isinstance(errors, list) \
+                or not all(isinstance(e, list) and len(e) == 2 for e in errors):
+            raise _bad(result.label, "an apply answer without its counts and errors")
+        result.sent += reply["sent"]
+        result.sent_bytes += reply["sent_bytes"]
+        result.deleted += reply["deleted"]
+        result.stale += reply["stale"]
+        result.errors += [f"{p}: {m}" if p else str(m) for p, m in errors]
         result.errors += bad
 
     async def _apply_plan(self, index: int, plan: SyncPlan, src_root: str,

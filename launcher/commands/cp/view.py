@@ -19,6 +19,7 @@ from typing import TextIO
 
 from launcher.models import CopyResult
 from launcher.output import render
+from launcher.output.termsafe import inert
 
 REDRAW_S = 0.2
 
@@ -89,7 +90,7 @@ class CopyView:
         self._clear()
         for e in r.errors:
             render.note(f"{r.label}: {e}", self.err)
-        self.out.write(summary_line(r) + "\n")
+        self.out.write(inert(summary_line(r)) + "\n")  # an unreachable node's reason: text
         self.out.flush()
         if self.live:
             self._draw()

@@ -43,6 +43,7 @@ from launcher.decide.fabric_checks import (
 from launcher.output.junit import ExtraCase
 from launcher.output.render import count, should_color
 from launcher.output.report import ERROR, FAILED, PASSED, SKIPPED, CommandReport, NodeResult
+from launcher.output.termsafe import inert
 
 
 def evaluate(g: Gathered) -> list[CheckResult]:
@@ -156,10 +157,11 @@ def render_plain(results: Sequence[CheckResult], stream: TextIO) -> None:
     """Aligned columns for pipes and CI logs: check, host, status, detail."""
     if not results:
         return
-    cw = max(len(r.check) for r in results)
-    hw = max(len(r.host) for r in results)
-    for r in results:
-        line = f"{r.check:<{cw}}  {r.host:<{hw}}  {LABELS[r.status]:<4}  {r.detail}"
+    rows = [(inert(r.check), inert(r.host), r.status, inert(r.detail)) for r in results]
+    cw = max(len(c) for c, _, _, _ in rows)
+    hw = max(len(h) for _, h, _, _ in rows)
+    for check, host, status, detail in rows:  # a node's text, every control inert
+        line = f"{check:<{cw}}  {host:<{hw}}  {LABELS[status]:<4}  {detail}"
         stream.write(line.rstrip() + "\n")
     stream.flush()
 
@@ -176,8 +178,8 @@ def render_rich(results: Sequence[CheckResult], title: str, stream: TextIO | Non
         table.add_column(column, overflow="fold")
     previous = None
     for r in results:
-        table.add_row(r.check if r.check != previous else "", escape(r.host),
-                      f"[{STYLES[r.status]}]{LABELS[r.status]}[/]", escape(r.detail))
+        table.add_row(inert(r.check) if r.check != previous else "", escape(inert(r.host)),
+                      f"[{STYLES[r.status]}]{LABELS[r.status]}[/]", escape(inert(r.detail)))
         previous = r.check
     Console(file=stream or sys.stdout, force_terminal=True).print(table)
 

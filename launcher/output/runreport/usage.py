@@ -67,7 +67,8 @@ def sample_values(rec: Mapping[str, Any]) -> dict[str, float]:
     gpus = rec.get("gpus")
     if isinstance(gpus, list):
         utils = [u for g in gpus if isinstance(g, Mapping)
-                 for u in [_first(g, "util", "utilization", "gpu_util", "utilization_gpu")]
+                 for u in [_first(g, "util", "utilization", "gpu_util", "utilization_gpu",
+                                  "util_pct")]
                  if u is not None]
         if utils:
             out["gpu_util"] = sum(utils) / len(utils)
@@ -79,14 +80,17 @@ def sample_values(rec: Mapping[str, Any]) -> dict[str, float]:
             out["gpu_mem"] = 100.0 * sum(u for u, _ in pairs) / sum(t for _, t in pairs)
     cpu = _percent(rec.get("cpu"), ("used",), ("total",), ("busy", "util", "percent", "pct"))
     if cpu is None:
-        cpu = _first(rec, "cpu_busy", "cpu_percent", "cpu_util")
+        cpu = _first(rec, "cpu_busy", "cpu_percent", "cpu_util", "cpu_pct")
     if cpu is not None:
         out["cpu"] = cpu
     mem = _percent(rec.get("mem"), ("used", "used_bytes", "used_kb", "used_mib"),
                    ("total", "total_bytes", "total_kb", "total_mib"), ("percent", "pct", "util"))
+    if mem is None:  # dtrain's sampler: flat bytes (docs/output-and-archive.md)
+        m_used, m_total = _first(rec, "mem_used"), _first(rec, "mem_total")
+        mem = 100.0 * m_used / m_total if m_used is not None and m_total else None
     if mem is not None:
         out["mem"] = mem
-    nic = rec.get("nic")
+    nic = rec.get("nic", rec.get("net"))  # "net": dtrain's sampler
     if isinstance(nic, list):  # one entry per interface
         rates = [sample_values({"nic": n}).get("nic") for n in nic]
         if any(r is not None for r in rates):

@@ -13,6 +13,7 @@ from asyncssh.config import SSHClientConfig
 
 from launcher.errors import ConnectError
 from launcher.models import Host
+from launcher.transports.ssh.configreplay import config_class
 from launcher.transports.ssh.settings import SSHSettings
 
 MAX_JUMP_DEPTH = 8
@@ -83,10 +84,12 @@ class ParsedConfigOptions(asyncssh.SSHClientConnectionOptions):
 
 
 def load_host_config(settings: SSHSettings, host: Host) -> SSHClientConfig:
-    """~/.ssh/config as it applies to one host (HostName, ProxyJump, known_hosts files...)."""
+    """~/.ssh/config as it applies to one host (HostName, ProxyJump, known_hosts files...),
+    through the replay of the file's split lines where it mirrors this asyncssh
+    (configreplay.py)."""
     path = settings.config_path
     paths = [str(path)] if path.is_file() else []
-    return cast(SSHClientConfig, SSHClientConfig.load(
+    return cast(SSHClientConfig, config_class().load(
         None, paths, False, False, False, getpass.getuser(), host.user or (), host.name,
         host.port or ()))
 

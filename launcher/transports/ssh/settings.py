@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.transports.ssh.hostkeys import HostKeyPolicy
+if TYPE_CHECKING:  # imported where a policy is made: building settings needs no asyncssh
+    from launcher.transports.ssh.hostkeys import HostKeyPolicy
 
 DTRAIN_KEY_NAME = "id_ed25519_dtrain"
 DEFAULT_KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -59,6 +60,8 @@ class SSHSettings:
     def host_key_policy(self, config: Any = None, accept_new: bool | None = None
                         ) -> HostKeyPolicy:
         """The policy for one host: UserKnownHostsFile/GlobalKnownHostsFile from its config."""
+        from launcher.transports.ssh.hostkeys import HostKeyPolicy
+
         users: Sequence[Path] = self.known_hosts_files
         globs: Sequence[Path] = self.global_known_hosts
         if config is not None:

@@ -122,7 +122,8 @@ class SFTPFileSystem(FileSystem):
     async def open_write(self, path: str, mode: int) -> AsyncIterator[Writer]:
         attrs = asyncssh.SFTPAttrs(permissions=mode)
         with map_sftp_errors(self._label, path):
-            f = await self._sftp.open(path, "wb", attrs, encoding=None)
+            # "x": a new file (SSH_FXF_EXCL), never one that is there: cp writes random temps
+            f = await self._sftp.open(path, "xb", attrs, encoding=None)
         try:
             yield _SFTPWriter(f, self._label, path)
         finally:

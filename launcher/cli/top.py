@@ -1,0 +1,137 @@
+"""`dtrain top`: the cluster and a run at a glance, live; the slow node named."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import (
+    DEFAULT_ARCHIVE_DIR,
+    AcceptNewOpt,
+    ArchiveDirOpt,
+    ConnectTimeoutOpt,
+    ExcludeOpt,
+    FanoutOpt,
+    HostfileOpt,
+    HostsOpt,
+    IncludeOpt,
+    TransportOpt,
+    resolve,
+    run_body,
+    ssh_settings,
+)
+from launcher.cli.completion import complete_run_id
+from launcher.cli.watching import StragglerHoldOpt, StragglerRatioOpt, StragglerWindowOpt
+
+IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # what Linux allows in an interface name
+SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"
+
+
+def top_cmd(
+    run: Annotated[str | None, typer.Argument(
+        autocompletion=complete_run_id,
+        help="A run (id, unique prefix or directory) to follow: its ranks, step rate and "
+             "stragglers beside each node. Its hosts, unless -f/-H names others.")] = None,
+    hostfile: HostfileOpt = None,
+    hosts: HostsOpt = None,
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.2, max=60, help="Seconds between samples and redraws.")
+                        ] = 1.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one plain snapshot and exit "
+                                       "(0: every node answered, 255: some did not).")
+                    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="A stream of dtrain.top/1 documents, "
+                                          "one JSON line per interval (with --once: one).")
+                       ] = False,
+    count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after N snapshots "
+                                              "(--json or a pipe).")] = None,
+    sort: Annotated[str, typer.Option("--sort", help=f"Sort column: {SORTS}.")] = "node",
+    reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the sort.")] = False,
+    filter_: Annotated[str, typer.Option("--filter", help="Only hosts matching: a substring, "
+                                         "a glob or a folded set (node[1-8]).")] = "",
+    fold: Annotated[bool, typer.Option("--fold", help="Fold nodes that look the same into one "
+                                       "row (node[01-60] (60) ... idle).")] = False,
+    iface: Annotated[list[str] | None, typer.Option(
+        "--iface", help="Network interface for NET rx/tx (repeatable; default: a run's "
+                        "NCCL/GLOO interface, else the one towards this machine).")] = None,
+    no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not start nvidia-smi on the "
+                                         "nodes.")] = False,
+    straggler_window: StragglerWindowOpt = 30.0,
+    straggler_hold: StragglerHoldOpt = 30.0,
+    straggler_ratio: StragglerRatioOpt = 2.0,
+    progress: Annotated[str | None, typer.Option(
+        "--progress", help="REGEX: a run's progress lines, for its step rate (default: the "
+                           "one hang detection uses: step, iteration, epoch, loss lines and "
+                           "progress bars).")] = None,
+    fanout: FanoutOpt = 64,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    accept_new: AcceptNewOpt = False,
+    transport: TransportOpt = "auto",
+    python: Annotated[str, typer.Option("--python", help="Interpreter for dtrain's node "
+                                        "sampler (any Python >= 3.8).")] = "python3",
+    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
+                                               "on or off (default: on a terminal).")] = None,
+) -> None:
+    """Every node's GPUs, CPU, memory and network, live; for a run also its ranks, step rate
+    and stragglers. Keys: s sort, r reverse, / filter, f fold, q quit.
+
+    On a terminal a full-screen view; piped, plain snapshots; --once one snapshot; --json
+    a stream of dtrain.top/1 documents (docs/top.md).
+    """
+    def body() -> int:
+        from launcher.commands.top import TopRequest, run_top
+        from launcher.commands.top.view import SORT_KEYS, ViewOptions
+        from launcher.decide.stragglers import StragglerSettings
+        from launcher.errors import UsageError
+        from launcher.nodeside.wire import check_value
+
+        check_value(python, "--python", python=True)
+        for name in iface or ():
+            if not IFACE.match(name):
+                raise UsageError(f"--iface {name!r}: not an interface name",
+                                 hint="a name as `ip link` shows it, e.g. ens1f0")
+        if sort not in SORT_KEYS:
+            raise UsageError(f"--sort {sort!r}: not a column", hint=f"one of {SORTS}")
+        if progress is not None:
+            from launcher.decide.hang import compile_progress
+
+            compile_progress(progress)  # a bad pattern: exit 2 before anything connects
+        view = ViewOptions(sort=sort, reverse=reverse, filter=filter_, fold=fold)
+        req = TopRequest(interval=interval, once=once, as_json=as_json, count=count,
+                         view=view, color=color, python=python, transport=transport,
+                         fanout=fanout, connect_timeout=connect_timeout,
+                         ifaces=tuple(iface or ()), gpu=not no_gpu, progress=progress,
+                         stragglers=StragglerSettings(window=straggler_window,
+                                                      hold=straggler_hold,
+                                                      ratio=straggler_ratio))
+        settings = ssh_settings(connect_timeout, accept_new)
+        from pathlib import Path
+
+        from launcher.commands.top import latest_live_run, run_top_for_run
+        from launcher.errors import HostfileError
+
+        target = run
+        try:
+            host_list = resolve(hostfile, hosts, include, exclude) if run is None else None
+        except HostfileError:
+            if hostfile is not None or hosts is not None:
+                raise
+            # no hosts anywhere: the latest running run, if there is one
+            target = latest_live_run(Path(archive_dir))
+            if target is None:
+                raise HostfileError("no hosts given and no running run in "
+                                    f"{archive_dir}", hint="use -f FILE or -H EXPR, or name "
+                                    "a run: dtrain top RUN") from None
+        if target is not None:
+            return run_top_for_run(Path(archive_dir), target, req, settings,
+                                   hostfile=hostfile, hosts=hosts, include=include,
+                                   exclude=exclude)
+        assert host_list is not None
+        return run_top(host_list, req, settings)
+
+    run_body(body)

@@ -1,0 +1,130 @@
+"""One probe per node for a whole preflight: facts first, then ops on the same program.
+
+`dtrain run`'s preflight asks every node three things: its facts, now and then the route
+to another candidate master address, and whether node 0's master port is reachable from
+it. Each used to be a node program of its own (three interpreters on node 0, two on every
+other node, one after the other). ``NodeProbes`` starts probe.py once per node in
+``facts`` mode with ``stay``: after the facts line it answers one JSON op a line
+(``routes``, ``listen``, ``connect``; nodeside/probe.py) until the launcher closes its
+stdin (issue 26: what `dtrain run` adds before the first rank line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from launcher.aio import cleanup
+from launcher.decide.checks import PYTHON_FIX, fold_by_message
+from launcher.decide.facts import NodeFacts, Route
+from launcher.decide.plan import RunRequest
+from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
+from launcher.job.remote import read_json_line, start_program
+from launcher.transports.base import Connection, Process
+
+CLOSE_S = 5.0  # bound on the probes' exit after EOF
+
+
+async def gather_named(coros: Mapping[str, Any]) -> None:
+    """Run per-host coroutines; raise one PreflightFailed listing every host that failed,
+    in the given (hostfile) order, hosts with the same failure folded."""
+    failures: dict[str, str] = {}
+
+    async def guard(label: str, coro: Any) -> None:
+        try:
+            await coro
+        except DtrainError as exc:
+            failures[label] = exc.message
+
+    async with asyncio.TaskGroup() as tg:
+        for label, coro in coros.items():
+            tg.create_task(guard(label, coro), name=f"probe:{label}")
+    if failures:
+        error = PreflightFailed(fold_by_message((h, failures[h]) for h in coros
+                                                if h in failures), hint=PYTHON_FIX)
+        error.hosts = tuple(h for h in coros if h in failures)  # a restarting run fences them
+        raise error
+
+
+class NodeProbes:
+    """probe.py running on every node from the facts to the end of the preflight."""
+
+    def __init__(self, req: RunRequest, timeout: float) -> None:
+        self._req = req
+        self._timeout = timeout
+        self._procs: dict[str, Process] = {}
+
+    async def facts(self, conns: Mapping[str, Connection], targets: Sequence[str]
+                    ) -> dict[str, NodeFacts]:
+        """Start the probe on every node; each node's facts (routes towards ``targets``)."""
+        req = self._req
+        params = {"mode": "facts", "workdir": req.workdir, "targets": list(targets),
+                  "entry": {"name": req.script, "module": req.module}, "stay": True}
+        results: dict[str, NodeFacts] = {}
+
+        async def one(label: str, conn: Connection) -> None:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    proc = await start_program(conn, "probe", params,
+                                               python=conn.host.python or req.python,
+                                               setup=req.setup)
+                    self._procs[label] = proc
+                    raw = await read_json_line(proc, label, "probe")
+            except TimeoutError:
+                raise RemoteCommandError(f"the probe did not answer within "
+                                         f"{self._timeout:g} s", host=label) from None
+            results[label] = NodeFacts.from_json(raw)
+
+        await gather_named({label: one(label, c) for label, c in conns.items()})
+        return results
+
+    async def ask(self, label: str, op: Mapping[str, Any]) -> dict[str, Any]:
+        """One op to a node's probe and its answer (a DtrainError naming the node when the
+        probe is gone or silent for the probe timeout)."""
+        proc = self._procs[label]
+        try:
+            async with asyncio.timeout(self._timeout):
+                await proc.write(json.dumps(dict(op)).encode() + b"\n")
+                return await read_json_line(proc, label, f"probe ({op.get('op')})")
+        except TimeoutError:
+            raise RemoteCommandError(f"the probe did not answer {op.get('op')} within "
+                                     f"{self._timeout:g} s", host=label) from None
+        except (ConnectionError, OSError) as exc:
+            raise RemoteCommandError(f"the probe's channel closed ({exc})",
+                                     host=label) from None
+
+    async def routes(self, facts: Mapping[str, NodeFacts], targets: Sequence[str]
+                     ) -> dict[str, NodeFacts]:
+        """These nodes' facts with their routes towards ``targets`` added (the probes that
+        already reported the facts answer; no new program)."""
+        out: dict[str, NodeFacts] = {}
+
+        async def one(label: str) -> None:
+            got = await self.ask(label, {"op": "routes", "targets": list(targets)})
+            if not got.get("ok"):
+                raise RemoteCommandError(f"probe: {got.get('error')}", host=label)
+            routes = {str(k): Route.from_json(str(k), v if isinstance(v, dict) else {})
+                      for k, v in dict(got.get("routes") or {}).items()}
+            out[label] = dataclasses.replace(facts[label],
+                                             routes={**facts[label].routes, **routes})
+
+        await gather_named({label: one(label) for label in facts})
+        return out
+
+    async def aclose(self) -> None:
+        """End every probe: EOF on its stdin (a listening port is released), its exit
+        awaited for at most CLOSE_S, then the channel dropped."""
+        procs, self._procs = list(self._procs.values()), {}
+
+        async def end(proc: Process) -> None:
+            try:
+                proc.write_eof()
+                await proc.wait()
+            finally:
+                proc.abort()
+
+        await cleanup(asyncio.gather(*(end(p) for p in procs), return_exceptions=True),
+                      CLOSE_S)

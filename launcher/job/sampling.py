@@ -1,0 +1,248 @@
+"""The node sampler's channel, seen from the launcher: start it, read its samples, keep it fed.
+
+One ``NodeSampler`` per node runs ``nodeside/sampler.py`` over a connection (a channel of
+its own: for ``dtrain run`` the job's connection, beside the supervisor's channel), reads
+its JSON lines and hands each sample to a callback. It writes a heartbeat line every
+``hb_timeout / 4`` s; the sampler leaves when they stop (a cut network) or at EOF.
+
+``follow`` (``dtrain top``) keeps one going per node for as long as the view lives: it
+connects, and when a node's samples stop (``lost_after``) it says so, and after
+``reconnect_after`` it drops the channel and connects again, every ``retry`` s, without
+ever stopping the others. ``dtrain run`` uses ``NodeSampler.run`` once per node and never
+retries: the job decides what a lost node means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.errors import DtrainError
+from launcher.job.orchestrate import connect_one
+from launcher.job.remote import start_program
+from launcher.models import Host
+from launcher.nodeside import wire
+from launcher.transports.base import Connection, Process, Transport
+
+SampleSink = Callable[[str, dict[str, Any]], None]
+StateSink = Callable[[str, str, str | None], None]  # host, state, why
+# node states as the views show them
+CONNECTING, OK, LOST, UNREACHABLE = "connecting", "ok", "lost", "unreachable"
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    """What one node's sampler is asked for (JSON over the channel: data, not shell)."""
+
+    interval: float = 1.0
+    first: float | None = None  # the first sample after this many seconds (default interval)
+    run_id: str | None = None
+    ranks: tuple[int, ...] | None = None
+    ifaces: tuple[str, ...] = ()
+    hb_timeout: float = 30.0
+    gpu: bool = True
+
+    def wire(self) -> dict[str, object]:
+        return {"mode": "sample", "v": 1, "interval": self.interval,
+                "first": self.first if self.first is not None else self.interval,
+                "run_id": self.run_id, "ranks": list(self.ranks) if self.ranks else None,
+                "ifaces": list(self.ifaces), "hb_timeout": self.hb_timeout, "gpu": self.gpu}
+
+
+class NodeSampler:
+    """One node's sampler channel."""
+
+    def __init__(self, conn: Connection, params: SamplerParams, on_sample: SampleSink, *,
+                 python: str = "python3") -> None:
+        self.conn = conn
+        self.label = conn.host.label
+        self.params = params
+        self.on_sample = on_sample
+        self.python = python
+        self.proc: Process | None = None
+        self.hello: dict[str, Any] | None = None
+        self.last_sample = 0.0  # monotonic time of the last sample (0: none yet)
+        self.error: str | None = None
+
+    async def run(self) -> str | None:
+        """Sample until the channel ends; returns why it ended (None: asked to)."""
+        try:
+            self.proc = await start_program(self.conn, "sampler", self.params.wire(),
+                                            python=self.python)
+        except DtrainError as exc:
+            self.error = exc.message
+            return self.error
+        try:
+            async with asyncio.TaskGroup() as tg:
+                beat = tg.create_task(self._heartbeat(), name=f"{self.label}:sampler-hb")
+                why = await self._read()
+                beat.cancel()
+        finally:
+            self.abort()
+        self.error = why
+        return why
+
+    def abort(self) -> None:
+        """Drop the channel (the sampler sees EOF and leaves)."""
+        if self.proc is not None:
+            self.proc.abort()
+
+    async def set_interval(self, seconds: float) -> None:
+        await self._send(wire.control("interval", s=seconds))
+
+    async def stop(self) -> None:
+        await self._send(wire.control("stop"))
+
+    async def _send(self, line: bytes) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+            async with asyncio.timeout(5):
+                await self.proc.write(line)
+
+    async def _heartbeat(self) -> None:
+        every = max(0.5, self.params.hb_timeout / 4) if self.params.hb_timeout > 0 else 5.0
+        while True:
+            await self._send(wire.control("hb"))
+            await asyncio.sleep(every)
+
+    async def _read(self) -> str | None:
+        assert self.proc is not None
+        buf = b""
+        while True:
+            chunk = await self.proc.read_stdout(65536)
+            if not chunk:
+                return await self._ended()
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        if not line.lstrip().startswith(b"{"):
+            return  # what a chatty login shell printed before the sampler started
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(msg, dict):
+            return
+        if msg.get("type") == "hello":
+            self.hello = msg
+        elif msg.get("type") == "sample":
+            self.last_sample = time.monotonic()
+            self.on_sample(self.label, msg)
+
+    async def _ended(self) -> str:
+        err = b""
+        assert self.proc is not None
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1):
+                while chunk := await self.proc.read_stderr(65536):
+                    err += chunk
+        lines = err.decode(errors="replace").strip().splitlines()
+        if self.hello is None:
+            return lines[-1] if lines else "the sampler ended before it started"
+        return lines[-1] if lines else "the sampler's channel closed"
+
+
+@dataclass
+class NodeState:
+    """What a view knows about one node's sampling."""
+
+    host: Host
+    state: str = CONNECTING
+    error: str | None = None
+    since: float = field(default_factory=time.time)  # when the state began (wall clock)
+
+
+@dataclass(frozen=True)
+class FollowPolicy:
+    """How ``follow`` treats silence and failures (seconds)."""
+
+    connect_timeout: float = 10.0
+    lost_after: float = 5.0  # no sample this long: the node shows as lost
+    reconnect_after: float = 15.0  # ... and this long: drop the channel, connect again
+    retry: float = 5.0  # between connection attempts to an unreachable node
+    fanout: int = 64
+
+
+async def follow(transport: Transport, hosts: Sequence[Host], params: SamplerParams,
+                 on_sample: SampleSink, on_state: StateSink, policy: FollowPolicy,
+                 python: Mapping[str, str], per_host: Mapping[str, SamplerParams] | None = None
+                 ) -> None:
+    """Keep a sampler running on every host until cancelled (the view quits)."""
+    sem = asyncio.Semaphore(policy.fanout)
+    async with asyncio.TaskGroup() as tg:
+        for host in hosts:
+            p = (per_host or {}).get(host.label, params)
+            tg.create_task(_follow_one(transport, host, p, on_sample, on_state, policy,
+                                       python.get(host.label, "python3"), sem),
+                           name=f"top:{host.label}")
+
+
+async def _follow_one(transport: Transport, host: Host, params: SamplerParams,
+                      on_sample: SampleSink, on_state: StateSink, policy: FollowPolicy,
+                      python: str, sem: asyncio.Semaphore) -> None:
+    label = host.label
+    while True:
+        on_state(label, CONNECTING, None)
+        try:
+            async with sem:
+                conn = await connect_one(transport, host, policy.connect_timeout)
+        except DtrainError as exc:
+            on_state(label, UNREACHABLE, exc.message)
+            await asyncio.sleep(policy.retry)
+            continue
+        except TimeoutError:
+            on_state(label, UNREACHABLE,
+                     f"timed out connecting after {policy.connect_timeout:g} s")
+            await asyncio.sleep(policy.retry)
+            continue
+        try:
+            why = await _watch(conn, params, on_sample, on_state, policy, python)
+        finally:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await conn.aclose()
+        on_state(label, LOST, why)
+        await asyncio.sleep(policy.retry)
+
+
+async def _watch(conn: Connection, params: SamplerParams, on_sample: SampleSink,
+                 on_state: StateSink, policy: FollowPolicy, python: str) -> str | None:
+    """One sampler channel: OK while samples come, LOST when they stop; returns why it
+    ended (the channel closed, or silence past ``reconnect_after``)."""
+    label = conn.host.label
+    shown = [CONNECTING]
+
+    def sample(host: str, msg: dict[str, Any]) -> None:
+        if shown[0] != OK:
+            shown[0] = OK
+            on_state(label, OK, None)
+        on_sample(host, msg)
+
+    sampler = NodeSampler(conn, params, sample, python=python)
+    started = time.monotonic()
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(sampler.run(), name=f"{label}:sampler")
+        while not task.done():
+            await asyncio.wait([task], timeout=min(1.0, policy.lost_after / 2))
+            if task.done():
+                break
+            # before its first sample the sampler may take connect_timeout to start
+            grace = 0.0 if sampler.last_sample else policy.connect_timeout
+            silent = time.monotonic() - (sampler.last_sample or started)
+            if silent > policy.reconnect_after + grace:
+                sampler.abort()
+                task.cancel()
+                return f"no sample for {silent:.0f} s (node or network down)"
+            if silent > policy.lost_after + grace and shown[0] != LOST:
+                shown[0] = LOST
+                on_state(label, LOST, f"no sample for {silent:.0f} s")
+    return task.result()

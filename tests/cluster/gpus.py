@@ -1,0 +1,127 @@
+"""The fake-GPU trap: some nodes have an ``nvidia-smi`` on PATH that prints fixed readings.
+
+Nodes 4, 6, 8, ... (``is_gpu_node``) get ``<state>/node<k>/gpubin/nvidia-smi`` bind-mounted
+(the directory) over ``/usr/games`` inside the node's mount namespace: that directory is on
+the default PATH sshd gives a session (``/usr/local/bin:/usr/bin:/bin:/usr/games``) and empty
+on Debian, so nothing else is hidden. Nodes 1-3 keep no nvidia-smi at all (the first-hour
+tests expect ``nvidia-smi: command not found`` there), so a view must show them CPU only.
+
+The fake answers what dtrain's sampler asks (``--query-gpu=F,... --format=csv,noheader,
+nounits [-lms N | -l N]``) and ``-L``, field by field from ``FAKE_GPUS``, and refuses an
+unknown field as the real one does (``Field "x" is not a valid field to query.``, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+MOUNT_POINT = "/usr/games"
+
+# what every GPU node's fake prints: two GPUs, fixed readings (tests compare them exactly)
+FAKE_GPUS: tuple[dict[str, object], ...] = (
+    {"index": 0, "name": "NVIDIA H100 80GB HBM3",
+     "uuid": "GPU-00000000-0000-0000-0000-0000000000a0",
+     "utilization.gpu": 37, "memory.used": 1024, "memory.total": 81559, "temperature.gpu": 41,
+     "power.draw": 123.45, "power.limit": 700.00},
+    {"index": 1, "name": "NVIDIA H100 80GB HBM3",
+     "uuid": "GPU-00000000-0000-0000-0000-0000000000a1",
+     "utilization.gpu": 81, "memory.used": 40960, "memory.total": 81559, "temperature.gpu": 45,
+     "power.draw": 456.70, "power.limit": 700.00},
+)
+
+_SCRIPT = '''#!/usr/bin/python3 -I
+"""Fake nvidia-smi of the dtrain test cluster (tests/cluster/gpus.py): fixed readings."""
+import sys, time
+GPUS = {gpus}
+args = sys.argv[1:]
+query, fmt, loop = None, "csv", None
+i = 0
+while i < len(args):
+    a = args[i]
+    if a.startswith("--query-gpu="):
+        query = a.split("=", 1)[1].split(",")
+    elif a.startswith("--format="):
+        fmt = a.split("=", 1)[1]
+    elif a in ("-lms", "-l") and i + 1 < len(args):
+        loop = float(args[i + 1]) / (1000.0 if a == "-lms" else 1.0)
+        i += 1
+    elif a == "-L":
+        for g in GPUS:
+            print("GPU %d: %s (UUID: %s)" % (g["index"], g["name"], g["uuid"]))
+        sys.exit(0)
+    i += 1
+if query is None:
+    print("fake nvidia-smi: only --query-gpu and -L are answered")
+    sys.exit(0)
+for f in query:
+    if f != "count" and f not in GPUS[0]:
+        print('Field "%s" is not a valid field to query.' % f)
+        sys.exit(2)
+units = "nounits" in fmt
+def value(g, f):
+    v = len(GPUS) if f == "count" else g[f]
+    if isinstance(v, float):
+        v = "%.2f" % v
+    if not units and f.startswith("memory."):
+        return "%s MiB" % v
+    if not units and f.startswith("power."):
+        return "%s W" % v
+    if not units and f == "utilization.gpu":
+        return "%s %%" % v
+    return str(v)
+try:
+    while True:
+        if "noheader" not in fmt:
+            print(", ".join(query))
+        for g in GPUS:
+            print(", ".join(value(g, f) for f in query))
+        sys.stdout.flush()
+        if loop is None:
+            break
+        time.sleep(loop)
+except (BrokenPipeError, KeyboardInterrupt):
+    sys.exit(0)
+'''
+
+
+def is_gpu_node(k: int) -> bool:
+    """Nodes 4, 6, 8, ...: the ones with the fake nvidia-smi."""
+    return k >= 4 and k % 2 == 0
+
+
+def script_text() -> str:
+    """The fake's source (its readings embedded)."""
+    return _SCRIPT.format(gpus=json.dumps(list(FAKE_GPUS)))
+
+
+def _mounted(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/mountinfo").read_text()
+    except OSError:
+        return False
+    return any(line.split()[4] == MOUNT_POINT for line in text.splitlines()
+               if len(line.split()) > 4)
+
+
+def ensure(nodes: Iterable[tuple[int, Path, int | None]]) -> None:
+    """Install the fake on every GPU node: ``(k, node dir, sshd pid)``; idempotent."""
+    text = script_text()
+    for k, node_dir, pid in nodes:
+        if not is_gpu_node(k) or pid is None:
+            continue
+        gpubin = node_dir / "gpubin"
+        gpubin.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(gpubin, 0o755)
+        fake = gpubin / "nvidia-smi"
+        if not fake.exists() or fake.read_text() != text:
+            tmp = gpubin / ".nvidia-smi.tmp"
+            tmp.write_text(text)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, fake)
+        if not _mounted(pid):
+            subprocess.run(["nsenter", "-t", str(pid), "-m", "mount", "--bind", str(gpubin),
+                            MOUNT_POINT], check=True, capture_output=True)

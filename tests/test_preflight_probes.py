@@ -1,0 +1,117 @@
+"""`dtrain run`'s preflight runs one probe per node from the facts to the master-port check
+(job/probes.py, probe.py's ``facts`` + ``stay``), here on local connections (no cluster;
+tests/test_run.py covers the same preflight on real nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from launcher.decide.plan import RunOptions, RunRequest
+from launcher.job.preflight import preflight
+from launcher.models import Host
+from launcher.nodeside import wire
+from launcher.transports.base import Process
+from launcher.transports.local import LocalConnection
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Counted(LocalConnection):
+    """A local 'node' that counts the programs started on it."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self.started: list[str] = []
+
+    async def start(self, command: str) -> Process:
+        self.started.append(command)
+        return await super().start(command)
+
+
+def _preflight(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
+               ) -> tuple[Any, dict[str, Counted]]:
+    # every "node" here is this machine, where any address is local to the workers too,
+    # which choose_master rightly refuses: take its first candidate instead
+    from launcher.job import preflight as pf
+
+    def first(candidates: Any, routes: Any) -> Any:
+        return SimpleNamespace(addr=candidates[0], reason="test", warning=None)
+
+    monkeypatch.setattr(pf, "choose_master", first)
+    hosts = [Host(f"n{i}") for i in range(3)]
+    conns = {h.label: Counted(h) for h in hosts}
+    req = RunRequest(script="examples/ddp_smoke.py", python=sys.executable,
+                     workdir=str(REPO), master_addr=master_addr)
+    pre = asyncio.run(preflight(dict(conns), hosts, req, RunOptions(preflight=False,
+                                                                    probe_timeout=60)))
+    return pre, conns
+
+
+def test_one_probe_per_node_for_facts_routes_and_the_master_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for addr in ("127.0.0.1", None):  # None: the master is picked from node 0's addresses
+        pre, conns = _preflight(addr, monkeypatch)
+        assert pre.master_port > 0 and pre.master_addr, pre
+        assert [len(c.started) for c in conns.values()] == [1, 1, 1], addr
+        assert all(pre.master_addr in pre.facts[f"n{i}"].routes for i in (1, 2))
+
+
+def _staying_probe() -> subprocess.Popen[bytes]:
+    cmd = wire.remote_command(sys.executable)
+    proc = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env={**os.environ})
+    assert proc.stdin is not None
+    params = {"mode": "facts", "targets": ["127.0.0.1"], "stay": True}
+    proc.stdin.write(wire.payload(wire.program_source("probe")) + json.dumps(params).encode()
+                     + b"\n")
+    proc.stdin.flush()
+    return proc
+
+
+def _answer(proc: subprocess.Popen[bytes], op: dict[str, Any] | None = None) -> Any:
+    assert proc.stdin is not None and proc.stdout is not None
+    if op is not None:
+        proc.stdin.write(json.dumps(op).encode() + b"\n")
+        proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def test_a_staying_probe_answers_each_op_and_holds_the_port_until_eof() -> None:
+    master, worker = _staying_probe(), _staying_probe()
+    try:
+        assert _answer(master)["mode"] == "facts" and _answer(worker)["mode"] == "facts"
+        bound = _answer(master, {"op": "listen", "addr": "127.0.0.1", "port": 0})
+        assert bound["ok"] and bound["port"] > 0
+        again = _answer(master, {"op": "listen", "addr": "127.0.0.1", "port": 0})
+        assert again["ok"] is False  # one listen per probe
+        ok = _answer(worker, {"op": "connect", "addr": "127.0.0.1", "port": bound["port"],
+                              "timeout": 5})
+        assert ok["ok"], ok
+        routes = _answer(worker, {"op": "routes", "targets": ["127.0.0.1", "nope"]})
+        assert routes["ok"] and routes["routes"]["127.0.0.1"]["dev"] == "lo"
+        assert routes["routes"]["nope"]["type"] == "invalid"
+        assert _answer(worker, {"op": "mystery"})["ok"] is False
+    finally:
+        for p in (master, worker):
+            assert p.stdin is not None
+            p.stdin.close()
+            assert p.wait(timeout=30) == 0
+    closed = _staying_probe()
+    try:
+        _answer(closed)
+        refused = _answer(closed, {"op": "connect", "addr": "127.0.0.1",
+                                   "port": bound["port"], "timeout": 5})
+        assert refused["ok"] is False  # the master's probe ended: its port is released
+    finally:
+        assert closed.stdin is not None
+        closed.stdin.close()
+        closed.wait(timeout=30)

@@ -1,0 +1,110 @@
+"""The launcher's stop policy, without nodes (issue 24 items 1 and 3; the cluster half is
+tests/test_graceful_stop.py): which interrupts escalate, and how a rank asked to stop is
+reported."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from launcher.job.orchestrate import Job, Policy
+from tests.test_failures import _node, _outcome
+
+
+class _Router:
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def chunk(self, *a: object) -> None:
+        pass
+
+    def flush(self, host: str) -> None:
+        pass
+
+    def say(self, host: str, text: str) -> None:
+        self.said.append(text)
+
+
+class _TaskGroup:
+    """Records what the policy starts (stop_all / kill) without running it."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def create_task(self, coro: Coroutine[Any, Any, Any], name: str = "") -> None:
+        self.started.append(name)
+        coro.close()
+
+
+def _job() -> tuple[Job, _Router, _TaskGroup]:
+    router = _Router()
+    return Job([], {}, Policy(grace=10.0), router), router, _TaskGroup()
+
+
+def test_repeated_hangup_and_term_are_one_graceful_stop() -> None:
+    """A closing terminal: SIGHUP, SIGHUP, SIGTERM. One stop, no KILL, said once."""
+    job, router, tg = _job()
+    for sig in (signal.SIGHUP, signal.SIGHUP, signal.SIGTERM, signal.SIGHUP):
+        job._interrupt(sig, tg)  # type: ignore[arg-type]
+    assert tg.started == ["stop-all"]
+    assert not job.outcome.killed and job.outcome.interrupted == signal.SIGHUP
+    assert router.said[0].startswith("SIGHUP (the terminal closed): stopping every node")
+    assert sum("already stopping" in s for s in router.said) == 1, router.said
+
+
+def test_only_a_second_ctrl_c_kills() -> None:
+    job, router, tg = _job()
+    job._interrupt(signal.SIGTERM, tg)  # type: ignore[arg-type]
+    job._interrupt(signal.SIGTERM, tg)  # type: ignore[arg-type]
+    assert tg.started == ["stop-all"] and not job.outcome.killed
+    job._interrupt(signal.SIGINT, tg)  # type: ignore[arg-type]
+    assert tg.started == ["stop-all", "kill-all"] and job.outcome.killed
+    assert "Ctrl-C again: killing every node now" in router.said
+    job._interrupt(signal.SIGINT, tg)  # type: ignore[arg-type]
+    assert tg.started == ["stop-all", "kill-all"]  # killing already
+
+
+def test_first_ctrl_c_is_graceful() -> None:
+    job, router, tg = _job()
+    job._interrupt(signal.SIGINT, tg)  # type: ignore[arg-type]
+    assert tg.started == ["stop-all"] and not job.outcome.killed
+    assert router.said == ["Ctrl-C: stopping every node (Ctrl-C again to kill now)"]
+
+
+def test_a_rank_asked_to_stop_is_not_a_failure() -> None:
+    """Its shim forwarded a stop (dtrain's or torchrun's): whatever it exits with, it is
+    a follower, never a root-cause candidate."""
+    from launcher.models import Host
+
+    job, _, tg = _job()
+    job._rank_event(Host("a"), {"type": "rank_exit", "rank": 1, "code": 143, "signal": None,
+                                "stop_signal": 15, "t": 1.0}, tg)  # type: ignore[arg-type]
+    assert job.outcome.failures == [] and tg.started == []
+    job._rank_event(Host("a"), {"type": "rank_exit", "rank": 0, "code": 7, "signal": None,
+                                "t": 1.0}, tg)  # type: ignore[arg-type]
+    assert [(f.host, f.rank) for f in job.outcome.failures] == [("a", 0)]
+
+
+def test_a_rank_that_exits_143_after_the_stop_is_stopped_by_dtrain() -> None:
+    ranks = {"0": {"code": 143, "signal": None, "stop_signal": 15, "t": 5.0, "duration": 4.0},
+             "1": {"code": 0, "signal": None, "stop_signal": 15, "t": 5.0, "duration": 4.0},
+             "2": {"code": 139, "signal": 11, "stop_signal": 15, "t": 5.0, "duration": 4.0}}
+    out = _outcome(nodes={"a": _node("a", 137, ranks, stopped="stop requested")},
+                   interrupted=2, interrupted_t=1.0, stopped_by="`dtrain stop` (pid 9)",
+                   stop_reason="stop requested", stop_t=1.0)
+    from launcher.job.verdict import TailKeeper, node_results, summary_lines, verdict
+
+    v = verdict(out, _plan3(), TailKeeper())
+    lines = summary_lines(out, _plan3(), v)
+    assert v.code == 130
+    assert "r0 exit 143 after 4.0s (stopped by dtrain)" in lines[1], lines
+    assert "r2 SIGSEGV (139) after 4.0s (failed too)" in lines[1], lines  # a crash is not ours
+    roles = {r: e["role"] for r, e in node_results(out, _plan3(), v)[0]["ranks"].items()}
+    assert roles == {"0": "stopped", "1": "ok", "2": "failed"}
+
+
+def _plan3():  # type: ignore[no-untyped-def]
+    from tests.test_failures import _plan
+
+    return _plan("a", ranks=3)
