@@ -275,3 +275,91 @@ def test_the_store_lives_in_the_state_dir_private_and_survives_garbage(tmp_path:
     assert store.load() == []
     store.remember([_lemon("n4")])  # a torn file is replaced, not fatal
     assert [x.host for x in store.load()] == ["n4"]
+
+
+# -- the archive, ps, JUnit, doctor -----------------------------------------------------------
+
+def test_an_archived_line_says_its_attempt_and_logs_filters_on_it(tmp_path: Path) -> None:
+    from launcher.models import OutputLine
+    from launcher.output.archive import RunArchive
+    from launcher.output.logview import attempt_of, replay
+
+    archive = RunArchive.create(tmp_path / "runs", "r1")
+    archive.write_lines([OutputLine("n1", "out", "plain", 0, 0, 1.0)])
+    archive.begin_attempt(2)
+    archive.write_lines([OutputLine("n1", "out", "second", 0, 0, 2.0)])
+    archive.close()
+    archive.begin_attempt(3)  # a closed archive reopens for the next attempt
+    archive.write_lines([OutputLine("n2", "out", "third", 1, 1, 3.0)])
+    archive.close()
+    raws = (tmp_path / "runs" / "r1" / "output.jsonl").read_text().splitlines()
+    records = [json.loads(r) for r in raws]
+    assert [r.get("attempt") for r in records] == [None, 2, 3]
+    assert [attempt_of(r) for r in raws] == [1, 2, 3]
+    import io
+
+    out = io.StringIO()
+    replay(tmp_path / "runs" / "r1", attempt=2, out=out, color=False)
+    assert out.getvalue() == "n1 r0: second\n"
+
+
+def test_ps_shows_the_attempt_and_restarting_is_live(tmp_path: Path) -> None:
+    from launcher.output.runstate import status_of
+
+    meta = {"run_id": "r", "state": "restarting", "next_attempt": {"n": 3, "at": 0}}
+    st = status_of(tmp_path, meta, {"pid": 1})
+    assert st.state == "restarting" and st.attempt == 3 and st.label == "restarting (attempt 3)"
+    st = status_of(tmp_path, {"run_id": "r", "exit_code": 0, "attempt": 2}, None)
+    assert st.label == "finished (0, attempt 2)"
+    assert status_of(tmp_path, {"run_id": "r", "exit_code": 1}, None).label == "finished (1)"
+
+
+def test_junit_has_one_case_per_attempt() -> None:
+    from launcher.output.junit import to_junit
+    from launcher.output.report import CommandReport
+
+    attempts = [{"n": 1, "start": 10.0, "end": 25.5, "exit_code": 255, "cause": "node",
+                 "why": "node2 lost (no heartbeat for 5 s)", "hosts": ["node1", "node2"],
+                 "fenced": [{"host": "node2", "why": "lost"}], "decision": "...: fenced"},
+                {"n": 2, "start": 27.0, "end": 40.0, "exit_code": 0, "cause": "ok",
+                 "hosts": ["node1", "node3"], "fenced": []}]
+    xml = to_junit(CommandReport("run", 0, "succeeded", 0.0, 40.0,
+                                 extra={"attempts": attempts}))
+    assert '<testcase name="attempt 1"' in xml and '<testcase name="attempt 2"' in xml
+    assert 'message="node: node2 lost (no heartbeat for 5 s) (exit 255) after 15.5 s"' in xml
+    assert "fenced: node2" in xml and 'failures="1"' in xml
+
+
+def test_doctor_names_the_hosts_on_the_lemon_list(tmp_path: Path) -> None:
+    import time
+
+    from launcher.commands.nodes import fenced_notes
+
+    store = LemonStore(tmp_path / "s")
+    now = time.time()
+    store.remember([lm.Lemon("n2", "lost", "run-9", now - 60, now + 60)])
+    assert fenced_notes(["n1", "n2"], store) == [
+        "n2 is on the lemon list: fenced by run run-9 60 s ago (lost); runs with a spare "
+        "host leave it out (`dtrain nodes unfence n2`)"]
+
+
+def test_dtrain_nodes_unfence_expire_and_durations(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from launcher.commands.nodes import expire, list_nodes, parse_duration, unfence
+
+    assert parse_duration("90s") == 90 and parse_duration("2h") == 7200
+    assert parse_duration("7d") == 7 * 86400 and parse_duration("5") == 5
+    with pytest.raises(UsageError):
+        parse_duration("soon")
+    store = LemonStore(tmp_path / "s")
+    now = time.time()
+    store.remember([lm.Lemon(h, "lost", "r", now - 10, now + 100) for h in ("n1", "n2", "n3")])
+    assert unfence(["n[1-2]", "n9"], store) == 0
+    assert [x.host for x in store.load()] == ["n3"]
+    assert unfence(["n9"], store) == 1
+    assert expire("0", store) == 0 and store.load() == []
+    capsys.readouterr()
+    assert list_nodes(as_json=True, store=store) == 0
+    assert json.loads(capsys.readouterr().out)["nodes"] == []

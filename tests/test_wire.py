@@ -25,7 +25,10 @@ def _run_supervisor(spec: dict, *, workdir: str | None = None, python: str = "py
     # stdin stays open until the supervisor is done, as the launcher's channel does:
     # its EOF would mean "the launcher is gone, tear the job down"
     out = proc.stdout.read()
-    proc.stdin.close()
+    try:
+        proc.stdin.close()  # flushes what the write left buffered: the shell may be gone
+    except BrokenPipeError:
+        pass
     err = proc.stderr.read()
     proc.wait(timeout=30)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), \

@@ -22,6 +22,8 @@ def logs_cmd(
                                                    "(repeatable).")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Only these hosts.")] = None,
     grep: Annotated[str | None, typer.Option("--grep", help="Regular expression.")] = None,
+    attempt: Annotated[int | None, typer.Option("--attempt", min=1, help="Only this "
+                                                "attempt of a run with --restarts.")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-F", help="Tail a running job until it "
                                          "ends (-F as in tail -F: -f means --hostfile in "
                                          "every dtrain command).")] = False,
@@ -36,6 +38,6 @@ def logs_cmd(
 
         run_dir = resolve_run(Path(archive_dir), run)
         return replay(run_dir, ranks=set(rank) if rank else None, host=host, grep=grep,
-                      follow=follow, as_json=as_json, color=color)
+                      follow=follow, as_json=as_json, color=color, attempt=attempt)
 
     run_body(body)

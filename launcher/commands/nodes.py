@@ -87,3 +87,12 @@ def expire(older_than: str | None, store: LemonStore | None = None) -> int:
     render.note(f"expired {render.count(len(dropped), 'record')}"
                 + (f": {', '.join(x.host for x in dropped)}" if dropped else ""), sys.stdout)
     return 0
+
+
+def fenced_notes(labels: list[str], store: LemonStore | None = None) -> list[str]:
+    """`dtrain doctor`: a line for each checked host on the lemon list."""
+    now = time.time()
+    current = lm.current((store or LemonStore()).load(), now)
+    return [f"{h} is on the lemon list: fenced by run {current[h].run_id} "
+            f"{lm.ago(now - current[h].t)} ago ({current[h].why}); runs with a spare host "
+            f"leave it out (`dtrain nodes unfence {h}`)" for h in labels if h in current]

@@ -231,6 +231,7 @@ class Loop:
                     start_meta(archive, req, self.opts, plan, prep, self.detacher)
                     if n > 1:
                         archive.update_meta(start=first, next_attempt=None)
+                    archive.update_meta(attempt=n)
                     archive.update_meta(attempts=[*self.attempts, self._record(n, hosts)])
                     return await supervise(plan, req, self.opts, prep, archive,
                                            self.detacher, earlier=self.watch)
@@ -307,7 +308,8 @@ class Loop:
             **self._record(n, [self.by_label[h] for h in self.active]),
             "start": started, "end": time.time(), "exit_code": result.code,
             "cause": self._cause(d.fault, result), "why": d.fault.why,
-            "fenced": [h for h, _ in d.fenced], "world_size": result.world_size,
+            "fenced": [{"host": h, "why": why} for h, why in d.fenced],
+            "world_size": result.world_size,
             "outcome": result.verdict.outcome, "decision": d.line or None,
             "relaunch": d.relaunch})
         archive.update_meta(attempts=self.attempts)

@@ -20,12 +20,20 @@ import re
 import socket
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from launcher.output.report import ERROR, FAILED, SKIPPED, CommandReport, NodeResult, RankResult
+from launcher.output.report import (
+    ERROR,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    CommandReport,
+    NodeResult,
+    RankResult,
+)
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \\), and other two-character escapes
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
@@ -111,7 +119,7 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
 
     for node in report.nodes if node_cases else ():
         _node_cases(suite, classname, node, root_msg, count)
-    for extra in extra_cases:
+    for extra in [*attempt_cases(report), *extra_cases]:
         _case(suite, classname, extra.name, extra.status, 0.0, extra.message, extra.text)
         count(extra.status)
     for key, value in counts.items():
@@ -121,6 +129,30 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
     _xml_safe(suites)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def attempt_cases(report: CommandReport) -> list[ExtraCase]:
+    """`run --restarts`: one case per attempt (``attempt N``), failed with its cause, why,
+    the nodes it fenced and its timings; the node and rank cases are the last attempt's."""
+    attempts = report.extra.get("attempts") if isinstance(report.extra, Mapping) else None
+    out = []
+    for a in attempts if isinstance(attempts, list) else []:
+        if not isinstance(a, Mapping):
+            continue
+        code, cause = a.get("exit_code"), a.get("cause")
+        fenced = ", ".join(str(f.get("host")) if isinstance(f, Mapping) else str(f)
+                           for f in a.get("fenced") or ())
+        took = ""
+        if isinstance(a.get("start"), (int, float)) and isinstance(a.get("end"), (int, float)):
+            took = f" after {a['end'] - a['start']:.1f} s"
+        message = None if code == 0 else \
+            f"{cause}: {a.get('why') or a.get('outcome')} (exit {code}){took}"
+        text = "\n".join(filter(None, [
+            f"hosts: {', '.join(str(h) for h in a.get('hosts') or ())}",
+            f"fenced: {fenced}" if fenced else "", a.get("decision") or ""]))
+        out.append(ExtraCase(f"attempt {a.get('n')}", PASSED if code == 0 else FAILED,
+                             message, text))
+    return out
 
 
 def _node_cases(suite: ET.Element, classname: str, node: NodeResult, root: str | None,

@@ -50,8 +50,10 @@ def replay(
     tail: int | None = None,
     status: Callable[[], str] | None = None,
     ended: Callable[[], bool] | None = None,
+    attempt: int | None = None,
 ) -> int:
-    """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow)."""
+    """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow).
+    ``attempt``: only that attempt's lines (--restarts; a line without the field is 1)."""
     meta = read_meta(run_dir)
     world = meta.get("world_size")
     beyond = sorted(r for r in ranks or () if isinstance(world, int) and not 0 <= r < world)
@@ -73,6 +75,8 @@ def replay(
     done = ended or (lambda: is_finished(run_dir))
     try:
         for batch in _batches(run_dir, follow=follow, poll_s=poll_s, start=start, ended=done):
+            if attempt is not None:
+                batch = [rec for rec in batch if attempt_of(rec[0]) == attempt]
             _show(console, batch, pattern, as_json=as_json)
             if console.broken:
                 break  # `dtrain logs | head` is done reading
@@ -85,6 +89,16 @@ def replay(
     console.clear_status()
     console.flush()
     return 0
+
+
+_ATTEMPT = re.compile(r'"attempt":(\d+),"line":')
+
+
+def attempt_of(raw: str) -> int:
+    """Which attempt an output.jsonl record belongs to (absent = 1): the archive writes
+    the field just before "line", so the text says it without a second parse."""
+    m = _ATTEMPT.search(raw)
+    return int(m.group(1)) if m else 1
 
 
 def tail_offset(run_dir: Path, lines: int) -> int:

@@ -51,13 +51,16 @@ class RunStatus:
     ended: float | None = None
     last_line_t: float | None = None
     heartbeat_timeout: float | None = None
+    attempt: int | None = None  # run --restarts: the attempt running (or the last one)
 
     @property
     def label(self) -> str:
-        """The state as the table shows it."""
+        """The state as the table shows it (``, attempt N`` for a run with --restarts)."""
+        more = f", attempt {self.attempt}" if self.attempt and self.attempt > 1 else ""
         if self.state == "finished":
-            return f"finished ({self.exit_code})" if self.exit_code is not None else "finished"
-        return self.state
+            return f"finished ({self.exit_code}{more})" if self.exit_code is not None else \
+                f"finished{f' ({more[2:]})' if more else ''}"
+        return f"{self.state} ({more[2:]})" if more else self.state
 
     @property
     def note(self) -> str | None:
@@ -98,6 +101,7 @@ def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
         ended=_float(meta.get("end")),
         last_line_t=last_line_t,
         heartbeat_timeout=_float(launcher.get("heartbeat_timeout")),
+        attempt=_attempt(meta),
     )
 
 
@@ -138,6 +142,14 @@ def last_line_time(run_dir: Path) -> float | None:
     return mtime
 
 
+def _attempt(meta: dict[str, Any]) -> int | None:
+    """The attempt a run with --restarts is at: the one due next between attempts."""
+    nxt = meta.get("next_attempt")
+    if meta.get("state") == "restarting" and isinstance(nxt, dict):
+        return _int(nxt.get("n"))
+    return _int(meta.get("attempt"))
+
+
 def ps_json(runs: list[RunStatus], archive_dir: Path) -> dict[str, Any]:
     """The versioned `dtrain ps --json` document."""
     return {
@@ -149,6 +161,7 @@ def ps_json(runs: list[RunStatus], archive_dir: Path) -> dict[str, Any]:
             "launcher_host": r.launcher_host, "detached": r.detached, "hosts": list(r.hosts),
             "nodes": len(r.hosts), "world_size": r.world_size, "created": r.created,
             "ended": r.ended, "last_line_t": r.last_line_t, "note": r.note,
+            "attempt": r.attempt,
         } for r in runs],
     }
 

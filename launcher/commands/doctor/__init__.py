@@ -72,11 +72,17 @@ def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
     from launcher.commands.entry import INTERRUPTED, Ended, run_command
 
     def conclude(ended: Ended[Gathered]) -> int:
+        from launcher.commands.nodes import fenced_notes
+        from launcher.output import render
+
         if ended.result is None:
             return INTERRUPTED
-        return report(evaluate(ended.result), [h.label for h in hosts], started=ended.started,
+        code = report(evaluate(ended.result), [h.label for h in hosts], started=ended.started,
                       timing=ended.result.timing, as_json=as_json, junit=junit, strict=strict,
                       color=color)
+        for line in fenced_notes([h.label for h in hosts]):
+            render.note(line)
+        return code
 
     return run_command("doctor", hosts, lambda: gather(hosts, opts, settings), conclude)
 
