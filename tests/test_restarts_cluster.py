@@ -76,6 +76,28 @@ def _lemons(tmp_path: Path) -> list[dict]:
     return json.loads(path.read_text())["lemons"] if path.exists() else []
 
 
+def _cut_run(cluster: tc.Cluster, tmp_path: Path, jobs: list[Dtrain], run_id: str,
+             args: list[str], nodes: list[int], cut: int, after: str, until: str,
+             supervisors: int) -> tuple[Dtrain, int]:
+    """Run ``args``; once a line matches ``after``, cut node ``cut``'s link until a line
+    matches ``until`` (restored in ``finally``); wait for the end and for every node of the
+    job to be clean; (the job, its exit code)."""
+    job = Dtrain(cluster, args, env=_state(tmp_path))
+    jobs.append(job)
+    with JobWatch(cluster, nodes, run_id=run_id) as watch:
+        try:
+            job.wait_line(after, timeout=120)
+            cluster.link_down(cut)
+            job.wait_line(until, timeout=60)
+        finally:
+            cluster.link_up(cut)
+        rc = job.wait(180)
+        watch.wait_clean(30)  # the cut node's supervisor: by its own heartbeat timeout
+        watch.assert_clean(1.0)
+    _saw(watch, supervisors)  # one per node of each attempt
+    return job, rc
+
+
 def test_a_lost_node_is_fenced_a_spare_comes_in_and_the_run_resumes(
         six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
     run_id = new_id("restart-lost")
@@ -83,21 +105,10 @@ def test_a_lost_node_is_fenced_a_spare_comes_in_and_the_run_resumes(
     args = _args(six, tmp_path, run_id, "node[3-6]", "--nnodes", "3", "--restarts", "2",
                  "--heartbeat-timeout", "5",
                  env={"CK_DIR": str(ck), "CK_STEPS": "60", "CK_STEP_SLEEP": "0.2"})
-    job = Dtrain(six, args, env=_state(tmp_path))
-    jobs.append(job)
-    with JobWatch(six, [3, 4, 5, 6], run_id=run_id) as watch:
-        try:
-            job.wait_line(r"checkpoint step 10$", timeout=120)
-            six.link_down(5)
-            job.wait_line(r"node5 lost .*: fenced, spare node6 in; attempt 2 from the last "
-                          r"checkpoint", timeout=60)
-        finally:
-            six.link_up(5)
-        rc = job.wait(180)
-        watch.wait_clean(30)
-        watch.assert_clean(1.0)
+    job, rc = _cut_run(six, tmp_path, jobs, run_id, args, [3, 4, 5, 6], 5,
+                       r"checkpoint step 10$", r"node5 lost .*: fenced, spare node6 in; "
+                       r"attempt 2 from the last checkpoint", supervisors=3 + 3)
     assert rc == 0, job.output
-    _saw(watch, 6)
     out = job.output
     assert "node6: spare for a fenced node (--nnodes 3)" in out
     assert re.search(r"node5 lost \(no heartbeat for 5 s, node or network down\): fenced, "
@@ -193,18 +204,10 @@ def test_nnodes_min_max_without_a_spare_shrinks_and_the_job_sees_it(
     args = _args(six, tmp_path, run_id, "node[4-6]", "--nnodes", "2:3", "--restarts", "1",
                  "--heartbeat-timeout", "5",
                  env={"CK_DIR": str(ck), "CK_STEPS": "50", "CK_STEP_SLEEP": "0.2"})
-    job = Dtrain(six, args, env=_state(tmp_path))
-    jobs.append(job)
-    with JobWatch(six, [4, 5, 6], run_id=run_id) as watch:
-        try:
-            job.wait_line(r"checkpoint step 5$", timeout=120)
-            six.link_down(6)
-            job.wait_line(r"node6 lost .*: fenced, shrinking to 2 nodes; attempt 2", timeout=60)
-        finally:
-            six.link_up(6)
-        rc = job.wait(180)
-        watch.wait_clean(30)
-        watch.assert_clean(1.0)
+    job, rc = _cut_run(six, tmp_path, jobs, run_id, args, [4, 5, 6], 6,
+                       r"checkpoint step 5$",
+                       r"node6 lost .*: fenced, shrinking to 2 nodes; attempt 2",
+                       supervisors=3 + 2)
     assert rc == 0, job.output
     assert re.search(r"r\d: world size 2 attempt 2", job.output), job.output
     m = meta(tmp_path, run_id)
