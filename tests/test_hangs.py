@@ -151,8 +151,47 @@ def test_before_any_progress_line_any_line_counts_and_startup_has_grace() -> Non
 def test_bad_progress_pattern_is_a_usage_error() -> None:
     from launcher.errors import UsageError
 
-    with pytest.raises(UsageError, match="--progress"):
+    with pytest.raises(UsageError) as err:
         hang.compile_progress("(")
+    assert (err.value.message, err.value.hint) == (
+        "--progress '(': missing ), unterminated subpattern at position 0",
+        "a Python regular expression, searched in each output line")
+
+
+def test_which_lines_count_and_what_meta_json_keeps_per_rank() -> None:
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), [0, 1], start=100.0)
+    # dtrain's own lines and the node program's (no rank) are not the job's; they never
+    # stop the rest of a batch from counting
+    w.observe([_line(101, "it 0", stream="dtrain"), OutputLine("node1", "out", "it 0", None, 0, 101),
+               _line(102, "it 0", rank=0, stream="err"), _line(102, "it 0", rank=1)])
+    # a rank the watch was not told about (an elastic restart's) is followed too
+    w.observe([_line(103, "it 1", rank=5)])
+    assert w.json() == {
+        "0": {"last_line": 102, "last_progress": 102, "progress_line": "it 0"},
+        "1": {"last_line": 102, "last_progress": 102, "progress_line": "it 0"},
+        "5": {"last_line": 103, "last_progress": 103, "progress_line": "it 1"}}
+    assert (w.last, w.last_rank, w.last_text) == (103, 5, "it 1")
+
+
+def test_progress_is_kept_to_a_second_and_a_tie_goes_to_the_later_line() -> None:
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), [0, 1], start=100.0)
+    w.observe([_line(110, "it 1", rank=0), _line(110, "it 1", rank=1)])
+    assert (w.last, w.last_rank) == (110, 1)  # the same time: the later line names the rank
+    w.observe([_line(110.5, "it 2", rank=0)])  # under RESOLUTION_S: not looked at
+    assert w.ranks[0].progress_text == "it 1" and w.ranks[0].last_line == 110.5
+    w.observe([_line(111, "it 3", rank=0)])  # exactly RESOLUTION_S later: counted
+    assert (w.ranks[0].last_progress, w.ranks[0].progress_text) == (111, "it 3")
+    # a stall is measured from the baseline, never negative, and due exactly at the timeout
+    assert w.stalled_for(111) == 0.0 and w.stalled_for(100) == 0.0
+    policy = hang.HangPolicy(timeout=3)
+    assert hang.hang_due(w, 114, policy, all_alive=True, declared=None)
+    assert not hang.hang_due(w, 113.9, policy, all_alive=True, declared=None)
+
+
+def test_a_watch_before_any_line_has_no_last_progress() -> None:
+    w = hang.ProgressWatch(hang.compile_progress(None), [0], start=5.0)
+    assert (w.last_text, w.last_rank, w.any_line, w.any_progress) == (None, None, False, False)
+    assert w.json() == {"0": {"last_line": None, "last_progress": None, "progress_line": None}}
 
 
 # -- the flight recorder ------------------------------------------------------------------
