@@ -102,6 +102,118 @@ def test_missing_ranks_are_listed() -> None:
     assert folded.lines()[-1] == "ranks 4-5: no answer from their node"
 
 
+def _dump(*threads: tuple[str, list[tuple[str, int, str]]]) -> str:
+    """A faulthandler dump: (header, [(path, line, func), innermost first]) per thread."""
+    out = []
+    for head, frames in threads:
+        out.append(f"{head} (most recent call first):")
+        out += [f'  File "{p}", line {n} in {f}' for p, n, f in frames]
+        out.append("")
+    return "\n".join(out)
+
+
+LIB = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
+RUNPY = [("/usr/lib/python3.11/runpy.py", 88, "_run_code"),
+         ("<frozen runpy>", 198, "_run_module_as_main")]
+
+
+def test_parse_dumps_repeated_thread_and_crlf() -> None:
+    first = _dump(("Thread 0x1", [("a.py", 1, "old")]), ("Thread 0x2", [("a.py", 2, "old2")]))
+    # the same thread again with no current thread at all: a second dump; it wins
+    second = _dump(("Thread 0x1", [("a.py", 10, "new")]))
+    threads = stacks.parse_faulthandler(first + second)
+    assert [(t.ident, t.current, [f.func for f in t.frames]) for t in threads] == [
+        ("0x1", False, ["new"])]
+    # two dumps whose threads differ, each with its current thread: the second wins
+    a = _dump(("Current thread 0xa", [("x.py", 1, "one")]))
+    b = _dump(("Current thread 0xb", [("x.py", 2, "two")]), ("Thread 0xc", [("x.py", 5, "helper")]))
+    assert [(t.ident, t.current) for t in stacks.parse_faulthandler(a + b)] == [
+        ("0xb", True), ("0xc", False)]
+    # a dump through a Windows pipe (CRLF) reads the same; frames before any thread are noise
+    crlf = ('  File "z.py", line 9 in stray\r\n' + b.replace("\n", "\r\n"))
+    assert stacks.parse_faulthandler(crlf) == stacks.parse_faulthandler(b)
+    assert stacks.parse_faulthandler("") == ()
+
+
+def test_the_main_thread_without_dtrain_s_wrapper() -> None:
+    # another launcher's dump: the thread at <module>, runpy's frames cut off
+    worker = ("Current thread 0x2", [("w.py", 3, "work")])
+    main = ("Thread 0x1", [("t.py", 7, "step"), ("t.py", 9, "<module>")])
+    assert [f.func for f in stacks.main_frames(
+        stacks.parse_faulthandler(_dump(worker, main)))] == ["step", "<module>"]
+    # python -m: runpy's frames outside <module> are cut off the chosen thread
+    by_m = ("Current thread 0x1", [("t.py", 7, "step"), ("t.py", 9, "<module>"), *RUNPY])
+    assert [f.func for f in stacks.main_frames(
+        stacks.parse_faulthandler(_dump(by_m)))] == ["step", "<module>"]
+    # no thread at <module>: the current one; none current: the first
+    no_module = stacks.parse_faulthandler(_dump(("Thread 0x1", [("t.py", 1, "a")]),
+                                                ("Current thread 0x2", [("t.py", 2, "b")])))
+    assert [f.func for f in stacks.main_frames(no_module)] == ["b"]
+    none_current = stacks.parse_faulthandler(_dump(("Thread 0x1", [("t.py", 1, "a")]),
+                                                   ("Thread 0x2", [("t.py", 2, "b")])))
+    assert [f.func for f in stacks.main_frames(none_current)] == ["a"]
+    assert stacks.main_frames(()) == ()
+    # a thread that merely calls a function named like the wrapper's is not the wrapper
+    lookalike = stacks.parse_faulthandler(_dump(
+        ("Thread 0x1", [("mine.py", 4, "main")]),
+        ("Current thread 0x2", [("t.py", 5, "step"), ("t.py", 6, "<module>")])))
+    assert [f.func for f in stacks.main_frames(lookalike)] == ["step", "<module>"]
+
+
+def test_rank_without_a_dump_errors_fold_by_their_text() -> None:
+    none = stacks.rank_stack(0, "n1", {})
+    assert (none.error, none.place(), none.key()) == ("no dump", "no stack (no dump)",
+                                                      ("error", "no dump"))
+    assert stacks.rank_stack(1, "n1", {"text": "  \n", "error": "timeout 2 s"}).place() == \
+        "no stack (timeout 2 s)"
+    assert stacks.rank_stack(2, "n1", {"text": "garbage"}).place() == "no Python frame"
+    folded = stacks.fold([stacks.rank_stack(r, "n1", {"error": e}) for r, e in
+                          [(0, "x"), (1, "x"), (2, "y")]])
+    assert [g.ranks for g in folded.groups] == [(0, 1), (2,)]
+
+
+def _at(rank: int, host: str, *frames: tuple[str, int, str]) -> stacks.RankStack:
+    return stacks.rank_stack(rank, host, {"text": _dump(("Current thread 0x1", list(frames)))})
+
+
+def test_culprit_rules_and_their_words() -> None:
+    coll = [(LIB, 3252, "all_reduce"), ("t.py", 47, "step"), ("t.py", 60, "<module>")]
+    other = [("t.py", 42, "load"), ("t.py", 60, "<module>")]
+    # two groups of one: the one waiting in a collective waits for the other
+    pair = stacks.fold([_at(0, "n1", *other), _at(1, "n2", *coll)])
+    assert [g.ranks for g in pair.groups] == [(1,), (0,)]  # the collective first among equals
+    assert pair.culprit is not None and pair.culprit.json() == {
+        "rank": 0, "host": "n1", "ranks": [0], "hosts": ["n1"], "place": "load() t.py:42",
+        "why": "its stack differs from the other rank's, which waits at "
+               "all_reduce <- step() t.py:47"}
+    # two equal groups, neither in a collective: no majority, no culprit
+    third = [("t.py", 43, "save"), ("t.py", 60, "<module>")]
+    assert stacks.fold([_at(0, "n1", *other), _at(1, "n1", *third)]).culprit is None
+    # three places: every rank off the majority's, their places joined
+    many = stacks.fold([_at(0, "n1", *coll), _at(1, "n1", *coll), _at(2, "n2", *other),
+                        _at(3, "n3", *third)])
+    c = many.culprit
+    assert c is not None and (c.rank, c.host, c.ranks) == (None, None, (2, 3))
+    assert c.place == "load() t.py:42; save() t.py:43"
+    assert c.why == ("their stacks differ from the other 2 ranks', which wait at "
+                     "all_reduce <- step() t.py:47")
+    assert c.describe() == "ranks 2-3: load() t.py:42; save() t.py:43"
+    assert c.json()["hosts"] == ["n2", "n3"] and c.json()["host"] is None
+    assert many.json()[1:] == [
+        {"ranks": [2], "hosts": ["n2"], "place": "load() t.py:42",
+         "frames": [{"path": "t.py", "line": 42, "func": "load"},
+                    {"path": "t.py", "line": 60, "func": "<module>"}]},
+        {"ranks": [3], "hosts": ["n3"], "place": "save() t.py:43",
+         "frames": [{"path": "t.py", "line": 43, "func": "save"},
+                    {"path": "t.py", "line": 60, "func": "<module>"}]}]
+    assert many.json()[0]["ranks"] == [0, 1] and many.json()[0]["hosts"] == ["n1"]
+
+
+def test_a_library_frame_with_no_user_frame_is_shown_as_it_is() -> None:
+    s = _at(0, "n1", (LIB, 10, "barrier"))
+    assert s.place() == "barrier() distributed_c10d.py:10"
+
+
 # -- progress -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text", [
