@@ -325,6 +325,66 @@ def test_flight_summary_names_the_rank_behind() -> None:
                        "rank 4 is at collective #3: it has not entered #4")
 
 
+def _pos(enq: int, done: int, op: str | None = "gloo:all_reduce") -> dict[str, object]:
+    return {"pg_status": {"0": {"last_enqueued_collective": enq,
+                                "last_completed_collective": done}},
+            "entries": [{"pg_id": 0, "collective_seq_id": enq, "profiling_name": op}]}
+
+
+def test_rank_flight_reads_the_default_group_and_its_last_collective() -> None:
+    assert flight.rank_flight(0, _pos(4, 3)) == flight.RankFlight(0, 4, 3, "gloo:all_reduce")
+    # the default group is "0"; without it the first group listed
+    two = {"pg_status": {"1": {"last_enqueued_collective": 9, "last_completed_collective": 9},
+                         "0": {"last_enqueued_collective": 4, "last_completed_collective": 3}}}
+    assert flight.rank_flight(0, two) == flight.RankFlight(0, 4, 3, None)
+    other = {"pg_status": {"7": {"last_enqueued_collective": 2, "last_completed_collective": 1}}}
+    assert flight.rank_flight(0, other) == flight.RankFlight(0, 2, 1, None)
+    # the op is the default group's entry at that sequence number, the latest one
+    entries = [{"pg_id": 0, "collective_seq_id": 4, "profiling_name": "nccl:broadcast"},
+               {"pg_id": 1, "collective_seq_id": 4, "profiling_name": "nccl:all_gather"},
+               {"collective_seq_id": 4, "profiling_name": "nccl:all_reduce"},
+               {"pg_id": 0, "collective_seq_id": 5, "profiling_name": "nccl:barrier"},
+               "junk"]
+    assert flight.rank_flight(0, {**two, "entries": entries}).last_op == "nccl:all_reduce"
+    assert flight.rank_flight(0, {**two, "entries": entries[:2]}).last_op == "nccl:broadcast"
+    assert flight.rank_flight(0, {**two, "entries": [{"pg_id": "", "collective_seq_id": 4,
+                                                      "profiling_name": "x"}]}).last_op == "x"
+    assert flight.rank_flight(0, _pos(4, 3, op="")).last_op is None
+    assert flight.rank_flight(0, _pos(4, 3, op=None)).last_op is None
+    for bad in ({}, {"pg_status": {}}, {"pg_status": []}, {"pg_status": {"0": []}},
+                {"pg_status": {"0": {"last_enqueued_collective": 1}}},
+                {"pg_status": {"0": {"last_completed_collective": 1}}},
+                {"pg_status": {"0": {"last_enqueued_collective": "1",
+                                     "last_completed_collective": 1}}}):
+        assert flight.rank_flight(0, bad) is None, bad
+
+
+def test_flight_summary_words() -> None:
+    at = flight.RankFlight
+    one = flight.summarize({0: at(0, 4, 3, "gloo:all_reduce"), 1: at(1, 4, 4, None),
+                            2: at(2, 3, 3, "gloo:all_reduce")})
+    assert one is not None and one.lines == (
+        "rank 0 waits in collective #4 (gloo:all_reduce)",
+        "rank 1 completed collective #4 (gloo:all_reduce)",
+        "rank 2 is at collective #3: it has not entered #4")
+    # the op is taken from a rank at the front that knows it; none knows: no name
+    anon = flight.summarize({0: at(0, 4, 3, None), 1: at(1, 4, 3, None), 2: at(2, 3, 3, "x")})
+    assert anon is not None and anon.lines[0] == "ranks 0-1 wait in collective #4"
+    done = flight.summarize({0: at(0, 4, 4, None), 1: at(1, 4, 4, None)})
+    assert done is not None and done.lines == ("ranks 0-1 completed collective #4",)
+    assert done.behind == ()
+    assert flight.summarize({}) is None
+
+
+def test_flight_dumps_that_are_not_a_mapping_and_versions_that_do_not_parse() -> None:
+    assert flight.load_dump(pickle.dumps([1, 2])) is None
+    assert flight.load_dump(pickle.dumps({"a": 1})) == {"a": 1}
+    with pytest.raises(pickle.UnpicklingError, match="io.BytesIO is not plain data"):
+        flight._PlainUnpickler(io.BytesIO(pickle.dumps(io.BytesIO))).load()
+    assert [flight.flight_names(v) for v in ("", "2.9+cu1", "nightly", "3.0")] == [
+        "both", "current", "both", "current"]
+
+
 def test_a_dump_that_names_a_class_is_not_loaded() -> None:
     evil = pickle.dumps({"x": io.BytesIO})  # any global: os.system would be the same
     assert flight.load_dump(evil) is None
