@@ -96,6 +96,11 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
     from launcher.transports import AutoTransport
     from launcher.transports.ssh import SSHSettings
 
+    import os
+
+    # asyncssh reads $HOME/.ssh: this process is the client, as `dtrain top` is under
+    # HOME=<cluster client home> (bench/README.md)
+    os.environ["HOME"] = env.env()["HOME"]
     hosts = parse_host_expr(env.hostlist(k))
     req = TopRequest(interval=interval)
     state = TopState([h.label for h in hosts], interval)
@@ -118,7 +123,8 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
         t0 = time.monotonic()
         while not all(n.samples >= 2 for n in state.nodes.values()):
             if time.monotonic() - t0 > 120:
-                raise SystemExit("bench: not every node sampled within 120 s")
+                late = {h: (n.state, n.error) for h, n in state.nodes.items() if n.samples < 2}
+                raise SystemExit(f"bench: not every node sampled within 120 s: {late}")
             await asyncio.sleep(0.1)
         started = time.monotonic() - t0
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
