@@ -87,7 +87,8 @@ async def _probe_all(conns: Mapping[str, Any], targets: Sequence[str], opts: Doc
             raw = await _probe(conn, params, opts)
         except (DtrainError, OSError, TimeoutError) as exc:
             # a failed --setup: its own message (the fix is the setup row's)
-            errors[label] = exc.message if getattr(exc, "kind", None) == "setup" else _why(exc)
+            setup = isinstance(exc, DtrainError) and getattr(exc, "kind", None) == "setup"
+            errors[label] = exc.message if isinstance(exc, DtrainError) and setup else _why(exc)
             return
         timing.setdefault(label, (sent, time.time()))
         if raw.get("ok") is False:
