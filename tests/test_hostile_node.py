@@ -8,6 +8,7 @@ would end in a MemoryError traceback).
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -133,3 +134,81 @@ def test_top_s_note_column():
     row = node_row({"host": "node3", "state": "ok", "ranks": [0],
                     "sample": {"gpu_error": f"nvidia-smi: {OSC52}{MOVE}"}})
     _inert(row.cells["note"])
+
+
+# -- a sampler line with no end (dtrain top, the run's samples) ------------------------------
+
+HOSTILE_SAMPLER = r"""#!/bin/sh
+# what dtrain's sampler would never send: one line that never ends
+exec {python} -c '
+import sys
+out = sys.stdout.buffer
+out.write(b"{{" + b"\x22type\x22: \x22sample\x22, \x22x\x22: \x22")
+while True:
+    out.write(b"x" * 65536)
+    out.flush()
+'
+"""
+
+
+def test_a_sampler_line_over_4_mib_is_that_node_s_error_and_the_view_goes_on(
+        tmp_path: Path) -> None:
+    py = tmp_path / "python3"
+    py.write_text(HOSTILE_SAMPLER.format(python=sys.executable))
+    os.chmod(py, 0o755)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"localhost python={py}\n127.0.0.1 python={sys.executable}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTRAIN_")}
+    res = subprocess.run([sys.executable, "-m", "launcher", "top", "-f", str(hostfile),
+                          "--once", "--json"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120, preexec_fn=_limited)
+    assert_exit(res, 255)
+    from tests.reports import validate_top
+
+    doc = json.loads(res.stdout)
+    validate_top(doc)
+    nodes = {n["host"]: n for n in doc["nodes"]}
+    assert nodes["127.0.0.1"]["state"] == "ok" and nodes["127.0.0.1"]["sample"]
+    bad = nodes["localhost"]
+    assert bad["state"] == "lost" and bad["sample"] is None
+    assert bad["error"].startswith("the sampler sent a line of more than 4 MiB"), bad
+
+
+class _Chunks:
+    """A sampler channel's stdout as given chunks (NodeSampler._read's only caller)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    async def read_stdout(self, n: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    async def read_stderr(self, n: int) -> bytes:
+        return b""
+
+
+def _read(chunks: list[bytes], max_line: int) -> tuple[str | None, list[dict]]:
+    import asyncio
+
+    from launcher.job.sampling import NodeSampler
+
+    got: list[dict] = []
+    conn = type("C", (), {"host": type("H", (), {"label": "n1"})()})()
+    s = NodeSampler(conn, None, lambda host, msg: got.append(msg), max_line=max_line)  # type: ignore[arg-type]
+    s.hello = {"type": "hello"}
+    s.proc = _Chunks(chunks)  # type: ignore[assignment]
+    return asyncio.run(s._read()), got
+
+
+def test_sample_lines_split_anywhere_and_the_cap_counts_one_line() -> None:
+    line = json.dumps({"type": "sample", "t": 1, "pad": "y" * 40}).encode()
+    assert len(line) < 100
+    # split at every byte, several lines per chunk, a line exactly at the cap: all read
+    data = (line + b"\n") * 3
+    why, got = _read([data[i:i + 1] for i in range(len(data))], max_line=len(line))
+    assert why == "the sampler's channel closed" and len(got) == 3
+    why, got = _read([data], max_line=len(line))
+    assert len(got) == 3
+    # one byte over: that node's error, the lines before it were delivered
+    why, got = _read([line + b"\n", line[:50], line[50:] + b"z\n"], max_line=len(line))
+    assert len(got) == 1 and why is not None and "a line of more than" in why

@@ -330,6 +330,50 @@ def test_junit_has_one_case_per_attempt() -> None:
     assert "fenced: node2" in xml and 'failures="1"' in xml
 
 
+def _attempts() -> list[dict]:
+    return [{"n": 1, "start": 10.0, "end": 25.5, "exit_code": 255, "cause": "node",
+             "why": "node2 lost (no heartbeat for 5 s)", "hosts": ["node1", "node2"],
+             "fenced": [{"host": "node2", "why": "lost"}], "decision": "...: fenced",
+             "detected": 24.0, "stopping": 24.0, "relaunched": 26.5, "world_size": 2,
+             "outcome": "node2 lost", "relaunch": True},
+            {"n": 2, "start": 26.5, "end": 40.0, "exit_code": 0, "cause": "ok",
+             "hosts": ["node1", "node3"], "fenced": [], "detected": None, "stopping": None,
+             "relaunched": None, "world_size": 2, "relaunch": False}]
+
+
+def test_each_attempt_says_when_its_failure_was_detected_and_the_relaunch_started() -> None:
+    """dtrain.run/1's attempts[] carry detected and relaunched (Unix times, null when none),
+    and the JUnit case of an attempt says its timings and takes its duration."""
+    import copy
+
+    import jsonschema
+
+    from launcher.output.junit import to_junit
+    from launcher.output.report import CommandReport, to_json
+    from tests.reports import validate_json, validate_junit
+
+    report = CommandReport("run", 0, "succeeded", 10.0, 40.0,
+                           extra={"run_id": "r", "world_size": 2, "master": "node1:29500",
+                                  "stop_reason": None, "hangs": [], "attempts": _attempts()})
+    doc = to_json(report)
+    validate_json(doc, "run")
+    for key in ("detected", "relaunched"):
+        bad = copy.deepcopy(doc)
+        del bad["run"]["attempts"][0][key]
+        with pytest.raises(jsonschema.ValidationError, match=key):
+            validate_json(bad, "run")
+    bad = copy.deepcopy(doc)
+    bad["run"]["attempts"][0]["detected"] = "soon"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_json(bad, "run")
+    suite = validate_junit(to_junit(report)).find("testsuite")
+    case = next(c for c in suite.iter("testcase") if c.get("name") == "attempt 1")
+    assert case.get("time") == "15.500"
+    text = "".join(case.itertext())
+    assert "timings: detected +14.0 s, stopping +14.0 s, ended +15.5 s, relaunched +16.5 s" \
+        in text, text
+
+
 def test_doctor_names_the_hosts_on_the_lemon_list(tmp_path: Path) -> None:
     import time
 

@@ -18,6 +18,7 @@ import pytest
 
 import tests.cluster as tc
 from tests.test_failures import Dtrain, JobWatch, meta, new_id
+from tests.reports import validate_junit
 from tests.util import REPO, need_module
 
 CKPT = "tests/workloads/ckpt.py"
@@ -76,6 +77,27 @@ def _lemons(tmp_path: Path) -> list[dict]:
     return json.loads(path.read_text())["lemons"] if path.exists() else []
 
 
+def _timings_in_order(attempts: list[dict]) -> None:
+    """Each failed attempt: started, its failure detected, the stop begun, ended, the
+    relaunch started (= the next attempt's start); the last one was not relaunched. And
+    attempts[] is valid dtrain.run/1."""
+    _validate_attempts(attempts)
+    for a, nxt in zip(attempts, attempts[1:]):
+        assert a["start"] <= a["detected"] <= a["stopping"] <= a["end"] <= a["relaunched"], a
+        assert a["relaunched"] == nxt["start"], (a, nxt)
+    assert attempts[-1]["relaunched"] is None, attempts[-1]
+
+
+def _validate_attempts(attempts: list[dict]) -> None:
+    import jsonschema
+
+    from launcher.output.report import schema_text
+
+    schema = json.loads(schema_text("run"))
+    items = schema["properties"]["run"]["properties"]["attempts"]
+    jsonschema.Draft202012Validator(items).validate(attempts)
+
+
 def _cut_run(cluster: tc.Cluster, tmp_path: Path, jobs: list[Dtrain], run_id: str,
              args: list[str], nodes: list[int], cut: int, after: str, until: str,
              supervisors: int) -> tuple[Dtrain, int]:
@@ -125,6 +147,7 @@ def test_a_lost_node_is_fenced_a_spare_comes_in_and_the_run_resumes(
     assert first["hosts"] == ["node3", "node4", "node5"]
     assert second["hosts"] == ["node3", "node4", "node6"] and second["exit_code"] == 0
     assert m["exit_code"] == 0 and m["fenced"][0]["host"] == "node5"
+    _timings_in_order(m["attempts"])
     lemons = _lemons(tmp_path)
     assert [x["host"] for x in lemons] == ["node5"] and lemons[0]["run_id"] == run_id
 
@@ -150,8 +173,9 @@ def test_a_rank_that_crashes_once_is_restarted_on_the_same_nodes(
         six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
     run_id = new_id("restart-crash")
     ck = _ckdir(six, run_id)
+    junit = tmp_path / "junit.xml"
     args = _args(six, tmp_path, run_id, "node[1-3]", "--restarts", "2",
-                 "--restart-backoff", "0.2",
+                 "--restart-backoff", "0.2", "--junit", str(junit),
                  env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"})
     job = Dtrain(six, args, env=_state(tmp_path))
     jobs.append(job)
@@ -171,6 +195,16 @@ def test_a_rank_that_crashes_once_is_restarted_on_the_same_nodes(
     assert [a["cause"] for a in m["attempts"]] == ["process", "ok"]
     assert [a["exit_code"] for a in m["attempts"]] == [3, 0]
     assert m["attempts"][0]["fenced"] == [] and _lemons(tmp_path) == []
+    _timings_in_order(m["attempts"])
+    # the back-off (0.2 s) lies between the end and the relaunch
+    assert m["attempts"][0]["relaunched"] - m["attempts"][0]["end"] >= 0.19
+    suite = validate_junit(junit.read_text()).find("testsuite")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    first = "".join(cases["attempt 1"].itertext())
+    assert re.search(r"timings: detected \+[\d.]+ s, stopping \+[\d.]+ s, ended \+[\d.]+ s, "
+                     r"relaunched \+[\d.]+ s", first), first
+    assert cases["attempt 1"].find("failure") is not None
+    assert cases["attempt 2"].find("failure") is None
 
 
 def test_a_syntax_error_gets_exactly_one_attempt(six: tc.Cluster, tmp_path: Path,
@@ -243,3 +277,5 @@ def test_a_stop_during_the_back_off_ends_the_run_at_once(
                      job.output), job.output
     m = meta(tmp_path, run_id)
     assert m["state"] == "finished" and m["exit_code"] == 130 and len(m["attempts"]) == 1
+    assert m["attempts"][0]["relaunched"] is None  # stopped in the back-off: no relaunch
+    _validate_attempts(m["attempts"])

@@ -85,6 +85,15 @@ def attempt_end(result: RunResult) -> AttemptEnd:
                       tuple(result.tails.tails.get((v.root_host or "", v.root_rank), ())))
 
 
+def detected(result: RunResult) -> float | None:
+    """When the launcher learned of the attempt's root cause (a lost node: when its
+    heartbeat timeout ran out or its connection dropped); None when nothing failed."""
+    root = result.outcome.root
+    if root is not None and root.seen:
+        return root.seen
+    return result.outcome.interrupted_t
+
+
 class Between:
     """Between two attempts: the control socket and the signals stop the run at once."""
 
@@ -254,7 +263,8 @@ class Loop:
 
     def _record(self, n: int, hosts: Sequence[Host]) -> dict[str, Any]:
         return {"n": n, "start": time.time(), "end": None, "exit_code": None, "cause": None,
-                "hosts": [h.label for h in hosts], "fenced": []}
+                "hosts": [h.label for h in hosts], "fenced": [], "detected": None,
+                "stopping": None, "relaunched": None}
 
     async def run(self) -> RunResult:
         with held_run(self.req, self.opts, self.detacher) as archive:
@@ -285,6 +295,8 @@ class Loop:
                         n += 1
                         archive.attempt = n
                         started = time.time()
+                        self.attempts[-1]["relaunched"] = started
+                        archive.update_meta(attempts=self.attempts)
                         relaunched = await self.one(archive, n, between)
                     if relaunched is None:
                         return self._stopped(archive, between, n, result)
@@ -307,6 +319,8 @@ class Loop:
         self.attempts.append({
             **self._record(n, [self.by_label[h] for h in self.active]),
             "start": started, "end": time.time(), "exit_code": result.code,
+            "detected": detected(result), "stopping": result.outcome.stop_t,
+            "relaunched": None,
             "cause": self._cause(d.fault, result), "why": d.fault.why,
             "fenced": [{"host": h, "why": why} for h, why in d.fenced],
             "world_size": result.world_size,

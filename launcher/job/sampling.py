@@ -33,6 +33,9 @@ SampleSink = Callable[[str, dict[str, Any]], None]
 StateSink = Callable[[str, str, str | None], None]  # host, state, why
 # node states as the views show them
 CONNECTING, OK, LOST, UNREACHABLE = "connecting", "ok", "lost", "unreachable"
+# the longest sample line read from a node: a sample is a few KiB (8 GPUs, 64 ranks: under 10 KiB);
+# a line past this is not dtrain's sampler (or a broken one), and that node's error
+MAX_LINE = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class NodeSampler:
     """One node's sampler channel."""
 
     def __init__(self, conn: Connection, params: SamplerParams, on_sample: SampleSink, *,
-                 python: str = "python3") -> None:
+                 python: str = "python3", max_line: int = MAX_LINE) -> None:
         self.conn = conn
         self.label = conn.host.label
         self.params = params
@@ -68,6 +71,7 @@ class NodeSampler:
         self.hello: dict[str, Any] | None = None
         self.last_sample = 0.0  # monotonic time of the last sample (0: none yet)
         self.error: str | None = None
+        self.max_line = max_line
 
     async def run(self) -> str | None:
         """Sample until the channel ends; returns why it ended (None: asked to)."""
@@ -112,16 +116,31 @@ class NodeSampler:
             await asyncio.sleep(every)
 
     async def _read(self) -> str | None:
+        """Hand each sample line on; a line over ``max_line`` ends this node's channel (the
+        buffer never holds more than that, whatever the node sends)."""
         assert self.proc is not None
-        buf = b""
+        parts: list[bytes] = []  # the line so far (before its newline)
+        size = 0
         while True:
             chunk = await self.proc.read_stdout(65536)
             if not chunk:
                 return await self._ended()
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                self._line(line)
+            start = 0
+            while True:
+                nl = chunk.find(b"\n", start)
+                end = len(chunk) if nl < 0 else nl
+                size += end - start
+                if size > self.max_line:
+                    return (f"the sampler sent a line of more than {_mib(self.max_line)} "
+                            "(a sample is a few KiB): not dtrain's sampler, or a broken one; "
+                            "check the node's python (--python, the hostfile's python=)")
+                if nl < 0:
+                    if start < len(chunk):
+                        parts.append(chunk[start:])
+                    break
+                parts.append(chunk[start:nl])
+                self._line(b"".join(parts))
+                parts, size, start = [], 0, nl + 1
 
     def _line(self, line: bytes) -> None:
         if not line.lstrip().startswith(b"{"):
@@ -149,6 +168,10 @@ class NodeSampler:
         if self.hello is None:
             return lines[-1] if lines else "the sampler ended before it started"
         return lines[-1] if lines else "the sampler's channel closed"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 @dataclass

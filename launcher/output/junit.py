@@ -22,6 +22,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -66,6 +67,7 @@ class ExtraCase:
     status: str
     message: str | None = None
     text: str = ""
+    duration: float = 0.0  # the testcase's time (s)
 
 
 def _failure_text(exit_code: int | None, message: str | None, root: str | None,
@@ -120,7 +122,8 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
     for node in report.nodes if node_cases else ():
         _node_cases(suite, classname, node, root_msg, count)
     for extra in [*attempt_cases(report), *extra_cases]:
-        _case(suite, classname, extra.name, extra.status, 0.0, extra.message, extra.text)
+        _case(suite, classname, extra.name, extra.status, extra.duration, extra.message,
+              extra.text)
         count(extra.status)
     for key, value in counts.items():
         suite.set(key, str(value))
@@ -142,17 +145,36 @@ def attempt_cases(report: CommandReport) -> list[ExtraCase]:
         code, cause = a.get("exit_code"), a.get("cause")
         fenced = ", ".join(str(f.get("host")) if isinstance(f, Mapping) else str(f)
                            for f in a.get("fenced") or ())
-        took = ""
-        if isinstance(a.get("start"), (int, float)) and isinstance(a.get("end"), (int, float)):
-            took = f" after {a['end'] - a['start']:.1f} s"
+        start = _number(a.get("start"))
+        took, duration = "", 0.0
+        if start is not None and _number(a.get("end")) is not None:
+            duration = max(0.0, a["end"] - start)
+            took = f" after {duration:.1f} s"
         message = None if code == 0 else \
             f"{cause}: {a.get('why') or a.get('outcome')} (exit {code}){took}"
         text = "\n".join(filter(None, [
             f"hosts: {', '.join(str(h) for h in a.get('hosts') or ())}",
-            f"fenced: {fenced}" if fenced else "", a.get("decision") or ""]))
+            f"fenced: {fenced}" if fenced else "", _timings(a), a.get("decision") or ""]))
         out.append(ExtraCase(f"attempt {a.get('n')}", PASSED if code == 0 else FAILED,
-                             message, text))
+                             message, text, duration))
     return out
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and \
+        not isinstance(value, bool) else None
+
+
+def _timings(a: Mapping[str, Any]) -> str:
+    """An attempt's timings, in seconds from its start: "timings: detected +12.3 s,
+    stopping +12.3 s, ended +13.0 s, relaunched +14.1 s" (only those known)."""
+    start = _number(a.get("start"))
+    if start is None:
+        return ""
+    parts = [f"{name} +{t - start:.1f} s" for name, key in
+             (("detected", "detected"), ("stopping", "stopping"), ("ended", "end"),
+              ("relaunched", "relaunched")) if (t := _number(a.get(key))) is not None]
+    return f"timings: {', '.join(parts)}" if parts else ""
 
 
 def _node_cases(suite: ET.Element, classname: str, node: NodeResult, root: str | None,
