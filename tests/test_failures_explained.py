@@ -133,3 +133,40 @@ def test_other_signal_and_plain_exit() -> None:
 
 def test_kernel_lines_filter_by_time_and_words(tmp_path: Path) -> None:
     assert isinstance(supervisor.kernel_lines(0.0), (list, str))  # readable or why not
+
+
+def test_failure_reason_json_and_details_only_when_there_are_some() -> None:
+    plain = failures.FailureReason("exit", "rank 3 exited with code 1", "see its log",
+                                   scope="rank", rank=3, host="node2", evidence=("a", "b"))
+    assert plain.json() == {"kind": "exit", "rank": 3, "host": "node2", "scope": "rank",
+                            "summary": "rank 3 exited with code 1", "evidence": ["a", "b"],
+                            "advice": "see its log"}
+    detailed = failures.FailureReason("oom", "s", "a", details={"rss_kb": 5})
+    assert detailed.json()["details"] == {"rss_kb": 5}
+
+
+def test_error_keeper_keeps_bounded_stderr_tails_and_comm_lines_per_rank() -> None:
+    keeper = failures.ErrorKeeper(size=3, errors=2)
+    lines = [OutputLine("n1", "out", "NCCL WARN on stdout", 0, 0, 0.0),
+             *(OutputLine("n1", "err", f"e{i}", 0, 0, 0.0) for i in range(5)),
+             *(OutputLine("n1", "err", f"NCCL WARN {i}", 1, 0, 0.0) for i in range(3)),
+             OutputLine("n2", "err", "NCCL error: unhandled system error", 0, 0, 0.0)]
+    keeper.observe(lines)
+    assert list(keeper.tails[("n1", 0)]) == ["e2", "e3", "e4"]  # stderr only, the last 3
+    assert list(keeper.tails[("n1", 1)]) == ["NCCL WARN 0", "NCCL WARN 1", "NCCL WARN 2"]
+    assert keeper.comm_lines() == [("n1", 1, "NCCL WARN 1"), ("n1", 1, "NCCL WARN 2"),
+                                   ("n2", 0, "NCCL error: unhandled system error")]
+    keeper.event("n1", {"type": "rank_exit", "rank": 0, "evidence": {"oom": True}})
+    keeper.event("n1", {"type": "rank_exit", "rank": "1", "evidence": {"x": 1}})
+    keeper.event("n1", {"type": "rank_exit", "rank": 2, "evidence": "not a dict"})
+    keeper.event("n1", {"type": "log", "rank": 3, "evidence": {"x": 1}})
+    assert keeper.evidence == {("n1", 0): {"oom": True}}
+    fresh = failures.ErrorKeeper()
+    assert (fresh.size, fresh.errors, fresh.tails, fresh.comm, fresh.evidence) == (
+        40, 5, {}, {}, {})
+
+
+def test_memory_sizes_in_mib_then_gib() -> None:
+    assert [failures._gib(kb) for kb in (2048, 1024 * 1024 - 1, 1024 * 1024,
+                                         3 * 1024 * 1024 // 2)] == [
+        "2 MiB", "1024 MiB", "1.0 GiB", "1.5 GiB"]
