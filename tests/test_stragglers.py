@@ -95,3 +95,98 @@ def test_busy_is_cpu_seconds_per_second_over_the_window() -> None:
         det.add("n", float(t), {0: t * 0.25, 1: t * 1.5})  # 1.5: a rank with 2 busy threads
     busy = det.busy()
     assert abs(busy[0] - 0.25) < 1e-9 and abs(busy[1] - 1.5) < 1e-9
+
+
+def test_a_flag_whole_its_times_json_and_line() -> None:
+    det = StragglerDetector(S, attempt=1)
+    cpu: dict[int, float] = {}
+    slow = {"node1": 0.1, "node2": 0.1, "node3": 0.9, "node4": 0.1}
+    assert feed(det, slow, 0, 30, cpu) == ["node3"]
+    # busy needs half a window (t=5); flagged the moment the hold (10 s) is over
+    assert det.as_json() == [{
+        "host": "node3", "ranks": [4, 5], "busy": 0.9, "others": 0.1, "since": 5.0,
+        "flagged": 15.0, "window": 10.0, "hold": 10.0, "ratio": 2.0, "attempt": 1,
+        "cleared": None, "signal": "cpu",
+        "summary": "straggler: node3 (ranks 4,5) is rarely waiting: busy 0.90 CPU-s/s against "
+                   "0.10 on the other nodes (x9.0) for 10 s; every rank steps at its pace"}]
+    # the evidence stops holding at t=39 (the window still sees the slow part before):
+    # cleared after another hold, dated from when it stopped, in the flags and the history
+    assert feed(det, dict.fromkeys(LAYOUT, 0.1), 31, 48, cpu) == []
+    assert det.flagged["node3"].cleared is None
+    assert feed(det, dict.fromkeys(LAYOUT, 0.1), 49, 49, cpu) == []
+    assert det.flagged["node3"].cleared == 39.0 and det.as_json()[0]["cleared"] == 39.0
+    # slow again: the node is not flagged a second time in the same attempt
+    assert feed(det, slow, 50, 90, cpu) == []
+
+
+def test_the_line_for_one_rank_and_an_idle_rest() -> None:
+    from launcher.decide.stragglers import Straggler
+    one = Straggler("n2", (3,), 1.23456, 0.0, 100.0, 130.4, 30.0, 30.0, 2.0, cleared=140.12345)
+    assert one.line() == ("straggler: n2 (rank 3) is rarely waiting: busy 1.23 CPU-s/s against "
+                          "0.00 on the other nodes (x1234.6) for 30 s; every rank steps at its "
+                          "pace")
+    j = one.as_json()
+    assert (j["busy"], j["others"], j["since"], j["flagged"], j["cleared"], j["attempt"]) == (
+        1.235, 0.0, 100.0, 130.4, 140.123, None)
+
+
+def test_busy_takes_the_newest_point_a_window_old_and_needs_half_a_window() -> None:
+    det = StragglerDetector(S)  # window 10
+    det.add("n", 0.0, {0: 0.0})
+    det.add("n", 4.0, {0: 4.0})
+    assert det.busy() == {}  # 4 s < half the window
+    det.add("n", 5.0, {0: 5.0})
+    assert det.busy() == {0: 1.0}  # exactly half: enough
+    for t, c in [(6.0, 5.0), (15.0, 5.0), (16.0, 6.0)]:
+        det.add("n", t, {0: c})
+    # at t=16 the newest point at least 10 s old is t=6 (c=5): 1 CPU-s in 10 s
+    assert det.busy() == {0: 0.1}
+
+
+def test_samples_out_of_order_restarted_or_moved_and_the_series_kept() -> None:
+    det = StragglerDetector(S)
+    det.add("n", 10.0, {0: 5.0})
+    det.add("n", 10.0, {0: 9.0})  # a repeated time: ignored
+    det.add("n", 9.0, {0: 1.0})  # older: ignored
+    assert list(det.series[0].points) == [(10.0, 5.0)]
+    det.add("n", 11.0, {0: 2.0})  # the counter went down: the rank restarted
+    assert list(det.series[0].points) == [(11.0, 2.0)]
+    det.add("m", 12.0, {0: 3.0})  # the rank is on another node now: a new series
+    assert det.series[0].host == "m" and list(det.series[0].points) == [(12.0, 3.0)]
+    for t in range(13, 60):
+        det.add("m", float(t), {0: float(t)})
+    # kept: the points within 2 windows + 1 s of the newest (and always two)
+    # (at t=59: the second point must be under 21 s old, so the first is t=38)
+    assert det.series[0].points[0][0] == 38.0 and det.series[0].points[-1][0] == 59.0
+
+
+def test_suspects_at_the_boundaries_and_on_one_node() -> None:
+    det = StragglerDetector(StragglerSettings(window=10.0, hold=10.0, ratio=2.0, min_gap=0.1))
+    for t in (0.0, 10.0):
+        det.add("a", t, {0: 0.0 + 2.0 * t / 10})  # busy 0.2
+        det.add("b", t, {1: 0.1 * t / 10})  # busy 0.01
+        det.add("b", t, {2: 0.1 * t / 10})
+    # 0.2 is 20x 0.01 but only 0.19 more: suspect; rank 1 and 2 are not
+    assert set(det.suspects()) == {0}
+    exact = StragglerDetector(StragglerSettings(window=10.0, hold=10.0, ratio=2.0, min_gap=0.1))
+    for t in (0.0, 10.0):
+        exact.add("a", t, {0: 2.0 * t / 10})  # busy exactly 2x and 0.1 more than b's
+        exact.add("b", t, {1: 1.0 * t / 10})
+    assert set(exact.suspects()) == {0}
+    # one node only: its ranks are compared with each other
+    solo = StragglerDetector(S)
+    for t in (0.0, 10.0):
+        solo.add("n", t, {0: 9.0 * t / 10, 1: 1.0 * t / 10, 2: 1.0 * t / 10})
+    assert set(solo.suspects()) == {0}
+    lone = StragglerDetector(S)
+    for t in (0.0, 10.0):
+        lone.add("n", t, {0: t})
+    assert lone.suspects() == {}
+
+
+def test_defaults_and_reset() -> None:
+    det = StragglerDetector()
+    assert det.settings == StragglerSettings(30.0, 30.0, 2.0, 0.05) and det.attempt is None
+    det.add("n", 0.0, {0: 0.0})
+    det.reset()
+    assert det.series == {} and det.attempt is None
