@@ -128,6 +128,9 @@ def test_the_line_for_one_rank_and_an_idle_rest() -> None:
     j = one.as_json()
     assert (j["busy"], j["others"], j["since"], j["flagged"], j["cleared"], j["attempt"]) == (
         1.235, 0.0, 100.0, 130.4, 140.123, None)
+    odd = Straggler("n2", (3,), 1.0, 0.12345, 100.6666, 130.4444, 30.0, 30.0, 2.0)
+    j = odd.as_json()
+    assert (j["others"], j["since"], j["flagged"]) == (0.123, 100.667, 130.444)
 
 
 def test_busy_takes_the_newest_point_a_window_old_and_needs_half_a_window() -> None:
@@ -190,3 +193,76 @@ def test_defaults_and_reset() -> None:
     det.add("n", 0.0, {0: 0.0})
     det.reset()
     assert det.series == {} and det.attempt is None
+    det.reset(attempt=2)
+    assert det.attempt == 2
+
+
+def test_one_sample_of_several_ranks_and_half_windows_late_in_a_run() -> None:
+    det = StragglerDetector(S)
+    det.add("n", 10.0, {0: 5.0})
+    det.add("n", 10.0, {0: 6.0, 1: 1.0})  # rank 0 repeated, rank 1 new: rank 1 still counts
+    assert list(det.series[1].points) == [(10.0, 1.0)]
+    det.add("n", 20.0, {1: 6.0})  # rank 0 has one point, rank 1 two: rank 1 has a busy
+    assert det.busy() == {1: 0.5}
+    late = StragglerDetector(S)
+    late.add("n", 100.0, {0: 0.0})
+    late.add("n", 101.0, {0: 1.0})  # 1 s of a 10 s window, late in the run: not enough
+    assert late.busy() == {}
+
+
+def test_a_busy_node_is_compared_with_the_other_nodes_only() -> None:
+    det = StragglerDetector(S)
+    for t in (0.0, 10.0):
+        det.add("a", t, {0: t, 1: t})  # both ranks of node a: 1.0 CPU-s/s
+        det.add("b", t, {2: 0.1 * t})
+    assert set(det.suspects()) == {0, 1}
+    gap = StragglerDetector(S)  # min_gap 0.1: 0.08 against 0.03 is 2.7x but 0.05 more
+    for t in (0.0, 10.0):
+        gap.add("a", t, {0: 0.08 * t})
+        gap.add("b", t, {1: 0.03 * t})
+    assert gap.suspects() == {}
+
+
+def _run(det: StragglerDetector, plan: list[tuple[int, int, dict[str, float]]],
+         cpu: dict[int, float] | None = None) -> list[str]:
+    cpu = {} if cpu is None else cpu
+    out = []
+    for t0, t1, busy in plan:
+        out += feed(det, busy, t0, t1, cpu)
+    return out
+
+
+def test_two_nodes_flagged_and_cleared_each_on_its_own_clock() -> None:
+    even = dict.fromkeys(LAYOUT, 0.1)
+    slow3 = {**even, "node3": 0.9}
+    slow1 = {**even, "node1": 0.9}
+    both = {**even, "node1": 0.9, "node3": 0.9}
+    det = StragglerDetector(S)
+    cpu: dict[int, float] = {}
+    # node3 flagged; node1 becomes slow as well while node3 stays slow: flagged too
+    assert _run(det, [(0, 30, slow3), (31, 60, both)], cpu) == ["node3", "node1"]
+    # node1 recovers while node3 stays slow: only node1's flag clears
+    assert _run(det, [(61, 100, slow3)], cpu) == []
+    assert det.flagged["node3"].cleared is None and det.flagged["node1"].cleared is not None
+    assert [f["cleared"] is None for f in det.as_json()] == [True, False]
+
+
+def test_a_flag_cleared_then_another_node_clears_later_with_its_own_time() -> None:
+    even = dict.fromkeys(LAYOUT, 0.1)
+    det = StragglerDetector(S)
+    cpu: dict[int, float] = {}
+    assert _run(det, [(0, 30, {**even, "node3": 0.9}), (31, 60, even),
+                      (61, 90, {**even, "node1": 0.9})], cpu) == ["node3", "node1"]
+    assert det.flagged["node3"].cleared == 39.0
+    assert _run(det, [(91, 130, even)], cpu) == []
+    assert det.flagged["node1"].cleared == 99.0
+    assert [f["cleared"] for f in det.as_json()] == [39.0, 99.0]
+
+
+def test_evidence_back_during_the_clearing_restarts_the_countdown() -> None:
+    even = dict.fromkeys(LAYOUT, 0.1)
+    slow = {**even, "node3": 0.9}
+    det = StragglerDetector(S)
+    # slow, then 6 s even (the evidence stops at 39 for 5 s), slow again, then even for good
+    _run(det, [(0, 30, slow), (31, 36, even), (37, 60, slow), (61, 100, even)])
+    assert det.flagged["node3"].cleared == 69.0

@@ -145,3 +145,15 @@ def test_step_numbers_in_each_spelling() -> None:
         r = StepRate(re.compile(r"."))
         r.feed(0, 0.0, text)
         assert r.step() == step, text
+
+
+def test_step_rate_over_every_point_of_the_window_and_repeated_steps() -> None:
+    r = StepRate(re.compile(PROGRESS), window=10.0)
+    for t, step in [(0.0, 0), (5.0, 10), (8.0, 11)]:
+        r.feed(0, t, f"step {step}")
+    assert list(r.ranks[0].points) == [(0.0, 0), (5.0, 10), (8.0, 11)]
+    assert r.rate(8.0) == 11 / 8  # first to last point, not the last two
+    same = StepRate(re.compile(PROGRESS), window=10.0)
+    for t, step in [(0.0, 5), (5.0, 5), (10.0, 10)]:
+        same.feed(0, t, f"step {step}")  # a step printed twice is not a restart
+    assert same.rate(10.0) == 0.5
