@@ -263,6 +263,7 @@ def test_evidence_back_during_the_clearing_restarts_the_countdown() -> None:
     even = dict.fromkeys(LAYOUT, 0.1)
     slow = {**even, "node3": 0.9}
     det = StragglerDetector(S)
-    # slow, then 6 s even (the evidence stops at 39 for 5 s), slow again, then even for good
-    _run(det, [(0, 30, slow), (31, 36, even), (37, 60, slow), (61, 100, even)])
-    assert det.flagged["node3"].cleared == 69.0
+    # slow, even (the evidence stops at 39, for 5 s: less than the hold), slow again, then
+    # even for good: the countdown starts again where the evidence stops the second time
+    _run(det, [(0, 30, slow), (31, 44, even), (45, 70, slow), (71, 110, even)], {})
+    assert det.flagged["node3"].cleared == 79.0
