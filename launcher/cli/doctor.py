@@ -84,7 +84,8 @@ def doctor_cmd(
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout, transport=transport)
-        return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new, ssh_option),
+        return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new,
+                                                             ssh_option),
                           as_json=as_json, junit=junit, strict=strict, color=color)
 
     run_body(body)

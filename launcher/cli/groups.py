@@ -118,7 +118,8 @@ AcceptNewOpt = Annotated[bool, typer.Option(
 def connection(connect_timeout: float, accept_new: bool, ssh_option: list[str] | None = None,
                **extra: Any) -> Any:
     """The SSH settings the connection options make (a bad -o is exit 2)."""
-    from launcher.transports.ssh.settings import SSHSettings, ssh_option as parse
+    from launcher.transports.ssh.settings import SSHSettings
+    from launcher.transports.ssh.settings import ssh_option as parse
 
     options = []
     for text in ssh_option or ():

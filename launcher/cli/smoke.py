@@ -101,6 +101,7 @@ def smoke_cmd(
                           archive_dir=Path(archive_dir), as_json=as_json, color=color,
                           timestamps=timestamps, transport=transport,
                           grace=5.0)
-        return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new, ssh_option))
+        return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new,
+                                                                  ssh_option))
 
     run_body(body)

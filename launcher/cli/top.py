@@ -131,7 +131,8 @@ def top_cmd(
 
         target = run
         try:
-            host_list = groups.hosts(hostfile, hosts, include, exclude, user=user) if run is None else None
+            host_list = groups.hosts(hostfile, hosts, include, exclude,
+                                     user=user) if run is None else None
         except HostfileError:
             if hostfile is not None or hosts is not None:
                 raise
