@@ -59,10 +59,18 @@ def test_three_node_ddp_gets_each_nodes_own_interface(cluster, tmp_path):
 
 def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path):
     marker = f"--marker-{uuid.uuid4().hex}"
-    res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--dry-run", "--env",
-               "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr", "3e-4", marker)
+    envfile = tmp_path / "site.env"
+    envfile.write_text("FROM_FILE=1\nMY_PASSWORD=overridden\n")
+    res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--dry-run", "--env-file",
+               str(envfile), "--env", "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr",
+               "3e-4", marker)
     assert res.returncode == 0, res.stderr
     out = res.stdout
+    # issue 24.7: a file's values name the file (they said [user: --env]); --env wins
+    assert out.count(f"  FROM_FILE=1  [user: --env-file {envfile}]\n") == 3, out
+    assert out.count("  MY_PASSWORD=***  [user: --env]\n") == 3, out
+    # issue 24.8: the NCCL '=' explanation once, not per node
+    assert out.count("the leading '=' makes NCCL use exactly") == 1, out
     # each node's own section names its own interface (not merely: each name appears)
     sections = re.split(r"^node (\d+)  (\S+)  ranks \S+$", out, flags=re.M)
     nodes = {int(sections[i]): (sections[i + 1], sections[i + 2])
