@@ -92,6 +92,23 @@ def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path
         assert not cluster.node_pids(k, user="dtuser", match=marker)
 
 
+def test_timestamps_stamp_the_lines_not_the_summary(cluster, tmp_path):
+    """docs/cli.md: the summary printed after the job is not stamped (issue 24.7); the
+    archive keeps the summary with a null node_rank."""
+    res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--timestamps",
+               "examples/ddp_smoke.py")
+    assert res.returncode == 0, res.stderr
+    text = res.stdout + res.stderr
+    assert re.search(r"^\S+T\S+ node1 r0: ", text, re.M), text
+    assert re.search(r"^\S+T\S+ dtrain: run ", text, re.M), text  # in-stream: stamped
+    assert re.search(r"^dtrain: ok: succeeded \(exit 0\)$", text, re.M), text
+    assert re.search(r"^dtrain:   node1 \(node 0\): r0 exit 0", text, re.M), text
+    (run,) = (tmp_path / "runs").iterdir()
+    records = [json.loads(line) for line in (run / "output.jsonl").read_text().splitlines()]
+    done = [r for r in records if r.get("line", "").startswith("ok: succeeded")]
+    assert done and done[0]["node_rank"] is None and done[0]["stream"] == "dtrain"
+
+
 def test_dry_run_json_is_machine_readable(cluster, tmp_path):
     res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--dry-run", "--json",
                "examples/ddp_smoke.py")

@@ -349,7 +349,8 @@ def _lint(final: Mapping[str, EnvVar], facts: NodeFacts, hca: HcaChoice | None) 
 
 def decide_env(facts: NodeFacts, *, master_addr: str, is_master: bool,
                user_env: Mapping[str, str], profile: Mapping[str, str] | None = None,
-               user_sources: Mapping[str, str] | None = None, nnodes: int, profile_name: str = "profile",
+               user_sources: Mapping[str, str] | None = None, nnodes: int,
+               profile_name: str = "profile",
                no_auto: Collection[str] = (), dtrain: Sequence[EnvVar] = ()) -> EnvDecision:
     """One node's whole environment: dtrain's own variables, detection, then profile, site
     config and --env on top (``merge_env``).
