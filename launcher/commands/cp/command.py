@@ -81,8 +81,10 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
                     bcast.leave(host.label)
         view.node_done(result)
 
+    auto = AutoTransport(settings, req.transport)
     try:
-        async with AutoTransport(settings) as transport, asyncio.TaskGroup() as tg:
+        auto.choose(hosts)  # a forced srun that cannot work: exit 2 before anything connects
+        async with auto as transport, asyncio.TaskGroup() as tg:
             for h in hosts:
                 tg.create_task(one(h, transport), name=h.label)
     finally:
