@@ -187,7 +187,10 @@ def run_cmd(
                           on_hang=on_hang or ("stop" if restarts else "dump"))
         host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         pairs = load_env_file(env_file) if env_file else []
-        pairs += parse_env_args(env or [])
+        sources = {name: f"--env-file {env_file}" for name, _ in pairs}
+        given = parse_env_args(env or [])
+        sources.update((name, "--env") for name, _ in given)
+        pairs += given
         hidden = from_environment(env or [])
         secrets = [*pairs, *(kv for h in host_list for kv in h.env)]
         command = redact_command(["dtrain", *sys.argv[1:]], env or [], secrets, hidden)
@@ -201,6 +204,7 @@ def run_cmd(
         req = RunRequest(script=script, args=tuple(args or ()), module=module,
                          nproc_per_node=nproc_per_node, python=python, setup=setup,
                          workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
+                         env_sources=tuple(sources.items()),
                          master_addr=master_addr, master_port=master_port, rdzv=rdzv,
                          max_restarts=max_restarts, run_id=run_id or "")
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
