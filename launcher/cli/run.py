@@ -61,7 +61,8 @@ def run_cmd(
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
     nproc_per_node: Annotated[str | None, typer.Option(
-        "--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus", metavar="N|gpu|auto", rich_help_panel=LAUNCH,
+        "--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus",
+        metavar="N|gpu|auto", rich_help_panel=LAUNCH,
         help="N, gpu or auto (default: the hostfile's slots, else gpu).")] = None,
     python: PythonOpt = "python3",
     setup: SetupOpt = None,
@@ -80,7 +81,8 @@ def run_cmd(
                                       rich_help_panel=LAUNCH,
                                       help="static (deterministic ranks) or c10d "
                                       "(elastic).")] = "static",
-    max_restarts: Annotated[int, typer.Option("--max-restarts", "--max_restarts", min=0, metavar="N",
+    max_restarts: Annotated[int, typer.Option("--max-restarts", "--max_restarts", min=0,
+                                              metavar="N",
                                               rich_help_panel=LAUNCH, help="torchrun "
                                               "restarts of the worker group.")] = 0,
     module: Annotated[bool, typer.Option("-m", "--module", rich_help_panel=LAUNCH,

@@ -212,8 +212,8 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
         decision = decide_env(facts[host.label], master_addr=master_addr,
                               is_master=node_rank == 0,
                               user_env={**devices, **dict(host.env), **dict(req.env)},
-                              user_sources={**{k: "--include/--exclude (GPU selection)"
-                                               for k in devices},
+                              user_sources={**dict.fromkeys(
+                                                devices, "--include/--exclude (GPU selection)"),
                                             **{k: f"hostfile {host.source or 'env:'}"
                                                for k, _ in host.env},
                                             **dict(req.env_sources)},
