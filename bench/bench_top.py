@@ -8,9 +8,11 @@ Cases:
 
 * ``steady``: the live view's machinery in this process (TopState + one sampler per node,
   the rich screen rendered into a 200x80 buffer every interval), for ``--seconds`` after
-  every node has sampled once. Per refresh: the *wall* is the oldest row's age when the
-  screen is drawn (a sample's arrival minus the node's sample time: one clock on this box)
-  plus the time to build the document and render the screen; the *client CPU* is this
+  every node has sampled once. Per refresh: the *wall* is the slowest node's latest sample
+  in transit (its arrival minus the node's sample time: one clock on this box) plus the
+  time to build the document and render the screen: from the nodes' readings to the drawn
+  screen. The *staleness* is the oldest row's age at the draw plus the render: bounded by
+  the interval, since nodes sample at their own phase; the *client CPU* is this
   process's CPU over the window divided by refreshes and nodes; the *node CPU* is each
   sample's ``self_cpu_ms`` (the sampler and its nvidia-smi, measured on the node).
   Targets (issue 29, reported, never asserted): refresh <= 1 s wall, <= 5 ms client CPU per
@@ -85,6 +87,8 @@ def snapshot_tools(env: Env, k: int) -> list[tuple[str, Any]]:
 
 async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str, Any]:
     """Run the live view's machinery for ``seconds``; what one refresh costs."""
+    import os
+
     from rich.console import Console
 
     from launcher.commands.top import TopRequest, policy, sampler_params
@@ -96,6 +100,9 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
     from launcher.transports import AutoTransport
     from launcher.transports.ssh import SSHSettings
 
+    # asyncssh reads $HOME/.ssh: this process is the client, as `dtrain top` is under
+    # HOME=<cluster client home> (bench/README.md)
+    os.environ["HOME"] = env.env()["HOME"]
     hosts = parse_host_expr(env.hostlist(k))
     req = TopRequest(interval=interval)
     state = TopState([h.label for h in hosts], interval)
@@ -110,7 +117,7 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
 
     console = Console(file=io.StringIO(), width=200, height=80, force_terminal=True)
     keys = KeyState(ViewOptions())
-    refresh_walls, render_s = [], []
+    refresh_walls, stale, render_s = [], [], []
     async with AutoTransport(SSHSettings(), "ssh") as transport:
         task = asyncio.create_task(follow(transport, hosts, sampler_params(req),
                                           on_sample, state.on_state, policy(req),
@@ -118,7 +125,8 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
         t0 = time.monotonic()
         while not all(n.samples >= 2 for n in state.nodes.values()):
             if time.monotonic() - t0 > 120:
-                raise SystemExit("bench: not every node sampled within 120 s")
+                late = {h: (n.state, n.error) for h, n in state.nodes.items() if n.samples < 2}
+                raise SystemExit(f"bench: not every node sampled within 120 s: {late}")
             await asyncio.sleep(0.1)
         started = time.monotonic() - t0
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -135,7 +143,8 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
             r = time.perf_counter() - r0
             render_s.append(r)
             oldest = max(n_["age"] for n_ in doc["nodes"] if n_["age"] is not None)
-            refresh_walls.append(oldest + r)
+            stale.append(oldest + r)
+            refresh_walls.append(max(arrivals.values()) + r)
             n += 1
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         window = time.monotonic() - w0
@@ -154,6 +163,9 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
             "client_cpu_ms_per_refresh_per_node": cpu / n / k * 1000,
             "refresh_wall_median_s": statistics.median(refresh_walls),
             "refresh_wall_max_s": max(refresh_walls),
+            "staleness_median_s": statistics.median(stale),
+            "staleness_max_s": max(stale),
+            "transit_median_s": statistics.median(arrivals.values()),
             "render_ms_median": statistics.median(render_s) * 1000,
             "node_cpu_ms_cpu_nodes_median": statistics.median(cpu_costs) if cpu_costs else None,
             "node_cpu_ms_cpu_nodes_p95": _p95(cpu_costs),
@@ -231,9 +243,11 @@ def main(argv: list[str]) -> int:
             print(f"\n### dtrain top, steady refresh at {st['nodes']} nodes "
                   f"(every {st['interval']:g} s, {st['refreshes']} refreshes)\n")
             print(table(["measure", "value", "target"], [
-                ["refresh wall (oldest row's age + render), median",
+                ["refresh wall (slowest node's transit + render), median",
                  f"{st['refresh_wall_median_s']:.3f} s", "<= 1 s"],
                 ["refresh wall, worst", f"{st['refresh_wall_max_s']:.3f} s", ""],
+                ["oldest row's age + render (<= interval + wall), median / worst",
+                 f"{st['staleness_median_s']:.3f} / {st['staleness_max_s']:.3f} s", ""],
                 ["render (document + rich screen), median", f"{st['render_ms_median']:.1f} ms",
                  ""],
                 ["client CPU per refresh per node",

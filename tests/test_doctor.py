@@ -98,6 +98,21 @@ def test_python_fails_naming_the_node_whose_probe_did_not_run() -> None:
     assert rows["gpu1"].status == OK and "3.11.7" in rows["gpu1"].detail
 
 
+def test_setup_row_only_with_setup_and_its_failure_is_its_own() -> None:
+    """Issue 24.9: a failed --setup is the setup row's FAIL; python is not run, not failed."""
+    facts = cluster_facts()
+    del facts["gpu2"]
+    err = "--setup failed (exit 1): bash: /nonexist/bin/activate: No such file or directory"
+    hosts = ["gpu1", "gpu2", "gpu3"]
+    assert doctor.check_setup(None, hosts, facts, {}) == []
+    rows = by_host(doctor.check_setup("source /nonexist/bin/activate", hosts, facts,
+                                      {"gpu2": err}))
+    assert rows["gpu2"].status == FAIL and rows["gpu2"].detail == err
+    assert rows["gpu1"].status == OK and rows["gpu2"].fix
+    python = by_host(doctor.check_python(facts, hosts, {"gpu2": err}))
+    assert python["gpu2"].status == SKIP
+
+
 def test_python_warns_when_probe_sections_failed() -> None:
     facts = {"gpu1": replace(node("gpu1", MASTER), errors={"rdma": "OSError: boom"})}
     row = doctor.check_python(facts, ["gpu1"])[0]

@@ -26,6 +26,7 @@ from launcher.decide.checks import (
     check_memlock,
     check_nccl,
     check_python,
+    check_setup,
     check_shm,
     check_ssh,
     check_torch,
@@ -53,7 +54,9 @@ def evaluate(g: Gathered) -> list[CheckResult]:
     pick = g.master
     sockets = socket_choices(facts, pick)
     slots = {h.label: h.slots for h in g.hosts}
+    reached = [h for h in labels if h not in g.connect_errors]
     rows = (check_ssh(labels, g.connect_errors)
+            + check_setup(g.setup, reached, facts, g.setup_errors)
             + check_python(facts, [h for h in labels if h not in g.connect_errors],
                            g.probe_errors)
             + check_hostnames(facts) + check_torch(facts) + check_nccl(facts)
