@@ -1,9 +1,9 @@
-"""`dtrain report` on real archives: a clean and a failed run on the real-sshd cluster.
+"""`dtrain report` on real archives: a clean and a failed run, a hang, and a sampled run of
+the straggler workload restarted once (--restarts 1), on the real-sshd cluster.
 
 Each page is parsed strictly (html5lib), its charts' data are recomputed from the archive's
-own output.jsonl and meta.json, it has no external URL, and it is drawn in headless Chromium
-without a console error. (A restarted run's archive is hand-made in test_report.py until
-`run --restarts` writes attempts; see docs/report.md.)
+own output.jsonl, samples.jsonl and meta.json, it has no external URL, and it is drawn in
+headless Chromium without a console error.
 """
 
 from __future__ import annotations
