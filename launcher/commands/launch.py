@@ -288,9 +288,10 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             archive.begin_attempt(req.attempt)
         out.message(f"run {archive.run_id}{attempt}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
-        if detacher is None and req.attempt == 1:
-            render.note("Ctrl-C stops the run on every node, and so does closing this terminal "
-                        "(SIGHUP); `dtrain run --detach` keeps a run going without it")
+        if detacher is None and req.attempt == 1 and _on_a_terminal():
+            # one short line, and only where a terminal can close under the run (not in CI
+            # logs or pipes): docs/runs.md
+            render.note(STOP_NOTE)
 
         def on_state(state: JobState) -> None:
             if state is JobState.RUNNING:
@@ -367,6 +368,14 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
     return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
                      req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
                      watch.hangs, failure, watch.watch.any_progress, watch)
+
+
+STOP_NOTE = "Ctrl-C or closing this terminal stops the run; --detach keeps it going"
+
+
+def _on_a_terminal() -> bool:
+    """stdin or stderr is a terminal: one that closes sends SIGHUP to the run."""
+    return any(getattr(s, "isatty", lambda: False)() for s in (sys.stdin, sys.stderr))
 
 
 def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,
