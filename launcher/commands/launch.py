@@ -107,6 +107,9 @@ class Payload:
 
     files: Mapping[str, str] = field(default_factory=dict)
     take: Callable[[OutputLine], bool] | None = None
+    # the job is part of a command with its own verdict (smoke's PASS/FAIL): its summary
+    # says how the job ended, never "ok", which the verdict may contradict
+    judged: bool = False
 
 
 NO_PAYLOAD = Payload()
@@ -356,7 +359,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         failure = failure_reason(outcome, v, errors)
         if failure is not None:
             v.why = failure_lines(failure)
-        for line in summary_lines(outcome, plan, v):
+        for line in summary_lines(outcome, plan, v, judged=payload.judged):
             out.summary(line)
     results = node_results(outcome, plan, v)
     root_cause = root_cause_json(outcome, v, tails)
