@@ -211,3 +211,34 @@ def test_hosts_from_a_mixed_nodelist_over_ssh(cluster: tc.Cluster) -> None:
     assert sorted(proc.stderr.splitlines()) == ["alt3: node3 2222", "alt4: node4 2222",
                                                 "node1: node1 22", "node2: node2 22"], \
         proc.stderr
+
+
+def test_restarts_over_srun_relaunch_fresh_steps_on_the_same_nodes(
+        cluster: tc.Cluster, slurm: Any, tmp_path: Path, allocs: list[Salloc]) -> None:
+    """--restarts inside an allocation (docs/restarts.md "With Slurm"): the allocation's
+    node beyond --nnodes is the spare, a rank that crashes once is relaunched as new srun
+    steps on the same nodes, resumes from its checkpoint; nothing left (slurmstepd
+    included)."""
+    run_id = new_id("srun-restart")
+    ck = cluster.shared_dir / run_id
+    ck.mkdir(mode=0o777)
+    ck.chmod(0o777)
+    job = Salloc(cluster, slurm, 3, run_args(
+        cluster, tmp_path, run_id, "tests/workloads/ckpt_lite.py", "--nnodes", "2",
+        "--restarts", "2", "--restart-backoff", "0.2",
+        env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"}))
+    allocs.append(job)
+    with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+        rc = job.wait()
+        watch.assert_clean(5)
+    assert rc == 0, job.output
+    out = job.output
+    assert "node3: spare for a fenced node (--nnodes 2)" in out, out
+    assert re.search(r"rank 1 on node2 raised RuntimeError: injected crash at step 7 .*; "
+                     r"attempt 2 on the same nodes from the last checkpoint in 0.2 s", out), out
+    assert re.search(r"node\d r\d: resumed at step (5|10)$", out, re.M), out  # no collective
+    m = meta(tmp_path, run_id)
+    assert m["transport"] == "srun"
+    assert [a["hosts"] for a in m["attempts"]] == [["node1", "node2"]] * 2
+    assert [a["cause"] for a in m["attempts"]] == ["process", "ok"]
+    assert watch.count() > 0  # the watch saw the job's processes: "clean" means something

@@ -56,6 +56,8 @@ def cp_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     python: SupervisorPythonOpt = "python3",
     sftp: Annotated[bool, typer.Option(
@@ -103,12 +105,12 @@ def cp_cmd(
         if len(paths) < 2:
             raise UsageError("need at least one source and a destination",
                              hint="dtrain cp -H HOSTS SRC... DEST")
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
                           recursive=recursive, preserve=preserve, checksum=checksum,
                           delete=delete, fanout=fanout, python=python, progress=progress,
                           broadcast=broadcast, broadcast_min=min_size, stream=not sftp,
                           keep_setuid=keep_setuid, transport=transport)
-        return run_cp(host_list, req, groups.connection(connect_timeout, accept_new))
+        return run_cp(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option))
 
     run_body(body)

@@ -56,6 +56,8 @@ def doctor_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     color: Annotated[bool | None, typer.Option("--color/--no-color",
                                                rich_help_panel=groups.DISPLAY,
@@ -78,11 +80,12 @@ def doctor_cmd(
         from launcher.commands.doctor import DoctorOptions, run_doctor
 
         groups.node(python)
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout, transport=transport)
-        return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new),
+        return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new,
+                                                             ssh_option),
                           as_json=as_json, junit=junit, strict=strict, color=color)
 
     run_body(body)

@@ -63,12 +63,31 @@ ExcludeOpt = Annotated[str | None, typer.Option(
 
 
 def hosts(hostfile: str | None, hosts: str | None, include: str | None,
-          exclude: str | None, **more: Any) -> list[Any]:
-    """The hosts the options name (exit 2 with the hostfile's line for bad input)."""
+          exclude: str | None, *, user: str | None = None) -> list[Any]:
+    """The hosts the options name (exit 2 with the hostfile's line for bad input): pdsh's
+    WCOLL is the hostfile when nothing else names hosts, ``-l USER`` the user of every
+    host that names none."""
+    import os
+
     from launcher.hosts.hostfile import resolve_hosts
 
-    return resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
-                         **more)
+    if hostfile is None and hosts is None and os.environ.get("WCOLL"):
+        hostfile = os.environ["WCOLL"]
+    if hostfile is not None and hostfile.isdigit() and not os.path.exists(hostfile):
+        from launcher.errors import UsageError
+
+        raise UsageError(f"-f {hostfile}: dtrain's -f is the hostfile (-f FILE); pdsh's "
+                         "-f is the fan-out, which dtrain spells --fanout",
+                         hint=f"--fanout {hostfile}")
+    found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude)
+    if user:
+        from dataclasses import replace
+
+        from launcher.nodeside.wire import check_value
+
+        check_value(user, "-l/--user")
+        found = [h if h.user else replace(h, user=user) for h in found]
+    return found
 
 
 # ----------------------------------------------------------------------------- connection
@@ -77,8 +96,15 @@ FanoutOpt = Annotated[int, typer.Option(
     "--fanout", min=1, metavar="N", rich_help_panel=CONNECTION,
     help="Connections opened at once (pdsh's -f; dtrain's -f is the hostfile).")]
 ConnectTimeoutOpt = Annotated[float, typer.Option(
-    "--connect-timeout", min=0.1, metavar="SECONDS", rich_help_panel=CONNECTION,
-    help="Seconds to connect to one node.")]
+    "--connect-timeout", "-t", min=0.1, metavar="SECONDS", rich_help_panel=CONNECTION,
+    help="Seconds to connect to one node (pdsh's -t).")]
+UserOpt = Annotated[str | None, typer.Option(
+    "-l", "--user", metavar="USER", rich_help_panel=CONNECTION,
+    help="Log in as USER where the host names no user (pdsh's and ssh's -l).")]
+SshOptionOpt = Annotated[list[str] | None, typer.Option(
+    "-o", "--ssh-option", metavar="OPTION", rich_help_panel=CONNECTION,
+    help="An ssh_config option for every connection, as ssh -o takes it (-o Port=2222, "
+         "-o ProxyJump=login); wins over ~/.ssh/config. Repeatable.")]
 TransportOpt = Annotated[str, typer.Option(
     "--transport", envvar="DTRAIN_TRANSPORT", show_envvar=True, metavar="KIND",
     rich_help_panel=CONNECTION,
@@ -89,11 +115,22 @@ AcceptNewOpt = Annotated[bool, typer.Option(
     help="Record unknown host keys in ~/.ssh/known_hosts (never changed ones).")]
 
 
-def connection(connect_timeout: float, accept_new: bool, **extra: Any) -> Any:
-    """The SSH settings the connection options make."""
-    from launcher.transports.ssh import SSHSettings
+def connection(connect_timeout: float, accept_new: bool, ssh_option: list[str] | None = None,
+               **extra: Any) -> Any:
+    """The SSH settings the connection options make (a bad -o is exit 2)."""
+    from launcher.transports.ssh.settings import SSHSettings
+    from launcher.transports.ssh.settings import ssh_option as parse
 
-    return SSHSettings(connect_timeout=connect_timeout, accept_new=accept_new, **extra)
+    options = []
+    for text in ssh_option or ():
+        try:
+            options.append(parse(text))
+        except ValueError as exc:
+            from launcher.errors import UsageError
+
+            raise UsageError(f"-o {text!r}: {exc}") from None
+    return SSHSettings(connect_timeout=connect_timeout, accept_new=accept_new,
+                       options=tuple(options), **extra)
 
 
 def check_transport(transport: str) -> str:

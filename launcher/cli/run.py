@@ -141,6 +141,8 @@ def run_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     color: ColorOpt = None,
     raw: RawOpt = False,
@@ -183,7 +185,7 @@ def run_cmd(
         compile_progress(progress)  # a bad pattern: exit 2 before anything connects
         hang = HangPolicy(timeout=hang_timeout, progress=progress,
                           on_hang=on_hang or ("stop" if restarts else "dump"))
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         pairs = load_env_file(env_file) if env_file else []
         sources = {name: f"--env-file {env_file}" for name, _ in pairs}
         given = parse_env_args(env or [])
@@ -217,7 +219,7 @@ def run_cmd(
                           stragglers=StragglerSettings(window=straggler_window,
                                                        hold=straggler_hold,
                                                        ratio=straggler_ratio))
-        settings = groups.connection(connect_timeout, accept_new)
+        settings = groups.connection(connect_timeout, accept_new, ssh_option)
         if detach and not dry_run:
             from launcher.commands.detach import Detacher, run_detached
 

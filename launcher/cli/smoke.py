@@ -66,6 +66,8 @@ def smoke_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     color: groups.ColorOpt = None,
 ) -> None:
@@ -90,7 +92,7 @@ def smoke_cmd(
         check_choice("--backend", backend, ("nccl", "gloo"))
         groups.check_transport(transport)
         size = parse_size(max_size) if max_size else None
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
                            backend=backend, max_size=size, min_busbw=min_busbw,
                            pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,
@@ -99,6 +101,7 @@ def smoke_cmd(
                           archive_dir=Path(archive_dir), as_json=as_json, color=color,
                           timestamps=timestamps, transport=transport,
                           grace=5.0)
-        return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new))
+        return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new,
+                                                                  ssh_option))
 
     run_body(body)

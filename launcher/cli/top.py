@@ -82,6 +82,8 @@ def top_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     python: groups.SupervisorPythonOpt = "python3",
     color: groups.ColorOpt = None,
@@ -121,7 +123,7 @@ def top_cmd(
                          stragglers=StragglerSettings(window=straggler_window,
                                                       hold=straggler_hold,
                                                       ratio=straggler_ratio))
-        settings = groups.connection(connect_timeout, accept_new)
+        settings = groups.connection(connect_timeout, accept_new, ssh_option)
         from pathlib import Path
 
         from launcher.commands.top import latest_live_run, run_top_for_run
@@ -129,7 +131,8 @@ def top_cmd(
 
         target = run
         try:
-            host_list = groups.hosts(hostfile, hosts, include, exclude) if run is None else None
+            host_list = groups.hosts(hostfile, hosts, include, exclude,
+                                     user=user) if run is None else None
         except HostfileError:
             if hostfile is not None or hosts is not None:
                 raise
