@@ -42,7 +42,10 @@ PANEL_ORDER = (HOSTS, CONNECTION, NODE, ENVIRONMENT, LAUNCH, FAILURE, WATCH, DIS
                REPORTS, ARCHIVE)
 
 # old or foreign spellings that still work but are not shown in --help
-HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks"})
+HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks",
+                          # torchrun's and DeepSpeed's spellings (docs/cli.md)
+                          "--nproc_per_node", "--num_gpus", "--num-gpus", "--num_nodes",
+                          "--num-nodes", "--master_addr", "--master_port", "--max_restarts"})
 
 # ---------------------------------------------------------------------------------- hosts
 
@@ -56,10 +59,12 @@ HostsOpt = Annotated[str | None, typer.Option(
     help="Hosts, pdsh style (-w works too): dtuser@node[1-4],login2:2222.")]
 IncludeOpt = Annotated[str | None, typer.Option(
     "--include", metavar="HOSTS", rich_help_panel=HOSTS,
-    help="Keep only these hosts (a hostlist expression).")]
+    help="Keep only these hosts (a hostlist expression); run also takes DeepSpeed's "
+         "HOST:GPU,GPU@HOST form, which sets CUDA_VISIBLE_DEVICES on those hosts.")]
 ExcludeOpt = Annotated[str | None, typer.Option(
     "--exclude", "-x", metavar="HOSTS", rich_help_panel=HOSTS,
-    help="Drop these hosts (pdsh's -x).")]
+    help="Drop these hosts (pdsh's -x); run also takes DeepSpeed's HOST:GPU form, which "
+         "leaves those GPUs out.")]
 
 
 def hosts(hostfile: str | None, hosts: str | None, include: str | None,
@@ -183,6 +188,31 @@ EnvOpt = Annotated[list[str] | None, typer.Option(
 EnvFileOpt = Annotated[str | None, typer.Option(
     "--env-file", metavar="FILE", rich_help_panel=ENVIRONMENT,
     help="dotenv file (NAME=VALUE lines); the way to pass many secrets.")]
+
+DEEPSPEED_ENV = ".deepspeed_env"
+
+
+def deepspeed_env(cwd: str = ".", home: str = "~") -> tuple[list[tuple[str, str]],
+                                                             dict[str, str]]:
+    """DeepSpeed's ``.deepspeed_env`` (KEY=VAL lines) for every rank, as DeepSpeed reads it:
+    the current directory's, else the home directory's (``DS_ENV_FILE`` names another).
+    (pairs, {name: source}); --env-file and --env win over it."""
+    import os
+    from pathlib import Path
+
+    from launcher.hosts.envfile import load_env_file
+
+    named = os.environ.get("DS_ENV_FILE")
+    candidates = [Path(named)] if named else [Path(cwd) / DEEPSPEED_ENV,
+                                              Path(home).expanduser() / DEEPSPEED_ENV]
+    for path in candidates:
+        if path.is_file():
+            pairs = load_env_file(str(path))
+            shown = str(path) if named else (f"./{DEEPSPEED_ENV}" if path.parent == Path(cwd)
+                                             else f"~/{DEEPSPEED_ENV}")
+            return pairs, {name: shown for name, _ in pairs}
+    return [], {}
+
 
 # -------------------------------------------------------------------------------- failure
 

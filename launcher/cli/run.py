@@ -61,7 +61,8 @@ def run_cmd(
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
     nproc_per_node: Annotated[str | None, typer.Option(
-        "--nproc-per-node", metavar="N|gpu|auto", rich_help_panel=LAUNCH,
+        "--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus",
+        metavar="N|gpu|auto", rich_help_panel=LAUNCH,
         help="N, gpu or auto (default: the hostfile's slots, else gpu).")] = None,
     python: PythonOpt = "python3",
     setup: SetupOpt = None,
@@ -69,18 +70,19 @@ def run_cmd(
     env: EnvOpt = None,
     env_file: EnvFileOpt = None,
     master_addr: Annotated[str | None, typer.Option(
-        "--master-addr", metavar="ADDR", rich_help_panel=LAUNCH,
+        "--master-addr", "--master_addr", metavar="ADDR", rich_help_panel=LAUNCH,
         help="Rendezvous address (default: node 0's address every node "
                               "reaches, probed).")] = None,
     master_port: Annotated[int | None, typer.Option(
-        "--master-port", min=1, max=65535, metavar="PORT", rich_help_panel=LAUNCH,
+        "--master-port", "--master_port", min=1, max=65535, metavar="PORT", rich_help_panel=LAUNCH,
         help="Rendezvous port (default: a free one on "
                                                 "node 0, checked from every node).")] = None,
     rdzv: Annotated[str, typer.Option("--rdzv", metavar="static|c10d",
                                       rich_help_panel=LAUNCH,
                                       help="static (deterministic ranks) or c10d "
                                       "(elastic).")] = "static",
-    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, metavar="N",
+    max_restarts: Annotated[int, typer.Option("--max-restarts", "--max_restarts", min=0,
+                                              metavar="N",
                                               rich_help_panel=LAUNCH, help="torchrun "
                                               "restarts of the worker group.")] = 0,
     module: Annotated[bool, typer.Option("-m", "--module", rich_help_panel=LAUNCH,
@@ -129,7 +131,7 @@ def run_cmd(
         "from the script's own checkpoint; a lost or faulty node is fenced (a spare takes "
         "its place), a deterministic error is not retried (docs/restarts.md).")] = 0,
     nnodes: Annotated[str | None, typer.Option(
-        "--nnodes", metavar="K|MIN:MAX", rich_help_panel=LAUNCH,
+        "--nnodes", "--num_nodes", "--num-nodes", metavar="K|MIN:MAX", rich_help_panel=LAUNCH,
         help="K or MIN:MAX (torchrun's spelling): use the first K (MAX) usable "
         "hosts, keep the rest as spares; with --restarts a run shrinks down to MIN when no "
         "spare is left.")] = None,
@@ -185,9 +187,14 @@ def run_cmd(
         compile_progress(progress)  # a bad pattern: exit 2 before anything connects
         hang = HangPolicy(timeout=hang_timeout, progress=progress,
                           on_hang=on_hang or ("stop" if restarts else "dump"))
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
-        pairs = load_env_file(env_file) if env_file else []
-        sources = {name: f"--env-file {env_file}" for name, _ in pairs}
+        from launcher.decide.devices import selection
+
+        include_hosts, exclude_hosts, devices = selection(include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include_hosts, exclude_hosts, user=user)
+        pairs, sources = groups.deepspeed_env()
+        from_file = load_env_file(env_file) if env_file else []
+        sources.update((name, f"--env-file {env_file}") for name, _ in from_file)
+        pairs += from_file
         given = parse_env_args(env or [])
         sources.update((name, "--env") for name, _ in given)
         pairs += given
@@ -206,7 +213,7 @@ def run_cmd(
                          workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
                          env_sources=tuple(sources.items()),
                          master_addr=master_addr, master_port=master_port, rdzv=rdzv,
-                         max_restarts=max_restarts, run_id=run_id or "")
+                         max_restarts=max_restarts, run_id=run_id or "", devices=devices)
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
                           start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout,
                           archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,

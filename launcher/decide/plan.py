@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.decide.devices import DeviceSelection
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
 from launcher.decide.netenv import EnvDecision, EnvVar, decide_env
@@ -45,6 +46,8 @@ class RunRequest:
     run_id: str = "dtrain"
     restarts: int = 0  # dtrain run --restarts N: relaunches of the whole gang
     attempt: int = 1  # which attempt this plan is for (DTRAIN_ATTEMPT with --restarts)
+    # DeepSpeed's --include host:0,1 / --exclude host:2 (decide/devices.py)
+    devices: DeviceSelection = field(default_factory=DeviceSelection)
 
 
 @dataclass(frozen=True)
@@ -201,11 +204,17 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
     node ranks in host order and global ranks by cumulative nproc."""
     decisions: dict[str, EnvDecision] = {}
     errors: list[str] = []
+    gpus = {h.label: req.devices.gpus(h.name, facts[h.label].gpus) if req.devices else None
+            for h in hosts}
     for node_rank, host in enumerate(hosts):
+        chosen = gpus[host.label]
+        devices = {} if chosen is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
         decision = decide_env(facts[host.label], master_addr=master_addr,
                               is_master=node_rank == 0,
-                              user_env={**dict(host.env), **dict(req.env)},
-                              user_sources={**{k: f"hostfile {host.source or 'env:'}"
+                              user_env={**devices, **dict(host.env), **dict(req.env)},
+                              user_sources={**dict.fromkeys(
+                                                devices, "--include/--exclude (GPU selection)"),
+                                            **{k: f"hostfile {host.source or 'env:'}"
                                                for k, _ in host.env},
                                             **dict(req.env_sources)},
                               profile=opts.profile, nnodes=len(hosts),
@@ -218,7 +227,11 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
     nodes: list[NodePlan] = []
     first = 0
     for node_rank, host in enumerate(hosts):
-        nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
+        chosen = gpus[host.label]
+        if chosen is not None and req.nproc_per_node in (None, "gpu"):
+            nproc_arg, nproc = str(len(chosen)), len(chosen)  # one rank per selected GPU
+        else:
+            nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
         python = expand_home(host.python or req.python, facts[host.label].home)
         argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
                              nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
