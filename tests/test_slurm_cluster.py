@@ -261,3 +261,18 @@ def test_cp_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, tmp_
     finally:
         for k in (1, 2, 3):
             cluster.node_exec(k, ["rm", "-f", dest], user="root")
+
+
+@pytest.mark.torch
+def test_smoke_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, tmp_path: Path,
+                                              allocs: list[Salloc]) -> None:
+    """smoke takes --transport (issue 23 item 5; it was SSH only): its job runs as srun
+    steps and its archive says so."""
+    job = Salloc(cluster, slurm, 2, ["smoke", "--transport", "srun", "--python",
+                                     cluster.python, "--backend", "gloo", "--max-size", "64K",
+                                     "--archive-dir", str(tmp_path / "runs"), "--no-color"])
+    allocs.append(job)
+    assert job.wait(110) == 0, job.output
+    assert "smoke: PASS: 2 nodes" in job.output, job.output
+    (meta_file,) = (tmp_path / "runs").glob("*/meta.json")
+    assert json.loads(meta_file.read_text())["transport"] == "srun"
