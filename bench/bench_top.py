@@ -209,7 +209,41 @@ def micro(n: int = 2000) -> dict[str, float]:
 
     with open(os.devnull, "w") as devnull:
         out["stack sample (faulthandler dump, 30 frames) us"] = deep(30)
+    out["live screen, 64 nodes x 8 GPUs (document + render, 200x80) us"] = render_cost(64)
     return out
+
+
+def render_cost(k: int, n: int = 50) -> float:
+    """One refresh of the live screen for k synthetic 8-GPU nodes, CPU per refresh (us)."""
+    from rich.console import Console
+
+    from launcher.commands.top.model import TopState
+    from launcher.commands.top.screen import KeyState, renderable
+    from launcher.commands.top.view import ViewOptions
+
+    hosts = [f"gpu{i:02d}" for i in range(1, k + 1)]
+    state = TopState(hosts, 1.0)
+    for i, h in enumerate(hosts):
+        gpus = [{"index": g, "name": "H100", "util_pct": (i * g) % 100, "mem_used_mib": 1024,
+                 "mem_total_mib": 81559, "temp_c": 41, "power_w": 123.45,
+                 "power_limit_w": 700} for g in range(8)]
+        state.on_sample(h, {"type": "sample", "t": time.time(), "dt": 1.0, "cpu_pct": 12.0,
+                            "ncpu": 8, "load": [1.25, 1.0, 0.5], "mem_used": 3 << 30,
+                            "mem_total": 16 << 30, "gpus": gpus, "gpu_source": "nvidia-smi",
+                            "net": {"iface": "ib0", "rx_bps": 1500 * i, "tx_bps": 2 << 20},
+                            "gpu_error": None, "self_cpu_ms": 0.4})
+    console = Console(file=io.StringIO(), width=200, height=80, force_terminal=True)
+    keys = KeyState(ViewOptions())
+
+    def once() -> None:
+        console.file = io.StringIO()
+        console.print(renderable(state.document(), keys, 80))
+
+    once()
+    t0 = time.process_time()
+    for _ in range(n):
+        once()
+    return (time.process_time() - t0) / n * 1e6
 
 
 def _p95(values: list[float]) -> float | None:

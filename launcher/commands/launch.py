@@ -307,7 +307,9 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                 out.stopping()
 
         sampling = RunSampling(archive, plan, opts.sample_interval, opts.stragglers,
-                               out.message, heartbeat_timeout=opts.heartbeat_timeout) \
+                               out.message, heartbeat_timeout=opts.heartbeat_timeout,
+                               attempt=req.attempt if req.restarts or req.attempt > 1
+                               else None) \
             if opts.sample_interval > 0 else None
 
         def on_event(host: Host, msg: dict[str, object]) -> None:
