@@ -92,6 +92,11 @@ def run_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", rich_help_panel=LAUNCH,
                                           help="Probe and print each node's "
                                           "command and environment; start nothing.")] = False,
+    offline: Annotated[bool, typer.Option(
+        "--offline", rich_help_panel=LAUNCH,
+        help="With --dry-run: plan from the hostfile alone, connecting to nothing (each "
+             "node's facts unknown: no detected NCCL/GLOO variables, master not checked).")
+    ] = False,
     as_json: JsonOpt = False,
     junit: groups.JunitOpt = None,
     timestamps: TimestampsOpt = False,
@@ -178,6 +183,11 @@ def run_cmd(
         from launcher.output.redact import redact_command
 
         remote_dir = groups.node(python, workdir, default_workdir=default_workdir())
+        if offline and not dry_run:
+            from launcher.errors import UsageError
+
+            raise UsageError("--offline plans without connecting: it goes with --dry-run",
+                             hint="add --dry-run")
         check_choice("--rdzv", rdzv, ("static", "c10d"))
         check_choice("--on-hang", on_hang, tuple(ON_HANG))
         from launcher.decide.restarts import RestartPolicy, parse_nnodes
@@ -220,7 +230,7 @@ def run_cmd(
                           color=color, raw=raw, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
-                          preflight=preflight, command=tuple(command),
+                          preflight=preflight, command=tuple(command), offline=offline,
                           transport=transport, junit=junit, timestamps=timestamps,
                           hang=hang, restart=restart, sample_interval=sample_interval,
                           stragglers=StragglerSettings(window=straggler_window,

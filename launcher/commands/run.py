@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
 from launcher.commands.launch import RunResult, launch, run_extra
-from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
+from launcher.decide.plan import (
+    OFFLINE_FACTS,
+    LaunchPlan,
+    RunOptions,
+    RunRequest,
+    offline_plan,
+    plan_json,
+)
 from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
@@ -34,6 +41,8 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
     """The dry run: per node, the exact command and each variable with its source."""
     out = out or sys.stdout
     w = out.write
+    if plan.offline:
+        w(f"offline: {OFFLINE_FACTS}\n")
     w(f"master {plan.master_addr}:{plan.master_port} ({plan.master_reason}); "
       f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
     hosts = [n.host for n in plan.nodes]
@@ -97,6 +106,13 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                        settings: SSHSettings, detacher: Detacher | None = None
                        ) -> RunResult | None:
     """One attempt: prepare, plan, launch (None: a dry run, printed)."""
+    if opts.dry_run and opts.offline:  # nothing is contacted: the hostfile's plan
+        plan = offline_plan(req, opts, hosts)
+        if opts.as_json:
+            sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
+        else:
+            render_plan(plan, workdir=req.workdir, setup=req.setup)
+        return None
     async with prepare(hosts, req, opts, settings) as prep:
         plan = prep.plan(req, opts)
         if opts.dry_run:
