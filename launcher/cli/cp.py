@@ -34,34 +34,36 @@ def cp_cmd(
     pull: Annotated[bool, typer.Option(
         "--pull", rich_help_panel=COPY,
         help="Copy from the nodes: each node's files land in LOCALDIR/<host>/ "
-                       "(rpdcp). Globs in REMOTE are expanded on the node.")] = False,
+             "(rpdcp). Globs in REMOTE are expanded on the node.")] = False,
     recursive: Annotated[bool, typer.Option("-r", "--recursive", rich_help_panel=COPY,
                                             help="Copy directories.")] = False,
     preserve: Annotated[bool, typer.Option(
         "-p", "--preserve", rich_help_panel=COPY,
         help="Keep permission bits exactly and directory mtimes (file "
-                                 "mtimes are always kept: the delta check uses them).")] = False,
+             "mtimes are always kept: the delta check uses them).")] = False,
     keep_setuid: Annotated[bool, typer.Option(
         "--keep-setuid", rich_help_panel=COPY,
         help="With --pull -p: keep the setuid/setgid bits a node's files "
-                              "have (default: dropped).")] = False,
+             "have (default: dropped).")] = False,
     checksum: Annotated[bool, typer.Option(
         "--checksum", rich_help_panel=COPY,
         help="Skip a file only when its sha256 matches (default: size and "
-                           "mtime).")] = False,
+             "mtime).")] = False,
     delete: Annotated[bool, typer.Option(
         "--delete", rich_help_panel=COPY,
         help="Remove files under a copied directory that the source does not "
-                         "have (never outside it).")] = False,
+             "have (never outside it).")] = False,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     python: SupervisorPythonOpt = "python3",
     sftp: Annotated[bool, typer.Option(
         "--sftp", rich_help_panel=COPY,
         help="Push file by file over SFTP instead of one stream per node through "
-                       "dtrain's node program (the fallback when python is missing).")
+             "dtrain's node program (the fallback when python is missing).")
     ] = False,
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", rich_help_panel=COPY,
@@ -103,12 +105,12 @@ def cp_cmd(
         if len(paths) < 2:
             raise UsageError("need at least one source and a destination",
                              hint="dtrain cp -H HOSTS SRC... DEST")
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
                           recursive=recursive, preserve=preserve, checksum=checksum,
                           delete=delete, fanout=fanout, python=python, progress=progress,
                           broadcast=broadcast, broadcast_min=min_size, stream=not sftp,
                           keep_setuid=keep_setuid, transport=transport)
-        return run_cp(host_list, req, groups.connection(connect_timeout, accept_new))
+        return run_cp(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option))
 
     run_body(body)

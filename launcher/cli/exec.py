@@ -51,10 +51,15 @@ def exec_cmd(
     grace: Annotated[float, typer.Option(
         "--grace", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
         help="TERM -> KILL delay when stopping (timeout, Ctrl-C).")] = 2.0,
+    no_prefix: Annotated[bool, typer.Option(
+        "-N", "--no-prefix", rich_help_panel=groups.DISPLAY,
+        help="Print the nodes' lines without the host in front (pdsh's -N).")] = False,
     heartbeat_timeout: HeartbeatTimeoutOpt = 30.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     python: SupervisorPythonOpt = "python3",
     color: ColorOpt = None,
@@ -76,17 +81,23 @@ def exec_cmd(
         from launcher.commands.exec import ExecRequest, run_exec
 
         groups.node(python)
+        if no_prefix and gather:
+            from launcher.errors import UsageError
+
+            raise UsageError("-N does not go with --gather: the gathered outputs are "
+                             "printed under their hosts", hint="use one of them")
         if timestamps and gather:
             from launcher.errors import UsageError
 
             raise UsageError("--timestamps does not go with --gather: the gathered outputs "
                              "are printed once, grouped across hosts, after the job",
                              hint="use one of them")
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, raw=raw, grace=grace,
                           heartbeat_timeout=heartbeat_timeout, transport=transport,
-                          as_json=as_json, junit=junit, timestamps=timestamps)
-        return run_exec(host_list, req, groups.connection(connect_timeout, accept_new))
+                          as_json=as_json, junit=junit, timestamps=timestamps,
+                          prefix=not no_prefix)
+        return run_exec(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option))
 
     run_body(body)

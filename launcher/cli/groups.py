@@ -42,7 +42,10 @@ PANEL_ORDER = (HOSTS, CONNECTION, NODE, ENVIRONMENT, LAUNCH, FAILURE, WATCH, DIS
                REPORTS, ARCHIVE)
 
 # old or foreign spellings that still work but are not shown in --help
-HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks"})
+HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks",
+                          # torchrun's and DeepSpeed's spellings (docs/cli.md)
+                          "--nproc_per_node", "--num_gpus", "--num-gpus", "--num_nodes",
+                          "--num-nodes", "--master_addr", "--master_port", "--max_restarts"})
 
 # ---------------------------------------------------------------------------------- hosts
 
@@ -56,19 +59,40 @@ HostsOpt = Annotated[str | None, typer.Option(
     help="Hosts, pdsh style (-w works too): dtuser@node[1-4],login2:2222.")]
 IncludeOpt = Annotated[str | None, typer.Option(
     "--include", metavar="HOSTS", rich_help_panel=HOSTS,
-    help="Keep only these hosts (a hostlist expression).")]
+    help="Keep only these hosts (a hostlist expression); run also takes DeepSpeed's "
+         "HOST:GPU,GPU@HOST form, which sets CUDA_VISIBLE_DEVICES on those hosts.")]
 ExcludeOpt = Annotated[str | None, typer.Option(
     "--exclude", "-x", metavar="HOSTS", rich_help_panel=HOSTS,
-    help="Drop these hosts (pdsh's -x).")]
+    help="Drop these hosts (pdsh's -x); run also takes DeepSpeed's HOST:GPU form, which "
+         "leaves those GPUs out.")]
 
 
 def hosts(hostfile: str | None, hosts: str | None, include: str | None,
-          exclude: str | None, **more: Any) -> list[Any]:
-    """The hosts the options name (exit 2 with the hostfile's line for bad input)."""
+          exclude: str | None, *, user: str | None = None) -> list[Any]:
+    """The hosts the options name (exit 2 with the hostfile's line for bad input): pdsh's
+    WCOLL is the hostfile when nothing else names hosts, ``-l USER`` the user of every
+    host that names none."""
+    import os
+
     from launcher.hosts.hostfile import resolve_hosts
 
-    return resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
-                         **more)
+    if hostfile is None and hosts is None and os.environ.get("WCOLL"):
+        hostfile = os.environ["WCOLL"]
+    if hostfile is not None and hostfile.isdigit() and not os.path.exists(hostfile):
+        from launcher.errors import UsageError
+
+        raise UsageError(f"-f {hostfile}: dtrain's -f is the hostfile (-f FILE); pdsh's "
+                         "-f is the fan-out, which dtrain spells --fanout",
+                         hint=f"--fanout {hostfile}")
+    found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude)
+    if user:
+        from dataclasses import replace
+
+        from launcher.nodeside.wire import check_value
+
+        check_value(user, "-l/--user")
+        found = [h if h.user else replace(h, user=user) for h in found]
+    return found
 
 
 # ----------------------------------------------------------------------------- connection
@@ -77,8 +101,15 @@ FanoutOpt = Annotated[int, typer.Option(
     "--fanout", min=1, metavar="N", rich_help_panel=CONNECTION,
     help="Connections opened at once (pdsh's -f; dtrain's -f is the hostfile).")]
 ConnectTimeoutOpt = Annotated[float, typer.Option(
-    "--connect-timeout", min=0.1, metavar="SECONDS", rich_help_panel=CONNECTION,
-    help="Seconds to connect to one node.")]
+    "--connect-timeout", "-t", min=0.1, metavar="SECONDS", rich_help_panel=CONNECTION,
+    help="Seconds to connect to one node (pdsh's -t).")]
+UserOpt = Annotated[str | None, typer.Option(
+    "-l", "--user", metavar="USER", rich_help_panel=CONNECTION,
+    help="Log in as USER where the host names no user (pdsh's and ssh's -l).")]
+SshOptionOpt = Annotated[list[str] | None, typer.Option(
+    "-o", "--ssh-option", metavar="OPTION", rich_help_panel=CONNECTION,
+    help="An ssh_config option for every connection, as ssh -o takes it (-o Port=2222, "
+         "-o ProxyJump=login); wins over ~/.ssh/config. Repeatable.")]
 TransportOpt = Annotated[str, typer.Option(
     "--transport", envvar="DTRAIN_TRANSPORT", show_envvar=True, metavar="KIND",
     rich_help_panel=CONNECTION,
@@ -89,11 +120,22 @@ AcceptNewOpt = Annotated[bool, typer.Option(
     help="Record unknown host keys in ~/.ssh/known_hosts (never changed ones).")]
 
 
-def connection(connect_timeout: float, accept_new: bool, **extra: Any) -> Any:
-    """The SSH settings the connection options make."""
-    from launcher.transports.ssh import SSHSettings
+def connection(connect_timeout: float, accept_new: bool, ssh_option: list[str] | None = None,
+               **extra: Any) -> Any:
+    """The SSH settings the connection options make (a bad -o is exit 2)."""
+    from launcher.transports.ssh.settings import SSHSettings
+    from launcher.transports.ssh.settings import ssh_option as parse
 
-    return SSHSettings(connect_timeout=connect_timeout, accept_new=accept_new, **extra)
+    options = []
+    for text in ssh_option or ():
+        try:
+            options.append(parse(text))
+        except ValueError as exc:
+            from launcher.errors import UsageError
+
+            raise UsageError(f"-o {text!r}: {exc}") from None
+    return SSHSettings(connect_timeout=connect_timeout, accept_new=accept_new,
+                       options=tuple(options), **extra)
 
 
 def check_transport(transport: str) -> str:
@@ -146,6 +188,31 @@ EnvOpt = Annotated[list[str] | None, typer.Option(
 EnvFileOpt = Annotated[str | None, typer.Option(
     "--env-file", metavar="FILE", rich_help_panel=ENVIRONMENT,
     help="dotenv file (NAME=VALUE lines); the way to pass many secrets.")]
+
+DEEPSPEED_ENV = ".deepspeed_env"
+
+
+def deepspeed_env(cwd: str = ".", home: str = "~") -> tuple[list[tuple[str, str]],
+                                                             dict[str, str]]:
+    """DeepSpeed's ``.deepspeed_env`` (KEY=VAL lines) for every rank, as DeepSpeed reads it:
+    the current directory's, else the home directory's (``DS_ENV_FILE`` names another).
+    (pairs, {name: source}); --env-file and --env win over it."""
+    import os
+    from pathlib import Path
+
+    from launcher.hosts.envfile import load_env_file
+
+    named = os.environ.get("DS_ENV_FILE")
+    candidates = [Path(named)] if named else [Path(cwd) / DEEPSPEED_ENV,
+                                              Path(home).expanduser() / DEEPSPEED_ENV]
+    for path in candidates:
+        if path.is_file():
+            pairs = load_env_file(str(path))
+            shown = str(path) if named else (f"./{DEEPSPEED_ENV}" if path.parent == Path(cwd)
+                                             else f"~/{DEEPSPEED_ENV}")
+            return pairs, {name: shown for name, _ in pairs}
+    return [], {}
+
 
 # -------------------------------------------------------------------------------- failure
 

@@ -56,7 +56,7 @@ JunitOpt = Annotated[str | None, groups.junit_opt(
 PasswordStdinOpt = Annotated[bool, typer.Option(
     "--password-stdin", rich_help_panel=groups.CONNECTION,
     help="Read the password from the first line of stdin (scripts, CI) "
-                             "instead of asking on the terminal.")]
+         "instead of asking on the terminal.")]
 
 LABELS = {"present": "already present"}
 STYLES = {"installed": "green", "present": "green", "ok": "green", "removed": "green",

@@ -43,19 +43,19 @@ def smoke_cmd(
     max_size: Annotated[str | None, typer.Option(
         "--max-size", metavar="SIZE", rich_help_panel=SMOKE,
         help="Largest all-reduce size (4M, 512K; default 64M on NCCL, "
-        "4M on gloo).")] = None,
+             "4M on gloo).")] = None,
     min_busbw: Annotated[float | None, typer.Option(
         "--min-busbw", min=0, metavar="GB/S", rich_help_panel=SMOKE,
         help="Fail when the all-reduce bus bandwidth at the largest "
-        "size is under this many GB/s.")] = None,
+             "size is under this many GB/s.")] = None,
     pair_fraction: Annotated[float, typer.Option(
         "--pair-fraction", min=0, max=1, metavar="FRACTION", rich_help_panel=SMOKE,
         help="A node pair under this fraction of the best "
-        "pair's bandwidth is slow.")] = 0.25,
+             "pair's bandwidth is slow.")] = 0.25,
     nproc_per_node: Annotated[str | None, typer.Option(
         "--nproc-per-node", metavar="N", rich_help_panel=SMOKE,
         help="Ranks per node (default: one per GPU on NCCL, one per "
-        "node on gloo).")] = None,
+             "node on gloo).")] = None,
     as_json: JsonOpt = False,
     junit: groups.JunitOpt = None,
     timestamps: groups.TimestampsOpt = False,
@@ -66,6 +66,8 @@ def smoke_cmd(
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     color: groups.ColorOpt = None,
 ) -> None:
@@ -90,7 +92,7 @@ def smoke_cmd(
         check_choice("--backend", backend, ("nccl", "gloo"))
         groups.check_transport(transport)
         size = parse_size(max_size) if max_size else None
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
                            backend=backend, max_size=size, min_busbw=min_busbw,
                            pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,
@@ -99,6 +101,7 @@ def smoke_cmd(
                           archive_dir=Path(archive_dir), as_json=as_json, color=color,
                           timestamps=timestamps, transport=transport,
                           grace=5.0)
-        return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new))
+        return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new,
+                                                                  ssh_option))
 
     run_body(body)

@@ -55,13 +55,15 @@ def attach(archive_dir: Path, run: str | None, *, ranks: Collection[int] | None 
     if not st.alive:
         render.note(f"run {st.run_id} is not running ({st.label}); its last lines follow "
                     f"(`dtrain logs {st.run_id}{hint}` shows all)")
-        replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, tail=lines)
+        replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, tail=lines,
+               fold=True)
         return _ended(run_dir)
     render.note(f"attached to run {st.run_id} ({st.label}, {len(st.hosts)} nodes, "
                 f"{st.world_size} ranks); Ctrl-C detaches and leaves the run running")
     status = _StatusLine(run_dir)
     code = replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, follow=True,
-                  tail=lines, status=status.render, ended=lambda: not run_status(run_dir).alive)
+                  tail=lines, status=status.render, ended=lambda: not run_status(run_dir).alive,
+                  fold=True)
     if code == 130:
         render.note(f"detached from run {st.run_id}; it is still running. Come back with "
                     f"`dtrain attach {st.run_id}{hint}`, end it with `dtrain stop "

@@ -49,7 +49,8 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
     sources = [] if req.pull else await prepare_push(req)
     if req.pull:
         prepare_pull(req)
-    view = CopyView(len(hosts), live=req.progress, verb="received" if req.pull else "sent")
+    view = CopyView(len(hosts), live=req.progress, verb="received" if req.pull else "sent",
+                    order=[h.label for h in hosts])
     # each source file read once per push, not once per node
     copy = Copy(req, view, sources, SourceData(req.python))
     results = {h.label: CopyResult(h.label) for h in hosts}
