@@ -18,7 +18,7 @@ def ps_cmd(
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     active: Annotated[bool, typer.Option("--active", rich_help_panel="Display",
                                          help="Only runs whose launcher is "
-                                         "alive (starting, running, stopping).")] = False,
+                                              "alive (starting, running, stopping).")] = False,
     show_all: Annotated[bool, typer.Option("--all", rich_help_panel="Display",
                                            help="Every run (default: the live ones and "
                                            "the 20 newest others).")] = False,
