@@ -66,9 +66,9 @@ def doctor_cmd(
     color: Annotated[bool | None, typer.Option("--color/--no-color",
                                                rich_help_panel=groups.DISPLAY,
                                                help="Rich table or "
-                                               "plain columns (default: rich on a "
-                                               "terminal or with FORCE_COLOR, never "
-                                               "with NO_COLOR).")] = None,
+                                                    "plain columns (default: rich on a "
+                                                    "terminal or with FORCE_COLOR, never "
+                                                    "with NO_COLOR).")] = None,
 ) -> None:
     """Check every node before a launch: ssh, python, torch, GPUs, network, RDMA, limits.
 

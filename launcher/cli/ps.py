@@ -18,7 +18,7 @@ def ps_cmd(
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     active: Annotated[bool, typer.Option("--active", rich_help_panel="Display",
                                          help="Only runs whose launcher is "
-                                         "alive (starting, running, stopping).")] = False,
+                                              "alive (starting, running, stopping).")] = False,
     as_json: Annotated[bool, typer.Option("--json", rich_help_panel="Reports",
                                           help="Versioned JSON (ps_version 1).")]
     = False,

@@ -72,15 +72,15 @@ def run_cmd(
     master_addr: Annotated[str | None, typer.Option(
         "--master-addr", "--master_addr", metavar="ADDR", rich_help_panel=LAUNCH,
         help="Rendezvous address (default: node 0's address every node "
-                              "reaches, probed).")] = None,
+             "reaches, probed).")] = None,
     master_port: Annotated[int | None, typer.Option(
         "--master-port", "--master_port", min=1, max=65535, metavar="PORT", rich_help_panel=LAUNCH,
         help="Rendezvous port (default: a free one on "
-                                                "node 0, checked from every node).")] = None,
+             "node 0, checked from every node).")] = None,
     rdzv: Annotated[str, typer.Option("--rdzv", metavar="static|c10d",
                                       rich_help_panel=LAUNCH,
                                       help="static (deterministic ranks) or c10d "
-                                      "(elastic).")] = "static",
+                                           "(elastic).")] = "static",
     max_restarts: Annotated[int, typer.Option("--max-restarts", "--max_restarts", min=0,
                                               metavar="N",
                                               rich_help_panel=LAUNCH, help="torchrun "
@@ -91,7 +91,7 @@ def run_cmd(
     run_id: RunIdOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", rich_help_panel=LAUNCH,
                                           help="Probe and print each node's "
-                                          "command and environment; start nothing.")] = False,
+                                               "command and environment; start nothing.")] = False,
     offline: Annotated[bool, typer.Option(
         "--offline", rich_help_panel=LAUNCH,
         help="With --dry-run: plan from the hostfile alone, connecting to nothing (each "
@@ -105,7 +105,7 @@ def run_cmd(
     profile: Annotated[str | None, typer.Option("--profile", metavar="FILE",
                                                 rich_help_panel=groups.ENVIRONMENT,
                                                 help="Fabric profile YAML "
-                                                "(NCCL_IB_TC, ...).")] = None,
+                                                     "(NCCL_IB_TC, ...).")] = None,
     no_auto: Annotated[list[str] | None, typer.Option("--no-auto", metavar="NAME",
                                                       rich_help_panel=groups.ENVIRONMENT,
                                                       help="Do not set this "
@@ -120,30 +120,30 @@ def run_cmd(
     hang_timeout: Annotated[float, typer.Option(
         "--hang-timeout", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
         help="Declare a hang when no rank made progress for S s "
-        "while every rank is alive: every rank's stacks, folded, the culprit named "
-        "(0 = off; docs/hangs.md).")] = DEFAULT_HANG_TIMEOUT,
+             "while every rank is alive: every rank's stacks, folded, the culprit named "
+             "(0 = off; docs/hangs.md).")] = DEFAULT_HANG_TIMEOUT,
     progress: Annotated[str | None, typer.Option(
         "--progress", metavar="REGEX", rich_help_panel=FAILURE,
         help="REGEX: the output lines that show progress (default: step, "
-        "iteration, epoch, loss lines and progress bars).")] = None,
+             "iteration, epoch, loss lines and progress bars).")] = None,
     on_hang: Annotated[str | None, typer.Option(
         "--on-hang", metavar="dump|stop", rich_help_panel=FAILURE,
         help="dump (stacks, keep waiting) or stop (stacks, then stop every "
-        "node: exit 125); default dump, stop with --restarts.")] = None,
+             "node: exit 125); default dump, stop with --restarts.")] = None,
     restarts: Annotated[int, typer.Option(
         "--restarts", min=0, metavar="N", rich_help_panel=FAILURE,
         help="Relaunch the whole gang up to N times after a failure, "
-        "from the script's own checkpoint; a lost or faulty node is fenced (a spare takes "
-        "its place), a deterministic error is not retried (docs/restarts.md).")] = 0,
+             "from the script's own checkpoint; a lost or faulty node is fenced (a spare takes "
+             "its place), a deterministic error is not retried (docs/restarts.md).")] = 0,
     nnodes: Annotated[str | None, typer.Option(
         "--nnodes", "--num_nodes", "--num-nodes", metavar="K|MIN:MAX", rich_help_panel=LAUNCH,
         help="K or MIN:MAX (torchrun's spelling): use the first K (MAX) usable "
-        "hosts, keep the rest as spares; with --restarts a run shrinks down to MIN when no "
-        "spare is left.")] = None,
+             "hosts, keep the rest as spares; with --restarts a run shrinks down to MIN when no "
+             "spare is left.")] = None,
     restart_backoff: Annotated[float, typer.Option(
         "--restart-backoff", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
         help="Seconds before the first relaunch, doubled for "
-        "each next one, at most 30 (or this value, if larger).")] = 1.0,
+             "each next one, at most 30 (or this value, if larger).")] = 1.0,
     heartbeat_timeout: HeartbeatTimeoutOpt = 30.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
@@ -155,8 +155,8 @@ def run_cmd(
     raw: RawOpt = False,
     detach: Annotated[bool, typer.Option("--detach", rich_help_panel=LAUNCH,
                                          help="Once every node's job has "
-                                         "started, leave the terminal: the run survives "
-                                         "logout; `dtrain attach`, `ps`, `stop`.")] = False,
+                                              "started, leave the terminal: the run survives "
+                                              "logout; `dtrain attach`, `ps`, `stop`.")] = False,
     sample_interval: SampleIntervalOpt = 10.0,
     straggler_window: StragglerWindowOpt = 30.0,
     straggler_hold: StragglerHoldOpt = 30.0,
