@@ -467,3 +467,92 @@ def test_lemon_ages_and_lines_whole() -> None:
     expired = lm.Lemon("node3", "x", "r0", t=10.0, until=150.0)
     assert lm.current([lemon, older, expired], 160.0) == {"node2": lemon}
     assert lm.current([lemon, expired], 150.0) == {"node2": lemon}
+
+
+def _fault(end: AttemptEnd, before: tuple[Fault, ...] = ()) -> tuple[object, ...]:
+    f = classify(end, before)
+    return (f.kind, f.why, f.fence, f.signature)
+
+
+def test_classify_every_branch_whole() -> None:
+    from launcher.decide.failures import FailureReason
+    assert _fault(AttemptEnd(0, None)) == (FINAL, "succeeded", (), None)
+    assert _fault(AttemptEnd(130, "interrupted")) == (FINAL, "interrupted", (), None)
+    assert _fault(AttemptEnd(124, "timeout")) == (FINAL, "--timeout reached", (), None)
+    why = "lost (no heartbeat for 10 s, last 12:00)"
+    assert _fault(AttemptEnd(1, "lost", host="node2",
+                             error="no heartbeat for 10 s (last 12:00)")) == (
+        NODE, f"node2 {why}", (("node2", why),), None)
+    assert _fault(AttemptEnd(1, "lost", host="node2")) == (
+        NODE, "node2 lost (connection lost)", (("node2", "lost (connection lost)"),), None)
+    assert _fault(AttemptEnd(1, "rank", host="node1", lost=("node3", "node4"),
+                             error="connection reset")) == (
+        NODE, "node3, node4 lost (connection reset)",
+        (("node3", "lost (connection reset)"), ("node4", "lost (connection reset)")), None)
+    assert _fault(AttemptEnd(1, "start", host="node2", error="ssh: connect refused")) == (
+        NODE, "node2 ssh: connect refused", (("node2", "ssh: connect refused"),), None)
+    assert _fault(AttemptEnd(1, "start", host="node2"))[1] == "node2 did not start"
+    assert _fault(AttemptEnd(1, "hang", host="node2", error="rank 3 in all_reduce")) == (
+        NODE, "node2: hang culprit (rank 3 in all_reduce)",
+        (("node2", "hang culprit (rank 3 in all_reduce)"),), None)
+    assert _fault(AttemptEnd(1, "hang", host="node2"))[1] == "node2: hang culprit (no progress)"
+    assert _fault(AttemptEnd(1, "hang")) == (PROCESS, "hang", (), None)
+    assert _fault(AttemptEnd(1, "hang", error="no culprit")) == (PROCESS, "no culprit", (), None)
+    # an Xid fences its node when the driver's catalogue says so, or the explanation does
+    for xid, scope, kind in [(13, "process", PROCESS), (13, "node", NODE), (79, "process", NODE),
+                             (None, "process", NODE)]:
+        reason = FailureReason("xid", f"Xid {xid}", "a", scope=scope, host="n2",
+                               details={"xid": xid} if xid is not None else {})
+        fence = (("n2", f"Xid {xid}"),) if kind == NODE else ()
+        assert _fault(AttemptEnd(1, "rank", "n2", 1, reason, True)) == (
+            kind, f"Xid {xid}", fence, None), (xid, scope)
+    assert _fault(AttemptEnd(1, "rank", "n2", 1, None, False)) == (
+        USER, "exit 1 before any progress line (a restart would fail the same way; --progress "
+        "REGEX names the script's progress lines)", (), None)
+    assert _fault(AttemptEnd(1, "rank", "n2", 1, None, True)) == (PROCESS, "exit 1", (), None)
+    assert _fault(AttemptEnd(1, "node", "n2", 1, None, True, error="boom")) == (
+        PROCESS, "boom", (), None)
+    exc = _rank_end(TRACE)
+    sig = "exception: ValueError: bad batch 7 in main() train.py:31"
+    first = classify(exc)
+    assert (first.kind, first.signature) == (PROCESS, sig)
+    assert _fault(exc, (first,)) == (
+        USER, "rank 3 on node2 raised ValueError: bad batch 7 in main() train.py:31 (the same "
+        "failure at the same place as the attempt before)", (), sig)
+
+
+def test_decide_lines_whole() -> None:
+    policy = RestartPolicy(restarts=2, backoff=5.0)
+    lost = AttemptEnd(1, "lost", host="n2", error="no heartbeat")
+    fenced = (("n2", "lost (no heartbeat)"),)
+    cases = [
+        ((lost, [], 1, policy, ["n1", "n2"], ["n3"], NodeCount(2, 2)),
+         (True, "n2 lost (no heartbeat): fenced, spare n3 in; attempt 2 from the last "
+          "checkpoint in 5 s", 5.0, fenced)),
+        ((lost, [], 1, policy, ["n1", "n2"], [], NodeCount(1, 2)),
+         (True, "n2 lost (no heartbeat): fenced, shrinking to 1 nodes; attempt 2 from the last "
+          "checkpoint in 5 s", 5.0, fenced)),
+        ((lost, [], 1, policy, ["n1", "n2"], [], NodeCount(2, 2)),
+         (False, "n2 lost (no heartbeat): fenced; 1 usable node(s) left, the run needs at least "
+          "2 (--nnodes 2); no spare left", 0.0, fenced)),
+        ((lost, [], 3, policy, ["n1", "n2"], ["n3"], NodeCount(2, 2)),
+         (False, "n2 lost (no heartbeat): fenced, spare n3 in; no restart left (--restarts 2)",
+          0.0, fenced)),
+        ((AttemptEnd(1, "rank", "n2", 1, None, True), [], 1, policy, ["n1", "n2"], [],
+          NodeCount(2, 2)),
+         (True, "exit 1; attempt 2 on the same nodes from the last checkpoint in 5 s", 5.0, ())),
+        ((AttemptEnd(1, "rank", "n2", 1, None, True), [], 1, RestartPolicy(restarts=1, backoff=0),
+          ["n1", "n2"], [], NodeCount(2, 2)),
+         (True, "exit 1; attempt 2 on the same nodes from the last checkpoint", 0.0, ())),
+        ((AttemptEnd(1, "rank", "n2", 1, None, False), [], 1, policy, ["n1", "n2"], [],
+          NodeCount(2, 2)),
+         (False, "exit 1 before any progress line (a restart would fail the same way; "
+          "--progress REGEX names the script's progress lines): not restarted", 0.0, ())),
+        ((AttemptEnd(0, None), [], 1, policy, ["n1", "n2"], [], NodeCount(2, 2)),
+         (False, "", 0.0, ())),
+    ]
+    for args, expected in cases:
+        d = decide(*args)  # type: ignore[arg-type]
+        assert (d.relaunch, d.line, d.wait, d.fenced) == expected, args
+    assert [backoff(a, 5.0) for a in (1, 2, 3, 4, 10)] == [0.0, 5.0, 10.0, 20.0, 30.0]
+    assert backoff(3, 0) == 0.0 and backoff(5, 100.0, 60.0) == 100.0
