@@ -556,3 +556,20 @@ def test_decide_lines_whole() -> None:
         assert (d.relaunch, d.line, d.wait, d.fenced) == expected, args
     assert [backoff(a, 5.0) for a in (1, 2, 3, 4, 10)] == [0.0, 5.0, 10.0, 20.0, 30.0]
     assert backoff(3, 0) == 0.0 and backoff(5, 100.0, 60.0) == 100.0
+
+
+def test_lemon_records_defaults_bad_ones_and_expiry() -> None:
+    assert lm.Lemon.from_json({"host": "n1", "t": 5}) == lm.Lemon("n1", "", "", 5.0,
+                                                                 5.0 + 24 * 3600.0)
+    for bad in ({"t": 5}, {"host": "", "t": 5}, {"host": 3, "t": 5}, {"host": "n1"},
+                {"host": "n1", "t": "x"}, {"host": "n1", "t": 5, "until": None}):
+        assert lm.Lemon.from_json(bad) is None, bad
+    assert lm.parse({"lemons": [{"host": "n1", "t": 1}, "junk", {"t": 2}]}) == [
+        lm.Lemon("n1", "", "", 1.0, 1.0 + 24 * 3600.0)]
+    assert lm.document([]) == {"lemons_version": 1, "lemons": []}
+    a = lm.Lemon("a", "w", "r", t=0.0, until=100.0)
+    b = lm.Lemon("b", "w", "r", t=50.0, until=1000.0)
+    assert lm.expire([a, b], 100.0) == ([b], [a])  # over exactly at `until`
+    assert lm.expire([a, b], 99.0, older_than=49.0) == ([], [a, b])  # fenced 49 s ago: old
+    assert lm.expire([a, b], 99.0, older_than=50.0) == ([b], [a])
+    assert lm.ago(12600) == "4 h"
