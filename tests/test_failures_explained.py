@@ -311,3 +311,14 @@ def test_python_exception_frames_without_a_directory_and_log_lines_after() -> No
     lines = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
              "    main()", "ValueError: no", "wandb: syncing run", ""]
     assert failures.python_exception(lines) == ("ValueError", "no", "<module>() train.py:3")
+
+
+def test_long_messages_are_cut_where_the_summary_says() -> None:
+    msg = "m" * 600
+    r = failures.explain(rank=1, host="n1", code=1, sig=None,
+                         stderr=["Traceback (most recent call last):", f"ValueError: {msg}"])
+    assert r.summary == f"rank 1 on n1 raised ValueError: {msg[:300]}"
+    assert r.evidence == (f"ValueError: {msg}"[:500],)
+    last = "z" * 300
+    r = failures.explain(rank=1, host="n1", code=3, sig=None, stderr=["first", last])
+    assert (r.summary, r.evidence) == (f"rank 1 on n1 exited 3: {last[:200]}", (last,))
