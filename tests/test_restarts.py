@@ -447,10 +447,10 @@ def test_the_exception_type_is_the_last_dotted_name_of_the_first_evidence_line()
 
 def test_argparse_errors_need_usage_and_the_error_line_last() -> None:
     from launcher.decide import restarts
-    ok = AttemptEnd(2, "rank", stderr=("usage: train.py [-h]", "  ",
+    ok = AttemptEnd(2, "rank", stderr=("usage: train.py [-h]", "  ", "       [--lr LR]",
                                        "train.py: error: unrecognized arguments: --x  "))
     assert restarts._argparse_error(ok) == "train.py: error: unrecognized arguments: --x"
-    for stderr, code in [(ok.stderr, 1), (ok.stderr[1:], 2), (ok.stderr[:1], 2),
+    for stderr, code in [(ok.stderr, 1), (ok.stderr[1:], 2), (ok.stderr[:3], 2),
                          ((*ok.stderr, "more"), 2), (("usage: x", "x: error:"), 2), ((), 2)]:
         assert restarts._argparse_error(AttemptEnd(code, "rank", stderr=stderr)) is None, stderr
 
