@@ -9,9 +9,9 @@ import pytest
 
 from launcher.decide.facts import Addr, Gid, Iface, NodeFacts, RdmaPort
 from launcher.decide.rdma import (
+    AF_INET6,
     GidChoice,
     GidPlan,
-    AF_INET6,
     check_gid_index,
     nccl_gid_index,
     plan_gids,
