@@ -9,7 +9,8 @@ Cases, each interleaved round by round with its yardsticks (rotated order, media
 * ``local``: ``dtrain exec -H localhost -- true`` (no SSH at all: the local transport)
   next to ``pdsh -R exec -w localhost true`` and ``python -c pass``;
 * ``one``: ``dtrain exec -H node5 -- true`` (one SSH node) next to ``pdsh -w node5 true``,
-  ``ssh node5 true`` and the bare asyncssh loop (bench/common.py).
+  ``ssh node5 true`` and the bare asyncssh loop (bench/common.py), with and without
+  dtrain's node program (``asyncssh+supervisor``).
 
 dtrain (its console script) runs the code of this tree (PYTHONPATH, bench/common.py), with
 its .pyc files written (the warm-up round), as an installed dtrain runs.
@@ -104,9 +105,11 @@ def main() -> int:
                            "true"],
                 "pdsh": env.pdsh(1, "true"),
                 "ssh": env.ssh(env.nodes(1)[0].name, "true"),
-                "asyncssh loop": env.floor(1, "true")}, args.reps, ok_exit, args)
+                "asyncssh loop": env.floor(1, "true"),
+                "asyncssh+supervisor": env.floor(1, "true", supervisor=True)},
+                args.reps, ok_exit, args)
             series.append(s)
-            refs[s.case] = ("dtrain", "pdsh", "ssh", "asyncssh loop")
+            refs[s.case] = ("dtrain", "pdsh", "ssh", "asyncssh loop", "asyncssh+supervisor")
     finally:
         env.cleanup()
 

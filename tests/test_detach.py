@@ -288,7 +288,7 @@ def test_detach_preflight_failure_prints_and_exits_as_in_the_foreground(
     fg = dtrain(args, env=cluster.client_env(), timeout=60)
     bg = dtrain([*args[:1], "--detach", *args[1:]], env=cluster.client_env(), timeout=60)
     assert fg.returncode == bg.returncode == 1, bg.stderr
-    assert "/nonexistent/python3 not found on this node" in bg.stderr
+    assert "/nonexistent/python3 not found" in bg.stderr
     assert bg.stderr == fg.stderr
     assert "detached" not in bg.stderr
 
@@ -299,7 +299,9 @@ def test_without_detach_sighup_stops_every_node(cluster: tc.Cluster, archive: Pa
     try:
         with JobWatch(cluster, NODES, run_id=run_id) as watch:
             job.wait_line(r"tick 1 2$", timeout=60)
-            assert "closing this terminal (SIGHUP)" in job.output
+            # issue 24.7: not on a pipe (it was 150 characters on every run); on a
+            # terminal one short line (test_graceful_stop's tmux test)
+            assert "closing this terminal" not in job.output
             job.signal(signal.SIGHUP)
             rc = job.wait(30)
             watch.assert_clean(5)

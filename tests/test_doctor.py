@@ -98,6 +98,21 @@ def test_python_fails_naming_the_node_whose_probe_did_not_run() -> None:
     assert rows["gpu1"].status == OK and "3.11.7" in rows["gpu1"].detail
 
 
+def test_setup_row_only_with_setup_and_its_failure_is_its_own() -> None:
+    """Issue 24.9: a failed --setup is the setup row's FAIL; python is not run, not failed."""
+    facts = cluster_facts()
+    del facts["gpu2"]
+    err = "--setup failed (exit 1): bash: /nonexist/bin/activate: No such file or directory"
+    hosts = ["gpu1", "gpu2", "gpu3"]
+    assert doctor.check_setup(None, hosts, facts, {}) == []
+    rows = by_host(doctor.check_setup("source /nonexist/bin/activate", hosts, facts,
+                                      {"gpu2": err}))
+    assert rows["gpu2"].status == FAIL and rows["gpu2"].detail == err
+    assert rows["gpu1"].status == OK and rows["gpu2"].fix
+    python = by_host(doctor.check_python(facts, hosts, {"gpu2": err}))
+    assert python["gpu2"].status == SKIP
+
+
 def test_python_warns_when_probe_sections_failed() -> None:
     facts = {"gpu1": replace(node("gpu1", MASTER), errors={"rdma": "OSError: boom"})}
     row = doctor.check_python(facts, ["gpu1"])[0]
@@ -647,3 +662,27 @@ def test_master_port_in_use_fails_on_the_master(cluster) -> None:  # type: ignor
     rows = _rows(res.stdout, "master_port")
     assert " FAIL " in rows["node1"] and "198.18.0.11:2222" in rows["node1"]
     assert " skip " in rows["node2"]
+
+
+def test_table_rows_fold_from_16_nodes_failures_first() -> None:
+    """Issue 24.8: identical rows folded by hostlist, FAIL then warn then the rest; below
+    16 nodes one row per node and check, as before; --failures keeps FAIL and warn."""
+    from launcher.commands.doctor.report import table_rows
+
+    hosts = [f"gpu{k:02d}" for k in range(1, 21)]
+    rows = [CheckResult(h, "ssh", OK, "connected") for h in hosts]
+    rows += [CheckResult(h, "torch", FAIL if h == "gpu07" else OK,
+                         "torch is not installed" if h == "gpu07" else "torch 2.5.1")
+             for h in hosts]
+    rows += [CheckResult(h, "clock", WARN if h == "gpu03" else OK, f"offset +{i} ms")
+             for i, h in enumerate(hosts)]
+    table = table_rows(rows, len(hosts))
+    assert table[:2] == [("torch", "gpu07", FAIL, "torch is not installed"),
+                         ("clock", "gpu03", WARN, "offset +2 ms")]
+    assert ("ssh", "gpu[01-20]", OK, "connected") in table
+    assert ("torch", "gpu[01-06,08-20]", OK, "torch 2.5.1") in table
+    assert ("clock", "gpu[01-02,04-20]", OK,
+            "offset +0 ms; 18 other values (--json has each node's)") in table
+    assert len(table) == 5
+    assert [r[2] for r in table_rows(rows, len(hosts), failures_only=True)] == [FAIL, WARN]
+    assert len(table_rows(rows[:3 * 4], 4)) == 12  # 4 nodes: unfolded

@@ -59,8 +59,79 @@ def test_python_missing_is_one_folded_line_with_the_fix(cluster):
     res = _run(cluster, "examples/ddp_smoke.py", python="python3.99")
     assert res.returncode == 1, res.stderr
     assert res.stderr.count("python3.99 not found") == 1
-    assert "dtrain: error: node[1-3]: probe failed: dtrain: python3.99 not found" in res.stderr
+    assert "dtrain: error: node[1-3]: python3.99 not found\n" in res.stderr
     assert "--setup 'source /path/to/venv/bin/activate'" in res.stderr
+
+
+def test_python_missing_by_path_is_said_once(cluster):
+    """Issue 24.7: the error, its 'dtrain:' and its fix once each (it said 'probe failed:
+    dtrain: ... not found on this node (set --python or the hostfile's python=)' and then
+    the same fix again in the hint)."""
+    res = _run(cluster, "examples/ddp_smoke.py", python="/nope/python3")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.startswith("dtrain: error: node[1-3]: /nope/python3 not found\n")
+    assert res.stderr.count("dtrain:") == 1, res.stderr
+    assert res.stderr.count("python=") == 1, res.stderr
+
+
+BAD_SETUP = "source /nonexist/bin/activate"
+
+
+def test_failing_setup_is_reported_as_the_setup_not_as_missing_torch(cluster):
+    """Issue 24.9: the setup's own stderr and exit status, its fix; not 'torch is not
+    installed' (the probe used to run on without the venv, in a Python without torch)."""
+    res = _run(cluster, "--setup", BAD_SETUP, "examples/ddp_smoke.py", python="/usr/bin/python3")
+    assert res.returncode == 1, res.stderr
+    first = res.stderr.splitlines()[0]
+    assert first.startswith("dtrain: error: node[1-3]: --setup failed (exit 1): "), res.stderr
+    assert "/nonexist/bin/activate: No such file or directory" in first
+    assert "torch" not in res.stderr
+    assert "hint: --setup runs in the node's shell" in res.stderr
+    assert "dtrain: run " not in res.stderr
+
+
+def test_doctor_has_a_setup_row(cluster):
+    """Issue 24.9: doctor --setup says whether the setup ran, per node, failed ones first."""
+    bad = dtrain(["doctor", "-H", NODES, "--setup", BAD_SETUP], env=cluster.client_env())
+    assert bad.returncode == 1, bad.stderr
+    rows = [ln.split(None, 3) for ln in bad.stdout.splitlines()]
+    setup = [r for r in rows if r and r[0] == "setup"]
+    assert setup and all(r[2] == "FAIL" for r in setup), bad.stdout
+    assert "--setup failed (exit 1)" in setup[0][3] and "No such file" in setup[0][3]
+    assert not any(r[0] == "torch" for r in rows), bad.stdout
+    good = dtrain(["doctor", "-H", NODES, "--python", cluster.python, "--setup", "true"],
+                  env=cluster.client_env())
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert {r[2] for r in (ln.split(None, 3) for ln in good.stdout.splitlines())
+            if r and r[0] == "setup"} == {"ok"}, good.stdout
+
+
+@pytest.fixture
+def private_workdir(cluster):
+    """/home/dtuser/private on node1..3: root's, mode 0700, holding the script."""
+    made = []
+    for k in (1, 2, 3):
+        d = cluster.node(k).home / "private"
+        d.mkdir(exist_ok=True)
+        (d / "ddp_smoke.py").write_text("print('hi')\n")
+        d.chmod(0o700)
+        os.chown(d, 0, 0)
+        made.append(d)
+    yield "/home/dtuser/private"
+    for d in made:
+        (d / "ddp_smoke.py").unlink()
+        d.rmdir()
+
+
+def test_unreadable_workdir_is_permission_denied_not_script_missing(cluster, private_workdir):
+    """Issue 24.9: a 0700 directory of another user is 'permission denied' (it was
+    'ddp_smoke.py not found in ...')."""
+    res = _run(cluster, "--workdir", private_workdir, "ddp_smoke.py")
+    assert res.returncode == 1, res.stderr
+    assert (f"dtrain: error: working directory {private_workdir} on node[1-3]: permission "
+            "denied (it exists, but dtuser may not enter or read it)") in res.stderr
+    assert "not found" not in res.stderr
+    assert "dtrain: run " not in res.stderr
 
 
 def test_script_missing_on_some_nodes_is_refused_before_anything_starts(cluster):

@@ -1,9 +1,9 @@
-"""`dtrain report` on real archives: a clean and a failed run on the real-sshd cluster.
+"""`dtrain report` on real archives: a clean and a failed run, a hang, and a sampled run of
+the straggler workload restarted once (--restarts 1), on the real-sshd cluster.
 
 Each page is parsed strictly (html5lib), its charts' data are recomputed from the archive's
-own output.jsonl and meta.json, it has no external URL, and it is drawn in headless Chromium
-without a console error. (A restarted run's archive is hand-made in test_report.py until
-`run --restarts` writes attempts; see docs/report.md.)
+own output.jsonl, samples.jsonl and meta.json, it has no external URL, and it is drawn in
+headless Chromium without a console error.
 """
 
 from __future__ import annotations
@@ -156,3 +156,149 @@ def test_a_real_hang_links_its_marker_to_every_ranks_stack(cluster: Any,
     cause = "".join(root.find(".//*[@id='root-cause']").itertext())
     assert cause == meta["root_cause"]["summary"]
     look_at(tmp_path / "h.html", search="load_batch", charts=False)  # no metrics, samples off
+
+
+# -- a real sampled run: the straggler workload, restarted once (#29's samples, #28's attempts)
+
+WINDOW, HOLD, INTERVAL = 6.0, 6.0, 1.0
+
+
+def _util_expected(rec: dict[str, Any]) -> dict[str, float]:
+    """What one samples.jsonl record should draw, from the sampler's own fields
+    (docs/output-and-archive.md), computed here and not by the report's reader."""
+    out = {"cpu": rec["cpu_pct"], "mem": 100.0 * rec["mem_used"] / rec["mem_total"],
+           "nic": rec["net"]["rx_bps"] + rec["net"]["tx_bps"]}
+    if rec["gpus"]:
+        out["gpu_util"] = sum(g["util_pct"] for g in rec["gpus"]) / len(rec["gpus"])
+        out["gpu_mem"] = 100.0 * sum(g["mem_used_mib"] for g in rec["gpus"]) / sum(
+            g["mem_total_mib"] for g in rec["gpus"])
+    return out
+
+
+def sampled_straggler_run(cluster: Any, runs: Path, run_id: str,
+                          timeout: float = 420) -> tuple[Path, str]:
+    """node[1-4] x 1 rank, samples every 1 s, node3 computing 10x longer per step, rank 1
+    crashing at step 20 of attempt 1 (--restarts 1); stopped once attempt 2's straggler line
+    is printed (on a loaded machine attempt 1 lives long enough to be flagged too). Returns
+    the run directory and the console."""
+    import queue
+    import subprocess
+    import sys
+    import threading
+    import time
+    import uuid
+
+    from tests.util import REPO
+
+    stop = Path(cluster.shared_dir) / f"report-stop-{uuid.uuid4().hex}"
+    cmd = [sys.executable, "-m", "launcher", "run", "-H", "node[1-4]", "--python",
+           cluster.python, "--nproc-per-node", "1", "--archive-dir", str(runs), "--run-id",
+           run_id, "--no-color", "--restarts", "1", "--restart-backoff", "0.2",
+           "--sample-interval", str(INTERVAL), "--straggler-window", str(WINDOW),
+           "--straggler-hold", str(HOLD), "-e", "WL_CRASH_RANK=1", "-e", "WL_CRASH_STEP=20",
+           "tests/workloads/straggler.py", str(stop), "node3"]
+    proc = subprocess.Popen(cmd, env=cluster.client_env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+
+    def wait_line(what: str) -> None:
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {what!r} line in time:\n" + "".join(seen)[-4000:]
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            assert line, f"dtrain ended before {what!r}:\n" + "".join(seen)[-4000:]
+            seen.append(line)
+            if what in line:
+                return
+
+    try:
+        wait_line("; attempt 2 on the same nodes")  # the crash, and the decision
+        wait_line("straggler:")  # attempt 2's flag (attempt 1 may have had one too)
+        time.sleep(2 * INTERVAL)  # a few samples more after the flag
+    finally:
+        stop.touch()
+        try:
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            stop.unlink(missing_ok=True)
+    while (line := lines.get(timeout=10)) != "":
+        seen.append(line)
+    out = "".join(seen)
+    assert proc.returncode == 0, out[-4000:]
+    return runs / run_id, out
+
+
+def test_the_report_of_a_real_sampled_restarted_run_draws_its_samples_and_straggler(
+        cluster: Any, tmp_path: Path) -> None:
+    run, console = sampled_straggler_run(cluster, tmp_path / "runs", "sampled")
+    assert "straggler: node3 (rank 2) is rarely waiting" in console, console[-3000:]
+    meta = json.loads((run / "meta.json").read_text())
+    assert [a["cause"] for a in meta["attempts"]] == ["process", "ok"]
+    assert {s["host"] for s in meta["stragglers"]} == {"node3"}
+    assert [s["attempt"] for s in meta["stragglers"]][-1] == 2  # earlier flags kept too
+    records = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert {r["host"] for r in records} == {"node1", "node2", "node3", "node4"}
+
+    text, root = _report(run, tmp_path / "s.html")
+    assert external_urls(root, text) == []
+    (drawn,) = data_of(root)["runs"]
+    # every utilisation chart is the samples.jsonl records, point for point (not thinned:
+    # far fewer than 720 samples per node)
+    expect: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for rec in sorted(records, key=lambda r: r["t"]):
+        for name, v in _util_expected(rec).items():
+            expect.setdefault(name, {}).setdefault(rec["host"], []).append(
+                (round(rec["t"] - meta["start"], 3), round(v, 3)))
+    got = {u["name"]: {h: list(zip(s["t"], s["v"], strict=True)) for h, s in u["hosts"].items()}
+           for u in drawn["usage"]}
+    assert set(got) == {"gpu_util", "gpu_mem", "cpu", "mem", "nic"}
+    assert set(got["gpu_util"]) == {"node4"}  # the fake nvidia-smi's node; 1-3 are CPU only
+    for name in got:
+        assert got[name].keys() == expect[name].keys(), name
+        for host, pts in got[name].items():
+            assert [t for t, _ in pts] == [t for t, _ in expect[name][host]], (name, host)
+            assert [v for _, v in pts] == pytest.approx([v for _, v in expect[name][host]],
+                                                        abs=1e-3), (name, host)
+    # the straggler: in the page's data (drawn in red), badged on node3's lanes, its marker
+    assert drawn["stragglers"] == ["node3"]
+    svg = "{http://www.w3.org/2000/svg}"
+    badged = {lane.get("data-host") for lane in root.iter(f"{svg}g")
+              if lane.get("class") == "node"
+              for g in lane.iter(f"{svg}g") if g.get("class") == "badge b-straggler"}
+    marks = [g for g in root.iter(f"{svg}g") if g.get("data-kind") == "straggler"]
+    body = "".join(root.find("body").itertext())
+    assert "straggler: node3 (drawn in red)" in body and badged == {"node3"}
+    assert len(marks) == len(meta["stragglers"])
+    assert all("node3" in "".join(m.itertext()) for m in marks)
+    # both attempts: bands behind the lanes, in the header, and in --json
+    bands = [g.get("data-attempt") for g in root.iter(f"{svg}g")
+             if g.get("class", "").startswith("attempt ")]
+    assert bands == ["1", "2"]
+    res = dtrain(["report", str(run), "--json"])
+    assert res.returncode == 0, res.stderr
+    (doc,) = json.loads(res.stdout)["runs"]
+    assert doc["attempts"] == 2
+    assert [(a["n"], a["cause"], a["exit_code"]) for a in doc["attempt_list"]] == [
+        (1, "process", 1), (2, "ok", 0)]
+    assert {n["host"]: bool(n["straggler"]) for n in doc["node_lanes"]} == \
+        {"node1": False, "node2": False, "node3": True, "node4": False}
+    ranks = {(r["rank"], r["attempt"]) for c in drawn["curves"] if c["name"] == "loss"
+             for r in c["ranks"]}
+    assert ranks == {(0, 1), (0, 2)}  # rank 0's loss, one series per attempt
+    look_at(tmp_path / "s.html", search="done after")

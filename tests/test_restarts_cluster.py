@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import tests.cluster as tc
-from tests.test_failures import Dtrain, JobWatch, meta, new_id
 from tests.reports import validate_junit
+from tests.test_failures import Dtrain, JobWatch, meta, new_id
 from tests.util import REPO, need_module
 
 CKPT = "tests/workloads/ckpt.py"
@@ -83,7 +83,7 @@ def _timings_in_order(attempts: list[dict]) -> None:
     relaunch started (= the next attempt's start); the last one was not relaunched. And
     attempts[] is valid dtrain.run/1."""
     _validate_attempts(attempts)
-    for a, nxt in zip(attempts, attempts[1:]):
+    for a, nxt in zip(attempts[:-1], attempts[1:], strict=True):
         assert a["start"] <= a["detected"] <= a["stopping"] <= a["end"] <= a["relaunched"], a
         assert a["relaunched"] == nxt["start"], (a, nxt)
     assert attempts[-1]["relaunched"] is None, attempts[-1]

@@ -255,3 +255,27 @@ def test_attach_to_a_finished_run_shows_its_tail_and_returns_its_code(
     out, err = capsys.readouterr()
     assert out.splitlines() == ["n1 r0: l8", "n1 r0: l9"]
     assert "is not running (finished (7))" in err and "exit 7" in err
+
+
+def test_attach_folds_repeated_stderr_as_the_live_console_did(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24.7: the same warning from every rank is one folded line in attach, as on the
+    live console (it was one line per rank); `dtrain logs` still shows each."""
+    from launcher.commands.runs import attach
+
+    archive = RunArchive.create(tmp_path, "warn")
+    archive.update_meta(hosts=["n1", "n2"], world_size=6, state="running", start=time.time())
+    lines = [OutputLine(f"n{1 + r // 3}", "err", "UserWarning: TypedStorage is deprecated",
+                        rank=r, node_rank=r // 3, t=100.0 + r / 1000) for r in range(6)]
+    lines += [OutputLine("n1", "out", "step 1", rank=0, node_rank=0, t=105.0)]
+    archive.write_lines(lines)
+    archive.close()
+    archive.update_meta(exit_code=0, end=time.time(), outcome="succeeded")
+    assert attach(tmp_path, None, lines=20, color=False) == 0
+    out, _ = capsys.readouterr()
+    shown = out.splitlines()
+    assert len([ln for ln in shown if "UserWarning" in ln]) == 1, shown
+    assert shown[-1] == "n1 r0: step 1", shown
+    replay(archive.path, color=False)
+    every, _ = capsys.readouterr()
+    assert every.count("UserWarning") == 6

@@ -242,3 +242,37 @@ def test_restarts_over_srun_relaunch_fresh_steps_on_the_same_nodes(
     assert [a["hosts"] for a in m["attempts"]] == [["node1", "node2"]] * 2
     assert [a["cause"] for a in m["attempts"]] == ["process", "ok"]
     assert watch.count() > 0  # the watch saw the job's processes: "clean" means something
+
+
+def test_cp_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, tmp_path: Path,
+                                           allocs: list[Salloc]) -> None:
+    """cp takes --transport (issue 23 item 5): a push through srun steps, no SSH."""
+    dest = f"/tmp/dtrain-cp-srun-{tmp_path.name}.txt"
+    src = tmp_path / "payload.txt"
+    src.write_text("over srun\n")
+    job = Salloc(cluster, slurm, 2, ["cp", "--transport", "srun", "--python", cluster.python,
+                                     str(src), dest])
+    allocs.append(job)
+    try:
+        assert job.wait() == 0, job.output
+        assert "total 2 nodes" in job.output, job.output
+        seen = [cluster.node_exec(k, ["cat", dest]) for k in (1, 2, 3)]
+        assert any(r.returncode == 0 and r.stdout == "over srun\n" for r in seen), seen
+    finally:
+        for k in (1, 2, 3):
+            cluster.node_exec(k, ["rm", "-f", dest], user="root")
+
+
+@pytest.mark.torch
+def test_smoke_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, tmp_path: Path,
+                                              allocs: list[Salloc]) -> None:
+    """smoke takes --transport (issue 23 item 5; it was SSH only): its job runs as srun
+    steps and its archive says so."""
+    job = Salloc(cluster, slurm, 2, ["smoke", "--transport", "srun", "--python",
+                                     cluster.python, "--backend", "gloo", "--max-size", "64K",
+                                     "--archive-dir", str(tmp_path / "runs"), "--no-color"])
+    allocs.append(job)
+    assert job.wait(110) == 0, job.output
+    assert "smoke: PASS: 2 nodes" in job.output, job.output
+    (meta_file,) = (tmp_path / "runs").glob("*/meta.json")
+    assert json.loads(meta_file.read_text())["transport"] == "srun"

@@ -295,3 +295,48 @@ def test_an_endless_answer_line_is_the_node_s_error(monkeypatch):
     with pytest.raises(RemoteCommandError, match="longer than 1 MiB: refused"):
         asyncio.run(remote.read_json_line(proc, "node3", "cp node program"))  # type: ignore[arg-type]
     assert proc.reads <= (1 << 20) // 65536 + 2
+
+
+# -- why a node program never answered (issue 24.9) ------------------------------------------
+
+def _shell(setup: str | None, tmp_path, workdir: str | None = None):
+    import sys
+
+    program = b"import os, sys\nsys.stdout.write(os.environ.get('DT_SETUP', '-') + '\\n')\n"
+    return subprocess.run(["/bin/bash", "-c", wire.remote_command(sys.executable,
+                                                                   workdir=workdir,
+                                                                   setup=setup)],
+                          input=wire.payload(program), capture_output=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+
+
+def test_a_failing_setup_stops_the_line_with_its_status_and_stderr(tmp_path):
+    proc = _shell("source /nonexist/bin/activate", tmp_path)
+    assert proc.returncode == wire.SETUP_FAILED and not proc.stdout
+    failure = wire.start_failure(proc.returncode, proc.stderr.decode())
+    assert failure.kind == "setup"
+    assert failure.message.startswith("--setup failed (exit 1): ")
+    assert "/nonexist/bin/activate: No such file or directory" in failure.message
+    assert failure.hint == wire.SETUP_HINT
+
+
+def test_a_setup_that_succeeds_still_shapes_the_programs_environment(tmp_path):
+    proc = _shell("export DT_SETUP=yes; false || true", tmp_path)
+    assert proc.returncode == 0 and proc.stdout == b"yes\n", proc.stderr
+
+
+@pytest.mark.parametrize(("status", "stderr", "message", "kind"), [
+    (wire.PYTHON_MISSING, "dtrain: /nope/python3 not found on this node (set --python or the "
+                          "hostfile's python=)\n", "/nope/python3 not found", "python"),
+    (wire.WORKDIR_MISSING, "dtrain: working directory /w does not exist on this node\n",
+     "working directory /w does not exist", "workdir"),
+    (wire.WORKDIR_DENIED, "dtrain: working directory /w: permission denied on this node\n",
+     "working directory /w: permission denied", "workdir"),
+    (wire.SETUP_FAILED, "module: command not found\n" + wire.SETUP_MARK + "127\n",
+     "--setup failed (exit 127): module: command not found", "setup"),
+    (1, "Traceback ...\nKeyError: x\n", "probe failed: KeyError: x (exit 1)", "start"),
+    (None, "", "probe failed: no output", "start"),
+])
+def test_start_failure_reads_the_shell_lines_status(status, stderr, message, kind):
+    failure = wire.start_failure(status, stderr)
+    assert (failure.message, failure.kind) == (message, kind)

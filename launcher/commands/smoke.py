@@ -236,9 +236,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
     check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
                       setup=req.setup, workdir=None, env=req.env, run_id=run_id)
-    # SSH, as ever: smoke has no --transport (yet)
     async with prepare(hosts, rreq, replace(opts, preflight=False), settings,
-                       transport="ssh") as prep:
+                       transport=opts.transport) as prep:
         pre = prep.pre
         bad = check_failures(fast_checks(pre.facts, hosts))
         if bad:
@@ -263,7 +262,7 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
         render.note(f"smoke: {render.count(len(hosts), 'node')}, "
                     f"world size {plan.world_size}, {run.backend} ({run.backend_reason}), "
                     f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
-        payload = Payload({JOB_FILE: program_source("smoke_job").decode()}, take)
+        payload = Payload({JOB_FILE: program_source("smoke_job").decode()}, take, judged=True)
         launched = run.launch = await launch(prep, plan, rreq, opts, payload=payload)
         run.verdict = evaluate(results, node_labels=[h.label for h in hosts],
                                world_size=plan.world_size, job_code=launched.code,

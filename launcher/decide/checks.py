@@ -31,7 +31,7 @@ NOFILE_SCALE_NODES = 16  # below this many nodes the default 1024 is enough in p
 NCCL_STACK_FIXED = (2, 28)  # from 2.28 NCCL sizes its thread stacks itself
 PEERMEM = "/sys/module/nvidia_peermem"
 
-CHECKS = ("ssh", "python", "hostname", "torch", "nccl", "gpu", "master", "socket",
+CHECKS = ("ssh", "setup", "python", "hostname", "torch", "nccl", "gpu", "master", "socket",
           "master_port", "mtu", "hca", "roce_gid", "memlock", "gpudirect", "shm", "limits",
           "clock")
 FAST_CHECKS = ("python", "hostname", "torch", "shm", "memlock")
@@ -102,6 +102,8 @@ class Gathered:
     timing: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # (sent, received)
     master: MasterPick | None = None
     port: PortProbe | None = None
+    setup: str | None = None  # --setup, when given
+    setup_errors: Mapping[str, str] = field(default_factory=dict)  # why it failed, per node
 
 
 # --------------------------------------------------------------------------- helpers
@@ -159,6 +161,28 @@ def check_ssh(hosts: Sequence[Host | str], connect_errors: Mapping[str, str]
             else CheckResult(h, "ssh", OK, "connected") for h in _labels(hosts)]
 
 
+def check_setup(setup: str | None, hosts: Sequence[Host | str],
+                 facts_by_host: Mapping[str, NodeFacts],
+                 setup_errors: Mapping[str, str]) -> list[CheckResult]:
+    """--setup ran to status 0 before the probe (no rows without --setup).
+
+    ``hosts`` are the reached nodes; a node whose probe answered ran the setup; one that
+    failed for another reason (the interpreter) is left to the python row.
+    """
+    if not setup:
+        return []
+    out = []
+    for h in _labels(hosts):
+        if h in setup_errors:
+            out.append(CheckResult(h, "setup", FAIL, setup_errors[h]))
+        elif h in facts_by_host:
+            out.append(CheckResult(h, "setup", OK, "ran (exit 0)"))
+        else:
+            out.append(CheckResult(h, "setup", SKIP, "not known: the node program did not "
+                                                    "start (see python)"))
+    return out
+
+
 def check_python(facts_by_host: Mapping[str, NodeFacts], hosts: Sequence[Host | str],
                  probe_errors: Mapping[str, str] | None = None) -> list[CheckResult]:
     """The interpreter exists and ran the probe (a missing one exits 98, "not found").
@@ -171,6 +195,9 @@ def check_python(facts_by_host: Mapping[str, NodeFacts], hosts: Sequence[Host | 
     out = []
     for h in _labels(hosts):
         facts = facts_by_host.get(h)
+        if facts is None and probe_errors.get(h, "").startswith("--setup failed"):
+            out.append(CheckResult(h, "python", SKIP, "not run: --setup failed"))
+            continue
         if facts is None:
             out.append(CheckResult(h, "python", FAIL, probe_errors.get(h, "not probed")))
             continue
@@ -442,6 +469,8 @@ PYTHON_FIX = ("point dtrain at a Python that has torch on those nodes: --python 
 FIXES = {
     "ssh": "make the node reachable and accept the key: `dtrain keys setup` (then "
            "`dtrain keys check`); --accept-new for a node never seen",
+    "setup": "--setup must end with status 0 on every node: try it there by hand "
+             "(dtrain exec), fix the path, or end an optional step with `|| true`",
     "python": PYTHON_FIX,
     "hostname": "give every machine its own hostname, and list each machine once",
     "torch": "install one torch build (version and +local tag) in every node's Python; "

@@ -251,7 +251,9 @@ class NodeFacts:
     stack: int | None = None
     time: float | None = None
     workdir_ok: bool | None = None  # None: no workdir asked about
+    workdir_denied: bool = False  # it exists, but this user may not enter or read it
     entry_ok: bool | None = None  # the script/module exists; None: not asked (or unknown)
+    entry_denied: bool = False  # the script is there (or may be) but this user may not read it
     uid: int | None = None
     user: str | None = None
     home: str | None = None  # what '~' means on the node ($HOME, else the passwd entry)
@@ -312,8 +314,11 @@ class NodeFacts:
             stack=_int(limits.get("stack")),
             time=float(obj["time"]) if isinstance(obj.get("time"), int | float) else None,
             workdir_ok=(bool(workdir.get("is_dir")) if isinstance(workdir, Mapping) else None),
+            workdir_denied=(isinstance(workdir, Mapping) and bool(workdir.get("is_dir"))
+                            and workdir.get("accessible") is False),
             entry_ok=(bool(entry.get("found")) if isinstance(entry := obj.get("entry"), Mapping)
                       else None),
+            entry_denied=isinstance(entry, Mapping) and entry.get("denied") is True,
             uid=_int(obj.get("uid")),
             user=_str(obj.get("user")),
             home=_str(obj.get("home")),

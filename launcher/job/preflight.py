@@ -126,10 +126,26 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
         problem = failure_message(rows)
         if problem:
             raise PreflightFailed(problem, hint=failure_hint(rows))
+    denied = [h.label for h in hosts if pre.facts[h.label].workdir_denied]
+    if denied:
+        user = pre.facts[denied[0]].user or "the remote user"
+        raise PreflightFailed(f"working directory {req.workdir} on {fold(denied)}: permission "
+                              f"denied (it exists, but {user} may not enter or read it); "
+                              "nothing was started",
+                              hint=f"give {user} access to it (chmod/chown, e.g. chmod "
+                                   "o+rx), or pass a --workdir it may use")
     missing = [h.label for h in hosts if pre.facts[h.label].workdir_ok is False]
     if missing:
         raise PreflightFailed(f"working directory {req.workdir} does not exist on "
                               f"{fold(missing)}", hint="create it there, or pass --workdir")
+    unreadable = [h.label for h in hosts if pre.facts[h.label].entry_denied]
+    if unreadable and opts.preflight:
+        user = pre.facts[unreadable[0]].user or "the remote user"
+        raise PreflightFailed(f"{req.script} in {req.workdir} on {fold(unreadable)}: "
+                              f"permission denied ({user} may not read it, or a directory "
+                              "on its path); nothing was started",
+                              hint=f"give {user} read access to the script and search "
+                                   "access to its directories")
     absent = [h.label for h in hosts if pre.facts[h.label].entry_ok is False]
     if absent and opts.preflight:
         raise entry_missing(req, absent)

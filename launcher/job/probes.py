@@ -32,19 +32,23 @@ async def gather_named(coros: Mapping[str, Any]) -> None:
     """Run per-host coroutines; raise one PreflightFailed listing every host that failed,
     in the given (hostfile) order, hosts with the same failure folded."""
     failures: dict[str, str] = {}
+    hints: set[str | None] = set()
 
     async def guard(label: str, coro: Any) -> None:
         try:
             await coro
         except DtrainError as exc:
             failures[label] = exc.message
+            hints.add(exc.hint)
 
     async with asyncio.TaskGroup() as tg:
         for label, coro in coros.items():
             tg.create_task(guard(label, coro), name=f"probe:{label}")
     if failures:
         error = PreflightFailed(fold_by_message((h, failures[h]) for h in coros
-                                                if h in failures), hint=PYTHON_FIX)
+                                                if h in failures),
+                                hint=hints.pop() if len(hints) == 1 and None not in hints
+                                else PYTHON_FIX)
         error.hosts = tuple(h for h in coros if h in failures)  # a restarting run fences them
         raise error
 

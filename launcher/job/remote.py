@@ -56,20 +56,41 @@ async def read_json_line(proc: Process, label: str, what: str) -> dict[str, Any]
             break
         buf += chunk
     if found is None:
-        err = b""
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1):
-                while chunk := await proc.read_stderr(65536):
-                    err += chunk
-        text = err.decode(errors="replace").strip().splitlines()
-        raise RemoteCommandError(f"{what} failed: {text[-1] if text else 'no output'}",
-                                 host=label)
+        raise await start_error(proc, label, what)
     try:
         result = json.loads(found)
     except ValueError as exc:
         raise RemoteCommandError(f"{what} printed a line that is not valid JSON", host=label,
                                  hint="does the remote shell print text on start-up?") from exc
     return result  # type: ignore[no-any-return]
+
+
+MAX_STDERR = 64 << 10  # what a failed start's stderr is read for (its last lines count)
+
+
+class StartError(RemoteCommandError):
+    """A node program that printed no answer; ``kind`` says which step of the remote shell
+    line failed ("setup", "python", "workdir") or "start"."""
+
+    def __init__(self, failure: wire.StartFailure, host: str) -> None:
+        super().__init__(failure.message, hint=failure.hint, host=host)
+        self.kind = failure.kind
+
+
+async def start_error(proc: Process, label: str, what: str) -> StartError:
+    """Why the program gave no answer: its shell's stderr and exit status, read for at most
+    a second each (wire.start_failure decides what they mean)."""
+    err = b""
+    status = None
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1):
+            while len(err) < MAX_STDERR and (chunk := await proc.read_stderr(65536)):
+                err += chunk
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1):
+            status = await proc.wait()
+    failure = wire.start_failure(status, err[-MAX_STDERR:].decode(errors="replace"), what)
+    return StartError(failure, label)
 
 
 async def run_program(conn: Connection, name: str, params: Mapping[str, Any], *,

@@ -531,9 +531,13 @@ def read_user() -> Json:
 
 
 def read_workdir(path: str) -> Json:
-    """Whether the job's working directory exists, is a directory and is writable."""
+    """Whether the job's working directory exists, is a directory, may be entered and read
+    (a 0700 directory of another user exists but is "permission denied", not empty), and is
+    writable."""
     full = os.path.expanduser(path)
-    return {"path": path, "exists": os.path.exists(full), "is_dir": os.path.isdir(full),
+    is_dir = os.path.isdir(full)
+    return {"path": path, "exists": os.path.exists(full), "is_dir": is_dir,
+            "accessible": is_dir and os.access(full, os.R_OK | os.X_OK),
             "writable": os.access(full, os.W_OK)}
 
 
@@ -549,7 +553,13 @@ def read_entry(workdir: str, entry: Json) -> Json:
     name = str(entry.get("name") or "")
     if not entry.get("module"):
         path = os.path.join(base, os.path.expanduser(name))
-        return {"name": name, "module": False, "found": os.path.isfile(path), "path": path}
+        found = os.path.isfile(path)
+        # not found because a directory on the way may not be searched, or found but not
+        # readable: "permission denied", not "not found"
+        denied = (not found and _denied_on_the_way(path)) or (
+            found and not os.access(path, os.R_OK))
+        return {"name": name, "module": False, "found": found, "path": path,
+                "denied": denied}
     import importlib.machinery
     import importlib.util
 
@@ -569,6 +579,17 @@ def read_entry(workdir: str, entry: Json) -> Json:
         spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]),
                                                         list(locations))
     return {"name": name, "module": True, "found": spec is not None}
+
+
+def _denied_on_the_way(path: str) -> bool:
+    """A directory above ``path`` exists but may not be searched by this user."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.isdir(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            return False
+        parent = up
+    return bool(parent) and not os.access(parent, os.X_OK)
 
 
 def _section(errors: dict[str, str], name: str, fn: Callable[[], Any], default: Any) -> Any:

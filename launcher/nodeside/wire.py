@@ -98,8 +98,12 @@ def program_source(name: str) -> bytes:
     return resources.files("launcher.nodeside").joinpath(f"{name}.py").read_bytes()
 
 
-WORKDIR_MISSING = 97  # the remote shell's exit status when the working directory is missing
+SETUP_FAILED = 95  # the remote shell's exit status when the user's --setup ended non-zero
+WORKDIR_DENIED = 96  # ... when the working directory exists but the user may not enter it
+WORKDIR_MISSING = 97  # ... when the working directory is missing
 PYTHON_MISSING = 98  # ... and when the interpreter is not found
+# the line the shell prints (to stderr) when the setup failed; its status follows
+SETUP_MARK = "dtrain: --setup failed with exit status "
 
 
 def check_value(value: str, origin: str, *, python: bool = False) -> str:
@@ -151,11 +155,18 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     parts = []
     if workdir:
         check_value(workdir, "workdir")
-        message = "dtrain: working directory %s does not exist on this node\n"
-        parts.append(f"cd -- {shell_word(workdir)} 2>/dev/null || "
-                     f"{{ {_say(message, workdir)}; exit {WORKDIR_MISSING}; }}")
+        word = shell_word(workdir)
+        missing = "dtrain: working directory %s does not exist on this node\n"
+        denied = "dtrain: working directory %s: permission denied on this node\n"
+        parts.append(f"cd -- {word} 2>/dev/null || {{ if [ -d {word} ]; then "
+                     f"{_say(denied, workdir)}; exit {WORKDIR_DENIED}; fi; "
+                     f"{_say(missing, workdir)}; exit {WORKDIR_MISSING}; }}")
     if setup:
-        parts.append(setup)
+        # the user's shell code, in this shell (it may change the environment); its final
+        # status is checked, so a failed `source venv/bin/activate` is reported as itself
+        # and not as what is missing after it (torch)
+        parts.append(f"{{\n{setup}\n}} || {{ _dtrain_s=$?; printf '{SETUP_MARK}%s\\n' "
+                     f"\"$_dtrain_s\" >&2; exit {SETUP_FAILED}; }}")
     py = shell_word(python)
     message = "dtrain: %s not found on this node (set --python or the hostfile's python=)\n"
     parts.append(f"command -v {py} >/dev/null 2>&1 || "
@@ -166,6 +177,48 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     flags = "-u -I -S" if stdlib_only else "-u"
     parts.append(f"exec {py} {flags} -c {shlex.quote(BOOTSTRAP)}")
     return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """Why a node program never answered, read from its shell's status and stderr."""
+
+    message: str
+    hint: str | None = None
+    kind: str = "start"  # "setup", "python", "workdir", or "start" (anything else)
+
+
+SETUP_HINT = ("--setup runs in the node's shell before dtrain's program and must end with "
+              "status 0: fix the command (try it by hand: dtrain exec -f HOSTS -- 'SETUP'), "
+              "or end an optional step with `|| true`")
+
+
+def start_failure(status: int | None, stderr: str, what: str = "probe") -> StartFailure:
+    """What the user sees when a node program printed no answer: the setup's own failure
+    (its stderr, its exit status), the missing interpreter or working directory, or the
+    program's last stderr line. Pure: the caller read the status and the stderr."""
+    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
+    mark = next((i for i in range(len(lines) - 1, -1, -1)
+                 if lines[i].startswith(SETUP_MARK)), None)
+    if status == SETUP_FAILED and mark is not None:
+        code = lines[mark][len(SETUP_MARK):].strip()
+        said = "; ".join(lines[max(0, mark - 3):mark])
+        return StartFailure(f"--setup failed (exit {code})" + (f": {said}" if said else ""),
+                            SETUP_HINT, "setup")
+    last = lines[-1] if lines else ""
+    if last.startswith("dtrain: "):  # the shell line's own messages (python, workdir)
+        last = last[len("dtrain: "):]
+        for suffix in (" on this node (set --python or the hostfile's python=)",
+                       " on this node"):
+            last = last.removesuffix(suffix)
+    if status == PYTHON_MISSING:
+        return StartFailure(last or "the interpreter was not found", None, "python")
+    if status in (WORKDIR_MISSING, WORKDIR_DENIED):
+        return StartFailure(last or "the working directory is not usable",
+                            "create it there (readable by the remote user), or pass --workdir",
+                            "workdir")
+    tail = f" (exit {status})" if status not in (None, 0) else ""
+    return StartFailure(f"{what} failed: {last or 'no output'}{tail}")
 
 
 def payload(source: bytes, spec: Mapping[str, object] | None = None) -> bytes:

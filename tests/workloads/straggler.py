@@ -4,6 +4,11 @@ argv: STOP_FILE SLOW_HOST [WORK_S]. Every rank burns WORK_S seconds of CPU per s
 SLOW_HOST, by hostname), then all-reduces a stop flag, so every rank steps at the slow
 node's pace and waits for it in the collective. Rank 0 prints `step N` every 10 steps; the
 job stops when rank 0 sees STOP_FILE (the flag reaches every rank in the same step).
+
+For a report with attempts (tests/test_report_cluster.py): WL_CRASH_RANK crashes (a
+RuntimeError, exit 1) at step WL_CRASH_STEP (default 20) of the first attempt only
+(DTRAIN_ATTEMPT), so `run --restarts 1` starts a second one; rank 0's `step N` lines carry a
+`loss=` for the curves.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ def main() -> None:
         work *= 10
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    crash_rank = int(os.environ.get("WL_CRASH_RANK", "-1"))
+    crash_step = int(os.environ.get("WL_CRASH_STEP", "20"))
+    first_attempt = os.environ.get("DTRAIN_ATTEMPT", "1") == "1"
     step = 0
     while True:
         t0 = time.process_time()
@@ -32,8 +40,10 @@ def main() -> None:
         flag = torch.tensor([1.0 if rank == 0 and os.path.exists(stop_file) else 0.0])
         dist.all_reduce(flag)
         step += 1
+        if rank == crash_rank and step == crash_step and first_attempt:
+            raise RuntimeError(f"injected crash at step {step}")
         if rank == 0 and step % 10 == 0:
-            print(f"step {step}", flush=True)
+            print(f"step {step} loss={1 / (1 + 0.01 * step):.4f}", flush=True)
         if flag.item() > 0:
             break
     print(f"rank {rank} done after {step} steps", flush=True)

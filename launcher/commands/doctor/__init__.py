@@ -45,6 +45,7 @@ from launcher.decide.checks import (
     check_memlock,
     check_nccl,
     check_python,
+    check_setup,
     check_shm,
     check_ssh,
     check_torch,
@@ -67,7 +68,7 @@ from launcher.models import Host
 
 def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
                as_json: bool = False, junit: str | None = None, strict: bool = False,
-               color: bool | None = None) -> int:
+               color: bool | None = None, failures_only: bool = False) -> int:
     """The whole command: gather, evaluate, report."""
     from launcher.commands.entry import INTERRUPTED, Ended, run_command
 
@@ -79,7 +80,7 @@ def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
             return INTERRUPTED
         code = report(evaluate(ended.result), [h.label for h in hosts], started=ended.started,
                       timing=ended.result.timing, as_json=as_json, junit=junit, strict=strict,
-                      color=color)
+                      color=color, failures_only=failures_only)
         for line in fenced_notes([h.label for h in hosts]):
             render.note(line)
         return code
@@ -91,7 +92,8 @@ __all__ = [
     "CHECKS", "FAIL", "FAST_CHECKS", "OK", "SKIP", "WARN", "CheckResult", "DoctorOptions",
     "Gathered", "MasterPick", "PortProbe", "check_clock", "check_gpudirect", "check_gpus",
     "check_hca", "check_hostnames", "check_limits", "check_master", "check_master_port",
-    "check_memlock", "check_mtu", "check_nccl", "check_python", "check_roce_gid",
+    "check_memlock", "check_mtu", "check_nccl", "check_python",
+    "check_setup", "check_roce_gid",
     "check_shm", "check_socket", "check_ssh", "check_torch", "doctor_report", "evaluate",
     "exit_code", "failure_message", "failures", "fast_checks", "gather", "gather_with",
     "junit_cases", "node_status", "pick_master", "render_plain", "report", "run_doctor",

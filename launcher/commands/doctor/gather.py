@@ -86,7 +86,9 @@ async def _probe_all(conns: Mapping[str, Any], targets: Sequence[str], opts: Doc
         try:
             raw = await _probe(conn, params, opts)
         except (DtrainError, OSError, TimeoutError) as exc:
-            errors[label] = _why(exc)
+            # a failed --setup: its own message (the fix is the setup row's)
+            setup = isinstance(exc, DtrainError) and getattr(exc, "kind", None) == "setup"
+            errors[label] = exc.message if isinstance(exc, DtrainError) and setup else _why(exc)
             return
         timing.setdefault(label, (sent, time.time()))
         if raw.get("ok") is False:
@@ -171,7 +173,9 @@ async def gather_with(transport: Any, hosts: Sequence[Host], opts: DoctorOptions
         if pick is not None and pick.probe_addr is not None:
             port = await _port_test({h: ordered[h] for h in probed}, pick,
                                     opts.master_port or 0, opts)
-        return Gathered(tuple(hosts), connect_errors, probe_errors, probed, timing, pick, port)
+        setup_errors = {h: e for h, e in probe_errors.items() if e.startswith("--setup failed")}
+        return Gathered(tuple(hosts), connect_errors, probe_errors, probed, timing, pick, port,
+                        opts.setup, setup_errors)
     finally:
         for conn in conns.values():
             with contextlib.suppress(Exception):

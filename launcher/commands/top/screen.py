@@ -20,11 +20,10 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from launcher.commands.top.model import TopState
-from launcher.commands.top.view import SORT_KEYS, ViewOptions, columns, header_lines, rows
+from launcher.commands.top.view import SORT_KEYS, Row, ViewOptions, columns, header_lines, rows
 
 KEYS_HELP = "s/S sort  r reverse  / filter  f fold  j/k scroll  q quit"
 LEVEL_STYLE = {"bad": "red", "warn": "yellow", "ok": ""}
@@ -90,6 +89,39 @@ class KeyState:
             self._scroll(-1)
 
 
+RIGHT = frozenset({"cpu", "load", "gpus", "temp", "busy"})  # numbers, right-aligned
+
+
+class TableText(Text):
+    """The table as one Text, a line per row (``row_count``: the rows shown)."""
+
+    row_count = 0
+
+
+def table_text(cols: list[tuple[str, str, int]], titles: list[str], table_rows: list[Row],
+               visible: list[Row]) -> TableText:
+    """Aligned columns two spaces apart, a row's colour by its level, each line cut at the
+    terminal's edge. One Text, not a rich Table: a Table measures every cell of every
+    column at each refresh (~1 ms a row, ~65 ms for 64 rows); this costs ~3 ms
+    (bench/bench_top.py)."""
+    widths = [max([len(t)] + [len(r.cells.get(k, "")) for r in table_rows])
+              for (k, _, _), t in zip(cols, titles, strict=True)]
+    right = [k in RIGHT for k, _, _ in cols]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w)
+                         for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+
+    out = TableText(no_wrap=True, overflow="ellipsis")
+    out.append(line(titles), style="bold")
+    for r in visible:
+        out.append("\n")
+        out.append(line([r.cells.get(k, "") for k, _, _ in cols]),
+                   style=LEVEL_STYLE[r.level] or None)
+    out.row_count = len(visible)
+    return out
+
+
 def renderable(doc: dict[str, Any], keys: KeyState, height: int) -> Group:
     """Header, table and footer, the table cut to the terminal's height."""
     opts = keys.opts
@@ -98,23 +130,19 @@ def renderable(doc: dict[str, Any], keys: KeyState, height: int) -> Group:
     room = max(1, height - len(head) - 4)  # header lines, table header, footer
     keys.offset = min(keys.offset, max(0, len(table_rows) - room))
     visible = table_rows[keys.offset:keys.offset + room]
-    table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
     cols = columns(doc)
-    for key, title, _ in cols:
-        marker = (" v" if not opts.reverse else " ^") if key == opts.sort else ""
-        table.add_column(title + marker, no_wrap=True,
-                         justify="right" if key in ("cpu", "load", "gpus", "temp", "busy")
-                         else "left")
-    for r in visible:
-        table.add_row(*(r.cells.get(k, "") for k, _, _ in cols), style=LEVEL_STYLE[r.level])
+    titles = [title + ((" v" if not opts.reverse else " ^") if key == opts.sort else "")
+              for key, title, _ in cols]
+    table = table_text(cols, titles, table_rows, visible)
     more = len(table_rows) - keys.offset - len(visible)
     foot = KEYS_HELP
     if keys.offset or more > 0:
         foot = f"rows {keys.offset + 1}-{keys.offset + len(visible)} of {len(table_rows)}  " + foot
     if keys.editing is not None:
         foot = f"filter: {keys.editing}_  (Enter applies, Esc clears)"
-    return Group(*(Text(line, style="bold" if i == 0 else "") for i, line in enumerate(head)),
-                 table, Text(foot, style="dim"))
+    return Group(*(Text(line, style="bold" if i == 0 else "", no_wrap=True,
+                        overflow="ellipsis") for i, line in enumerate(head)),
+                 table, Text(foot, style="dim", no_wrap=True, overflow="ellipsis"))
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,22 @@ CHECKED = {"2.24.1"}  # asyncssh versions whose SSHConfig.parse the replay mirro
 # None), or (line number, None, error, None)
 _Line = tuple[int, str | None, Any, frozenset[str] | None]
 
+# shlex.split (posix, whitespace_split, no commenters) splits on these four and nothing else;
+# a line without a quote or a backslash splits to the same words ~15x faster this way
+_SHLEX_SPACE = re.compile(r"[ \t\r\n]+")
+_SHLEX_SPECIAL = re.compile(r"[\"'\\]")
+
+
+def _words(line: str) -> list[str]:
+    if _SHLEX_SPECIAL.search(line):
+        return shlex.split(line)
+    return [w for w in _SHLEX_SPACE.split(line) if w]
+
 
 def _split(line: str, conditionals: frozenset[str], no_split: frozenset[str]
            ) -> tuple[str, list[str]]:
     """asyncssh's split of one stripped, non-comment line into (option, args)."""
-    split_args = shlex.split(line)
+    split_args = _words(line)
     args: list[str] = []
     loption = ""
     allow_equal = True
