@@ -210,3 +210,16 @@ def test_timestamps_prefix_every_line_with_its_arrival_time() -> None:
     untimed, stream = plain()
     untimed.write([OutputLine("node1", "out", "hello", t=t)])
     assert stream.getvalue() == "node1: hello\n"
+
+
+def test_timestamps_leave_the_summary_after_the_job_unstamped() -> None:
+    """docs/cli.md: dtrain's in-stream messages are stamped, the summary is not (24.7)."""
+    from launcher.output.console import wall_clock
+    from launcher.output.fold import SUMMARY
+
+    t = 1_795_000_000.25
+    console, stream = plain(timestamps=True)
+    console.write([OutputLine("", "dtrain", "note", t=t),
+                   OutputLine("", "dtrain", "ok: succeeded (exit 0)", None, SUMMARY, t)])
+    assert stream.getvalue().splitlines() == [f"{wall_clock(t)} dtrain: note",
+                                              "dtrain: ok: succeeded (exit 0)"]

@@ -349,7 +349,7 @@ def test_the_messages_that_name_what_to_do() -> None:
     with pytest.raises(ValueError) as exc:
         cpl.source_name("a/..")
     assert str(exc.value) == ("a/..: cannot tell the name to copy it under; name the "
-                              "directory itself (e.g. ../{name} or its absolute path)")
+                              "directory itself (its absolute path, or ../NAME with its own name)")
     with pytest.raises(cpl.LayoutError) as err:
         cpl.layout(["d"], [DIR], "/d/f", FILE, dest_slash=False)
     assert str(err.value) == ("/d/f exists and is not a directory; cannot copy a directory "

@@ -243,6 +243,9 @@ def test_pull_lands_per_host_with_globs_and_missing_files(cluster, tmp_path, rem
                  env=cluster.client_env())
     assert res.returncode == 1, res.stderr  # node4 lacks only-123: its error, not an abort
     assert "only-123: no such file or directory" in res.stderr
+    # issue 24.7: what a pull did is "received" (it said "sent"); the total comes last
+    assert "node1: received 4 (" in res.stdout and " sent " not in res.stdout, res.stdout
+    assert res.stdout.splitlines()[-1].startswith("total 4 nodes: received 15 ("), res.stdout
     for k in range(1, 5):
         got = out / f"node{k}"
         assert (got / f"rank{k}.log").read_text() == f"from node{k}\n"
@@ -253,7 +256,7 @@ def test_pull_lands_per_host_with_globs_and_missing_files(cluster, tmp_path, rem
     again = dtrain(["cp", "--pull", "-H", "node[1-3]", "-r", f"~/{remote_dir}/*.log",
                     f"{remote_dir}/logs dir", str(out)], env=cluster.client_env())
     assert again.returncode == 0, again.stderr
-    assert "node1: sent 0 (0 B), skipped 3" in again.stdout, again.stdout
+    assert "node1: received 0 (0 B), skipped 3" in again.stdout, again.stdout
 
 
 def test_push_streams_through_the_node_program_or_falls_back_to_sftp(cluster, tmp_path,

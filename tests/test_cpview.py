@@ -27,7 +27,7 @@ def test_plain_output_has_no_control_characters() -> None:
     view.add_bytes(10)
     view.node_done(CopyResult("a", sent=1, sent_bytes=10, errors=["f: no space"]))
     view.close()
-    assert out.getvalue() == "a: sent 1 (10 B), skipped 0, deleted 0, 1 error\n"
+    assert out.getvalue().startswith("a: sent 1 (10 B), skipped 0, deleted 0, 1 error\ntotal ")
     assert err.getvalue() == "dtrain: a: f: no space\n"
 
 
@@ -40,3 +40,35 @@ def test_live_line_is_redrawn_and_cleared() -> None:
     view.close()
     assert err.getvalue().endswith("\r\x1b[K")
     assert "1/2 nodes done" in err.getvalue()
+
+
+def test_pull_says_received_and_the_total_comes_last() -> None:
+    """Issue 24.7/24.8: --pull received files (it said 'sent'); a total with throughput."""
+    out, err = io.StringIO(), io.StringIO()
+    view = CopyView(2, live=False, out=out, err=err, verb="received")
+    view.node_done(CopyResult("node1", sent=2, sent_bytes=35))
+    view.node_done(CopyResult("node2", sent=1, sent_bytes=5))
+    view.close()
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["node1: received 2 (35 B), skipped 0, deleted 0",
+                         "node2: received 1 (5 B), skipped 0, deleted 0"]
+    assert lines[2].startswith("total 2 nodes: received 3 (40 B), skipped 0, deleted 0 in ")
+    assert lines[2].endswith("/s") and len(lines) == 3
+
+
+def test_many_nodes_fold_identical_lines_failures_first() -> None:
+    """Issue 24.8: from 16 nodes on, one line per distinct result, failed ones first."""
+    out, err = io.StringIO(), io.StringIO()
+    names = [f"gpu{k:02d}" for k in range(1, 21)]
+    view = CopyView(20, live=False, out=out, err=err, order=names)
+    for name in reversed(names):  # finishing in any order
+        if name == "gpu07":
+            view.node_done(CopyResult(name, unreachable="timed out connecting after 2 s"))
+        else:
+            view.node_done(CopyResult(name, sent=3, sent_bytes=3072))
+    view.close()
+    assert out.getvalue().splitlines()[:2] == [
+        "gpu07: not reached: timed out connecting after 2 s",
+        "gpu[01-06,08-20]: sent 3 (3.0 KiB), skipped 0, deleted 0"]
+    last = out.getvalue().splitlines()[2]
+    assert last.startswith("total 20 nodes: sent 57 (57.0 KiB)") and "1 node failed" in last

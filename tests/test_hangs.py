@@ -102,6 +102,118 @@ def test_missing_ranks_are_listed() -> None:
     assert folded.lines()[-1] == "ranks 4-5: no answer from their node"
 
 
+def _dump(*threads: tuple[str, list[tuple[str, int, str]]]) -> str:
+    """A faulthandler dump: (header, [(path, line, func), innermost first]) per thread."""
+    out = []
+    for head, frames in threads:
+        out.append(f"{head} (most recent call first):")
+        out += [f'  File "{p}", line {n} in {f}' for p, n, f in frames]
+        out.append("")
+    return "\n".join(out)
+
+
+LIB = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
+RUNPY = [("/usr/lib/python3.11/runpy.py", 88, "_run_code"),
+         ("<frozen runpy>", 198, "_run_module_as_main")]
+
+
+def test_parse_dumps_repeated_thread_and_crlf() -> None:
+    first = _dump(("Thread 0x1", [("a.py", 1, "old")]), ("Thread 0x2", [("a.py", 2, "old2")]))
+    # the same thread again with no current thread at all: a second dump; it wins
+    second = _dump(("Thread 0x1", [("a.py", 10, "new")]))
+    threads = stacks.parse_faulthandler(first + second)
+    assert [(t.ident, t.current, [f.func for f in t.frames]) for t in threads] == [
+        ("0x1", False, ["new"])]
+    # two dumps whose threads differ, each with its current thread: the second wins
+    a = _dump(("Current thread 0xa", [("x.py", 1, "one")]))
+    b = _dump(("Current thread 0xb", [("x.py", 2, "two")]), ("Thread 0xc", [("x.py", 5, "helper")]))
+    assert [(t.ident, t.current) for t in stacks.parse_faulthandler(a + b)] == [
+        ("0xb", True), ("0xc", False)]
+    # a dump through a Windows pipe (CRLF) reads the same; frames before any thread are noise
+    crlf = ('  File "z.py", line 9 in stray\r\n' + b.replace("\n", "\r\n"))
+    assert stacks.parse_faulthandler(crlf) == stacks.parse_faulthandler(b)
+    assert stacks.parse_faulthandler("") == ()
+
+
+def test_the_main_thread_without_dtrain_s_wrapper() -> None:
+    # another launcher's dump: the thread at <module>, runpy's frames cut off
+    worker = ("Current thread 0x2", [("w.py", 3, "work")])
+    main = ("Thread 0x1", [("t.py", 7, "step"), ("t.py", 9, "<module>")])
+    assert [f.func for f in stacks.main_frames(
+        stacks.parse_faulthandler(_dump(worker, main)))] == ["step", "<module>"]
+    # python -m: runpy's frames outside <module> are cut off the chosen thread
+    by_m = ("Current thread 0x1", [("t.py", 7, "step"), ("t.py", 9, "<module>"), *RUNPY])
+    assert [f.func for f in stacks.main_frames(
+        stacks.parse_faulthandler(_dump(by_m)))] == ["step", "<module>"]
+    # no thread at <module>: the current one; none current: the first
+    no_module = stacks.parse_faulthandler(_dump(("Thread 0x1", [("t.py", 1, "a")]),
+                                                ("Current thread 0x2", [("t.py", 2, "b")])))
+    assert [f.func for f in stacks.main_frames(no_module)] == ["b"]
+    none_current = stacks.parse_faulthandler(_dump(("Thread 0x1", [("t.py", 1, "a")]),
+                                                   ("Thread 0x2", [("t.py", 2, "b")])))
+    assert [f.func for f in stacks.main_frames(none_current)] == ["a"]
+    assert stacks.main_frames(()) == ()
+    # a thread that merely calls a function named like the wrapper's is not the wrapper
+    lookalike = stacks.parse_faulthandler(_dump(
+        ("Thread 0x1", [("mine.py", 4, "main")]),
+        ("Current thread 0x2", [("t.py", 5, "step"), ("t.py", 6, "<module>")])))
+    assert [f.func for f in stacks.main_frames(lookalike)] == ["step", "<module>"]
+
+
+def test_rank_without_a_dump_errors_fold_by_their_text() -> None:
+    none = stacks.rank_stack(0, "n1", {})
+    assert (none.error, none.place(), none.key()) == ("no dump", "no stack (no dump)",
+                                                      ("error", "no dump"))
+    assert stacks.rank_stack(1, "n1", {"text": "  \n", "error": "timeout 2 s"}).place() == \
+        "no stack (timeout 2 s)"
+    assert stacks.rank_stack(2, "n1", {"text": "garbage"}).place() == "no Python frame"
+    folded = stacks.fold([stacks.rank_stack(r, "n1", {"error": e}) for r, e in
+                          [(0, "x"), (1, "x"), (2, "y")]])
+    assert [g.ranks for g in folded.groups] == [(0, 1), (2,)]
+
+
+def _at(rank: int, host: str, *frames: tuple[str, int, str]) -> stacks.RankStack:
+    return stacks.rank_stack(rank, host, {"text": _dump(("Current thread 0x1", list(frames)))})
+
+
+def test_culprit_rules_and_their_words() -> None:
+    coll = [(LIB, 3252, "all_reduce"), ("t.py", 47, "step"), ("t.py", 60, "<module>")]
+    other = [("t.py", 42, "load"), ("t.py", 60, "<module>")]
+    # two groups of one: the one waiting in a collective waits for the other
+    pair = stacks.fold([_at(0, "n1", *other), _at(1, "n2", *coll)])
+    assert [g.ranks for g in pair.groups] == [(1,), (0,)]  # the collective first among equals
+    assert pair.culprit is not None and pair.culprit.json() == {
+        "rank": 0, "host": "n1", "ranks": [0], "hosts": ["n1"], "place": "load() t.py:42",
+        "why": "its stack differs from the other rank's, which waits at "
+               "all_reduce <- step() t.py:47"}
+    # two equal groups, neither in a collective: no majority, no culprit
+    third = [("t.py", 43, "save"), ("t.py", 60, "<module>")]
+    assert stacks.fold([_at(0, "n1", *other), _at(1, "n1", *third)]).culprit is None
+    # three places: every rank off the majority's, their places joined
+    many = stacks.fold([_at(0, "n1", *coll), _at(1, "n1", *coll), _at(2, "n2", *other),
+                        _at(3, "n3", *third)])
+    c = many.culprit
+    assert c is not None and (c.rank, c.host, c.ranks) == (None, None, (2, 3))
+    assert c.place == "load() t.py:42; save() t.py:43"
+    assert c.why == ("their stacks differ from the other 2 ranks', which wait at "
+                     "all_reduce <- step() t.py:47")
+    assert c.describe() == "ranks 2-3: load() t.py:42; save() t.py:43"
+    assert c.json()["hosts"] == ["n2", "n3"] and c.json()["host"] is None
+    assert many.json()[1:] == [
+        {"ranks": [2], "hosts": ["n2"], "place": "load() t.py:42",
+         "frames": [{"path": "t.py", "line": 42, "func": "load"},
+                    {"path": "t.py", "line": 60, "func": "<module>"}]},
+        {"ranks": [3], "hosts": ["n3"], "place": "save() t.py:43",
+         "frames": [{"path": "t.py", "line": 43, "func": "save"},
+                    {"path": "t.py", "line": 60, "func": "<module>"}]}]
+    assert many.json()[0]["ranks"] == [0, 1] and many.json()[0]["hosts"] == ["n1"]
+
+
+def test_a_library_frame_with_no_user_frame_is_shown_as_it_is() -> None:
+    s = _at(0, "n1", (LIB, 10, "barrier"))
+    assert s.place() == "barrier() distributed_c10d.py:10"
+
+
 # -- progress -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text", [
@@ -151,8 +263,47 @@ def test_before_any_progress_line_any_line_counts_and_startup_has_grace() -> Non
 def test_bad_progress_pattern_is_a_usage_error() -> None:
     from launcher.errors import UsageError
 
-    with pytest.raises(UsageError, match="--progress"):
+    with pytest.raises(UsageError) as err:
         hang.compile_progress("(")
+    assert (err.value.message, err.value.hint) == (
+        "--progress '(': missing ), unterminated subpattern at position 0",
+        "a Python regular expression, searched in each output line")
+
+
+def test_which_lines_count_and_what_meta_json_keeps_per_rank() -> None:
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), [0, 1], start=100.0)
+    # dtrain's own lines and the node program's (no rank) are not the job's; they never
+    # stop the rest of a batch from counting
+    w.observe([_line(101, "it 0", stream="dtrain"), OutputLine("node1", "out", "it 0", None, 0, 101),
+               _line(102, "it 0", rank=0, stream="err"), _line(102, "it 0", rank=1)])
+    # a rank the watch was not told about (an elastic restart's) is followed too
+    w.observe([_line(103, "it 1", rank=5)])
+    assert w.json() == {
+        "0": {"last_line": 102, "last_progress": 102, "progress_line": "it 0"},
+        "1": {"last_line": 102, "last_progress": 102, "progress_line": "it 0"},
+        "5": {"last_line": 103, "last_progress": 103, "progress_line": "it 1"}}
+    assert (w.last, w.last_rank, w.last_text) == (103, 5, "it 1")
+
+
+def test_progress_is_kept_to_a_second_and_a_tie_goes_to_the_later_line() -> None:
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), [0, 1], start=100.0)
+    w.observe([_line(110, "it 1", rank=0), _line(110, "it 1", rank=1)])
+    assert (w.last, w.last_rank) == (110, 1)  # the same time: the later line names the rank
+    w.observe([_line(110.5, "it 2", rank=0)])  # under RESOLUTION_S: not looked at
+    assert w.ranks[0].progress_text == "it 1" and w.ranks[0].last_line == 110.5
+    w.observe([_line(111, "it 3", rank=0)])  # exactly RESOLUTION_S later: counted
+    assert (w.ranks[0].last_progress, w.ranks[0].progress_text) == (111, "it 3")
+    # a stall is measured from the baseline, never negative, and due exactly at the timeout
+    assert w.stalled_for(111) == 0.0 and w.stalled_for(100) == 0.0
+    policy = hang.HangPolicy(timeout=3)
+    assert hang.hang_due(w, 114, policy, all_alive=True, declared=None)
+    assert not hang.hang_due(w, 113.9, policy, all_alive=True, declared=None)
+
+
+def test_a_watch_before_any_line_has_no_last_progress() -> None:
+    w = hang.ProgressWatch(hang.compile_progress(None), [0], start=5.0)
+    assert (w.last_text, w.last_rank, w.any_line, w.any_progress) == (None, None, False, False)
+    assert w.json() == {"0": {"last_line": None, "last_progress": None, "progress_line": None}}
 
 
 # -- the flight recorder ------------------------------------------------------------------
@@ -172,6 +323,66 @@ def test_flight_summary_names_the_rank_behind() -> None:
     assert s is not None and s.behind == (4,)
     assert s.lines == ("ranks 0-3,5 wait in collective #4 (gloo:all_reduce)",
                        "rank 4 is at collective #3: it has not entered #4")
+
+
+def _pos(enq: int, done: int, op: str | None = "gloo:all_reduce") -> dict[str, object]:
+    return {"pg_status": {"0": {"last_enqueued_collective": enq,
+                                "last_completed_collective": done}},
+            "entries": [{"pg_id": 0, "collective_seq_id": enq, "profiling_name": op}]}
+
+
+def test_rank_flight_reads_the_default_group_and_its_last_collective() -> None:
+    assert flight.rank_flight(0, _pos(4, 3)) == flight.RankFlight(0, 4, 3, "gloo:all_reduce")
+    # the default group is "0"; without it the first group listed
+    two = {"pg_status": {"1": {"last_enqueued_collective": 9, "last_completed_collective": 9},
+                         "0": {"last_enqueued_collective": 4, "last_completed_collective": 3}}}
+    assert flight.rank_flight(0, two) == flight.RankFlight(0, 4, 3, None)
+    other = {"pg_status": {"7": {"last_enqueued_collective": 2, "last_completed_collective": 1}}}
+    assert flight.rank_flight(0, other) == flight.RankFlight(0, 2, 1, None)
+    # the op is the default group's entry at that sequence number, the latest one
+    entries = [{"pg_id": 0, "collective_seq_id": 4, "profiling_name": "nccl:broadcast"},
+               {"pg_id": 1, "collective_seq_id": 4, "profiling_name": "nccl:all_gather"},
+               {"collective_seq_id": 4, "profiling_name": "nccl:all_reduce"},
+               {"pg_id": 0, "collective_seq_id": 5, "profiling_name": "nccl:barrier"},
+               "junk"]
+    assert flight.rank_flight(0, {**two, "entries": entries}).last_op == "nccl:all_reduce"
+    assert flight.rank_flight(0, {**two, "entries": entries[:2]}).last_op == "nccl:broadcast"
+    assert flight.rank_flight(0, {**two, "entries": [{"pg_id": "", "collective_seq_id": 4,
+                                                      "profiling_name": "x"}]}).last_op == "x"
+    assert flight.rank_flight(0, _pos(4, 3, op="")).last_op is None
+    assert flight.rank_flight(0, _pos(4, 3, op=None)).last_op is None
+    for bad in ({}, {"pg_status": {}}, {"pg_status": []}, {"pg_status": {"0": []}},
+                {"pg_status": {"0": {"last_enqueued_collective": 1}}},
+                {"pg_status": {"0": {"last_completed_collective": 1}}},
+                {"pg_status": {"0": {"last_enqueued_collective": "1",
+                                     "last_completed_collective": 1}}}):
+        assert flight.rank_flight(0, bad) is None, bad
+
+
+def test_flight_summary_words() -> None:
+    at = flight.RankFlight
+    one = flight.summarize({0: at(0, 4, 3, "gloo:all_reduce"), 1: at(1, 4, 4, None),
+                            2: at(2, 3, 3, "gloo:all_reduce")})
+    assert one is not None and one.lines == (
+        "rank 0 waits in collective #4 (gloo:all_reduce)",
+        "rank 1 completed collective #4 (gloo:all_reduce)",
+        "rank 2 is at collective #3: it has not entered #4")
+    # the op is taken from a rank at the front that knows it; none knows: no name
+    anon = flight.summarize({0: at(0, 4, 3, None), 1: at(1, 4, 3, None), 2: at(2, 3, 3, "x")})
+    assert anon is not None and anon.lines[0] == "ranks 0-1 wait in collective #4"
+    done = flight.summarize({0: at(0, 4, 4, None), 1: at(1, 4, 4, None)})
+    assert done is not None and done.lines == ("ranks 0-1 completed collective #4",)
+    assert done.behind == ()
+    assert flight.summarize({}) is None
+
+
+def test_flight_dumps_that_are_not_a_mapping_and_versions_that_do_not_parse() -> None:
+    assert flight.load_dump(pickle.dumps([1, 2])) is None
+    assert flight.load_dump(pickle.dumps({"a": 1})) == {"a": 1}
+    with pytest.raises(pickle.UnpicklingError, match="io.BytesIO is not plain data"):
+        flight._PlainUnpickler(io.BytesIO(pickle.dumps(io.BytesIO))).load()
+    assert [flight.flight_names(v) for v in ("", "2.9+cu1", "nightly", "3.0")] == [
+        "both", "current", "both", "current"]
 
 
 def test_a_dump_that_names_a_class_is_not_loaded() -> None:

@@ -133,3 +133,88 @@ def test_many_sources_interleaved_keep_their_own_partial_lines() -> None:
 def test_max_line_must_hold_a_character() -> None:
     with pytest.raises(ValueError, match="max_line"):
         LineSplitter(max_line=2)
+
+
+def test_the_smallest_cap_is_one_four_byte_character() -> None:
+    assert split_all(["😀😀".encode(), b"\n"], max_line=4) == ["😀" + CONTINUED, "😀"]
+    with pytest.raises(ValueError) as err:
+        LineSplitter(max_line=3)
+    assert str(err.value) == "max_line must be at least 4 bytes (one UTF-8 character)"
+
+
+def _cut_everywhere(text: str, max_line: int) -> None:
+    """Fed whole and byte by byte, every piece is at most max_line bytes, never splits a
+    character, is as long as it can be (a cut goes back at most 3 bytes) and they join up."""
+    raw = text.encode()
+    for chunks in ([raw + b"\n"], [raw[i : i + 1] for i in range(len(raw))] + [b"\n"]):
+        out = split_all(chunks, max_line=max_line)
+        pieces = [p.removesuffix(CONTINUED) for p in out]
+        assert all(p.endswith(CONTINUED) for p in out[:-1]) and not out[-1].endswith(CONTINUED)
+        assert "".join(pieces) == text and "\ufffd" not in text + "".join(pieces)
+        for piece in pieces[:-1]:
+            assert max_line - 3 <= len(piece.encode()) <= max_line, (text, max_line, pieces)
+
+
+@pytest.mark.parametrize("char", ["a", "é", "©", "€", "😀"], ids=["1", "2", "2-odd", "3", "4"])
+def test_long_lines_are_cut_at_every_offset_without_splitting_a_character(char: str) -> None:
+    # "é" is C3 A9 and "©" C2 A9: an odd continuation byte must be recognised as one too
+    for lead in range(4):
+        for max_line in (4, 5, 6, 7, 9):
+            _cut_everywhere("x" * lead + char * 12, max_line)
+
+
+def test_ascii_pieces_are_exactly_the_cap() -> None:
+    assert split_all([b"abcdefghij\n"], max_line=4) == [
+        "abcd" + CONTINUED, "efgh" + CONTINUED, "ij"]
+
+
+def test_a_line_of_exactly_the_cap_is_not_cut_open_or_complete() -> None:
+    # open: fed without its newline (the cap is reached, not passed)
+    splitter = LineSplitter(max_line=8)
+    assert splitter.feed(b"12345678") == [] and splitter.pending == 8
+    assert splitter.feed(b"\n") == ["12345678"]
+    # complete, inside a run of lines longer than the cap (the per-line slow path)
+    assert split_all([b"12345678\nab cd\nef\tg\n"], max_line=8) == [
+        "12345678", "ab cd", "ef\tg"]
+
+
+def test_stray_continuation_bytes_are_cut_three_back_at_most() -> None:
+    out = split_all([b"\x80" * 20 + b"\n"], max_line=8)
+    assert [len(p.removesuffix(CONTINUED)) for p in out] == [5, 5, 5, 5]  # 5 bytes each, U+FFFD
+
+
+def test_invalid_utf8_is_replaced_on_the_slow_paths_too() -> None:
+    # a line over the cap, an open line cut at the cap, and the unfinished last line
+    assert split_all([b"ab\xffcdefgh\xfe\n"], max_line=8) == [
+        "ab\ufffdcdefg" + CONTINUED, "h\ufffd"]
+    assert split_all([b"ab\xffcdefgh\xfe"], max_line=8) == [
+        "ab\ufffdcdefg" + CONTINUED, "h\ufffd"]
+    assert split_all([b"tail \xff"]) == ["tail \ufffd"]
+
+
+@pytest.mark.parametrize("max_line", [4096, 16], ids=["fast", "over-the-cap"])
+def test_carriage_returns_drop_only_carriage_returns(max_line: int) -> None:
+    # trailing spaces and other characters stay; only "\r" is stripped and folded
+    chunks = [b"x\rkeep  \r\n", b"endX\r\n", b"\rfirst\rsecond\rthird  \n",
+              b"CR at the start\r\n" + b"z" * 20 + b"\n"]
+    assert split_all(chunks, max_line=max_line)[:4] == [
+        "keep  ", "endX", "third  ", "CR at the start"]
+    assert split_all([b"open  "]) == ["open  "]
+    assert split_all([b"openX"]) == ["openX"]
+    assert split_all([b"a\rb\rsegX  "]) == ["segX  "]
+
+
+def test_a_long_history_before_the_last_carriage_return_is_never_cut() -> None:
+    # the slow path folds at the last "\r" before measuring the line
+    history = b"x\r" + b"A" * 30 + b"\rdone"
+    assert split_all([history + b"\n" + b"y" * 20 + b"\n"], max_line=16)[0] == "done"
+    splitter = LineSplitter(max_line=16)
+    assert splitter.feed(history) == [] and splitter.pending == 4
+    assert splitter.flush() == ["done"]
+
+
+def test_an_open_line_keeps_only_its_last_segment() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b"10%\r20%\r30%") == [] and splitter.pending == 3
+    assert splitter.feed(b"\r40%\r") == [] and splitter.pending == 3
+    assert splitter.feed(b"\n") == ["40%"]

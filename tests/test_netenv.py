@@ -424,3 +424,316 @@ def test_decision_modules_do_no_io(module: str) -> None:
             imported.add((n.module or "").split(".")[0])
     assert not imported & {"asyncio", "logging", "subprocess", "socket", "os", "asyncssh",
                            "rich", "typer"}
+
+
+# --------------------------------------------------------------------------- whole output
+# What --dry-run shows is every variable with its source and reason, the warnings and the
+# errors with their hints: asserted whole here (a needle test lets a reason go wrong).
+
+
+def _rows(decision: netenv.EnvDecision) -> list[tuple[str, str, str, str, bool]]:
+    return [(v.name, v.value, v.source, v.reason, v.exported) for v in decision.env]
+
+
+def _raised(fn: object, *args: object, **kw: object) -> tuple[str, str | None, str | None]:
+    with pytest.raises(PreflightFailed) as err:
+        fn(*args, **kw)  # type: ignore[operator]
+    return err.value.message, err.value.host, err.value.hint
+
+
+UNBUFFERED = ("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node", True)
+
+
+def test_a_routed_overlay_worker_with_ipv6_whole_decision() -> None:
+    facts = node("node1", iface("tailscale0", "100.64.0.2/10", "fd00::2/64"),
+                 routes={MASTER_IP: route(MASTER_IP, "tailscale0", gateway="100.64.0.1")})
+    decision = decide(facts)
+    via = "route to 198.18.0.11 via tailscale0 (gateway 100.64.0.1)"
+    assert _rows(decision) == [
+        ("GLOO_SOCKET_IFNAME", "tailscale0", "detected", via, True),
+        ("NCCL_SOCKET_FAMILY", "AF_INET", "detected",
+         "master 198.18.0.11 is IPv4 and tailscale0 also has IPv6", True),
+        ("NCCL_SOCKET_IFNAME", "=tailscale0", "detected", via, True),
+        UNBUFFERED]
+    assert decision.warnings == (
+        "node1: 198.18.0.11 is reached through gateway 100.64.0.1 (routed, not on-link)",
+        "node1: tailscale0 looks like a container/overlay interface")
+    assert decision.errors == () and decision.socket_iface == "tailscale0"
+
+
+def test_an_ipv6_master_pins_the_socket_family_to_ipv6() -> None:
+    facts = node("node0", iface("eth0", "198.18.0.11/24", "fd00::11/64"))
+    decision = decide(facts, is_master=True, master_addr="fd00::11")
+    held = "holds master address fd00::11"
+    assert _rows(decision) == [
+        ("GLOO_SOCKET_IFNAME", "eth0", "detected", held, True),
+        ("NCCL_SOCKET_FAMILY", "AF_INET6", "detected",
+         "master fd00::11 is IPv6 and eth0 also has IPv4", True),
+        ("NCCL_SOCKET_IFNAME", "=eth0", "detected", held, True),
+        UNBUFFERED]
+    v6_only = node("node0", iface("eth0", "fd00::11/64"))
+    assert "NCCL_SOCKET_FAMILY" not in decide(v6_only, is_master=True,
+                                              master_addr="fd00::11").exports()
+
+
+def test_socket_errors_say_which_host_what_and_what_to_do() -> None:
+    assert _raised(socket_iface, NODE1, MASTER_IP, True) == (
+        "master address 198.18.0.11 is not an address of this node", "node1",
+        "pass --master-addr with one of its addresses")
+    unrouted = node("n7", iface("eth0", "10.0.0.7/24"),
+                    routes={MASTER_IP: route(MASTER_IP, None, error="no route")})
+    assert _raised(socket_iface, unrouted, MASTER_IP, False) == (
+        "cannot reach master address 198.18.0.11: no route", "n7",
+        "check the routes, or pass --master-addr")
+    docker = node("n7", DOCKER0, routes={MASTER_IP: route(MASTER_IP, "docker0")})
+    assert _raised(socket_iface, docker, MASTER_IP, False) == (
+        "traffic to master 198.18.0.11 would use docker0", "n7",
+        "pass --master-addr with an address on the cluster network")
+    down = node("n7", iface("eth0", "10.0.0.7/24", operstate="down"),
+                routes={MASTER_IP: route(MASTER_IP, "eth0")})
+    # multi_node is the default: a down interface or docker0 is refused without saying so
+    assert _raised(socket_iface, down, MASTER_IP, False) == (
+        "eth0 (towards master 198.18.0.11) is down", "n7", None)
+    assert socket_iface(down, MASTER_IP, False, multi_node=False)[0] == "eth0"
+    assert socket_iface(docker, MASTER_IP, False, multi_node=False)[0] == "docker0"
+    # a loopback-typed interface under another name is refused like lo
+    loop = node("n7", iface("lo1", "10.0.0.7/24", kind=772),
+                routes={MASTER_IP: route(MASTER_IP, "lo1")})
+    assert _raised(socket_iface, loop, MASTER_IP, False)[0] == (
+        "traffic to master 198.18.0.11 would use lo1")
+    # a route with no device and no error is still no route
+    nodev = node("n7", iface("eth0", "10.0.0.7/24"), routes={MASTER_IP: route(MASTER_IP, None)})
+    assert _raised(socket_iface, nodev, MASTER_IP, False)[0] == (
+        "cannot reach master address 198.18.0.11: no route")
+    # a worker's socket choice keeps the route it used
+    assert netenv.socket_choice(NODE1, MASTER_IP, False).route == NODE1.routes[MASTER_IP]
+
+
+@pytest.mark.parametrize(("the_route", "problem"), [
+    pytest.param(None, "not probed", id="none"),
+    pytest.param(route(MASTER_IP, "eth0", error="boom"), "boom", id="error"),
+    pytest.param(route(MASTER_IP, "lo", kind="local"), "the address is also local there",
+                 id="local"),
+    pytest.param(route(MASTER_IP, "lo"), "no route", id="lo"),
+    pytest.param(route(MASTER_IP, None), "no route", id="no-dev"),
+    pytest.param(route(MASTER_IP, "eth0", kind="broadcast"), "route type broadcast",
+                 id="broadcast"),
+    pytest.param(route(MASTER_IP, "eth0", kind=""), None, id="untyped-is-fine"),
+    pytest.param(route(MASTER_IP, "eth0"), None, id="unicast"),
+    pytest.param(route(MASTER_IP, "LO"), None, id="LO-is-a-name"),
+])
+def test_route_problem_each_case(the_route: Route | None, problem: str | None) -> None:
+    assert netenv.route_problem(the_route) == problem
+
+
+def test_unusable_master_addresses() -> None:
+    facts = node("n", iface("eth0", "224.0.0.5/4", "0.0.0.0/8", "169.254.1.1/16",
+                            "10.0.0.1/24"))
+    assert pick_master_addr(facts) == ["10.0.0.1"]
+    assert not netenv._usable_ipv4("fd00::1") and not netenv._usable_ipv4("x")
+
+
+def test_choose_master_reasons_and_messages_whole() -> None:
+    assert choose_master(["10.0.0.1"], {}) == netenv.MasterChoice(
+        "10.0.0.1", "single node: the master's first usable address")
+    assert choose_master([MASTER_IP], {"node1": NODE1.routes, "node2": NODE2.routes}) == \
+        netenv.MasterChoice(MASTER_IP, "every worker (2) reaches it on-link")
+    routed = {"node2": {MASTER_IP: route(MASTER_IP, "eth0", gateway="198.18.1.2")},
+              "node1": {MASTER_IP: route(MASTER_IP, "eth0", gateway="198.18.1.1")}}
+    assert choose_master([MASTER_IP], routed) == netenv.MasterChoice(
+        MASTER_IP, "every worker reaches it, some through a gateway",
+        warning="master address 198.18.0.11 is routed (L3): node1 via 198.18.1.1, "
+                "node2 via 198.18.1.2")
+    # the first routed candidate is kept; a later on-link one still wins over it
+    both = {"node1": {MASTER_IP: route(MASTER_IP, "eth0", gateway="198.18.1.1"),
+                      "10.1.0.11": route("10.1.0.11", "ens2")}}
+    assert choose_master([MASTER_IP, "10.1.0.11"], both).addr == "10.1.0.11"
+    routed2 = {"node1": {MASTER_IP: route(MASTER_IP, "eth0", gateway="198.18.1.1"),
+                         "10.1.0.11": route("10.1.0.11", "ens2", gateway="10.1.0.1")}}
+    assert choose_master([MASTER_IP, "10.1.0.11"], routed2).addr == MASTER_IP
+    assert _raised(choose_master, [], {"node1": {}}) == (
+        "the master node has no usable IPv4 address", None, "pass --master-addr")
+    bad = {"node2": {MASTER_IP: route(MASTER_IP, "lo", kind="local")},
+           "node1": {MASTER_IP: route(MASTER_IP, "eth0", kind="broadcast")}}
+    assert _raised(choose_master, [MASTER_IP, "10.1.0.11"], bad) == (
+        "no master address is reachable from every worker -- 198.18.0.11: node1 (route type "
+        "broadcast), node2 (the address is also local there); 10.1.0.11: node1 (not probed), "
+        "node2 (not probed)", None, "check the routes, or pass --master-addr")
+
+
+def test_rdma_reasons_and_warnings_whole() -> None:
+    good = _roce("mlx5_0", "ens2f0", BASIC)
+    down = _roce("mlx5_1", "ens2f1", BASIC, state="1: DOWN")
+    decision = decide(_rdma_node(good, down))
+    assert decision.get("NCCL_IB_HCA") == netenv.EnvVar(
+        "NCCL_IB_HCA", "=mlx5_0:1", "detected",
+        "Ethernet ports ACTIVE/LinkUp at 200 Gb/sec (4X HDR); excluded mlx5_1:1: state 1: DOWN")
+    assert decision.warnings == () and decision.errors == ()
+    assert decision.hca is not None and decision.hca.hcas
+    no_rate = decide(_rdma_node(RdmaPort(*(good.__dict__[k] if k != "rate" else None
+                                           for k in good.__dataclass_fields__))))
+    assert no_rate.get("NCCL_IB_HCA") == netenv.EnvVar(
+        "NCCL_IB_HCA", "=mlx5_0:1", "detected", "Ethernet ports ACTIVE/LinkUp at ?")
+    none = decide(_rdma_node(down))
+    assert none.get("NCCL_IB_DISABLE") == netenv.EnvVar(
+        "NCCL_IB_DISABLE", "1", "detected", "no usable RDMA port (mlx5_1:1: state 1: DOWN)")
+    assert none.warnings == ("node1: RDMA devices present but none usable: NCCL will use TCP "
+                             "sockets (mlx5_1:1: state 1: DOWN)",)
+    efa = decide(_rdma_node(_roce("rdmap16s27", "", (), driver="efa")))
+    assert efa.warnings == ("node1: AWS EFA found; dtrain sets no NCCL_IB_* (aws-ofi-nccl owns "
+                            "the transport; see hostfiles/profiles/aws-efa.yaml)",)
+    assert decide(_rdma_node(_roce("mlx5_0", "ens2f0", BASIC[:2]))).errors == (
+        "node1: mlx5_0:1: no RoCE v2 GID with a routable address on ens2f0; NCCL would fall "
+        "back to index 0",)
+    vlan = decide(_rdma_node(_roce("mlx5_0", "ens2f0", VLAN_FIRST))).get("NCCL_IB_GID_INDEX")
+    assert vlan is not None and (vlan.source, vlan.exported) == ("detected", True)
+
+
+def test_the_port_under_the_socket_interface_is_left_to_the_sockets() -> None:
+    # the HCA whose netdev carries the bootstrap/socket traffic is the front-end NIC
+    decision = decide(_rdma_node(_roce("mlx5_0", "ens2f0", BASIC),
+                                 _roce("mlx5_1", "eth0", BASIC)))
+    assert decision.exports()["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert decision.hca is not None and [n for n, _ in decision.hca.excluded] == ["mlx5_1:1"]
+
+
+def test_vendor_files_whole() -> None:
+    one = node("n", iface("eth0", "198.18.0.12/24"), files=("/opt/microsoft/ndv5-topo.xml",),
+               routes={MASTER_IP: route(MASTER_IP, "eth0")})
+    assert decide(one).get("NCCL_TOPO_FILE") == netenv.EnvVar(
+        "NCCL_TOPO_FILE", "/opt/microsoft/ndv5-topo.xml", "detected",
+        "Azure ND VM: the VM shows a virtual PCI topology")
+    assert decide(one).warnings == ()
+    many = node("n", iface("eth0", "198.18.0.12/24"), routes={MASTER_IP: route(MASTER_IP, "eth0")},
+                files=("/opt/microsoft/ndv4-topo.xml", "/opt/microsoft/ndv5-topo.xml",
+                       "/usr/local/gib/scripts/set_nccl_env.sh"))
+    assert decide(many).warnings == (
+        "n: several Azure topology files (/opt/microsoft/ndv4-topo.xml, "
+        "/opt/microsoft/ndv5-topo.xml); set NCCL_TOPO_FILE with --env or a profile",
+        "n: GCP gIB found; its /usr/local/gib/scripts/set_nccl_env.sh must be sourced before "
+        "launch (not done by dtrain)")
+
+
+def test_merge_env_reasons_and_warnings_whole_and_secret_values_hidden() -> None:
+    detected = [netenv.EnvVar("NCCL_SOCKET_IFNAME", "=eth0", "detected", "route"),
+                netenv.EnvVar("WANDB_API_KEY", "k-det", "detected", "why"),
+                netenv.EnvVar("A", "1", "detected", "r")]
+    final, warnings = netenv.merge_env(
+        detected, profile={"NCCL_SOCKET_IFNAME": "eth1", "WANDB_API_KEY": "k-prof", "A": "1"},
+        site={}, user={})
+    assert [(v.value, v.source, v.reason) for v in final.values()] == [
+        ("eth1", "profile", "profile"), ("k-prof", "profile", "profile"),
+        ("1", "profile", "profile")]
+    assert warnings == ["NCCL_SOCKET_IFNAME: profile sets eth1; detection chose =eth0 (route)",
+                        "WANDB_API_KEY: profile sets ***; detection chose *** (why)"]
+    final, warnings = netenv.merge_env(
+        detected, profile=None,
+        site={"NCCL_SOCKET_IFNAME": ("=bond0", "/etc/nccl.conf"),
+              "WANDB_API_KEY": ("k-site", "env")},
+        user={"WANDB_API_KEY": "k-user", "A": "2", "NEW": "x"},
+        dtrain=[netenv.EnvVar("A", "0", "dtrain", "d"), netenv.EnvVar("RUN", "r1", "dtrain", "id")])
+    assert {k: (v.value, v.source, v.reason, v.exported) for k, v in final.items()} == {
+        "NCCL_SOCKET_IFNAME": ("=bond0", "site", "already set by /etc/nccl.conf", False),
+        "WANDB_API_KEY": ("k-user", "user", "--env; forced over *** (env)", True),
+        "A": ("2", "user", "--env; overrides 1 from detected", True),
+        "NEW": ("x", "user", "--env", True),
+        "RUN": ("r1", "dtrain", "id", True)}
+    assert warnings == [
+        "NCCL_SOCKET_IFNAME: /etc/nccl.conf sets =bond0, which stays in effect; dtrain would "
+        "use =eth0 (detected: route)",
+        "WANDB_API_KEY: env sets ***, which stays in effect; dtrain would use *** "
+        "(detected: why)"]
+    # a user value over a profile's names the profile as what it overrode
+    final, _ = netenv.merge_env([], profile={"B": "1"}, site={}, user={"B": "2"},
+                                profile_name="oci")
+    assert final["B"].reason == "--env; overrides 1 from profile"
+
+
+@pytest.mark.parametrize(("user", "warnings"), [
+    pytest.param({"GLOO_SOCKET_IFNAME": "^lo"}, [
+        "node1: GLOO_SOCKET_IFNAME=^lo (user): Gloo takes exact interface names only; '^'/'=' "
+        "make it fail to find an address"], id="gloo-caret"),
+    pytest.param({"GLOO_SOCKET_IFNAME": "=eth0"}, [
+        "node1: GLOO_SOCKET_IFNAME==eth0 (user): Gloo takes exact interface names only; "
+        "'^'/'=' make it fail to find an address"], id="gloo-equals"),
+    pytest.param({"NCCL_SOCKET_IFNAME": ""}, [
+        "node1: NCCL_SOCKET_IFNAME='' is ignored by NCCL (too short)"], id="nccl-empty"),
+    pytest.param({"NCCL_SOCKET_IFNAME": "e"}, [
+        "node1: NCCL_SOCKET_IFNAME='e' is ignored by NCCL (too short)"], id="nccl-one"),
+    pytest.param({"NCCL_SOCKET_IFNAME": "ab"}, [], id="nccl-two-is-fine"),
+    pytest.param({"NCCL_P2P_DISABLE": "1", "NCCL_ALGO": "Ring"}, [
+        "node1: NCCL_P2P_DISABLE=1 (user) is a debugging knob; do not keep it set in production",
+        "node1: NCCL_ALGO=Ring (user) is a debugging knob; do not keep it set in production"],
+        id="debug-knobs"),
+    pytest.param({"NCCL_IB_GID_INDEX": "2"}, [], id="gid-without-rdma-unchecked"),
+])
+def test_lint_messages_whole(user: dict[str, str], warnings: list[str]) -> None:
+    assert list(decide(NODE1, user=user).warnings) == warnings
+
+
+def test_a_gid_index_from_a_profile_or_not_a_number_is_checked() -> None:
+    facts = _rdma_node(_roce("mlx5_0", "ens2f0", VLAN_FIRST))
+    assert decide(facts, user={"NCCL_IB_GID_INDEX": "x"}).warnings == (
+        "node1: NCCL_IB_GID_INDEX=x (user): not an integer: 'x'",)
+    assert decide(facts, profile={"NCCL_IB_GID_INDEX": "2"}).warnings[-1] == (
+        "node1: NCCL_IB_GID_INDEX=2 (profile): mlx5_0:1: GID 2 (192.168.0.5) is on ens2f0.100; "
+        "the backend address is GID 3 (10.200.2.12 on ens2f0)")
+    assert decide(facts, user={"NCCL_IB_GID_INDEX": "3"}).warnings == ()
+
+
+def test_dtrain_variables_first_as_given_then_the_rest_by_name() -> None:
+    decision = decide(NODE1, user={"B": "1"},
+                      dtrain=[netenv.EnvVar("Z_RANK", "0", "dtrain", "r"),
+                              netenv.EnvVar("A_ID", "x", "dtrain", "i")])
+    assert [v.name for v in decision.env] == [
+        "Z_RANK", "A_ID", "B", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PYTHONUNBUFFERED"]
+    assert decide(NODE1, no_auto={"PYTHONUNBUFFERED"}).get("PYTHONUNBUFFERED") is None
+
+
+@pytest.mark.parametrize(("text", "message", "hint"), [
+    pytest.param("- A=1\n", "<profile>: a profile is a mapping with an 'env:' key", None,
+                 id="list"),
+    pytest.param("", "<profile>: a profile is a mapping with an 'env:' key", None, id="empty"),
+    pytest.param("envs:\n  A: 1\nzed: 2\n", "<profile>: unknown key(s) envs, zed",
+                 "allowed: name, description, env", id="unknown-keys"),
+    pytest.param("env: [A]\n", "<profile>: env: must be a mapping of NAME: value", None,
+                 id="env-list"),
+    pytest.param("env:\n  1BAD: x\n",
+                 "<profile>: env.1BAD: '1BAD' is not a valid environment variable name", None,
+                 id="bad-name"),
+    pytest.param("env:\n  1: x\n", "<profile>: env.1: not a name", None, id="int-name"),
+    pytest.param("env:\n  A: yes\n", "<profile>: env.A: must be a string or a number",
+                 'quote it, e.g. "1"', id="bool"),
+    pytest.param("env:\n  A: [1]\n", "<profile>: env.A: must be a string or a number",
+                 'quote it, e.g. "1"', id="list-value"),
+    pytest.param('env:\n  A: "a\\0b"\n', "<profile>: env.A: the value contains a NUL byte",
+                 None, id="nul"),
+])
+def test_profile_errors_whole(text: str, message: str, hint: str | None) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_profile(text)
+    assert (err.value.message, err.value.hint) == (message, hint)
+
+
+def test_profile_yaml_errors_name_the_file_and_good_profiles_parse() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_profile("env: {a: [\n", "p.yaml")
+    assert err.value.message.startswith("p.yaml: not valid YAML: while parsing a flow node")
+    assert parse_profile("name: x\ndescription: y\n") == {}
+    assert parse_profile("env:\n") == {}
+    assert parse_profile("env:\n  A: 1.5\n  B: s\n") == {"A": "1.5", "B": "s"}
+
+
+def test_profile_files_that_cannot_be_read(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b'env:\n  A: "\xff"\n')
+    cases = {tmp_path / "nope.yaml": "cannot read profile: No such file or directory",
+             tmp_path: "cannot read profile: Is a directory",
+             bad: "not UTF-8 text (invalid start byte)"}
+    for path, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_profile(path)
+        assert (err.value.message, err.value.hint) == (f"{path}: {message}", None)
+    good = tmp_path / "good.yaml"
+    good.write_text("env:\n  NCCL_IB_TC: 41\n", encoding="utf-8")
+    assert load_profile(str(good)) == {"NCCL_IB_TC": "41"}

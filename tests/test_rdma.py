@@ -9,6 +9,8 @@ import pytest
 
 from launcher.decide.facts import Addr, Gid, Iface, NodeFacts, RdmaPort
 from launcher.decide.rdma import (
+    GidChoice,
+    GidPlan,
     AF_INET6,
     check_gid_index,
     nccl_gid_index,
@@ -250,3 +252,181 @@ def test_checked_in_tree_end_to_end() -> None:
     gid = roce_gid(choice.ports[0])
     assert (gid.want, gid.nccl_default, gid.address) == (5, 3, "10.200.2.10")
     assert "192.168.0.5 on ens2f0.100" in gid.reason
+
+
+# --------------------------------------------------------------------------- whole output
+# The reasons, notes and errors below are what --dry-run and the doctor print: asserted whole.
+
+
+def test_exclusion_reasons_whole() -> None:
+    choice = select_hcas([port("a", state=None), port("b", phys=None), port("c", link=None),
+                          port("d", link="Weird"), port("f", rate=None), port("e")])
+    assert choice.excluded == (
+        ("a:1", "state unknown"), ("b:1", "phys_state unknown"), ("c:1", "link layer unknown"),
+        ("d:1", "link layer Weird"), ("f:1", "rate ? below the fastest 200 Gb/sec"))
+    assert choice.hcas == ("e:1",)
+    mixed = select_hcas([port("a", state="1: DOWN"), port("ib0", link="InfiniBand", netdev="ib0"),
+                         port("r0")])
+    assert mixed.excluded == (
+        ("a:1", "state 1: DOWN"),
+        ("r0:1", "Ethernet (RoCE) port while InfiniBand ports exist: NCCL cannot mix link layers"))
+    assert (mixed.hcas, mixed.link_layer) == (("ib0:1",), "InfiniBand")
+
+
+def test_efa_excludes_every_port_by_name() -> None:
+    choice = select_hcas([port("rdmap0", driver="efa"), port("mlx5_0")])
+    assert choice.efa and choice.hcas == () and choice.env_value is None
+    assert choice.excluded == (("rdmap0:1", "EFA: handled by aws-ofi-nccl"),
+                               ("mlx5_0:1", "EFA: handled by aws-ofi-nccl"))
+
+
+def _vf() -> RdmaPort:
+    return port("mlx5_0", netdev="ens2f0", table=vlan_first())
+
+
+VF_NOTE = ("mlx5_0:1: backend GID 5 (10.200.2.10 on ens2f0); NCCL 2.21+ would pick 3 "
+           "(192.168.0.5 on ens2f0.100)")
+
+
+@pytest.mark.parametrize(("version", "env"), [
+    pytest.param(None, (("NCCL_IB_GID_INDEX", "5", VF_NOTE + "; NCCL version unknown: an index "
+                         "works on every version, ADDR_RANGE does not"),), id="unknown"),
+    pytest.param((2, 18, 3), (("NCCL_IB_GID_INDEX", "5", "NCCL 2.18.3 < 2.21 defaults to GID 0; "
+                               + VF_NOTE),), id="old"),
+    pytest.param((2, 21), (("NCCL_IB_ADDR_RANGE", "10.200.2.0/24", VF_NOTE),), id="exactly-2.21"),
+    pytest.param((2, 21, 5), (("NCCL_IB_ADDR_RANGE", "10.200.2.0/24", VF_NOTE),), id="new"),
+])
+def test_plan_whole_for_a_vlan_first_port(version: tuple[int, ...] | None,
+                                          env: tuple[tuple[str, str, str], ...]) -> None:
+    plan = plan_gids([_vf()], nccl_version=version, ifaces=IFACES)
+    assert plan == GidPlan(env=env, notes=(VF_NOTE,))
+
+
+def test_plan_whole_old_nccl_and_ipv6() -> None:
+    same = "mlx5_0:1: backend GID 3 (10.0.0.5 on ens1f0); NCCL 2.21+ picks the same"
+    assert plan_gids([port()], nccl_version=(2, 18)) == GidPlan(
+        env=(("NCCL_IB_GID_INDEX", "3", "NCCL 2.18 < 2.21 defaults to GID 0; " + same),),
+        notes=(same,))
+    assert plan_gids([port()]) == GidPlan(notes=(same,))
+    zero = port(table=gids((0, mapped("10.0.0.5"), V2, "ens1f0")))
+    assert plan_gids([zero], nccl_version=(2, 18)) == GidPlan(notes=(
+        "mlx5_0:1: backend GID 0 (10.0.0.5 on ens1f0); NCCL 2.21+ picks the same",))
+    v6 = port(table=gids((0, FE80, V1, "ens1f0"), (1, FE80, V2, "ens1f0"),
+                         (2, "fd00:0000:0000:0000:0000:0000:0000:0005", V2, "ens1f0")))
+    v6_note = "mlx5_0:1: only IPv6 GIDs; index 2 (fd00::5) on ens1f0"
+    assert plan_gids([v6]) == GidPlan(
+        env=(("NCCL_IB_ADDR_FAMILY", AF_INET6, "RoCE ports have only IPv6 GIDs"),),
+        notes=(v6_note,))
+    assert plan_gids([v6], nccl_version=(2, 18)) == GidPlan(
+        env=(("NCCL_IB_GID_INDEX", "2", "NCCL 2.18 < 2.21 defaults to GID 0; " + v6_note),),
+        notes=(v6_note,))
+    assert plan_gids([v6, port("mlx5_1")]) == GidPlan(
+        notes=(v6_note, "mlx5_1:1: backend GID 3 (10.0.0.5 on ens1f0); NCCL 2.21+ picks the same"),
+        errors=("RoCE ports mix IPv4 and IPv6-only GIDs: NCCL_IB_ADDR_FAMILY cannot serve both",))
+
+
+def test_plan_whole_errors() -> None:
+    other = port("mlx5_1", netdev="ens2f0", table=gids(
+        (0, FE80, V1, "ens2f0"), (1, FE80, V2, "ens2f0"), (2, mapped("10.0.0.6"), V2, "ens2f0")))
+    assert plan_gids([port(), other], nccl_version=(2, 18)) == GidPlan(
+        notes=("mlx5_0:1: backend GID 3 (10.0.0.5 on ens1f0); NCCL 2.21+ picks the same",
+               "mlx5_1:1: backend GID 2 (10.0.0.6 on ens2f0); NCCL 2.21+ picks the same"),
+        errors=("ports need different GID indices and NCCL < 2.21 takes one NCCL_IB_GID_INDEX: "
+                "upgrade NCCL to 2.21 or later",))
+    none = port(table=gids((0, FE80, V1, "ens1f0")))
+    assert plan_gids([none, port("mlx5_1")]) == GidPlan(
+        notes=("mlx5_1:1: backend GID 3 (10.0.0.5 on ens1f0); NCCL 2.21+ picks the same",),
+        errors=("mlx5_0:1: no RoCE v2 GID with a routable address on ens1f0; NCCL would fall "
+                "back to index 0",))
+    assert plan_gids([none]) == GidPlan(errors=(
+        "mlx5_0:1: no RoCE v2 GID with a routable address on ens1f0; NCCL would fall back to "
+        "index 0",))
+
+
+def _two_vlan_first() -> tuple[list[RdmaPort], tuple[Iface, ...]]:
+    b = port("mlx5_1", netdev="ens3f0", table=gids(
+        (0, FE80, V1, "ens3f0"), (1, FE80, V2, "ens3f0"),
+        (2, mapped("192.168.1.5"), V2, "ens3f0.100"), (3, mapped("10.201.0.10"), V2, "ens3f0"),
+        (4, mapped("10.201.0.10"), V1, "ens3f0")))
+    ifaces = IFACES + (Iface("ens3f0", "up", addrs=(Addr("inet", "10.201.0.10", 24),)),
+                       Iface("ens3f0.100", "up", virtual=True, lower=("ens3f0",),
+                             addrs=(Addr("inet", "192.168.1.5", 24),)))
+    return [_vf(), b], ifaces
+
+
+def test_two_ports_wanting_different_gids_one_range_or_an_error() -> None:
+    ports, ifaces = _two_vlan_first()
+    notes = (VF_NOTE, "mlx5_1:1: backend GID 3 (10.201.0.10 on ens3f0); NCCL 2.21+ would pick 2 "
+             "(192.168.1.5 on ens3f0.100)")
+    # a known new NCCL: the smallest range covering both backend subnets steers both ports
+    assert plan_gids(ports, nccl_version=(2, 21, 5), ifaces=ifaces) == GidPlan(
+        env=(("NCCL_IB_ADDR_RANGE", "10.200.0.0/15", "; ".join(notes)),), notes=notes)
+    # an unknown one: no single index serves both
+    assert plan_gids(ports, ifaces=ifaces) == GidPlan(notes=notes, errors=(
+        f"NCCL's GID choice misses the backend address ({'; '.join(notes)}) and no single "
+        "NCCL_IB_GID_INDEX or NCCL_IB_ADDR_RANGE fixes every port; set them with --env",))
+
+
+def test_a_macvlan_child_named_by_its_lower_link_counts_as_the_port_s() -> None:
+    table = gids((0, FE80, V1, "ens2f0"), (1, mapped("10.9.9.9"), V2, "macv0"))
+    child = (Iface("macv0", "up", virtual=True, lower=("ens2f0",)),
+             Iface("other", "up", virtual=True, lower=("ens9",)))
+    # the reason names the interface that holds the address
+    assert plan_gids([port(netdev="ens2f0", table=table)], ifaces=child) == GidPlan(
+        notes=("mlx5_0:1: backend GID 1 (10.9.9.9 on macv0); NCCL 2.21+ picks the same",))
+    assert plan_gids([port(netdev="ens2f0", table=table)]).errors == (
+        "mlx5_0:1: no RoCE v2 GID with a routable address on ens2f0; NCCL would fall back to "
+        "index 1",)
+
+
+def test_check_gid_index_every_message() -> None:
+    bad = port("mlx5_0", netdev="ens2f0", table=vlan_first() + gids(
+        (6, FE80, None, "ens2f0"), (7, mapped("10.0.0.9"), V2, "eth9"), (8, FE80, V2, "ens2f0")))
+    ib = port("ib", link="InfiniBand")  # never checked: it comes first and is skipped
+    expected = {
+        9: ["mlx5_0:1: GID index 9 is empty"],
+        2: ["mlx5_0:1: GID 2 is IB/RoCE v1, not RoCE v2"],
+        6: ["mlx5_0:1: GID 6 is of unknown type, not RoCE v2"],
+        8: ["mlx5_0:1: GID 8 (fe80:0000:0000:0000:0ac0:ebff:fe3d:ca54) is not a routable IPv4 "
+            "address"],
+        7: ["mlx5_0:1: GID 7 belongs to eth9, not ens2f0"],
+        3: ["mlx5_0:1: GID 3 (192.168.0.5) is on ens2f0.100; the backend address is GID 5 "
+            "(10.200.2.10 on ens2f0)"],
+        5: [],
+    }
+    for index, problems in expected.items():
+        assert check_gid_index([ib, bad], index) == problems, index
+    # on a child with no better address on the netdev itself: fine
+    only_child = port("mlx5_0", netdev="ens2f0", table=gids(
+        (0, FE80, V1, "ens2f0"), (1, mapped("192.168.0.5"), V2, "ens2f0.100")))
+    assert check_gid_index([only_child], 1) == []
+
+
+def test_nccl_rule_ranges_given_as_text_and_ipv6() -> None:
+    # a range typed with host bits set is accepted (strict=False), as NCCL does
+    assert nccl_gid_index(vlan_first(), addr_range="10.200.2.77/24") == 5
+    assert nccl_gid_index(vlan_first(), addr_range="fd00::/64") == 0  # IPv4 GIDs: never in it
+    v6t = gids((0, FE80, V2, "e"), (1, "fd00:0000:0000:0000:0000:0000:0000:0005", V2, "e"),
+               (2, "fd01:0000:0000:0000:0000:0000:0000:0005", V2, "e"))
+    assert nccl_gid_index(v6t, family=AF_INET6) == 1
+    assert nccl_gid_index(v6t, family=AF_INET6, addr_range="fd01::/64") == 2
+    assert nccl_gid_index(v6t, family=AF_INET6, addr_range="10.0.0.0/8") == 0
+    assert nccl_gid_index(()) == 0
+
+
+def test_roce_gid_fallbacks_whole() -> None:
+    assert roce_gid(port(netdev=None, table=basic())) == GidChoice(
+        None, 3, "mlx5_0:1: no RoCE v2 GID with a routable address on ?; NCCL would fall back "
+        "to index 3")
+    # multicast, loopback and link-local IPv6 GIDs are skipped; the global one is taken
+    odd = port(table=gids((0, FE80, V2, "ens1f0"),
+                          (1, "ff02:0000:0000:0000:0000:0000:0000:0001", V2, "ens1f0"),
+                          (2, "0000:0000:0000:0000:0000:0000:0000:0001", V2, "ens1f0"),
+                          (3, "fd00:0000:0000:0000:0000:0000:0000:0007", V2, "ens1f0")))
+    assert roce_gid(odd) == GidChoice(3, 1, "mlx5_0:1: only IPv6 GIDs; index 3 (fd00::7) on "
+                                      "ens1f0", AF_INET6, "fd00::7")
+    # an unreadable type (EINVAL) is no version: not v1, not v2
+    untyped = port(table=gids((0, FE80, V1, "ens1f0"), (1, mapped("10.0.0.5"), None, "ens1f0"),
+                              (2, mapped("10.0.0.5"), "RoCE v1", "ens1f0"),
+                              (3, mapped("10.0.0.5"), " RoCE v2 ", "ens1f0")))
+    assert roce_gid(untyped).want == 3

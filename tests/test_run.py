@@ -59,10 +59,18 @@ def test_three_node_ddp_gets_each_nodes_own_interface(cluster, tmp_path):
 
 def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path):
     marker = f"--marker-{uuid.uuid4().hex}"
-    res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--dry-run", "--env",
-               "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr", "3e-4", marker)
+    envfile = tmp_path / "site.env"
+    envfile.write_text("FROM_FILE=1\nMY_PASSWORD=overridden\n")
+    res = _run(cluster, tmp_path, "--nproc-per-node", "2", "--dry-run", "--env-file",
+               str(envfile), "--env", "MY_PASSWORD=hunter2", "examples/ddp_smoke.py", "--lr",
+               "3e-4", marker)
     assert res.returncode == 0, res.stderr
     out = res.stdout
+    # issue 24.7: a file's values name the file (they said [user: --env]); --env wins
+    assert out.count(f"  FROM_FILE=1  [user: --env-file {envfile}]\n") == 3, out
+    assert out.count("  MY_PASSWORD=***  [user: --env]\n") == 3, out
+    # issue 24.8: the NCCL '=' explanation once, not per node
+    assert out.count("the leading '=' makes NCCL use exactly") == 1, out
     # each node's own section names its own interface (not merely: each name appears)
     sections = re.split(r"^node (\d+)  (\S+)  ranks \S+$", out, flags=re.M)
     nodes = {int(sections[i]): (sections[i + 1], sections[i + 2])
@@ -82,6 +90,23 @@ def test_dry_run_shows_each_nodes_interface_and_starts_nothing(cluster, tmp_path
     assert not (tmp_path / "runs").exists()
     for k in (1, 2, 3):
         assert not cluster.node_pids(k, user="dtuser", match=marker)
+
+
+def test_timestamps_stamp_the_lines_not_the_summary(cluster, tmp_path):
+    """docs/cli.md: the summary printed after the job is not stamped (issue 24.7); the
+    archive keeps the summary with a null node_rank."""
+    res = _run(cluster, tmp_path, "--nproc-per-node", "1", "--timestamps",
+               "examples/ddp_smoke.py")
+    assert res.returncode == 0, res.stderr
+    text = res.stdout + res.stderr
+    assert re.search(r"^\S+T\S+ node1 r0: ", text, re.M), text
+    assert re.search(r"^\S+T\S+ dtrain: run ", text, re.M), text  # in-stream: stamped
+    assert re.search(r"^dtrain: ok: succeeded \(exit 0\)$", text, re.M), text
+    assert re.search(r"^dtrain:   node1 \(node 0\): r0 exit 0", text, re.M), text
+    (run,) = (tmp_path / "runs").iterdir()
+    records = [json.loads(line) for line in (run / "output.jsonl").read_text().splitlines()]
+    done = [r for r in records if r.get("line", "").startswith("ok: succeeded")]
+    assert done and done[0]["node_rank"] is None and done[0]["stream"] == "dtrain"
 
 
 def test_dry_run_json_is_machine_readable(cluster, tmp_path):

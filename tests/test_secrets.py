@@ -212,3 +212,77 @@ def test_secrets_never_shown_in_meta_dry_run_or_messages(cluster, tmp_path):
     command = json.loads(meta)["command"]
     assert f"-eHF_TOKEN={REDACTED}" in command and f"--env=WANDB_API_KEY={REDACTED}" in command
     assert "FROM_ENV" in command
+
+
+# -- each promise of output/redact.py, one by one (docs/security.md, "Secrets") --------------
+
+from launcher.output.redact import (  # noqa: E402
+    is_secret_name,
+    redact_value,
+    redact_words,
+    secret_values,
+)
+
+PADDED = "dGhpcyBpcyBhIHRva2VuIQ=="  # a base64 secret: it ends in "="
+
+
+@pytest.mark.parametrize("name", [
+    "HF_TOKEN", "WANDB_API_KEY", "APIKEY", "SSH_KEY", "KEY", "DB_PASS", "AWS_SECRET_ACCESS_KEY",
+    "OAUTH", "GIT_CREDENTIALS", "GIT_CREDENTIAL", "DB_PASSWORD", "PGPASSWD", "AUTH",
+    "MY_SECRET", "hf_token", "Wandb-Api-Key", "X.PASS", "MONKEY", "SSH_AUTH_SOCK",
+])
+def test_secret_looking_names_are_hidden(name):
+    assert is_secret_name(name)
+    assert redact_value(name, "v") == REDACTED
+    assert redact_env([(name, "v"), ("N", "1")]) == {name: REDACTED, "N": "1"}
+
+
+@pytest.mark.parametrize("name", [
+    "KEYBOARD", "AUTHOR", "PASSTHROUGH", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "PATH",
+    "PASSES", "TOKENIZERS_PARALLELISM", "SECRETARY", "CUDA_VISIBLE_DEVICES", "",
+])
+def test_ordinary_names_are_shown(name):
+    assert not is_secret_name(name)
+    assert redact_value(name, "v") == "v"
+    assert redact_value(name, "v", hidden={name}) == REDACTED  # --env NAME: hidden anyway
+
+
+def test_a_secret_value_ending_in_equals_is_hidden_everywhere():
+    # base64 padding: `--token=VALUE` must lose VALUE even though VALUE itself holds "="
+    assert redact_words([f"--token={PADDED}", PADDED, f"-t={PADDED}x"], {PADDED}) == [
+        f"--token={REDACTED}", REDACTED, f"-t={PADDED}x"]
+    argv = ["dtrain", "run", f"-eHF_TOKEN={PADDED}", "--env", f"WANDB_API_KEY={PADDED}",
+            "train.py", f"--hub-token={PADDED}"]
+    shown = redact_command(argv, [f"HF_TOKEN={PADDED}", f"WANDB_API_KEY={PADDED}"],
+                           [("HF_TOKEN", PADDED), ("WANDB_API_KEY", PADDED)])
+    assert shown == ["dtrain", "run", f"-eHF_TOKEN={REDACTED}", "--env",
+                     f"WANDB_API_KEY={REDACTED}", "train.py", f"--hub-token={REDACTED}"]
+    # a hidden (--env NAME) variable whose value holds "=", given again as NAME=VALUE
+    assert redact_command(["-e", "MYVAR=a=b"], ["MYVAR=a=b"], [], {"MYVAR"}) == [
+        "-e", f"MYVAR={REDACTED}"]
+
+
+def test_only_secret_values_and_parsed_env_items_are_rewritten():
+    # --env NAME (no value on the command line) stays as typed; ordinary options and values
+    # (even one equal to a non-secret variable's value) stay; a value after another "=" is
+    # found wherever the "=" is
+    argv = ["dtrain", "run", "--env", "HF_TOKEN", "-e", "LR=0.1", "train.py", "--lr=0.1",
+            "0.1", "--x=k=" + SECRET]
+    shown = redact_command(argv, ["HF_TOKEN", "LR=0.1"],
+                           [("HF_TOKEN", SECRET), ("LR", "0.1"), ("EMPTY_TOKEN", "")],
+                           {"HF_TOKEN"})
+    assert shown == ["dtrain", "run", "--env", "HF_TOKEN", "-e", "LR=0.1", "train.py",
+                     "--lr=0.1", "0.1", f"--x=k={REDACTED}"]
+    # an empty secret value hides nothing (every empty word would become ***)
+    assert secret_values([("HF_TOKEN", ""), ("N", "x"), ("K_KEY", "v")]) == {"v"}
+    assert redact_words(["", "a="], secret_values([("HF_TOKEN", "")])) == ["", "a="]
+
+
+def test_what_redaction_does_not_claim_an_encoded_or_embedded_secret_is_not_recognised():
+    # documented in docs/security.md: only a whole word, or the part after an "=", is
+    # compared; a secret inside a URL or re-encoded (base64, %-escapes) is kept as given
+    import base64
+    import urllib.parse
+    words = [f"https://u:{SECRET}@host/", f"--y={SECRET}=k", base64.b64encode(SECRET.encode()).decode(),
+             urllib.parse.quote(SECRET + "/")]
+    assert redact_words(words, {SECRET}) == words

@@ -108,3 +108,29 @@ def _plan3():  # type: ignore[no-untyped-def]
     from tests.test_failures import _plan
 
     return _plan("a", ranks=3)
+
+
+def test_the_summary_of_many_nodes_is_folded_and_the_odd_node_comes_first() -> None:
+    """Issue 24.8: at 16+ nodes, one line for the nodes that ended alike (a range of
+    durations), the node that differs on its own line before it."""
+    from tests.test_failures import _node, _outcome, _plan
+
+    names = [f"gpu{k:02d}" for k in range(1, 21)]
+    nodes = {}
+    for i, name in enumerate(names):
+        ranks = {str(2 * i + j): {"code": 0, "signal": None, "t": 5.0,
+                                  "duration": 8.0 + i / 100} for j in range(2)}
+        nodes[name] = _node(name, 0, ranks)
+    nodes["gpu05"] = _node("gpu05", 0, {"8": {"code": 0, "signal": None, "t": 5.0,
+                                              "duration": 3.0}})  # rank 9 never reported
+    from launcher.job.verdict import TailKeeper, summary_lines, verdict
+
+    plan = _plan(*names, ranks=2)
+    out = _outcome(nodes=nodes)
+    v = verdict(out, plan, TailKeeper())
+    lines = summary_lines(out, plan, v)
+    assert lines[0] == "ok: succeeded (exit 0)", lines
+    assert lines[1].startswith("  gpu05 (node 4): r8 exit 0 after 3.0s, r9 no exit report")
+    assert lines[2] == ("  gpu[01-04,06-20] (19 nodes): 38 ranks exit 0 after 8.0-8.2s; "
+                        "torchrun exit 0 after 10.0s"), lines
+    assert len(lines) == 3 + len(v.lines), lines

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,8 @@ from launcher.output.archive import RunArchive
 from launcher.output.console import Console
 from launcher.output.fastout import ExecOutput
 from launcher.output.pipeline import OutputPipeline
-from launcher.output.termsafe import clean_bytes, clean_text, needs_cleaning
+from launcher.output import termsafe
+from launcher.output.termsafe import clean_bytes, clean_text, inert, needs_cleaning
 
 OSC52 = b"\x1b]52;c;cm0gLXJmIH4K\x07"  # "write `rm -rf ~` to the clipboard"
 
@@ -45,6 +48,45 @@ def test_needs_cleaning_only_with_control_bytes() -> None:
     for byte in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]:
         assert needs_cleaning(b"a" + bytes([byte]) + b"b"), byte
     assert needs_cleaning(b"\xc2\x9b")
+
+
+CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
+
+
+@pytest.mark.skipif(shutil.which("cat") is None, reason="no cat")
+def test_the_notation_is_cat_v_s_for_every_control() -> None:
+    # the oracle: coreutils' own `cat -vT` (tab as ^I); newline it never shows, ^J by the rule
+    for code in CONTROLS:
+        shown = "^J" if code == 0x0A else subprocess.run(
+            ["cat", "-vT"], input=bytes([code]), capture_output=True, check=True).stdout.decode()
+        assert termsafe._caret(code) == shown, hex(code)
+        # the tables the filters use hold the same (a C1 control is two bytes in UTF-8)
+        assert inert(chr(code)) == shown
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    pytest.param(b"x\rab  \r", b"ab  ", id="cr-fold-keeps-trailing-spaces"),
+    pytest.param(b"x\rabX\r", b"abX", id="cr-fold-strips-only-cr"),
+    pytest.param(b"a\rb\nc\rd\ne", b"b\nd\ne", id="cr-fold-per-line"),
+    pytest.param(b"\x1b[mreset", b"\x1b[mreset\x1b[0m", id="bare-sgr-is-a-colour"),
+    pytest.param(b"\x1b[38:5:196mx", b"\x1b[38:5:196mx\x1b[0m", id="colon-sgr"),
+    pytest.param(b"\x1b[31;1Hx", b"^[[31;1Hx", id="cursor-position-not-sgr"),
+    pytest.param(b"\x1bPq#0;2;0;0;0\x1b\\", b"^[Pq#0;2;0;0;0^[\\", id="dcs-sixel"),
+    pytest.param(b"\x1b[6n", b"^[[6n", id="device-status-report"),
+    pytest.param(b"\x1b(0lqk", b"^[(0lqk", id="charset-switch"),
+    pytest.param(b"\xc2\x9d8;;http://x\xc2\x9c", b"M-^]8;;http://xM-^\\", id="c1-osc"),
+])
+def test_escape_sequences_from_a_node_are_inert(raw: bytes, shown: bytes) -> None:
+    assert clean_bytes(raw) == shown
+    assert clean_text(raw.decode("utf-8", "surrogateescape")).encode(
+        "utf-8", "surrogateescape") == shown
+
+
+def test_inert_shows_every_control_even_a_colour_and_keeps_only_what_it_is_told() -> None:
+    assert inert("plain ok") == "plain ok"
+    assert inert("a\x1b[31mb\tc\n\x9b") == "a^[[31mb^Ic^JM-^["
+    assert inert("a\x1b[31mb\tc\n\x9b", keep="\n\t") == "a^[[31mb\tc\nM-^["
+    assert inert("node2:\rnode1: ok\x07", keep="\n") == "node2:^Mnode1: ok^G"
 
 
 def _exec_out(**kw: object) -> tuple[ExecOutput, io.BytesIO, io.BytesIO]:

@@ -37,7 +37,7 @@ from launcher.cli import (
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
-    pretty_exceptions_enable=False, add_completion=False,
+    pretty_exceptions_enable=False, add_completion=False, context_settings=common.HELP,
     help="Multi-node PyTorch launcher over SSH: exec (the pdsh replacement), run (torchrun on "
          "every node), cp (pdcp/rpdcp), keys, doctor, logs, report, top (the cluster live); "
          "ps, attach, stop for runs that outlive the login session (run --detach).",
@@ -73,7 +73,8 @@ app.command("report", cls=Cmd)(report.report_cmd)
 app.command("top", cls=Cmd)(top.top_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)
 app.add_typer(nodes.nodes_app, name="nodes", help="Nodes fenced by `dtrain run --restarts` "
-              "(the lemon list): list, unfence, expire.")
+              "(the lemon list): list, unfence, expire.\n\nExample:\n\n  dtrain nodes "
+              "unfence node3")
 
 
 def only(name: str) -> typer.Typer:

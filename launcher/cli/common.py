@@ -1,20 +1,20 @@
-"""What every command shares: the host and SSH option types, host resolution, SSH settings,
-and ``run_body``, the one place that turns a DtrainError into a message and an exit code
-(anything else is a bug and shows a traceback). Command modules import this; nothing here
-imports a command module, so the CLI has no import circle.
+"""What every command shares besides its options (those are in ``groups``): the click
+classes that give dtrain's wording for usage errors and its own help layout
+(``helptext``), and ``run_body``, the one place that turns a DtrainError into a message and
+an exit code (anything else is a bug and shows a traceback). Command modules import this;
+nothing here imports a command module, so the CLI has no import circle.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from launcher.cli import coerce
-from launcher.cli.completion import complete_hostfile
 from launcher.errors import DtrainError
 
 # Everything after the first positional (the script, the remote command) belongs to it; an
@@ -46,14 +46,32 @@ def _no_flag_metavars(params: list[Any]) -> list[Any]:
     return params
 
 
+# -h works as --help everywhere (after a command's script or remote command it is theirs)
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
 class DtrainGroup(TyperGroup):
-    """typer's group without `<bool>` on its flags (--help, --version)."""
+    """typer's group without `<bool>` on its flags (--help, --version), dtrain's help layout,
+    and a bare `dtrain` (or `dtrain keys`) saying a command is needed (exit 2)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _no_flag_metavars(super().get_params(ctx))
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from launcher.cli import helptext
+
+        helptext.render(self, ctx)
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         coerce.install(self.get_params(ctx))
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            from launcher.cli import helptext
+
+            helptext.render(self, ctx)
+            typer.echo(f"{ctx.command_path}: a command is needed: {ctx.command_path} "
+                       f"COMMAND [ARGS]... (`{ctx.command_path} COMMAND -h` shows one "
+                       "command's options)", err=True)
+            ctx.exit(2)
         return super().parse_args(ctx, args)
 
 
@@ -63,6 +81,18 @@ class DtrainCommand(TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return _no_flag_metavars(super().get_params(ctx))
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from launcher.cli import helptext
+
+        helptext.render(self, ctx)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """`[OPTIONS] SCRIPT [ARGS]...` (typer writes `{script} [args]...`)."""
+        from launcher.cli import helptext
+
+        return ["[OPTIONS]", *(helptext.argument_usage(p) for p in self.get_params(ctx)
+                               if p.param_type_name == "argument")]
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         coerce.install(self.get_params(ctx))  # no pydantic for plain values (cli/coerce.py)
         exceptions = _click_exceptions()
@@ -71,41 +101,6 @@ class DtrainCommand(TyperCommand):
         except exceptions.NoSuchOption as exc:
             raise exceptions.UsageError(no_such_option(exc.option_name, exc.possibilities),
                                         ctx=ctx) from None
-
-HostfileOpt = Annotated[str | None, typer.Option(
-    "-f", "--hostfile", envvar="DTRAIN_HOSTFILE", show_envvar=True,
-    autocompletion=complete_hostfile,
-    help="Hostfile: text (`[user@]host[:port] slots=N`, ranges like gpu[01-16]) or YAML.")]
-HostsOpt = Annotated[str | None, typer.Option(
-    "-H", "--hosts", help="Hosts, pdsh style: 'dtuser@node[1-4],login2:2222'.")]
-IncludeOpt = Annotated[str | None, typer.Option("--include", help="Keep only these hosts "
-                                                "(hostlist expression).")]
-ExcludeOpt = Annotated[str | None, typer.Option("--exclude", help="Drop these hosts.")]
-FanoutOpt = Annotated[int, typer.Option("--fanout", min=1, help="Connections opened at once.")]
-ConnectTimeoutOpt = Annotated[float, typer.Option("--connect-timeout", min=0.1,
-                                                  help="Seconds to connect to one node.")]
-TransportOpt = Annotated[str, typer.Option(
-    "--transport", envvar="DTRAIN_TRANSPORT", show_envvar=True,
-    help="ssh, srun, or auto: srun inside a Slurm allocation (srun on PATH, every host one of "
-         "its nodes), SSH otherwise.")]
-AcceptNewOpt = Annotated[bool, typer.Option(
-    "--accept-new", help="Record unknown host keys in ~/.ssh/known_hosts (never changed ones).")]
-
-
-ArchiveDirOpt = Annotated[str, typer.Option(
-    "--archive-dir", envvar="DTRAIN_ARCHIVE_DIR", show_envvar=True,
-    help="Where run archives are.")]
-DEFAULT_ARCHIVE_DIR = "dtrain-runs"
-
-
-def archive_hint(archive_dir: str) -> str:
-    """The ``--archive-dir`` to repeat in a suggested command ('' for the default)."""
-    import os
-    import shlex
-
-    if archive_dir == DEFAULT_ARCHIVE_DIR or os.environ.get("DTRAIN_ARCHIVE_DIR") == archive_dir:
-        return ""
-    return f" --archive-dir {shlex.quote(os.path.abspath(archive_dir))}"
 
 
 def run_body(fn: Callable[[], int]) -> None:
@@ -120,16 +115,3 @@ def run_body(fn: Callable[[], int]) -> None:
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     raise typer.Exit(code)
-
-
-def resolve(hostfile: str | None, hosts: str | None, include: str | None,
-           exclude: str | None) -> list[Any]:
-    from launcher.hosts.hostfile import resolve_hosts
-
-    return resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude)
-
-
-def ssh_settings(connect_timeout: float, accept_new: bool, **extra: Any) -> Any:
-    from launcher.transports.ssh import SSHSettings
-
-    return SSHSettings(connect_timeout=connect_timeout, accept_new=accept_new, **extra)

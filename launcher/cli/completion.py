@@ -77,7 +77,12 @@ def completion_cmd(
     shell: Annotated[str, typer.Argument(help="bash, zsh or fish.", metavar="SHELL")],
 ) -> None:
     """Print the shell completion script: `eval "$(dtrain completion bash)"` in ~/.bashrc
-    (zsh: the same in ~/.zshrc; fish: `dtrain completion fish | source`)."""
+    (zsh: the same in ~/.zshrc; fish: `dtrain completion fish | source`).
+
+    Example:
+
+      dtrain completion bash >> ~/.bashrc
+    """
     if shell not in SHELLS:
         typer.echo(f"dtrain: error: no completion for {shell!r}; one of: {', '.join(SHELLS)}",
                    err=True)

@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli.common import (
+from launcher.cli import groups
+from launcher.cli.common import run_body
+from launcher.cli.groups import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
     ExcludeOpt,
@@ -19,11 +21,16 @@ from launcher.cli.common import (
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
+    PythonOpt,
+    SetupOpt,
     TransportOpt,
-    resolve,
-    run_body,
-    ssh_settings,
 )
+
+CHECKS = "Checks"
+JsonOpt = Annotated[bool, groups.json_opt(
+    "One JSON document (dtrain.doctor/1) on stdout; the table goes to stderr.")]
+JunitOpt = Annotated[str | None, groups.junit_opt(
+    "Write JUnit XML to this file (a testcase per node and check).")]
 
 
 def doctor_cmd(
@@ -31,28 +38,30 @@ def doctor_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
-    python: Annotated[str, typer.Option("--python", help="Python on the nodes, as for `run` "
-                                        "(a host's python= key wins).")] = "python3",
-    setup: Annotated[str | None, typer.Option("--setup", help="Shell snippet run first on "
-                                              "each node (`source venv/bin/activate`).")] = None,
-    master_addr: Annotated[str | None, typer.Option("--master-addr", help="Test this master "
-                                                    "address instead of choosing one.")] = None,
-    master_port: Annotated[int | None, typer.Option("--master-port", min=1, max=65535,
-                                                    help="Test this port (default: any free "
-                                                         "one, as `run` picks).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document (dtrain.doctor/1) "
-                                          "on stdout; the table goes to stderr.")] = False,
-    junit: Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
-                                              "testcase per node and check).")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")]
-    = False,
-    probe_timeout: Annotated[float, typer.Option("--probe-timeout", min=1, help="Seconds for "
-                                                 "one node's probe.")] = 30.0,
+    python: PythonOpt = "python3",
+    setup: SetupOpt = None,
+    master_addr: Annotated[str | None, typer.Option(
+        "--master-addr", metavar="ADDR", rich_help_panel=CHECKS,
+        help="Test this master address instead of choosing one.")] = None,
+    master_port: Annotated[int | None, typer.Option(
+        "--master-port", min=1, max=65535, metavar="PORT", rich_help_panel=CHECKS,
+        help="Test this port (default: any free one, as `run` picks).")] = None,
+    as_json: JsonOpt = False,
+    junit: JunitOpt = None,
+    strict: Annotated[bool, typer.Option("--strict", rich_help_panel=CHECKS,
+                                         help="Warnings fail too (exit 1).")] = False,
+    probe_timeout: Annotated[float, typer.Option(
+        "--probe-timeout", min=1, metavar="SECONDS", rich_help_panel=CHECKS,
+        help="Seconds for one node's probe.")] = 30.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
-    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Rich table or "
+    color: Annotated[bool | None, typer.Option("--color/--no-color",
+                                               rich_help_panel=groups.DISPLAY,
+                                               help="Rich table or "
                                                "plain columns (default: rich on a "
                                                "terminal or with FORCE_COLOR, never "
                                                "with NO_COLOR).")] = None,
@@ -62,17 +71,21 @@ def doctor_cmd(
     One row per node and check (ok / warn / FAIL / skip). Exit codes: 0 nothing failed
     (warnings allowed unless --strict); 1 some check failed; 255 some node could not be
     reached; 2 bad input.
+
+    Example:
+
+      dtrain doctor -f hosts --python ~/venv/bin/python
     """
     def body() -> int:
         from launcher.commands.doctor import DoctorOptions, run_doctor
-        from launcher.nodeside.wire import check_value
 
-        check_value(python, "--python", python=True)
-        host_list = resolve(hostfile, hosts, include, exclude)
+        groups.node(python)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout, transport=transport)
-        return run_doctor(host_list, opts, ssh_settings(connect_timeout, accept_new),
+        return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new,
+                                                             ssh_option),
                           as_json=as_json, junit=junit, strict=strict, color=color)
 
     run_body(body)

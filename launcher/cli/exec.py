@@ -6,23 +6,34 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli.common import (
+from launcher.cli import groups
+from launcher.cli.common import run_body
+from launcher.cli.groups import (
+    FAILURE,
     AcceptNewOpt,
+    ColorOpt,
     ConnectTimeoutOpt,
     ExcludeOpt,
     FanoutOpt,
+    HeartbeatTimeoutOpt,
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
+    RawOpt,
+    SupervisorPythonOpt,
+    TimestampsOpt,
     TransportOpt,
-    resolve,
-    run_body,
-    ssh_settings,
 )
+
+JsonOpt = Annotated[bool, groups.json_opt(
+    "One JSON document (dtrain.exec/1) on stdout at the end; the output goes to stderr.")]
+JunitOpt = Annotated[str | None, groups.junit_opt(
+    "Write JUnit XML to this file (a testcase per node).")]
 
 
 def exec_cmd(
     command: Annotated[list[str], typer.Argument(
+        metavar="COMMAND",
         help="One argument: a shell command line for the remote shell ('nvidia-smi | grep "
              "MiB'). Several: an argv that arrives exactly as typed, no shell "
              "(-- printf '%s|' 'a b' '$HOME' prints `a b|$HOME|`).")],
@@ -30,56 +41,63 @@ def exec_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
-    gather: Annotated[bool, typer.Option("--gather", "-b", help="Print each distinct output "
-                                         "once under the folded host set (dshbak -c).")] = False,
+    gather: Annotated[bool, typer.Option(
+        "--gather", "-b", rich_help_panel=groups.DISPLAY,
+        help="Print each distinct output once under the folded host set (dshbak -c).")
+    ] = False,
     timeout: Annotated[float | None, typer.Option(
-        "--timeout", min=0.1, help="Kill the command everywhere after S s (exit 124).")] = None,
-    grace: Annotated[float, typer.Option("--grace", min=0, help="TERM -> KILL delay when "
-                                         "stopping (timeout, Ctrl-C).")] = 2.0,
-    heartbeat_timeout: Annotated[float, typer.Option(
-        "--heartbeat-timeout", min=1, help="Declare a silent node lost after S s.")] = 30.0,
+        "--timeout", min=0.1, metavar="SECONDS", rich_help_panel=FAILURE,
+        help="Kill the command everywhere after this many seconds (exit 124).")] = None,
+    grace: Annotated[float, typer.Option(
+        "--grace", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
+        help="TERM -> KILL delay when stopping (timeout, Ctrl-C).")] = 2.0,
+    no_prefix: Annotated[bool, typer.Option(
+        "-N", "--no-prefix", rich_help_panel=groups.DISPLAY,
+        help="Print the nodes' lines without the host in front (pdsh's -N).")] = False,
+    heartbeat_timeout: HeartbeatTimeoutOpt = 30.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
-    python: Annotated[str, typer.Option("--python", help="Interpreter for dtrain's node "
-                                        "supervisor (any Python >= 3.8).")] = "python3",
-    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
-                                               "on or off (default: on a terminal).")] = None,
-    raw: Annotated[bool, typer.Option("--raw", help="Pass the nodes' bytes to the terminal "
-                                      "as they are (default: only colours pass, other "
-                                      "control sequences are shown as ^[ ...).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document (dtrain.exec/1) "
-                                          "on stdout at the end; the output goes to stderr.")
-                       ] = False,
-    junit: Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
-                                              "testcase per node).")] = None,
-    timestamps: Annotated[bool, typer.Option("--timestamps", help="Start each output line "
-                                             "with the time dtrain received it "
-                                             "(2026-11-30T12:34:56.789, local time).")
-                          ] = False,
+    python: SupervisorPythonOpt = "python3",
+    color: ColorOpt = None,
+    raw: RawOpt = False,
+    as_json: JsonOpt = False,
+    junit: JunitOpt = None,
+    timestamps: TimestampsOpt = False,
 ) -> None:
     """Run a command on every node; output tagged by host; exit = the largest remote code.
 
     Use `--` before the command. Exit codes: 0 all succeeded; the largest remote exit code;
     124 --timeout; 255 a node could not be reached; 2 bad input.
+
+    Example:
+
+      dtrain exec -w node[1-4] -- nvidia-smi -L
     """
     def body() -> int:
         from launcher.commands.exec import ExecRequest, run_exec
-        from launcher.nodeside.wire import check_value
 
-        check_value(python, "--python", python=True)
+        groups.node(python)
+        if no_prefix and gather:
+            from launcher.errors import UsageError
+
+            raise UsageError("-N does not go with --gather: the gathered outputs are "
+                             "printed under their hosts", hint="use one of them")
         if timestamps and gather:
             from launcher.errors import UsageError
 
             raise UsageError("--timestamps does not go with --gather: the gathered outputs "
                              "are printed once, grouped across hosts, after the job",
                              hint="use one of them")
-        host_list = resolve(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, raw=raw, grace=grace,
                           heartbeat_timeout=heartbeat_timeout, transport=transport,
-                          as_json=as_json, junit=junit, timestamps=timestamps)
-        return run_exec(host_list, req, ssh_settings(connect_timeout, accept_new))
+                          as_json=as_json, junit=junit, timestamps=timestamps,
+                          prefix=not no_prefix)
+        return run_exec(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option))
 
     run_body(body)

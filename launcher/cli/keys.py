@@ -13,23 +13,20 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
-from launcher.cli.common import (
+from launcher.cli import groups
+from launcher.cli.common import DtrainCommand, DtrainGroup, run_body
+from launcher.cli.groups import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
-    DtrainCommand,
-    DtrainGroup,
     ExcludeOpt,
     FanoutOpt,
     HostfileOpt,
     HostsOpt,
     IncludeOpt,
-    resolve,
-    run_body,
-    ssh_settings,
 )
 from launcher.errors import UsageError
 
@@ -41,15 +38,24 @@ if TYPE_CHECKING:
 keys_app = typer.Typer(cls=DtrainGroup, no_args_is_help=True,
                        help="Passwordless SSH bootstrap for every node.")
 
-IdentityOpt = Annotated[Path | None, typer.Option(
-    "--identity", "-i", help="Key to install (created there if missing) instead of "
-                             "~/.ssh/id_ed25519_dtrain.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document (dtrain.keys/1) on "
-                                                      "stdout; the table goes to stderr.")]
-JunitOpt = Annotated[str | None, typer.Option("--junit", help="Write JUnit XML here (a "
-                                                              "testcase per node).")]
+def _identity_opt(what: str) -> Any:
+    return typer.Option("--identity", "-i", metavar="KEY", rich_help_panel=groups.CONNECTION,
+                        help=what)
+
+
+IdentityOpt = Annotated[Path | None, _identity_opt(
+    "Key to install (created there if missing) instead of ~/.ssh/id_ed25519_dtrain.")]
+CheckIdentityOpt = Annotated[Path | None, _identity_opt(
+    "Key to log in with (alone: no agent, no password) instead of ~/.ssh/id_ed25519_dtrain.")]
+RevokeIdentityOpt = Annotated[Path | None, _identity_opt(
+    "Key whose lines to remove (its .pub file) instead of ~/.ssh/id_ed25519_dtrain.")]
+JsonOpt = Annotated[bool, groups.json_opt(
+    "One JSON document (dtrain.keys/1) on stdout; the table goes to stderr.")]
+JunitOpt = Annotated[str | None, groups.junit_opt(
+    "Write JUnit XML to this file (a testcase per node).")]
 PasswordStdinOpt = Annotated[bool, typer.Option(
-    "--password-stdin", help="Read the password from the first line of stdin (scripts, CI) "
+    "--password-stdin", rich_help_panel=groups.CONNECTION,
+    help="Read the password from the first line of stdin (scripts, CI) "
                              "instead of asking on the terminal.")]
 
 LABELS = {"present": "already present"}
@@ -218,14 +224,18 @@ def setup_cmd(
 
     Exit codes: 0 every node accepts the key; 1 some node failed (see the table);
     2 bad input (no hosts, unusable key, no password on stdin).
+
+    Example:
+
+      dtrain keys setup -f hosts
     """
     def body() -> int:
         from launcher.commands.keys import setup_keys
 
         started = time.time()
-        host_list = resolve(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=True)
-        settings = ssh_settings(connect_timeout, accept_new)
+        settings = groups.connection(connect_timeout, accept_new)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
         results = setup_keys(host_list, settings, keypair, prompts, fanout=fanout)
         return _report("setup", results, keypair, started, as_json, junit)
@@ -241,21 +251,25 @@ def check_cmd(
     exclude: ExcludeOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
-    identity: IdentityOpt = None,
+    identity: CheckIdentityOpt = None,
     as_json: JsonOpt = False,
     junit: JunitOpt = None,
 ) -> None:
     """Log in to every node with the dtrain key alone (no agent, no password).
 
     Exit codes: 0 every node accepts the key; 1 some node does not; 2 bad input.
+
+    Example:
+
+      dtrain keys check -f hosts
     """
     def body() -> int:
         from launcher.commands.keys import check_keys
 
         started = time.time()
-        host_list = resolve(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=False)
-        settings = ssh_settings(connect_timeout, False)
+        settings = groups.connection(connect_timeout, False)
         results = check_keys(host_list, settings, keypair, fanout=fanout)
         return _report("check", results, keypair, started, as_json, junit)
 
@@ -270,7 +284,7 @@ def revoke_cmd(
     exclude: ExcludeOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
-    identity: IdentityOpt = None,
+    identity: RevokeIdentityOpt = None,
     as_json: JsonOpt = False,
     junit: JunitOpt = None,
 ) -> None:
@@ -278,14 +292,18 @@ def revoke_cmd(
 
     Logs in as every dtrain command does (your keys, agent, ~/.ssh/config). The local key
     files are kept. Exit codes: 0 removed or absent everywhere; 1 some node failed.
+
+    Example:
+
+      dtrain keys revoke -H node[1-4]
     """
     def body() -> int:
         from launcher.commands.keys import revoke_keys
 
         started = time.time()
-        host_list = resolve(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude)
         keypair = _keypair(identity, create=False)
-        settings = ssh_settings(connect_timeout, False, identities=_identities(identity))
+        settings = groups.connection(connect_timeout, False, identities=_identities(identity))
         results = revoke_keys(host_list, settings, keypair, fanout=fanout)
         return _report("revoke", results, keypair, started, as_json, junit)
 

@@ -7,37 +7,47 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli.common import (
-    run_body,
-)
+from launcher.cli import groups
+from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
+from launcher.cli.groups import DISPLAY, ArchiveDirOpt, ColorOpt, HostFilterOpt, RankFilterOpt
 
 
 def logs_cmd(
     run: Annotated[str | None, typer.Argument(
-        autocompletion=complete_run_id, help="Run id or directory (default: latest).")] = None,
-    archive_dir: Annotated[str, typer.Option("--archive-dir", envvar="DTRAIN_ARCHIVE_DIR",
-                                             help="Where run archives are.")] = "dtrain-runs",
-    rank: Annotated[list[int] | None, typer.Option("--rank", help="Only this rank "
-                                                   "(repeatable).")] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Only these hosts.")] = None,
-    grep: Annotated[str | None, typer.Option("--grep", help="Regular expression.")] = None,
-    attempt: Annotated[int | None, typer.Option("--attempt", min=1, help="Only this "
-                                                "attempt of a run with --restarts.")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-F", help="Tail a running job until it "
-                                         "ends (-F as in tail -F: -f means --hostfile in "
-                                         "every dtrain command).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the archived objects.")] = False,
-    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
-                                               "on or off (default: on a terminal).")] = None,
+        autocompletion=complete_run_id, metavar="RUN",
+        help="Run id or directory (default: latest).")] = None,
+    archive_dir: ArchiveDirOpt = groups.DEFAULT_ARCHIVE_DIR,
+    rank: RankFilterOpt = None,
+    host: HostFilterOpt = None,
+    grep: Annotated[str | None, typer.Option("--grep", metavar="REGEX", rich_help_panel=DISPLAY,
+                                             help="Only lines matching.")] = None,
+    attempt: Annotated[int | None, typer.Option(
+        "--attempt", min=1, metavar="N", rich_help_panel=DISPLAY,
+        help="Only this attempt of a run with --restarts.")] = None,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-F", rich_help_panel=DISPLAY,
+        help="Tail a running job until it ends (-F as in tail -F: -f means --hostfile in "
+             "every dtrain command).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", rich_help_panel=groups.REPORTS,
+                                          help="Print the archived objects.")] = False,
+    color: ColorOpt = None,
 ) -> None:
-    """Replay a run archive with the live console's tags and filters."""
+    """Replay a run archive with the live console's tags and filters.
+
+    Example:
+
+      dtrain logs --rank 0-1 --host node2 --grep loss
+    """
     def body() -> int:
-        from launcher.output.archive import resolve_run
+        from launcher.output.archive import read_meta, resolve_run
         from launcher.output.logview import replay
 
+        ranks = groups.rank_filter(rank)
         run_dir = resolve_run(Path(archive_dir), run)
-        return replay(run_dir, ranks=set(rank) if rank else None, host=host, grep=grep,
-                      follow=follow, as_json=as_json, color=color, attempt=attempt)
+        labels = [h for h in read_meta(run_dir).get("hosts", []) if isinstance(h, str)]
+        return replay(run_dir, ranks=ranks, hosts=groups.host_filter(host, labels),
+                      grep=grep, follow=follow, as_json=as_json, color=color,
+                      attempt=attempt)
 
     run_body(body)

@@ -7,20 +7,30 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli.common import DEFAULT_ARCHIVE_DIR, ArchiveDirOpt, run_body
+from launcher.cli.common import run_body
+from launcher.cli.groups import (
+    DEFAULT_ARCHIVE_DIR,
+    ArchiveDirOpt,
+)
 
 
 def ps_cmd(
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
-    active: Annotated[bool, typer.Option("--active", help="Only runs whose launcher is "
+    active: Annotated[bool, typer.Option("--active", rich_help_panel="Display",
+                                         help="Only runs whose launcher is "
                                          "alive (starting, running, stopping).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Versioned JSON (ps_version 1).")]
+    as_json: Annotated[bool, typer.Option("--json", rich_help_panel="Reports",
+                                          help="Versioned JSON (ps_version 1).")]
     = False,
 ) -> None:
     """Runs and their state: starting, running, stopping, finished (exit code), launcher lost.
 
     A launcher is alive while it holds its run's lock file; one that died without recording
     an end (kill -9, reboot) shows as "launcher lost": its nodes stopped the job by themselves.
+
+    Example:
+
+      dtrain ps --active
     """
     def body() -> int:
         from launcher.commands.runs import ps

@@ -7,16 +7,22 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli.common import DEFAULT_ARCHIVE_DIR, ArchiveDirOpt, run_body
+from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
+from launcher.cli.groups import (
+    DEFAULT_ARCHIVE_DIR,
+    ArchiveDirOpt,
+)
 
 
 def report_cmd(
     run: Annotated[str | None, typer.Argument(
-        autocompletion=complete_run_id, help="Run id, prefix or directory (default: the "
+        autocompletion=complete_run_id, metavar="RUN",
+        help="Run id, prefix or directory (default: the "
         "latest).")] = None,
     output: Annotated[str | None, typer.Option(
-        "-o", "--output", help="Where to write the page (default: ./dtrain-report-<run>.html;"
+        "-o", "--output", metavar="FILE",
+        help="Where to write the page (default: ./dtrain-report-<run>.html;"
         " a directory: that file in it; '-': stdout).")] = None,
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     as_json: Annotated[bool, typer.Option(
@@ -30,13 +36,18 @@ def report_cmd(
         "--compare", metavar="RUN1 RUN2", help="Two runs side by side: curves and "
         "durations.")] = None,
     lanes: Annotated[str, typer.Option(
-        "--lanes", help="Timeline lanes: rank, node, or auto (per node above 64 ranks).")]
+        "--lanes", metavar="rank|node|auto",
+        help="Timeline lanes: rank, node, or auto (per node above 64 ranks).")]
     = "auto",
 ) -> None:
     """Write a run's report: header, timeline, training curves, utilisation, logs, stacks.
 
     One HTML file with everything inline (no network), to open on an air-gapped login node
     or attach to a ticket.
+
+    Example:
+
+      dtrain report -o report.html
     """
     def body() -> int:
         from launcher.commands.report import ReportRequest, report

@@ -7,13 +7,17 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli.common import DEFAULT_ARCHIVE_DIR, ArchiveDirOpt, run_body
+from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
+from launcher.cli.groups import (
+    DEFAULT_ARCHIVE_DIR,
+    ArchiveDirOpt,
+)
 
 
 def stacks_cmd(
     run: Annotated[str | None, typer.Argument(
-        help="Run id, unique prefix or directory (default: the latest run).",
+        metavar="RUN", help="Run id, unique prefix or directory (default: the latest run).",
         autocompletion=complete_run_id)] = None,
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
 ) -> None:
@@ -22,6 +26,10 @@ def stacks_cmd(
     Works for foreground and detached runs, from any shell of the user who started the run;
     the dump is archived under stacks/ in the run's directory (docs/hangs.md). For a run that
     has ended, shows its last dump.
+
+    Example:
+
+      dtrain stacks
     """
     def body() -> int:
         from launcher.commands.stacks import stacks

@@ -7,7 +7,10 @@ from typing import Annotated
 
 import typer
 
-from launcher.cli.common import (
+from launcher.cli import groups
+from launcher.cli.common import run_body
+from launcher.cli.completion import complete_run_id
+from launcher.cli.groups import (
     DEFAULT_ARCHIVE_DIR,
     AcceptNewOpt,
     ArchiveDirOpt,
@@ -18,13 +21,10 @@ from launcher.cli.common import (
     HostsOpt,
     IncludeOpt,
     TransportOpt,
-    resolve,
-    run_body,
-    ssh_settings,
 )
-from launcher.cli.completion import complete_run_id
 from launcher.cli.watching import StragglerHoldOpt, StragglerRatioOpt, StragglerWindowOpt
 
+TOP = "View"
 IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # what Linux allows in an interface name
 SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"
 
@@ -40,57 +40,71 @@ def top_cmd(
     exclude: ExcludeOpt = None,
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     interval: Annotated[float, typer.Option(
-        "--interval", min=0.2, max=60, help="Seconds between samples and redraws.")
+        "--interval", min=0.2, max=60, metavar="SECONDS", rich_help_panel=TOP,
+        help="Seconds between samples and redraws.")
                         ] = 1.0,
-    once: Annotated[bool, typer.Option("--once", help="Print one plain snapshot and exit "
+    once: Annotated[bool, typer.Option("--once", rich_help_panel=TOP,
+                                       help="Print one plain snapshot and exit "
                                        "(0: every node answered, 255: some did not).")
                     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="A stream of dtrain.top/1 documents, "
+    as_json: Annotated[bool, typer.Option("--json", rich_help_panel=groups.REPORTS,
+                                          help="A stream of dtrain.top/1 documents, "
                                           "one JSON line per interval (with --once: one).")
                        ] = False,
-    count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after N snapshots "
+    count: Annotated[int | None, typer.Option("--count", min=1, metavar="N", rich_help_panel=TOP,
+                                              help="Stop after N snapshots "
                                               "(--json or a pipe).")] = None,
-    sort: Annotated[str, typer.Option("--sort", help=f"Sort column: {SORTS}.")] = "node",
-    reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the sort.")] = False,
-    filter_: Annotated[str, typer.Option("--filter", help="Only hosts matching: a substring, "
+    sort: Annotated[str, typer.Option("--sort", metavar="COLUMN", rich_help_panel=TOP,
+                                      help=f"Sort column: {SORTS}.")] = "node",
+    reverse: Annotated[bool, typer.Option("--reverse", rich_help_panel=TOP,
+                                          help="Reverse the sort.")] = False,
+    filter_: Annotated[str, typer.Option("--filter", metavar="HOSTS", rich_help_panel=TOP,
+                                         help="Only hosts matching: a substring, "
                                          "a glob or a folded set (node[1-8]).")] = "",
-    fold: Annotated[bool, typer.Option("--fold", help="Fold nodes that look the same into one "
+    fold: Annotated[bool, typer.Option("--fold", rich_help_panel=TOP,
+                                       help="Fold nodes that look the same into one "
                                        "row (node[01-60] (60) ... idle).")] = False,
     iface: Annotated[list[str] | None, typer.Option(
-        "--iface", help="Network interface for NET rx/tx (repeatable; default: a run's "
+        "--iface", metavar="IFACE", rich_help_panel=TOP,
+        help="Network interface for NET rx/tx (repeatable; default: a run's "
                         "NCCL/GLOO interface, else the one towards this machine).")] = None,
-    no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not start nvidia-smi on the "
+    no_gpu: Annotated[bool, typer.Option("--no-gpu", rich_help_panel=TOP,
+                                         help="Do not start nvidia-smi on the "
                                          "nodes.")] = False,
     straggler_window: StragglerWindowOpt = 30.0,
     straggler_hold: StragglerHoldOpt = 30.0,
     straggler_ratio: StragglerRatioOpt = 2.0,
     progress: Annotated[str | None, typer.Option(
-        "--progress", help="REGEX: a run's progress lines, for its step rate (default: the "
+        "--progress", metavar="REGEX", rich_help_panel=groups.WATCH,
+        help="REGEX: a run's progress lines, for its step rate (default: the "
                            "one hang detection uses: step, iteration, epoch, loss lines and "
                            "progress bars).")] = None,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
-    python: Annotated[str, typer.Option("--python", help="Interpreter for dtrain's node "
-                                        "sampler (any Python >= 3.8).")] = "python3",
-    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Force colours "
-                                               "on or off (default: on a terminal).")] = None,
+    python: groups.SupervisorPythonOpt = "python3",
+    color: groups.ColorOpt = None,
 ) -> None:
     """Every node's GPUs, CPU, memory and network, live; for a run also its ranks, step rate
     and stragglers. Keys: s sort, r reverse, / filter, f fold, q quit.
 
     On a terminal a full-screen view; piped, plain snapshots; --once one snapshot; --json
     a stream of dtrain.top/1 documents (docs/top.md).
+
+    Example:
+
+      dtrain top -f hosts --fold
     """
     def body() -> int:
         from launcher.commands.top import TopRequest, run_top
         from launcher.commands.top.view import SORT_KEYS, ViewOptions
         from launcher.decide.stragglers import StragglerSettings
         from launcher.errors import UsageError
-        from launcher.nodeside.wire import check_value
 
-        check_value(python, "--python", python=True)
+        groups.node(python)
         for name in iface or ():
             if not IFACE.match(name):
                 raise UsageError(f"--iface {name!r}: not an interface name",
@@ -109,7 +123,7 @@ def top_cmd(
                          stragglers=StragglerSettings(window=straggler_window,
                                                       hold=straggler_hold,
                                                       ratio=straggler_ratio))
-        settings = ssh_settings(connect_timeout, accept_new)
+        settings = groups.connection(connect_timeout, accept_new, ssh_option)
         from pathlib import Path
 
         from launcher.commands.top import latest_live_run, run_top_for_run
@@ -117,7 +131,8 @@ def top_cmd(
 
         target = run
         try:
-            host_list = resolve(hostfile, hosts, include, exclude) if run is None else None
+            host_list = groups.hosts(hostfile, hosts, include, exclude,
+                                     user=user) if run is None else None
         except HostfileError:
             if hostfile is not None or hosts is not None:
                 raise

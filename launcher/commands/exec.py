@@ -41,6 +41,7 @@ class ExecRequest:
     grace: float = EXEC_GRACE
     heartbeat_timeout: float = 30.0
     transport: str = "auto"
+    prefix: bool = True  # False: -N, the nodes' lines without their host tag
     as_json: bool = False  # one dtrain.exec/1 document on stdout; the output goes to stderr
     junit: str | None = None
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
@@ -122,7 +123,8 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest,
         stdout.flush()
     else:
         fast = ExecOutput([h.label for h in hosts], color=req.color, out=stdout.buffer,
-                          sanitize=False if req.raw else None, timestamps=req.timestamps)
+                          sanitize=False if req.raw else None, timestamps=req.timestamps,
+                          prefix=req.prefix)
         try:
             async with probe as transport:
                 outcome = await Job(hosts, launches, policy, fast).run(transport)

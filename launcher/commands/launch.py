@@ -356,7 +356,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         if failure is not None:
             v.why = failure_lines(failure)
         for line in summary_lines(outcome, plan, v):
-            out.message(line)
+            out.summary(line)
     results = node_results(outcome, plan, v)
     root_cause = root_cause_json(outcome, v, tails)
     if failure is not None:

@@ -44,6 +44,7 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         w(f"working directory on every node: {workdir}\n")
     if setup:
         w(f"setup, run first on every node: {setup}\n")
+    explained = False  # the NCCL '=' note: once, at its first node, not on all 64
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
@@ -58,9 +59,12 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
             value = value if value == "***" else shlex.quote(value)
             w(f"  {var.name}={value}  [{var.source}: {var.reason}]"
               f"{state}\n")
-            if var.name == "NCCL_SOCKET_IFNAME" and var.value.startswith("="):
+            if (var.name == "NCCL_SOCKET_IFNAME" and var.value.startswith("=")
+                    and not explained):
+                explained = True
                 w(f"    (the leading '=' makes NCCL use exactly {var.value[1:]}; without it "
-                  "the name is a prefix and would match every interface starting so)\n")
+                  "the name is a prefix and would match every interface starting so; "
+                  "the same on every node below)\n")
         for warning in node.warnings:
             w(f"  warning: {warning}\n")
     out.flush()

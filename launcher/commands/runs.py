@@ -14,6 +14,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
+from launcher.decide.filters import select_hosts
 from launcher.job.control import request_stop
 from launcher.job.orchestrate import KILL_MARGIN, STOP_MARGIN
 from launcher.output import render
@@ -50,15 +51,16 @@ def attach(archive_dir: Path, run: str | None, *, ranks: Collection[int] | None 
     """
     run_dir = resolve_run(archive_dir, run)
     st = run_status(run_dir)
+    hosts = select_hosts(host, st.hosts) if host else None
     if not st.alive:
         render.note(f"run {st.run_id} is not running ({st.label}); its last lines follow "
                     f"(`dtrain logs {st.run_id}{hint}` shows all)")
-        replay(run_dir, ranks=ranks, host=host, grep=grep, color=color, tail=lines)
+        replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, tail=lines)
         return _ended(run_dir)
     render.note(f"attached to run {st.run_id} ({st.label}, {len(st.hosts)} nodes, "
                 f"{st.world_size} ranks); Ctrl-C detaches and leaves the run running")
     status = _StatusLine(run_dir)
-    code = replay(run_dir, ranks=ranks, host=host, grep=grep, color=color, follow=True,
+    code = replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, follow=True,
                   tail=lines, status=status.render, ended=lambda: not run_status(run_dir).alive)
     if code == 130:
         render.note(f"detached from run {st.run_id}; it is still running. Come back with "

@@ -236,9 +236,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
     check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
                       setup=req.setup, workdir=None, env=req.env, run_id=run_id)
-    # SSH, as ever: smoke has no --transport (yet)
     async with prepare(hosts, rreq, replace(opts, preflight=False), settings,
-                       transport="ssh") as prep:
+                       transport=opts.transport) as prep:
         pre = prep.pre
         bad = check_failures(fast_checks(pre.facts, hosts))
         if bad:

@@ -115,7 +115,7 @@ def source_name(path: str) -> str:
     name = posixpath.basename(posixpath.normpath(path.rstrip("/") or "/"))
     if name in ("", ".", ".."):
         raise ValueError(f"{path}: cannot tell the name to copy it under; name the "
-                         "directory itself (e.g. ../{name} or its absolute path)")
+                         "directory itself (its absolute path, or ../NAME with its own name)")
     return name
 
 

@@ -278,6 +278,7 @@ def _vendor_vars(facts: NodeFacts) -> tuple[list[EnvVar], list[str]]:
 
 
 def merge_env(detected: Iterable[EnvVar], *, profile: Mapping[str, str] | None,
+              user_sources: Mapping[str, str] | None = None,
               site: Mapping[str, tuple[str, str]], user: Mapping[str, str],
               profile_name: str = "profile", dtrain: Iterable[EnvVar] = ()
               ) -> tuple[dict[str, EnvVar], list[str]]:
@@ -311,7 +312,8 @@ def merge_env(detected: Iterable[EnvVar], *, profile: Mapping[str, str] | None,
         note = f"; overrides {old} from {prev.source}" if prev is not None else ""
         if prev is not None and prev.source == "site":
             note = f"; forced over {old} ({prev.reason.removeprefix('already set by ')})"
-        final[key] = EnvVar(key, value, "user", "--env" + note)
+        where = (user_sources or {}).get(key, "--env")  # --env-file F, a hostfile's env:
+        final[key] = EnvVar(key, value, "user", where + note)
     for var in dtrain:
         final.setdefault(var.name, var)
     return final, warnings
@@ -347,7 +349,8 @@ def _lint(final: Mapping[str, EnvVar], facts: NodeFacts, hca: HcaChoice | None) 
 
 def decide_env(facts: NodeFacts, *, master_addr: str, is_master: bool,
                user_env: Mapping[str, str], profile: Mapping[str, str] | None = None,
-               nnodes: int, profile_name: str = "profile",
+               user_sources: Mapping[str, str] | None = None, nnodes: int,
+               profile_name: str = "profile",
                no_auto: Collection[str] = (), dtrain: Sequence[EnvVar] = ()) -> EnvDecision:
     """One node's whole environment: dtrain's own variables, detection, then profile, site
     config and --env on top (``merge_env``).
@@ -365,6 +368,7 @@ def decide_env(facts: NodeFacts, *, master_addr: str, is_master: bool,
     detected = [v for v in detected if v.name not in no_auto]
     site = {k: (s.value, s.source) for k, s in facts.effective_site_env().items()}
     final, merge_warn = merge_env(detected, profile=profile, site=site, user=user_env,
+                                  user_sources=user_sources,
                                   profile_name=profile_name, dtrain=dtrain)
     first = [v.name for v in dtrain]
     warnings = list(sock.warnings) + rdma_warn + vendor_warn

@@ -34,6 +34,9 @@ class RunRequest:
     setup: str | None = None
     workdir: str | None = None
     env: tuple[tuple[str, str], ...] = ()  # --env and --env-file, in order (later wins)
+    # where each of those came from, as the dry run shows it ("--env-file secrets.env");
+    # a name missing here came from --env
+    env_sources: tuple[tuple[str, str], ...] = ()
     hidden_env: frozenset[str] = frozenset()  # --env NAME: from the launcher's environment
     master_addr: str | None = None
     master_port: int | None = None
@@ -202,6 +205,9 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
         decision = decide_env(facts[host.label], master_addr=master_addr,
                               is_master=node_rank == 0,
                               user_env={**dict(host.env), **dict(req.env)},
+                              user_sources={**{k: f"hostfile {host.source or 'env:'}"
+                                               for k, _ in host.env},
+                                            **dict(req.env_sources)},
                               profile=opts.profile, nnodes=len(hosts),
                               profile_name=opts.profile_name, no_auto=opts.no_auto,
                               dtrain=dtrain_env(req, node_rank, len(hosts)))

@@ -228,7 +228,7 @@ def roce_gid(port: RdmaPort, *, children: Collection[str] = (),
     for g in v2:
         ip = _backend_ipv4(g, subnets)
         if ip:
-            return GidChoice(g.index, nccl, _gid_reason(port, g.index, ip, nccl), AF_INET, ip)
+            return GidChoice(g.index, nccl, _gid_reason(port, g, ip, nccl), AF_INET, ip)
     for g in v2:
         ip6 = _ip6(g)
         if (ip6 is not None and ip6.ipv4_mapped is None and _valid(g)
@@ -241,9 +241,10 @@ def roce_gid(port: RdmaPort, *, children: Collection[str] = (),
     return GidChoice(None, nccl, reason)
 
 
-def _gid_reason(port: RdmaPort, want: int, ip: str, nccl: int) -> str:
-    base = f"{port.name}: backend GID {want} ({ip} on {port.netdev})"
-    if want == nccl:
+def _gid_reason(port: RdmaPort, gid: Gid, ip: str, nccl: int) -> str:
+    # the interface that holds the address: the port's netdev or a VLAN/macvlan child of it
+    base = f"{port.name}: backend GID {gid.index} ({ip} on {gid.ndev})"
+    if gid.index == nccl:
         return base + "; NCCL 2.21+ picks the same"
     other = next((g for g in port.gids if g.index == nccl), None)
     what = f"{other.ipv4 or other.gid} on {other.ndev or '?'}" if other else "a link-local GID"

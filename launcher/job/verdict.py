@@ -17,6 +17,8 @@ from launcher.decide.plan import LaunchPlan
 from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
+from launcher.output.hostgroups import FOLD_AT
+from launcher.output.render import count
 
 # how dtrain's stop ends a rank: a rank that ended any other way failed on its own
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP})
@@ -199,46 +201,103 @@ def _exit_text(code: int | None, sig: int | None) -> str:
 
 def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str]:
     """Per node and rank: how it ended and after how long; the root cause first, followers
-    marked as stopped by dtrain; then the last stderr lines of the root cause."""
+    marked as stopped by dtrain; then the last stderr lines of the root cause.
+
+    From FOLD_AT nodes on, nodes whose ranks all ended alike (every one exit 0, or every
+    one stopped by dtrain) are one line per kind, folded by hostlist, with the range of
+    durations (``node[2-64]: 504 ranks exit 0 after 8.1-8.6s; torchrun exit 0 ...``): the
+    nodes that differ come first, each on its own line.
+    """
     head = "ok" if not v.code else "" if v.root_kind == "interrupted" else "FAILED"
     out = [f"{head + ': ' if head else ''}{v.outcome} (exit {v.code})", *v.why]
-    exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
     order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
-    by_dtrain = outcome.stop_reason is not None
-    for node in order:
-        label = node.host.label
-        res = outcome.nodes.get(label)
-        if res is None:
-            out.append(f"  {label} (node {node.node_rank}): not started")
-            continue
-        ranks = sorted(node.ranks, key=lambda r: (r != v.root_rank or label != v.root_host, r))
-        parts = []
-        for rank in ranks:
-            e = exits.get((label, rank))
-            role = _rank_role(outcome, v, label, rank, e)
-            if e is None:
-                why = " (node lost)" if res.lost else " (killed by dtrain)" if by_dtrain else ""
-                parts.append(f"r{rank} no exit report{why}")
-                continue
-            dur = f" after {e.duration:.1f}s" if e.duration is not None else ""
-            mark = {"root cause": " (ROOT CAUSE)", "failed": " (failed too)",
-                    "stopped": " (stopped by dtrain)" if by_dtrain else "",
-                    "ok": ""}[role]
-            parts.append(f"r{rank} {_exit_text(e.code, e.signal)}{dur}{mark}")
-        if res.lost:
-            state = f"LOST: {res.error}"
-        elif res.exit_code is None:
-            state = res.error or "no exit status"
-        else:
-            state = f"torchrun {_exit_text(res.exit_code, res.signal)}"
-            if res.duration is not None:
-                state += f" after {res.duration:.1f}s"
-            if res.stopped:  # every node's torchrun alike, the root cause's node too
-                state += " (stopped by dtrain)"
-        out.append(f"  {label} (node {node.node_rank}): {', '.join(parts) or 'no ranks'}; "
-                   f"{state}")
+    rows = [_node_row(outcome, v, node) for node in order]
+    if len(rows) < FOLD_AT:
+        out += [f"  {label} (node {node_rank}): {text}" for label, node_rank, text, _ in rows]
+    else:
+        alike: dict[str, list[tuple[str, int, str, tuple[Any, ...]]]] = {}
+        for row in rows:
+            if row[3]:
+                alike.setdefault(row[3][0], []).append(row)
+            else:
+                out.append(f"  {row[0]} (node {row[1]}): {row[2]}")
+        for group in alike.values():
+            out.append("  " + _folded_row(group))
     out += v.lines
     return out
+
+
+def _node_row(outcome: JobOutcome, v: Verdict, node: Any
+              ) -> tuple[str, int, str, tuple[Any, ...]]:
+    """(label, node rank, its summary text, its fold key and numbers: () when it differs
+    from the common kinds and is shown alone)."""
+    exits = {(e.host, e.rank): e for e in rank_exits(outcome) if e.host == node.host.label}
+    by_dtrain = outcome.stop_reason is not None
+    label = node.host.label
+    res = outcome.nodes.get(label)
+    if res is None:
+        return label, node.node_rank, "not started", ()
+    ranks = sorted(node.ranks, key=lambda r: (r != v.root_rank or label != v.root_host, r))
+    parts = []
+    kinds: set[str] = set()
+    durations: list[float] = []
+    for rank in ranks:
+        e = exits.get((label, rank))
+        role = _rank_role(outcome, v, label, rank, e)
+        if e is None:
+            why = " (node lost)" if res.lost else " (killed by dtrain)" if by_dtrain else ""
+            parts.append(f"r{rank} no exit report{why}")
+            kinds.add("odd")
+            continue
+        dur = f" after {e.duration:.1f}s" if e.duration is not None else ""
+        mark = {"root cause": " (ROOT CAUSE)", "failed": " (failed too)",
+                "stopped": " (stopped by dtrain)" if by_dtrain else "",
+                "ok": ""}[role]
+        exit_text = _exit_text(e.code, e.signal)
+        parts.append(f"r{rank} {exit_text}{dur}{mark}")
+        kinds.add(f"{exit_text}{mark}" if role in ("ok", "stopped") else "odd")
+        if e.duration is not None:
+            durations.append(e.duration)
+    if res.lost:
+        state = f"LOST: {res.error}"
+        kinds.add("odd")
+    elif res.exit_code is None:
+        state = res.error or "no exit status"
+        kinds.add("odd")
+    else:
+        state = f"torchrun {_exit_text(res.exit_code, res.signal)}"
+        if res.duration is not None:
+            state += f" after {res.duration:.1f}s"
+        if res.stopped:  # every node's torchrun alike, the root cause's node too
+            state += " (stopped by dtrain)"
+    text = f"{', '.join(parts) or 'no ranks'}; {state}"
+    if "odd" in kinds or len(kinds) != 1 or res.exit_code is None:
+        return label, node.node_rank, text, ()
+    torchrun = f"torchrun {_exit_text(res.exit_code, res.signal)}"
+    key = f"{kinds.pop()}|{torchrun}|{res.stopped}"
+    return label, node.node_rank, text, (key, len(parts), durations, res.duration)
+
+
+def _span(values: Sequence[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    return f" after {lo:.1f}s" if f"{lo:.1f}" == f"{hi:.1f}" else f" after {lo:.1f}-{hi:.1f}s"
+
+
+def _folded_row(group: Sequence[tuple[str, int, str, tuple[Any, ...]]]) -> str:
+    """``node[2-64] (63 nodes): 504 ranks exit 0 after 8.1-8.6s; torchrun exit 0 after
+    15.0-15.4s``."""
+    kind, torchrun, stopped = group[0][3][0].split("|")
+    nranks = sum(row[3][1] for row in group)
+    ranks = [d for row in group for d in row[3][2]]
+    agents = [row[3][3] for row in group if row[3][3] is not None]
+    state = torchrun + _span(agents) + (" (stopped by dtrain)" if stopped == "True" else "")
+    exit_text, _, mark = kind.partition(" (")
+    mark = f" ({mark}" if mark else ""
+    nodes = count(len(group), "node")
+    return (f"{fold(row[0] for row in group)} ({nodes}): {count(nranks, 'rank')} "
+            f"{exit_text}{_span(ranks)}{mark}; {state}")
 
 
 def node_results(outcome: JobOutcome, plan: LaunchPlan,

@@ -281,6 +281,8 @@ class RunArchive:
     def _source(self, key: _Source) -> tuple[str, str, list[str] | None]:
         """Per-source constants: the JSON middle, the host-log prefix, the host's log buffer."""
         host, node_rank, rank, stream = key
+        if node_rank is not None and node_rank < 0:  # a console-only mark (fold.SUMMARY)
+            node_rank = None
         middle = (
             f',"host":{json.dumps(host)},"node_rank":{json.dumps(node_rank)},'
             f'"rank":{json.dumps(rank)},"stream":{json.dumps(stream)},'

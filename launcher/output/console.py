@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
-from launcher.output.fold import FOLDED
+from launcher.output.fold import FOLDED, SUMMARY
 from launcher.output.render import should_color
 from launcher.output.termsafe import clean_text
 
@@ -130,7 +130,7 @@ class Console:
         if line.stream == "dtrain" and line.host:
             text = f"{line.host}: {text}"
         prefix = self._prefix(line)
-        if self.timestamps:
+        if self.timestamps and line.node_rank != SUMMARY:  # the summary: not stamped
             prefix = self._stamp(line.t or time.time()) + prefix
         if self.sanitize and not text.isprintable():
             text = clean_text(text)  # ends with a reset if it kept a colour

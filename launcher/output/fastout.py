@@ -39,8 +39,10 @@ class ExecOutput:
 
     def __init__(self, labels: list[str], *, color: bool | None = None,
                  out: BinaryIO | None = None, err: BinaryIO | None = None,
-                 sanitize: bool | None = None, timestamps: bool = False) -> None:
+                 sanitize: bool | None = None, timestamps: bool = False,
+                 prefix: bool = True) -> None:
         self._out = out or sys.stdout.buffer
+        self._tag = prefix  # -N (pdsh's): no host prefix on the nodes' lines
         self._timestamps = timestamps
         self._err = err or sys.stderr.buffer
         if color is None:
@@ -65,7 +67,9 @@ class ExecOutput:
     def _prefix(self, label: str) -> bytes:
         prefix = self._prefixes.get(label)
         if prefix is None:
-            if self._color:
+            if not self._tag:
+                prefix = b""
+            elif self._color:
                 colour = PALETTE[self._index.get(label, len(self._index)) % len(PALETTE)]
                 prefix = f"\x1b[{colour}m{label}\x1b[0m: ".encode()
             else:

@@ -31,6 +31,7 @@ from launcher.output.render import count
 DEFAULT_WINDOW_S = 0.75
 MAX_HELD = 5_000  # held groups beyond this are let go at once (a rank spamming stderr)
 FOLDED = -1  # the node_rank of a folded line: its host field is the folded tag
+SUMMARY = -2  # the node_rank of a line of the summary after the job: never time-stamped
 
 # glog (`[W1130 12:01:37.099694116 socket.cpp:207]`) and torch logging
 # (`W1130 12:01:37.645000 18103 site-packages/...`): severity, date, time, optional thread id

@@ -41,6 +41,7 @@ def replay(
     *,
     ranks: Collection[int] | None = None,
     host: str | None = None,
+    hosts: Collection[str] | None = None,
     grep: str | None = None,
     follow: bool = False,
     as_json: bool = False,
@@ -53,6 +54,8 @@ def replay(
     attempt: int | None = None,
 ) -> int:
     """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow).
+    ``hosts``: the host labels to show (decide.filters.select_hosts), ``host``: an
+    expression of them taken as it is.
     ``attempt``: only that attempt's lines (--restarts; a line without the field is 1)."""
     meta = read_meta(run_dir)
     world = meta.get("world_size")
@@ -65,7 +68,7 @@ def replay(
         out,
         color=False if as_json else color,
         ranks=ranks,
-        hosts=expand_hosts(host),
+        hosts=set(hosts) if hosts is not None else expand_hosts(host),
         labels=[h for h in meta.get("hosts", []) if isinstance(h, str)],
         world_size=meta.get("world_size") if isinstance(meta.get("world_size"), int) else None,
     )

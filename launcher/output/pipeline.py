@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Self
 
 from launcher.models import OutputLine
+from launcher.output.fold import SUMMARY
 from launcher.output.linesplit import DEFAULT_MAX_LINE, LineSplitter
 
 if TYPE_CHECKING:
@@ -375,6 +376,11 @@ class OutputPipeline:
     def message(self, text: str, *, host: str = "") -> None:
         """One of dtrain's own messages, shown and archived in order with the output."""
         self.emit([OutputLine(host=host, stream="dtrain", text=text, t=time.time())])
+
+    def summary(self, text: str) -> None:
+        """A line of the summary after the job: a message that --timestamps leaves
+        unstamped (docs/cli.md)."""
+        self.emit([OutputLine("", "dtrain", text, None, SUMMARY, time.time())])
 
     def _emit_texts(
         self,

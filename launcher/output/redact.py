@@ -56,15 +56,19 @@ def redact_env(mapping: Mapping[str, str] | Iterable[tuple[str, str]],
 
 def redact_words(words: Iterable[str], values: Collection[str]) -> list[str]:
     """Words equal to a secret value become ***, and so does the value of a word ending in
-    ``=value`` (``--token=VALUE``)."""
+    ``=value`` (``--token=VALUE``), a value that holds "=" itself included (base64 padding:
+    every "=" of the word is tried, the first one first)."""
     out = []
     for word in words:
         if word in values:
             word = REDACTED
         else:
-            head, sep, tail = word.rpartition("=")
-            if sep and tail in values:
-                word = f"{head}={REDACTED}"
+            eq = word.find("=")
+            while eq >= 0:
+                if word[eq + 1:] in values:
+                    word = word[:eq + 1] + REDACTED
+                    break
+                eq = word.find("=", eq + 1)
         out.append(word)
     return out
 

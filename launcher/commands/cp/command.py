@@ -49,7 +49,8 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
     sources = [] if req.pull else await prepare_push(req)
     if req.pull:
         prepare_pull(req)
-    view = CopyView(len(hosts), live=req.progress, verb="received" if req.pull else "sent")
+    view = CopyView(len(hosts), live=req.progress, verb="received" if req.pull else "sent",
+                    order=[h.label for h in hosts])
     # each source file read once per push, not once per node
     copy = Copy(req, view, sources, SourceData(req.python))
     results = {h.label: CopyResult(h.label) for h in hosts}
@@ -80,8 +81,10 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
                     bcast.leave(host.label)
         view.node_done(result)
 
+    auto = AutoTransport(settings, req.transport)
     try:
-        async with AutoTransport(settings) as transport, asyncio.TaskGroup() as tg:
+        auto.choose(hosts)  # a forced srun that cannot work: exit 2 before anything connects
+        async with auto as transport, asyncio.TaskGroup() as tg:
             for h in hosts:
                 tg.create_task(one(h, transport), name=h.label)
     finally:

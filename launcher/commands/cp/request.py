@@ -49,6 +49,7 @@ class CopyRequest:
     broadcast_min: int = bc.DEFAULT_MIN
     stream: bool = True  # push through dtrain's node program (False: SFTP only)
     keep_setuid: bool = False  # pull -p: keep setuid/setgid bits (off: masked, 0o6000)
+    transport: str = "auto"  # --transport: ssh, srun or auto (srun has no SFTP: push only)
 
     def python_on(self, host: Host) -> str:
         """The interpreter of dtrain's node programs on this node."""

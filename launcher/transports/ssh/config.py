@@ -89,6 +89,8 @@ def load_host_config(settings: SSHSettings, host: Host) -> SSHClientConfig:
     (configreplay.py)."""
     path = settings.config_path
     paths = [str(path)] if path.is_file() else []
+    if settings.options_path is not None:  # -o: read first, so its values win
+        paths.insert(0, str(settings.options_path))
     return cast(SSHClientConfig, config_class().load(
         None, paths, False, False, False, getpass.getuser(), host.user or (), host.name,
         host.port or ()))

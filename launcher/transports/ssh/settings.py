@@ -3,6 +3,8 @@ algorithms it prefers, the key names it offers."""
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +36,19 @@ class SSHSettings:
     retries: int = 4  # for the transient drops sshd's MaxStartups produces
     home: Path = field(default_factory=Path.home)
     password: str | None = field(default=None, repr=False)  # only for keys setup; never shown
+    # -o OPTION (ssh's and pdsh's): ssh_config lines that win over ~/.ssh/config
+    options: tuple[str, ...] = ()
     # OpenSSH's defaults when ssh config names none (overridable for tests):
     # UserKnownHostsFile (None: ~/.ssh/known_hosts ~/.ssh/known_hosts2), GlobalKnownHostsFile
     user_known_hosts: tuple[Path, ...] | None = None
     global_known_hosts: tuple[Path, ...] = (Path("/etc/ssh/ssh_known_hosts"),
                                             Path("/etc/ssh/ssh_known_hosts2"))
+
+    @property
+    def options_path(self) -> Path | None:
+        """The -o options as an ssh_config file, read before ~/.ssh/config (the first value
+        obtained wins, as OpenSSH gives -o precedence); None without -o."""
+        return options_file(self.options) if self.options else None
 
     @property
     def ssh_dir(self) -> Path:
@@ -83,3 +93,32 @@ class SSHSettings:
     def config_path(self) -> Path:
         return self.ssh_dir / "config"
 
+
+
+_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)\s*(?:=|\s)\s*(\S.*)\Z")
+
+
+def ssh_option(text: str) -> str:
+    """``-o Port=2222`` / ``-o "Port 2222"`` as the ssh_config line ``Port 2222``; anything
+    else (no value, a line break, a Host/Match block) is ValueError with the reason."""
+    m = _OPTION.match(text.strip())
+    if m is None or "\n" in text or "\r" in text:
+        raise ValueError("expected KEY=VALUE, as ssh -o takes it (e.g. -o Port=2222)")
+    key, value = m.groups()
+    if key.lower() in ("host", "match", "include"):
+        raise ValueError(f"{key} blocks are ~/.ssh/config's, not an option")
+    return f"{key} {value}"
+
+
+@functools.lru_cache(maxsize=8)
+def options_file(options: tuple[str, ...]) -> Path:
+    """A private ssh_config file holding ``options`` (removed at exit)."""
+    import atexit
+    import os
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="dtrain-ssh-o-", suffix=".conf")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(line + "\n" for line in options))
+    atexit.register(lambda: Path(name).unlink(missing_ok=True))
+    return Path(name)

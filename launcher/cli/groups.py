@@ -1,0 +1,273 @@
+"""The option groups every command shares, declared once: each group is its options (typer
+``Annotated`` aliases carrying their help panel and metavar) and its checks (the function a
+command calls with those options' values). A command lists the aliases it needs as
+parameters and calls the group's function; the panels are what `--help` shows
+(launcher/cli/helptext.py renders them in PANEL_ORDER).
+
+- hosts: ``-f/--hostfile``, ``-H/--hosts`` (pdsh's ``-w``), ``--include``, ``--exclude``
+  (pdsh's ``-x``) → :func:`hosts`
+- connection: ``--fanout``, ``--connect-timeout``, ``--accept-new``, ``--transport`` →
+  :func:`connection`
+- node: ``--python`` (with its value check), ``--setup``, ``--workdir`` → :func:`node`
+- environment: ``-e/--env``, ``--env-file``
+- display: ``--color``, ``--raw``, ``--timestamps``, the ``--host``/``--rank`` filters →
+  :func:`filters`
+- reports: ``--json``, ``--junit``
+- archive: ``--archive-dir``, ``--run-id``
+- failure: ``--grace``, ``--timeout``, ``--heartbeat-timeout``, ``--start-timeout``
+
+Nothing heavy is imported at module level (the CLI's startup is measured:
+tests/test_cli_lean.py); the checks import what they need when called.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from launcher.cli.completion import complete_hostfile
+
+HOSTS = "Hosts"
+CONNECTION = "Connection"
+NODE = "Node"
+ENVIRONMENT = "Environment"
+LAUNCH = "Launch"
+FAILURE = "Failure and time limits"
+WATCH = "Watching"
+DISPLAY = "Display"
+REPORTS = "Reports"
+ARCHIVE = "Archive"
+PANEL_ORDER = (HOSTS, CONNECTION, NODE, ENVIRONMENT, LAUNCH, FAILURE, WATCH, DISPLAY,
+               REPORTS, ARCHIVE)
+
+# old or foreign spellings that still work but are not shown in --help
+HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks"})
+
+# ---------------------------------------------------------------------------------- hosts
+
+HostfileOpt = Annotated[str | None, typer.Option(
+    "-f", "--hostfile", envvar="DTRAIN_HOSTFILE", show_envvar=True, metavar="FILE",
+    autocompletion=complete_hostfile, rich_help_panel=HOSTS,
+    help="Hostfile: text (`[user@]host[:port] slots=N`, ranges like gpu[01-16]) or YAML. "
+         "pdsh's WCOLL is read when neither -f nor -H is given.")]
+HostsOpt = Annotated[str | None, typer.Option(
+    "-H", "--hosts", "-w", metavar="HOSTS", rich_help_panel=HOSTS,
+    help="Hosts, pdsh style (-w works too): dtuser@node[1-4],login2:2222.")]
+IncludeOpt = Annotated[str | None, typer.Option(
+    "--include", metavar="HOSTS", rich_help_panel=HOSTS,
+    help="Keep only these hosts (a hostlist expression).")]
+ExcludeOpt = Annotated[str | None, typer.Option(
+    "--exclude", "-x", metavar="HOSTS", rich_help_panel=HOSTS,
+    help="Drop these hosts (pdsh's -x).")]
+
+
+def hosts(hostfile: str | None, hosts: str | None, include: str | None,
+          exclude: str | None, *, user: str | None = None) -> list[Any]:
+    """The hosts the options name (exit 2 with the hostfile's line for bad input): pdsh's
+    WCOLL is the hostfile when nothing else names hosts, ``-l USER`` the user of every
+    host that names none."""
+    import os
+
+    from launcher.hosts.hostfile import resolve_hosts
+
+    if hostfile is None and hosts is None and os.environ.get("WCOLL"):
+        hostfile = os.environ["WCOLL"]
+    if hostfile is not None and hostfile.isdigit() and not os.path.exists(hostfile):
+        from launcher.errors import UsageError
+
+        raise UsageError(f"-f {hostfile}: dtrain's -f is the hostfile (-f FILE); pdsh's "
+                         "-f is the fan-out, which dtrain spells --fanout",
+                         hint=f"--fanout {hostfile}")
+    found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude)
+    if user:
+        from dataclasses import replace
+
+        from launcher.nodeside.wire import check_value
+
+        check_value(user, "-l/--user")
+        found = [h if h.user else replace(h, user=user) for h in found]
+    return found
+
+
+# ----------------------------------------------------------------------------- connection
+
+FanoutOpt = Annotated[int, typer.Option(
+    "--fanout", min=1, metavar="N", rich_help_panel=CONNECTION,
+    help="Connections opened at once (pdsh's -f; dtrain's -f is the hostfile).")]
+ConnectTimeoutOpt = Annotated[float, typer.Option(
+    "--connect-timeout", "-t", min=0.1, metavar="SECONDS", rich_help_panel=CONNECTION,
+    help="Seconds to connect to one node (pdsh's -t).")]
+UserOpt = Annotated[str | None, typer.Option(
+    "-l", "--user", metavar="USER", rich_help_panel=CONNECTION,
+    help="Log in as USER where the host names no user (pdsh's and ssh's -l).")]
+SshOptionOpt = Annotated[list[str] | None, typer.Option(
+    "-o", "--ssh-option", metavar="OPTION", rich_help_panel=CONNECTION,
+    help="An ssh_config option for every connection, as ssh -o takes it (-o Port=2222, "
+         "-o ProxyJump=login); wins over ~/.ssh/config. Repeatable.")]
+TransportOpt = Annotated[str, typer.Option(
+    "--transport", envvar="DTRAIN_TRANSPORT", show_envvar=True, metavar="KIND",
+    rich_help_panel=CONNECTION,
+    help="ssh, srun, or auto: srun inside a Slurm allocation (srun on PATH, every host one "
+         "of its nodes), SSH otherwise.")]
+AcceptNewOpt = Annotated[bool, typer.Option(
+    "--accept-new", rich_help_panel=CONNECTION,
+    help="Record unknown host keys in ~/.ssh/known_hosts (never changed ones).")]
+
+
+def connection(connect_timeout: float, accept_new: bool, ssh_option: list[str] | None = None,
+               **extra: Any) -> Any:
+    """The SSH settings the connection options make (a bad -o is exit 2)."""
+    from launcher.transports.ssh.settings import SSHSettings
+    from launcher.transports.ssh.settings import ssh_option as parse
+
+    options = []
+    for text in ssh_option or ():
+        try:
+            options.append(parse(text))
+        except ValueError as exc:
+            from launcher.errors import UsageError
+
+            raise UsageError(f"-o {text!r}: {exc}") from None
+    return SSHSettings(connect_timeout=connect_timeout, accept_new=accept_new,
+                       options=tuple(options), **extra)
+
+
+def check_transport(transport: str) -> str:
+    from launcher.errors import UsageError
+
+    if transport not in ("auto", "ssh", "srun"):
+        raise UsageError(f"--transport {transport!r}: use ssh, srun or auto")
+    return transport
+
+
+# ----------------------------------------------------------------------------------- node
+
+def python_opt(what: str) -> Any:
+    """``--python`` with this command's wording (the check is :func:`node`)."""
+    return typer.Option("--python", metavar="PYTHON", rich_help_panel=NODE, help=what)
+
+
+PythonOpt = Annotated[str, python_opt("Python on the nodes (a host's python= key wins).")]
+SupervisorPythonOpt = Annotated[str, python_opt("Interpreter for dtrain's node program (any "
+                                                "Python >= 3.8).")]
+SetupOpt = Annotated[str | None, typer.Option(
+    "--setup", metavar="SHELL", rich_help_panel=NODE,
+    help="Shell snippet run first on each node (source venv/bin/activate).")]
+WorkdirOpt = Annotated[str | None, typer.Option(
+    "--workdir", metavar="DIR", rich_help_panel=NODE,
+    help="Remote working directory (default: the current one).")]
+
+
+def node(python: str, workdir: str | None = None, *, default_workdir: str | None = None
+         ) -> str | None:
+    """Check --python (and --workdir, or the current directory it defaults to): a value a
+    node's shell would mangle is exit 2 here. Returns the working directory to use."""
+    from launcher.nodeside.wire import check_value
+
+    check_value(python, "--python", python=True)
+    if workdir:
+        return check_value(workdir, "--workdir")
+    if default_workdir is not None:
+        return check_value(default_workdir, "the current directory (the default --workdir)")
+    return None
+
+
+# ---------------------------------------------------------------------------- environment
+
+EnvOpt = Annotated[list[str] | None, typer.Option(
+    "--env", "-e", metavar="K=V|NAME", rich_help_panel=ENVIRONMENT,
+    help="K=V for every rank, or NAME alone: its value from this environment (use that or "
+         "--env-file for secrets: a command line shows in ps). Repeatable; wins over site "
+         "config.")]
+EnvFileOpt = Annotated[str | None, typer.Option(
+    "--env-file", metavar="FILE", rich_help_panel=ENVIRONMENT,
+    help="dotenv file (NAME=VALUE lines); the way to pass many secrets.")]
+
+# -------------------------------------------------------------------------------- failure
+
+GraceOpt = Annotated[float, typer.Option(
+    "--grace", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
+    help="TERM -> KILL delay when stopping.")]
+TimeoutOpt = Annotated[float | None, typer.Option(
+    "--timeout", min=0.1, metavar="SECONDS", rich_help_panel=FAILURE,
+    help="Whole job limit in seconds (exit 124).")]
+StartTimeoutOpt = Annotated[float, typer.Option(
+    "--start-timeout", min=1, metavar="SECONDS", rich_help_panel=FAILURE,
+    help="Seconds for every node to start its job (exit 124, node named).")]
+HeartbeatTimeoutOpt = Annotated[float, typer.Option(
+    "--heartbeat-timeout", min=1, metavar="SECONDS", rich_help_panel=FAILURE,
+    help="Declare a silent node lost after this many seconds (exit 255).")]
+
+# -------------------------------------------------------------------------------- display
+
+ColorOpt = Annotated[bool | None, typer.Option(
+    "--color/--no-color", rich_help_panel=DISPLAY,
+    help="Force colours on or off (default: on a terminal).")]
+RawOpt = Annotated[bool, typer.Option(
+    "--raw", rich_help_panel=DISPLAY,
+    help="Pass the nodes' bytes to the terminal as they are (default: only colours pass, "
+         "other control sequences are shown as ^[ ...).")]
+TimestampsOpt = Annotated[bool, typer.Option(
+    "--timestamps", rich_help_panel=DISPLAY,
+    help="Start each output line with the time dtrain received it (2026-11-30T12:34:56.789, "
+         "local time).")]
+HostFilterOpt = Annotated[list[str] | None, typer.Option(
+    "--host", "--hosts-filter", metavar="HOSTS", rich_help_panel=DISPLAY,
+    help="Show only these hosts (a hostlist expression: node[1-2],node4; repeatable).")]
+RankFilterOpt = Annotated[list[str] | None, typer.Option(
+    "--rank", "--ranks", metavar="RANKS", rich_help_panel=DISPLAY,
+    help="Show only these ranks (0-3,7; repeatable).")]
+
+
+def rank_filter(rank: list[str] | None, option: str = "--rank") -> frozenset[int] | None:
+    """--rank 0-3,7 (repeatable) as a set (None: no filter); bad input is exit 2."""
+    if not rank:
+        return None
+    from launcher.decide.filters import parse_ranks
+
+    return parse_ranks(",".join(rank), option)
+
+
+def host_filter(host: list[str] | None, labels: Any) -> frozenset[str] | None:
+    """--host node[1-2] (repeatable) as the labels of those of ``labels`` (the run's hosts);
+    a name that is not one of them is exit 2, naming the known ones."""
+    if not host:
+        return None
+    from launcher.decide.filters import select_hosts
+
+    return select_hosts(",".join(host), list(labels))
+
+
+# -------------------------------------------------------------------------------- reports
+
+def json_opt(what: str) -> Any:
+    """``--json`` with this command's schema named: ``Annotated[bool, json_opt(...)]``."""
+    return typer.Option("--json", rich_help_panel=REPORTS, help=what)
+
+
+def junit_opt(what: str = "Write the result as JUnit XML to this file.") -> Any:
+    """``--junit FILE``: ``Annotated[str | None, junit_opt(...)]``."""
+    return typer.Option("--junit", metavar="FILE", rich_help_panel=REPORTS, help=what)
+
+
+JunitOpt = Annotated[str | None, junit_opt()]
+
+# -------------------------------------------------------------------------------- archive
+
+DEFAULT_ARCHIVE_DIR = "dtrain-runs"
+ArchiveDirOpt = Annotated[str, typer.Option(
+    "--archive-dir", envvar="DTRAIN_ARCHIVE_DIR", show_envvar=True, metavar="DIR",
+    rich_help_panel=ARCHIVE, help="Where run archives are.")]
+RunIdOpt = Annotated[str | None, typer.Option(
+    "--run-id", metavar="ID", rich_help_panel=ARCHIVE, help="Name the run.")]
+
+
+def archive_hint(archive_dir: str) -> str:
+    """The ``--archive-dir`` to repeat in a suggested command ('' for the default)."""
+    import os
+    import shlex
+
+    if archive_dir == DEFAULT_ARCHIVE_DIR or os.environ.get("DTRAIN_ARCHIVE_DIR") == archive_dir:
+        return ""
+    return f" --archive-dir {shlex.quote(os.path.abspath(archive_dir))}"
