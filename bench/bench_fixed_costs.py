@@ -61,10 +61,13 @@ class Results:
 
     def __init__(self) -> None:
         self.series: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self.revisions: dict[str, str] = {}  # file -> the commit it measured
 
     def add(self, path: Path) -> None:
         if path.exists():
-            self.series.update(json.loads(path.read_text())["series"])
+            data = json.loads(path.read_text())
+            self.series.update(data["series"])
+            self.revisions[path.stem] = data.get("revision", "?")
 
     def find(self, case_part: str) -> str | None:
         return next((c for c in self.series if case_part in c), None)
@@ -274,7 +277,11 @@ def main() -> int:
                     log(f"shrinking the cluster back to {keep} nodes")
                     tc.up(keep, shrink=True)
 
-    print(f"{machine()}\n{revision()}\nload average (1/5/15 min): {'; '.join(loads)}\n")
+    if args.from_dir:
+        print(f"summary of {out}: "
+              + "; ".join(f"{k}: {v}" for k, v in sorted(res.revisions.items())) + "\n")
+    else:
+        print(f"{machine()}\n{revision()}\nload average (1/5/15 min): {'; '.join(loads)}\n")
     print(table(["case", "measured", "dtrain (median)", "reference (median)", "goal",
                  "verdict", "per-round ratio: wall / client CPU",
                  "floor measured in the same run"], summary(res)))
