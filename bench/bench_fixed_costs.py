@@ -135,7 +135,7 @@ def summary(res: Results) -> list[list[str]]:
             extra = (f"{fmt(res.paired(*pair), 'x')} / "
                      f"{fmt(res.paired(*pair, key='client_cpu'), 'x')}")
         rows.append([case, fmt(value, unit), fmt(dtrain), ref,
-                     f"<= {goal}{'x' if unit == 'x' else ' ' + unit}", verdict(value, goal),
+                     f"<= {fmt(goal, unit) if unit != 'x' else f'{goal}x'}", verdict(value, goal),
                      extra, floor])
 
     if res.find("dtrain --help"):
