@@ -2,7 +2,7 @@
 a cold snapshot against the pdsh/clush loop it replaces.
 
     python bench/bench_top.py [--nodes 64] [--first-node 5] [--reps 5] [--seconds 30]
-                              [--only snapshot,steady] [--json results.json]
+                              [--only micro,steady,snapshot,inrun] [--json results.json]
 
 Cases:
 
@@ -22,6 +22,14 @@ Cases:
   --query-gpu=...`` on every node (what a ``watch pdsh ... nvidia-smi`` loop does each
   round), interleaved, rotated, medians (bench/common.py).
 
+* ``inrun``: what `dtrain run`'s own sampling costs at its default (every 10 s): the
+  straggler workload (tests/workloads/straggler.py, node<first + 2> computing 10x longer)
+  on ``--inrun-nodes`` nodes x 2 ranks for ``--inrun-seconds``, once with
+  ``--sample-interval 10`` and then once with 0 (one pair: the launcher's CPU is compared,
+  not asserted); per sample the
+  node CPU (``self_cpu_ms`` in samples.jsonl: the sampler, its /proc reads of the ranks,
+  nvidia-smi), and the launcher's CPU in both runs; when the straggler was flagged.
+
 Uses node<first>.. (default node5 and up: the test suite cuts links on node1-4). Half the
 nodes (6, 8, ...) have the test cluster's fake nvidia-smi, a Python script: its CPU is part
 of those nodes' ``self_cpu_ms`` and is reported apart (a real nvidia-smi loop is C).
@@ -35,6 +43,7 @@ import resource
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from common import (
@@ -209,6 +218,89 @@ def micro(n: int = 2000) -> dict[str, float]:
 
     with open(os.devnull, "w") as devnull:
         out["stack sample (faulthandler dump, 30 frames) us"] = deep(30)
+    out["live screen, 64 nodes x 8 GPUs (document + render, 200x80) us"] = render_cost(64)
+    return out
+
+
+def render_cost(k: int, n: int = 50) -> float:
+    """One refresh of the live screen for k synthetic 8-GPU nodes, CPU per refresh (us)."""
+    from rich.console import Console
+
+    from launcher.commands.top.model import TopState
+    from launcher.commands.top.screen import KeyState, renderable
+    from launcher.commands.top.view import ViewOptions
+
+    hosts = [f"gpu{i:02d}" for i in range(1, k + 1)]
+    state = TopState(hosts, 1.0)
+    for i, h in enumerate(hosts):
+        gpus = [{"index": g, "name": "H100", "util_pct": (i * g) % 100, "mem_used_mib": 1024,
+                 "mem_total_mib": 81559, "temp_c": 41, "power_w": 123.45,
+                 "power_limit_w": 700} for g in range(8)]
+        state.on_sample(h, {"type": "sample", "t": time.time(), "dt": 1.0, "cpu_pct": 12.0,
+                            "ncpu": 8, "load": [1.25, 1.0, 0.5], "mem_used": 3 << 30,
+                            "mem_total": 16 << 30, "gpus": gpus, "gpu_source": "nvidia-smi",
+                            "net": {"iface": "ib0", "rx_bps": 1500 * i, "tx_bps": 2 << 20},
+                            "gpu_error": None, "self_cpu_ms": 0.4})
+    console = Console(file=io.StringIO(), width=200, height=80, force_terminal=True)
+    keys = KeyState(ViewOptions())
+
+    def once() -> None:
+        console.file = io.StringIO()
+        console.print(renderable(state.document(), keys, 80))
+
+    once()
+    t0 = time.process_time()
+    for _ in range(n):
+        once()
+    return (time.process_time() - t0) / n * 1e6
+
+
+def inrun(env: Env, k: int, seconds: float) -> dict[str, Any]:
+    import json
+    import threading
+    import uuid
+
+    from tests.util import REPO
+
+    c = env.cluster
+    nodes = env.nodes(k)
+    slow = nodes[2].name if k > 2 else nodes[-1].name
+    out: dict[str, Any] = {"nodes": k, "ranks_per_node": 2, "seconds": seconds}
+    for interval in (10.0, 0.0):
+        archive = env.tmp / f"inrun-{interval:g}"
+        stop = Path(c.shared_dir) / f"bench-top-stop-{uuid.uuid4().hex}"
+        timer = threading.Timer(seconds, stop.touch)
+        timer.start()
+        try:
+            run = run_timed(f"run --sample-interval {interval:g}", [
+                DTRAIN, "run", "-H", env.hostlist(k), "--python", c.python,
+                "--nproc-per-node", "2", "--archive-dir", str(archive), "--run-id", "inrun",
+                "--sample-interval", f"{interval:g}", "--no-color",
+                "tests/workloads/straggler.py", str(stop), slow],
+                env=env.env(), out=env.tmp / f"inrun-{interval:g}.out", cwd=REPO,
+                timeout=seconds + 300)
+        finally:
+            timer.cancel()
+            stop.unlink(missing_ok=True)
+        case: dict[str, Any] = {"rc": run.rc, "wall_s": run.wall,
+                                "launcher_cpu_s": run.client_cpu}
+        if interval:
+            recs = [json.loads(x) for x in
+                    (archive / "inrun" / "samples.jsonl").read_text().splitlines()]
+            firsts: set[str] = set()
+            costs = []
+            for r in recs:  # the first sample of each node includes the sampler's start-up
+                if r["host"] in firsts:
+                    costs.append(float(r["self_cpu_ms"]))
+                firsts.add(r["host"])
+            meta = json.loads((archive / "inrun" / "meta.json").read_text())
+            case.update({
+                "samples": len(recs), "node_cpu_ms_median": statistics.median(costs),
+                "node_cpu_ms_p95": _p95(costs), "node_cpu_ms_max": max(costs),
+                "node_cpu_share_pct": statistics.median(costs) / (interval * 1000) * 100,
+                "stragglers": [(s["host"], round(s["flagged"] - meta["start"], 1))
+                               for s in meta.get("stragglers") or []]})
+        out[f"interval_{interval:g}"] = case
     return out
 
 
@@ -220,10 +312,12 @@ def _p95(values: list[float]) -> float | None:
 
 
 def main(argv: list[str]) -> int:
-    parser = bench_parser(__doc__, reps=5, only="micro,steady,snapshot")
+    parser = bench_parser(__doc__, reps=5, only="micro,steady,snapshot,inrun")
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--inrun-nodes", type=int, default=4)
+    parser.add_argument("--inrun-seconds", type=float, default=120.0)
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     env = Env.setup(args.nodes, args.first_node, ciphers=args.ssh_ciphers)
@@ -261,6 +355,29 @@ def main(argv: list[str]) -> int:
                 ["every node sampling after", f"{st['start_s']:.1f} s", ""],
                 ["started on a quiet machine", "yes" if st["quiet"] else "no (busy)", ""],
             ]))
+        if "inrun" in only:
+            log(f"inrun: {args.inrun_nodes} nodes x 2 ranks, {args.inrun_seconds:g} s, "
+                "sampling every 10 s and off")
+            ir = inrun(env, args.inrun_nodes, args.inrun_seconds)
+            out["inrun"] = ir
+            on, off = ir["interval_10"], ir["interval_0"]
+            print(f"\n### dtrain run's sampling every 10 s ({ir['nodes']} nodes x 2 ranks, "
+                  f"{ir['seconds']:g} s)\n")
+            print(table(["measure", "value"], [
+                ["node CPU per sample (median / p95 / max)",
+                 f"{on['node_cpu_ms_median']:.2f} / {on['node_cpu_ms_p95']:.2f} / "
+                 f"{on['node_cpu_ms_max']:.2f} ms"],
+                ["... as a share of one CPU", f"{on['node_cpu_share_pct']:.3f} %"],
+                ["samples", str(on["samples"])],
+                ["launcher CPU, sampling every 10 s / off",
+                 f"{on['launcher_cpu_s']:.2f} / {off['launcher_cpu_s']:.2f} s"],
+                ["run wall, sampling every 10 s / off",
+                 f"{on['wall_s']:.1f} / {off['wall_s']:.1f} s"],
+                ["straggler flagged (host, s after start)", str(on["stragglers"])],
+            ]))
+            if on["rc"] or off["rc"]:
+                log(f"problems: exit {on['rc']} / {off['rc']}")
+                return 1
         if "snapshot" in only:
             series = Series(f"snapshot, {args.nodes} nodes")
             log(f"snapshot: {args.nodes} nodes, {args.reps} rounds")

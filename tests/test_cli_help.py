@@ -116,3 +116,16 @@ def test_bare_dtrain_prints_help_and_says_a_command_is_needed() -> None:
     assert "a command is needed" in res.stderr
     res = dtrain(["keys"])
     assert res.returncode == 2 and "a command is needed" in res.stderr
+
+
+@pytest.mark.parametrize("args", [["cp", "-H", "node1", "README.md", "/tmp/x"],
+                                  ["smoke", "-H", "node1"]])
+def test_cp_and_smoke_take_the_connection_group(args: list[str]) -> None:
+    """--transport reaches cp and smoke (old main: no such option) and is checked there."""
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DTRAIN_"))}
+    res = dtrain([*args, "--transport", "srun"], env=base)
+    assert res.returncode == 2 and "not inside a Slurm allocation" in res.stderr, res.stderr
+    res = dtrain([*args, "--transport", "bogus"], env=base)
+    assert res.returncode == 2 and "use ssh, srun or auto" in res.stderr, res.stderr

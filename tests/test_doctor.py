@@ -662,3 +662,27 @@ def test_master_port_in_use_fails_on_the_master(cluster) -> None:  # type: ignor
     rows = _rows(res.stdout, "master_port")
     assert " FAIL " in rows["node1"] and "198.18.0.11:2222" in rows["node1"]
     assert " skip " in rows["node2"]
+
+
+def test_table_rows_fold_from_16_nodes_failures_first() -> None:
+    """Issue 24.8: identical rows folded by hostlist, FAIL then warn then the rest; below
+    16 nodes one row per node and check, as before; --failures keeps FAIL and warn."""
+    from launcher.commands.doctor.report import table_rows
+
+    hosts = [f"gpu{k:02d}" for k in range(1, 21)]
+    rows = [CheckResult(h, "ssh", OK, "connected") for h in hosts]
+    rows += [CheckResult(h, "torch", FAIL if h == "gpu07" else OK,
+                         "torch is not installed" if h == "gpu07" else "torch 2.5.1")
+             for h in hosts]
+    rows += [CheckResult(h, "clock", WARN if h == "gpu03" else OK, f"offset +{i} ms")
+             for i, h in enumerate(hosts)]
+    table = table_rows(rows, len(hosts))
+    assert table[:2] == [("torch", "gpu07", FAIL, "torch is not installed"),
+                         ("clock", "gpu03", WARN, "offset +2 ms")]
+    assert ("ssh", "gpu[01-20]", OK, "connected") in table
+    assert ("torch", "gpu[01-06,08-20]", OK, "torch 2.5.1") in table
+    assert ("clock", "gpu[01-02,04-20]", OK,
+            "offset +0 ms; 18 other values (--json has each node's)") in table
+    assert len(table) == 5
+    assert [r[2] for r in table_rows(rows, len(hosts), failures_only=True)] == [FAIL, WARN]
+    assert len(table_rows(rows[:3 * 4], 4)) == 12  # 4 nodes: unfolded

@@ -126,3 +126,9 @@ def test_run_takes_the_same_spelling_and_keeps_the_old_one(tmp_path: Path) -> No
                   "examples/ddp_smoke.py"])
     assert_exit(res, 2)
     assert "node9 is not one of the run's hosts" in res.stderr
+
+
+def test_attach_unknown_host_is_exit_2(runs: Path) -> None:
+    res = dtrain(["attach", "r1", "--archive-dir", str(runs), "--host", "node7"])
+    assert_exit(res, 2)
+    assert "node7 is not one of the run's hosts" in res.stderr

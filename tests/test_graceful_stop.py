@@ -169,6 +169,10 @@ def test_closing_the_tmux_window_stops_the_run_gracefully(
         with JobWatch(cluster, [1, 2], run_id=run_id) as watch:
             _wait(lambda: _lines(archive, "up pid") >= RANKS, 120,
                   lambda: _pane(tmux) + _launcher_log(archive))
+            pane = _pane(tmux)
+            # issue 24.7: on a terminal, one short line says what stops the run
+            assert pane.count("dtrain: Ctrl-C or closing this terminal stops the run; "
+                              "--detach keeps it going") == 1, pane
             subprocess.run([*tmux, "kill-window", "-t", "t:train"], check=True)
             _wait(lambda: _meta_end(archive) is not None, 90, lambda: _launcher_log(archive))
             watch.assert_clean(5.0)

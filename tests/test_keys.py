@@ -429,6 +429,9 @@ def test_setup_from_nothing_then_again_then_revoke(keys_env: KeysEnv) -> None:
     check = keys_env.dtrain("keys", "check")
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count(" ok ") == 4
+    # keys takes the connection group's -o too (issue 23 item 5): nothing listens on port 1
+    moved = keys_env.dtrain("keys", "check", "-o", "Port=1", "-t", "3")
+    assert moved.returncode == 1 and moved.stdout.count(" ok ") == 0, moved.stdout
 
     exec_ = keys_env.dtrain("exec", "--", "hostname")
     assert exec_.returncode == 0, exec_.stderr

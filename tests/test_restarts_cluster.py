@@ -11,14 +11,15 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import tests.cluster as tc
-from tests.test_failures import Dtrain, JobWatch, meta, new_id
 from tests.reports import validate_junit
+from tests.test_failures import Dtrain, JobWatch, meta, new_id
 from tests.util import REPO, need_module
 
 CKPT = "tests/workloads/ckpt.py"
@@ -82,7 +83,7 @@ def _timings_in_order(attempts: list[dict]) -> None:
     relaunch started (= the next attempt's start); the last one was not relaunched. And
     attempts[] is valid dtrain.run/1."""
     _validate_attempts(attempts)
-    for a, nxt in zip(attempts, attempts[1:]):
+    for a, nxt in zip(attempts[:-1], attempts[1:], strict=True):
         assert a["start"] <= a["detected"] <= a["stopping"] <= a["end"] <= a["relaunched"], a
         assert a["relaunched"] == nxt["start"], (a, nxt)
     assert attempts[-1]["relaunched"] is None, attempts[-1]
@@ -279,3 +280,89 @@ def test_a_stop_during_the_back_off_ends_the_run_at_once(
     assert m["state"] == "finished" and m["exit_code"] == 130 and len(m["attempts"]) == 1
     assert m["attempts"][0]["relaunched"] is None  # stopped in the back-off: no relaunch
     _validate_attempts(m["attempts"])
+
+
+LITE = "tests/workloads/ckpt_lite.py"  # torch-free ranks: the same checkpoint protocol
+
+
+def _launcher(cli: list[str], tmp_path: Path, cluster: tc.Cluster,
+              timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *cli, "--archive-dir",
+                           str(tmp_path / "runs")], cwd=REPO, text=True, capture_output=True,
+                          env=cluster.client_env(**_state(tmp_path)), timeout=timeout)
+
+
+def _until(what: str, check, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.2)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] in "ZX"
+    except OSError:
+        return True
+
+
+def test_a_detached_run_restarts_and_is_stoppable_in_its_back_off(
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
+    """--detach --restarts: the detached launcher runs the loop (a crash once, then the
+    same nodes); ps says the attempt; logs --attempt shows one attempt; a second detached
+    run is stopped by `dtrain stop` in its back-off; nothing left on the nodes."""
+    run_id = new_id("restart-detach")
+    ck = _ckdir(six, run_id)
+    args = _args(six, tmp_path, run_id, "node[1-2]", "--restarts", "2",
+                 "--restart-backoff", "0.2", "--detach",
+                 env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"},
+                 script=LITE)
+    with JobWatch(six, [1, 2], run_id=run_id) as watch:
+        started = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO,
+                                 text=True, capture_output=True, timeout=120,
+                                 env=six.client_env(**_state(tmp_path)))
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"run {run_id} started; detached" in started.stdout + started.stderr
+        pid = meta(tmp_path, run_id)["launcher"]["pid"]
+        _until("the detached run ends", lambda: _gone(pid), 120)
+        watch.assert_clean(5.0)
+    _saw(watch, 4)  # 2 nodes x 2 attempts
+    m = meta(tmp_path, run_id)
+    assert (m["state"], m["exit_code"], m["launcher"]["detached"]) == ("finished", 0, True)
+    assert [a["cause"] for a in m["attempts"]] == ["process", "ok"]
+    _timings_in_order(m["attempts"])
+    assert any("attempt 2 on the same nodes" in r["line"] for r in _records(tmp_path, run_id))
+    ps = _launcher(["ps"], tmp_path, six)
+    assert re.search(rf"^{run_id} +run +finished \(0, attempt 2\)", ps.stdout, re.M), ps.stdout
+    logs = _launcher(["logs", run_id, "--attempt", "2", "--no-color"], tmp_path, six)
+    assert logs.returncode == 0, logs.stderr
+    # no collective in the lite ranks: rank 0 may have checkpointed past the crash step
+    assert re.search(r"r\d: resumed at step (5|10)$", logs.stdout, re.M), logs.stdout
+    assert "starting at step 0" not in logs.stdout  # attempt 1's lines are left out
+
+    # a second detached run, stopped between its attempts
+    run_id = new_id("restart-detach-stop")
+    ck = _ckdir(six, run_id)
+    args = _args(six, tmp_path, run_id, "node[1-2]", "--restarts", "2",
+                 "--restart-backoff", "600", "--detach",
+                 env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"},
+                 script=LITE)
+    with JobWatch(six, [1, 2], run_id=run_id) as watch:
+        started = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO,
+                                 text=True, capture_output=True, timeout=120,
+                                 env=six.client_env(**_state(tmp_path)))
+        assert started.returncode == 0, started.stdout + started.stderr
+        pid = meta(tmp_path, run_id)["launcher"]["pid"]
+        _until("the back-off", lambda: meta(tmp_path, run_id).get("state") == "restarting",
+               120)
+        ps = _launcher(["ps"], tmp_path, six)
+        assert re.search(rf"^{run_id} +run +restarting \(attempt 2\)", ps.stdout, re.M), ps.stdout
+        stop = _launcher(["stop", run_id], tmp_path, six)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        _until("the launcher ends", lambda: _gone(pid), 30)  # far below the 600 s back-off
+        watch.assert_clean(5.0)
+    m = meta(tmp_path, run_id)
+    assert (m["state"], m["exit_code"], len(m["attempts"])) == ("finished", 130, 1)
+    assert m["attempts"][0]["relaunched"] is None
+    assert any(re.search(r"stopped by `dtrain stop` \(pid \d+\) before attempt 2", r["line"])
+               for r in _records(tmp_path, run_id))

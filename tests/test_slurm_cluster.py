@@ -211,3 +211,68 @@ def test_hosts_from_a_mixed_nodelist_over_ssh(cluster: tc.Cluster) -> None:
     assert sorted(proc.stderr.splitlines()) == ["alt3: node3 2222", "alt4: node4 2222",
                                                 "node1: node1 22", "node2: node2 22"], \
         proc.stderr
+
+
+def test_restarts_over_srun_relaunch_fresh_steps_on_the_same_nodes(
+        cluster: tc.Cluster, slurm: Any, tmp_path: Path, allocs: list[Salloc]) -> None:
+    """--restarts inside an allocation (docs/restarts.md "With Slurm"): the allocation's
+    node beyond --nnodes is the spare, a rank that crashes once is relaunched as new srun
+    steps on the same nodes, resumes from its checkpoint; nothing left (slurmstepd
+    included)."""
+    run_id = new_id("srun-restart")
+    ck = cluster.shared_dir / run_id
+    ck.mkdir(mode=0o777)
+    ck.chmod(0o777)
+    job = Salloc(cluster, slurm, 3, run_args(
+        cluster, tmp_path, run_id, "tests/workloads/ckpt_lite.py", "--nnodes", "2",
+        "--restarts", "2", "--restart-backoff", "0.2",
+        env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"}))
+    allocs.append(job)
+    with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+        rc = job.wait()
+        watch.assert_clean(5)
+    assert rc == 0, job.output
+    out = job.output
+    assert "node3: spare for a fenced node (--nnodes 2)" in out, out
+    assert re.search(r"rank 1 on node2 raised RuntimeError: injected crash at step 7 .*; "
+                     r"attempt 2 on the same nodes from the last checkpoint in 0.2 s", out), out
+    assert re.search(r"node\d r\d: resumed at step (5|10)$", out, re.M), out  # no collective
+    m = meta(tmp_path, run_id)
+    assert m["transport"] == "srun"
+    assert [a["hosts"] for a in m["attempts"]] == [["node1", "node2"]] * 2
+    assert [a["cause"] for a in m["attempts"]] == ["process", "ok"]
+    assert watch.count() > 0  # the watch saw the job's processes: "clean" means something
+
+
+def test_cp_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, tmp_path: Path,
+                                           allocs: list[Salloc]) -> None:
+    """cp takes --transport (issue 23 item 5): a push through srun steps, no SSH."""
+    dest = f"/tmp/dtrain-cp-srun-{tmp_path.name}.txt"
+    src = tmp_path / "payload.txt"
+    src.write_text("over srun\n")
+    job = Salloc(cluster, slurm, 2, ["cp", "--transport", "srun", "--python", cluster.python,
+                                     str(src), dest])
+    allocs.append(job)
+    try:
+        assert job.wait() == 0, job.output
+        assert "total 2 nodes" in job.output, job.output
+        seen = [cluster.node_exec(k, ["cat", dest]) for k in (1, 2, 3)]
+        assert any(r.returncode == 0 and r.stdout == "over srun\n" for r in seen), seen
+    finally:
+        for k in (1, 2, 3):
+            cluster.node_exec(k, ["rm", "-f", dest], user="root")
+
+
+@pytest.mark.torch
+def test_smoke_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, tmp_path: Path,
+                                              allocs: list[Salloc]) -> None:
+    """smoke takes --transport (issue 23 item 5; it was SSH only): its job runs as srun
+    steps and its archive says so."""
+    job = Salloc(cluster, slurm, 2, ["smoke", "--transport", "srun", "--python",
+                                     cluster.python, "--backend", "gloo", "--max-size", "64K",
+                                     "--archive-dir", str(tmp_path / "runs"), "--no-color"])
+    allocs.append(job)
+    assert job.wait(110) == 0, job.output
+    assert "smoke: PASS: 2 nodes" in job.output, job.output
+    (meta_file,) = (tmp_path / "runs").glob("*/meta.json")
+    assert json.loads(meta_file.read_text())["transport"] == "srun"

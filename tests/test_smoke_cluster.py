@@ -58,6 +58,19 @@ def _failed_cases(root) -> dict[str, str]:
             if c.find("failure") is not None}
 
 
+def test_a_cluster_wide_busbw_threshold_fails_the_check_not_the_nodes(cluster, tmp_path):
+    """Issue 24.7: no 'ok: succeeded' before 'smoke: FAIL'; with every pair within
+    --pair-fraction the JUnit fails 'check busbw' and no node."""
+    res, doc, root = _smoke(cluster, tmp_path, "--min-busbw", "1000000", hosts="node[1-2]")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "ok: succeeded" not in res.stderr
+    assert "dtrain: job: ended (exit 0)\n" in res.stderr
+    assert res.stderr.index("job: ended") < res.stderr.index("smoke: FAIL: all-reduce busbw")
+    assert not any(p["slow"] for p in doc["smoke"]["pairs"])
+    assert set(_failed_cases(root)) == {"check busbw"}, _failed_cases(root)
+    assert all(n["status"] == "passed" for n in doc["nodes"]), doc["nodes"]
+
+
 def test_smoke_passes_on_a_healthy_cluster(cluster, tmp_path):
     res, doc, root = _smoke(cluster, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

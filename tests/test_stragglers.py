@@ -95,3 +95,44 @@ def test_busy_is_cpu_seconds_per_second_over_the_window() -> None:
         det.add("n", float(t), {0: t * 0.25, 1: t * 1.5})  # 1.5: a rank with 2 busy threads
     busy = det.busy()
     assert abs(busy[0] - 0.25) < 1e-9 and abs(busy[1] - 1.5) < 1e-9
+
+
+def test_a_later_attempt_keeps_the_earlier_attempts_flags_in_meta_json(monkeypatch) -> None:
+    """--restarts: each attempt has its own sampling (and detector); meta.json `stragglers`
+    keeps attempt 1's flag when attempt 2 flags again (it was replaced by [] before)."""
+    from types import SimpleNamespace
+
+    from launcher.commands import run_sampling
+
+    monkeypatch.setattr(run_sampling.time, "time", lambda: clock[0])
+    clock = [0.0]
+    earlier = {"host": "node3", "ranks": [4], "attempt": 1, "summary": "straggler: node3 ..."}
+
+    class Archive:
+        run_id = "r"
+        meta: dict[str, object] = {"stragglers": [earlier]}
+
+        def update_meta(self, **kw: object) -> None:
+            self.meta = {**self.meta, **kw}
+
+    nodes = [SimpleNamespace(host=SimpleNamespace(label=h), node_rank=i, ranks=list(r),
+                             python="python3", env=[])
+             for i, (h, r) in enumerate(LAYOUT.items())]
+    archive = Archive()
+    said: list[str] = []
+    sampling = run_sampling.RunSampling(archive, SimpleNamespace(nodes=nodes), 1.0, S,  # type: ignore[arg-type]
+                                        said.append, attempt=2)
+    assert sampling.meta()["stragglers"] == [earlier]
+    busy = {"node1": 0.05, "node2": 0.05, "node3": 0.9, "node4": 0.05}
+    cpu: dict[int, float] = {}
+    for t in range(40):
+        clock[0] = float(t)
+        for host, ranks in LAYOUT.items():
+            for r in ranks:
+                cpu[r] = cpu.get(r, 0.0) + busy[host]
+            sampling.on_sample(host, {"t": float(t), "ranks": {
+                str(r): {"cpu": cpu[r]} for r in ranks}})
+    assert len(said) == 1 and said[0].startswith("straggler: node3")
+    kept = archive.meta["stragglers"]
+    assert isinstance(kept, list) and kept[0] == earlier
+    assert [(s["host"], s["attempt"]) for s in kept] == [("node3", 1), ("node3", 2)]

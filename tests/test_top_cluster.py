@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -154,13 +155,13 @@ class Tmux:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
 
-def live_command(cluster: tc.Cluster, args: str, **extra: str) -> str:
+def live_command(cluster: tc.Cluster, args: str, *, sub: str = "top", **extra: str) -> str:
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**cluster.client_env(), **extra}.items()
                    if k in ("HOME", "PATH", *extra))
     # no COLUMNS/LINES from pytest's environment (rich honours them): the pane's own size
     return (f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES {env} "
             f"{shlex.quote(sys.executable)} -m "
-            f"launcher top {args}; echo DTRAIN-TOP-EXIT=$?; sleep 600")
+            f"launcher {sub} {args}; echo DTRAIN-TOP-EXIT=$?; sleep 600")
 
 
 def row(screen: str, host: str) -> str:
@@ -270,3 +271,65 @@ def test_a_node_that_drops_shows_as_lost_and_the_view_goes_on(six):
         tmux.wait(lambda s: "DTRAIN-TOP-EXIT=0" in s)
     finally:
         tmux.close()
+
+
+# -- a run, followed from another shell: detached, or in the foreground of its own terminal --
+
+STRAGGLER_ARGS = ("--nproc-per-node 1 --sample-interval 1 --straggler-window 6 "
+                  "--straggler-hold 6 tests/workloads/straggler.py {stop} node3")
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how", ["detached", "foreground"])
+def test_top_follows_a_run_started_in_another_shell(cluster, tmp_path, how):
+    """`dtrain top RUN` (detached) and `dtrain top` (the latest running run, a foreground
+    run in another terminal) show the run's line, each node's ranks, and node3 as the
+    straggler, live; when the run ends the view says so and goes on."""
+    import uuid
+
+    archive = tmp_path / "runs"
+    stop = Path(cluster.shared_dir) / f"top-run-stop-{uuid.uuid4().hex}"
+    run_id = f"top-{how}"
+    run_args = (f"run -H 'node[1-4]' --python {shlex.quote(cluster.python)} --archive-dir "
+                f"{shlex.quote(str(archive))} --run-id {run_id} --no-color "
+                + STRAGGLER_ARGS.format(stop=shlex.quote(str(stop))))
+    job: Tmux | None = None
+    if how == "detached":
+        res = dtrain(shlex.split(run_args.replace("run ", "run --detach ", 1)),
+                     env=cluster.client_env(), timeout=120)
+        assert_exit(res, 0)
+        assert "detached" in res.stderr + res.stdout, res.stderr
+        target = run_id
+    else:  # the run's own terminal; top in another one finds the latest running run
+        job = Tmux(live_command(cluster, run_args.split(" ", 1)[1], sub="run"))
+        job.wait(lambda s: "r0: step 10" in s, timeout=300)
+        target = ""
+    tmux = Tmux(live_command(cluster, f"{target} --archive-dir {shlex.quote(str(archive))}"))
+    try:
+        # (node4's first GPU reading may come a sample after the flag, primed from the
+        # run's samples.jsonl)
+        screen = tmux.wait(lambda s: "STRAGGLER" in row(s, "node3") and "37 81" in
+                           row(s, "node4") and f"run {run_id}  running" in s, timeout=300)
+        cells = {h: c for h, c in table(screen).items() if h.startswith("node")}
+        assert {h: cells[h]["RANKS"] for h in cells} == \
+            {"node1": "0", "node2": "1", "node3": "2", "node4": "3"}
+        assert all("STRAGGLER" not in cells[h]["NOTE"] for h in ("node1", "node2", "node4"))
+        assert re.search(r"straggler: node3 \(rank 2\) busy", screen), screen
+        assert cells["node4"]["UTIL%"] == "37 81"  # the fake nvidia-smi, as without a run
+        (tmp_path / "screen.txt").write_text(screen)  # docs/top.md's capture comes from here
+        stop.touch()
+        tmux.wait(lambda s: f"run {run_id}  finished" in s, timeout=120)
+        tmux.keys("q")
+        gone = tmux.wait(lambda s: "DTRAIN-TOP-EXIT=" in s)
+        assert "DTRAIN-TOP-EXIT=0" in gone and "Traceback" not in gone
+    finally:
+        stop.touch()
+        tmux.close()
+        if job is not None:
+            with contextlib.suppress(AssertionError):
+                job.wait(lambda s: "DTRAIN-TOP-EXIT=" in s, timeout=120)
+            job.close()
+        if how == "detached":
+            dtrain(["stop", run_id, "--archive-dir", str(archive)], env=cluster.client_env())
+        stop.unlink(missing_ok=True)

@@ -34,25 +34,25 @@ def cp_cmd(
     pull: Annotated[bool, typer.Option(
         "--pull", rich_help_panel=COPY,
         help="Copy from the nodes: each node's files land in LOCALDIR/<host>/ "
-                       "(rpdcp). Globs in REMOTE are expanded on the node.")] = False,
+             "(rpdcp). Globs in REMOTE are expanded on the node.")] = False,
     recursive: Annotated[bool, typer.Option("-r", "--recursive", rich_help_panel=COPY,
                                             help="Copy directories.")] = False,
     preserve: Annotated[bool, typer.Option(
         "-p", "--preserve", rich_help_panel=COPY,
         help="Keep permission bits exactly and directory mtimes (file "
-                                 "mtimes are always kept: the delta check uses them).")] = False,
+             "mtimes are always kept: the delta check uses them).")] = False,
     keep_setuid: Annotated[bool, typer.Option(
         "--keep-setuid", rich_help_panel=COPY,
         help="With --pull -p: keep the setuid/setgid bits a node's files "
-                              "have (default: dropped).")] = False,
+             "have (default: dropped).")] = False,
     checksum: Annotated[bool, typer.Option(
         "--checksum", rich_help_panel=COPY,
         help="Skip a file only when its sha256 matches (default: size and "
-                           "mtime).")] = False,
+             "mtime).")] = False,
     delete: Annotated[bool, typer.Option(
         "--delete", rich_help_panel=COPY,
         help="Remove files under a copied directory that the source does not "
-                         "have (never outside it).")] = False,
+             "have (never outside it).")] = False,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,
@@ -63,7 +63,7 @@ def cp_cmd(
     sftp: Annotated[bool, typer.Option(
         "--sftp", rich_help_panel=COPY,
         help="Push file by file over SFTP instead of one stream per node through "
-                       "dtrain's node program (the fallback when python is missing).")
+             "dtrain's node program (the fallback when python is missing).")
     ] = False,
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", rich_help_panel=COPY,

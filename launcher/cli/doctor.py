@@ -50,6 +50,10 @@ def doctor_cmd(
     junit: JunitOpt = None,
     strict: Annotated[bool, typer.Option("--strict", rich_help_panel=CHECKS,
                                          help="Warnings fail too (exit 1).")] = False,
+    failures: Annotated[bool, typer.Option(
+        "--failures", rich_help_panel=groups.DISPLAY,
+        help="Show only the FAIL and warn rows (failures first); the summary still counts "
+             "every check.")] = False,
     probe_timeout: Annotated[float, typer.Option(
         "--probe-timeout", min=1, metavar="SECONDS", rich_help_panel=CHECKS,
         help="Seconds for one node's probe.")] = 30.0,
@@ -62,13 +66,14 @@ def doctor_cmd(
     color: Annotated[bool | None, typer.Option("--color/--no-color",
                                                rich_help_panel=groups.DISPLAY,
                                                help="Rich table or "
-                                               "plain columns (default: rich on a "
-                                               "terminal or with FORCE_COLOR, never "
-                                               "with NO_COLOR).")] = None,
+                                                    "plain columns (default: rich on a "
+                                                    "terminal or with FORCE_COLOR, never "
+                                                    "with NO_COLOR).")] = None,
 ) -> None:
     """Check every node before a launch: ssh, python, torch, GPUs, network, RDMA, limits.
 
-    One row per node and check (ok / warn / FAIL / skip). Exit codes: 0 nothing failed
+    One row per node and check (ok / warn / FAIL / skip); from 16 nodes on, nodes with the
+    same result are one row (node[1-64]), FAIL rows first. Exit codes: 0 nothing failed
     (warnings allowed unless --strict); 1 some check failed; 255 some node could not be
     reached; 2 bad input.
 
@@ -86,7 +91,8 @@ def doctor_cmd(
                              probe_timeout=probe_timeout, transport=transport)
         return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new,
                                                              ssh_option),
-                          as_json=as_json, junit=junit, strict=strict, color=color)
+                          as_json=as_json, junit=junit, strict=strict, color=color,
+                          failures_only=failures)
 
     run_body(body)
 

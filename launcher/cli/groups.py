@@ -27,6 +27,7 @@ from typing import Annotated, Any
 import typer
 
 from launcher.cli.completion import complete_hostfile
+from launcher.cli.defaults import from_config
 
 HOSTS = "Hosts"
 CONNECTION = "Connection"
@@ -42,7 +43,10 @@ PANEL_ORDER = (HOSTS, CONNECTION, NODE, ENVIRONMENT, LAUNCH, FAILURE, WATCH, DIS
                REPORTS, ARCHIVE)
 
 # old or foreign spellings that still work but are not shown in --help
-HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks"})
+HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks",
+                          # torchrun's and DeepSpeed's spellings (docs/cli.md)
+                          "--nproc_per_node", "--num_gpus", "--num-gpus", "--num_nodes",
+                          "--num-nodes", "--master_addr", "--master_port", "--max_restarts"})
 
 # ---------------------------------------------------------------------------------- hosts
 
@@ -56,10 +60,12 @@ HostsOpt = Annotated[str | None, typer.Option(
     help="Hosts, pdsh style (-w works too): dtuser@node[1-4],login2:2222.")]
 IncludeOpt = Annotated[str | None, typer.Option(
     "--include", metavar="HOSTS", rich_help_panel=HOSTS,
-    help="Keep only these hosts (a hostlist expression).")]
+    help="Keep only these hosts (a hostlist expression); run also takes DeepSpeed's "
+         "HOST:GPU,GPU@HOST form, which sets CUDA_VISIBLE_DEVICES on those hosts.")]
 ExcludeOpt = Annotated[str | None, typer.Option(
     "--exclude", "-x", metavar="HOSTS", rich_help_panel=HOSTS,
-    help="Drop these hosts (pdsh's -x).")]
+    help="Drop these hosts (pdsh's -x); run also takes DeepSpeed's HOST:GPU form, which "
+         "leaves those GPUs out.")]
 
 
 def hosts(hostfile: str | None, hosts: str | None, include: str | None,
@@ -73,6 +79,10 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
 
     if hostfile is None and hosts is None and os.environ.get("WCOLL"):
         hostfile = os.environ["WCOLL"]
+    if hostfile is None and hosts is None and not os.environ.get("SLURM_JOB_NODELIST"):
+        from launcher.cli.defaults import config_hostfile
+
+        hostfile = config_hostfile()  # the user's config: below -f, -H, env, Slurm
     if hostfile is not None and hostfile.isdigit() and not os.path.exists(hostfile):
         from launcher.errors import UsageError
 
@@ -143,19 +153,22 @@ def check_transport(transport: str) -> str:
 
 # ----------------------------------------------------------------------------------- node
 
-def python_opt(what: str) -> Any:
+def python_opt(what: str, callback: Any = None) -> Any:
     """``--python`` with this command's wording (the check is :func:`node`)."""
-    return typer.Option("--python", metavar="PYTHON", rich_help_panel=NODE, help=what)
+    return typer.Option("--python", metavar="PYTHON", rich_help_panel=NODE, help=what,
+                        callback=callback)
 
 
-PythonOpt = Annotated[str, python_opt("Python on the nodes (a host's python= key wins).")]
+PythonOpt = Annotated[str, python_opt("Python on the nodes (a host's python= key wins; "
+                                      "default: the user config's, else python3).",
+                                      from_config("python"))]
 SupervisorPythonOpt = Annotated[str, python_opt("Interpreter for dtrain's node program (any "
                                                 "Python >= 3.8).")]
 SetupOpt = Annotated[str | None, typer.Option(
-    "--setup", metavar="SHELL", rich_help_panel=NODE,
+    "--setup", metavar="SHELL", rich_help_panel=NODE, callback=from_config("setup"),
     help="Shell snippet run first on each node (source venv/bin/activate).")]
 WorkdirOpt = Annotated[str | None, typer.Option(
-    "--workdir", metavar="DIR", rich_help_panel=NODE,
+    "--workdir", metavar="DIR", rich_help_panel=NODE, callback=from_config("workdir"),
     help="Remote working directory (default: the current one).")]
 
 
@@ -183,6 +196,31 @@ EnvOpt = Annotated[list[str] | None, typer.Option(
 EnvFileOpt = Annotated[str | None, typer.Option(
     "--env-file", metavar="FILE", rich_help_panel=ENVIRONMENT,
     help="dotenv file (NAME=VALUE lines); the way to pass many secrets.")]
+
+DEEPSPEED_ENV = ".deepspeed_env"
+
+
+def deepspeed_env(cwd: str = ".", home: str = "~") -> tuple[list[tuple[str, str]],
+                                                             dict[str, str]]:
+    """DeepSpeed's ``.deepspeed_env`` (KEY=VAL lines) for every rank, as DeepSpeed reads it:
+    the current directory's, else the home directory's (``DS_ENV_FILE`` names another).
+    (pairs, {name: source}); --env-file and --env win over it."""
+    import os
+    from pathlib import Path
+
+    from launcher.hosts.envfile import load_env_file
+
+    named = os.environ.get("DS_ENV_FILE")
+    candidates = [Path(named)] if named else [Path(cwd) / DEEPSPEED_ENV,
+                                              Path(home).expanduser() / DEEPSPEED_ENV]
+    for path in candidates:
+        if path.is_file():
+            pairs = load_env_file(str(path))
+            shown = str(path) if named else (f"./{DEEPSPEED_ENV}" if path.parent == Path(cwd)
+                                             else f"~/{DEEPSPEED_ENV}")
+            return pairs, {name: shown for name, _ in pairs}
+    return [], {}
+
 
 # -------------------------------------------------------------------------------- failure
 
@@ -255,10 +293,14 @@ JunitOpt = Annotated[str | None, junit_opt()]
 
 # -------------------------------------------------------------------------------- archive
 
-DEFAULT_ARCHIVE_DIR = "dtrain-runs"
+# shown in --help; the callback replaces it by the config's archive_dir or the per-user
+# state directory's runs/ (hosts/userconfig.py)
+DEFAULT_ARCHIVE_DIR = "~/.local/state/dtrain/runs"
 ArchiveDirOpt = Annotated[str, typer.Option(
     "--archive-dir", envvar="DTRAIN_ARCHIVE_DIR", show_envvar=True, metavar="DIR",
-    rich_help_panel=ARCHIVE, help="Where run archives are.")]
+    rich_help_panel=ARCHIVE, callback=from_config("archive_dir"),
+    help="Where run archives are (default: the user config's archive_dir, else "
+         "$XDG_STATE_HOME/dtrain/runs).")]
 RunIdOpt = Annotated[str | None, typer.Option(
     "--run-id", metavar="ID", rich_help_panel=ARCHIVE, help="Name the run.")]
 
@@ -268,6 +310,9 @@ def archive_hint(archive_dir: str) -> str:
     import os
     import shlex
 
-    if archive_dir == DEFAULT_ARCHIVE_DIR or os.environ.get("DTRAIN_ARCHIVE_DIR") == archive_dir:
-        return ""
+    from launcher.cli.defaults import sources
+
+    if sources().get("archive_dir") != "--archive-dir" or \
+            os.environ.get("DTRAIN_ARCHIVE_DIR") == archive_dir:
+        return ""  # found again without it (the env var, the config, the default)
     return f" --archive-dir {shlex.quote(os.path.abspath(archive_dir))}"

@@ -121,9 +121,16 @@ def panels(params: list[Any]) -> dict[str, list[Any]]:
         else:
             name = getattr(param, "rich_help_panel", None) or OPTIONS
         found.setdefault(name, []).append(param)
-    order = [ARGUMENTS, *PANEL_ORDER, OPTIONS]
-    return dict(sorted(found.items(),
-                       key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    # the arguments, then the command's own panels (Copy, Checks...), the shared groups in
+    # PANEL_ORDER, and the leftovers (--help) last
+    def rank(name: str) -> int:
+        if name == ARGUMENTS:
+            return 0
+        if name == OPTIONS:
+            return 3 + len(PANEL_ORDER)
+        return 2 + PANEL_ORDER.index(name) if name in PANEL_ORDER else 1
+
+    return dict(sorted(found.items(), key=lambda kv: rank(kv[0])))
 
 
 def _table(rows: list[tuple[str, str]], width: int) -> Any:

@@ -56,7 +56,7 @@ JunitOpt = Annotated[str | None, groups.junit_opt(
 PasswordStdinOpt = Annotated[bool, typer.Option(
     "--password-stdin", rich_help_panel=groups.CONNECTION,
     help="Read the password from the first line of stdin (scripts, CI) "
-                             "instead of asking on the terminal.")]
+         "instead of asking on the terminal.")]
 
 LABELS = {"present": "already present"}
 STYLES = {"installed": "green", "present": "green", "ok": "green", "removed": "green",
@@ -214,6 +214,8 @@ def setup_cmd(
     exclude: ExcludeOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     identity: IdentityOpt = None,
     password_stdin: PasswordStdinOpt = False,
     accept_new: AcceptNewOpt = False,
@@ -233,9 +235,9 @@ def setup_cmd(
         from launcher.commands.keys import setup_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         keypair = _keypair(identity, create=True)
-        settings = groups.connection(connect_timeout, accept_new)
+        settings = groups.connection(connect_timeout, accept_new, ssh_option)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
         results = setup_keys(host_list, settings, keypair, prompts, fanout=fanout)
         return _report("setup", results, keypair, started, as_json, junit)
@@ -251,6 +253,8 @@ def check_cmd(
     exclude: ExcludeOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     identity: CheckIdentityOpt = None,
     as_json: JsonOpt = False,
     junit: JunitOpt = None,
@@ -267,9 +271,9 @@ def check_cmd(
         from launcher.commands.keys import check_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         keypair = _keypair(identity, create=False)
-        settings = groups.connection(connect_timeout, False)
+        settings = groups.connection(connect_timeout, False, ssh_option)
         results = check_keys(host_list, settings, keypair, fanout=fanout)
         return _report("check", results, keypair, started, as_json, junit)
 
@@ -284,6 +288,8 @@ def revoke_cmd(
     exclude: ExcludeOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
+    user: groups.UserOpt = None,
+    ssh_option: groups.SshOptionOpt = None,
     identity: RevokeIdentityOpt = None,
     as_json: JsonOpt = False,
     junit: JunitOpt = None,
@@ -301,9 +307,10 @@ def revoke_cmd(
         from launcher.commands.keys import revoke_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         keypair = _keypair(identity, create=False)
-        settings = groups.connection(connect_timeout, False, identities=_identities(identity))
+        settings = groups.connection(connect_timeout, False, ssh_option,
+                                     identities=_identities(identity))
         results = revoke_keys(host_list, settings, keypair, fanout=fanout)
         return _report("revoke", results, keypair, started, as_json, junit)
 

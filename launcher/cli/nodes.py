@@ -77,7 +77,7 @@ def unfence_cmd(hosts: Annotated[list[str], typer.Argument(
 def expire_cmd(older_than: Annotated[str | None, typer.Option(
         "--older-than", metavar="AGE",
         help="Also drop records fenced longer ago than this (90s, 30m, 12h, "
-        "7d; 0 = every record).")] = None) -> None:
+             "7d; 0 = every record).")] = None) -> None:
     """Drop the records whose time is over (a fence lasts 24 h), or older ones.
 
     Example:

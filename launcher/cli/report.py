@@ -19,22 +19,22 @@ def report_cmd(
     run: Annotated[str | None, typer.Argument(
         autocompletion=complete_run_id, metavar="RUN",
         help="Run id, prefix or directory (default: the "
-        "latest).")] = None,
+             "latest).")] = None,
     output: Annotated[str | None, typer.Option(
         "-o", "--output", metavar="FILE",
         help="Where to write the page (default: ./dtrain-report-<run>.html;"
-        " a directory: that file in it; '-': stdout).")] = None,
+             " a directory: that file in it; '-': stdout).")] = None,
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the summary as JSON (schema dtrain.report/1) instead of writing "
-        "the page (both with -o).")] = False,
+                       "the page (both with -o).")] = False,
     metric: Annotated[list[str] | None, typer.Option(
         "--metric", metavar="REGEX", help="Metric pattern replacing the default name=value / "
         "name: value one: a `value` group (and optionally `name`), or one group. "
         "Repeatable.")] = None,
     compare: Annotated[tuple[str, str] | None, typer.Option(
         "--compare", metavar="RUN1 RUN2", help="Two runs side by side: curves and "
-        "durations.")] = None,
+                                               "durations.")] = None,
     lanes: Annotated[str, typer.Option(
         "--lanes", metavar="rank|node|auto",
         help="Timeline lanes: rank, node, or auto (per node above 64 ranks).")]

@@ -61,7 +61,8 @@ def run_cmd(
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
     nproc_per_node: Annotated[str | None, typer.Option(
-        "--nproc-per-node", metavar="N|gpu|auto", rich_help_panel=LAUNCH,
+        "--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus",
+        metavar="N|gpu|auto", rich_help_panel=LAUNCH,
         help="N, gpu or auto (default: the hostfile's slots, else gpu).")] = None,
     python: PythonOpt = "python3",
     setup: SetupOpt = None,
@@ -69,18 +70,19 @@ def run_cmd(
     env: EnvOpt = None,
     env_file: EnvFileOpt = None,
     master_addr: Annotated[str | None, typer.Option(
-        "--master-addr", metavar="ADDR", rich_help_panel=LAUNCH,
+        "--master-addr", "--master_addr", metavar="ADDR", rich_help_panel=LAUNCH,
         help="Rendezvous address (default: node 0's address every node "
-                              "reaches, probed).")] = None,
+             "reaches, probed).")] = None,
     master_port: Annotated[int | None, typer.Option(
-        "--master-port", min=1, max=65535, metavar="PORT", rich_help_panel=LAUNCH,
+        "--master-port", "--master_port", min=1, max=65535, metavar="PORT", rich_help_panel=LAUNCH,
         help="Rendezvous port (default: a free one on "
-                                                "node 0, checked from every node).")] = None,
+             "node 0, checked from every node).")] = None,
     rdzv: Annotated[str, typer.Option("--rdzv", metavar="static|c10d",
                                       rich_help_panel=LAUNCH,
                                       help="static (deterministic ranks) or c10d "
-                                      "(elastic).")] = "static",
-    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, metavar="N",
+                                           "(elastic).")] = "static",
+    max_restarts: Annotated[int, typer.Option("--max-restarts", "--max_restarts", min=0,
+                                              metavar="N",
                                               rich_help_panel=LAUNCH, help="torchrun "
                                               "restarts of the worker group.")] = 0,
     module: Annotated[bool, typer.Option("-m", "--module", rich_help_panel=LAUNCH,
@@ -89,7 +91,12 @@ def run_cmd(
     run_id: RunIdOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", rich_help_panel=LAUNCH,
                                           help="Probe and print each node's "
-                                          "command and environment; start nothing.")] = False,
+                                               "command and environment; start nothing.")] = False,
+    offline: Annotated[bool, typer.Option(
+        "--offline", rich_help_panel=LAUNCH,
+        help="With --dry-run: plan from the hostfile alone, connecting to nothing (each "
+             "node's facts unknown: no detected NCCL/GLOO variables, master not checked).")
+    ] = False,
     as_json: JsonOpt = False,
     junit: groups.JunitOpt = None,
     timestamps: TimestampsOpt = False,
@@ -98,7 +105,7 @@ def run_cmd(
     profile: Annotated[str | None, typer.Option("--profile", metavar="FILE",
                                                 rich_help_panel=groups.ENVIRONMENT,
                                                 help="Fabric profile YAML "
-                                                "(NCCL_IB_TC, ...).")] = None,
+                                                     "(NCCL_IB_TC, ...).")] = None,
     no_auto: Annotated[list[str] | None, typer.Option("--no-auto", metavar="NAME",
                                                       rich_help_panel=groups.ENVIRONMENT,
                                                       help="Do not set this "
@@ -113,30 +120,30 @@ def run_cmd(
     hang_timeout: Annotated[float, typer.Option(
         "--hang-timeout", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
         help="Declare a hang when no rank made progress for S s "
-        "while every rank is alive: every rank's stacks, folded, the culprit named "
-        "(0 = off; docs/hangs.md).")] = DEFAULT_HANG_TIMEOUT,
+             "while every rank is alive: every rank's stacks, folded, the culprit named "
+             "(0 = off; docs/hangs.md).")] = DEFAULT_HANG_TIMEOUT,
     progress: Annotated[str | None, typer.Option(
         "--progress", metavar="REGEX", rich_help_panel=FAILURE,
         help="REGEX: the output lines that show progress (default: step, "
-        "iteration, epoch, loss lines and progress bars).")] = None,
+             "iteration, epoch, loss lines and progress bars).")] = None,
     on_hang: Annotated[str | None, typer.Option(
         "--on-hang", metavar="dump|stop", rich_help_panel=FAILURE,
         help="dump (stacks, keep waiting) or stop (stacks, then stop every "
-        "node: exit 125); default dump, stop with --restarts.")] = None,
+             "node: exit 125); default dump, stop with --restarts.")] = None,
     restarts: Annotated[int, typer.Option(
         "--restarts", min=0, metavar="N", rich_help_panel=FAILURE,
         help="Relaunch the whole gang up to N times after a failure, "
-        "from the script's own checkpoint; a lost or faulty node is fenced (a spare takes "
-        "its place), a deterministic error is not retried (docs/restarts.md).")] = 0,
+             "from the script's own checkpoint; a lost or faulty node is fenced (a spare takes "
+             "its place), a deterministic error is not retried (docs/restarts.md).")] = 0,
     nnodes: Annotated[str | None, typer.Option(
-        "--nnodes", metavar="K|MIN:MAX", rich_help_panel=LAUNCH,
+        "--nnodes", "--num_nodes", "--num-nodes", metavar="K|MIN:MAX", rich_help_panel=LAUNCH,
         help="K or MIN:MAX (torchrun's spelling): use the first K (MAX) usable "
-        "hosts, keep the rest as spares; with --restarts a run shrinks down to MIN when no "
-        "spare is left.")] = None,
+             "hosts, keep the rest as spares; with --restarts a run shrinks down to MIN when no "
+             "spare is left.")] = None,
     restart_backoff: Annotated[float, typer.Option(
         "--restart-backoff", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
         help="Seconds before the first relaunch, doubled for "
-        "each next one, at most 30 (or this value, if larger).")] = 1.0,
+             "each next one, at most 30 (or this value, if larger).")] = 1.0,
     heartbeat_timeout: HeartbeatTimeoutOpt = 30.0,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
@@ -148,8 +155,8 @@ def run_cmd(
     raw: RawOpt = False,
     detach: Annotated[bool, typer.Option("--detach", rich_help_panel=LAUNCH,
                                          help="Once every node's job has "
-                                         "started, leave the terminal: the run survives "
-                                         "logout; `dtrain attach`, `ps`, `stop`.")] = False,
+                                              "started, leave the terminal: the run survives "
+                                              "logout; `dtrain attach`, `ps`, `stop`.")] = False,
     sample_interval: SampleIntervalOpt = 10.0,
     straggler_window: StragglerWindowOpt = 30.0,
     straggler_hold: StragglerHoldOpt = 30.0,
@@ -176,6 +183,11 @@ def run_cmd(
         from launcher.output.redact import redact_command
 
         remote_dir = groups.node(python, workdir, default_workdir=default_workdir())
+        if offline and not dry_run:
+            from launcher.errors import UsageError
+
+            raise UsageError("--offline plans without connecting: it goes with --dry-run",
+                             hint="add --dry-run")
         check_choice("--rdzv", rdzv, ("static", "c10d"))
         check_choice("--on-hang", on_hang, tuple(ON_HANG))
         from launcher.decide.restarts import RestartPolicy, parse_nnodes
@@ -185,9 +197,19 @@ def run_cmd(
         compile_progress(progress)  # a bad pattern: exit 2 before anything connects
         hang = HangPolicy(timeout=hang_timeout, progress=progress,
                           on_hang=on_hang or ("stop" if restarts else "dump"))
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
-        pairs = load_env_file(env_file) if env_file else []
-        sources = {name: f"--env-file {env_file}" for name, _ in pairs}
+        from launcher.decide.devices import selection
+
+        include_hosts, exclude_hosts, devices = selection(include, exclude)
+        host_list = groups.hosts(hostfile, hosts, include_hosts, exclude_hosts, user=user)
+        from launcher.cli.defaults import config_env, setting_sources
+
+        pairs, sources = config_env()  # the user config's [env]: the lowest of the user's
+        deepspeed, deepspeed_sources = groups.deepspeed_env()
+        pairs += deepspeed
+        sources.update(deepspeed_sources)
+        from_file = load_env_file(env_file) if env_file else []
+        sources.update((name, f"--env-file {env_file}") for name, _ in from_file)
+        pairs += from_file
         given = parse_env_args(env or [])
         sources.update((name, "--env") for name, _ in given)
         pairs += given
@@ -206,14 +228,16 @@ def run_cmd(
                          workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
                          env_sources=tuple(sources.items()),
                          master_addr=master_addr, master_port=master_port, rdzv=rdzv,
-                         max_restarts=max_restarts, run_id=run_id or "")
+                         max_restarts=max_restarts, run_id=run_id or "", devices=devices)
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
                           start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout,
                           archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,
+                          sources=setting_sources(python=python, setup=setup,
+                                                  workdir=remote_dir, archive_dir=archive_dir),
                           color=color, raw=raw, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),
-                          preflight=preflight, command=tuple(command),
+                          preflight=preflight, command=tuple(command), offline=offline,
                           transport=transport, junit=junit, timestamps=timestamps,
                           hang=hang, restart=restart, sample_interval=sample_interval,
                           stragglers=StragglerSettings(window=straggler_window,

@@ -43,19 +43,19 @@ def smoke_cmd(
     max_size: Annotated[str | None, typer.Option(
         "--max-size", metavar="SIZE", rich_help_panel=SMOKE,
         help="Largest all-reduce size (4M, 512K; default 64M on NCCL, "
-        "4M on gloo).")] = None,
+             "4M on gloo).")] = None,
     min_busbw: Annotated[float | None, typer.Option(
         "--min-busbw", min=0, metavar="GB/S", rich_help_panel=SMOKE,
         help="Fail when the all-reduce bus bandwidth at the largest "
-        "size is under this many GB/s.")] = None,
+             "size is under this many GB/s.")] = None,
     pair_fraction: Annotated[float, typer.Option(
         "--pair-fraction", min=0, max=1, metavar="FRACTION", rich_help_panel=SMOKE,
         help="A node pair under this fraction of the best "
-        "pair's bandwidth is slow.")] = 0.25,
+             "pair's bandwidth is slow.")] = 0.25,
     nproc_per_node: Annotated[str | None, typer.Option(
         "--nproc-per-node", metavar="N", rich_help_panel=SMOKE,
         help="Ranks per node (default: one per GPU on NCCL, one per "
-        "node on gloo).")] = None,
+             "node on gloo).")] = None,
     as_json: JsonOpt = False,
     junit: groups.JunitOpt = None,
     timestamps: groups.TimestampsOpt = False,

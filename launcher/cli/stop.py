@@ -22,7 +22,7 @@ def stop_cmd(
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     grace: Annotated[float | None, typer.Option("--grace", min=0, metavar="SECONDS",
                                                 help="TERM -> KILL delay "
-                                                "(default: the run's --grace).")] = None,
+                                                     "(default: the run's --grace).")] = None,
     kill: Annotated[bool, typer.Option("--kill", help="KILL at once, no grace.")] = False,
 ) -> None:
     """Stop a run from any shell, as Ctrl-C would in the foreground, and wait for its end.

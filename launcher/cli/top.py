@@ -45,40 +45,40 @@ def top_cmd(
                         ] = 1.0,
     once: Annotated[bool, typer.Option("--once", rich_help_panel=TOP,
                                        help="Print one plain snapshot and exit "
-                                       "(0: every node answered, 255: some did not).")
+                                            "(0: every node answered, 255: some did not).")
                     ] = False,
     as_json: Annotated[bool, typer.Option("--json", rich_help_panel=groups.REPORTS,
                                           help="A stream of dtrain.top/1 documents, "
-                                          "one JSON line per interval (with --once: one).")
+                                               "one JSON line per interval (with --once: one).")
                        ] = False,
     count: Annotated[int | None, typer.Option("--count", min=1, metavar="N", rich_help_panel=TOP,
                                               help="Stop after N snapshots "
-                                              "(--json or a pipe).")] = None,
+                                                   "(--json or a pipe).")] = None,
     sort: Annotated[str, typer.Option("--sort", metavar="COLUMN", rich_help_panel=TOP,
                                       help=f"Sort column: {SORTS}.")] = "node",
     reverse: Annotated[bool, typer.Option("--reverse", rich_help_panel=TOP,
                                           help="Reverse the sort.")] = False,
     filter_: Annotated[str, typer.Option("--filter", metavar="HOSTS", rich_help_panel=TOP,
                                          help="Only hosts matching: a substring, "
-                                         "a glob or a folded set (node[1-8]).")] = "",
+                                              "a glob or a folded set (node[1-8]).")] = "",
     fold: Annotated[bool, typer.Option("--fold", rich_help_panel=TOP,
                                        help="Fold nodes that look the same into one "
-                                       "row (node[01-60] (60) ... idle).")] = False,
+                                            "row (node[01-60] (60) ... idle).")] = False,
     iface: Annotated[list[str] | None, typer.Option(
         "--iface", metavar="IFACE", rich_help_panel=TOP,
         help="Network interface for NET rx/tx (repeatable; default: a run's "
-                        "NCCL/GLOO interface, else the one towards this machine).")] = None,
+             "NCCL/GLOO interface, else the one towards this machine).")] = None,
     no_gpu: Annotated[bool, typer.Option("--no-gpu", rich_help_panel=TOP,
                                          help="Do not start nvidia-smi on the "
-                                         "nodes.")] = False,
+                                              "nodes.")] = False,
     straggler_window: StragglerWindowOpt = 30.0,
     straggler_hold: StragglerHoldOpt = 30.0,
     straggler_ratio: StragglerRatioOpt = 2.0,
     progress: Annotated[str | None, typer.Option(
         "--progress", metavar="REGEX", rich_help_panel=groups.WATCH,
         help="REGEX: a run's progress lines, for its step rate (default: the "
-                           "one hang detection uses: step, iteration, epoch, loss lines and "
-                           "progress bars).")] = None,
+             "one hang detection uses: step, iteration, epoch, loss lines and "
+             "progress bars).")] = None,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     accept_new: AcceptNewOpt = False,

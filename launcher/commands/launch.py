@@ -107,6 +107,10 @@ class Payload:
 
     files: Mapping[str, str] = field(default_factory=dict)
     take: Callable[[OutputLine], bool] | None = None
+    # the job is part of a command with its own verdict (smoke's PASS/FAIL): its summary
+    # says how the job ended, never "ok", which the verdict may contradict
+    judged: bool = False
+    kind: str = "run"  # the command, as `dtrain ps` lists it (run, smoke)
 
 
 NO_PAYLOAD = Payload()
@@ -243,6 +247,7 @@ async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOpt
     """Start torchrun on every node and follow the job to its verdict."""
     with held_run(req, opts, detacher) as archive:
         start_meta(archive, req, opts, plan, prep, detacher)
+        archive.update_meta(kind=payload.kind)  # what `dtrain ps` shows in KIND
         return await supervise(plan, req, opts, prep, archive, detacher, payload)
 
 
@@ -288,9 +293,10 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             archive.begin_attempt(req.attempt)
         out.message(f"run {archive.run_id}{attempt}: {nodes}, world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port}; archive {archive.path}")
-        if detacher is None and req.attempt == 1:
-            render.note("Ctrl-C stops the run on every node, and so does closing this terminal "
-                        "(SIGHUP); `dtrain run --detach` keeps a run going without it")
+        if detacher is None and req.attempt == 1 and _on_a_terminal():
+            # one short line, and only where a terminal can close under the run (not in CI
+            # logs or pipes): docs/runs.md
+            render.note(STOP_NOTE)
 
         def on_state(state: JobState) -> None:
             if state is JobState.RUNNING:
@@ -303,7 +309,9 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                 out.stopping()
 
         sampling = RunSampling(archive, plan, opts.sample_interval, opts.stragglers,
-                               out.message, heartbeat_timeout=opts.heartbeat_timeout) \
+                               out.message, heartbeat_timeout=opts.heartbeat_timeout,
+                               attempt=req.attempt if req.restarts or req.attempt > 1
+                               else None) \
             if opts.sample_interval > 0 else None
 
         def on_event(host: Host, msg: dict[str, object]) -> None:
@@ -355,7 +363,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         failure = failure_reason(outcome, v, errors)
         if failure is not None:
             v.why = failure_lines(failure)
-        for line in summary_lines(outcome, plan, v):
+        for line in summary_lines(outcome, plan, v, judged=payload.judged):
             out.summary(line)
     results = node_results(outcome, plan, v)
     root_cause = root_cause_json(outcome, v, tails)
@@ -367,6 +375,14 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
     return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
                      req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
                      watch.hangs, failure, watch.watch.any_progress, watch)
+
+
+STOP_NOTE = "Ctrl-C or closing this terminal stops the run; --detach keeps it going"
+
+
+def _on_a_terminal() -> bool:
+    """stdin or stderr is a terminal: one that closes sends SIGHUP to the run."""
+    return any(getattr(s, "isatty", lambda: False)() for s in (sys.stdin, sys.stderr))
 
 
 def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
 from launcher.commands.launch import RunResult, launch, run_extra
-from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
+from launcher.decide.plan import (
+    OFFLINE_FACTS,
+    LaunchPlan,
+    RunOptions,
+    RunRequest,
+    offline_plan,
+    plan_json,
+)
 from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
@@ -30,10 +37,13 @@ if TYPE_CHECKING:
 # -- rendering -------------------------------------------------------------------------------
 
 def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None, *,
-                workdir: str | None = None, setup: str | None = None) -> None:
+                workdir: str | None = None, setup: str | None = None,
+                sources: Sequence[tuple[str, str, str]] = ()) -> None:
     """The dry run: per node, the exact command and each variable with its source."""
     out = out or sys.stdout
     w = out.write
+    if plan.offline:
+        w(f"offline: {OFFLINE_FACTS}\n")
     w(f"master {plan.master_addr}:{plan.master_port} ({plan.master_reason}); "
       f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
     hosts = [n.host for n in plan.nodes]
@@ -44,6 +54,8 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         w(f"working directory on every node: {workdir}\n")
     if setup:
         w(f"setup, run first on every node: {setup}\n")
+    for name, value, source in sources:  # CLI > environment > user config > built-in
+        w(f"{name} {value}  [{source}]\n")
     explained = False  # the NCCL '=' note: once, at its first node, not on all 64
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
@@ -97,6 +109,13 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                        settings: SSHSettings, detacher: Detacher | None = None
                        ) -> RunResult | None:
     """One attempt: prepare, plan, launch (None: a dry run, printed)."""
+    if opts.dry_run and opts.offline:  # nothing is contacted: the hostfile's plan
+        plan = offline_plan(req, opts, hosts)
+        if opts.as_json:
+            sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
+        else:
+            render_plan(plan, workdir=req.workdir, setup=req.setup, sources=opts.sources)
+        return None
     async with prepare(hosts, req, opts, settings) as prep:
         plan = prep.plan(req, opts)
         if opts.dry_run:
@@ -104,7 +123,7 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
             else:
                 render_plan(plan, transport=f"{prep.choice.kind} ({prep.choice.reason})",
-                            workdir=req.workdir, setup=req.setup)
+                            workdir=req.workdir, setup=req.setup, sources=opts.sources)
             return None
         return await launch(prep, plan, req, opts, detacher=detacher)
 

@@ -48,13 +48,17 @@ class RunSampling:
 
     def __init__(self, archive: RunArchive, plan: LaunchPlan, interval: float,
                  settings: StragglerSettings, say: Callable[[str], None], *,
-                 heartbeat_timeout: float = 30.0) -> None:
+                 heartbeat_timeout: float = 30.0, attempt: int | None = None) -> None:
         self.archive = archive
         self.plan = plan
         self.interval = interval
         self.settings = settings
         self.say = say
-        self.detector = StragglerDetector(settings)
+        self.detector = StragglerDetector(settings, attempt=attempt)
+        # a later attempt (--restarts): the flags of the earlier ones stay in meta.json
+        earlier = archive.meta.get("stragglers") if attempt is not None and attempt > 1 else None
+        self.earlier: list[Any] = [s for s in earlier if isinstance(s, dict)] \
+            if isinstance(earlier, list) else []
         self.log: SampleLog | None = None
         self.node_ranks = {n.host.label: n.node_rank for n in plan.nodes}
         ifaces = node_ifaces(plan)
@@ -76,7 +80,11 @@ class RunSampling:
                             "errors": dict(self.errors)},
                 "straggler_settings": {"window": s.window, "hold": s.hold, "ratio": s.ratio,
                                        "min_gap": s.min_gap},
-                "stragglers": self.detector.as_json()}
+                "stragglers": self.stragglers()}
+
+    def stragglers(self) -> list[Any]:
+        """meta.json ``stragglers``: the earlier attempts' flags, then this one's."""
+        return [*self.earlier, *self.detector.as_json()]
 
     async def run(self, conns: Mapping[str, Connection]) -> None:
         """Sample every node until cancelled (the job is over); never raises."""
@@ -141,7 +149,7 @@ class RunSampling:
             self._record()
 
     def _record(self) -> None:
-        stragglers = self.detector.as_json()
+        stragglers = self.stragglers()
         if stragglers != self.archive.meta.get("stragglers"):
             with contextlib.suppress(OSError):
                 self.archive.update_meta(stragglers=stragglers)

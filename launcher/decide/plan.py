@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.decide.devices import DeviceSelection
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
-from launcher.decide.netenv import EnvDecision, EnvVar, decide_env
+from launcher.decide.netenv import EnvDecision, EnvVar, decide_env, merge_env
 from launcher.decide.restarts import RestartPolicy
 from launcher.decide.stragglers import StragglerSettings
 from launcher.errors import PreflightFailed, UsageError
@@ -45,6 +46,8 @@ class RunRequest:
     run_id: str = "dtrain"
     restarts: int = 0  # dtrain run --restarts N: relaunches of the whole gang
     attempt: int = 1  # which attempt this plan is for (DTRAIN_ATTEMPT with --restarts)
+    # DeepSpeed's --include host:0,1 / --exclude host:2 (decide/devices.py)
+    devices: DeviceSelection = field(default_factory=DeviceSelection)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class RunOptions:
     start_timeout: float | None = 120.0
     heartbeat_timeout: float = 30.0
     archive_dir: Path = Path("dtrain-runs")
+    # (setting, value, where it came from: --python, DTRAIN_ARCHIVE_DIR, config FILE:LINE,
+    # built-in default): what the dry run shows (docs/config.md)
+    sources: tuple[tuple[str, str, str], ...] = ()
     dry_run: bool = False
     as_json: bool = False
     color: bool | None = None
@@ -76,6 +82,7 @@ class RunOptions:
     restart: RestartPolicy = RestartPolicy()  # --restarts, --nnodes (docs/restarts.md)
     sample_interval: float = 10.0  # --sample-interval: samples.jsonl every S s (0: off)
     stragglers: StragglerSettings = field(default_factory=StragglerSettings)
+    offline: bool = False  # --dry-run --offline: plan from the hostfile, connect nowhere
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,7 @@ class LaunchPlan:
     world_size: int
     rdzv: str
     hidden: frozenset[str] = frozenset()  # names whose values are never shown
+    offline: bool = False  # --dry-run --offline: planned from the hostfile, nothing probed
 
     def shown_env(self, node: NodePlan) -> dict[str, str]:
         """One node's variables as dry runs and meta.json show them (secrets as ***)."""
@@ -201,11 +209,17 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
     node ranks in host order and global ranks by cumulative nproc."""
     decisions: dict[str, EnvDecision] = {}
     errors: list[str] = []
+    gpus = {h.label: req.devices.gpus(h.name, facts[h.label].gpus) if req.devices else None
+            for h in hosts}
     for node_rank, host in enumerate(hosts):
+        chosen = gpus[host.label]
+        devices = {} if chosen is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
         decision = decide_env(facts[host.label], master_addr=master_addr,
                               is_master=node_rank == 0,
-                              user_env={**dict(host.env), **dict(req.env)},
-                              user_sources={**{k: f"hostfile {host.source or 'env:'}"
+                              user_env={**devices, **dict(host.env), **dict(req.env)},
+                              user_sources={**dict.fromkeys(
+                                                devices, "--include/--exclude (GPU selection)"),
+                                            **{k: f"hostfile {host.source or 'env:'}"
                                                for k, _ in host.env},
                                             **dict(req.env_sources)},
                               profile=opts.profile, nnodes=len(hosts),
@@ -218,7 +232,11 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
     nodes: list[NodePlan] = []
     first = 0
     for node_rank, host in enumerate(hosts):
-        nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
+        chosen = gpus[host.label]
+        if chosen is not None and req.nproc_per_node in (None, "gpu"):
+            nproc_arg, nproc = str(len(chosen)), len(chosen)  # one rank per selected GPU
+        else:
+            nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
         python = expand_home(host.python or req.python, facts[host.label].home)
         argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
                              nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
@@ -230,9 +248,58 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                       req.hidden_env)
 
 
+OFFLINE_FACTS = ("not connected (--offline): interfaces, GPUs, RDMA, the Python and torch "
+                 "and the node's site config are unknown; NCCL/GLOO variables are detected "
+                 "when the run connects")
+
+
+def offline_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host]) -> LaunchPlan:
+    """`run --dry-run --offline`: the plan from the hostfile alone. Node ranks, ranks, each
+    node's command and the variables that do not depend on a node's facts (user, profile,
+    dtrain's own); the master is node 0's name (or --master-addr) and the port --master-port
+    (or torchrun's 29500), neither checked. A rank count that needs the GPU count (``gpu``,
+    ``auto``, no slots=) is exit 2: it cannot be known without connecting."""
+    master_addr = req.master_addr or hosts[0].name
+    master_port = req.master_port or 29500
+    reason = ("--master-addr" if req.master_addr else "node 0's name from the hostfile") + \
+        "; not checked: --offline"
+    nodes: list[NodePlan] = []
+    first = 0
+    for node_rank, host in enumerate(hosts):
+        chosen = req.devices.gpus(host.name, 0) if req.devices else None
+        value = req.nproc_per_node or (str(host.slots) if host.slots else None)
+        if chosen is not None and req.nproc_per_node in (None, "gpu"):
+            value = str(len(chosen))
+        if value is None or not value.isdigit() or int(value) <= 0:
+            raise UsageError(f"--offline: {host.label}'s rank count depends on its GPUs, "
+                             f"unknown without connecting (--nproc-per-node "
+                             f"{value or 'gpu'})",
+                             hint="give slots=N in the hostfile or --nproc-per-node N")
+        devices = {} if chosen is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
+        final, _ = merge_env(
+            [EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node")],
+            profile=opts.profile, site={},
+            user={**devices, **dict(host.env), **dict(req.env)},
+            user_sources={**dict.fromkeys(devices, "--include/--exclude (GPU selection)"),
+                          **{k: f"hostfile {host.source or 'env:'}" for k, _ in host.env},
+                          **dict(req.env_sources)},
+            profile_name=opts.profile_name,
+            dtrain=dtrain_env(req, node_rank, len(hosts)))
+        own = [v.name for v in dtrain_env(req, node_rank, len(hosts))]
+        env = tuple(final[k] for k in [*own, *sorted(set(final) - set(own))])
+        python = host.python or req.python
+        argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
+                             nproc=value, master_addr=master_addr, master_port=master_port)
+        nodes.append(NodePlan(host, node_rank, int(value), first, python, argv, env, ()))
+        first += int(value)
+    return LaunchPlan(tuple(nodes), master_addr, master_port, reason, first, req.rdzv,
+                      req.hidden_env, offline=True)
+
+
 def plan_json(plan: LaunchPlan) -> dict[str, object]:
     """The plan as stored in meta.json and printed by --dry-run --json (secrets redacted)."""
     return {
+        **({"offline": True, "facts": OFFLINE_FACTS} if plan.offline else {}),
         "master_addr": plan.master_addr, "master_port": plan.master_port,
         "master_reason": plan.master_reason, "world_size": plan.world_size, "rdzv": plan.rdzv,
         "nodes": [{

@@ -199,9 +199,13 @@ def _exit_text(code: int | None, sig: int | None) -> str:
     return f"exit {code}"
 
 
-def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str]:
+def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict, *,
+                  judged: bool = False) -> list[str]:
     """Per node and rank: how it ended and after how long; the root cause first, followers
     marked as stopped by dtrain; then the last stderr lines of the root cause.
+
+    ``judged``: the job is part of a command with a verdict of its own (smoke), so a job
+    that exited 0 is "job: ended (exit 0)", not "ok: succeeded".
 
     From FOLD_AT nodes on, nodes whose ranks all ended alike (every one exit 0, or every
     one stopped by dtrain) are one line per kind, folded by hostlist, with the range of
@@ -209,7 +213,11 @@ def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict) -> list[str
     nodes that differ come first, each on its own line.
     """
     head = "ok" if not v.code else "" if v.root_kind == "interrupted" else "FAILED"
-    out = [f"{head + ': ' if head else ''}{v.outcome} (exit {v.code})", *v.why]
+    if judged and not v.code:  # smoke: its own verdict comes next and may be FAIL
+        head, v_outcome = "job", "ended"
+    else:
+        v_outcome = v.outcome
+    out = [f"{head + ': ' if head else ''}{v_outcome} (exit {v.code})", *v.why]
     order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
     rows = [_node_row(outcome, v, node) for node in order]
     if len(rows) < FOLD_AT:

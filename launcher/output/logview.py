@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator
     from pathlib import Path
 
+    from launcher.output.fold import StderrFolder
+
 POLL_S = 0.2
 _Record = tuple[str, OutputLine]  # (the raw JSON text, the parsed line)
 _READ_SIZE = 1 << 20
@@ -52,8 +54,11 @@ def replay(
     status: Callable[[], str] | None = None,
     ended: Callable[[], bool] | None = None,
     attempt: int | None = None,
+    fold: bool = False,
 ) -> int:
     """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow).
+    ``fold``: repeated stderr lines of many ranks folded into one, as the live console
+    folds them (fold.StderrFolder over each line's recorded arrival time): `dtrain attach`.
     ``hosts``: the host labels to show (decide.filters.select_hosts), ``host``: an
     expression of them taken as it is.
     ``attempt``: only that attempt's lines (--restarts; a line without the field is 1)."""
@@ -73,6 +78,14 @@ def replay(
         world_size=meta.get("world_size") if isinstance(meta.get("world_size"), int) else None,
     )
     console.status = status
+    folder = None
+    if fold and not as_json:
+        from launcher.hosts.hostfile import fold as fold_names
+        from launcher.output.fold import StderrFolder
+
+        nodes = len(meta.get("hosts") or ())
+        folder = StderrFolder(world if isinstance(world, int) else 0, nodes,
+                              fold_hosts=fold_names)
     pattern = _compile(grep)
     start = tail_offset(run_dir, tail) if tail is not None else 0
     done = ended or (lambda: is_finished(run_dir))
@@ -80,7 +93,7 @@ def replay(
         for batch in _batches(run_dir, follow=follow, poll_s=poll_s, start=start, ended=done):
             if attempt is not None:
                 batch = [rec for rec in batch if attempt_of(rec[0]) == attempt]
-            _show(console, batch, pattern, as_json=as_json)
+            _show(console, batch, pattern, as_json=as_json, folder=folder)
             if console.broken:
                 break  # `dtrain logs | head` is done reading
     except KeyboardInterrupt:
@@ -89,6 +102,8 @@ def replay(
         console.clear_status()
         console.flush()
         return 130
+    if folder is not None:
+        console.write(folder.flush())
     console.clear_status()
     console.flush()
     return 0
@@ -181,6 +196,7 @@ def _show(
     pattern: re.Pattern[str] | None,
     *,
     as_json: bool,
+    folder: StderrFolder | None = None,
 ) -> None:
     wanted = [
         (raw, line)
@@ -189,6 +205,14 @@ def _show(
     ]
     if as_json:
         console.write_raw([raw for raw, _ in wanted])
+    elif folder is not None:
+        shown: list[OutputLine] = []
+        for _, line in wanted:  # each at its own recorded time, as the live console saw it
+            shown += folder.release(line.t)
+            shown += folder.feed([line], line.t)
+        if not wanted:  # an idle poll: the groups whose window has passed
+            shown += folder.release(time.time())
+        console.write(shown)
     else:
         console.write(line for _, line in wanted)
     console.flush()

@@ -164,8 +164,11 @@ def _options(settings: SSHSettings, host: Host, policy: HostKeyPolicy,
              key: SSHKey | None) -> dict[str, Any]:
     timeout = settings.connect_timeout
     config = settings.config_path
+    configs = [str(config)] if config.is_file() else []
+    if settings.options_path is not None:  # -o: read first, so its values win
+        configs.insert(0, str(settings.options_path))
     options: dict[str, Any] = {
-        "known_hosts": policy.trusted_arg(), "config": [str(config)] if config.is_file() else [],
+        "known_hosts": policy.trusted_arg(), "config": configs,
         "connect_timeout": timeout, "login_timeout": timeout,
         "kex_algs": KEX_ALGS, "encryption_algs": CIPHERS, "agent_path": None,
         "gss_auth": False, "gss_kex": False, "host_based_auth": False,

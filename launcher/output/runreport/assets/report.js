@@ -82,7 +82,9 @@
       axes: [
         { label: opts.xLabel, size: 40,
           values: function (u, vals) { return vals.map(function (v) { return opts.xTime ? fmtT(v) : v; }); } },
-        { size: 64, values: function (u, vals) { return vals.map(function (v) { return fmtNum(v, opts.unit); }); } }
+        /* room for the longest tick label ("123 kB/s" is wider than "100%") */
+        { size: opts.unit === "B/s" ? 84 : 64,
+          values: function (u, vals) { return vals.map(function (v) { return fmtNum(v, opts.unit); }); } }
       ]
     }, cols, box);
     if (list.length > LEGEND_MAX) box.appendChild(el("p", "dim", list.length + " series; legend hidden (hover for values)"));

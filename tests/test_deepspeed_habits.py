@@ -1,0 +1,122 @@
+"""torchrun and DeepSpeed habits (issue 24 item 11): their option spellings, DeepSpeed's
+per-host GPU selection (--include host:0,1@host2:1, --exclude host:2: CUDA_VISIBLE_DEVICES
+per node, decided in launcher/decide/devices.py) and a .deepspeed_env file, shown by
+--dry-run with its source. On the old main each spelling was "no such option", and
+`--include node1:0,1` a bad host expression."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.decide.devices import DeviceSelection, selection, split_spec
+from launcher.errors import UsageError
+from tests.util import assert_exit, dtrain
+
+# ------------------------------------------------------------------------------ decisions
+
+
+def test_a_plain_hostlist_is_left_alone() -> None:
+    assert split_spec("node[1-4],login2", "--include") == ("node[1-4],login2", {})
+    assert selection(None, None) == (None, None, DeviceSelection())
+
+
+def test_deepspeed_specs() -> None:
+    inc, exc, sel = selection("node1:0,1@node2:2@node3", "node4@node3:0")
+    assert inc == "node3,node1,node2" and exc == "node4"
+    assert sel.gpus("node1", 8) == (0, 1) and sel.gpus("node2", 4) == (2,)
+    assert sel.gpus("node3", 4) == (1, 2, 3) and sel.gpus("node5", 4) is None
+    with pytest.raises(UsageError, match="both --include and --exclude"):
+        selection("node1:0", "node1:1")
+    _, _, sel = selection(None, "node2:0,3")
+    assert sel.gpus("node2", 4) == (1, 2)
+
+
+@pytest.mark.parametrize(("include", "exclude", "message"), [
+    ("node1:x", None, "is not HOST or HOST:GPU"),
+    (None, "node1:0", "shows no GPU to leave out"),
+    ("node1:4", None, "no GPU 4"),
+    (None, "node1:0,1", "no GPU left"),
+])
+def test_bad_selections(include: str | None, exclude: str | None, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        _, _, sel = selection(include, exclude)
+        sel.gpus("node1", 2 if "GPU left" in message or "GPU 4" in message else 0)
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def _plan(*args: str, home: Path) -> dict:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_", "DS_"))}
+    res = dtrain(["run", "-H", "localhost", "--dry-run", "--json", "--no-preflight", *args,
+                  "examples/ddp_smoke.py"], env={**env, "HOME": str(home)})
+    assert_exit(res, 0)
+    return json.loads(res.stdout)
+
+
+def _env(node: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in node["env"]}
+
+
+@pytest.mark.parametrize("spelling", [["--nproc_per_node", "3"], ["--num_gpus", "3"],
+                                      ["--nproc-per-node", "3"]])
+def test_torchrun_and_deepspeed_spell_nproc(spelling: list[str], tmp_path: Path) -> None:
+    plan = _plan(*spelling, home=tmp_path)
+    assert plan["nodes"][0]["nproc"] == 3
+
+
+def test_num_nodes_is_nnodes(tmp_path: Path) -> None:
+    plan = _plan("--num_nodes", "1", "--nproc-per-node", "1", "--master_port", "29555",
+                 home=tmp_path)
+    assert plan["master_port"] == 29555 and len(plan["nodes"]) == 1
+
+
+def test_include_with_gpus_sets_cuda_visible_devices(tmp_path: Path) -> None:
+    plan = _plan("--include", "localhost:0,2", home=tmp_path)
+    node = plan["nodes"][0]
+    env = _env(node)
+    assert env["CUDA_VISIBLE_DEVICES"]["value"] == "0,2" and node["nproc"] == 2
+    assert "--include" in json.dumps(env["CUDA_VISIBLE_DEVICES"])
+
+
+def test_deepspeed_env_file_is_loaded_and_shown_with_its_source(tmp_path: Path) -> None:
+    (tmp_path / ".deepspeed_env").write_text("DS_TEST_VAR=from-home\n")
+    plan = _plan("--nproc-per-node", "1", home=tmp_path)
+    env = _env(plan["nodes"][0])
+    assert env["DS_TEST_VAR"]["value"] == "from-home"
+    assert "~/.deepspeed_env" in json.dumps(env["DS_TEST_VAR"])
+    # --env wins over it
+    plan = _plan("--nproc-per-node", "1", "-e", "DS_TEST_VAR=cli", home=tmp_path)
+    assert _env(plan["nodes"][0])["DS_TEST_VAR"]["value"] == "cli"
+
+
+SCRIPT = """\
+import os
+print("seen", os.environ["RANK"], os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
+      os.environ.get("DS_TEST_VAR", "-"), flush=True)
+"""
+
+
+def test_each_rank_sees_its_nodes_gpus(cluster, tmp_path: Path) -> None:
+    """On the cluster: node1 gets GPUs 0,1 (two ranks), node2 GPU 1 (one rank); the
+    .deepspeed_env of the launching user's home reaches every rank."""
+    script = cluster.shared_dir / f"ds_env_{tmp_path.name}.py"
+    script.write_text(SCRIPT)
+    home_file = cluster.client_home / ".deepspeed_env"
+    home_file.write_text("DS_TEST_VAR=everywhere\n")
+    try:
+        res = dtrain(["run", "-H", "node[1-2]", "--python", cluster.python, "--no-color",
+                      "--archive-dir", str(tmp_path / "runs"), "--workdir", "/tmp",
+                      "--include", "node1:0,1@node2:1", str(script)],
+                     env=cluster.client_env(), timeout=150)
+    finally:
+        home_file.unlink()
+    assert_exit(res, 0)
+    seen = sorted(line.split("seen ", 1)[1] for line in res.stdout.splitlines()
+                  if "seen " in line)
+    assert seen == ["0 0,1 everywhere", "1 0,1 everywhere", "2 1 everywhere"], res.stdout
