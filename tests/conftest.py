@@ -55,6 +55,9 @@ def _clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("NCCL_", "GLOO_", "DTRAIN_", "SLURM_")):
             monkeypatch.delenv(name, raising=False)
+    # the developer's own ~/.config/dtrain/config.toml must not change what tests see
+    # (cluster.client_env() has a HOME of its own; tests of the config set their own)
+    monkeypatch.setenv("DTRAIN_CONFIG", "")
 
 
 @pytest.fixture

@@ -15,16 +15,18 @@ from launcher.cli.completion import complete_paths
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = ("20261130-101500-ab12", "20261130-111500-cd34")
+# the default archive: the per-user state directory's runs/ (XDG_STATE_HOME=<cwd>/state)
+ARCHIVE = Path("state") / "dtrain" / "runs"
 
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     for i, run_id in enumerate(RUNS):
-        run = tmp_path / "dtrain-runs" / run_id
+        run = tmp_path / ARCHIVE / run_id
         run.mkdir(parents=True)
         (run / "meta.json").write_text(json.dumps({"archive_version": 1, "run_id": run_id,
                                                    "created_ts": 1_800_000_000 + i}))
-    (tmp_path / "dtrain-runs" / "not-a-run").mkdir()  # no meta.json: not offered
+    (tmp_path / ARCHIVE / "not-a-run").mkdir()  # no meta.json: not offered
     (tmp_path / "hosts.txt").write_text("node1\n")
     (tmp_path / "hostfiles").mkdir()
     (tmp_path / "hostfiles" / "gpu.yaml").write_text("hosts: [node1]\n")
@@ -34,7 +36,8 @@ def workdir(tmp_path: Path) -> Path:
 def complete(cwd: Path, shell: str, words: str, **env: str) -> list[str]:
     """What dtrain answers the shell for the command line ``words`` (the cursor at its end)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("DTRAIN_")}
-    full.update(PYTHONPATH=str(REPO), _DTRAIN_COMPLETE=f"complete_{shell}", **env)
+    full.update(PYTHONPATH=str(REPO), _DTRAIN_COMPLETE=f"complete_{shell}",
+                XDG_STATE_HOME=str(cwd / "state"), DTRAIN_CONFIG="", **env)
     if shell == "bash":
         parts = words.split(" ")
         full.update(COMP_WORDS=words, COMP_CWORD=str(len(parts) - 1))

@@ -165,7 +165,7 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
         assert ps(cluster, archive)[run_id]["state"] == "running"
         assert watch.supervisors() == 2 and watch.left(), "the job must still be running"
         table = ps_table(cluster, archive)
-        assert re.search(rf"^{run_id} +running +2 +2 .* ago +pid \d+ detached$", table,
+        assert re.search(rf"^{run_id} +run +running +2 +2 .* ago +pid \d+ detached$", table,
                          re.M), table
 
         # attach follows the live console; Ctrl-C detaches and leaves the run alone
@@ -212,7 +212,7 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
     assert not (archive / run_id / "control.sock").exists()
     assert "detached: launcher pid" in (archive / run_id / "launcher.log").read_text()
     assert ps(cluster, archive)[run_id]["state"] == "finished"
-    assert re.search(rf"^{run_id} +finished \(130\) ", ps_table(cluster, archive), re.M)
+    assert re.search(rf"^{run_id} +run +finished \(130\) ", ps_table(cluster, archive), re.M)
     print(f"detach: started and detached in {started_in:.1f}s; stop took {stopped_in:.1f}s")
 
 
@@ -273,7 +273,7 @@ def test_killed_detached_launcher_is_lost_and_nodes_clean(cluster: tc.Cluster, a
     assert (lost["state"], lost["alive"], lost["exit_code"]) == ("launcher lost", False, None)
     assert "no heartbeat for 3 s" in lost["note"]
     table = ps_table(cluster, archive)
-    assert re.search(rf"^{run_id} +launcher lost ", table, re.M), table
+    assert re.search(rf"^{run_id} +run +launcher lost ", table, re.M), table
     assert f"{run_id}: launcher lost: " in table and "stopped the job by themselves" in table
     res = dtrain(["stop", run_id, "--archive-dir", str(archive)], env=cluster.client_env(),
                  timeout=30)

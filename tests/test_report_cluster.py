@@ -298,6 +298,10 @@ def test_the_report_of_a_real_sampled_restarted_run_draws_its_samples_and_stragg
         (1, "process", 1), (2, "ok", 0)]
     assert {n["host"]: bool(n["straggler"]) for n in doc["node_lanes"]} == \
         {"node1": False, "node2": False, "node3": True, "node4": False}
+    # one timeline event per flag, at the time its evidence began, with its own line and rank
+    events = [(e["t"], e["label"], e["rank"]) for e in doc["events"] if e["kind"] == "straggler"]
+    assert events == [(pytest.approx(f["since"] - meta["start"], abs=1e-3),
+                       f"node3: {f['summary']}", 2) for f in meta["stragglers"]]
     ranks = {(r["rank"], r["attempt"]) for c in drawn["curves"] if c["name"] == "loss"
              for r in c["ranks"]}
     assert ranks == {(0, 1), (0, 2)}  # rank 0's loss, one series per attempt

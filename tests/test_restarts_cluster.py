@@ -333,7 +333,7 @@ def test_a_detached_run_restarts_and_is_stoppable_in_its_back_off(
     _timings_in_order(m["attempts"])
     assert any("attempt 2 on the same nodes" in r["line"] for r in _records(tmp_path, run_id))
     ps = _launcher(["ps"], tmp_path, six)
-    assert re.search(rf"^{run_id} +finished \(0, attempt 2\)", ps.stdout, re.M), ps.stdout
+    assert re.search(rf"^{run_id} +run +finished \(0, attempt 2\)", ps.stdout, re.M), ps.stdout
     logs = _launcher(["logs", run_id, "--attempt", "2", "--no-color"], tmp_path, six)
     assert logs.returncode == 0, logs.stderr
     # no collective in the lite ranks: rank 0 may have checkpointed past the crash step
@@ -356,7 +356,7 @@ def test_a_detached_run_restarts_and_is_stoppable_in_its_back_off(
         _until("the back-off", lambda: meta(tmp_path, run_id).get("state") == "restarting",
                120)
         ps = _launcher(["ps"], tmp_path, six)
-        assert re.search(rf"^{run_id} +restarting \(attempt 2\)", ps.stdout, re.M), ps.stdout
+        assert re.search(rf"^{run_id} +run +restarting \(attempt 2\)", ps.stdout, re.M), ps.stdout
         stop = _launcher(["stop", run_id], tmp_path, six)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         _until("the launcher ends", lambda: _gone(pid), 30)  # far below the 600 s back-off

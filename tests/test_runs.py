@@ -143,8 +143,8 @@ def test_ps_table_and_json(tmp_path: Path) -> None:
     fin.update_meta(exit_code=7, end=time.time(), outcome="rank 1 on n2 exited 7")
     runs = list_status(tmp_path)
     table = render_table(runs)
-    assert re.search(r"^r1 +launcher lost +2 +2 +1m0\ds +\ds ago +-$", table, re.M), table
-    assert re.search(r"^r2 +finished \(7\) ", table, re.M), table
+    assert re.search(r"^r1 +run +launcher lost +2 +2 +1m0\ds +\ds ago +-$", table, re.M), table
+    assert re.search(r"^r2 +run +finished \(7\) ", table, re.M), table
     assert "r1: launcher lost: the launcher died" in table
     doc = ps_json(runs, tmp_path)
     assert doc["ps_version"] == 1
@@ -279,3 +279,34 @@ def test_attach_folds_repeated_stderr_as_the_live_console_did(
     replay(archive.path, color=False)
     every, _ = capsys.readouterr()
     assert every.count("UserWarning") == 6
+
+
+def test_ps_lists_the_kind_and_the_newest_runs_and_prune_deletes_old_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24.12: KIND (run, smoke) in ps; ps shows the 20 newest finished runs unless
+    --all; `logs --prune --older-than` deletes the runs that ended before, never a live one."""
+    from launcher.commands.runs import prune, ps
+    from launcher.output.runstate import PS_RECENT, parse_age
+
+    now = time.time()
+    for i in range(PS_RECENT + 3):
+        archive = RunArchive.create(tmp_path, f"20261101-0000{i:02d}-aaaa")
+        archive.update_meta(hosts=["n1"], world_size=1, start=now - 86400 * (40 - i),
+                            end=now - 86400 * (40 - i) + 60, exit_code=0,
+                            kind="smoke" if i == PS_RECENT + 2 else "run")
+        archive.close()
+    ps(tmp_path)
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["RUN", "ID", "KIND"]
+    assert len(lines) == 1 + PS_RECENT and lines[-1].split()[1] == "smoke", out
+    assert "3 older runs not shown (`dtrain ps --all`" in err
+    ps(tmp_path, show_all=True)
+    assert len(capsys.readouterr()[0].splitlines()) == 1 + PS_RECENT + 3
+    assert parse_age("30d") == 30 * 86400 and parse_age("90m") == 5400
+    prune(tmp_path, parse_age("30d"), dry_run=True)
+    assert "would delete 10 runs" in capsys.readouterr()[1]
+    assert len(list(tmp_path.iterdir())) == PS_RECENT + 3
+    prune(tmp_path, parse_age("30d"))
+    assert "deleted 10 runs" in capsys.readouterr()[1]
+    assert len(list(tmp_path.iterdir())) == PS_RECENT + 3 - 10

@@ -127,6 +127,25 @@ def test_ranks_are_found_by_their_environment_and_their_cpu_never_goes_back(
     assert list(only5) == ["5"]
 
 
+def test_a_rank_s_worker_started_after_its_shim_is_found_at_the_next_sample(
+        tmp_path: Path) -> None:
+    """The first scan may see the rank's shim alone (every wanted rank is then 'found'); its
+    worker, started a moment later, must be counted at the next sample, not RESCAN_S later
+    (its CPU would be missing meanwhile, and the other nodes would look like stragglers)."""
+    run = {"DTRAIN_RUN_ID": "r1"}
+    fake_process(tmp_path, 10, {**run, "RANK": "0"}, 10)  # the shim, alone
+    ranks = sampler.Ranks("r1", [0], str(tmp_path), uid=os.getuid())
+    tck = sampler.CLK_TCK
+    assert ranks.sample()["0"]["pids"] == 1
+    fake_process(tmp_path, 11, {**run, "RANK": "0"}, 400, state="R")  # the worker
+    assert ranks.sample()["0"] == {"cpu": round(410 / tck, 3), "pids": 2, "state": "R"}
+    fake_process(tmp_path, 12, {**run, "RANK": "0"}, 50)  # a dataloader: found too
+    assert ranks.sample()["0"]["pids"] == 3
+    assert ranks.sample()["0"]["pids"] == 3  # a scan that found nothing new ...
+    fake_process(tmp_path, 13, {**run, "RANK": "0"}, 50)
+    assert ranks.sample()["0"]["pids"] == 3  # ... and the next waits for RESCAN_S again
+
+
 def fake_path(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -56,13 +56,26 @@ def complete_hostfile(incomplete: str) -> list[str]:
 
 def complete_run_id(ctx: typer.Context, incomplete: str) -> list[str]:
     """This user's run ids in the archive directory given so far (--archive-dir,
-    $DTRAIN_ARCHIVE_DIR or the default), newest first."""
+    $DTRAIN_ARCHIVE_DIR, the user config's archive_dir or the per-user default), newest
+    first."""
     from pathlib import Path
 
+    from typer import _click as click
+
+    from launcher.errors import DtrainError
+    from launcher.hosts.userconfig import default_archive_dir, load
     from launcher.output.archive import is_run_id, list_runs
 
-    archive_dir = ctx.params.get("archive_dir") or os.environ.get("DTRAIN_ARCHIVE_DIR") \
-        or "dtrain-runs"
+    typed = ctx.get_parameter_source("archive_dir") is click.core.ParameterSource.COMMANDLINE
+    archive_dir = (ctx.params.get("archive_dir") if typed else None) \
+        or os.environ.get("DTRAIN_ARCHIVE_DIR")
+    if not archive_dir:
+        try:
+            archive_dir = load().values.get("archive_dir")
+        except DtrainError:
+            archive_dir = None  # a bad config: its error comes when the command runs
+        archive_dir = os.path.expanduser(archive_dir) if archive_dir else \
+            str(default_archive_dir())
     try:
         runs = list_runs(Path(archive_dir))
     except OSError:

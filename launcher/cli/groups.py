@@ -27,6 +27,7 @@ from typing import Annotated, Any
 import typer
 
 from launcher.cli.completion import complete_hostfile
+from launcher.cli.defaults import from_config
 
 HOSTS = "Hosts"
 CONNECTION = "Connection"
@@ -78,6 +79,10 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
 
     if hostfile is None and hosts is None and os.environ.get("WCOLL"):
         hostfile = os.environ["WCOLL"]
+    if hostfile is None and hosts is None and not os.environ.get("SLURM_JOB_NODELIST"):
+        from launcher.cli.defaults import config_hostfile
+
+        hostfile = config_hostfile()  # the user's config: below -f, -H, env, Slurm
     if hostfile is not None and hostfile.isdigit() and not os.path.exists(hostfile):
         from launcher.errors import UsageError
 
@@ -148,19 +153,22 @@ def check_transport(transport: str) -> str:
 
 # ----------------------------------------------------------------------------------- node
 
-def python_opt(what: str) -> Any:
+def python_opt(what: str, callback: Any = None) -> Any:
     """``--python`` with this command's wording (the check is :func:`node`)."""
-    return typer.Option("--python", metavar="PYTHON", rich_help_panel=NODE, help=what)
+    return typer.Option("--python", metavar="PYTHON", rich_help_panel=NODE, help=what,
+                        callback=callback)
 
 
-PythonOpt = Annotated[str, python_opt("Python on the nodes (a host's python= key wins).")]
+PythonOpt = Annotated[str, python_opt("Python on the nodes (a host's python= key wins; "
+                                      "default: the user config's, else python3).",
+                                      from_config("python"))]
 SupervisorPythonOpt = Annotated[str, python_opt("Interpreter for dtrain's node program (any "
                                                 "Python >= 3.8).")]
 SetupOpt = Annotated[str | None, typer.Option(
-    "--setup", metavar="SHELL", rich_help_panel=NODE,
+    "--setup", metavar="SHELL", rich_help_panel=NODE, callback=from_config("setup"),
     help="Shell snippet run first on each node (source venv/bin/activate).")]
 WorkdirOpt = Annotated[str | None, typer.Option(
-    "--workdir", metavar="DIR", rich_help_panel=NODE,
+    "--workdir", metavar="DIR", rich_help_panel=NODE, callback=from_config("workdir"),
     help="Remote working directory (default: the current one).")]
 
 
@@ -285,10 +293,14 @@ JunitOpt = Annotated[str | None, junit_opt()]
 
 # -------------------------------------------------------------------------------- archive
 
-DEFAULT_ARCHIVE_DIR = "dtrain-runs"
+# shown in --help; the callback replaces it by the config's archive_dir or the per-user
+# state directory's runs/ (hosts/userconfig.py)
+DEFAULT_ARCHIVE_DIR = "~/.local/state/dtrain/runs"
 ArchiveDirOpt = Annotated[str, typer.Option(
     "--archive-dir", envvar="DTRAIN_ARCHIVE_DIR", show_envvar=True, metavar="DIR",
-    rich_help_panel=ARCHIVE, help="Where run archives are.")]
+    rich_help_panel=ARCHIVE, callback=from_config("archive_dir"),
+    help="Where run archives are (default: the user config's archive_dir, else "
+         "$XDG_STATE_HOME/dtrain/runs).")]
 RunIdOpt = Annotated[str | None, typer.Option(
     "--run-id", metavar="ID", rich_help_panel=ARCHIVE, help="Name the run.")]
 
@@ -298,6 +310,9 @@ def archive_hint(archive_dir: str) -> str:
     import os
     import shlex
 
-    if archive_dir == DEFAULT_ARCHIVE_DIR or os.environ.get("DTRAIN_ARCHIVE_DIR") == archive_dir:
-        return ""
+    from launcher.cli.defaults import sources
+
+    if sources().get("archive_dir") != "--archive-dir" or \
+            os.environ.get("DTRAIN_ARCHIVE_DIR") == archive_dir:
+        return ""  # found again without it (the env var, the config, the default)
     return f" --archive-dir {shlex.quote(os.path.abspath(archive_dir))}"

@@ -32,6 +32,16 @@ def logs_cmd(
     as_json: Annotated[bool, typer.Option("--json", rich_help_panel=groups.REPORTS,
                                           help="Print the archived objects.")] = False,
     color: ColorOpt = None,
+    prune: Annotated[bool, typer.Option(
+        "--prune", rich_help_panel=groups.ARCHIVE,
+        help="Delete the runs that ended more than --older-than ago (never a live one), "
+             "instead of replaying one.")] = False,
+    older_than: Annotated[str, typer.Option(
+        "--older-than", metavar="AGE", rich_help_panel=groups.ARCHIVE,
+        help="With --prune: 30d, 12h, 90m or seconds.")] = "30d",
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", rich_help_panel=groups.ARCHIVE,
+        help="With --prune: say what would be deleted, delete nothing.")] = False,
 ) -> None:
     """Replay a run archive with the live console's tags and filters.
 
@@ -40,8 +50,23 @@ def logs_cmd(
       dtrain logs --rank 0-1 --host node2 --grep loss
     """
     def body() -> int:
+        from launcher.errors import UsageError
         from launcher.output.archive import read_meta, resolve_run
         from launcher.output.logview import replay
+
+        if prune or dry_run:
+            from launcher.commands.runs import prune as prune_runs
+            from launcher.output.runstate import parse_age
+
+            if run is not None or not prune:
+                raise UsageError("--prune takes no run (it looks at every run), and "
+                                 "--dry-run goes with --prune",
+                                 hint="dtrain logs --prune --older-than 30d [--dry-run]")
+            try:
+                seconds = parse_age(older_than)
+            except ValueError as exc:
+                raise UsageError(f"--older-than {exc}") from None
+            return prune_runs(Path(archive_dir), seconds, dry_run=dry_run)
 
         ranks = groups.rank_filter(rank)
         run_dir = resolve_run(Path(archive_dir), run)

@@ -19,6 +19,9 @@ def ps_cmd(
     active: Annotated[bool, typer.Option("--active", rich_help_panel="Display",
                                          help="Only runs whose launcher is "
                                               "alive (starting, running, stopping).")] = False,
+    show_all: Annotated[bool, typer.Option("--all", rich_help_panel="Display",
+                                           help="Every run (default: the live ones and "
+                                           "the 20 newest others).")] = False,
     as_json: Annotated[bool, typer.Option("--json", rich_help_panel="Reports",
                                           help="Versioned JSON (ps_version 1).")]
     = False,
@@ -35,6 +38,6 @@ def ps_cmd(
     def body() -> int:
         from launcher.commands.runs import ps
 
-        return ps(Path(archive_dir), as_json=as_json, active=active)
+        return ps(Path(archive_dir), as_json=as_json, active=active, show_all=show_all)
 
     run_body(body)

@@ -201,7 +201,12 @@ def run_cmd(
 
         include_hosts, exclude_hosts, devices = selection(include, exclude)
         host_list = groups.hosts(hostfile, hosts, include_hosts, exclude_hosts, user=user)
-        pairs, sources = groups.deepspeed_env()
+        from launcher.cli.defaults import config_env, setting_sources
+
+        pairs, sources = config_env()  # the user config's [env]: the lowest of the user's
+        deepspeed, deepspeed_sources = groups.deepspeed_env()
+        pairs += deepspeed
+        sources.update(deepspeed_sources)
         from_file = load_env_file(env_file) if env_file else []
         sources.update((name, f"--env-file {env_file}") for name, _ in from_file)
         pairs += from_file
@@ -227,6 +232,8 @@ def run_cmd(
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
                           start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout,
                           archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,
+                          sources=setting_sources(python=python, setup=setup,
+                                                  workdir=remote_dir, archive_dir=archive_dir),
                           color=color, raw=raw, ranks=rank_set, hosts_filter=host_set,
                           profile=profile_env, profile_name=Path(profile).stem if profile
                           else "profile", no_auto=frozenset(no_auto or ()),

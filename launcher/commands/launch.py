@@ -110,6 +110,7 @@ class Payload:
     # the job is part of a command with its own verdict (smoke's PASS/FAIL): its summary
     # says how the job ended, never "ok", which the verdict may contradict
     judged: bool = False
+    kind: str = "run"  # the command, as `dtrain ps` lists it (run, smoke)
 
 
 NO_PAYLOAD = Payload()
@@ -246,6 +247,7 @@ async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOpt
     """Start torchrun on every node and follow the job to its verdict."""
     with held_run(req, opts, detacher) as archive:
         start_meta(archive, req, opts, plan, prep, detacher)
+        archive.update_meta(kind=payload.kind)  # what `dtrain ps` shows in KIND
         return await supervise(plan, req, opts, prep, archive, detacher, payload)
 
 

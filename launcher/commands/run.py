@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 # -- rendering -------------------------------------------------------------------------------
 
 def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None, *,
-                workdir: str | None = None, setup: str | None = None) -> None:
+                workdir: str | None = None, setup: str | None = None,
+                sources: Sequence[tuple[str, str, str]] = ()) -> None:
     """The dry run: per node, the exact command and each variable with its source."""
     out = out or sys.stdout
     w = out.write
@@ -53,6 +54,8 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         w(f"working directory on every node: {workdir}\n")
     if setup:
         w(f"setup, run first on every node: {setup}\n")
+    for name, value, source in sources:  # CLI > environment > user config > built-in
+        w(f"{name} {value}  [{source}]\n")
     explained = False  # the NCCL '=' note: once, at its first node, not on all 64
     for node in plan.nodes:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
@@ -111,7 +114,7 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         if opts.as_json:
             sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
         else:
-            render_plan(plan, workdir=req.workdir, setup=req.setup)
+            render_plan(plan, workdir=req.workdir, setup=req.setup, sources=opts.sources)
         return None
     async with prepare(hosts, req, opts, settings) as prep:
         plan = prep.plan(req, opts)
@@ -120,7 +123,7 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                 sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
             else:
                 render_plan(plan, transport=f"{prep.choice.kind} ({prep.choice.reason})",
-                            workdir=req.workdir, setup=req.setup)
+                            workdir=req.workdir, setup=req.setup, sources=opts.sources)
             return None
         return await launch(prep, plan, req, opts, detacher=detacher)
 

@@ -26,8 +26,12 @@ STATUS_EVERY_S = 1.0
 _WAIT_EXTRA_S = 10.0  # beyond grace + the launcher's own margins, before giving up waiting
 
 
-def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False) -> int:
-    """Print the runs of an archive directory (table or versioned JSON)."""
+def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False,
+       show_all: bool = False) -> int:
+    """Print the runs of an archive directory (table or versioned JSON): the live ones and
+    the newest others (``show_all``: every run; --json lists every run)."""
+    from launcher.output.runstate import shown_runs
+
     runs = list_status(archive_dir)
     if active:
         runs = [r for r in runs if r.alive]
@@ -36,8 +40,37 @@ def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False) -> int
     elif not runs:
         render.note(f"no {'running ' if active else ''}runs in {archive_dir}")
     else:
-        sys.stdout.write(render_table(runs))
+        shown, older = shown_runs(runs, show_all=show_all)
+        sys.stdout.write(render_table(shown))
+        if older:
+            render.note(f"{render.count(older, 'older run')} not shown (`dtrain ps --all`; "
+                        "`dtrain logs --prune --older-than 30d` deletes old ones)")
     sys.stdout.flush()
+    return 0
+
+
+def prune(archive_dir: Path, older_than: float, *, dry_run: bool = False) -> int:
+    """`dtrain logs --prune`: delete this user's runs that ended more than ``older_than``
+    seconds ago (never a live one); says how many and how much."""
+    import shutil
+    import time
+
+    from launcher.output.runstate import age, prunable
+
+    runs = list_status(archive_dir)
+    doomed = prunable(runs, older_than, time.time())
+    size = 0
+    for r in doomed:
+        size += sum(p.stat().st_size for p in r.path.rglob("*")
+                    if p.is_file() and not p.is_symlink())
+        if not dry_run:
+            shutil.rmtree(r.path)  # list_runs gave only this user's own directories
+    from launcher.commands.cp.view import human
+
+    verb = "would delete" if dry_run else "deleted"
+    render.note(f"{verb} {render.count(len(doomed), 'run')} ({human(size)}) that ended more "
+                f"than {age(older_than)} ago in {archive_dir}; "
+                f"{render.count(len(runs) - len(doomed), 'run')} kept")
     return 0
 
 

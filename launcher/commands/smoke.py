@@ -262,7 +262,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
         render.note(f"smoke: {render.count(len(hosts), 'node')}, "
                     f"world size {plan.world_size}, {run.backend} ({run.backend_reason}), "
                     f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
-        payload = Payload({JOB_FILE: program_source("smoke_job").decode()}, take, judged=True)
+        payload = Payload({JOB_FILE: program_source("smoke_job").decode()}, take, judged=True,
+                          kind="smoke")
         launched = run.launch = await launch(prep, plan, rreq, opts, payload=payload)
         run.verdict = evaluate(results, node_labels=[h.label for h in hosts],
                                world_size=plan.world_size, job_code=launched.code,

@@ -60,6 +60,9 @@ class RunOptions:
     start_timeout: float | None = 120.0
     heartbeat_timeout: float = 30.0
     archive_dir: Path = Path("dtrain-runs")
+    # (setting, value, where it came from: --python, DTRAIN_ARCHIVE_DIR, config FILE:LINE,
+    # built-in default): what the dry run shows (docs/config.md)
+    sources: tuple[tuple[str, str, str], ...] = ()
     dry_run: bool = False
     as_json: bool = False
     color: bool | None = None

@@ -28,15 +28,10 @@ T = TypeVar("T")
 
 
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """dtrain's per-user state directory (see the module doc)."""
-    env = os.environ if environ is None else environ
-    own = env.get("DTRAIN_STATE_DIR") or ""
-    if os.path.isabs(own):
-        return Path(own)
-    state = env.get("XDG_STATE_HOME") or ""
-    base = Path(state) if os.path.isabs(state) else \
-        Path(env.get("HOME") or Path.home()) / ".local" / "state"
-    return base / "dtrain"
+    """dtrain's per-user state directory (see the module doc; hosts/userconfig.py)."""
+    from launcher.hosts.userconfig import state_dir as per_user
+
+    return per_user(environ)
 
 
 class LemonStore:

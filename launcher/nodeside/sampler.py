@@ -405,11 +405,13 @@ class Ranks:
         self.missing = True
 
     def _scan(self):
+        """Look at every process not seen yet; True when one of them is a rank's."""
         base = rooted(self.root, "/proc")
         try:
             pids = [int(n) for n in os.listdir(base) if n.isdigit()]
         except OSError:
-            return
+            return False
+        fresh = False
         alive = set(pids)
         for pid in list(self.seen):
             if pid not in alive:
@@ -431,16 +433,23 @@ class Ranks:
                 if self.wanted is not None and rank not in self.wanted:
                     rank = None
             self.seen[pid] = (st[2] if st else None, rank)
+            fresh = fresh or rank is not None
+        return fresh
 
     def sample(self):
         """{rank: {"cpu": seconds, "pids": n, "state": "R"|"S"|...}} (str keys, for JSON)."""
         t = now()
         found = {r for _, r in self.seen.values() if r is not None}
+        fresh = False
         if t >= self.next_scan or self.missing or (self.wanted is not None
                                                     and found != self.wanted):
-            self._scan()
+            fresh = self._scan()
             self.next_scan = t + RESCAN_S
-        self.missing = False
+        # a new rank process (the shim) is followed by its children (the worker, its
+        # dataloaders): look again at the next sample, not RESCAN_S later, or the rank's CPU
+        # would be its shim's alone (~0) for up to RESCAN_S and every other rank would look
+        # busy against it (a false straggler)
+        self.missing = fresh
         out = {}  # type: dict[str, dict[str, object]]
         pids = {}  # type: dict[int, int]
         current = {}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class RunStatus:
     last_line_t: float | None = None
     heartbeat_timeout: float | None = None
     attempt: int | None = None  # run --restarts: the attempt running (or the last one)
+    kind: str = "run"  # the command that made it: run or smoke
 
     @property
     def label(self) -> str:
@@ -102,7 +104,19 @@ def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
         last_line_t=last_line_t,
         heartbeat_timeout=_float(launcher.get("heartbeat_timeout")),
         attempt=_attempt(meta),
+        kind=_kind(meta),
     )
+
+
+def _kind(meta: dict[str, Any]) -> str:
+    """run or smoke: meta's ``kind``, else the recorded command line's subcommand."""
+    kind = meta.get("kind")
+    if isinstance(kind, str) and kind:
+        return kind
+    command = meta.get("command")
+    if isinstance(command, list) and len(command) > 1 and command[1] in ("run", "smoke"):
+        return str(command[1])
+    return "run"
 
 
 def run_status(run_dir: Path) -> RunStatus:
@@ -161,7 +175,7 @@ def ps_json(runs: list[RunStatus], archive_dir: Path) -> dict[str, Any]:
             "launcher_host": r.launcher_host, "detached": r.detached, "hosts": list(r.hosts),
             "nodes": len(r.hosts), "world_size": r.world_size, "created": r.created,
             "ended": r.ended, "last_line_t": r.last_line_t, "note": r.note,
-            "attempt": r.attempt,
+            "attempt": r.attempt, "kind": r.kind,
         } for r in runs],
     }
 
@@ -170,7 +184,7 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
     """The `dtrain ps` table, with a note under it for each lost launcher."""
     now = time.time() if now is None else now
     here = socket.gethostname()
-    rows = [("RUN ID", "STATE", "NODES", "RANKS", "AGE", "LAST LINE", "LAUNCHER")]
+    rows = [("RUN ID", "KIND", "STATE", "NODES", "RANKS", "AGE", "LAST LINE", "LAUNCHER")]
     for r in runs:
         who = f"pid {r.pid}" if r.pid is not None and r.alive else "-"
         if r.alive and r.detached:
@@ -178,7 +192,7 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
         if r.alive and r.launcher_host and r.launcher_host != here:
             who += f" on {r.launcher_host}"
         last = f"{age(now - r.last_line_t)} ago" if r.last_line_t else "-"
-        rows.append((r.run_id, r.label, str(len(r.hosts)) if r.hosts else "-",
+        rows.append((r.run_id, r.kind, r.label, str(len(r.hosts)) if r.hosts else "-",
                      str(r.world_size) if r.world_size is not None else "-",
                      age(now - r.created) if r.created else "-", last, who))
     cells = [[inert(cell) for cell in row] for row in rows]  # archive text: no controls
@@ -187,6 +201,41 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
              for row in cells]
     lines += [f"{inert(r.run_id)}: launcher lost: {r.note}" for r in runs if r.note]
     return "\n".join(lines) + "\n"
+
+
+PS_RECENT = 20  # `dtrain ps` shows the live runs and this many of the others (--all: all)
+
+
+def shown_runs(runs: list[RunStatus], *, show_all: bool = False) -> tuple[list[RunStatus], int]:
+    """The runs `ps` lists (oldest first) and how many older ones it leaves out: every
+    live run, and the PS_RECENT newest of the others, unless ``show_all``."""
+    if show_all:
+        return runs, 0
+    done = [r for r in runs if not r.alive]
+    keep = {id(r) for r in done[-PS_RECENT:]} | {id(r) for r in runs if r.alive}
+    return [r for r in runs if id(r) in keep], len(runs) - len(keep)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or plain seconds -> seconds (ValueError)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match:
+        raise ValueError(f"{text!r}: expected a duration like 30d, 12h, 90m or 3600")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def prunable(runs: list[RunStatus], older_than: float, now: float) -> list[RunStatus]:
+    """The runs `logs --prune` deletes: finished (or launcher lost) and ended (or, without
+    an end, created) more than ``older_than`` seconds ago; a live run never."""
+    out = []
+    for r in runs:
+        when = r.ended or r.last_line_t or r.created
+        if not r.alive and when is not None and now - when > older_than:
+            out.append(r)
+    return out
 
 
 def age(seconds: float) -> str:

@@ -431,8 +431,14 @@ def _events(root: Mapping[str, Any], t0: float, hangs: list[Hang], attempts: lis
     for s in _dicts(meta.get("stragglers")):
         slow, t = _str(s.get("host")), _num(s.get("t")) or _num(s.get("since"))
         if slow and t is not None:
-            out.append(Event(t - t0, "straggler", f"{slow}: {strag.get(slow, 'straggler')}",
-                             slow, _int(s.get("rank")), "#usage-sec"))
+            # each flag its own line (a node flagged in two attempts has two), its first rank
+            ranks = s.get("ranks") if isinstance(s.get("ranks"), list) else []
+            assert isinstance(ranks, list)
+            rank = _int(s.get("rank"))
+            if rank is None:
+                rank = next((r for r in map(_int, ranks) if r is not None), None)
+            why = _str(s.get("summary")) or strag.get(slow, "straggler")
+            out.append(Event(t - t0, "straggler", f"{slow}: {why}", slow, rank, "#usage-sec"))
     return sorted(out, key=lambda e: e.t)
 
 
