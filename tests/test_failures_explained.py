@@ -133,3 +133,149 @@ def test_other_signal_and_plain_exit() -> None:
 
 def test_kernel_lines_filter_by_time_and_words(tmp_path: Path) -> None:
     assert isinstance(supervisor.kernel_lines(0.0), (list, str))  # readable or why not
+
+
+def test_failure_reason_json_and_details_only_when_there_are_some() -> None:
+    plain = failures.FailureReason("exit", "rank 3 exited with code 1", "see its log",
+                                   scope="rank", rank=3, host="node2", evidence=("a", "b"))
+    assert plain.json() == {"kind": "exit", "rank": 3, "host": "node2", "scope": "rank",
+                            "summary": "rank 3 exited with code 1", "evidence": ["a", "b"],
+                            "advice": "see its log"}
+    detailed = failures.FailureReason("oom", "s", "a", details={"rss_kb": 5})
+    assert detailed.json()["details"] == {"rss_kb": 5}
+
+
+def test_error_keeper_keeps_bounded_stderr_tails_and_comm_lines_per_rank() -> None:
+    keeper = failures.ErrorKeeper(size=3, errors=2)
+    lines = [OutputLine("n1", "out", "NCCL WARN on stdout", 0, 0, 0.0),
+             *(OutputLine("n1", "err", f"e{i}", 0, 0, 0.0) for i in range(5)),
+             *(OutputLine("n1", "err", f"NCCL WARN {i}", 1, 0, 0.0) for i in range(3)),
+             OutputLine("n2", "err", "NCCL error: unhandled system error", 0, 0, 0.0)]
+    keeper.observe(lines)
+    assert list(keeper.tails[("n1", 0)]) == ["e2", "e3", "e4"]  # stderr only, the last 3
+    assert list(keeper.tails[("n1", 1)]) == ["NCCL WARN 0", "NCCL WARN 1", "NCCL WARN 2"]
+    assert keeper.comm_lines() == [("n1", 1, "NCCL WARN 1"), ("n1", 1, "NCCL WARN 2"),
+                                   ("n2", 0, "NCCL error: unhandled system error")]
+    keeper.event("n1", {"type": "rank_exit", "rank": 0, "evidence": {"oom": True}})
+    keeper.event("n1", {"type": "rank_exit", "rank": "1", "evidence": {"x": 1}})
+    keeper.event("n1", {"type": "rank_exit", "rank": 2, "evidence": "not a dict"})
+    keeper.event("n1", {"type": "log", "rank": 3, "evidence": {"x": 1}})
+    assert keeper.evidence == {("n1", 0): {"oom": True}}
+    fresh = failures.ErrorKeeper()
+    assert (fresh.size, fresh.errors, fresh.tails, fresh.comm, fresh.evidence) == (
+        40, 5, {}, {}, {})
+
+
+def test_memory_sizes_in_mib_then_gib() -> None:
+    assert [failures._gib(kb) for kb in (2048, 1024 * 1024 - 1, 1024 * 1024,
+                                         3 * 1024 * 1024 // 2)] == [
+        "2 MiB", "1024 MiB", "1.0 GiB", "1.5 GiB"]
+
+
+# -- every branch of explain(), whole: kind, summary, advice, scope, evidence, details ---------
+
+K79 = "[123.4] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus"
+OOM_LINE = ("Out of memory: Killed process 77 (python) total-vm:1kB, anon-rss:3145728kB, "
+            "file-rss:0kB")
+SEGV_LINE = "python[77]: segfault at 0 ip 00007f sp 00007e error 4 in libfoo.so[7f0000+1000]"
+CRASH = ('Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call '
+         'first):\n  File "/w/t.py", line 5 in inner\n  File "/w/t.py", line 9 in <module>\n')
+OOM_ADVICE = ("the rank needs more memory than the node (or its cgroup) gives: lower the batch "
+              "size, the data loader's workers or prefetch, or use nodes with more memory")
+KILL9 = ("something outside the job killed it: a user's kill -9, a scheduler's preemption or a "
+         "watchdog; look at n2's logs (journalctl) around then")
+NATIVE = ("a native extension or library crashed under the Python line shown: check its build "
+          "against this torch and CUDA, and reproduce with that rank alone (gdb, or `python -X "
+          "faulthandler`)")
+
+
+def _why(**kw: object) -> tuple[object, ...]:
+    r = failures.explain(**kw)  # type: ignore[arg-type]
+    return (r.kind, r.summary, r.advice, r.scope, r.evidence, dict(r.details))
+
+
+def test_explain_hardware_memory_and_kills_whole() -> None:
+    assert _why(rank=3, host="n2", code=None, sig=None, evidence={"kernel": [
+        "x", K79, "NVRM: Xid (PCI:0000:3b:00): 13, pid=1"]}) == (
+        "xid", "rank 3 on n2: GPU fault on n2: Xid 79 (GPU has fallen off the bus) on "
+        "PCI:0000:3b:00", "drain n2 and run its GPU diagnostics (nvidia-smi -q, dcgmi diag); "
+        "rerun without it (--exclude n2)", "node", (K79,), {})
+    assert _why(rank=3, host="n2", code=None, sig=9, pid=77, evidence={"kernel": [
+        OOM_LINE, "Killed process 78 (x) anon-rss:1kB"]}) == (
+        "oom", "rank 3 on n2 was killed by the kernel's OOM killer (3.0 GiB)", OOM_ADVICE,
+        "user", (OOM_LINE,), {})
+    assert _why(rank=3, host="n2", code=None, sig=9, pid=77, evidence={
+        "memory_events": "low 0\noom 3\noom_kill 2\n", "oom_kill_before": 1,
+        "memory": {"rss_kb": 2048}}) == (
+        "oom", "rank 3 on n2 was killed by the kernel's OOM killer (2 MiB resident at its last "
+        "sample)", OOM_ADVICE, "user", ("memory cgroup: oom_kill 1 -> 2",), {})
+    no_oom = ("signal", "rank 3 on n2 was killed by SIGKILL, not by dtrain and not by the OOM "
+              "killer (no OOM record)", KILL9, "process", (), {})
+    assert _why(rank=3, host="n2", code=None, sig=9, pid=77, evidence={
+        "memory_events": "oom_kill 1\n", "oom_kill_before": 1}) == no_oom
+    assert _why(rank=3, host="n2", code=None, sig=9, pid=77, evidence={"kernel": []}) == no_oom
+    dmesg = ("look at `dmesg` on n2 (as root) for 'Killed process 77': the OOM killer, or "
+             "something outside the job (a kill -9, a scheduler's preemption)")
+    assert _why(rank=3, host="n2", code=None, sig=9, pid=77,
+                evidence={"kernel": "permission denied"}) == (
+        "signal", "rank 3 on n2 was killed by SIGKILL, not by dtrain; whether the OOM killer "
+        "did it cannot be told on n2 (the kernel log is not readable: permission denied; no "
+        "memory cgroup counter)", dmesg, "unknown", (), {})
+    assert _why(rank=None, host="n2", code=None, sig=9, pid=77) == (
+        "signal", "n2 was killed by SIGKILL, not by dtrain; whether the OOM killer did it "
+        "cannot be told on n2 (no kernel log; no memory cgroup counter)", dmesg, "unknown",
+        (), {})
+
+
+def test_explain_crashes_and_signals_whole() -> None:
+    assert _why(rank=0, host="n1", code=None, sig=11,
+                evidence={"crash": CRASH, "kernel": [SEGV_LINE]}) == (
+        "segfault", "rank 0 on n1 crashed: SIGSEGV (segmentation fault) in inner() t.py:5 "
+        "(native code: libfoo.so[7f0000+1000])", NATIVE, "process",
+        ("Fatal Python error: Segmentation fault", "  inner() t.py:5", "  <module>() t.py:9"),
+        {"frames": ["inner() t.py:5", "<module>() t.py:9"]})
+    assert _why(rank=0, host="n1", code=None, sig=6,
+                stderr=["x", "terminate called after throwing", "  "]) == (
+        "abort", "rank 0 on n1 crashed: SIGABRT (aborted)", NATIVE, "process",
+        ("terminate called after throwing",), {"frames": []})
+    # a segfault's last stderr line is not evidence (only an abort's message is)
+    assert _why(rank=0, host="n1", code=None, sig=11, stderr=["noise"])[4] == ()
+    assert _why(rank=0, host="n1", code=None, sig=15) == (
+        "signal", "rank 0 on n1 was killed by SIGTERM (not by dtrain)",
+        "another process sent SIGTERM: a scheduler, a user, a watchdog on n1", "process", (),
+        {})
+    assert _why(rank=0, host="n1", code=None, sig=99)[1:3] == (
+        "rank 0 on n1 was killed by signal 99 (not by dtrain)",
+        "another process sent signal 99: a scheduler, a user, a watchdog on n1")
+
+
+def test_explain_comm_exception_and_exit_whole() -> None:
+    comm = [("n1", 0, "earlier NCCL WARN"), ("n2", 0, "another rank's")]
+    cases = {
+        "[rank0]: ... Connection closed by peer [10.0.0.2]:1234": (
+            "... Connection closed by peer [10.0.0.2]:1234",
+            "a peer rank went away first: its own failure is the cause; if none failed, a node "
+            "or the network dropped it (dtrain doctor, dtrain smoke)", "unknown"),
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)": (
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)",
+            "a collective timed out: one rank stopped taking part; set --hang-timeout below "
+            "the collective timeout to see where every rank stood", "unknown"),
+        "NCCL WARN NET/IB : Got completion with error 12": (
+            "NCCL WARN NET/IB : Got completion with error 12",
+            "check the fabric between the nodes (dtrain doctor, dtrain smoke)", "node"),
+    }
+    for line, (shown, advice, scope) in cases.items():
+        assert _why(rank=0, host="n1", code=1, sig=None, comm=[*comm, ("n1", 0, line)],
+                    stderr=["Traceback (most recent call last):", "KeyError: 'x'"]) == (
+            "comm", f"rank 0 on n1: communication error on n1: {shown}", advice, scope,
+            ("earlier NCCL WARN", shown), {})
+    assert _why(rank=None, host="n1", code=1, sig=None,
+                stderr=["Traceback (most recent call last):", "KeyError: 'x'"]) == (
+        "exception", "n1 raised KeyError: 'x'",
+        "an error in the program: the whole output is in the archive", "user", ("KeyError: 'x'",),
+        {})
+    assert _why(rank=2, host="n1", code=3, sig=None, stderr=["[rank2]: bye", " "]) == (
+        "exit", "rank 2 on n1 exited 3: bye", "its last output says why (dtrain logs --rank 2)",
+        "unknown", ("bye",), {})
+    assert _why(rank=None, host="n1", code=3, sig=None) == (
+        "exit", "n1 exited 3", "its last output says why (dtrain logs)", "unknown", (), {})

@@ -182,7 +182,8 @@ def test_culprit_rules_and_their_words() -> None:
     # two groups of one: the one waiting in a collective waits for the other
     pair = stacks.fold([_at(0, "n1", *other), _at(1, "n2", *coll)])
     assert [g.ranks for g in pair.groups] == [(1,), (0,)]  # the collective first among equals
-    assert pair.culprit is not None and pair.culprit.json() == {
+    assert pair.culprit is not None and pair.culprit.describe() == "rank 0 on n1: load() t.py:42"
+    assert pair.culprit.json() == {
         "rank": 0, "host": "n1", "ranks": [0], "hosts": ["n1"], "place": "load() t.py:42",
         "why": "its stack differs from the other rank's, which waits at "
                "all_reduce <- step() t.py:47"}
@@ -291,6 +292,11 @@ def test_progress_is_kept_to_a_second_and_a_tie_goes_to_the_later_line() -> None
     assert (w.last, w.last_rank) == (110, 1)  # the same time: the later line names the rank
     w.observe([_line(110.5, "it 2", rank=0)])  # under RESOLUTION_S: not looked at
     assert w.ranks[0].progress_text == "it 1" and w.ranks[0].last_line == 110.5
+    # a skipped line does not end the batch: the next rank's line in it still counts
+    w2 = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), [0, 1], start=100.0)
+    w2.observe([_line(110, "it 1", rank=0)])
+    w2.observe([_line(110.5, "it 2", rank=0), _line(110.6, "it 5", rank=1)])
+    assert (w2.ranks[0].progress_text, w2.ranks[1].progress_text) == ("it 1", "it 5")
     w.observe([_line(111, "it 3", rank=0)])  # exactly RESOLUTION_S later: counted
     assert (w.ranks[0].last_progress, w.ranks[0].progress_text) == (111, "it 3")
     # a stall is measured from the baseline, never negative, and due exactly at the timeout
@@ -368,7 +374,7 @@ def test_flight_summary_words() -> None:
         "rank 1 completed collective #4 (gloo:all_reduce)",
         "rank 2 is at collective #3: it has not entered #4")
     # the op is taken from a rank at the front that knows it; none knows: no name
-    anon = flight.summarize({0: at(0, 4, 3, None), 1: at(1, 4, 3, None), 2: at(2, 3, 3, "x")})
+    anon = flight.summarize({2: at(2, 3, 3, "x"), 0: at(0, 4, 3, None), 1: at(1, 4, 3, None)})
     assert anon is not None and anon.lines[0] == "ranks 0-1 wait in collective #4"
     done = flight.summarize({0: at(0, 4, 4, None), 1: at(1, 4, 4, None)})
     assert done is not None and done.lines == ("ranks 0-1 completed collective #4",)

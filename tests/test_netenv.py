@@ -737,3 +737,40 @@ def test_profile_files_that_cannot_be_read(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("env:\n  NCCL_IB_TC: 41\n", encoding="utf-8")
     assert load_profile(str(good)) == {"NCCL_IB_TC": "41"}
+
+
+def test_second_round_survivors() -> None:
+    # socket_choice refuses a down interface unless told the job is single-node
+    down = node("n7", iface("eth0", "10.0.0.7/24", operstate="down"),
+                routes={MASTER_IP: route(MASTER_IP, "eth0")})
+    with pytest.raises(PreflightFailed, match="is down"):
+        netenv.socket_choice(down, MASTER_IP, False)
+    # every excluded port is listed, "; " between them
+    two_down = decide(_rdma_node(_roce("mlx5_1", "ens2f1", BASIC, state="1: DOWN"),
+                                 _roce("mlx5_2", "ens2f2", BASIC, state="1: DOWN")))
+    assert two_down.get("NCCL_IB_DISABLE") == netenv.EnvVar(
+        "NCCL_IB_DISABLE", "1", "detected",
+        "no usable RDMA port (mlx5_1:1: state 1: DOWN; mlx5_2:1: state 1: DOWN)")
+    # "=" (NCCL's exact-match marker) is ignored on either side, and only "="
+    for detected, profile, warns in [("eth0", "=eth0", False), ("=eth0", "eth0", False),
+                                     ("X1", "X1", False), ("eth0=", "eth0", True)]:
+        _, warnings = netenv.merge_env([netenv.EnvVar("NCCL_SOCKET_IFNAME", detected,
+                                                      "detected", "r")],
+                                       profile={"NCCL_SOCKET_IFNAME": profile}, site={}, user={})
+        assert bool(warnings) is warns, (detected, profile)
+    # a bad GID index does not hide the other lint warnings
+    facts = _rdma_node(_roce("mlx5_0", "ens2f0", VLAN_FIRST))
+    warnings = decide(facts, user={"NCCL_IB_GID_INDEX": "x", "GLOO_SOCKET_IFNAME": "^lo"}).warnings
+    assert [w.split(":")[1].split("=")[0].strip() for w in warnings] == [
+        "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX"]
+    # the profile's default name in reasons
+    assert decide(NODE1, profile={"NCCL_IB_TC": "41"}).get("NCCL_IB_TC") == netenv.EnvVar(
+        "NCCL_IB_TC", "41", "profile", "profile")
+
+
+def test_a_bad_profile_file_is_named_in_the_error(tmp_path: Path) -> None:
+    bad = tmp_path / "site.yaml"
+    bad.write_text("envs: {}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_profile(bad)
+    assert err.value.message == f"{bad}: unknown key(s) envs"

@@ -430,3 +430,71 @@ def test_roce_gid_fallbacks_whole() -> None:
                               (2, mapped("10.0.0.5"), "RoCE v1", "ens1f0"),
                               (3, mapped("10.0.0.5"), " RoCE v2 ", "ens1f0")))
     assert roce_gid(untyped).want == 3
+
+
+ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+V6 = "fd00:0000:0000:0000:0000:0000:0000:0005"
+
+
+def test_nccl_rule_edge_rows_replayed() -> None:
+    # an unconfigured (zero) GID is never taken, even typed RoCE v2
+    assert nccl_gid_index(gids((0, FE80, V2, "e"), (1, ZERO, V2, "e"), (2, V6, V2, "e")),
+                          family=AF_INET6) == 2
+    # a table without row 0 (NCCL starts there: a zero GID)
+    assert nccl_gid_index(gids((1, V6, V2, "e")), family=AF_INET6) == 1
+    # no candidate past the table's last row
+    assert nccl_gid_index(gids((0, mapped("10.0.0.5"), V2, "e")), family=AF_INET6) == 0
+    # an unparsable GID is never in a range
+    assert nccl_gid_index(gids((0, mapped("10.0.0.5"), V2, "e"), (1, "garbage", V2, "e")),
+                          family=AF_INET6, addr_range="fd00::/8") == 0
+    # RoCE v1 asked for (NCCL_IB_ROCE_VERSION_NUM=1), both spellings of the type
+    assert nccl_gid_index(basic(), roce_version=1) == 2
+    v1 = gids((0, FE80, "RoCE v1", "e"), (1, mapped("10.0.0.5"), V2, "e"),
+              (2, mapped("10.0.0.5"), "RoCE v1", "e"))
+    assert nccl_gid_index(v1, roce_version=1) == 2 and nccl_gid_index(v1) == 1
+
+
+def test_plans_with_errors_alongside_keep_both() -> None:
+    none = port("mlx5_9", netdev="ens9", table=gids((0, FE80, V1, "ens9")))
+    err = ("mlx5_9:1: no RoCE v2 GID with a routable address on ens9; NCCL would fall back to "
+           "index 0",)
+    old = plan_gids([none, port()], nccl_version=(2, 18))
+    assert [e[0] for e in old.env] == ["NCCL_IB_GID_INDEX"] and old.errors == err
+    assert old.warnings == ()
+    zero = port(table=gids((0, mapped("10.0.0.5"), V2, "ens1f0")))
+    assert plan_gids([none, zero], nccl_version=(2, 18)).errors == err
+    new = plan_gids([none, _vf()], nccl_version=(2, 21, 5), ifaces=IFACES)
+    assert [e[0] for e in new.env] == ["NCCL_IB_ADDR_RANGE"] and new.errors == err
+    unknown = plan_gids([none, _vf()], ifaces=IFACES)
+    assert [e[0] for e in unknown.env] == ["NCCL_IB_GID_INDEX"] and unknown.errors == err
+    assert unknown.warnings == ()
+
+
+def test_old_nccl_reason_joins_every_port_s_note() -> None:
+    two = plan_gids([port("mlx5_0"), port("mlx5_1", netdev="ens2f0")], nccl_version=(2, 18))
+    assert two.env == (("NCCL_IB_GID_INDEX", "3",
+                        "NCCL 2.18 < 2.21 defaults to GID 0; mlx5_0:1: backend GID 3 (10.0.0.5 "
+                        "on ens1f0); NCCL 2.21+ picks the same; mlx5_1:1: backend GID 3 "
+                        "(10.0.0.5 on ens2f0); NCCL 2.21+ picks the same"),)
+
+
+def test_plan_subnets_and_a_range_without_interface_facts() -> None:
+    import ipaddress
+    # the coordinator's subnets: only the VLAN child's address is on them
+    plan = plan_gids([_vf()], ifaces=IFACES, subnets=[ipaddress.ip_network("192.168.0.0/24")])
+    assert plan == GidPlan(notes=("mlx5_0:1: backend GID 3 (192.168.0.5 on ens2f0.100); NCCL "
+                                  "2.21+ picks the same",))
+    # no interface facts: the range is the address itself
+    assert plan_gids([_vf()], nccl_version=(2, 21, 5)).env[0][:2] == (
+        "NCCL_IB_ADDR_RANGE", "10.200.2.10/32")
+
+
+def test_odd_gids_in_reasons_and_checks() -> None:
+    nodev = port("mlx5_0", netdev="ens2f0", table=gids(
+        (0, FE80, V1, "ens2f0"), (2, mapped("192.168.0.5"), V2, None),
+        (3, mapped("10.200.2.12"), V2, "ens2f0")))
+    assert roce_gid(nodev).reason == ("mlx5_0:1: backend GID 3 (10.200.2.12 on ens2f0); NCCL "
+                                      "2.21+ would pick 2 (192.168.0.5 on ?)")
+    garbage = port("mlx5_0", netdev="ens2f0", table=gids((4, "garbage", V2, "ens2f0")))
+    assert check_gid_index([garbage], 4) == [
+        "mlx5_0:1: GID 4 (garbage) is not a routable IPv4 address"]

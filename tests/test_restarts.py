@@ -407,3 +407,63 @@ def test_dtrain_nodes_unfence_expire_and_durations(tmp_path: Path,
     capsys.readouterr()
     assert list_nodes(as_json=True, store=store) == 0
     assert json.loads(capsys.readouterr().out)["nodes"] == []
+
+
+# -- the words and keys the policy reads, whole -----------------------------------------------
+
+def test_nnodes_error_names_the_option_and_what_spares_are() -> None:
+    for bad, option in (("0", "--nnodes"), ("4:2", "--min-nodes")):
+        with pytest.raises(UsageError) as err:
+            parse_nnodes(bad, option) if option != "--nnodes" else parse_nnodes(bad)
+        assert (err.value.message, err.value.hint) == (
+            f"{option} {bad!r}: give a number of nodes (3) or MIN:MAX (2:4)",
+            "the hosts beyond MAX are spares: they replace a fenced node")
+    assert parse_nnodes("1:1") == NodeCount(1, 1) and parse_nnodes("10") == NodeCount(10, 10)
+
+
+def test_signature_words_whole() -> None:
+    from launcher.decide.failures import FailureReason
+    a = explain(rank=1, host="a", code=1, sig=None, stderr=TRACE)
+    assert signature(a) == "exception: ValueError: bad batch 7 in main() train.py:31"
+    crash = FailureReason("segfault", "s", "a", details={
+        "frames": ["f1() a.py:1", "f2() a.py:2", "f3", "f4", "f5"]})
+    assert signature(crash) == "segfault: f1() a.py:1 <- f2() a.py:2 <- f3 <- f4"
+    assert signature(FailureReason("abort", "s", "a", details={"frames": ["g() b.py:9"]})) == \
+        "abort: g() b.py:9"
+    for none in (FailureReason("abort", "s", "a"), FailureReason("exception", "no word", "a"),
+                 FailureReason("exit", "x raised y", "a"),
+                 FailureReason("segfault", "s", "a", details={"frames": []})):
+        assert signature(none) is None
+
+
+def test_the_exception_type_is_the_last_dotted_name_of_the_first_evidence_line() -> None:
+    from launcher.decide import restarts
+    from launcher.decide.failures import FailureReason
+    assert restarts._exception_type(FailureReason(
+        "exception", "s", "a", evidence=("torch.cuda.OutOfMemoryError: CUDA out: of memory",
+                                         "ValueError: x"))) == "OutOfMemoryError"
+    assert restarts._exception_type(FailureReason("exception", "s", "a")) == ""
+
+
+def test_argparse_errors_need_usage_and_the_error_line_last() -> None:
+    from launcher.decide import restarts
+    ok = AttemptEnd(2, "rank", stderr=("usage: train.py [-h]", "  ",
+                                       "train.py: error: unrecognized arguments: --x  "))
+    assert restarts._argparse_error(ok) == "train.py: error: unrecognized arguments: --x"
+    for stderr, code in [(ok.stderr, 1), (ok.stderr[1:], 2), (ok.stderr[:1], 2),
+                         ((*ok.stderr, "more"), 2), (("usage: x", "x: error:"), 2), ((), 2)]:
+        assert restarts._argparse_error(AttemptEnd(code, "rank", stderr=stderr)) is None, stderr
+
+
+def test_lemon_ages_and_lines_whole() -> None:
+    assert [lm.ago(s) for s in (-5, 0, 40.4, 119, 120, 7199, 7200, 10800)] == [
+        "0 s", "0 s", "40 s", "119 s", "2 min", "120 min", "2 h", "3 h"]
+    lemon = lm.Lemon("node2", "lost (no heartbeat)", "r1", t=100.0, until=200.0)
+    assert lm.kept_line(lemon, 160.0) == (
+        "warning: node2 was fenced by run r1 60 s ago (lost (no heartbeat)); used anyway: this "
+        "run needs every host it was given (--nnodes with a spare host leaves it out; "
+        "`dtrain nodes unfence node2`)")
+    older = lm.Lemon("node2", "old", "r0", t=50.0, until=300.0)
+    expired = lm.Lemon("node3", "x", "r0", t=10.0, until=150.0)
+    assert lm.current([lemon, older, expired], 160.0) == {"node2": lemon}
+    assert lm.current([lemon, expired], 150.0) == {"node2": lemon}

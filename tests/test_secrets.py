@@ -249,8 +249,12 @@ def test_ordinary_names_are_shown(name):
 
 def test_a_secret_value_ending_in_equals_is_hidden_everywhere():
     # base64 padding: `--token=VALUE` must lose VALUE even though VALUE itself holds "="
-    assert redact_words([f"--token={PADDED}", PADDED, f"-t={PADDED}x"], {PADDED}) == [
-        f"--token={REDACTED}", REDACTED, f"-t={PADDED}x"]
+    assert redact_words([f"--token={PADDED}", PADDED, f"-t={PADDED}x", f"--opt=key={PADDED}"],
+                        {PADDED}) == [f"--token={REDACTED}", REDACTED, f"-t={PADDED}x",
+                                      f"--opt=key={REDACTED}"]
+    # every "=" is a possible start, the first one and one right after another included
+    assert redact_words(["=" + SECRET, "--t==" + SECRET], {SECRET}) == [
+        f"={REDACTED}", f"--t=={REDACTED}"]
     argv = ["dtrain", "run", f"-eHF_TOKEN={PADDED}", "--env", f"WANDB_API_KEY={PADDED}",
             "train.py", f"--hub-token={PADDED}"]
     shown = redact_command(argv, [f"HF_TOKEN={PADDED}", f"WANDB_API_KEY={PADDED}"],

@@ -110,3 +110,50 @@ def test_step_numbers_and_counted_lines() -> None:
     for t in range(5):
         counted.feed(2, float(t), "loss 0.3")
     assert counted.step() == 5 and counted.rate(4.0) == 1.0
+
+
+def test_step_rate_window_restarts_and_ranks() -> None:
+    r = StepRate(re.compile(PROGRESS), window=10.0)
+    assert r.rate(0.0) is None and r.step() is None
+    r.feed(0, 0.0, "step 10")
+    assert r.rate(0.0) is None and r.step() == 10  # one point: no rate yet
+    r.feed(0, 0.0, "step 12")
+    assert r.rate(0.0) is None  # two points at the same time: no rate
+    for t, step in [(5.0, 20), (10.0, 30), (20.0, 50)]:
+        r.feed(0, t, f"global_step={step}")
+    # the window keeps the first point within 10 s of the last (and always two points)
+    assert list(r.ranks[0].points) == [(10.0, 30), (20.0, 50)]
+    assert r.rate(20.0) == 2.0
+    assert r.rate(30.0) == 2.0 and r.rate(30.5) == 0.0  # silent past the whole window: 0
+    # a smaller step number: a restart; counting starts over there
+    r.feed(0, 21.0, "iteration 3")
+    assert list(r.ranks[0].points) == [(21.0, 3)] and r.rate(21.0) is None
+    # the lowest rank that prints progress is the one measured
+    r.feed(4, 22.0, "batch 100")
+    r.feed(4, 23.0, "batch 200")
+    assert r.step() == 3 and r.rate(23.0) is None
+    r2 = StepRate(re.compile(PROGRESS), window=10.0)
+    r2.feed(4, 22.0, "Batch #100")
+    r2.feed(2, 22.0, "ITER: 7")
+    assert r2.step() == 7
+
+
+def test_step_numbers_in_each_spelling() -> None:
+    for text, step in [("step 120 loss 0.3", 120), ("iter: 55", 55), ("global_step=9", 9),
+                       ("'step': 4", 4), ("batch#8", 8), ("substep 3 step 5", 5),
+                       (" 45/100 [00:10<00:12", 45)]:
+        r = StepRate(re.compile(r"."))
+        r.feed(0, 0.0, text)
+        assert r.step() == step, text
+
+
+def test_step_rate_over_every_point_of_the_window_and_repeated_steps() -> None:
+    r = StepRate(re.compile(PROGRESS), window=10.0)
+    for t, step in [(0.0, 0), (5.0, 10), (8.0, 11)]:
+        r.feed(0, t, f"step {step}")
+    assert list(r.ranks[0].points) == [(0.0, 0), (5.0, 10), (8.0, 11)]
+    assert r.rate(8.0) == 11 / 8  # first to last point, not the last two
+    same = StepRate(re.compile(PROGRESS), window=10.0)
+    for t, step in [(0.0, 5), (5.0, 5), (10.0, 10)]:
+        same.feed(0, t, f"step {step}")  # a step printed twice is not a restart
+    assert same.rate(10.0) == 0.5
