@@ -61,10 +61,13 @@ class Results:
 
     def __init__(self) -> None:
         self.series: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self.revisions: dict[str, str] = {}  # file -> the commit it measured
 
     def add(self, path: Path) -> None:
         if path.exists():
-            self.series.update(json.loads(path.read_text())["series"])
+            data = json.loads(path.read_text())
+            self.series.update(data["series"])
+            self.revisions[path.stem] = data.get("revision", "?")
 
     def find(self, case_part: str) -> str | None:
         return next((c for c in self.series if case_part in c), None)
@@ -74,6 +77,17 @@ class Results:
         runs = self.series.get(case or "", {}).get(tool, [])
         values = [r[key] for r in runs if not r["problems"] and r.get(key) is not None]
         return statistics.median(values) if values else float("nan")
+
+    def paired(self, case_part: str, a: str, b: str, key: str = "wall") -> float:
+        """Median over rounds of a / b within the same round (the two ran a few seconds
+        apart, so a drift of the machine's load cancels): the figure to trust on a busy box.
+        A run retried after a problem shifts nothing: only rounds where both were good
+        count, matched by their order among the good runs."""
+        case = self.find(case_part) or ""
+        ra = [r[key] for r in self.series.get(case, {}).get(a, []) if not r["problems"]]
+        rb = [r[key] for r in self.series.get(case, {}).get(b, []) if not r["problems"]]
+        pairs = [x / y for x, y in zip(ra, rb, strict=False) if y]
+        return statistics.median(pairs) if pairs else float("nan")
 
 
 def bench(script: str, args: list[str], out: Path, name: str, extra_env: dict[str, str],
@@ -109,21 +123,28 @@ def verdict(value: float, goal: float) -> str:
 
 
 def summary(res: Results) -> list[list[str]]:
-    """case | measured | median (dtrain) | reference (median) | goal | verdict | floor."""
+    """case | measured | median (dtrain) | reference | goal | verdict | per-round | floor."""
     rows: list[list[str]] = []
     m = res.med
 
     def row(case: str, value: float, unit: str, dtrain: float, ref: str, goal: float,
-            floor: str) -> None:
+            floor: str, pair: tuple[str, str, str] | None = None) -> None:
+        """pair: (case, dtrain's tool, the reference tool) for the per-round ratios."""
+        extra = "-"
+        if pair:
+            extra = (f"{fmt(res.paired(*pair), 'x')} / "
+                     f"{fmt(res.paired(*pair, key='client_cpu'), 'x')}")
         rows.append([case, fmt(value, unit), fmt(dtrain), ref,
-                     f"<= {goal}{'x' if unit == 'x' else ' ' + unit}", verdict(value, goal),
-                     floor])
+                     f"<= {fmt(goal, unit) if unit != 'x' else f'{goal}x'}", verdict(value, goal),
+                     extra, floor])
 
     if res.find("dtrain --help"):
         h = m("dtrain --help", "dtrain --help")
         pp = m("dtrain --help", "python -c pass")
         row("dtrain --help", h, "s", h, f"python -c pass {fmt(pp)}", 0.3,
-            f"{ratio(h, pp):.2f}x python -c pass")
+            f"{ratio(h, pp):.2f}x python -c pass; CPU "
+            f"{fmt(m('dtrain --help', 'dtrain --help', 'client_cpu'))} vs "
+            f"{fmt(m('dtrain --help', 'python -c pass', 'client_cpu'))}")
     if res.find("localhost"):
         w = m("localhost", "dtrain")
         p = m("localhost", "python -c pass")
@@ -137,7 +158,7 @@ def summary(res: Results) -> list[list[str]]:
         fs = m(one, "asyncssh+supervisor")
         row(f"{one}: dtrain / pdsh", ratio(d, p), "x", d, f"pdsh {fmt(p)}", 1.0,
             f"asyncssh loop {ratio(fl, p):.2f}x pdsh, +node program {ratio(fs, p):.2f}x; "
-            f"dtrain {ratio(d, fs):.2f}x that")
+            f"dtrain {ratio(d, fs):.2f}x that", (one, "dtrain", "pdsh"))
     for n, goal in ((32, 0.5), (128, 0.4)):
         case = res.find(f"true x {n} nodes")
         if not case:
@@ -145,7 +166,8 @@ def summary(res: Results) -> list[list[str]]:
         d, p = m(case, "dtrain"), m(case, "pdsh")
         fs = m(case, "asyncssh+supervisor")
         row(f"exec -- true x {n}: dtrain / pdsh", ratio(d, p), "x", d, f"pdsh {fmt(p)}", goal,
-            f"asyncssh+node program {ratio(fs, p):.2f}x pdsh; dtrain {ratio(d, fs):.2f}x that")
+            f"asyncssh+node program {ratio(fs, p):.2f}x pdsh; dtrain {ratio(d, fs):.2f}x that",
+            (case, "dtrain", "pdsh"))
     c32, c128 = res.find("true x 32 nodes"), res.find("true x 128 nodes")
     if c32 and c128:
         d32, d128 = m(c32, "dtrain", "client_cpu"), m(c128, "dtrain", "client_cpu")
@@ -161,7 +183,7 @@ def summary(res: Results) -> list[list[str]]:
         d, s = m(runc, "dtrain run"), m(runc, "ssh loop")
         row("run 3x2 DDP: dtrain / hand ssh launch", ratio(d, s), "x", d,
             f"ssh loop {fmt(s)}", 1.05,
-            f"pdsh {ratio(m(runc, 'pdsh'), s):.2f}x ssh loop")
+            f"pdsh {ratio(m(runc, 'pdsh'), s):.2f}x ssh loop", (runc, "dtrain run", "ssh loop"))
         fd, fs_ = m(runc, "dtrain run", "first_rank_line"), m(runc, "ssh loop", "first_rank_line")
         row("run: added time before the first rank line", fd - fs_, "s", fd,
             f"ssh loop {fmt(fs_)}", 0.3,
@@ -175,13 +197,14 @@ def summary(res: Results) -> list[list[str]]:
         row(f"cp unchanged re-push 2000 files x {n}: dtrain / pdcp", ratio(d, p), "x", d,
             f"pdcp {fmt(p)}", 0.1,
             f"dtrain exec true there {fmt(e)} = {ratio(e, p):.2f}x pdcp; re-push "
-            f"{ratio(d, e):.2f}x exec true")
+            f"{ratio(d, e):.2f}x exec true", (case, "dtrain", "pdcp"))
     bc = res.find("uplink")
     if bc:
         d, one1 = m(bc, "dtrain"), m(bc, "dtrain 1 node")
         row("cp 256 MiB broadcast x 16 / 1 node", ratio(d, one1), "x", d,
             f"1 node {fmt(one1)}", 1.5,
-            f"machine CPU {fmt(m(bc, 'dtrain', 'machine_cpu'))} in {fmt(d)} wall (2 CPUs)")
+            f"machine CPU {fmt(m(bc, 'dtrain', 'machine_cpu'))} in {fmt(d)} wall (2 CPUs)",
+            (bc, "dtrain", "dtrain 1 node"))
     return rows
 
 
@@ -254,9 +277,14 @@ def main() -> int:
                     log(f"shrinking the cluster back to {keep} nodes")
                     tc.up(keep, shrink=True)
 
-    print(f"{machine()}\n{revision()}\nload average (1/5/15 min): {'; '.join(loads)}\n")
+    if args.from_dir:
+        print(f"summary of {out}: "
+              + "; ".join(f"{k}: {v}" for k, v in sorted(res.revisions.items())) + "\n")
+    else:
+        print(f"{machine()}\n{revision()}\nload average (1/5/15 min): {'; '.join(loads)}\n")
     print(table(["case", "measured", "dtrain (median)", "reference (median)", "goal",
-                 "verdict", "floor measured in the same run"], summary(res)))
+                 "verdict", "per-round ratio: wall / client CPU",
+                 "floor measured in the same run"], summary(res)))
     for md in sorted(out.glob("*.md")):
         print(f"\n### {md.stem}\n")
         print(md.read_text().strip())

@@ -15,7 +15,8 @@ Cases, each interleaved round by round with its yardsticks (rotated order, media
 dtrain (its console script) runs the code of this tree (PYTHONPATH, bench/common.py), with
 its .pyc files written (the warm-up round), as an installed dtrain runs.
 Targets (issue 26, reported, never asserted): ``--help`` <= 0.3 s, local exec <= 0.25 s,
-one SSH node <= 1.0x pdsh.
+one SSH node <= 1.0x pdsh. ``--ref TREE`` adds another checkout's dtrain to every case
+(``dtrain (ref)``): an A/B of two commits in the same interleaved rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from common import (
     DTRAIN,
@@ -73,7 +75,10 @@ def ok_exit(tool: str, run: Run) -> str | None:
 
 def main() -> int:
     parser = bench_parser(__doc__, reps=10, only="help,local,one")
+    parser.add_argument("--ref", help="another checkout (a worktree of an older commit): its "
+                        "dtrain runs beside this tree's in every case, as 'dtrain (ref)'")
     args = parser.parse_args()
+    ref = ["env", f"PYTHONPATH={Path(args.ref).resolve()}", DTRAIN] if args.ref else None
     only = set(args.only.split(","))
     env = Env.setup(1, first=args.first_node, ciphers=args.ssh_ciphers)
     node = env.names(1)[0]
@@ -87,29 +92,36 @@ def main() -> int:
                 if run.rc or (tool.startswith("dtrain") and "Usage" not in run.text()):
                     return f"exit {run.rc}: {run.stderr.strip()[-300:]}"
                 return None
-            s = case(env, "dtrain --help", {"dtrain --help": [DTRAIN, "--help"],
-                                            "python -c pass": [PYTHON, "-c", "pass"]},
-                     args.reps, help_ok, args)
+            tools = {"dtrain --help": [DTRAIN, "--help"],
+                     "python -c pass": [PYTHON, "-c", "pass"]}
+            if ref:
+                tools["dtrain (ref) --help"] = [*ref, "--help"]
+            s = case(env, "dtrain --help", tools, args.reps, help_ok, args)
             series.append(s)
-            refs[s.case] = ("dtrain --help", "python -c pass")
+            refs[s.case] = ("dtrain --help", *list(tools)[1:])
         if "local" in only:
-            s = case(env, "exec -H localhost -- true", {
-                "dtrain": [DTRAIN, "exec", "-H", "localhost", "--no-color", "--", "true"],
-                "pdsh -R exec": [PDSH, "-S", "-R", "exec", "-w", "localhost", "true"],
-                "python -c pass": [PYTHON, "-c", "pass"]}, args.reps, ok_exit, args)
+            local = ["exec", "-H", "localhost", "--no-color", "--", "true"]
+            tools = {"dtrain": [DTRAIN, *local],
+                     "pdsh -R exec": [PDSH, "-S", "-R", "exec", "-w", "localhost", "true"],
+                     "python -c pass": [PYTHON, "-c", "pass"]}
+            if ref:
+                tools["dtrain (ref)"] = [*ref, *local]
+            s = case(env, "exec -H localhost -- true", tools, args.reps, ok_exit, args)
             series.append(s)
-            refs[s.case] = ("dtrain", "pdsh -R exec", "python -c pass")
+            refs[s.case] = ("dtrain", *list(tools)[1:])
         if "one" in only:
-            s = case(env, f"exec -H {node} -- true", {
-                "dtrain": [DTRAIN, "exec", "-H", f"{user}@{node}", "--no-color", "--",
-                           "true"],
+            one = ["exec", "-H", f"{user}@{node}", "--no-color", "--", "true"]
+            tools = {
+                "dtrain": [DTRAIN, *one],
                 "pdsh": env.pdsh(1, "true"),
                 "ssh": env.ssh(env.nodes(1)[0].name, "true"),
                 "asyncssh loop": env.floor(1, "true"),
-                "asyncssh+supervisor": env.floor(1, "true", supervisor=True)},
-                args.reps, ok_exit, args)
+                "asyncssh+supervisor": env.floor(1, "true", supervisor=True)}
+            if ref:
+                tools["dtrain (ref)"] = [*ref, *one]
+            s = case(env, f"exec -H {node} -- true", tools, args.reps, ok_exit, args)
             series.append(s)
-            refs[s.case] = ("dtrain", "pdsh", "ssh", "asyncssh loop", "asyncssh+supervisor")
+            refs[s.case] = ("dtrain", *list(tools)[1:])
     finally:
         env.cleanup()
 

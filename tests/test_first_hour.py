@@ -143,6 +143,7 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
     class Plan:
         master_addr, master_port, master_reason = "198.18.0.11", 29500, "single"
         world_size, rdzv, nodes = 1, "static", [Node()]
+        offline = False
 
         @staticmethod
         def shown_env(node: Node) -> dict[str, str]:

@@ -86,6 +86,13 @@ class DtrainCommand(TyperCommand):
 
         helptext.render(self, ctx)
 
+    def shell_complete(self, ctx: Any, incomplete: str) -> list[Any]:
+        """Completion offers dtrain's spellings, not the hidden torchrun/old aliases."""
+        from launcher.cli.groups import HIDDEN_NAMES
+
+        return [item for item in super().shell_complete(ctx, incomplete)
+                if item.value not in HIDDEN_NAMES]
+
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         """`[OPTIONS] SCRIPT [ARGS]...` (typer writes `{script} [args]...`)."""
         from launcher.cli import helptext
