@@ -573,3 +573,35 @@ def test_lemon_records_defaults_bad_ones_and_expiry() -> None:
     assert lm.expire([a, b], 99.0, older_than=49.0) == ([], [a, b])  # fenced 49 s ago: old
     assert lm.expire([a, b], 99.0, older_than=50.0) == ([b], [a])
     assert lm.ago(12600) == "4 h"
+
+
+def test_classify_and_decide_carry_the_fault_the_gang_and_the_signature() -> None:
+    sig = "exception: ValueError: bad batch 7 in main() train.py:31"
+    early = classify(_rank_end(TRACE, progressed=False))
+    assert (early.kind, early.signature) == (USER, sig)
+    assert classify(_rank_end(["boom"], progressed=False)).why == (
+        "rank 3 on node2 exited 1: boom before any progress line (a restart would fail the "
+        "same way; --progress REGEX names the script's progress lines)")
+    typed = classify(_rank_end(["Traceback (most recent call last):",
+                                '  File "/w/t.py", line 2, in <module>', "NameError: bad"]))
+    assert (typed.kind, typed.why, typed.signature) == (
+        USER, "rank 3 on node2 raised NameError: bad in <module>() t.py:2 (a NameError fails "
+        "the same way on every attempt)", "exception: NameError: bad in <module>() t.py:2")
+    policy = RestartPolicy(restarts=3, backoff=0)
+    again = decide(_rank_end(TRACE), [classify(_rank_end(TRACE))], 2, policy, ["n1", "n2"], [],
+                   NodeCount(2, 2))
+    assert not again.relaunch and again.fault.kind == USER and again.line.endswith(
+        "(the same failure at the same place as the attempt before): not restarted")
+    done = decide(AttemptEnd(0, None), [], 1, policy, ["n1"], [], NodeCount(1, 1))
+    assert done.fault.kind == FINAL
+    two = decide(AttemptEnd(1, "rank", "n1", 0, None, True, lost=("n1", "n2")), [], 1, policy,
+                 ["n1", "n2"], ["n3", "n4"], NodeCount(2, 2))
+    assert two.line == ("n1, n2 lost (connection lost): fenced, spare n3 in, spare n4 in; "
+                        "attempt 2 from the last checkpoint")
+    assert two.fault.kind == NODE and two.gang is not None and two.gang.active == ("n3", "n4")
+    stop = decide(AttemptEnd(1, "lost", host="n2"), [], 1, policy, ["n1", "n2"], [],
+                  NodeCount(2, 2))
+    assert stop.fault.kind == NODE and stop.gang is not None and stop.gang.stop
+    last = decide(AttemptEnd(1, "lost", host="n2"), [], 4, policy, ["n1", "n2"], ["n3"],
+                  NodeCount(2, 2))
+    assert not last.relaunch and last.fault.kind == NODE and last.gang is not None
