@@ -8,7 +8,7 @@ node5 up (the test suite cuts links on node1-4), one rank per node:
 
 * ``crashN``: rank 1 raises once (a flag file) after 7 steps: a process fault, the same N
   nodes again after the default back-off (1 s).
-* ``lostN``: N+1 hosts, ``--nnodes N``; after rank 0's ``checkpoint step 10`` the last
+* ``lostN``: N+1 hosts, ``--nnodes N``; once rank 0's checkpoint file says step 10, the last
   active node's link is cut (``ip link set down`` on its veth, as the tests do): fenced after
   ``--heartbeat-timeout``, the spare comes in.
 
@@ -99,6 +99,20 @@ class Watched:
             return "\n".join(t for _, t in self.lines)
 
 
+def checkpointed(ck: Path, step: int, job: Watched, timeout: float) -> bool:
+    """Rank 0's checkpoint reached ``step`` (read from the file, not from the console, which
+    lags under load)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.proc.poll() is None:
+        try:
+            if json.loads((ck / "ckpt.json").read_text())["step"] >= step:
+                return True
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    return False
+
+
 def one_run(cluster: tc.Cluster, case: str, nodes: int, first: int, archive: Path,
             workload: str, heartbeat: float) -> dict[str, Any]:
     lost = case.startswith("lost")
@@ -108,7 +122,7 @@ def one_run(cluster: tc.Cluster, case: str, nodes: int, first: int, archive: Pat
     ck = Path(tempfile.mkdtemp(prefix="ck-", dir=cluster.shared_dir))
     ck.chmod(0o777)
     state = tempfile.mkdtemp(prefix="bench-state-")  # a lemon list of this run's own
-    env = {"CK_DIR": str(ck), "CK_STEPS": "200" if lost else "14", "CK_STEP_SLEEP": "0.1"}
+    env = {"CK_DIR": str(ck), "CK_STEPS": "300" if lost else "14", "CK_STEP_SLEEP": "0.1"}
     if not lost:
         env["CK_CRASH_RANK"] = "1"
     argv = [PYTHON, "-m", "launcher", "run", "-H", hosts, "--nproc-per-node", "1",
@@ -125,7 +139,7 @@ def one_run(cluster: tc.Cluster, case: str, nodes: int, first: int, archive: Pat
     cut = first + nodes - 1
     if lost:
         try:
-            if job.wait_line(r"r0: checkpoint step 10$", 600):
+            if checkpointed(ck, 10, job, 600):
                 cluster.link_down(cut)
                 cut_t = time.time()
                 job.wait_line(r"fenced, spare node\d+ in", 120)

@@ -191,6 +191,7 @@ NATIVE = ("a native extension or library crashed under the Python line shown: ch
 
 def _why(**kw: object) -> tuple[object, ...]:
     r = failures.explain(**kw)  # type: ignore[arg-type]
+    assert (r.rank, r.host) == (kw["rank"], kw["host"])  # every reason says whose it is
     return (r.kind, r.summary, r.advice, r.scope, r.evidence, dict(r.details))
 
 
@@ -279,3 +280,45 @@ def test_explain_comm_exception_and_exit_whole() -> None:
         "unknown", ("bye",), {})
     assert _why(rank=None, host="n1", code=3, sig=None) == (
         "exit", "n1 exited 3", "its last output says why (dtrain logs)", "unknown", (), {})
+
+
+def test_explain_details_at_the_edges() -> None:
+    # an OOM record without a size, and a cgroup file without the counter
+    assert _why(rank=1, host="n2", code=None, sig=9, pid=77,
+                evidence={"kernel": ["Killed process 77 (python)"]})[1] == (
+        "rank 1 on n2 was killed by the kernel's OOM killer")
+    assert _why(rank=1, host="n2", code=None, sig=9, pid=77,
+                evidence={"memory_events": "low 0\n", "oom_kill_before": 1})[0] == "signal"
+    # a segfault among other kernel lines; at most 8 frames shown, every frame in details
+    frames = "".join(f'  File "/w/t.py", line {i} in f{i}\n' for i in range(10))
+    crash = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent " \
+            "call first):\n" + frames
+    r = failures.explain(rank=0, host="n1", code=None, sig=11, evidence={
+        "crash": crash, "kernel": ["eth0: link up", SEGV_LINE, "usb 1-1: new device"]})
+    assert r.summary.endswith("(native code: libfoo.so[7f0000+1000])")
+    assert len(r.evidence) == 1 + 8 and len(r.details["frames"]) == 10
+    # an abort shows its last stderr line only
+    assert _why(rank=0, host="n1", code=None, sig=6, stderr=["a", "b", "c", " "])[4] == ("c",)
+    # a communication error line is cut at 300 characters in the summary, not the evidence
+    long = "NCCL WARN " + "x" * 400
+    r = failures.explain(rank=0, host="n1", code=1, sig=None, comm=[("n1", 0, long)])
+    assert r.summary == f"rank 0 on n1: communication error on n1: {long[:300]}"
+    assert r.evidence == (long,)
+    assert failures._gib(100 * 1024 * 1024) == "100.0 GiB"
+
+
+def test_python_exception_frames_without_a_directory_and_log_lines_after() -> None:
+    lines = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+             "    main()", "ValueError: no", "wandb: syncing run", ""]
+    assert failures.python_exception(lines) == ("ValueError", "no", "<module>() train.py:3")
+
+
+def test_long_messages_are_cut_where_the_summary_says() -> None:
+    msg = "m" * 600
+    r = failures.explain(rank=1, host="n1", code=1, sig=None,
+                         stderr=["Traceback (most recent call last):", f"ValueError: {msg}"])
+    assert r.summary == f"rank 1 on n1 raised ValueError: {msg[:300]}"
+    assert r.evidence == (f"ValueError: {msg}"[:500],)
+    last = "z" * 300
+    r = failures.explain(rank=1, host="n1", code=3, sig=None, stderr=["first", last])
+    assert (r.summary, r.evidence) == (f"rank 1 on n1 exited 3: {last[:200]}", (last,))

@@ -275,7 +275,8 @@ def test_which_lines_count_and_what_meta_json_keeps_per_rank() -> None:
     w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), [0, 1], start=100.0)
     # dtrain's own lines and the node program's (no rank) are not the job's; they never
     # stop the rest of a batch from counting
-    w.observe([_line(101, "it 0", stream="dtrain"), OutputLine("node1", "out", "it 0", None, 0, 101),
+    w.observe([_line(101, "it 0", stream="dtrain"),
+               OutputLine("node1", "out", "it 0", None, 0, 101),
                _line(102, "it 0", rank=0, stream="err"), _line(102, "it 0", rank=1)])
     # a rank the watch was not told about (an elastic restart's) is followed too
     w.observe([_line(103, "it 1", rank=5)])

@@ -9,9 +9,9 @@ import pytest
 
 from launcher.decide.facts import Addr, Gid, Iface, NodeFacts, RdmaPort
 from launcher.decide.rdma import (
+    AF_INET6,
     GidChoice,
     GidPlan,
-    AF_INET6,
     check_gid_index,
     nccl_gid_index,
     plan_gids,
@@ -449,6 +449,8 @@ def test_nccl_rule_edge_rows_replayed() -> None:
                           family=AF_INET6, addr_range="fd00::/8") == 0
     # RoCE v1 asked for (NCCL_IB_ROCE_VERSION_NUM=1), both spellings of the type
     assert nccl_gid_index(basic(), roce_version=1) == 2
+    assert nccl_gid_index(gids((0, mapped("10.0.0.5"), V2, "e"), (1, mapped("10.0.0.5"), V1, "e")),
+                          roce_version=1) == 1
     v1 = gids((0, FE80, "RoCE v1", "e"), (1, mapped("10.0.0.5"), V2, "e"),
               (2, mapped("10.0.0.5"), "RoCE v1", "e"))
     assert nccl_gid_index(v1, roce_version=1) == 2 and nccl_gid_index(v1) == 1

@@ -447,10 +447,10 @@ def test_the_exception_type_is_the_last_dotted_name_of_the_first_evidence_line()
 
 def test_argparse_errors_need_usage_and_the_error_line_last() -> None:
     from launcher.decide import restarts
-    ok = AttemptEnd(2, "rank", stderr=("usage: train.py [-h]", "  ",
+    ok = AttemptEnd(2, "rank", stderr=("usage: train.py [-h]", "  ", "       [--lr LR]",
                                        "train.py: error: unrecognized arguments: --x  "))
     assert restarts._argparse_error(ok) == "train.py: error: unrecognized arguments: --x"
-    for stderr, code in [(ok.stderr, 1), (ok.stderr[1:], 2), (ok.stderr[:1], 2),
+    for stderr, code in [(ok.stderr, 1), (ok.stderr[1:], 2), (ok.stderr[:3], 2),
                          ((*ok.stderr, "more"), 2), (("usage: x", "x: error:"), 2), ((), 2)]:
         assert restarts._argparse_error(AttemptEnd(code, "rank", stderr=stderr)) is None, stderr
 
@@ -467,3 +467,141 @@ def test_lemon_ages_and_lines_whole() -> None:
     expired = lm.Lemon("node3", "x", "r0", t=10.0, until=150.0)
     assert lm.current([lemon, older, expired], 160.0) == {"node2": lemon}
     assert lm.current([lemon, expired], 150.0) == {"node2": lemon}
+
+
+def _fault(end: AttemptEnd, before: tuple[Fault, ...] = ()) -> tuple[object, ...]:
+    f = classify(end, before)
+    return (f.kind, f.why, f.fence, f.signature)
+
+
+def test_classify_every_branch_whole() -> None:
+    from launcher.decide.failures import FailureReason
+    assert _fault(AttemptEnd(0, None)) == (FINAL, "succeeded", (), None)
+    assert _fault(AttemptEnd(130, "interrupted")) == (FINAL, "interrupted", (), None)
+    assert _fault(AttemptEnd(124, "timeout")) == (FINAL, "--timeout reached", (), None)
+    why = "lost (no heartbeat for 10 s, last 12:00)"
+    assert _fault(AttemptEnd(1, "lost", host="node2",
+                             error="no heartbeat for 10 s (last 12:00)")) == (
+        NODE, f"node2 {why}", (("node2", why),), None)
+    assert _fault(AttemptEnd(1, "lost", host="node2")) == (
+        NODE, "node2 lost (connection lost)", (("node2", "lost (connection lost)"),), None)
+    assert _fault(AttemptEnd(1, "rank", host="node1", lost=("node3", "node4"),
+                             error="connection reset")) == (
+        NODE, "node3, node4 lost (connection reset)",
+        (("node3", "lost (connection reset)"), ("node4", "lost (connection reset)")), None)
+    assert _fault(AttemptEnd(1, "start", host="node2", error="ssh: connect refused")) == (
+        NODE, "node2 ssh: connect refused", (("node2", "ssh: connect refused"),), None)
+    assert _fault(AttemptEnd(1, "start", host="node2"))[1] == "node2 did not start"
+    assert _fault(AttemptEnd(1, "hang", host="node2", error="rank 3 in all_reduce")) == (
+        NODE, "node2: hang culprit (rank 3 in all_reduce)",
+        (("node2", "hang culprit (rank 3 in all_reduce)"),), None)
+    assert _fault(AttemptEnd(1, "hang", host="node2"))[1] == "node2: hang culprit (no progress)"
+    assert _fault(AttemptEnd(1, "hang")) == (PROCESS, "hang", (), None)
+    assert _fault(AttemptEnd(1, "hang", error="no culprit")) == (PROCESS, "no culprit", (), None)
+    # an Xid fences its node when the driver's catalogue says so, or the explanation does
+    for xid, scope, kind in [(13, "process", PROCESS), (13, "node", NODE), (79, "process", NODE),
+                             (None, "process", NODE)]:
+        reason = FailureReason("xid", f"Xid {xid}", "a", scope=scope, host="n2",
+                               details={"xid": xid} if xid is not None else {})
+        fence = (("n2", f"Xid {xid}"),) if kind == NODE else ()
+        assert _fault(AttemptEnd(1, "rank", "n2", 1, reason, True)) == (
+            kind, f"Xid {xid}", fence, None), (xid, scope)
+    assert _fault(AttemptEnd(1, "rank", "n2", 1, None, False)) == (
+        USER, "exit 1 before any progress line (a restart would fail the same way; --progress "
+        "REGEX names the script's progress lines)", (), None)
+    assert _fault(AttemptEnd(1, "rank", "n2", 1, None, True)) == (PROCESS, "exit 1", (), None)
+    assert _fault(AttemptEnd(1, "node", "n2", 1, None, True, error="boom")) == (
+        PROCESS, "boom", (), None)
+    exc = _rank_end(TRACE)
+    sig = "exception: ValueError: bad batch 7 in main() train.py:31"
+    first = classify(exc)
+    assert (first.kind, first.signature) == (PROCESS, sig)
+    assert _fault(exc, (first,)) == (
+        USER, "rank 3 on node2 raised ValueError: bad batch 7 in main() train.py:31 (the same "
+        "failure at the same place as the attempt before)", (), sig)
+
+
+def test_decide_lines_whole() -> None:
+    policy = RestartPolicy(restarts=2, backoff=5.0)
+    lost = AttemptEnd(1, "lost", host="n2", error="no heartbeat")
+    fenced = (("n2", "lost (no heartbeat)"),)
+    cases = [
+        ((lost, [], 1, policy, ["n1", "n2"], ["n3"], NodeCount(2, 2)),
+         (True, "n2 lost (no heartbeat): fenced, spare n3 in; attempt 2 from the last "
+          "checkpoint in 5 s", 5.0, fenced)),
+        ((lost, [], 1, policy, ["n1", "n2"], [], NodeCount(1, 2)),
+         (True, "n2 lost (no heartbeat): fenced, shrinking to 1 nodes; attempt 2 from the last "
+          "checkpoint in 5 s", 5.0, fenced)),
+        ((lost, [], 1, policy, ["n1", "n2"], [], NodeCount(2, 2)),
+         (False, "n2 lost (no heartbeat): fenced; 1 usable node(s) left, the run needs at least "
+          "2 (--nnodes 2); no spare left", 0.0, fenced)),
+        ((lost, [], 3, policy, ["n1", "n2"], ["n3"], NodeCount(2, 2)),
+         (False, "n2 lost (no heartbeat): fenced, spare n3 in; no restart left (--restarts 2)",
+          0.0, fenced)),
+        ((AttemptEnd(1, "rank", "n2", 1, None, True), [], 1, policy, ["n1", "n2"], [],
+          NodeCount(2, 2)),
+         (True, "exit 1; attempt 2 on the same nodes from the last checkpoint in 5 s", 5.0, ())),
+        ((AttemptEnd(1, "rank", "n2", 1, None, True), [], 1, RestartPolicy(restarts=1, backoff=0),
+          ["n1", "n2"], [], NodeCount(2, 2)),
+         (True, "exit 1; attempt 2 on the same nodes from the last checkpoint", 0.0, ())),
+        ((AttemptEnd(1, "rank", "n2", 1, None, False), [], 1, policy, ["n1", "n2"], [],
+          NodeCount(2, 2)),
+         (False, "exit 1 before any progress line (a restart would fail the same way; "
+          "--progress REGEX names the script's progress lines): not restarted", 0.0, ())),
+        ((AttemptEnd(0, None), [], 1, policy, ["n1", "n2"], [], NodeCount(2, 2)),
+         (False, "", 0.0, ())),
+    ]
+    for args, expected in cases:
+        d = decide(*args)  # type: ignore[arg-type]
+        assert (d.relaunch, d.line, d.wait, d.fenced) == expected, args
+    assert [backoff(a, 5.0) for a in (1, 2, 3, 4, 10)] == [0.0, 5.0, 10.0, 20.0, 30.0]
+    assert backoff(3, 0) == 0.0 and backoff(5, 100.0, 60.0) == 100.0
+
+
+def test_lemon_records_defaults_bad_ones_and_expiry() -> None:
+    assert lm.Lemon.from_json({"host": "n1", "t": 5}) == lm.Lemon("n1", "", "", 5.0,
+                                                                 5.0 + 24 * 3600.0)
+    for bad in ({"t": 5}, {"host": "", "t": 5}, {"host": 3, "t": 5}, {"host": "n1"},
+                {"host": "n1", "t": "x"}, {"host": "n1", "t": 5, "until": None}):
+        assert lm.Lemon.from_json(bad) is None, bad
+    assert lm.parse({"lemons": [{"host": "n1", "t": 1}, "junk", {"t": 2}]}) == [
+        lm.Lemon("n1", "", "", 1.0, 1.0 + 24 * 3600.0)]
+    assert lm.document([]) == {"lemons_version": 1, "lemons": []}
+    a = lm.Lemon("a", "w", "r", t=0.0, until=100.0)
+    b = lm.Lemon("b", "w", "r", t=50.0, until=1000.0)
+    assert lm.expire([a, b], 100.0) == ([b], [a])  # over exactly at `until`
+    assert lm.expire([a, b], 99.0, older_than=49.0) == ([], [a, b])  # fenced 49 s ago: old
+    assert lm.expire([a, b], 99.0, older_than=50.0) == ([b], [a])
+    assert lm.ago(12600) == "4 h"
+
+
+def test_classify_and_decide_carry_the_fault_the_gang_and_the_signature() -> None:
+    sig = "exception: ValueError: bad batch 7 in main() train.py:31"
+    early = classify(_rank_end(TRACE, progressed=False))
+    assert (early.kind, early.signature) == (USER, sig)
+    assert classify(_rank_end(["boom"], progressed=False)).why == (
+        "rank 3 on node2 exited 1: boom before any progress line (a restart would fail the "
+        "same way; --progress REGEX names the script's progress lines)")
+    typed = classify(_rank_end(["Traceback (most recent call last):",
+                                '  File "/w/t.py", line 2, in <module>', "NameError: bad"]))
+    assert (typed.kind, typed.why, typed.signature) == (
+        USER, "rank 3 on node2 raised NameError: bad in <module>() t.py:2 (a NameError fails "
+        "the same way on every attempt)", "exception: NameError: bad in <module>() t.py:2")
+    policy = RestartPolicy(restarts=3, backoff=0)
+    again = decide(_rank_end(TRACE), [classify(_rank_end(TRACE))], 2, policy, ["n1", "n2"], [],
+                   NodeCount(2, 2))
+    assert not again.relaunch and again.fault.kind == USER and again.line.endswith(
+        "(the same failure at the same place as the attempt before): not restarted")
+    done = decide(AttemptEnd(0, None), [], 1, policy, ["n1"], [], NodeCount(1, 1))
+    assert done.fault.kind == FINAL
+    two = decide(AttemptEnd(1, "rank", "n1", 0, None, True, lost=("n1", "n2")), [], 1, policy,
+                 ["n1", "n2"], ["n3", "n4"], NodeCount(2, 2))
+    assert two.line == ("n1, n2 lost (connection lost): fenced, spare n3 in, spare n4 in; "
+                        "attempt 2 from the last checkpoint")
+    assert two.fault.kind == NODE and two.gang is not None and two.gang.active == ("n3", "n4")
+    stop = decide(AttemptEnd(1, "lost", host="n2"), [], 1, policy, ["n1", "n2"], [],
+                  NodeCount(2, 2))
+    assert stop.fault.kind == NODE and stop.gang is not None and stop.gang.stop
+    last = decide(AttemptEnd(1, "lost", host="n2"), [], 4, policy, ["n1", "n2"], ["n3"],
+                  NodeCount(2, 2))
+    assert not last.relaunch and last.fault.kind == NODE and last.gang is not None

@@ -287,6 +287,7 @@ def test_what_redaction_does_not_claim_an_encoded_or_embedded_secret_is_not_reco
     # compared; a secret inside a URL or re-encoded (base64, %-escapes) is kept as given
     import base64
     import urllib.parse
-    words = [f"https://u:{SECRET}@host/", f"--y={SECRET}=k", base64.b64encode(SECRET.encode()).decode(),
+    words = [f"https://u:{SECRET}@host/", f"--y={SECRET}=k",
+             base64.b64encode(SECRET.encode()).decode(),
              urllib.parse.quote(SECRET + "/")]
     assert redact_words(words, {SECRET}) == words

@@ -235,7 +235,6 @@ def _run(det: StragglerDetector, plan: list[tuple[int, int, dict[str, float]]],
 def test_two_nodes_flagged_and_cleared_each_on_its_own_clock() -> None:
     even = dict.fromkeys(LAYOUT, 0.1)
     slow3 = {**even, "node3": 0.9}
-    slow1 = {**even, "node1": 0.9}
     both = {**even, "node1": 0.9, "node3": 0.9}
     det = StragglerDetector(S)
     cpu: dict[int, float] = {}
