@@ -424,7 +424,8 @@ def test_roce_gid_fallbacks_whole() -> None:
                           (2, "0000:0000:0000:0000:0000:0000:0000:0001", V2, "ens1f0"),
                           (3, "fd00:0000:0000:0000:0000:0000:0000:0007", V2, "ens1f0")))
     assert roce_gid(odd) == GidChoice(3, 1, "mlx5_0:1: only IPv6 GIDs; index 3 (fd00::7) on "
-                                      "ens1f0", AF_INET6, "fd00::7")
+                                      "ens1f0; NCCL 2.21+ would pick 1 (ff02::1 on ens1f0)",
+                                      AF_INET6, "fd00::7")
     # an unreadable type (EINVAL) is no version: not v1, not v2
     untyped = port(table=gids((0, FE80, V1, "ens1f0"), (1, mapped("10.0.0.5"), None, "ens1f0"),
                               (2, mapped("10.0.0.5"), "RoCE v1", "ens1f0"),
@@ -500,3 +501,22 @@ def test_odd_gids_in_reasons_and_checks() -> None:
     garbage = port("mlx5_0", netdev="ens2f0", table=gids((4, "garbage", V2, "ens2f0")))
     assert check_gid_index([garbage], 4) == [
         "mlx5_0:1: GID 4 (garbage) is not a routable IPv4 address"]
+
+
+def test_an_ipv6_only_port_where_nccl_misses_the_backend_gid_gets_an_ipv6_range() -> None:
+    # NCCL's rule takes the first valid IPv6 v2 GID (a container network's, index 2); the
+    # range that steers it is checked with the IPv6 family (mutant _override 21 checked it
+    # with IPv4's, found no match and fell back to an index). The reason said "" before:
+    # the IPv6 note did not say what NCCL would pick.
+    table = gids((0, FE80, V1, "ens1f0"), (1, FE80, V2, "ens1f0"),
+                 (2, "fd01:0000:0000:0000:0000:0000:0000:0009", V2, "docker0"),
+                 (3, "fd00:0000:0000:0000:0000:0000:0000:0005", V2, "ens1f0"))
+    note = ("mlx5_0:1: only IPv6 GIDs; index 3 (fd00::5) on ens1f0; NCCL 2.21+ would pick 2 "
+            "(fd01::9 on docker0)")
+    family = ("NCCL_IB_ADDR_FAMILY", AF_INET6, "RoCE ports have only IPv6 GIDs")
+    assert plan_gids([port(table=table)], nccl_version=(2, 23, 4)) == GidPlan(
+        env=(family, ("NCCL_IB_ADDR_RANGE", "fd00::5/128", note)), notes=(note,))
+    assert plan_gids([port(table=table)]) == GidPlan(env=(family, (
+        "NCCL_IB_GID_INDEX", "3",
+        note + "; NCCL version unknown: an index works on every version, ADDR_RANGE does not")),
+        notes=(note,))

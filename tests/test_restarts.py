@@ -485,6 +485,10 @@ def test_classify_every_branch_whole() -> None:
         NODE, f"node2 {why}", (("node2", why),), None)
     assert _fault(AttemptEnd(1, "lost", host="node2")) == (
         NODE, "node2 lost (connection lost)", (("node2", "lost (connection lost)"),), None)
+    # no host and no lost list: the line names no one, but it still reads as a sentence
+    # (it said " lost (connection lost)"; mutant 35 makes it "None lost")
+    assert _fault(AttemptEnd(1, "lost")) == (
+        NODE, "a node (not named) lost (connection lost)", (), None)
     assert _fault(AttemptEnd(1, "rank", host="node1", lost=("node3", "node4"),
                              error="connection reset")) == (
         NODE, "node3, node4 lost (connection reset)",

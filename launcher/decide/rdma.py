@@ -234,8 +234,12 @@ def roce_gid(port: RdmaPort, *, children: Collection[str] = (),
         if (ip6 is not None and ip6.ipv4_mapped is None and _valid(g)
                 and not (ip6.is_multicast or ip6.is_loopback or ip6.is_link_local)):
             reason = f"{port.name}: only IPv6 GIDs; index {g.index} ({ip6}) on {g.ndev}"
-            return GidChoice(g.index, nccl_gid_index(port.gids, family=AF_INET6), reason,
-                             AF_INET6, str(ip6))
+            pick = nccl_gid_index(port.gids, family=AF_INET6)
+            if pick != g.index:  # say so, as for IPv4: the override's reason quotes it
+                other = next((o for o in port.gids if o.index == pick), None)
+                what = f"{_ip6(other)} on {other.ndev or '?'}" if other else "a link-local GID"
+                reason += f"; NCCL 2.21+ would pick {pick} ({what})"
+            return GidChoice(g.index, pick, reason, AF_INET6, str(ip6))
     reason = (f"{port.name}: no RoCE v2 GID with a routable address on {port.netdev or '?'}; "
               f"NCCL would fall back to index {nccl}")
     return GidChoice(None, nccl, reason)

@@ -132,7 +132,8 @@ def classify(end: AttemptEnd, before: Sequence[Fault] = ()) -> Fault:
     if end.lost or end.root_kind == "lost":
         lost = list(end.lost) or ([end.host] if end.host else [])
         why = re.sub(r" \((.*)\)$", r", \1", end.error or "connection lost")
-        return Fault(NODE, f"{', '.join(lost)} lost ({why})",
+        # a lost attempt whose node was not named (no host, no lost list): say so
+        return Fault(NODE, f"{', '.join(lost) or 'a node (not named)'} lost ({why})",
                      tuple((h, f"lost ({why})") for h in lost))
     if end.root_kind == "start" and end.host:
         why = end.error or "did not start"
