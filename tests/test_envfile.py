@@ -56,7 +56,11 @@ def test_env_arg_errors_whole():
     assert _error(parse_env_args, ["1A=x"]) == (
         f"--env: '1A' is not a valid environment variable name {hint}")
     assert _error(parse_env_args, ["HOSTNAME=x"]) == (
-        f"--env: HOSTNAME is set by the node itself and cannot be forwarded {hint}")
+        "--env: HOSTNAME is set by the node itself and cannot be forwarded (leave it out: "
+        "each node sets its own)")
+    assert _error(parse_env_text, "A=1\nSHLVL=3\n", "f.env") == (
+        "f.env:2: SHLVL is set by the node itself and cannot be forwarded (leave it out: "
+        "each node sets its own)")
     assert _error(parse_env_args, ["A=x\x00y"]) == (
         "--env A: the value contains a NUL byte, which no process environment can carry "
         "(remove it)")
@@ -92,11 +96,12 @@ def test_double_quote_escapes_at_every_position():
 
 
 def test_crlf_inside_a_multi_line_value_is_one_newline():
-    assert parse_env_text('D="a\r\nb"\r\nE=c\r\n', "f.env") == [("D", "a\nb"), ("E", "c")]
+    assert parse_env_text('D="a\r\nb\r\nc"\r\nE=c\r\n', "f.env") == [
+        ("D", "a\nb\nc"), ("E", "c")]
 
 
 def test_env_file_errors_whole_with_file_and_line():
-    assert _error(parse_env_text, "\nA=1\n\x00\nB=\x00\n", "f.env") == (
+    assert _error(parse_env_text, "\nA=1\n\x00\nB=\x00\nC=1\n", "f.env") == (
         "f.env:3: NUL byte in an env file (an environment value cannot carry NUL; is this a "
         "binary file?)")
     assert _error(parse_env_text, "# c\n1A=x\n", "f.env") == (

@@ -618,3 +618,64 @@ def test_fold(items: list[str], expected: str) -> None:
 
 def test_fold_accepts_a_generator() -> None:
     assert fold(h.name for h in HOSTS) == "login2,node[1-4]"
+
+
+# ------------------------------------------------ hints and env: (mutation round, issue #25)
+
+BAD_YAML_HINTS = {
+    "slots": "e.g. slots=8", "slots-bool": "e.g. slots=8", "unknown-host-key": None,
+    "unknown-default-key": None, "unknown-top-key": None,
+    "no-hosts-key": "add hosts: [node1, node2]", "not-list": 'e.g. hosts: ["gpu[01-04] slots=8"]',
+    "empty-list": "add one host a line, e.g. 'node1 slots=8'",
+    "empty-file": "add one host a line, e.g. 'node1 slots=8'", "top-list": None,
+    "no-host": 'e.g. {host: "gpu[1-2]", slots: 8}', "number-entry": 'e.g. "node1 slots=8"',
+    "host-with-space": 'e.g. host: "gpu[01-16]"', "repeated-key": "keep one",
+    "user-conflict": "keep one user", "port": "e.g. node1:2222 or port=2222",
+    "env-bool": 'quote it, e.g. "1", "true" or ""',
+    "env-name": "letters, digits and '_', not starting with a digit",
+    "env-list": "e.g. env: {NCCL_DEBUG: INFO}", "string-entry": "e.g. slots=8",
+    "duplicate": "list each host once; use slots=N for more processes",
+    "syntax": "check the indentation and quoting",
+    "bad-name": "write [user@]host[:port], e.g. dtuser@node[1-4]:2222",
+}
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_YAML)
+def test_bad_yaml_hints(request: pytest.FixtureRequest, text: str, message: str) -> None:
+    """What to do next, as printed after the message."""
+    hint = BAD_YAML_HINTS[request.node.callspec.id]
+    error = yaml_error(text)
+    assert error.hint == hint
+    assert str(error) == (f"{message} ({hint})" if hint else message)
+
+
+@pytest.mark.parametrize(("env", "shown"), [
+    pytest.param("{A: null}", "env.A: value must be a string, got a null (quote it, e.g. "
+                 "\"1\", \"true\" or \"\")", id="null"),
+    pytest.param("{A: }", "env.A: value must be a string, got a null (quote it, e.g. \"1\", "
+                 "\"true\" or \"\")", id="empty"),
+    pytest.param("{A: [1]}", "env.A: value must be a string, got a list (quote it, e.g. "
+                 "\"1\", \"true\" or \"\")", id="list"),
+    pytest.param('{A: "x\\0y"}', "env.A: the value contains a NUL byte, which no process "
+                 "environment can carry (remove the \\0)", id="nul"),
+    pytest.param("{1: x}", "env.1: invalid environment variable: 1 is not a name (letters, "
+                 "digits and '_', not starting with a digit)", id="number-name"),
+    pytest.param("{HOSTNAME: x}", "env.HOSTNAME: invalid environment variable: HOSTNAME is set "
+                 "by the node itself and cannot be forwarded (leave it out: each node sets "
+                 "its own)", id="node-owned"),
+])
+def test_bad_yaml_env_whole(env: str, shown: str) -> None:
+    assert str(yaml_error(f"hosts:\n  - n0\n  - {{host: a, env: {env}}}\n")) == (
+        f"c.yaml:3: hosts[1].{shown}")
+
+
+def test_yaml_env_numbers_become_strings_in_file_order() -> None:
+    hosts = parse_hostfile_yaml("hosts:\n  - {host: a, env: {B: 1, A: 2.5, C: '', D: 0x10}}\n",
+                                "c.yaml")
+    assert [h.env for h in hosts] == [(("A", "2.5"), ("B", "1"), ("C", ""), ("D", "16"))]
+
+
+def test_a_yaml_reader_error_names_the_line_of_the_bad_character() -> None:
+    # a reader error has no mark, only a character position: its line is counted
+    error = yaml_error("\nhosts:\n  - a\n  - b\x07\n")
+    assert str(error) == "c.yaml:4: not valid YAML: special characters are not allowed"

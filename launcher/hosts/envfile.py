@@ -40,11 +40,17 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+def name_hint(name: object) -> str:
+    """What to do about a name ``name_problem`` refused."""
+    if isinstance(name, str) and name in FORBIDDEN:
+        return "leave it out: each node sets its own"
+    return "letters, digits and '_', not starting with a digit"
+
+
 def check_name(name: str, where: str) -> str:
     problem = name_problem(name)
     if problem:
-        raise UsageError(f"{where}: {problem}",
-                         hint="letters, digits and '_', not starting with a digit")
+        raise UsageError(f"{where}: {problem}", hint=name_hint(name))
     return name
 
 
@@ -72,7 +78,7 @@ def from_environment(items: Iterable[str]) -> frozenset[str]:
     return frozenset(item for item in items if "=" not in item)
 
 
-def _double(body: str, path: str, line: int) -> str:
+def _double(body: str) -> str:
     out, i = [], 0
     while i < len(body):
         ch = body[i]
@@ -123,7 +129,7 @@ def parse_env_text(text: str, source: str) -> list[tuple[str, str]]:
                 # the text is not shown: it may be part of a secret
                 raise ConfigError(f"{source}:{i}: {name}: text after the closing {quote} quote",
                                   hint="quote the whole value, or put a comment after ' #'")
-            value = inner if quote == "'" else _double(inner, source, lineno)
+            value = inner if quote == "'" else _double(inner)
         else:
             value = re.split(r"\s+#", value, maxsplit=1)[0].rstrip()
         pairs.append((name, check_value(value, f"{source}:{lineno}: {name}")))

@@ -39,7 +39,7 @@ from launcher.hosts.entries import (
     _why,
     check_expr_size,
 )
-from launcher.hosts.envfile import name_problem
+from launcher.hosts.envfile import name_hint, name_problem
 from launcher.hosts.slurm import NODELIST, allocation
 from launcher.models import Host
 
@@ -183,8 +183,7 @@ def _yaml_env(doc: _Yaml, node: yaml.Node, path: str) -> dict[str, str]:
         ctx = doc.ctx(key_node, _join(path, str(name)))
         problem = name_problem(name) if isinstance(name, str) else f"{name!r} is not a name"
         if problem:
-            raise ctx.error(f"invalid environment variable: {problem}",
-                            hint="letters, digits and '_', not starting with a digit")
+            raise ctx.error(f"invalid environment variable: {problem}", hint=name_hint(name))
         value = doc.value(value_node, ctx.path)
         if isinstance(value, bool) or value is None or not isinstance(value, str | int | float):
             # the value is not shown: it may be a secret
