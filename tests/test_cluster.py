@@ -236,4 +236,7 @@ def test_up_is_idempotent_and_fast(cluster: tc.Cluster) -> None:
 
 
 def test_no_job_env_leaks_into_tests() -> None:
-    assert not [k for k in os.environ if k.startswith(("NCCL_", "GLOO_", "DTRAIN_"))]
+    # DTRAIN_CONFIG="" is conftest's own: no user config file (docs/config.md)
+    assert os.environ.get("DTRAIN_CONFIG") == ""
+    assert not [k for k in os.environ if k.startswith(("NCCL_", "GLOO_", "DTRAIN_"))
+                and k != "DTRAIN_CONFIG"]
