@@ -49,7 +49,8 @@ def slurm(cluster: test_cluster.Cluster) -> Any:
 
 
 @pytest.fixture(autouse=True)
-def _clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_job_env(monkeypatch: pytest.MonkeyPatch,
+                   tmp_path_factory: pytest.TempPathFactory) -> None:
     """NCCL_*/GLOO_*/DTRAIN_*/SLURM_* from the developer's shell (or an allocation) must not
     leak into tests."""
     for name in list(os.environ):
@@ -58,6 +59,10 @@ def _clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # the developer's own ~/.config/dtrain/config.toml must not change what tests see
     # (cluster.client_env() has a HOME of its own; tests of the config set their own)
     monkeypatch.setenv("DTRAIN_CONFIG", "")
+    # nor the developer's state directory: the default archive (a README run there is the
+    # "latest run" for a test's bare `dtrain report`/`attach`) and the fenced-node list; each
+    # test gets its own (cluster.client_env() keeps it; tests of the state dir set their own)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
 
 
 @pytest.fixture
