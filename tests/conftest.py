@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 import pytest
 
 from tests import cluster as test_cluster
 from tests.util import cannot_run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background of a non-interactive shell (`bash scripts/test &`,
+    nohup) inherits SIGINT ignored, and so would every dtrain the tests start: the Ctrl-C
+    tests would see a process that cannot be interrupted. Python's own handler in this
+    process resets the children's SIGINT to the default at exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -236,17 +236,20 @@ def test_console_folds_repeated_stderr_and_torchrun_s_shutdown_chatter(cluster, 
     assert sum(warning in ln for ln in tagged) == 1  # (the summary's stderr tail repeats it)
     assert "node1 r1 [err]: Traceback (most recent call last):\n" in console
     assert "node1 r1 [err]: RuntimeError: boom on purpose\n" in console
-    for node in ("node2", "node3"):
-        assert re.search(rf"^dtrain: {node}: torchrun shutting down \(\d+ lines? in the "
-                         r"archive\)$", console, re.M), console
-        assert not re.search(rf"^{node} \[err\]: .*(death signal|closing signal)", console,
-                             re.M), console
     logs = dtrain(["logs", "--archive-dir", str(runs), "--no-color"],
                   env=cluster.client_env())
     assert logs.returncode == 0, logs.stderr
     archived = [ln for ln in logs.stdout.splitlines() if warning in ln]
     assert sorted(ln.split(" [err]")[0] for ln in archived if not ln.startswith("dtrain:")) \
         == [f"node{r // 2 + 1} r{r}" for r in range(6)]  # every rank's line, individually
+    # torchrun's shutdown chatter, where it printed any: the supervisor KILLs an agent whose
+    # ranks have all exited, so on a loaded box an agent may die before it says a word.
+    # Whatever the archive holds of it is one folded line on the console, never the raw lines.
+    chatty = [node for node in ("node2", "node3")
+              if re.search(rf"^{node} \[err\]: .*Received 15 death signal", logs.stdout, re.M)]
     for node in ("node2", "node3"):
-        assert re.search(rf"^{node} \[err\]: .*Received 15 death signal", logs.stdout, re.M), \
-            logs.stdout
+        folded = re.search(rf"^dtrain: {node}: torchrun shutting down \(\d+ lines? in the "
+                           r"archive\)$", console, re.M)
+        assert folded or node not in chatty, (chatty, console, logs.stdout)
+        assert not re.search(rf"^{node} \[err\]: .*(death signal|closing signal)", console,
+                             re.M), console
