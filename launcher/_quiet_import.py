@@ -24,20 +24,21 @@ module. The help text is the same (tests/test_cli_lean.py compares it).
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from importlib.machinery import ModuleSpec, PathFinder
 from types import ModuleType
 from typing import Any
 
-PROBING_MODULE = "asyncssh.crypto.pq"
-OQS_NAMES = frozenset({"oqs", "liboqs"})
 
+class _WhileExecuting:
+    """A meta-path finder for one module: its usual spec, executed inside ``during()``."""
 
-class _NoOqsProbe:
-    """A meta-path finder for one module: the usual spec, executed without the probe."""
+    module: str
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None
                   ) -> ModuleSpec | None:
-        if fullname != PROBING_MODULE:
+        if fullname != self.module:
             return None
         spec = PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -45,21 +46,39 @@ class _NoOqsProbe:
         real_exec = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
-            import ctypes.util
-
-            real = ctypes.util.find_library
-
-            def find_library(name: str) -> str | None:
-                return None if name in OQS_NAMES else real(name)
-
-            ctypes.util.find_library = find_library
-            try:
+            with self.during():
                 real_exec(module)
-            finally:
-                ctypes.util.find_library = real
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+    def during(self) -> AbstractContextManager[None]:
+        raise NotImplementedError
+
+
+PROBING_MODULE = "asyncssh.crypto.pq"
+OQS_NAMES = frozenset({"oqs", "liboqs"})
+
+
+class _NoOqsProbe(_WhileExecuting):
+    """asyncssh.crypto.pq executed without the probe: the two liboqs names are not found."""
+
+    module = PROBING_MODULE
+
+    @contextmanager
+    def during(self) -> Iterator[None]:
+        import ctypes.util
+
+        real = ctypes.util.find_library
+
+        def find_library(name: str) -> str | None:
+            return None if name in OQS_NAMES else real(name)
+
+        ctypes.util.find_library = find_library
+        try:
+            yield
+        finally:
+            ctypes.util.find_library = real
 
 
 HELP_MODULE = "typer.rich_utils"
@@ -86,34 +105,25 @@ class _Deferred(type):
         return isinstance(obj, cls.real())
 
 
-class _HelpWithoutMarkdown:
-    """A meta-path finder for typer.rich_utils: executed with DEFERRED as placeholders."""
+class _HelpWithoutMarkdown(_WhileExecuting):
+    """typer.rich_utils executed with DEFERRED as placeholders."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None
-                  ) -> ModuleSpec | None:
-        if fullname != HELP_MODULE:
-            return None
-        spec = PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        real_exec = spec.loader.exec_module
+    module = HELP_MODULE
 
-        def exec_module(module: ModuleType) -> None:
-            placed = {}
-            for name, cls in DEFERRED.items():
-                if name not in sys.modules:
-                    stub = ModuleType(name)
-                    setattr(stub, cls, _Deferred(cls, (), {"_module": name}))
-                    placed[name] = sys.modules[name] = stub
-            try:
-                real_exec(module)
-            finally:
-                for name, stub in placed.items():
-                    if sys.modules.get(name) is stub:
-                        del sys.modules[name]
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+    @contextmanager
+    def during(self) -> Iterator[None]:
+        placed = {}
+        for name, cls in DEFERRED.items():
+            if name not in sys.modules:
+                stub = ModuleType(name)
+                setattr(stub, cls, _Deferred(cls, (), {"_module": name}))
+                placed[name] = sys.modules[name] = stub
+        try:
+            yield
+        finally:
+            for name, stub in placed.items():
+                if sys.modules.get(name) is stub:
+                    del sys.modules[name]
 
 
 def install() -> None:
