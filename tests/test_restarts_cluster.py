@@ -306,24 +306,30 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _start_detached(cluster: tc.Cluster, tmp_path: Path, run_id: str, *, backoff: str) -> int:
+    """`run --detach --restarts 2` of the lite workload on node[1-2], rank 1 crashing once;
+    the detached launcher's pid once it said so."""
+    args = _args(cluster, tmp_path, run_id, "node[1-2]", "--restarts", "2",
+                 "--restart-backoff", backoff, "--detach",
+                 env={"CK_DIR": str(_ckdir(cluster, run_id)), "CK_STEPS": "15",
+                      "CK_CRASH_RANK": "1"},
+                 script=LITE)
+    started = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO, text=True,
+                             capture_output=True, timeout=120,
+                             env=cluster.client_env(**_state(tmp_path)))
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert f"run {run_id} started; detached" in started.stdout + started.stderr
+    return int(meta(tmp_path, run_id)["launcher"]["pid"])
+
+
 def test_a_detached_run_restarts_and_is_stoppable_in_its_back_off(
         six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
     """--detach --restarts: the detached launcher runs the loop (a crash once, then the
     same nodes); ps says the attempt; logs --attempt shows one attempt; a second detached
     run is stopped by `dtrain stop` in its back-off; nothing left on the nodes."""
     run_id = new_id("restart-detach")
-    ck = _ckdir(six, run_id)
-    args = _args(six, tmp_path, run_id, "node[1-2]", "--restarts", "2",
-                 "--restart-backoff", "0.2", "--detach",
-                 env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"},
-                 script=LITE)
     with JobWatch(six, [1, 2], run_id=run_id) as watch:
-        started = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO,
-                                 text=True, capture_output=True, timeout=120,
-                                 env=six.client_env(**_state(tmp_path)))
-        assert started.returncode == 0, started.stdout + started.stderr
-        assert f"run {run_id} started; detached" in started.stdout + started.stderr
-        pid = meta(tmp_path, run_id)["launcher"]["pid"]
+        pid = _start_detached(six, tmp_path, run_id, backoff="0.2")
         _until("the detached run ends", lambda: _gone(pid), 120)
         watch.assert_clean(5.0)
     _saw(watch, 4)  # 2 nodes x 2 attempts
@@ -342,17 +348,8 @@ def test_a_detached_run_restarts_and_is_stoppable_in_its_back_off(
 
     # a second detached run, stopped between its attempts
     run_id = new_id("restart-detach-stop")
-    ck = _ckdir(six, run_id)
-    args = _args(six, tmp_path, run_id, "node[1-2]", "--restarts", "2",
-                 "--restart-backoff", "600", "--detach",
-                 env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"},
-                 script=LITE)
     with JobWatch(six, [1, 2], run_id=run_id) as watch:
-        started = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO,
-                                 text=True, capture_output=True, timeout=120,
-                                 env=six.client_env(**_state(tmp_path)))
-        assert started.returncode == 0, started.stdout + started.stderr
-        pid = meta(tmp_path, run_id)["launcher"]["pid"]
+        pid = _start_detached(six, tmp_path, run_id, backoff="600")
         _until("the back-off", lambda: meta(tmp_path, run_id).get("state") == "restarting",
                120)
         ps = _launcher(["ps"], tmp_path, six)
