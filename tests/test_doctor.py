@@ -430,6 +430,214 @@ def test_evaluate_orders_rows_check_by_check_and_skips_unreached_nodes() -> None
     assert doctor.exit_code(rows) == 255
 
 
+# --------------------------------------------------------------------------- every row whole
+# Each check on one set of nodes that reaches every branch, compared row by row (host,
+# check, status, detail): the words a user reads are the check's output, so a changed word,
+# a dropped clause or a wrong threshold fails here (issue #25, mutation score).
+
+
+def rows_of(rows: list[CheckResult]) -> list[tuple[str, str, str, str]]:
+    return [(r.host, r.check, r.status, r.detail) for r in rows]
+
+
+def test_ssh_and_setup_rows_whole() -> None:
+    hosts = [Host("gpu1"), "gpu2", Host("gpu3", user="u")]
+    assert rows_of(doctor.check_ssh(hosts, {"gpu2": "timed out connecting after 2 s"})) == [
+        ("gpu1", "ssh", OK, "connected"),
+        ("gpu2", "ssh", FAIL, "timed out connecting after 2 s"),
+        ("gpu3", "ssh", OK, "connected")]
+    facts = cluster_facts()
+    del facts["gpu2"]
+    assert doctor.check_setup("", ["gpu1"], facts, {}) == []
+    rows = doctor.check_setup("source venv/bin/activate", [Host("gpu1"), "gpu2", "gpu3", "gpu4"],
+                              facts, {"gpu4": "--setup failed (exit 3)"})
+    assert rows_of(rows) == [
+        ("gpu1", "setup", OK, "ran (exit 0)"),
+        ("gpu2", "setup", SKIP, "not known: the node program did not start (see python)"),
+        ("gpu3", "setup", OK, "ran (exit 0)"),
+        ("gpu4", "setup", FAIL, "--setup failed (exit 3)")]
+
+
+def test_python_rows_whole() -> None:
+    facts = {"a": replace(node("a", MASTER), python=None, python_executable=None),
+             "c": replace(node("c", "10.0.0.3"), errors={"rdma": "OSError: x", "gpu": "boom"}),
+             "d": node("d", "10.0.0.4")}
+    rows = doctor.check_python(facts, ["b0", "a", "b1", "b2", "c", "d"],
+                               {"b0": "--setup failed (exit 1)", "b2": "probe failed: x"})
+    assert rows_of(rows) == [
+        ("b0", "python", SKIP, "not run: --setup failed"),
+        ("a", "python", OK, "Python ?"),
+        ("b1", "python", FAIL, "not probed"),
+        ("b2", "python", FAIL, "probe failed: x"),
+        ("c", "python", WARN, "Python 3.11.7 (/opt/venv/bin/python); probe sections failed: "
+                              "gpu: boom, rdma: OSError: x"),
+        ("d", "python", OK, "Python 3.11.7 (/opt/venv/bin/python)")]
+    # a node without facts and without an error is "not probed" also with no error map
+    assert rows_of(doctor.check_python({}, ["b"])) == [("b", "python", FAIL, "not probed")]
+
+
+def test_hostname_rows_whole() -> None:
+    facts = {"a": node("", MASTER), "b": node("Gpu", "10.0.0.2"), "c": node("gpu", "10.0.0.3"),
+             "d": node("GPU", "10.0.0.4"), "e": node("e", "10.0.0.5")}
+    assert rows_of(doctor.check_hostnames(facts)) == [
+        ("a", "hostname", WARN, "the node reported no hostname"),
+        ("b", "hostname", FAIL, "Gpu is also the hostname of c,d: the same machine listed twice?"),
+        ("c", "hostname", FAIL, "gpu is also the hostname of b,d: the same machine listed twice?"),
+        ("d", "hostname", FAIL, "GPU is also the hostname of b,c: the same machine listed twice?"),
+        ("e", "hostname", OK, "e")]
+
+
+def test_torch_and_nccl_rows_whole() -> None:
+    nowhere = {"a": replace(node("a", MASTER, torch=None), python_executable=None),
+               "b": node("b", "10.0.0.2", torch=None)}
+    assert rows_of(doctor.check_torch(nowhere)) == [
+        ("a", "torch", FAIL, "torch is not installed for the node's python"),
+        ("b", "torch", FAIL, "torch is not installed for /opt/venv/bin/python")]
+    facts = {"a": node("a", MASTER, torch="2.12.0"), "b": node("b", "10.0.0.2"),
+             "c": node("c", "10.0.0.3"), "d": node("d", "10.0.0.4", torch=None)}
+    assert rows_of(doctor.check_torch(facts)) == [
+        ("a", "torch", FAIL, "torch 2.12.0 here, 2.13.0+cu124 on b,c: install one version "
+                             "everywhere"),
+        ("b", "torch", OK, "torch 2.13.0+cu124"),
+        ("c", "torch", OK, "torch 2.13.0+cu124"),
+        ("d", "torch", FAIL, "torch is not installed for /opt/venv/bin/python")]
+    assert rows_of(doctor.check_nccl(cluster_facts(gpu1=node("gpu1", MASTER)))) == [
+        (h, "nccl", SKIP, "no nvidia-nccl wheel") for h in ("gpu1", "gpu2", "gpu3")]
+    facts = {"a": node("a", MASTER), "b": node("b", "10.0.0.2", nccl="2.21.5"),
+             "c": node("c", "10.0.0.3", nccl="2.21.5"), "d": node("d", "10.0.0.4", nccl="2.20.3")}
+    assert rows_of(doctor.check_nccl(facts)) == [
+        ("a", "nccl", WARN, "no nvidia-nccl wheel here; 2.21.5 on b,c"),
+        ("b", "nccl", OK, "NCCL 2.21.5"),
+        ("c", "nccl", OK, "NCCL 2.21.5"),
+        ("d", "nccl", FAIL, "NCCL 2.20.3 here, 2.21.5 on b,c")]
+
+
+def test_gpu_rows_whole() -> None:
+    assert doctor.check_gpus({}) == []
+    no_driver = {"a": replace(node("a", MASTER), gpu_driver=None),
+                 "b": replace(node("b", "10.0.0.2", gpus=4), gpu_driver=None)}
+    assert rows_of(doctor.check_gpus(no_driver, {"a": 8})) == [
+        ("a", "gpu", OK, "8 GPU(s)"), ("b", "gpu", WARN, "4 GPU(s); 8 on a")]
+    facts = {"a": node("a", MASTER), "b": node("b", "10.0.0.2", gpus=0),
+             "c": node("c", "10.0.0.3", gpus=4),
+             "d": replace(node("d", "10.0.0.4"), gpu_driver="535.1"),
+             "e": node("e", "10.0.0.5", gpus=4), "f": node("f", "10.0.0.6"),
+             "g": replace(node("g", "10.0.0.7"), gpu_driver=None)}
+    rows = doctor.check_gpus(facts, {"a": 8, "b": 1, "c": 2, "e": 5})
+    assert rows_of(rows) == [
+        ("a", "gpu", OK, "8 GPU(s), driver 550.54"),  # slots == GPUs is enough
+        ("b", "gpu", WARN, "no GPU visible: CPU only (gloo backend)"),
+        ("c", "gpu", WARN, "4 GPU(s), driver 550.54; 8 on a,d,f,g"),
+        ("d", "gpu", WARN, "8 GPU(s), driver 535.1; driver 550.54 on a,c,e,f"),
+        ("e", "gpu", FAIL, "4 GPU(s), driver 550.54, but slots=5"),
+        ("f", "gpu", OK, "8 GPU(s), driver 550.54"),
+        ("g", "gpu", OK, "8 GPU(s)")]
+
+
+def test_memlock_shm_and_sizes_whole() -> None:
+    ib = (ib_port("mlx5_0"),)
+    facts = {"a": node("a", MASTER), "b": node("b", "10.0.0.2", memlock=64 << 10),
+             "c": node("c", "10.0.0.3", rdma=ib),
+             "d": replace(node("d", "10.0.0.4", rdma=ib), memlock=None),
+             "e": node("e", "10.0.0.5", rdma=ib, memlock=8 * GIB + GIB // 2),
+             "f": replace(node("f", "10.0.0.6"), memlock=None),
+             "g": node("g", "10.0.0.7", memlock=1023), "h": node("h", "10.0.0.8", memlock=1024),
+             "i": node("i", "10.0.0.9", memlock=1 << 20)}
+    assert rows_of(doctor.check_memlock(facts)) == [
+        ("a", "memlock", OK, "max locked memory unlimited"),
+        ("b", "memlock", SKIP, "max locked memory 64 KiB (no RDMA in use: not needed)"),
+        ("c", "memlock", OK, "max locked memory unlimited"),
+        ("d", "memlock", WARN, "max locked memory unknown with RDMA ports"),
+        ("e", "memlock", FAIL, "max locked memory 8.5 GiB with RDMA ports: NCCL needs unlimited "
+                               "(limits.conf memlock, systemd LimitMEMLOCK, sshd UsePAM)"),
+        ("f", "memlock", SKIP, "max locked memory unknown (no RDMA in use: not needed)"),
+        ("g", "memlock", SKIP, "max locked memory 1023 B (no RDMA in use: not needed)"),
+        ("h", "memlock", SKIP, "max locked memory 1 KiB (no RDMA in use: not needed)"),
+        ("i", "memlock", SKIP, "max locked memory 1 MiB (no RDMA in use: not needed)")]
+    facts = {"a": node("a", MASTER, shm=None), "b": node("b", "10.0.0.2", shm=GIB),
+             "c": node("c", "10.0.0.3", shm=GIB - (1 << 20)),
+             "d": node("d", "10.0.0.4", shm=3 * GIB // 2), "e": node("e", "10.0.0.5", shm=1536)}
+    tip = "(< 1 GiB): NCCL may fail (docker run --shm-size / --ipc=host)"
+    assert rows_of(doctor.check_shm(facts)) == [
+        ("a", "shm", WARN, "/dev/shm size unknown (not mounted?)"),
+        ("b", "shm", OK, "/dev/shm 1 GiB"),
+        ("c", "shm", WARN, f"/dev/shm is 1023 MiB {tip}"),
+        ("d", "shm", OK, "/dev/shm 1.5 GiB"),
+        ("e", "shm", WARN, f"/dev/shm is 1.5 KiB {tip}")]
+
+
+def test_limit_rows_whole_and_the_node_count_that_asks_for_more_files() -> None:
+    facts = {f"n{i}": node(f"n{i}", f"10.0.0.{i + 1}") for i in range(16)}
+    facts["n0"] = replace(facts["n0"], stack=UNLIMITED, nofile=32767)
+    facts["n1"] = replace(facts["n1"], stack=UNLIMITED, nccl_version="2.27.7", nofile=32768)
+    facts["n2"] = replace(facts["n2"], stack=UNLIMITED, nccl_version="2.28.3", nofile=None)
+    facts["n3"] = replace(facts["n3"], stack=None, nofile=UNLIMITED)
+    stack = "stack unlimited: NCCL < 2.28 threads get only 2 MB (ulimit -s 8192)"
+    assert rows_of(doctor.check_limits(facts)[:5]) == [
+        ("n0", "limits", WARN, f"nofile 32767, stack unlimited; {stack}; nofile below 32768 "
+                               "for 16 nodes"),
+        ("n1", "limits", WARN, f"nofile 32768, stack unlimited; {stack}"),
+        ("n2", "limits", OK, "nofile unknown, stack unlimited"),
+        ("n3", "limits", OK, "nofile unlimited, stack unknown"),
+        ("n4", "limits", OK, "nofile 1048576, stack 8 MiB")]
+    fifteen = dict(list(facts.items())[:15])
+    assert rows_of(doctor.check_limits(fifteen)[:1]) == [
+        ("n0", "limits", WARN, f"nofile 32767, stack unlimited; {stack}")]
+
+
+def test_gpudirect_rows_whole() -> None:
+    ib = (ib_port("mlx5_0"),)
+    efa = (RdmaPort("rdmap0", 1, "4: ACTIVE", "5: LinkUp", "Ethernet", "100 Gb/sec", "efa"),)
+    peermem = ("/sys/module/nvidia_peermem",)
+    facts = {"a": node("a", MASTER, rdma=ib, gpus=1),
+             "b": replace(node("b", "10.0.0.2", rdma=ib, gpus=1), files=peermem),
+             "c": replace(node("c", "10.0.0.3", rdma=ib, gpus=0), files=peermem),
+             "d": replace(node("d", "10.0.0.4", rdma=efa), files=peermem),
+             "e": node("e", "10.0.0.5")}
+    assert rows_of(doctor.check_gpudirect(facts)) == [
+        ("a", "gpudirect", WARN, "nvidia_peermem not loaded: GPUDirect RDMA only with DMA-BUF "
+                                 "(modprobe nvidia_peermem)"),
+        ("b", "gpudirect", OK, "nvidia_peermem loaded"),
+        ("c", "gpudirect", SKIP, "needs GPUs and IB/RoCE ports"),
+        ("d", "gpudirect", SKIP, "needs GPUs and IB/RoCE ports"),
+        ("e", "gpudirect", SKIP, "needs GPUs and IB/RoCE ports")]
+
+
+def test_clock_rows_whole_at_the_edges_of_the_window() -> None:
+    """The window is [999, 1001]; only what lies outside it counts, warn above 1.0 s."""
+    facts = {"a": node("a", MASTER, t=1002.0), "b": node("b", "10.0.0.2", t=997.5),
+             "c": node("c", "10.0.0.3", t=1002.5), "d": node("d", "10.0.0.4", t=998.0),
+             "e": node("e", "10.0.0.5", t=None), "f": node("f", "10.0.0.6", t=999.0),
+             "g": node("g", "10.0.0.7")}
+    rows = doctor.check_clock(facts, dict.fromkeys("abcdef", (999.0, 1001.0)))
+    assert rows_of(rows) == [
+        ("a", "clock", OK, "offset +1000 ms (+/- 1000 ms)"),
+        ("b", "clock", WARN, "1.5 s behind the launcher (chrony/NTP not running?)"),
+        ("c", "clock", WARN, "1.5 s ahead of the launcher (chrony/NTP not running?)"),
+        ("d", "clock", OK, "offset -1000 ms (+/- 1000 ms)"),
+        ("e", "clock", SKIP, "no timestamp"),  # no timestamp from the node
+        ("f", "clock", OK, "offset +0 ms (+/- 1000 ms)"),
+        ("g", "clock", SKIP, "no timestamp")]  # no timing for the node
+
+
+def test_fast_checks_keep_nodes_missing_from_the_host_list_and_the_hint_names_the_fix() -> None:
+    facts = cluster_facts(gpu3=node("gpu3", "10.0.0.3", torch="2.12.0"))
+    rows = doctor.fast_checks(facts, ["gpu2", "gpu1"])
+    assert [r.host for r in rows if r.check == "python"] == ["gpu2", "gpu1"]
+    assert [r.host for r in rows if r.check == "torch"] == ["gpu2", "gpu1", "gpu3"]
+    assert doctor.failure_message(rows) == ("gpu3: torch: torch 2.12.0 here, 2.13.0+cu124 on "
+                                            "gpu[1-2]: install one version everywhere")
+    from launcher.decide.checks import PYTHON_FIX, failure_hint
+    assert failure_hint(rows) == PYTHON_FIX
+    python = [CheckResult("gpu1", "python", FAIL, "not probed")]
+    assert failure_hint(python) == PYTHON_FIX
+    other = [CheckResult("gpu1", "shm", FAIL, "x"), CheckResult("gpu2", "python", WARN, "y")]
+    assert failure_hint(other) == "`dtrain doctor` shows every check; --no-preflight skips these"
+    assert PYTHON_FIX == ("point dtrain at a Python that has torch on those nodes: --python "
+                          "/path/to/venv/bin/python, the hostfile's python=/path/to/python, or "
+                          "--setup 'source /path/to/venv/bin/activate'")
+
+
 def test_exit_code_and_json_document() -> None:
     warn = [CheckResult("a", "shm", WARN, "small"), CheckResult("a", "torch", OK, "2.13")]
     assert doctor.exit_code(warn) == 0 and doctor.exit_code(warn, strict=True) == 1
