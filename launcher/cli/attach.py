@@ -10,7 +10,14 @@ import typer
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
-from launcher.cli.groups import DISPLAY, ArchiveDirOpt, ColorOpt, HostFilterOpt, RankFilterOpt
+from launcher.cli.groups import (
+    DISPLAY,
+    ArchiveDirOpt,
+    ColorOpt,
+    GrepOpt,
+    HostFilterOpt,
+    RankFilterOpt,
+)
 
 
 def attach_cmd(
@@ -20,8 +27,7 @@ def attach_cmd(
     archive_dir: ArchiveDirOpt = groups.DEFAULT_ARCHIVE_DIR,
     rank: RankFilterOpt = None,
     host: HostFilterOpt = None,
-    grep: Annotated[str | None, typer.Option("--grep", metavar="REGEX", rich_help_panel=DISPLAY,
-                                             help="Only lines matching.")] = None,
+    grep: GrepOpt = None,
     lines: Annotated[int, typer.Option("--lines", "-n", min=0, metavar="N",
                                        rich_help_panel=DISPLAY,
                                        help="Start with the last N lines.")] = 20,

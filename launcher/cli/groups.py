@@ -10,8 +10,8 @@ parameters and calls the group's function; the panels are what `--help` shows
   :func:`connection`
 - node: ``--python`` (with its value check), ``--setup``, ``--workdir`` → :func:`node`
 - environment: ``-e/--env``, ``--env-file``
-- display: ``--color``, ``--raw``, ``--timestamps``, the ``--host``/``--rank`` filters →
-  :func:`filters`
+- display: ``--color``, ``--raw``, ``--timestamps``, the ``--host``/``--rank``/``--grep``
+  filters → :func:`rank_filter`, :func:`host_filter`
 - reports: ``--json``, ``--junit``
 - archive: ``--archive-dir``, ``--run-id``
 - failure: ``--grace``, ``--timeout``, ``--heartbeat-timeout``, ``--start-timeout``
@@ -256,6 +256,8 @@ HostFilterOpt = Annotated[list[str] | None, typer.Option(
 RankFilterOpt = Annotated[list[str] | None, typer.Option(
     "--rank", "--ranks", metavar="RANKS", rich_help_panel=DISPLAY,
     help="Show only these ranks (0-3,7; repeatable).")]
+GrepOpt = Annotated[str | None, typer.Option(
+    "--grep", metavar="REGEX", rich_help_panel=DISPLAY, help="Only lines matching.")]
 
 
 def rank_filter(rank: list[str] | None, option: str = "--rank") -> frozenset[int] | None:
