@@ -138,11 +138,12 @@ def test_rendezvous_c10d_a_module_and_the_gpu_selection() -> None:
     n0 = replace(N0, gpus=0, site_env=())
     n2 = replace(node("node2", iface("eth0", "198.18.0.13/24"), default="eth0",
                       routes={MASTER_IP: route(MASTER_IP, "eth0")}), gpus=4)
-    hosts = [Host("node0"), Host("node1"), Host("node2", slots=3)]
+    hosts = [Host("node0"), Host("node1", env=(("E", "1"),)), Host("node2", slots=3)]
     req = RunRequest(script="pkg.train", module=True, args=("-x",), nproc_per_node="auto",
                      rdzv="c10d", run_id="r2", python="/opt/py",
                      devices=DeviceSelection(include={"node1": (1, 3)}))
-    opts = RunOptions(profile={"NCCL_P2P_DISABLE": "1"}, profile_name="aws")
+    opts = RunOptions(profile={"NCCL_P2P_DISABLE": "1"}, profile_name="aws",
+                      no_auto=frozenset({"GLOO_SOCKET_IFNAME"}))
     plan = build_plan(req, opts, hosts, {"node0": n0, "node1": N1, "node2": n2},
                       master_addr=MASTER_IP, master_port=29500, master_reason="m")
     c10d = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "198.18.0.11:29500", "--rdzv-id", "r2"]
@@ -163,7 +164,7 @@ def test_rendezvous_c10d_a_module_and_the_gpu_selection() -> None:
     assert env_rows(plan.nodes[1]) == [
         *own,
         ("CUDA_VISIBLE_DEVICES", "1,3", "user", "--include/--exclude (GPU selection)", True),
-        ("GLOO_SOCKET_IFNAME", "eth0", "detected", "route to 198.18.0.11 via eth0", True),
+        ("E", "1", "user", "hostfile env:", True),  # --no-auto GLOO_SOCKET_IFNAME
         ("NCCL_P2P_DISABLE", "1", "profile", "aws", True),
         ("NCCL_SOCKET_IFNAME", "=eth0", "detected", "route to 198.18.0.11 via eth0", True),
         UNBUFFERED]
