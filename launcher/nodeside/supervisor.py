@@ -18,7 +18,8 @@ without a pty outlives its connection. So the supervisor owns the job:
   (torchrun starts each worker in a session of its own) stays findable under our pid;
 - it kills the whole descendant tree (TERM, grace, KILL) when told to (``stop``/``kill``),
   when its stdin reaches EOF (launcher or connection gone), on SIGTERM/SIGHUP/SIGINT, or when
-  the launcher's heartbeats stop for ``heartbeat_timeout`` seconds (a partition TCP misses);
+  the launcher's heartbeats stop for ``launcher_timeout`` seconds (a partition TCP misses;
+  three times the launcher's own ``heartbeat_timeout``, so a stalled launcher is waited for);
 - it never kills by name: only processes descending from itself, each checked by pid AND
   start time (a pidfd where the kernel has them), so a recycled pid is never signalled;
 - in ``run`` mode, once a stop is under way and every rank on the node has exited, what is
@@ -1060,7 +1061,9 @@ class Supervisor(Evidence):
         self.poll = select.poll()
         self.watched = {}  # fd -> (kind, data, socket or None): what the main loop reads
         self.grace = float(spec.get("grace", 10))
-        self.hb_timeout = float(spec.get("heartbeat_timeout", 30))
+        # how long without a line from the launcher before the job is torn down as orphaned:
+        # the launcher sends more than its own --heartbeat-timeout (decide/liveness.py)
+        self.hb_timeout = float(spec.get("launcher_timeout", spec.get("heartbeat_timeout", 30)))
         self.hb_interval = float(spec.get("heartbeat_interval", 2))
         self.last_hb = now()
         self.job = None  # its pid
