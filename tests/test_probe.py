@@ -557,7 +557,7 @@ def test_malformed_answers_leave_every_field_at_its_default() -> None:
                                     {"index": "x"}]}]}]}})
     assert rows.interfaces[0].name == "" and rows.interfaces[0].addrs == (
         Addr("inet", "", 32), Addr("inet6", "", 128), Addr("", "", 128))
-    assert rows.rdma[0].port == 1 and rows.rdma[0].gids[0].index == 0
+    assert rows.rdma[0].port == 1 and rows.rdma[0].gids == (Gid(0, ""),)
 
 
 def test_the_properties_decisions_read() -> None:
@@ -588,6 +588,7 @@ def test_the_properties_decisions_read() -> None:
     assert RdmaPort("d", 1, rate="12.5 Gb/sec").rate_gbps == 12.5
     assert parse_version("2.21.5") == (2, 21, 5)
     assert parse_version("2.13.0+cpu") == (2, 13, 0)
+    assert parse_version("2.21.5+cuda12.4") == (2, 21, 5)  # the local tag is not read
     assert parse_version("2.21rc1") == (2, 21)
     assert parse_version("2.x.1") == (2,)
     for none in (None, "", "x", "+2.1"):
