@@ -487,7 +487,7 @@ FULL_ANSWER: dict[str, Any] = {
                     "link_layer": "Ethernet", "rate": "400 Gb/sec (4X NDR)", "netdev": "ens2f0",
                     "gids": [{"index": 3, "gid": "::ffff:10.200.2.10", "type": "RoCE v2",
                               "ndev": "ens2f0"}, {"gid": "fe80::1"}, "not a row"]},
-                   {"state": "1: DOWN"}, "not a port"]},
+                   "not a port", {"state": "1: DOWN"}]},
         "not a device", {"ports": [{"port": 2}]}]},
     "shm_bytes": 1 << 30, "limits": {"memlock": -1, "nofile": "1048576", "stack": 8388608},
     "time": 1700000000, "workdir": {"is_dir": True, "accessible": False},
@@ -558,6 +558,8 @@ def test_malformed_answers_leave_every_field_at_its_default() -> None:
     assert rows.interfaces[0].name == "" and rows.interfaces[0].addrs == (
         Addr("inet", "", 32), Addr("inet6", "", 128), Addr("", "", 128))
     assert rows.rdma[0].port == 1 and rows.rdma[0].gids == (Gid(0, ""),)
+    assert Addr.from_json({"family": "inet", "addr": "0.0.0.0", "prefixlen": 0}) == Addr(
+        "inet", "0.0.0.0", 0)
 
 
 def test_the_properties_decisions_read() -> None:
