@@ -241,6 +241,7 @@ def test_a_leading_tilde_is_the_node_s_home() -> None:
     assert expand_home("~", "/home/u/") == "/home/u/"
     assert expand_home("~/venv/bin/python", "/home/u/") == "/home/u/venv/bin/python"
     assert expand_home("~/x", "/") == "/x"
+    assert expand_home("~/x", "/home/X") == "/home/X/x"  # only slashes are stripped
     for kept in ("~bob/x", "/opt/~/x", "python3", "x~/y"):
         assert expand_home(kept, "/home/u") == kept
     assert expand_home("~/x", None) == "~/x" and expand_home("~/x", "") == "~/x"
