@@ -350,9 +350,9 @@ def test_walk_rows_whole(tmp_path: Path) -> None:
     assert cpnode.walk_tree(str(root / "a")) == [["", "file", 3, 1_600_000_000, 0o640, ""]]
     assert cpnode.walk_tree(str(root / "d" / "l")) == [["", "link", 0, link_mtime, 0o777, "../a"]]
     assert [cpnode.is_temp(n) for n in (".dtrain-cp-1-x.tmp", "a/.dtrain-cp-1.tmp",
-                                         ".dtrain-cp-1.tmp/x", "dtrain-cp-1.tmp",
-                                         ".dtrain-cp-1.tmpx")] == [True, True, False, False,
-                                                                  False]
+                                         "a/b/.dtrain-cp-1.tmp", ".dtrain-cp-1.tmp/x",
+                                         "dtrain-cp-1.tmp", ".dtrain-cp-1.tmpx")] == [
+        True, True, True, False, False, False]
 
 
 def test_diff_rows_whole() -> None:
@@ -462,7 +462,16 @@ def test_each_op_s_answer_whole(tmp_path: Path) -> None:
         "differ": [], "missing": [], "extra": []}
     assert u.handle({"op": "diff", "root": str(root / "m"), "all_extras": 1})["extra"][1][0] \
         == "n"
+    assert u.handle({"op": "diff", "root": str(root / "m"), "rows": [
+        ["", "dir", None, None, None, None], ["n", "dir", None, None, None, None],
+        ["o", "file", 1, 1, 0o644, ""]]}) == {"differ": [], "missing": ["o"], "extra": []}
     assert u.handle({"op": "drop"}) == {"dropped": 0}
+    for name in (".dtrain-cp-1-a.tmp", ".dtrain-cp-2-b.tmp", "keep"):
+        (root / name).write_bytes(b"")
+    drop = [str(root / n) for n in (".dtrain-cp-1-a.tmp", ".dtrain-cp-2-b.tmp", "keep",
+                                     ".dtrain-cp-3-gone.tmp")]
+    assert u.handle({"op": "drop", "paths": [*drop, ".dtrain-cp-4-rel.tmp"]}) == {"dropped": 2}
+    assert sorted(p.name for p in root.iterdir()) == ["a", "d", "keep", "l", "m"]
     for op in ({"op": "x"}, {}):
         with pytest.raises(ValueError) as err:
             u.handle(op)
@@ -477,6 +486,12 @@ def test_the_serve_loop_answers_each_line_and_a_broken_stream_is_fatal(tmp_path:
     assert _serve(unpacker(tmp_path, b"\n".join(lines) + b"\n"), 1.0) == (0, [
         {"kind": "dir"}, {"error": "Expecting value: line 1 column 1 (char 0)"},
         {"error": "'root'"}, {"error": "unknown op 'x'"}])
+    link = json.dumps({"op": "apply", "root": str(root),
+                       "links": [["ln", "../x", ".dtrain-cp-05-ln.tmp"]]}).encode()
+    assert _serve(unpacker(tmp_path, link + b"\n"), 1.0) == (0, [
+        {"sent": 1, "sent_bytes": 0, "deleted": 0, "stale": 0, "errors": []}])
+    assert os.readlink(root / "ln") == "../x"
+    os.unlink(root / "ln")
     short = json.dumps({"op": "apply", "root": str(root), "files": [
         ["z", 10, 0o600, None, 1, ".dtrain-cp-03-z.tmp"]]}).encode() + b"\nabc"
     assert _serve(unpacker(tmp_path, short), 1.0) == (
