@@ -318,15 +318,6 @@ def new_id(what: str) -> str:
     return f"chaos-{what}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def jobs():
-    """Dtrain processes of a test: killed at the end whatever happened."""
-    started: list[Dtrain] = []
-    yield started
-    for job in started:
-        job.kill()
-
-
 pytestmark = [pytest.mark.timeout(90)]
 
 # kill -9 dtrain -> nodes clean: sshd sees the TCP close at once, the supervisor its stdin EOF
