@@ -75,7 +75,7 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
     host that names none."""
     import os
 
-    from launcher.hosts.hostfile import resolve_hosts
+    from launcher.hosts.hostfile import resolve_hosts, with_user
 
     if hostfile is None and hosts is None and os.environ.get("WCOLL"):
         hostfile = os.environ["WCOLL"]
@@ -90,14 +90,16 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
                          "-f is the fan-out, which dtrain spells --fanout",
                          hint=f"--fanout {hostfile}")
     found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude)
-    if user:
-        from dataclasses import replace
+    return with_user(found, login_user(user))
 
+
+def login_user(user: str | None) -> str | None:
+    """``-l USER`` checked (a value a node's shell would mangle is exit 2)."""
+    if user:
         from launcher.nodeside.wire import check_value
 
         check_value(user, "-l/--user")
-        found = [h if h.user else replace(h, user=user) for h in found]
-    return found
+    return user
 
 
 # ----------------------------------------------------------------------------- connection

@@ -10,14 +10,7 @@ import typer
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
-from launcher.cli.groups import (
-    DISPLAY,
-    ArchiveDirOpt,
-    ColorOpt,
-    GrepOpt,
-    HostFilterOpt,
-    RankFilterOpt,
-)
+from launcher.cli.groups import DISPLAY, ArchiveDirOpt, ColorOpt, HostFilterOpt, RankFilterOpt
 
 
 def logs_cmd(
@@ -27,7 +20,7 @@ def logs_cmd(
     archive_dir: ArchiveDirOpt = groups.DEFAULT_ARCHIVE_DIR,
     rank: RankFilterOpt = None,
     host: HostFilterOpt = None,
-    grep: GrepOpt = None,
+    grep: groups.GrepOpt = None,
     attempt: Annotated[int | None, typer.Option(
         "--attempt", min=1, metavar="N", rich_help_panel=DISPLAY,
         help="Only this attempt of a run with --restarts.")] = None,

@@ -12,6 +12,7 @@ import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -369,6 +370,11 @@ def _nodeset(expr: str, option: str) -> NodeSet:
     except NodeSetException as exc:
         raise HostfileError(f"bad host expression {expr!r}: {_why(exc)}", source=option,
                             hint="e.g. node[1-4] or node[1-8]!node3") from None
+
+
+def with_user(hosts: Iterable[Host], user: str | None) -> list[Host]:
+    """``-l USER``: the user of every host that names none (the others keep theirs)."""
+    return [h if h.user or not user else replace(h, user=user) for h in hosts]
 
 
 def filter_hosts(hosts: Iterable[Host], include: str | None,
