@@ -905,3 +905,123 @@ def test_fold_upper_case_and_names_nodeset_cannot_read() -> None:
     assert fold(["GPU1", "GPU2", "Login"]) == "GPU[1-2],Login"
     long = "n" + "9" * 300  # too long a number for NodeSet's ranges: listed as it is
     assert fold([long, "n1"]) == f"{long},n1"
+
+
+# ------------------------------------------ entries.py, the shared grammar (issue #25, round 4)
+
+ADDRESS_ERRORS = [
+    pytest.param("node[1-9999999]", "host range 'node[1-9999999]' expands to 9999999 hosts "
+                 "(more than 65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="huge-range"),
+    pytest.param("n[1-2,1-70000]", "host range 'n[1-2,1-70000]' expands to 70002 hosts (more "
+                 "than 65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="every-part-counted"),
+    pytest.param("n[1-70000,5]", "host range 'n[1-70000,5]' expands to 70001 hosts (more than "
+                 "65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="parts-added"),
+    pytest.param("n[1-300][1-300]", "host range 'n[1-300][1-300]' expands to 90000 hosts (more "
+                 "than 65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="brackets-multiplied"),
+    # a reversed or malformed part counts 0 (1 for a whole bracket): NodeSet names the fault
+    pytest.param("n[3-1,1-65536]", "bad host range 'n[3-1,1-65536]': invalid values in range: "
+                 "\"3-1\" (write ranges as node[1-4], gpu[01-16] or node[1,3-5])", id="reversed"),
+    pytest.param("n[a][1-40000]", "bad host range 'n[a][1-40000]': illegal reopening bracket: "
+                 "\"[1-40000]\" (write ranges as node[1-4], gpu[01-16] or node[1,3-5])",
+                 id="malformed-bracket"),
+    pytest.param("node]1", "bad host range 'node]1': illegal closing bracket: \"node]1\" (write "
+                 "ranges as node[1-4], gpu[01-16] or node[1,3-5])", id="closing-bracket-only"),
+    pytest.param("a[1],b", "one host entry at a time, got 'a[1],b' (put each host on its own "
+                 "line, or use a range: node[1,3-4])", id="comma-after-a-bracket"),
+    pytest.param("-x@node1", "invalid user name '-x' (use letters, digits, '.', '-', '_', e.g. "
+                 "dtuser@node1)", id="user"),
+    pytest.param("999.1.1.1", "invalid host name '999.1.1.1': not a valid IPv4 address (e.g. "
+                 "198.18.0.11 or 198.18.0.[11-14])", id="ipv4"),
+    pytest.param("[fe80::zz]", "invalid IPv6 address 'fe80::zz' (e.g. [fe80::1]:22)", id="ipv6"),
+    pytest.param("[fe80::1", "missing ']' in '[fe80::1' (e.g. [fe80::1]:22)", id="ipv6-open"),
+    pytest.param("[fe80::1]x", "unexpected 'x' after '[fe80::1]' (e.g. [fe80::1]:22)",
+                 id="after-ipv6"),
+    pytest.param("[fe80::1]]:22", "unexpected ']:22' after '[fe80::1]' (e.g. [fe80::1]:22)",
+                 id="second-bracket"),
+    pytest.param("[node1]:22", "bad host range '[node1]': cannot convert string to integer: "
+                 "\"node1\" (write ranges as node[1-4], gpu[01-16] or node[1,3-5])",
+                 id="bracketed-name"),
+    pytest.param("node[1-2]:22:33", "bad port '22:33': must be a number from 1 to 65535 (e.g. "
+                 "node1:2222 or port=2222)", id="range-two-colons"),
+    pytest.param("node1:65536", "bad port '65536': must be a number from 1 to 65535 (e.g. "
+                 "node1:2222 or port=2222)", id="port-over"),
+    pytest.param(":22", "missing host name (write [user@]host[:port], e.g. "
+                 "dtuser@node[1-4]:2222)", id="no-name"),
+    pytest.param("u@:22", "missing host name (write [user@]host[:port], e.g. "
+                 "dtuser@node[1-4]:2222)", id="user-no-name"),
+    pytest.param("node1 python=", "invalid python '': is empty (give the interpreter's path on "
+                 "the node, e.g. python=/opt/venv/bin/python)", id="python-empty"),
+    pytest.param("node1 python=-c", "invalid python '-c': starts with '-' (it would be read as "
+                 "an option) (give the interpreter's path on the node, e.g. "
+                 "python=/opt/venv/bin/python)", id="python-dash"),
+    pytest.param("node1 python=~root/py", "invalid python '~root/py': uses ~name: only ~ and ~/ "
+                 "(the remote user's own home) are understood (give the interpreter's path on "
+                 "the node, e.g. python=/opt/venv/bin/python)", id="python-tilde-user"),
+    pytest.param("x" * 254, "invalid host name '" + "x" * 254 + "': longer than 253 "
+                 "characters (write [user@]host[:port], e.g. dtuser@node[1-4]:2222)",
+                 id="name-254"),
+]
+
+
+@pytest.mark.parametrize(("line", "shown"), ADDRESS_ERRORS)
+def test_entry_errors_whole_with_their_hints(line: str, shown: str) -> None:
+    error = text_error(line)
+    assert str(error) == f"h.txt:1: {shown}"
+    assert (error.source, error.line, error.exit_code) == ("h.txt", 1, 2)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    pytest.param("node1:1", ("node1", None, 1, None), id="port-1"),
+    pytest.param("node1:65535", ("node1", None, 65535, None), id="port-65535"),
+    pytest.param("[fe80::1]", ("fe80::1", None, None, None), id="ipv6-no-port"),
+    pytest.param("alice@corp@node1", ("node1", "alice@corp", None, None), id="user-with-at"),
+    pytest.param("node1 python=~", ("node1", None, None, "~"), id="python-home"),
+    pytest.param(".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]),
+                 (".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]), None, None, None),
+                 id="name-253-labels-63"),
+])
+def test_entries_at_the_limits_are_accepted(line: str, expected: tuple) -> None:
+    (host,) = parse_hostfile_text(line, "h.txt")
+    assert (host.name, host.user, host.port, host.python) == expected
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    pytest.param("[a]", "invalid python ['a']: is not a string", id="list"),
+    pytest.param("5", "invalid python 5: is not a string", id="number"),
+])
+def test_a_yaml_python_that_is_not_a_string(value: str, shown: str) -> None:
+    assert str(yaml_error(f"hosts:\n  - {{host: a, python: {value}}}\n")) == (
+        f"c.yaml:2: hosts[0].python: {shown} (give the interpreter's path on the node, e.g. "
+        "python=/opt/venv/bin/python)")
+
+
+def test_an_entry_s_python_wins_over_the_default() -> None:
+    hosts = parse_hostfile_yaml("defaults: {python: /a/py, slots: 2}\nhosts:\n  - a\n"
+                                "  - {host: b, python: /b/py}\n", "c.yaml")
+    assert [(h.name, h.python, h.slots) for h in hosts] == [("a", "/a/py", 2), ("b", "/b/py", 2)]
+
+
+def test_a_path_for_a_node_may_be_what_an_interpreter_may_not() -> None:
+    from launcher.hosts.entries import node_value_problem
+
+    assert node_value_problem("") is None and node_value_problem("-rf") is None  # a workdir
+    assert node_value_problem("", python=True) == "is empty"
+    assert node_value_problem("-rf", python=True) == (
+        "starts with '-' (it would be read as an option)")
+    assert node_value_problem("~") is None and node_value_problem("~/x") is None
+
+
+def test_the_size_of_an_option_s_expression_is_counted_before_it_is_built() -> None:
+    from launcher.hosts.entries import check_expr_size, expr_size
+
+    assert expr_size("nodeX[1-70000]") == 70000
+    assert expr_size("a[1-4],b[1-2]!a3 c[1-3]") == 4 + 2 + 1 + 3
+    check_expr_size("n[1-65536]", "--include")  # exactly the cap: fine
+    with pytest.raises(HostfileError) as info:
+        check_expr_size("n[1-65537]", "--include")
+    assert str(info.value) == ("--include: 'n[1-65537]' makes 65537 hosts, over the cap of "
+                               "65536 hosts per job (check the range bounds)")
