@@ -506,6 +506,52 @@ def read_packages(path: list[str] | None = None) -> Json:
     return out
 
 
+def _pth_paths(sitedir: str, name: str, known_paths: Any) -> Any:
+    """site.addpackage without its import lines: the directories a .pth file names."""
+    import site
+
+    if known_paths is None:  # as site's own: None means "the paths on sys.path now"
+        return site.addpackage(sitedir, name, known_paths)
+    try:
+        with open(os.path.join(sitedir, name)) as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError):
+        return known_paths
+    for line in lines:
+        if line.startswith("#") or not line.strip() or line.startswith(("import ", "import\t")):
+            continue
+        path, case = site.makepath(sitedir, line.rstrip())
+        if case not in known_paths and os.path.exists(path):
+            sys.path.append(path)
+            known_paths.add(case)
+    return known_paths
+
+
+def load_site(full: bool) -> bool:
+    """sys.path as the job's interpreter has it, for a probe started with -S (site not run).
+
+    site's .pth files run code (their import lines: editable installs' finders, setuptools'
+    distutils hack, ...): ~50 ms of every node's probe, and read_packages only needs the
+    directories. ``full`` (a module entry, which importlib's finders look up, an editable
+    install's finder too) runs site as the interpreter would; otherwise site runs with the
+    .pth files' import lines skipped. False when site had run already (no -S).
+    """
+    if not sys.flags.no_site:
+        return False
+    import site
+
+    if full:
+        site.main()
+        return True
+    saved = site.addpackage
+    site.addpackage = _pth_paths  # type: ignore[assignment]
+    try:
+        site.main()
+    finally:
+        site.addpackage = saved  # type: ignore[assignment]
+    return True
+
+
 def read_gpus(sys_: System) -> Json:
     """GPU count from the driver's proc tree (else /dev/nvidiaN) and the driver version."""
     gpus = listdir(sys_.path("/proc/driver/nvidia/gpus"))
@@ -632,6 +678,8 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
     out.update(_section(errors, "user", read_user, {}))
     out["python"] = {"version": "{}.{}.{}".format(*sys.version_info[:3]),
                      "executable": sys.executable, "implementation": sys.implementation.name}
+    entry = params.get("entry")
+    _section(errors, "site", lambda: load_site(bool(entry and entry.get("module"))), False)
     if params.get("python_check", True):
         out["packages"] = _section(errors, "packages", read_packages, {})
     ifaces = _section(errors, "interfaces", lambda: read_interfaces(sys_), [])
