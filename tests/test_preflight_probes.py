@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,9 +52,21 @@ def _preflight(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
     conns = {h.label: Counted(h) for h in hosts}
     req = RunRequest(script="examples/ddp_smoke.py", python=sys.executable,
                      workdir=str(REPO), master_addr=master_addr)
-    pre = asyncio.run(preflight(dict(conns), hosts, req, RunOptions(preflight=False,
-                                                                    probe_timeout=60)))
-    return pre, conns
+
+    async def go() -> Any:
+        pre = await preflight(dict(conns), hosts, req, RunOptions(preflight=False,
+                                                                  probe_timeout=60))
+        # preflight returns with node 0's port closed (torchrun binds it next) while the
+        # probes may still be ending: ``closing``, awaited before the connections close
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((pre.master_addr, pre.master_port))
+            s.listen()
+        assert pre.closing is not None
+        await pre.closing
+        return pre
+
+    return asyncio.run(go()), conns
 
 
 def test_one_probe_per_node_for_facts_routes_and_the_master_port(
@@ -115,3 +128,20 @@ def test_a_staying_probe_answers_each_op_and_holds_the_port_until_eof() -> None:
         assert closed.stdin is not None
         closed.stdin.close()
         closed.wait(timeout=30)
+
+
+def test_unlisten_closes_the_master_port_and_the_probe_stays() -> None:
+    master = _staying_probe()
+    try:
+        _answer(master)
+        bound = _answer(master, {"op": "listen", "addr": "127.0.0.1", "port": 0})
+        assert _answer(master, {"op": "unlisten"}) == {"ok": True}
+        with socket.socket() as s:  # free now, the probe still running
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", bound["port"]))
+        assert master.poll() is None
+        assert _answer(master, {"op": "unlisten"}) == {"ok": True}  # nothing bound: fine
+    finally:
+        assert master.stdin is not None
+        master.stdin.close()
+        assert master.wait(timeout=30) == 0

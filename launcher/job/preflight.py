@@ -33,6 +33,9 @@ class Preflight:
     master_port: int = 29500
     master_reason: str = ""
     warnings: list[str] = field(default_factory=list)
+    # the other nodes' probes ending (EOF, exit awaited) while the supervisors start:
+    # awaited by whoever holds the connections (job/prepare.py) before they close
+    closing: asyncio.Future[None] | None = None
 
 
 # -- probing: one probe per node (job/probes.py) -----------------------------------------------
@@ -105,9 +108,16 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
     """Probe, choose and validate the master: one probe program per node throughout."""
     probes = NodeProbes(req, opts.probe_timeout)
     try:
-        return await _preflight(probes, conns, hosts, req, opts)
-    finally:
+        pre = await _preflight(probes, conns, hosts, req, opts)
+        if len(hosts) > 1:  # node 0's probe closes the master port now, before torchrun
+            await probes.ask(hosts[0].label, {"op": "unlisten"})  # binds it
+    except BaseException:
         await probes.aclose()
+        raise
+    # every other probe ends while the job starts (issue 26: the time before the first
+    # rank line); ``closing`` is awaited before the connections close
+    pre.closing = asyncio.ensure_future(probes.aclose())
+    return pre
 
 
 async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Sequence[Host],

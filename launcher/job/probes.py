@@ -118,10 +118,11 @@ class NodeProbes:
         await gather_named({label: one(label) for label in facts})
         return out
 
-    async def aclose(self) -> None:
-        """End every probe: EOF on its stdin (a listening port is released), its exit
-        awaited for at most CLOSE_S, then the channel dropped."""
-        procs, self._procs = list(self._procs.values()), {}
+    async def aclose(self, only: Sequence[str] | None = None) -> None:
+        """End every probe (``only``: these nodes' probes): EOF on its stdin (a listening
+        port is released), its exit awaited for at most CLOSE_S, then the channel dropped."""
+        labels = list(self._procs) if only is None else [h for h in only if h in self._procs]
+        procs = [self._procs.pop(label) for label in labels]
 
         async def end(proc: Process) -> None:
             try:

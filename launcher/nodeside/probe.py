@@ -18,8 +18,10 @@ Modes (``params["mode"]``):
 whole preflight): after the facts the program stays, reads one JSON op a line from stdin
 and answers each with one JSON line, until EOF: ``{"op": "routes", "targets"}`` → the route
 to each (``{"ok", "routes"}``); ``{"op": "listen", "addr", "port"}`` → ``listen``'s answer,
-and the port stays bound, its connections accepted and closed, until EOF;
-``{"op": "connect", ...}`` → ``connect``'s answer.
+and the port stays bound, its connections accepted and closed, until EOF or
+``{"op": "unlisten"}`` (answered ``{"ok": true}`` once the port is closed: the launcher
+starts the job without waiting for the probes' exits); ``{"op": "connect", ...}`` →
+``connect``'s answer.
 
 Every file is read through a ``root`` prefix and every command through an injectable runner
 (``System``), so tests point the readers at fake sysfs trees instead of patching ``open``.
@@ -828,6 +830,11 @@ def stay(stdin_fd: int = 0, stream: TextIO | None = None, sys_: System | None = 
                     _emit(answer, stream)
                 elif kind == "connect":
                     connect(op, stream)
+                elif kind == "unlisten":  # the port is free once this is answered
+                    if srv is not None:
+                        srv.close()
+                        srv = None
+                    _emit({"ok": True}, stream)
                 else:
                     _emit({"ok": False, "error": f"unexpected op {kind!r}"}, stream)
     finally:
