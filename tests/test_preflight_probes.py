@@ -56,14 +56,14 @@ def _preflight(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
     async def go() -> Any:
         pre = await preflight(dict(conns), hosts, req, RunOptions(preflight=False,
                                                                   probe_timeout=60))
-        # preflight returns with node 0's port closed (torchrun binds it next) while the
-        # probes may still be ending: ``closing``, awaited before the connections close
+        # preflight returns with node 0's port closed (torchrun binds it next) and every
+        # probe still running (each becomes its node's supervisor; prepare ends the rest)
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((pre.master_addr, pre.master_port))
             s.listen()
-        assert pre.closing is not None
-        await pre.closing
+        assert pre.probes is not None
+        await pre.probes.aclose()
         return pre
 
     return asyncio.run(go()), conns

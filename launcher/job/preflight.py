@@ -33,9 +33,10 @@ class Preflight:
     master_port: int = 29500
     master_reason: str = ""
     warnings: list[str] = field(default_factory=list)
-    # the other nodes' probes ending (EOF, exit awaited) while the supervisors start:
-    # awaited by whoever holds the connections (job/prepare.py) before they close
-    closing: asyncio.Future[None] | None = None
+    # every node's probe, still running once the preflight is over: each becomes its node's
+    # supervisor (NodeProbes.become); whoever holds the connections ends the rest
+    # (NodeProbes.aclose, job/prepare.py) before they close
+    probes: NodeProbes | None = None
 
 
 # -- probing: one probe per node (job/probes.py) -----------------------------------------------
@@ -109,14 +110,14 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
     probes = NodeProbes(req, opts.probe_timeout)
     try:
         pre = await _preflight(probes, conns, hosts, req, opts)
-        if len(hosts) > 1:  # node 0's probe closes the master port now, before torchrun
-            await probes.ask(hosts[0].label, {"op": "unlisten"})  # binds it
+        # node 0's probe closes the master port now, before torchrun binds it
+        await probes.ask(hosts[0].label, {"op": "unlisten"})
     except BaseException:
         await probes.aclose()
         raise
-    # every other probe ends while the job starts (issue 26: the time before the first
-    # rank line); ``closing`` is awaited before the connections close
-    pre.closing = asyncio.ensure_future(probes.aclose())
+    # the probes stay: each becomes its node's supervisor (issue 26: no new channel, shell,
+    # --setup and interpreter per node before the first rank line)
+    pre.probes = probes
     return pre
 
 

@@ -75,9 +75,9 @@ async def prepare(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
             pre = await preflight(conns, hosts, req, opts)
             yield Prepared(hosts, auto, choice, conns, pre)
         finally:
-            if pre is not None and pre.closing is not None:
+            if pre is not None and pre.probes is not None:
                 with contextlib.suppress(Exception):
-                    await pre.closing  # the probes the preflight left ending
+                    await pre.probes.aclose()  # the probes no supervisor was made of
             for conn in conns.values():
                 with contextlib.suppress(Exception):
                     await conn.aclose()

@@ -23,6 +23,7 @@ from launcher.decide.facts import NodeFacts, Route
 from launcher.decide.plan import RunRequest
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
 from launcher.job.remote import read_json_line, start_program
+from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
 
 CLOSE_S = 5.0  # bound on the probes' exit after EOF
@@ -117,6 +118,24 @@ class NodeProbes:
 
         await gather_named({label: one(label) for label in facts})
         return out
+
+    async def become(self, label: str, workdir: str | None) -> Process | None:
+        """The node's probe turned into its supervisor's interpreter (probe.py ``become``:
+        an exec in the working directory, under the shell, --setup and channel the probe
+        ran with), ready for the supervisor's payload; None when there is no probe left
+        there or it refused (that probe is ended: start the supervisor as usual)."""
+        proc = self._procs.get(label)
+        if proc is None:
+            return None
+        try:
+            got = await self.ask(label, {"op": "become", "workdir": workdir,
+                                         "bootstrap": wire.BOOTSTRAP})
+        except DtrainError:
+            got = {}
+        if got.get("ok") and self._procs.pop(label, None) is proc:
+            return proc
+        await self.aclose(only=[label])
+        return None
 
     async def aclose(self, only: Sequence[str] | None = None) -> None:
         """End every probe (``only``: these nodes' probes): EOF on its stdin (a listening

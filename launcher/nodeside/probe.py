@@ -22,6 +22,8 @@ and the port stays bound, its connections accepted and closed, until EOF or
 ``{"op": "unlisten"}`` (answered ``{"ok": true}`` once the port is closed: the launcher
 starts the job without waiting for the probes' exits); ``{"op": "connect", ...}`` →
 ``connect``'s answer.
+``{"op": "become", "workdir", "bootstrap"}``: the probe's process becomes the job's
+supervisor (``become``: an exec, answered ``{"ok": true}`` just before it).
 
 Every file is read through a ``root`` prefix and every command through an injectable runner
 (``System``), so tests point the readers at fake sysfs trees instead of patching ``open``.
@@ -61,6 +63,9 @@ EXTRA_FILES = (
     "/sys/module/nvidia_peermem",
 )
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# the environment the shell (after --setup) gave us, before site or anything else ran: what
+# a supervisor started by that shell would get (``become``)
+START_ENV = dict(os.environ)
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -791,6 +796,39 @@ def routes_to(targets: Iterable[Any] | None, sys_: System | None = None) -> Json
     return read_routes(sys_, targets, ifaces, proc_routes)
 
 
+def become(op: Json, rest: bytes, stream: TextIO | None = None) -> Json:
+    """The ``become`` op: this process turns into the job's supervisor interpreter, an exec
+    of ``python -u -I -S -c BOOTSTRAP`` (the op's) in the working directory, with the
+    environment this probe started with (the shell's, after --setup) and PWD/OLDPWD as the
+    shell's ``cd`` sets them: what a supervisor started by that shell line gets, without a
+    new channel, shell and --setup (issue 26). Answers ``{"ok": true}`` just before the
+    exec (the launcher then sends the supervisor's payload); an error answer and the probe
+    stays otherwise. Never returns when it worked."""
+    boot = op.get("bootstrap")
+    if not isinstance(boot, str) or not sys.executable or rest:
+        return {"ok": False, "error": "become: no bootstrap, no sys.executable, or input "
+                                      "after the op"}
+    env = dict(START_ENV)
+    workdir = op.get("workdir")
+    if workdir:
+        old = env.get("PWD") or os.getcwd()
+        path = os.path.expanduser(str(workdir))
+        logical = os.path.normpath(os.path.join(old, path))
+        try:
+            os.chdir(path)
+        except OSError as exc:
+            return {"ok": False, "error": f"become: cd {workdir}: {exc}"}
+        env["OLDPWD"], env["PWD"] = old, logical
+    argv = [sys.executable, "-u", "-I", "-S", "-c", boot]
+    _emit({"ok": True}, stream)
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as exc:  # the answer is out: fail as a supervisor that did not start
+        sys.stderr.write(f"dtrain: cannot start the supervisor ({sys.executable}): {exc}\n")
+        os._exit(127)
+    return {}  # not reached
+
+
 def stay(stdin_fd: int = 0, stream: TextIO | None = None, sys_: System | None = None) -> int:
     """After the facts: one JSON op a line until EOF (routes, listen, connect; see the
     module's docstring). A bound listen socket accepts (and closes) while we wait."""
@@ -830,6 +868,11 @@ def stay(stdin_fd: int = 0, stream: TextIO | None = None, sys_: System | None = 
                     _emit(answer, stream)
                 elif kind == "connect":
                     connect(op, stream)
+                elif kind == "become":
+                    if srv is not None:
+                        srv.close()
+                        srv = None
+                    _emit(become(op, buf, stream), stream)
                 elif kind == "unlisten":  # the port is free once this is answered
                     if srv is not None:
                         srv.close()
