@@ -54,7 +54,6 @@ from common import (
     machine,
     revision,
     rounds,
-    run_timed,
     save_json,
     series_json,
     table,
@@ -214,16 +213,12 @@ def main() -> int:
     only = set(args.only.split(","))
     env = Env.setup(args.nodes, first=args.first_node)
     b = CpBench(env, args.nodes)
-    cenv = env.env()
     tree = env.tmp / "tree"
     want_tree = make_tree(tree, args.files)
     series: list[Series] = []
 
     def timed(tool: str, argv: list[str], out: str) -> Run:
-        run = run_timed(tool, argv, env=cenv, out=env.tmp / out)
-        if run.rc != 0:
-            run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
-        return run
+        return env.checked(tool, argv, env.tmp / out)
 
     def push_tree(tool: str, r: int, *, fresh: bool) -> Run:
         if fresh:

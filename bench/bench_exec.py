@@ -45,7 +45,6 @@ from common import (
     machine,
     revision,
     rounds,
-    run_timed,
     save_json,
     series_json,
     table,
@@ -77,7 +76,6 @@ def empty_checker(lines: list[str]) -> str | None:
 def exec_case(env: Env, case: str, k: int, command: str, reps: int,
               checker: Callable[[list[str]], str | None], args: argparse.Namespace) -> Series:
     series = Series(case)
-    cenv = env.env()
     argvs = {"dtrain": env.dtrain_exec(k, command), "pdsh": env.pdsh(k, command),
              "clush": env.clush(k, command), "asyncssh loop": env.floor(k, command),
              "asyncssh+supervisor": env.floor(k, command, supervisor=True)}
@@ -86,9 +84,7 @@ def exec_case(env: Env, case: str, k: int, command: str, reps: int,
     def make(tool: str) -> Callable[[int], Run]:
         def fn(r: int) -> Run:
             out = env.tmp / f"{case.split()[0]}-{tool.replace(' ', '_')}-{r}.out"
-            run = run_timed(tool, argvs[tool], env=cenv, out=out)
-            if run.rc != 0:
-                run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
+            run = env.checked(tool, argvs[tool], out)
             run.problems += check_tagged(run.text(), dict.fromkeys(names, checker))
             lines = sum(1 for _ in open(out, "rb"))
             run.extra["lines"] = lines
@@ -106,7 +102,6 @@ def keys_case(env: Env, k: int, reps: int, args: argparse.Namespace) -> Series:
     """`dtrain keys check` (log in with the key alone, everywhere) against the pdsh/clush
     way of asking the same question: run `true` everywhere with key authentication only."""
     series = Series(f"keys check x {k} nodes")
-    cenv = env.env()
     c = env.cluster
     argvs = {"dtrain": [DTRAIN, "keys", "check", "-H", f"{c.user}@{env.hostlist(k)}",
                         "--fanout", str(FANOUT), "-i", str(c.identity)],
@@ -114,10 +109,7 @@ def keys_case(env: Env, k: int, reps: int, args: argparse.Namespace) -> Series:
 
     def make(tool: str) -> Callable[[int], Run]:
         def fn(r: int) -> Run:
-            run = run_timed(tool, argvs[tool], env=cenv, out=env.tmp / f"keys-{r}.out")
-            if run.rc != 0:
-                run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
-            return run
+            return env.checked(tool, argvs[tool], env.tmp / f"keys-{r}.out")
         return fn
 
     log(f"keys check x {k}: {reps} rounds")
@@ -129,7 +121,6 @@ def keys_case(env: Env, k: int, reps: int, args: argparse.Namespace) -> Series:
 def help_case(env: Env, reps: int, args: argparse.Namespace) -> Series:
     """dtrain --help, with the interpreter's own start-up and the CLI import beside it."""
     series = Series("dtrain --help")
-    cenv = env.env()
     argvs = {
         "dtrain --help": [DTRAIN, "--help"],
         "python -c pass": [PYTHON, "-c", "pass"],
@@ -138,8 +129,8 @@ def help_case(env: Env, reps: int, args: argparse.Namespace) -> Series:
 
     def make(tool: str) -> Callable[[int], Run]:
         def fn(r: int) -> Run:
-            run = run_timed(tool, argvs[tool], env=cenv, out=env.tmp / f"help-{r}.out")
-            if run.rc != 0 or (tool == "dtrain --help" and "Usage" not in run.text()):
+            run = env.checked(tool, argvs[tool], env.tmp / f"help-{r}.out")
+            if not run.problems and tool == "dtrain --help" and "Usage" not in run.text():
                 run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
             return run
         return fn

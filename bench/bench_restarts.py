@@ -26,9 +26,9 @@ Each run gives, from its own meta.json ``attempts[]`` and output.jsonl (one cloc
 
 Rounds are interleaved in rotated order (crash4, lost4, crash16, lost16, then one further
 on); a warm-up run of each case is not counted; the median over --reps is reported.
-``--workload lite`` (default) is tests/workloads/ckpt_lite.py: torch-free ranks, since 16
-torch imports on 2 cores would measure the imports; ``torch`` is tests/workloads/ckpt.py
-(gloo; torchrun imports torch either way).
+``--workload lite`` (default) is tests/workloads/ckpt.py with CK_LITE=1: torch-free ranks,
+since 16 torch imports on 2 cores would measure the imports; ``torch`` is the same script
+without it (gloo; torchrun imports torch either way).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from bench.common import bench_parser, log, machine, revision, save_json, table,
 from tests import cluster as tc  # noqa: E402
 
 PYTHON = sys.executable
-WORKLOADS = {"lite": str(REPO / "tests/workloads/ckpt_lite.py"),
-             "torch": str(REPO / "tests/workloads/ckpt.py")}
+CKPT = str(REPO / "tests/workloads/ckpt.py")
+WORKLOADS = {"lite": {"CK_LITE": "1"}, "torch": {}}  # the workload's extra environment
 
 
 class Watched:
@@ -122,7 +122,8 @@ def one_run(cluster: tc.Cluster, case: str, nodes: int, first: int, archive: Pat
     ck = Path(tempfile.mkdtemp(prefix="ck-", dir=cluster.shared_dir))
     ck.chmod(0o777)
     state = tempfile.mkdtemp(prefix="bench-state-")  # a lemon list of this run's own
-    env = {"CK_DIR": str(ck), "CK_STEPS": "300" if lost else "14", "CK_STEP_SLEEP": "0.1"}
+    env = {"CK_DIR": str(ck), "CK_STEPS": "300" if lost else "14", "CK_STEP_SLEEP": "0.1",
+           **WORKLOADS[workload]}
     if not lost:
         env["CK_CRASH_RANK"] = "1"
     argv = [PYTHON, "-m", "launcher", "run", "-H", hosts, "--nproc-per-node", "1",
@@ -133,7 +134,7 @@ def one_run(cluster: tc.Cluster, case: str, nodes: int, first: int, archive: Pat
         argv += ["--nnodes", str(nodes)]
     for key, value in env.items():
         argv += ["-e", f"{key}={value}"]
-    argv.append(WORKLOADS[workload])
+    argv.append(CKPT)
     job = Watched(argv, cluster.client_env(PYTHONUNBUFFERED="1", XDG_STATE_HOME=state))
     cut_t = None
     cut = first + nodes - 1

@@ -56,7 +56,6 @@ from common import (
     machine,
     revision,
     rounds,
-    run_timed,
     save_json,
     series_json,
     table,
@@ -71,11 +70,10 @@ QUERY = ("nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total,
 
 def snapshot_tools(env: Env, k: int) -> list[tuple[str, Any]]:
     hosts = env.hostlist(k)
-    e = env.env()
 
     def dtrain_top(r: int) -> Run:
-        run = run_timed("dtrain top --once", [DTRAIN, "top", "-H", hosts, "--once"],
-                        env=e, out=env.tmp / f"top-{r}.out")
+        run = env.run("dtrain top --once", [DTRAIN, "top", "-H", hosts, "--once"],
+                      env.tmp / f"top-{r}.out")
         rows = [ln for ln in run.text().splitlines() if ln.startswith("node")]
         if run.rc != 0 or len(rows) != k or any(" ok " not in ln for ln in rows):
             run.problems.append(f"rc {run.rc}, {len(rows)} rows: {run.stderr[-300:]}")
@@ -83,7 +81,7 @@ def snapshot_tools(env: Env, k: int) -> list[tuple[str, Any]]:
 
     def tool(name: str, argv: list[str]) -> Any:
         def go(r: int) -> Run:
-            run = run_timed(name, argv, env=e, out=env.tmp / f"{name}-{r}.out")
+            run = env.run(name, argv, env.tmp / f"{name}-{r}.out")
             hosts_seen = {ln.split(":", 1)[0] for ln in run.text().splitlines()}
             if run.rc != 0 or len(hosts_seen) != k:
                 run.problems.append(f"rc {run.rc}, {len(hosts_seen)} hosts answered")
@@ -272,13 +270,12 @@ def inrun(env: Env, k: int, seconds: float) -> dict[str, Any]:
         timer = threading.Timer(seconds, stop.touch)
         timer.start()
         try:
-            run = run_timed(f"run --sample-interval {interval:g}", [
+            run = env.run(f"run --sample-interval {interval:g}", [
                 DTRAIN, "run", "-H", env.hostlist(k), "--python", c.python,
                 "--nproc-per-node", "2", "--archive-dir", str(archive), "--run-id", "inrun",
                 "--sample-interval", f"{interval:g}", "--no-color",
                 "tests/workloads/straggler.py", str(stop), slow],
-                env=env.env(), out=env.tmp / f"inrun-{interval:g}.out", cwd=REPO,
-                timeout=seconds + 300)
+                env.tmp / f"inrun-{interval:g}.out", cwd=REPO, timeout=seconds + 300)
         finally:
             timer.cancel()
             stop.unlink(missing_ok=True)

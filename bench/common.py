@@ -147,6 +147,19 @@ class Env:
         env.pop("NO_COLOR", None)
         return env
 
+    def run(self, tool: str, argv: Sequence[str] | Sequence[Sequence[str]], out: Path,
+            **kw: Any) -> Run:
+        """``run_timed`` as the cluster's client: under ``self.env()``."""
+        return run_timed(tool, argv, env=self.env(), out=out, **kw)
+
+    def checked(self, tool: str, argv: Sequence[str] | Sequence[Sequence[str]], out: Path,
+                *, tail: int = 300, **kw: Any) -> Run:
+        """``run``, a non-zero exit noted as the run's problem (with the end of its stderr)."""
+        run = self.run(tool, argv, out, **kw)
+        if run.rc != 0:
+            run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-tail:]}")
+        return run
+
     def nodes(self, k: int) -> list[Any]:
         """The benchmark's first k nodes (tests.cluster.Node)."""
         return list(self.cluster.nodes[self.first - 1:self.first - 1 + k])

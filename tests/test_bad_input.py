@@ -54,6 +54,9 @@ HOSTFILES = {
                         "env: {A: !!binary AA==}}\n".encode()),
     "yaml-python-object": ("h.yaml", f"hosts:\n  - {{host: {UNREACHABLE}, python: [a]}}\n"
                            .encode()),
+    # a tag's constructor refusing its text: was a ValueError traceback (issue #25, round 4)
+    "yaml-tagged-value": ("h.yaml", f"hosts:\n  - {{host: {UNREACHABLE}, slots: !!int x}}\n"
+                          .encode()),
     "duplicate": ("h.txt", f"{UNREACHABLE}\n{UNREACHABLE}\n".encode()),
     "empty": ("h.txt", b"# nothing\n"),
 }

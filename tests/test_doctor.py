@@ -13,8 +13,18 @@ import pytest
 
 from launcher.commands import doctor
 from launcher.commands.doctor import FAIL, OK, SKIP, WARN, CheckResult, Gathered, PortProbe
-from launcher.decide.checks import FIXES
-from launcher.decide.facts import UNLIMITED, Addr, Iface, NodeFacts, RdmaPort, Route, SiteVar
+from launcher.decide import fabric_checks
+from launcher.decide.checks import FIXES, MasterPick
+from launcher.decide.facts import (
+    UNLIMITED,
+    Addr,
+    Gid,
+    Iface,
+    NodeFacts,
+    RdmaPort,
+    Route,
+    SiteVar,
+)
 from launcher.models import Host
 from launcher.nodeside import probe
 from launcher.output.junit import to_junit
@@ -428,6 +438,476 @@ def test_evaluate_orders_rows_check_by_check_and_skips_unreached_nodes() -> None
     assert by_host(rows, "python")["gpu3"].status == FAIL
     assert {r.host for r in rows if r.check == "torch"} == {"gpu1", "gpu2"}
     assert doctor.exit_code(rows) == 255
+
+
+# --------------------------------------------------------------------------- every row whole
+# Each check on one set of nodes that reaches every branch, compared row by row (host,
+# check, status, detail): the words a user reads are the check's output, so a changed word,
+# a dropped clause or a wrong threshold fails here (issue #25, mutation score).
+
+
+def rows_of(rows: list[CheckResult]) -> list[tuple[str, str, str, str]]:
+    return [(r.host, r.check, r.status, r.detail) for r in rows]
+
+
+def test_ssh_and_setup_rows_whole() -> None:
+    hosts = [Host("gpu1"), "gpu2", Host("gpu3", user="u")]
+    assert rows_of(doctor.check_ssh(hosts, {"gpu2": "timed out connecting after 2 s"})) == [
+        ("gpu1", "ssh", OK, "connected"),
+        ("gpu2", "ssh", FAIL, "timed out connecting after 2 s"),
+        ("gpu3", "ssh", OK, "connected")]
+    facts = cluster_facts()
+    del facts["gpu2"]
+    assert doctor.check_setup("", ["gpu1"], facts, {}) == []
+    rows = doctor.check_setup("source venv/bin/activate", [Host("gpu1"), "gpu2", "gpu3", "gpu4"],
+                              facts, {"gpu4": "--setup failed (exit 3)"})
+    assert rows_of(rows) == [
+        ("gpu1", "setup", OK, "ran (exit 0)"),
+        ("gpu2", "setup", SKIP, "not known: the node program did not start (see python)"),
+        ("gpu3", "setup", OK, "ran (exit 0)"),
+        ("gpu4", "setup", FAIL, "--setup failed (exit 3)")]
+
+
+def test_python_rows_whole() -> None:
+    facts = {"a": replace(node("a", MASTER), python=None, python_executable=None),
+             "c": replace(node("c", "10.0.0.3"), errors={"rdma": "OSError: x", "gpu": "boom"}),
+             "d": node("d", "10.0.0.4")}
+    rows = doctor.check_python(facts, ["b0", "a", "b1", "b2", "c", "d"],
+                               {"b0": "--setup failed (exit 1)", "b2": "probe failed: x"})
+    assert rows_of(rows) == [
+        ("b0", "python", SKIP, "not run: --setup failed"),
+        ("a", "python", OK, "Python ?"),
+        ("b1", "python", FAIL, "not probed"),
+        ("b2", "python", FAIL, "probe failed: x"),
+        ("c", "python", WARN, "Python 3.11.7 (/opt/venv/bin/python); probe sections failed: "
+                              "gpu: boom, rdma: OSError: x"),
+        ("d", "python", OK, "Python 3.11.7 (/opt/venv/bin/python)")]
+    # a node without facts and without an error is "not probed" also with no error map
+    assert rows_of(doctor.check_python({}, ["b"])) == [("b", "python", FAIL, "not probed")]
+
+
+def test_hostname_rows_whole() -> None:
+    facts = {"a": node("", MASTER), "b": node("Gpu", "10.0.0.2"), "c": node("gpu", "10.0.0.3"),
+             "d": node("GPU", "10.0.0.4"), "e": node("e", "10.0.0.5")}
+    assert rows_of(doctor.check_hostnames(facts)) == [
+        ("a", "hostname", WARN, "the node reported no hostname"),
+        ("b", "hostname", FAIL, "Gpu is also the hostname of c,d: the same machine listed twice?"),
+        ("c", "hostname", FAIL, "gpu is also the hostname of b,d: the same machine listed twice?"),
+        ("d", "hostname", FAIL, "GPU is also the hostname of b,c: the same machine listed twice?"),
+        ("e", "hostname", OK, "e")]
+
+
+def test_torch_and_nccl_rows_whole() -> None:
+    nowhere = {"a": replace(node("a", MASTER, torch=None), python_executable=None),
+               "b": node("b", "10.0.0.2", torch=None)}
+    assert rows_of(doctor.check_torch(nowhere)) == [
+        ("a", "torch", FAIL, "torch is not installed for the node's python"),
+        ("b", "torch", FAIL, "torch is not installed for /opt/venv/bin/python")]
+    facts = {"a": node("a", MASTER, torch="2.12.0"), "b": node("b", "10.0.0.2"),
+             "c": node("c", "10.0.0.3"), "d": node("d", "10.0.0.4", torch=None)}
+    assert rows_of(doctor.check_torch(facts)) == [
+        ("a", "torch", FAIL, "torch 2.12.0 here, 2.13.0+cu124 on b,c: install one version "
+                             "everywhere"),
+        ("b", "torch", OK, "torch 2.13.0+cu124"),
+        ("c", "torch", OK, "torch 2.13.0+cu124"),
+        ("d", "torch", FAIL, "torch is not installed for /opt/venv/bin/python")]
+    assert rows_of(doctor.check_nccl(cluster_facts(gpu1=node("gpu1", MASTER)))) == [
+        (h, "nccl", SKIP, "no nvidia-nccl wheel") for h in ("gpu1", "gpu2", "gpu3")]
+    facts = {"a": node("a", MASTER), "b": node("b", "10.0.0.2", nccl="2.21.5"),
+             "c": node("c", "10.0.0.3", nccl="2.21.5"), "d": node("d", "10.0.0.4", nccl="2.20.3")}
+    assert rows_of(doctor.check_nccl(facts)) == [
+        ("a", "nccl", WARN, "no nvidia-nccl wheel here; 2.21.5 on b,c"),
+        ("b", "nccl", OK, "NCCL 2.21.5"),
+        ("c", "nccl", OK, "NCCL 2.21.5"),
+        ("d", "nccl", FAIL, "NCCL 2.20.3 here, 2.21.5 on b,c")]
+
+
+def test_gpu_rows_whole() -> None:
+    assert doctor.check_gpus({}) == []
+    no_driver = {"a": replace(node("a", MASTER), gpu_driver=None),
+                 "b": replace(node("b", "10.0.0.2", gpus=4), gpu_driver=None)}
+    assert rows_of(doctor.check_gpus(no_driver, {"a": 8})) == [
+        ("a", "gpu", OK, "8 GPU(s)"), ("b", "gpu", WARN, "4 GPU(s); 8 on a")]
+    facts = {"a": node("a", MASTER), "b": node("b", "10.0.0.2", gpus=0),
+             "c": node("c", "10.0.0.3", gpus=4),
+             "d": replace(node("d", "10.0.0.4"), gpu_driver="535.1"),
+             "e": node("e", "10.0.0.5", gpus=4), "f": node("f", "10.0.0.6"),
+             "g": replace(node("g", "10.0.0.7"), gpu_driver=None)}
+    rows = doctor.check_gpus(facts, {"a": 8, "b": 1, "c": 2, "e": 5})
+    assert rows_of(rows) == [
+        ("a", "gpu", OK, "8 GPU(s), driver 550.54"),  # slots == GPUs is enough
+        ("b", "gpu", WARN, "no GPU visible: CPU only (gloo backend)"),
+        ("c", "gpu", WARN, "4 GPU(s), driver 550.54; 8 on a,d,f,g"),
+        ("d", "gpu", WARN, "8 GPU(s), driver 535.1; driver 550.54 on a,c,e,f"),
+        ("e", "gpu", FAIL, "4 GPU(s), driver 550.54, but slots=5"),
+        ("f", "gpu", OK, "8 GPU(s), driver 550.54"),
+        ("g", "gpu", OK, "8 GPU(s)")]
+
+
+def test_memlock_shm_and_sizes_whole() -> None:
+    ib = (ib_port("mlx5_0"),)
+    facts = {"a": node("a", MASTER), "b": node("b", "10.0.0.2", memlock=64 << 10),
+             "c": node("c", "10.0.0.3", rdma=ib),
+             "d": replace(node("d", "10.0.0.4", rdma=ib), memlock=None),
+             "e": node("e", "10.0.0.5", rdma=ib, memlock=8 * GIB + GIB // 2),
+             "f": replace(node("f", "10.0.0.6"), memlock=None),
+             "g": node("g", "10.0.0.7", memlock=1023), "h": node("h", "10.0.0.8", memlock=1024),
+             "i": node("i", "10.0.0.9", memlock=1 << 20)}
+    assert rows_of(doctor.check_memlock(facts)) == [
+        ("a", "memlock", OK, "max locked memory unlimited"),
+        ("b", "memlock", SKIP, "max locked memory 64 KiB (no RDMA in use: not needed)"),
+        ("c", "memlock", OK, "max locked memory unlimited"),
+        ("d", "memlock", WARN, "max locked memory unknown with RDMA ports"),
+        ("e", "memlock", FAIL, "max locked memory 8.5 GiB with RDMA ports: NCCL needs unlimited "
+                               "(limits.conf memlock, systemd LimitMEMLOCK, sshd UsePAM)"),
+        ("f", "memlock", SKIP, "max locked memory unknown (no RDMA in use: not needed)"),
+        ("g", "memlock", SKIP, "max locked memory 1023 B (no RDMA in use: not needed)"),
+        ("h", "memlock", SKIP, "max locked memory 1 KiB (no RDMA in use: not needed)"),
+        ("i", "memlock", SKIP, "max locked memory 1 MiB (no RDMA in use: not needed)")]
+    facts = {"a": node("a", MASTER, shm=None), "b": node("b", "10.0.0.2", shm=GIB),
+             "c": node("c", "10.0.0.3", shm=GIB - (1 << 20)),
+             "d": node("d", "10.0.0.4", shm=3 * GIB // 2), "e": node("e", "10.0.0.5", shm=1536)}
+    tip = "(< 1 GiB): NCCL may fail (docker run --shm-size / --ipc=host)"
+    assert rows_of(doctor.check_shm(facts)) == [
+        ("a", "shm", WARN, "/dev/shm size unknown (not mounted?)"),
+        ("b", "shm", OK, "/dev/shm 1 GiB"),
+        ("c", "shm", WARN, f"/dev/shm is 1023 MiB {tip}"),
+        ("d", "shm", OK, "/dev/shm 1.5 GiB"),
+        ("e", "shm", WARN, f"/dev/shm is 1.5 KiB {tip}")]
+
+
+def test_limit_rows_whole_and_the_node_count_that_asks_for_more_files() -> None:
+    facts = {f"n{i}": node(f"n{i}", f"10.0.0.{i + 1}") for i in range(16)}
+    facts["n0"] = replace(facts["n0"], stack=UNLIMITED, nofile=32767)
+    facts["n1"] = replace(facts["n1"], stack=UNLIMITED, nccl_version="2.27.7", nofile=32768)
+    facts["n2"] = replace(facts["n2"], stack=UNLIMITED, nccl_version="2.28.3", nofile=None)
+    facts["n3"] = replace(facts["n3"], stack=None, nofile=UNLIMITED)
+    facts["n5"] = replace(facts["n5"], stack=UNLIMITED, nccl_version="2.28")
+    stack = "stack unlimited: NCCL < 2.28 threads get only 2 MB (ulimit -s 8192)"
+    assert rows_of(doctor.check_limits(facts)[:6]) == [
+        ("n0", "limits", WARN, f"nofile 32767, stack unlimited; {stack}; nofile below 32768 "
+                               "for 16 nodes"),
+        ("n1", "limits", WARN, f"nofile 32768, stack unlimited; {stack}"),
+        ("n2", "limits", OK, "nofile unknown, stack unlimited"),
+        ("n3", "limits", OK, "nofile unlimited, stack unknown"),
+        ("n4", "limits", OK, "nofile 1048576, stack 8 MiB"),
+        ("n5", "limits", OK, "nofile 1048576, stack unlimited")]  # 2.28 itself is fixed
+    fifteen = dict(list(facts.items())[:15])
+    assert rows_of(doctor.check_limits(fifteen)[:1]) == [
+        ("n0", "limits", WARN, f"nofile 32767, stack unlimited; {stack}")]
+
+
+def test_gpudirect_rows_whole() -> None:
+    ib = (ib_port("mlx5_0"),)
+    efa = (RdmaPort("rdmap0", 1, "4: ACTIVE", "5: LinkUp", "Ethernet", "100 Gb/sec", "efa"),)
+    peermem = ("/sys/module/nvidia_peermem",)
+    facts = {"a": node("a", MASTER, rdma=ib, gpus=1),
+             "b": replace(node("b", "10.0.0.2", rdma=ib, gpus=1), files=peermem),
+             "c": replace(node("c", "10.0.0.3", rdma=ib, gpus=0), files=peermem),
+             "d": replace(node("d", "10.0.0.4", rdma=efa), files=peermem),
+             "e": node("e", "10.0.0.5")}
+    assert rows_of(doctor.check_gpudirect(facts)) == [
+        ("a", "gpudirect", WARN, "nvidia_peermem not loaded: GPUDirect RDMA only with DMA-BUF "
+                                 "(modprobe nvidia_peermem)"),
+        ("b", "gpudirect", OK, "nvidia_peermem loaded"),
+        ("c", "gpudirect", SKIP, "needs GPUs and IB/RoCE ports"),
+        ("d", "gpudirect", SKIP, "needs GPUs and IB/RoCE ports"),
+        ("e", "gpudirect", SKIP, "needs GPUs and IB/RoCE ports")]
+
+
+def test_clock_rows_whole_at_the_edges_of_the_window() -> None:
+    """The window is [999, 1001]; only what lies outside it counts, warn above 1.0 s."""
+    facts = {"a": node("a", MASTER, t=1002.0), "b": node("b", "10.0.0.2", t=997.5),
+             "c": node("c", "10.0.0.3", t=1002.5), "d": node("d", "10.0.0.4", t=998.0),
+             "e": node("e", "10.0.0.5", t=None), "f": node("f", "10.0.0.6", t=999.0),
+             "g": node("g", "10.0.0.7")}
+    rows = doctor.check_clock(facts, dict.fromkeys("abcdef", (999.0, 1001.0)))
+    assert rows_of(rows) == [
+        ("a", "clock", OK, "offset +1000 ms (+/- 1000 ms)"),
+        ("b", "clock", WARN, "1.5 s behind the launcher (chrony/NTP not running?)"),
+        ("c", "clock", WARN, "1.5 s ahead of the launcher (chrony/NTP not running?)"),
+        ("d", "clock", OK, "offset -1000 ms (+/- 1000 ms)"),
+        ("e", "clock", SKIP, "no timestamp"),  # no timestamp from the node
+        ("f", "clock", OK, "offset +0 ms (+/- 1000 ms)"),
+        ("g", "clock", SKIP, "no timestamp")]  # no timing for the node
+
+
+def test_fast_checks_keep_nodes_missing_from_the_host_list_and_the_hint_names_the_fix() -> None:
+    facts = cluster_facts(gpu3=node("gpu3", "10.0.0.3", torch="2.12.0"))
+    rows = doctor.fast_checks(facts, ["gpu2", "gpu1"])
+    assert [r.host for r in rows if r.check == "python"] == ["gpu2", "gpu1"]
+    assert [r.host for r in rows if r.check == "torch"] == ["gpu2", "gpu1", "gpu3"]
+    assert doctor.failure_message(rows) == ("gpu3: torch: torch 2.12.0 here, 2.13.0+cu124 on "
+                                            "gpu[1-2]: install one version everywhere")
+    from launcher.decide.checks import PYTHON_FIX, failure_hint
+    assert failure_hint(rows) == PYTHON_FIX
+    python = [CheckResult("gpu1", "python", FAIL, "not probed")]
+    assert failure_hint(python) == PYTHON_FIX
+    other = [CheckResult("gpu1", "shm", FAIL, "x"), CheckResult("gpu2", "python", WARN, "y")]
+    assert failure_hint(other) == "`dtrain doctor` shows every check; --no-preflight skips these"
+    assert PYTHON_FIX == ("point dtrain at a Python that has torch on those nodes: --python "
+                          "/path/to/venv/bin/python, the hostfile's python=/path/to/python, or "
+                          "--setup 'source /path/to/venv/bin/activate'")
+
+
+def test_master_candidates_and_pick_whole() -> None:
+    master = node("gpu1", MASTER)
+    assert fabric_checks.master_candidates(master, "10.9.9.9", 3) == ["10.9.9.9"]
+    assert fabric_checks.master_candidates(master, None, 1) == ["127.0.0.1"]
+    assert fabric_checks.master_candidates(master, None, 2) == [MASTER]
+    assert doctor.pick_master({}) is None
+    one = {"gpu1": master}
+    assert doctor.pick_master(one) == MasterPick("gpu1", "127.0.0.1", "single node",
+                                                 candidates=("127.0.0.1",))
+    assert doctor.pick_master(one, MASTER) == MasterPick("gpu1", MASTER, "single node",
+                                                         candidates=(MASTER,))
+    two = {"gpu1": master, "gpu2": node("gpu2", "10.0.0.2")}
+    assert doctor.pick_master(two) == MasterPick(
+        "gpu1", MASTER, "every worker (1) reaches it on-link", candidates=(MASTER,))
+    routed = replace(node("gpu2", "10.0.0.2"),
+                     routes={MASTER: Route(MASTER, "eth0", "10.0.0.2", "10.0.0.254", "unicast",
+                                           "ip")})
+    facts = {"gpu1": master, "gpu2": routed}
+    pick = doctor.pick_master(facts)
+    assert pick == MasterPick("gpu1", MASTER, "every worker reaches it, some through a gateway",
+                              "master address 10.0.0.1 is routed (L3): gpu2 via 10.0.0.254",
+                              None, (MASTER,))
+    assert rows_of(doctor.check_master(pick)) == [
+        ("gpu1", "master", WARN, "10.0.0.1: every worker reaches it, some through a gateway; "
+                                 "master address 10.0.0.1 is routed (L3): gpu2 via 10.0.0.254")]
+    assert rows_of(doctor.check_master(doctor.pick_master(two))) == [
+        ("gpu1", "master", OK, "10.0.0.1: every worker (1) reaches it on-link")]
+    assert rows_of(doctor.check_master(MasterPick("gpu1", None))) == [
+        ("gpu1", "master", FAIL, "no master address")]
+    assert doctor.check_master(None) == []
+    assert rows_of(doctor.check_socket(facts, pick)) == [
+        ("gpu1", "socket", OK, "eth0 (holds master address 10.0.0.1)"),
+        ("gpu2", "socket", WARN, "eth0 (route to 10.0.0.1 via eth0 (gateway 10.0.0.254)); gpu2: "
+                                 "10.0.0.1 is reached through gateway 10.0.0.254 (routed, not "
+                                 "on-link)")]
+
+
+def test_socket_rows_whole_without_a_master_and_for_one_node() -> None:
+    # one node: the master is 127.0.0.1 on lo, which is fine when nothing leaves the node
+    one = {"gpu1": node("gpu1", MASTER)}
+    assert rows_of(doctor.check_socket(one, doctor.pick_master(one))) == [
+        ("gpu1", "socket", OK, "lo (holds master address 127.0.0.1)")]
+    facts = cluster_facts()
+    nowhere = [(h, "socket", FAIL, "no master address to route to") for h in facts]
+    assert rows_of(doctor.check_socket(facts, None)) == nowhere
+    assert rows_of(doctor.check_socket(facts, MasterPick("gpu1", None, error="x"))) == nowhere
+    # no choice, but a candidate: the sockets are tested against it
+    first = MasterPick("gpu1", None, error="x", candidates=(MASTER,))
+    assert rows_of(doctor.check_socket(facts, first)) == [
+        ("gpu1", "socket", OK, "eth0 (holds master address 10.0.0.1)"),
+        ("gpu2", "socket", OK, "eth0 (route to 10.0.0.1 via eth0)"),
+        ("gpu3", "socket", OK, "eth0 (route to 10.0.0.1 via eth0)")]
+    given = doctor.check_socket(facts, doctor.pick_master(facts), {"gpu1": "boom"})
+    assert rows_of(given) == [("gpu1", "socket", FAIL, "boom"),
+                              ("gpu2", "socket", FAIL, "not decided"),
+                              ("gpu3", "socket", FAIL, "not decided")]
+
+
+def test_mtu_rows_whole() -> None:
+    facts = cluster_facts(gpu4=node("gpu4", "10.0.0.4", mtu=9000),
+                          gpu5=node("gpu5", "10.0.0.5"))
+    facts["gpu3"] = replace(facts["gpu3"], interfaces=tuple(
+        replace(i, mtu=None) if i.name == "eth0" else i for i in facts["gpu3"].interfaces))
+    sockets = doctor.socket_choices(facts, doctor.pick_master(facts))
+    sockets["gpu5"] = "no route"
+    assert rows_of(doctor.check_mtu(facts, sockets)) == [
+        ("gpu1", "mtu", OK, "eth0 MTU 1500"), ("gpu2", "mtu", OK, "eth0 MTU 1500"),
+        ("gpu3", "mtu", SKIP, "MTU of eth0 unknown"),
+        ("gpu4", "mtu", WARN, "eth0 MTU 9000, 1500 on gpu[1-2]"),
+        ("gpu5", "mtu", SKIP, "no socket interface")]
+    assert doctor.check_mtu({}, {}) == []
+    alone = {"gpu3": facts["gpu3"]}
+    assert rows_of(doctor.check_mtu(alone, {"gpu3": sockets["gpu3"]})) == [
+        ("gpu3", "mtu", SKIP, "MTU of eth0 unknown")]
+
+
+def _roce(dev: str, netdev: str, gids: tuple[Gid, ...] = ()) -> RdmaPort:
+    return RdmaPort(dev, 1, "4: ACTIVE", "5: LinkUp", "Ethernet", "100 Gb/sec (4X EDR)",
+                    "mlx5_core", netdev, (netdev,), gids)
+
+
+def test_hca_rows_whole_efa_and_the_front_end_nic() -> None:
+    efa = (RdmaPort("rdmap0", 1, "4: ACTIVE", "5: LinkUp", "Ethernet", "100 Gb/sec", "efa"),)
+    facts = {"a": node("a", MASTER, rdma=efa), "b": node("b", "10.0.0.2", rdma=efa),
+             "c": node("c", "10.0.0.3", rdma=(ib_port("mlx5_0"),)),
+             "d": node("d", "10.0.0.4", rdma=(ib_port("mlx5_0", state="1: DOWN"),)),
+             "e": node("e", "10.0.0.5")}
+    assert rows_of(doctor.check_hca(facts)) == [
+        ("a", "hca", OK, "AWS EFA (aws-ofi-nccl owns the transport)"),
+        ("b", "hca", OK, "AWS EFA (aws-ofi-nccl owns the transport)"),
+        ("c", "hca", FAIL, "1 x InfiniBand at 400 Gb/s here, AWS EFA on a,b"),
+        ("d", "hca", FAIL, "no usable RDMA port (mlx5_0:1: state 1: DOWN) here, AWS EFA on a,b"),
+        ("e", "hca", FAIL, "no RDMA devices here, AWS EFA on a,b")]
+    assert doctor.check_hca({}) == []
+    # two RoCE ports at one rate, one of them under the socket interface: that one is left to
+    # the sockets, but only when the socket choice is known
+    two = (_roce("mlx5_0", "eth0"), _roce("mlx5_1", "ens2f0"))
+    facts = {"a": node("a", MASTER, rdma=two), "b": node("b", "10.0.0.2", rdma=two)}
+    sockets = doctor.socket_choices(facts, doctor.pick_master(facts))
+    front = ("=mlx5_1:1 (1 x RoCE at 100 Gb/s); excluded mlx5_0:1: front-end NIC: its netdev "
+             "eth0 carries the socket traffic")
+    assert rows_of(doctor.check_hca(facts, sockets)) == [("a", "hca", OK, front),
+                                                         ("b", "hca", OK, front)]
+    both = "=mlx5_0:1,mlx5_1:1 (2 x RoCE at 100 Gb/s)"
+    assert rows_of(doctor.check_hca(facts)) == [("a", "hca", OK, both), ("b", "hca", OK, both)]
+
+
+def test_roce_gid_rows_whole() -> None:
+    v4 = "0000:0000:0000:0000:0000:ffff:0ac8:020a"
+    good = _roce("mlx5_1", "ens2f0", (Gid(0, FE80, "IB/RoCE v1", "ens2f0"),
+                                      Gid(1, FE80, "RoCE v2", "ens2f0"),
+                                      Gid(2, v4, "IB/RoCE v1", "ens2f0"),
+                                      Gid(3, v4, "RoCE v2", "ens2f0")))
+    bad = replace(good, gids=good.gids[:2])
+    facts = {"a": roce_node("a", MASTER, (good,)),
+             "b": replace(roce_node("b", "10.0.0.2", (bad,)),
+                          site_env=(SiteVar("NCCL_IB_GID_INDEX", "x", "env"),)),
+             "c": roce_node("c", "10.0.0.3", (good,), nccl="2.18.1"),
+             "d": replace(roce_node("d", "10.0.0.4", (good,)),
+                          site_env=(SiteVar("NCCL_IB_GID_INDEX", "3", "/etc/nccl.conf"),)),
+             "e": roce_node("e", "10.0.0.5", (bad,)), "f": node("f", "10.0.0.6"),
+             "g": roce_node("g", "10.0.0.7", (good,))}
+    note = "mlx5_1:1: backend GID 3 (10.200.2.10 on ens2f0); NCCL 2.21+ picks the same"
+    none = ("mlx5_1:1: no RoCE v2 GID with a routable address on ens2f0; NCCL would fall back "
+            "to index 0")
+    assert rows_of(doctor.check_roce_gid(facts)) == [
+        ("a", "roce_gid", OK, note),
+        ("b", "roce_gid", FAIL, f"{none}; NCCL_IB_GID_INDEX=x (env): not an integer: 'x'"),
+        ("c", "roce_gid", OK, f"{note}; dtrain sets NCCL_IB_GID_INDEX=3"),  # NCCL < 2.21
+        ("d", "roce_gid", WARN, "NCCL_IB_GID_INDEX=3 set by /etc/nccl.conf: NCCL 2.21+ should "
+                                f"not need it ({note})"),
+        ("e", "roce_gid", FAIL, none),
+        ("f", "roce_gid", SKIP, "no RoCE ports in use"),
+        ("g", "roce_gid", OK, note)]
+    # the checked-in tree: NCCL's own rule would take the VLAN child's GID; a known NCCL >= 2.21
+    # gets the backend subnet as ADDR_RANGE (the node's interfaces give its prefix), an unknown
+    # one the index
+    ports = probe_rdma(TREE)
+    tree = {"a": roce_node("a", MASTER, ports),
+            "b": roce_node("b", "10.0.0.2", ports, nccl="2.21.5"),
+            "c": replace(roce_node("c", "10.0.0.3", ports, nccl="2.21.5"),
+                         interfaces=node("c", "10.0.0.3").interfaces)}
+    note = ("mlx5_1:1: backend GID 5 (10.200.2.10 on ens2f0); NCCL 2.21+ would pick 3 "
+            "(192.168.0.5 on ens2f0.100)")
+    assert rows_of(doctor.check_roce_gid(tree)) == [
+        ("a", "roce_gid", OK, f"{note}; dtrain sets NCCL_IB_GID_INDEX=5"),
+        ("b", "roce_gid", OK, f"{note}; dtrain sets NCCL_IB_ADDR_RANGE=10.200.2.0/24"),
+        ("c", "roce_gid", OK, f"{note}; dtrain sets NCCL_IB_ADDR_RANGE=10.200.2.10/32")]
+
+
+def test_master_port_rows_whole() -> None:
+    pick = doctor.pick_master(cluster_facts())
+    two = ["gpu1", "gpu2"]
+
+    def skipped(why: str) -> list[tuple[str, str, str, str]]:
+        return [(h, "master_port", SKIP, why) for h in two]
+
+    assert rows_of(doctor.check_master_port(None, None, two)) == skipped("no master address")
+    assert rows_of(doctor.check_master_port(None, MasterPick("gpu1", None), two)) == \
+        skipped("no master address")
+    candidate = MasterPick("gpu1", None, candidates=(MASTER,))
+    assert rows_of(doctor.check_master_port(None, candidate, two)) == skipped("not tested")
+    assert rows_of(doctor.check_master_port(None, pick, two)) == skipped("not tested")
+    lost = PortProbe(MASTER, 0, "ssh: channel closed")
+    assert rows_of(doctor.check_master_port(lost, pick, ["gpu1", "gpu2", "gpu3"])) == [
+        ("gpu1", "master_port", FAIL, "cannot bind 10.0.0.1: ssh: channel closed"),
+        ("gpu2", "master_port", SKIP, "master port not bound"),
+        ("gpu3", "master_port", SKIP, "master port not bound")]
+    # without a pick the master is the first host
+    in_use = PortProbe(MASTER, 29500, {"ok": False, "error": "OSError: in use"})
+    assert rows_of(doctor.check_master_port(in_use, None, ["gpu2", "gpu1"])) == [
+        ("gpu2", "master_port", FAIL, "cannot bind 10.0.0.1:29500: OSError: in use"),
+        ("gpu1", "master_port", SKIP, "master port not bound")]
+    probe_result = PortProbe(MASTER, 29500, {"ok": True},
+                             {"gpu2": {"ok": True, "ms": None}, "gpu3": {"ok": True, "ms": 12.345},
+                              "gpu5": "probe failed: x",
+                              "gpu6": {"ok": False, "error": "ECONNREFUSED"}})
+    hosts = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6"]
+    assert rows_of(doctor.check_master_port(probe_result, pick, hosts)) == [
+        ("gpu1", "master_port", OK, "bound 10.0.0.1:29500"),
+        ("gpu2", "master_port", OK, "reached 10.0.0.1:29500 in 0.0 ms"),
+        ("gpu3", "master_port", OK, "reached 10.0.0.1:29500 in 12.3 ms"),
+        ("gpu4", "master_port", FAIL, "10.0.0.1:29500: not tested"),
+        ("gpu5", "master_port", FAIL, "10.0.0.1:29500: probe failed: x"),
+        ("gpu6", "master_port", FAIL, "cannot connect to 10.0.0.1:29500: ECONNREFUSED")]
+
+
+def test_fabric_rows_whole_second_round() -> None:
+    """The survivors of the first mutation run of fabric_checks (docs/testing.md)."""
+    unreachable = replace(node("gpu3", "10.0.0.3"), routes={MASTER: Route(
+        MASTER, None, None, None, "unreachable", "ip", "Network is unreachable")})
+    assert doctor.pick_master(cluster_facts(gpu3=unreachable)) == MasterPick(
+        "gpu1", None, error="no master address is reachable from every worker -- 10.0.0.1: "
+        "gpu3 (Network is unreachable)", candidates=(MASTER,))
+    # two nodes are a multi-node job: an interface that is down fails
+    down = node("gpu2", "10.0.0.2")
+    down = replace(down, interfaces=tuple(replace(i, operstate="down") if i.name == "eth0"
+                                          else i for i in down.interfaces))
+    facts = {"gpu1": node("gpu1", MASTER), "gpu2": down}
+    assert rows_of(doctor.check_socket(facts, doctor.pick_master(facts)))[1:] == [
+        ("gpu2", "socket", FAIL, "eth0 (towards master 10.0.0.1) is down")]
+    # every warning of a socket choice, joined
+    vpn = replace(node("gpu2", "10.0.0.2", ifname="wg0"), routes={MASTER: Route(
+        MASTER, "wg0", "10.0.0.2", "10.0.0.254", "unicast", "ip")})
+    facts = {"gpu1": node("gpu1", MASTER), "gpu2": vpn}
+    assert rows_of(doctor.check_socket(facts, doctor.pick_master(facts)))[1:] == [
+        ("gpu2", "socket", WARN, "wg0 (route to 10.0.0.1 via wg0 (gateway 10.0.0.254)); gpu2: "
+                                 "10.0.0.1 is reached through gateway 10.0.0.254 (routed, not "
+                                 "on-link); gpu2: wg0 looks like a container/overlay interface")]
+    # ports present, none usable: every reason, joined
+    down_ports = (ib_port("mlx5_0", state="1: DOWN"),
+                  RdmaPort("mlx5_1", 1, "4: ACTIVE", "2: Polling", "InfiniBand", "400 Gb/sec",
+                           "mlx5_core"))
+    facts = {"a": node("a", MASTER, rdma=down_ports), "b": node("b", "10.0.0.2"),
+             "c": node("c", "10.0.0.3", rdma=down_ports)}
+    assert rows_of(doctor.check_hca(facts)) == [
+        ("a", "hca", WARN, "RDMA devices present but none usable (mlx5_0:1: state 1: DOWN; "
+                           "mlx5_1:1: phys_state 2: Polling): NCCL uses TCP sockets"),
+        ("b", "hca", SKIP, "no RDMA devices: NCCL uses TCP sockets"),
+        ("c", "hca", WARN, "RDMA devices present but none usable (mlx5_0:1: state 1: DOWN; "
+                           "mlx5_1:1: phys_state 2: Polling): NCCL uses TCP sockets")]
+    # the master port's row is on the pick's host, wherever it is in the host list
+    pick = doctor.pick_master(cluster_facts())
+    bound = PortProbe(MASTER, 29500, {"ok": True}, {"gpu2": {"ok": True, "ms": 1.0}})
+    assert rows_of(doctor.check_master_port(bound, pick, ["gpu2", "gpu1"])) == [
+        ("gpu1", "master_port", OK, "bound 10.0.0.1:29500"),
+        ("gpu2", "master_port", OK, "reached 10.0.0.1:29500 in 1.0 ms")]
+
+
+def test_roce_gid_notes_of_every_port_and_the_front_end_port_left_to_the_sockets() -> None:
+    v4 = "0000:0000:0000:0000:0000:ffff:0ac8:020a"
+    eth0 = "0000:0000:0000:0000:0000:ffff:0a00:0001"
+    front = _roce("mlx5_0", "eth0", (Gid(0, FE80, "IB/RoCE v1", "eth0"),
+                                     Gid(1, FE80, "RoCE v2", "eth0"),
+                                     Gid(2, eth0, "RoCE v2", "eth0")))
+    back = _roce("mlx5_1", "ens2f0", (Gid(0, FE80, "IB/RoCE v1", "ens2f0"),
+                                      Gid(1, FE80, "RoCE v2", "ens2f0"),
+                                      Gid(2, v4, "IB/RoCE v1", "ens2f0"),
+                                      Gid(3, v4, "RoCE v2", "ens2f0")))
+    facts = {"gpu1": roce_node("gpu1", MASTER, (front, back)),
+             "gpu2": roce_node("gpu2", "10.0.0.2", (front, back))}
+    sockets = doctor.socket_choices(facts, doctor.pick_master(facts))
+    backend = "mlx5_1:1: backend GID 3 (10.200.2.10 on ens2f0); NCCL 2.21+ picks the same"
+    assert rows_of(doctor.check_roce_gid(facts, sockets)) == [
+        (h, "roce_gid", OK, backend) for h in facts]
+    both = f"mlx5_0:1: backend GID 2 (10.0.0.1 on eth0); NCCL 2.21+ picks the same; {backend}"
+    assert rows_of(doctor.check_roce_gid(facts)) == [(h, "roce_gid", OK, both) for h in facts]
+    # an IPv6-only port, NCCL version unknown: the family and the index, both named
+    v6 = _roce("mlx5_0", "ens2f0", (Gid(0, FE80, "IB/RoCE v1", "ens2f0"),
+                                    Gid(1, FE80, "RoCE v2", "ens2f0"),
+                                    Gid(2, "fd01:0000:0000:0000:0000:0000:0000:0009", "RoCE v2",
+                                        "docker0"),
+                                    Gid(3, "fd00:0000:0000:0000:0000:0000:0000:0005", "RoCE v2",
+                                        "ens2f0")))
+    assert rows_of(doctor.check_roce_gid({"a": roce_node("a", MASTER, (v6,))})) == [
+        ("a", "roce_gid", OK, "mlx5_0:1: only IPv6 GIDs; index 3 (fd00::5) on ens2f0; NCCL 2.21+ "
+                              "would pick 2 (fd01::9 on docker0); dtrain sets "
+                              "NCCL_IB_ADDR_FAMILY=AF_INET6, NCCL_IB_GID_INDEX=3")]
 
 
 def test_exit_code_and_json_document() -> None:

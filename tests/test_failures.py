@@ -526,8 +526,9 @@ def test_unreachable_node_is_named_and_nothing_starts(cluster: tc.Cluster, tmp_p
 @pytest.mark.torch
 def test_link_down_node_lost(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     """node3's link goes down mid-run: heartbeats stop, dtrain names it (exit 255) and stops
-    the others; node3's own supervisor, cut off, tears its job down after the heartbeat
-    timeout (checked while the link is still down)."""
+    the others; node3's own supervisor, cut off, tears its job down once the launcher has
+    been silent for 3 heartbeat timeouts (decide/liveness.launcher_timeout; checked while
+    the link is still down)."""
     run_id = new_id("linkdown")
     job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, TRAIN, "--heartbeat-timeout", "5"))
     jobs.append(job)
@@ -544,7 +545,7 @@ def test_link_down_node_lost(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
         _only(watch, 1).assert_clean(1.0, since=job.ended)
         _only(watch, 2).assert_clean(1.0, since=job.ended)
         # the cut-off node cleans itself up: no launcher reaches it
-        ok3, took3 = JobWatch.wait_clean(_only(watch, 3), 15)
+        ok3, took3 = JobWatch.wait_clean(_only(watch, 3), 30)
         assert ok3, f"node3 not clean {time.monotonic() - cut:.1f}s after the cut: {watch.left()}"
         cut_clean = time.monotonic() - cut
     finally:
@@ -555,12 +556,78 @@ def test_link_down_node_lost(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     assert "FAILED: node node3 lost: no heartbeat for 5 s" in job.output, job.output
     assert re.search(r"node3 \(node 2\): .*LOST", job.output), job.output
     assert 4.0 < detected < 15.0, detected
-    assert cut_clean < 5 + 5 + 3, cut_clean
+    assert cut_clean < 3 * 5 + 5 + 5, cut_clean
     m = meta(tmp_path, run_id)
     assert (m["root_cause"]["kind"], m["root_cause"]["host"], m["exit_code"]) == (
         "lost", "node3", 255)
     print(f"link down: dtrain ended {detected:.2f}s after the cut; node3 clean after "
           f"{cut_clean:.2f}s")
+
+
+def _supervisor_pid(watch: JobWatch, k: int) -> int:
+    """The pid of node k's supervisor (the job's process whose parent is sshd)."""
+    watch.wait_saw(len(watch.nodes))
+    with watch._lock:
+        keys = [key for key in watch.known[k] if key in watch.sup_keys]
+    assert len(keys) == 1, (k, keys, watch.known)
+    return keys[0][0]
+
+
+@pytest.mark.ssh
+@pytest.mark.torch
+def test_a_stopped_launcher_loses_no_node(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
+    """dtrain itself is SIGSTOPped for 8 s (past its --heartbeat-timeout of 5) while the
+    nodes keep running, then SIGCONTed: the time it was not running is not the nodes'
+    silence (decide/liveness.py), and the nodes, which wait 3 timeouts for the launcher,
+    are still there: the run carries on to its own end, no node lost, no tick missing."""
+    run_id = new_id("launcher-stop")
+    job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, "tests/workloads/tick.py",
+                                   "--heartbeat-timeout", "5", hosts="node[1-2]",
+                                   env={"TICK_S": "0.5", "TICK_N": "40"}))
+    jobs.append(job)
+    with JobWatch(cluster, [1, 2], run_id=run_id) as watch:
+        job.wait_line(r"r\d: tick \d 2$", timeout=90, count=2)
+        watch.wait_saw(2)
+        job.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(8.0)
+        finally:
+            job.proc.send_signal(signal.SIGCONT)
+        rc = job.wait(90)
+        watch.assert_clean(2.0, since=job.ended)
+    assert rc == 0, job.output
+    assert "lost" not in job.output.lower(), job.output
+    assert "no heartbeat" not in job.output, job.output
+    for r in (0, 1):
+        ticks = [ln for ln in job.output.splitlines() if re.search(rf"r{r}: tick {r} \d+$", ln)]
+        assert len(ticks) == 40, (r, ticks)
+
+
+@pytest.mark.ssh
+@pytest.mark.torch
+def test_a_stopped_supervisor_is_a_lost_node(cluster: tc.Cluster, tmp_path: Path,
+                                             jobs) -> None:
+    """node2's supervisor is SIGSTOPped (its job keeps running, the launcher keeps running):
+    nothing comes from node2, and dtrain names it lost after --heartbeat-timeout (exit 255)
+    and stops node1; SIGCONTed, node2's supervisor finds its channel gone and cleans up."""
+    run_id = new_id("sup-stop")
+    job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, "tests/workloads/tick.py",
+                                   "--heartbeat-timeout", "5", hosts="node[1-2]"))
+    jobs.append(job)
+    with JobWatch(cluster, [1, 2], run_id=run_id) as watch:
+        job.wait_line(r"r\d: tick \d 2$", timeout=90, count=2)
+        sup = _supervisor_pid(watch, 2)
+        os.kill(sup, signal.SIGSTOP)
+        try:
+            rc = job.wait(60)
+        finally:
+            os.kill(sup, signal.SIGCONT)
+        watch.assert_clean(15.0)
+    assert rc == 255, job.output
+    assert "FAILED: node node2 lost: no heartbeat for 5 s" in job.output, job.output
+    m = meta(tmp_path, run_id)
+    assert (m["root_cause"]["kind"], m["root_cause"]["host"], m["exit_code"]) == (
+        "lost", "node2", 255)
 
 
 def _only(watch: JobWatch, k: int) -> JobWatch:

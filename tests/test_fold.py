@@ -236,3 +236,76 @@ def test_a_traceback_ends_at_its_first_unindented_line_even_a_short_one() -> Non
     assert is_shutdown_chatter("E", True) == (True, False)
     assert is_shutdown_chatter(" x", True) == (True, True)
     assert is_shutdown_chatter("", True) == (True, True)
+
+
+# --------------------------------------- the rest of fold.py's mutants (issue #25, round 4)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    pytest.param("I1130 12:01:37.645000 18103 x.py:1] hi", "I x.py:1] hi", id="info"),
+    pytest.param("W1130 12:01:37.645000 18103 x.py:1] hm", "W x.py:1] hm", id="warning"),
+    pytest.param("E1130 12:01:37.6 7 x.py:1] boom", "E x.py:1] boom", id="error"),
+    pytest.param("F1130 12:01:37.6 x.py:1] fatal", "F x.py:1] fatal", id="fatal"),
+    pytest.param("[E1130 12:01:37.099694116 socket.cpp:207] e", "[E socket.cpp:207] e",
+                 id="glog-error"),
+    pytest.param("i1130 12:01:37.645000 x", "i1130 12:01:37.645000 x", id="lower-case-kept"),
+])
+def test_every_severity_s_stamp_is_dropped_from_the_key(text: str, key: str) -> None:
+    assert fold_key(text) == key
+
+
+def test_an_error_stamped_microseconds_apart_on_two_ranks_folds() -> None:
+    f = folder(ranks=2, nodes=1)
+    got = f.feed([err(0, "E1130 12:01:37.000001 11 x.py:9] NCCL error"),
+                  err(1, "E1130 12:01:37.000004 12 x.py:9] NCCL error")], now=0.0)
+    assert shown(got) == ["node1 r0-1 [err]: E1130 12:01:37.000001 11 x.py:9] NCCL error"]
+
+
+def test_a_folded_tag_without_a_host_folder_joins_hosts_with_commas() -> None:
+    from launcher.output.fold import folded_tag
+
+    assert folded_tag([("node2", 4), ("node1", 0), ("node2", 5)]) == "node2,node1 r0,4-5"
+    assert folded_tag([("node2", None), ("node1", None)]) == "node2,node1"
+
+
+def test_a_folded_line_keeps_the_first_rank_s_time() -> None:
+    f = folder(ranks=2, nodes=1)
+    got = f.feed([err(0, t=5.25), err(1, t=5.5)], now=0.0)
+    assert [(line.node_rank, line.t) for line in got] == [(FOLDED, 5.25)]
+
+
+def test_a_line_at_exactly_the_window_s_end_starts_a_new_group() -> None:
+    f = folder(ranks=2, nodes=1, window=0.5)
+    assert f.feed([err(0)], now=0.0) == []
+    assert f.feed([err(1)], now=0.5) == []  # the first group's window is over: not joined
+    assert shown(f.release(0.5)) == [f"node1 r0 [err]: {W}"]
+    assert shown(f.flush()) == [f"node1 r1 [err]: {W}"]
+
+
+def test_lines_two_ranks_printed_alike_go_out_once_each_when_the_window_ends() -> None:
+    # both ranks' next line is the same held group: it is let go once, not twice
+    f = folder(ranks=3, nodes=1, window=1.0)
+    assert f.feed([err(0, "a"), err(1, "a"), err(0, "b"), err(1, "b")], now=0.0) == []
+    assert shown(f.release(1.0)) == ["node1 r0-1 [err]: a", "node1 r0-1 [err]: b"]
+    assert f.held == 0 and f.next_deadline is None
+
+
+def test_past_the_bound_a_complete_group_waiting_on_the_let_go_one_follows_it() -> None:
+    f = StderrFolder(2, 1, window=10.0, max_held=1)
+    assert f.feed([err(0, "a")], now=0.0) == []  # held: rank 1 has not printed it
+    # rank 0 then rank 1 print b: complete, but it waits for rank 0's a; over the bound, a is
+    # let go, and b with it
+    got = f.feed([err(0, "b"), err(1, "b")], now=0.0)
+    assert [(line.host, line.text) for line in got] == [("node1", "a"), ("node1 r0-1", "b")]
+    assert f.held == 0
+
+
+def test_nothing_is_kept_for_lines_already_shown() -> None:
+    # a long job prints many distinct lines: the folder must not keep one entry per text
+    f = folder(ranks=2, nodes=1)
+    for i in range(50):
+        f.feed([err(0, f"step {i}"), err(1, f"step {i}")], now=float(i))
+        f.feed([err(0, f"only rank 0 {i}")], now=float(i))
+        f.feed([OutputLine("node1", "err", f"agent {i}")], now=float(i))
+    f.flush()
+    assert (f.held, f._open, f._pending) == (0, {}, {})

@@ -679,3 +679,349 @@ def test_a_yaml_reader_error_names_the_line_of_the_bad_character() -> None:
     # a reader error has no mark, only a character position: its line is counted
     error = yaml_error("\nhosts:\n  - a\n  - b\x07\n")
     assert str(error) == "c.yaml:4: not valid YAML: special characters are not allowed"
+
+
+# ------------------------------------ the hostfile survivors, worked through (issue #25, round 4)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    pytest.param("slots=4 node1", "h.txt:1: expected a host first, got 'slots=4' (write "
+                 "[user@]host[:port] [slots=N] [key=value ...])", id="key-first"),
+    pytest.param("node1 extra", "h.txt:1: unexpected 'extra': settings are key=value (one host "
+                 "per line, e.g. 'node1 slots=8')", id="bare-word"),
+    pytest.param("node1 slots=2 slots=4", "h.txt:1: slots given twice (keep one slots=)",
+                 id="slots-twice"),
+    pytest.param("node1 python=/a python=/b", "h.txt:1: python given twice (keep one python=)",
+                 id="python-twice"),
+])
+def test_text_line_errors_whole_with_their_hints(text: str, shown: str) -> None:
+    assert str(text_error(text)) == shown
+
+
+def test_a_value_may_hold_equals_and_openmpi_keys_anywhere_are_skipped() -> None:
+    (host,) = parse_hostfile_text("node1 max_slots=8 python=/opt/a=b/python max-slots=2 slots=4",
+                                  "h.txt")
+    assert (host.python, host.slots) == ("/opt/a=b/python", 4)
+
+
+@pytest.mark.parametrize(("text", "line", "shown"), [
+    pytest.param("a[1-65536]\nb\n", 2, "h.txt:2: with 'b' the hosts reach 65537, more than "
+                 "65536 (the cap on one job, after all expansion) (check the ranges and repeated "
+                 "entries)", id="text"),
+])
+def test_the_cap_counts_every_line_of_a_text_hostfile(text: str, line: int, shown: str) -> None:
+    error = text_error(text)
+    assert (str(error), error.line) == (shown, line)
+
+
+def test_the_cap_counts_every_entry_of_a_yaml_hostfile() -> None:
+    assert str(yaml_error("hosts:\n  - 'a[1-65536]'\n  - b\n")) == (
+        "c.yaml:3: hosts[1]: with 'b' the hosts reach 65537, more than 65536 (the cap on one "
+        "job, after all expansion) (check the ranges and repeated entries)")
+
+
+TAG_HINT = " (quote it, or drop the !!tag)"
+
+
+@pytest.mark.parametrize(("entry", "shown"), [
+    # a tag's constructor refusing its text raised ValueError/KeyError/AttributeError out of
+    # dtrain (a traceback, exit 1) before round 4
+    pytest.param("{host: a, slots: !!int x}", "hosts[0].slots: bad value: 'x' is not a valid "
+                 "!!int", id="int"),
+    pytest.param("{host: a, port: !!bool maybe}", "hosts[0].port: bad value: 'maybe' is not a "
+                 "valid !!bool", id="bool"),
+    pytest.param("{host: a, python: !!timestamp soon}", "hosts[0].python: bad value: 'soon' is "
+                 "not a valid !!timestamp", id="timestamp"),
+    pytest.param("{host: a, slots: 2001-13-45}", "hosts[0].slots: bad value: '2001-13-45' is "
+                 "not a valid !!timestamp", id="implicit-timestamp"),
+    pytest.param("2001-13-45", "hosts[0]: bad value: '2001-13-45' is not a valid !!timestamp",
+                 id="entry"),
+    pytest.param("{host: a, user: [!!float x]}", "hosts[0].user: bad value: it holds a value "
+                 "its tag cannot read", id="inside-a-list"),
+    # YAML's own errors: the problem only (the file:line is in front already)
+    pytest.param("{host: a, slots: !!foo 1}", "hosts[0].slots: bad value: could not determine "
+                 "a constructor for the tag 'tag:yaml.org,2002:foo'", id="unknown-tag"),
+    pytest.param("{host: a, slots: !!set [1]}", "hosts[0].slots: bad value: expected a mapping "
+                 "node, but found sequence", id="set-of-a-list"),
+    pytest.param("{!!foo host: a}", "hosts[0]: bad value: could not determine a constructor "
+                 "for the tag 'tag:yaml.org,2002:foo'", id="key"),
+    pytest.param("!!foo a", "hosts[0]: bad value: could not determine a constructor for the "
+                 "tag 'tag:yaml.org,2002:foo'", id="entry-tag"),
+    pytest.param("{host: !!foo a}", "hosts[0].host: bad value: could not determine a "
+                 "constructor for the tag 'tag:yaml.org,2002:foo'", id="host"),
+    pytest.param("{host: a, env: {!!foo A: x}}", "hosts[0].env: bad value: could not "
+                 "determine a constructor for the tag 'tag:yaml.org,2002:foo'", id="env-name"),
+    pytest.param("{host: a, env: {A: !!foo x}}", "hosts[0].env.A: bad value: could not "
+                 "determine a constructor for the tag 'tag:yaml.org,2002:foo'", id="env-value"),
+])
+def test_a_value_yaml_cannot_build_is_one_line_naming_its_key(entry: str, shown: str) -> None:
+    error = yaml_error(f"hosts:\n  - {entry}\n")
+    assert str(error) == f"c.yaml:2: {shown}{TAG_HINT}"
+    assert (error.source, error.line, error.exit_code) == ("c.yaml", 2, 2)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    pytest.param("hosts:\n  - {host: a, slots: [1, 2]}\n", "c.yaml:2: hosts[0].slots: slots "
+                 "must be a positive integer, got [1, 2] (e.g. slots=8)", id="list-built-whole"),
+    pytest.param("hosts:\n  - [a]\n", "c.yaml:2: hosts[0]: expected a mapping of key: value",
+                 id="entry-list"),
+    pytest.param("defaults: [a]\nhosts: [a]\n", "c.yaml:1: defaults: expected a mapping of "
+                 "key: value", id="defaults-list"),
+    pytest.param("hosts:\n  - {host: 12}\n", "c.yaml:2: hosts[0].host: expected one host name "
+                 "or range, got 12 (e.g. host: \"gpu[01-16]\")", id="host-number"),
+    pytest.param("hosts:\n  - {host: ''}\n", "c.yaml:2: hosts[0].host: expected one host name "
+                 "or range, got '' (e.g. host: \"gpu[01-16]\")", id="host-empty"),
+])
+def test_more_yaml_errors_whole(text: str, shown: str) -> None:
+    assert str(yaml_error(text)) == shown
+
+
+def test_a_file_sniffed_as_yaml_by_its_document_start(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("---\nhosts: [node1, node2]\n")
+    assert names(load_hostfile(path)) == ["node1", "node2"]
+
+
+@pytest.mark.parametrize("filename", ["h.yaml", "h.yml", "H.YAML", "h.Yml"])
+def test_yaml_by_extension_whatever_the_first_line(tmp_path: Path, filename: str) -> None:
+    path = tmp_path / filename
+    path.write_text("{hosts: [node1, node2]}\n")  # a flow mapping: not sniffed as YAML
+    hosts = load_hostfile(path)
+    assert names(hosts) == ["node1", "node2"]
+    assert hosts[0].source == f"{path}:1"
+
+
+def test_a_text_hostfile_of_blank_lines_is_empty_not_bad_yaml(tmp_path: Path) -> None:
+    # a form feed is blank to the text format; YAML's reader would refuse it
+    path = tmp_path / "hosts"
+    path.write_text("\x0c\n\n")
+    with pytest.raises(HostfileError) as info:
+        load_hostfile(path)
+    assert str(info.value) == f"{path}: no hosts listed (add one host a line, e.g. 'node1 slots=8')"
+
+
+def test_a_missing_hostfile_s_hint_names_where_the_path_came_from(tmp_path: Path) -> None:
+    missing = tmp_path / "gone"
+    for kwargs, hint in [
+        ({"hostfile": str(missing)}, "check the path given to -f, or use -H HOSTS"),
+        ({"hostfile": None, "environ": {"DTRAIN_HOSTFILE": str(missing)}},
+         "check DTRAIN_HOSTFILE, or use -H HOSTS"),
+    ]:
+        with pytest.raises(HostfileError) as info:
+            resolve_hosts(hosts=None, **{"environ": {}, **kwargs})
+        assert info.value.hint == hint
+
+
+def test_a_near_file_is_suggested_instead_of_the_hint(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "hosts.txt").write_text("node1\n")
+    with pytest.raises(HostfileError) as info:
+        load_hostfile(tmp_path / "hosts.tx")
+    assert (info.value.message, info.value.hint) == (
+        f"hostfile not found: {tmp_path}/hosts.tx (did you mean {tmp_path}/hosts.txt?)", None)
+    # a bare name: looked for in the working directory
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HostfileError) as info:
+        load_hostfile("hosts.tx")
+    assert info.value.message == "hostfile not found: hosts.tx (did you mean hosts.txt?)"
+    # only a close name (difflib ratio >= 0.8): 'hosts' is 0.71 from 'hosts.txt'
+    with pytest.raises(HostfileError) as info:
+        load_hostfile("hosts")
+    assert (info.value.message, info.value.hint) == (
+        "hostfile not found: hosts", "check the path given to -f, or use -H HOSTS")
+
+
+def test_a_hostfile_that_cannot_be_opened_says_why(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    (tmp_path / "f").write_text("node1\n")
+    for path, why in [(loop, "Too many levels of symbolic links"),
+                      (tmp_path / "f" / "hosts", "Not a directory")]:
+        with pytest.raises(HostfileError) as info:
+            load_hostfile(path)
+        assert str(info.value) == f"cannot read hostfile {path}: {why}"
+        assert info.value.exit_code == 2
+
+
+def test_a_path_with_a_colon_is_split_at_its_line_number(tmp_path: Path) -> None:
+    from launcher.hosts.hostfile import host_sources
+
+    folder = tmp_path / "a:b"
+    folder.mkdir()
+    path = folder / "h.txt"
+    path.write_text("node1\nnode2\n")
+    assert host_sources(load_hostfile(path)) == str(path)
+    path.write_text("node1\nnode1\n")
+    with pytest.raises(HostfileError) as info:
+        load_hostfile(path)
+    assert (info.value.source, info.value.line) == (str(path), 2)
+    assert info.value.message == f"{path}:2: duplicate host 'node1' (first at {path}:1)"
+
+
+def test_host_sources_names_each_source_once_in_order(tmp_path: Path) -> None:
+    from launcher.hosts.hostfile import host_sources
+
+    path = tmp_path / "h.txt"
+    path.write_text("node1\nnode2\n")
+    hosts = load_hostfile(path) + parse_host_expr("x1,x2")
+    assert host_sources(hosts) == f"{path}, -H"
+    assert host_sources([]) == "unknown"
+    alloc = resolve_hosts(hostfile=None, hosts=None,
+                          environ={"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "7"})
+    assert names(alloc) == ["node1", "node2"]
+    assert host_sources(alloc) == "SLURM_JOB_NODELIST (job 7, no slot count)"
+
+
+@pytest.mark.parametrize(("expr", "shown"), [
+    pytest.param("node1 node2", "-H: unexpected space in 'node1 node2' (separate hosts with "
+                 "commas: -H 'dtuser@node[1-4],login2:2222')", id="space"),
+    pytest.param(" , ", "-H: empty host expression (e.g. -H 'node[1-4]')", id="empty"),
+])
+def test_host_expr_errors_whole_with_their_hints(expr: str, shown: str) -> None:
+    with pytest.raises(HostfileError) as info:
+        parse_host_expr(expr)
+    assert str(info.value) == shown
+
+
+def test_host_expr_splits_at_commas_only() -> None:
+    assert labels(parse_host_expr("rackX1,rackX2")) == ["rackX1", "rackX2"]
+
+
+def test_an_include_over_the_cap_names_the_option() -> None:
+    with pytest.raises(HostfileError) as info:
+        filter_hosts(HOSTS, "node[1-100000]", None)
+    assert str(info.value) == ("--include: 'node[1-100000]' makes 100000 hosts, over the cap "
+                               "of 65536 hosts per job (check the range bounds)")
+
+
+def test_nothing_given_says_every_way_to_give_hosts() -> None:
+    with pytest.raises(HostfileError) as info:
+        resolve_hosts(hostfile=None, hosts=None, environ={})
+    assert str(info.value) == ("no hosts given: use -f FILE or -H EXPR (or set "
+                               "DTRAIN_HOSTFILE=FILE, or run inside salloc/sbatch)")
+
+
+def test_fold_upper_case_and_names_nodeset_cannot_read() -> None:
+    assert fold(["GPU1", "GPU2", "Login"]) == "GPU[1-2],Login"
+    long = "n" + "9" * 300  # too long a number for NodeSet's ranges: listed as it is
+    assert fold([long, "n1"]) == f"{long},n1"
+
+
+# ------------------------------------------ entries.py, the shared grammar (issue #25, round 4)
+
+ADDRESS_ERRORS = [
+    pytest.param("node[1-9999999]", "host range 'node[1-9999999]' expands to 9999999 hosts "
+                 "(more than 65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="huge-range"),
+    pytest.param("n[1-2,1-70000]", "host range 'n[1-2,1-70000]' expands to 70002 hosts (more "
+                 "than 65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="every-part-counted"),
+    pytest.param("n[1-70000,5]", "host range 'n[1-70000,5]' expands to 70001 hosts (more than "
+                 "65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="parts-added"),
+    pytest.param("n[1-300][1-300]", "host range 'n[1-300][1-300]' expands to 90000 hosts (more "
+                 "than 65536) (check the range bounds; 65536 hosts is the cap on one job)",
+                 id="brackets-multiplied"),
+    # a reversed or malformed part counts 0 (1 for a whole bracket): NodeSet names the fault
+    pytest.param("n[3-1,1-65536]", "bad host range 'n[3-1,1-65536]': invalid values in range: "
+                 "\"3-1\" (write ranges as node[1-4], gpu[01-16] or node[1,3-5])", id="reversed"),
+    pytest.param("n[a][1-40000]", "bad host range 'n[a][1-40000]': illegal reopening bracket: "
+                 "\"[1-40000]\" (write ranges as node[1-4], gpu[01-16] or node[1,3-5])",
+                 id="malformed-bracket"),
+    pytest.param("node]1", "bad host range 'node]1': illegal closing bracket: \"node]1\" (write "
+                 "ranges as node[1-4], gpu[01-16] or node[1,3-5])", id="closing-bracket-only"),
+    pytest.param("a[1],b", "one host entry at a time, got 'a[1],b' (put each host on its own "
+                 "line, or use a range: node[1,3-4])", id="comma-after-a-bracket"),
+    pytest.param("-x@node1", "invalid user name '-x' (use letters, digits, '.', '-', '_', e.g. "
+                 "dtuser@node1)", id="user"),
+    pytest.param("999.1.1.1", "invalid host name '999.1.1.1': not a valid IPv4 address (e.g. "
+                 "198.18.0.11 or 198.18.0.[11-14])", id="ipv4"),
+    pytest.param("[fe80::zz]", "invalid IPv6 address 'fe80::zz' (e.g. [fe80::1]:22)", id="ipv6"),
+    pytest.param("[fe80::1", "missing ']' in '[fe80::1' (e.g. [fe80::1]:22)", id="ipv6-open"),
+    pytest.param("[fe80::1]x", "unexpected 'x' after '[fe80::1]' (e.g. [fe80::1]:22)",
+                 id="after-ipv6"),
+    pytest.param("[fe80::1]]:22", "unexpected ']:22' after '[fe80::1]' (e.g. [fe80::1]:22)",
+                 id="second-bracket"),
+    pytest.param("[node1]:22", "bad host range '[node1]': cannot convert string to integer: "
+                 "\"node1\" (write ranges as node[1-4], gpu[01-16] or node[1,3-5])",
+                 id="bracketed-name"),
+    pytest.param("node[1-2]:22:33", "bad port '22:33': must be a number from 1 to 65535 (e.g. "
+                 "node1:2222 or port=2222)", id="range-two-colons"),
+    pytest.param("node1:65536", "bad port '65536': must be a number from 1 to 65535 (e.g. "
+                 "node1:2222 or port=2222)", id="port-over"),
+    pytest.param(":22", "missing host name (write [user@]host[:port], e.g. "
+                 "dtuser@node[1-4]:2222)", id="no-name"),
+    pytest.param("u@:22", "missing host name (write [user@]host[:port], e.g. "
+                 "dtuser@node[1-4]:2222)", id="user-no-name"),
+    pytest.param("node1 python=", "invalid python '': is empty (give the interpreter's path on "
+                 "the node, e.g. python=/opt/venv/bin/python)", id="python-empty"),
+    pytest.param("node1 python=-c", "invalid python '-c': starts with '-' (it would be read as "
+                 "an option) (give the interpreter's path on the node, e.g. "
+                 "python=/opt/venv/bin/python)", id="python-dash"),
+    pytest.param("node1 python=~root/py", "invalid python '~root/py': uses ~name: only ~ and ~/ "
+                 "(the remote user's own home) are understood (give the interpreter's path on "
+                 "the node, e.g. python=/opt/venv/bin/python)", id="python-tilde-user"),
+    pytest.param("x" * 254, "invalid host name '" + "x" * 254 + "': longer than 253 "
+                 "characters (write [user@]host[:port], e.g. dtuser@node[1-4]:2222)",
+                 id="name-254"),
+]
+
+
+@pytest.mark.parametrize(("line", "shown"), ADDRESS_ERRORS)
+def test_entry_errors_whole_with_their_hints(line: str, shown: str) -> None:
+    error = text_error(line)
+    assert str(error) == f"h.txt:1: {shown}"
+    assert (error.source, error.line, error.exit_code) == ("h.txt", 1, 2)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    pytest.param("node1:1", ("node1", None, 1, None), id="port-1"),
+    pytest.param("node1:65535", ("node1", None, 65535, None), id="port-65535"),
+    pytest.param("[fe80::1]", ("fe80::1", None, None, None), id="ipv6-no-port"),
+    pytest.param("alice@corp@node1", ("node1", "alice@corp", None, None), id="user-with-at"),
+    pytest.param("node1 python=~", ("node1", None, None, "~"), id="python-home"),
+    pytest.param(".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]),
+                 (".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]), None, None, None),
+                 id="name-253-labels-63"),
+])
+def test_entries_at_the_limits_are_accepted(line: str, expected: tuple) -> None:
+    (host,) = parse_hostfile_text(line, "h.txt")
+    assert (host.name, host.user, host.port, host.python) == expected
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    pytest.param("[a]", "invalid python ['a']: is not a string", id="list"),
+    pytest.param("5", "invalid python 5: is not a string", id="number"),
+])
+def test_a_yaml_python_that_is_not_a_string(value: str, shown: str) -> None:
+    assert str(yaml_error(f"hosts:\n  - {{host: a, python: {value}}}\n")) == (
+        f"c.yaml:2: hosts[0].python: {shown} (give the interpreter's path on the node, e.g. "
+        "python=/opt/venv/bin/python)")
+
+
+def test_an_entry_s_python_wins_over_the_default() -> None:
+    hosts = parse_hostfile_yaml("defaults: {python: /a/py, slots: 2}\nhosts:\n  - a\n"
+                                "  - {host: b, python: /b/py}\n", "c.yaml")
+    assert [(h.name, h.python, h.slots) for h in hosts] == [("a", "/a/py", 2), ("b", "/b/py", 2)]
+
+
+def test_a_path_for_a_node_may_be_what_an_interpreter_may_not() -> None:
+    from launcher.hosts.entries import node_value_problem
+
+    assert node_value_problem("") is None and node_value_problem("-rf") is None  # a workdir
+    assert node_value_problem("", python=True) == "is empty"
+    assert node_value_problem("-rf", python=True) == (
+        "starts with '-' (it would be read as an option)")
+    assert node_value_problem("~") is None and node_value_problem("~/x") is None
+
+
+def test_the_size_of_an_option_s_expression_is_counted_before_it_is_built() -> None:
+    from launcher.hosts.entries import check_expr_size, expr_size
+
+    assert expr_size("nodeX[1-70000]") == 70000
+    assert expr_size("a[1-4],b[1-2]!a3 c[1-3]") == 4 + 2 + 1 + 3
+    check_expr_size("n[1-65536]", "--include")  # exactly the cap: fine
+    with pytest.raises(HostfileError) as info:
+        check_expr_size("n[1-65537]", "--include")
+    assert str(info.value) == ("--include: 'n[1-65537]' makes 65537 hosts, over the cap of "
+                               "65536 hosts per job (check the range bounds)")

@@ -221,3 +221,39 @@ def test_a_run_starts_one_program_per_node(monkeypatch: pytest.MonkeyPatch) -> N
     assert all(o.exit_code == 0 for o in outcomes.values()), outcomes
     assert all("hello" in events[label] for label in conns), events
     assert [len(c.started) for c in conns.values()] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("which, message, hint", [
+    pytest.param("workdir_denied",
+                 "working directory /srv/job on n[0,2]: permission denied (it exists, but bob "
+                 "may not enter or read it); nothing was started",
+                 "give bob access to it (chmod/chown, e.g. chmod o+rx), or pass a --workdir "
+                 "it may use", id="workdir"),
+    pytest.param("entry_denied",
+                 "train.py in /srv/job on n[0,2]: permission denied (bob may not read it, or "
+                 "a directory on its path); nothing was started",
+                 "give bob read access to the script and search access to its directories",
+                 id="script"),
+])
+def test_a_permission_denied_names_the_nodes_and_their_user(
+        monkeypatch: pytest.MonkeyPatch, which: str, message: str, hint: str) -> None:
+    """The facts say the user may not enter the working directory (or read the script) on
+    two nodes: refused with those nodes and that user, before anything starts."""
+    from launcher.decide import checks
+    from launcher.decide.facts import NodeFacts
+    from launcher.errors import PreflightFailed
+    from launcher.job.probes import NodeProbes
+
+    async def facts(self: Any, conns: Any, targets: Any) -> dict[str, NodeFacts]:
+        return {label: NodeFacts(workdir_ok=True, entry_ok=True, user="bob",
+                                 **({which: True} if label != "n1" else {}))
+                for label in conns}
+
+    monkeypatch.setattr(NodeProbes, "facts", facts)
+    monkeypatch.setattr(checks, "failure_message", lambda rows: None)  # no torch etc. here
+    hosts = [Host(f"n{i}") for i in range(3)]
+    req = RunRequest(script="train.py", python=sys.executable, workdir="/srv/job")
+    with pytest.raises(PreflightFailed) as err:
+        asyncio.run(preflight({h.label: Counted(h) for h in hosts}, hosts, req,
+                              RunOptions(preflight=True, probe_timeout=60)))
+    assert (err.value.message, err.value.hint, err.value.host) == (message, hint, None)

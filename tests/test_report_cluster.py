@@ -181,66 +181,22 @@ def sampled_straggler_run(cluster: Any, runs: Path, run_id: str,
     crashing at step 20 of attempt 1 (--restarts 1); stopped once attempt 2's straggler line
     is printed (on a loaded machine attempt 1 lives long enough to be flagged too). Returns
     the run directory and the console."""
-    import queue
-    import subprocess
-    import sys
-    import threading
     import time
-    import uuid
 
-    from tests.util import REPO
+    from tests.util import StragglerRun
 
-    stop = Path(cluster.shared_dir) / f"report-stop-{uuid.uuid4().hex}"
-    cmd = [sys.executable, "-m", "launcher", "run", "-H", "node[1-4]", "--python",
-           cluster.python, "--nproc-per-node", "1", "--archive-dir", str(runs), "--run-id",
-           run_id, "--no-color", "--restarts", "1", "--restart-backoff", "0.2",
-           "--sample-interval", str(INTERVAL), "--straggler-window", str(WINDOW),
-           "--straggler-hold", str(HOLD), "-e", "WL_CRASH_RANK=1", "-e", "WL_CRASH_STEP=20",
-           "tests/workloads/straggler.py", str(stop), "node3"]
-    proc = subprocess.Popen(cmd, env=cluster.client_env(), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put("")
-
-    threading.Thread(target=read, daemon=True).start()
-    seen: list[str] = []
     deadline = time.monotonic() + timeout
-
-    def wait_line(what: str) -> None:
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no {what!r} line in time:\n" + "".join(seen)[-4000:]
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            assert line, f"dtrain ended before {what!r}:\n" + "".join(seen)[-4000:]
-            seen.append(line)
-            if what in line:
-                return
-
-    try:
-        wait_line("; attempt 2 on the same nodes")  # the crash, and the decision
-        wait_line("straggler:")  # attempt 2's flag (attempt 1 may have had one too)
+    with StragglerRun(cluster, runs, "--run-id", run_id, "--no-color", "--restarts", "1",
+                      "--restart-backoff", "0.2", "-e", "WL_CRASH_RANK=1", "-e",
+                      "WL_CRASH_STEP=20", window=WINDOW, hold=HOLD, interval=INTERVAL,
+                      prefix="report") as run:
+        # the crash, and the decision
+        run.wait_line("; attempt 2 on the same nodes", deadline - time.monotonic())
+        # attempt 2's flag (attempt 1 may have had one too)
+        run.wait_line("straggler:", deadline - time.monotonic())
         time.sleep(2 * INTERVAL)  # a few samples more after the flag
-    finally:
-        stop.touch()
-        try:
-            proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            stop.unlink(missing_ok=True)
-    while (line := lines.get(timeout=10)) != "":
-        seen.append(line)
-    out = "".join(seen)
-    assert proc.returncode == 0, out[-4000:]
+    out = run.output()
+    assert run.returncode == 0, out[-4000:]
     return runs / run_id, out
 
 

@@ -24,6 +24,7 @@ from launcher.decide.restarts import (
     backoff,
     classify,
     decide,
+    fenced_line,
     next_gang,
     parse_nnodes,
     signature,
@@ -179,6 +180,16 @@ def test_without_a_spare_the_gang_shrinks_down_to_min_then_stops() -> None:
 def test_a_fenced_spare_is_not_brought_in() -> None:
     gang = next_gang(["n1", "n2"], ["n3", "n4"], ["n2", "n3"], NodeCount(2, 2))
     assert gang.active == ("n1", "n4")
+
+
+def test_the_fenced_line_says_each_spare_brought_in_and_the_smaller_run() -> None:
+    both = next_gang(["n1", "n2", "n3"], ["n4"], ["n1", "n2"], NodeCount(2, 3))
+    assert fenced_line("n1, n2 unreachable at attempt 1", both) == \
+        "n1, n2 unreachable at attempt 1: fenced, spare n4 in, shrinking to 2 nodes"
+    same = next_gang(["n1", "n2"], [], [], NodeCount(2, 2))
+    assert fenced_line("n2 lost", same) == "n2 lost: fenced"
+    stops = next_gang(["n1", "n2"], [], ["n2"], NodeCount(2, 2))
+    assert fenced_line("n2 lost", stops) == "n2 lost: fenced"  # the stop is said apart
 
 
 # -- back-off and the decision ----------------------------------------------------------------

@@ -282,7 +282,7 @@ def test_a_stop_during_the_back_off_ends_the_run_at_once(
     _validate_attempts(m["attempts"])
 
 
-LITE = "tests/workloads/ckpt_lite.py"  # torch-free ranks: the same checkpoint protocol
+LITE = {"CK_LITE": "1"}  # ckpt.py's torch-free ranks: the same checkpoint protocol
 
 
 def _launcher(cli: list[str], tmp_path: Path, cluster: tc.Cluster,
@@ -312,8 +312,7 @@ def _start_detached(cluster: tc.Cluster, tmp_path: Path, run_id: str, *, backoff
     args = _args(cluster, tmp_path, run_id, "node[1-2]", "--restarts", "2",
                  "--restart-backoff", backoff, "--detach",
                  env={"CK_DIR": str(_ckdir(cluster, run_id)), "CK_STEPS": "15",
-                      "CK_CRASH_RANK": "1"},
-                 script=LITE)
+                      "CK_CRASH_RANK": "1", **LITE})
     started = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO, text=True,
                              capture_output=True, timeout=120,
                              env=cluster.client_env(**_state(tmp_path)))

@@ -224,9 +224,9 @@ def test_restarts_over_srun_relaunch_fresh_steps_on_the_same_nodes(
     ck.mkdir(mode=0o777)
     ck.chmod(0o777)
     job = Salloc(cluster, slurm, 3, run_args(
-        cluster, tmp_path, run_id, "tests/workloads/ckpt_lite.py", "--nnodes", "2",
+        cluster, tmp_path, run_id, "tests/workloads/ckpt.py", "--nnodes", "2",
         "--restarts", "2", "--restart-backoff", "0.2",
-        env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1"}))
+        env={"CK_DIR": str(ck), "CK_STEPS": "15", "CK_CRASH_RANK": "1", "CK_LITE": "1"}))
     allocs.append(job)
     with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
         rc = job.wait()

@@ -6,18 +6,13 @@ flag no other node, archive samples.jsonl, and `dtrain top RUN` must show it."""
 from __future__ import annotations
 
 import json
-import queue
-import subprocess
-import sys
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.reports import validate_sample_record, validate_top
-from tests.util import REPO, assert_exit, dtrain, interrupt_when
+from tests.util import StragglerRun, assert_exit, dtrain, interrupt_when
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -27,42 +22,12 @@ WINDOW, HOLD, INTERVAL = 6.0, 6.0, 1.0
 FLAG_WITHIN = WINDOW / 2 + HOLD + 2 * INTERVAL + 60
 
 
-def reader(stream, lines: queue.Queue[str]) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put("")
-
-
 def test_the_node_that_rarely_waits_is_named_once_and_no_other(cluster, tmp_path: Path):
-    stop = Path(cluster.shared_dir) / f"top-stop-{uuid.uuid4().hex}"
     archive = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "launcher", "run", "-H", "node[1-4]", "--python",
-           cluster.python, "--nproc-per-node", "1", "--archive-dir", str(archive),
-           "--sample-interval", str(INTERVAL), "--straggler-window", str(WINDOW),
-           "--straggler-hold", str(HOLD), "tests/workloads/straggler.py", str(stop), "node3"]
-    proc = subprocess.Popen(cmd, env=cluster.client_env(), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=reader, args=(proc.stdout, lines), daemon=True).start()
-    seen: list[str] = []
-
-    def wait_line(what: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no {what!r} line in time:\n{''.join(seen)[-4000:]}"
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            assert line, f"dtrain ended before {what!r}:\n{''.join(seen)[-4000:]}"
-            seen.append(line)
-            if what in line:
-                return line
-
-    try:
-        wait_line("r0: step 10", 300)  # every rank is up and stepping (at node3's pace)
-        flag = wait_line("straggler:", FLAG_WITHIN)
+    with StragglerRun(cluster, archive, window=WINDOW, hold=HOLD, interval=INTERVAL,
+                      prefix="top") as run:
+        run.wait_line("r0: step 10", 300)  # every rank is up and stepping (at node3's pace)
+        flag = run.wait_line("straggler:", FLAG_WITHIN)
         assert "straggler: node3 (rank 2) is rarely waiting" in flag, flag
         run_dir = next(archive.iterdir())
         top = dtrain(["top", run_dir.name, "--archive-dir", str(archive), "--json",
@@ -79,20 +44,8 @@ def test_the_node_that_rarely_waits_is_named_once_and_no_other(cluster, tmp_path
         assert doc["run"]["step"] is not None and doc["run"]["step"] >= 10
         # let the evidence go on: still no second line, no other node
         time.sleep(HOLD)
-    finally:
-        stop.touch()
-        try:
-            proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            stop.unlink(missing_ok=True)
-    rest = []
-    while (line := lines.get(timeout=10)) != "":
-        rest.append(line)
-    out = "".join(seen + rest)
-    assert proc.returncode == 0, out[-4000:]
+    out = run.output()
+    assert run.returncode == 0, out[-4000:]
     assert out.count("straggler:") == 1, out[-4000:]
     meta = json.loads((run_dir / "meta.json").read_text())
     assert [s["host"] for s in meta["stragglers"]] == ["node3"]

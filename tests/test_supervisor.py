@@ -566,7 +566,7 @@ def test_a_rank_dies_with_its_shim(sups, tmp_path: Path) -> None:
 
 def test_stop_kills_the_agent_once_every_rank_is_gone(sups, tmp_path: Path) -> None:
     """The grace period is for the ranks: an agent (torchrun) that lingers after its ranks
-    exited on TERM is KILLed at once, not after the grace."""
+    exited on TERM gets its own short grace (here 0.5 s), then the KILL: not the 20 s."""
     script = tmp_path / "worker.py"
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(100)\n")
     agent = py(f"""
@@ -577,12 +577,40 @@ def test_stop_kills_the_agent_once_every_rank_is_gone(sups, tmp_path: Path) -> N
                                   env={{**os.environ, 'RANK': str(r)}}) for r in (0, 1)]
         time.sleep(100)
     """) + [supervisor.SHIM_PLACEHOLDER]
-    s = sups({"argv": agent, "rank_shim": True, "grace": 20})
+    s = sups({"argv": agent, "rank_shim": True, "grace": 20, "agent_grace": 0.5})
     s.wait_output(b"up", rank=0)
     s.wait_output(b"up", rank=1)
     t0 = time.monotonic()
     s.send("stop", reason="test")
-    assert s.wait(10) == 128 + signal.SIGKILL
-    assert time.monotonic() - t0 < 3.0
+    assert s.wait(15) == 128 + signal.SIGKILL
+    assert time.monotonic() - t0 < 15.0  # the 20 s grace is for the ranks, not the agent
     exits = {m["rank"]: m["code"] for m in s.msgs if m.get("type") == "rank_exit"}
     assert exits == {0: 143, 1: 143}
+
+
+def test_the_agent_s_last_words_after_its_ranks_exited_reach_the_launcher(
+        sups, tmp_path: Path) -> None:
+    """torchrun logs its shutdown after its workers are gone: an agent that waits for its
+    ranks, then says so and exits 0 by itself, is not KILLed first (its line arrives, the
+    job's code is its own)."""
+    script = tmp_path / "worker.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(100)\n")
+    agent = py(f"""
+        import os, signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: None)
+        procs = [subprocess.Popen([sys.executable, '-u', sys.argv[1], {str(script)!r}],
+                                  env={{**os.environ, 'RANK': str(r)}}) for r in (0, 1)]
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        time.sleep(0.5)  # torchrun's own shutdown (its rendezvous, its log handlers)
+        sys.stderr.write('agent: Received 15 death signal, shutting down workers\\n')
+        sys.exit(0)
+    """) + [supervisor.SHIM_PLACEHOLDER]
+    s = sups({"argv": agent, "rank_shim": True, "grace": 20})
+    s.wait_output(b"up", rank=0)
+    s.wait_output(b"up", rank=1)
+    s.send("stop", reason="test")
+    assert s.wait(15) == 0
+    assert s.message("exit")["code"] == 0
+    with s.cond:
+        assert s.err.get(-1, b"") == b"agent: Received 15 death signal, shutting down workers\n"

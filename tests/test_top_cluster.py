@@ -333,3 +333,24 @@ def test_top_follows_a_run_started_in_another_shell(cluster, tmp_path, how):
         if how == "detached":
             dtrain(["stop", run_id, "--archive-dir", str(archive)], env=cluster.client_env())
         stop.unlink(missing_ok=True)
+
+
+def test_top_of_a_run_logs_in_as_the_user_l_names(cluster, tmp_path):
+    """`dtrain top RUN -l USER`: USER on the run's hosts that name none, and on -H's, as
+    -l means in every command that connects (it was dropped for a run: top connected as
+    the default user)."""
+    archive = tmp_path / "runs"
+    run = archive / "top-l"
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({
+        "archive_version": 1, "run_id": run.name, "state": "running", "hosts": ["node1"],
+        "layout": [{"host": "node1", "node_rank": 0, "ranks": [0]}]}))
+    for hosts in ([], ["-H", "node1"]):
+        base = ["top", run.name, "--archive-dir", str(archive), "--once", "--no-gpu",
+                "-t", "5", *hosts]
+        res = dtrain([*base, "-l", "nobody"], env=cluster.client_env())  # no key lets us in
+        assert_exit(res, 255)
+        assert table(res.stdout)["node1"]["STATE"] != "ok", res.stdout
+        res = dtrain([*base, "-l", cluster.user], env=cluster.client_env())
+        assert_exit(res, 0)
+        assert table(res.stdout)["node1"]["STATE"] == "ok", res.stdout

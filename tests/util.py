@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -118,3 +120,73 @@ def dial_watch(env: Mapping[str, str], site: Path) -> tuple[dict[str, str], Path
                                                       env.get("PYTHONPATH", "")) if p),
                DTRAIN_TEST_DIAL_LOG=str(log))
     return out, log
+
+
+class StragglerRun:
+    """`dtrain run` of tests/workloads/straggler.py on node[1-4] x 1 rank, node3 computing
+    10x longer per step, sampled every ``interval`` s with the given straggler window and
+    hold (plus ``extra`` options before the script); its console (stdout and stderr) read
+    line by line. Leaving the ``with`` block stops it (the workload's stop file) and waits
+    for dtrain (killed after 120 s); then ``output()`` is the whole console.
+    """
+
+    def __init__(self, cluster: Any, archive: Path, *extra: str, window: float, hold: float,
+                 interval: float, prefix: str) -> None:
+        import uuid
+
+        self.stop = Path(cluster.shared_dir) / f"{prefix}-stop-{uuid.uuid4().hex}"
+        self.cmd = [sys.executable, "-m", "launcher", "run", "-H", "node[1-4]", "--python",
+                    cluster.python, "--nproc-per-node", "1", "--archive-dir", str(archive),
+                    *extra, "--sample-interval", str(interval), "--straggler-window",
+                    str(window), "--straggler-hold", str(hold), "tests/workloads/straggler.py",
+                    str(self.stop), "node3"]
+        self.env = cluster.client_env()
+        self.seen: list[str] = []
+        self.lines: queue.Queue[str] = queue.Queue()
+
+    def __enter__(self) -> StragglerRun:
+        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def wait_line(self, what: str, timeout: float) -> str:
+        """The next console line with ``what`` in it, within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {what!r} line in time:\n{''.join(self.seen)[-4000:]}"
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            assert line, f"dtrain ended before {what!r}:\n{''.join(self.seen)[-4000:]}"
+            self.seen.append(line)
+            if what in line:
+                return line
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.touch()
+        try:
+            self.proc.wait(timeout=120)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.stop.unlink(missing_ok=True)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def output(self) -> str:
+        """The whole console, once the run has ended (the rest read to its end)."""
+        while (line := self.lines.get(timeout=10)) != "":
+            self.seen.append(line)
+        return "".join(self.seen)

@@ -10,8 +10,8 @@ parameters and calls the group's function; the panels are what `--help` shows
   :func:`connection`
 - node: ``--python`` (with its value check), ``--setup``, ``--workdir`` → :func:`node`
 - environment: ``-e/--env``, ``--env-file``
-- display: ``--color``, ``--raw``, ``--timestamps``, the ``--host``/``--rank`` filters →
-  :func:`filters`
+- display: ``--color``, ``--raw``, ``--timestamps``, the ``--host``/``--rank``/``--grep``
+  filters → :func:`rank_filter`, :func:`host_filter`
 - reports: ``--json``, ``--junit``
 - archive: ``--archive-dir``, ``--run-id``
 - failure: ``--grace``, ``--timeout``, ``--heartbeat-timeout``, ``--start-timeout``
@@ -75,7 +75,7 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
     host that names none."""
     import os
 
-    from launcher.hosts.hostfile import resolve_hosts
+    from launcher.hosts.hostfile import resolve_hosts, with_user
 
     if hostfile is None and hosts is None and os.environ.get("WCOLL"):
         hostfile = os.environ["WCOLL"]
@@ -90,14 +90,16 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
                          "-f is the fan-out, which dtrain spells --fanout",
                          hint=f"--fanout {hostfile}")
     found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude)
-    if user:
-        from dataclasses import replace
+    return with_user(found, login_user(user))
 
+
+def login_user(user: str | None) -> str | None:
+    """``-l USER`` checked (a value a node's shell would mangle is exit 2)."""
+    if user:
         from launcher.nodeside.wire import check_value
 
         check_value(user, "-l/--user")
-        found = [h if h.user else replace(h, user=user) for h in found]
-    return found
+    return user
 
 
 # ----------------------------------------------------------------------------- connection
@@ -256,6 +258,8 @@ HostFilterOpt = Annotated[list[str] | None, typer.Option(
 RankFilterOpt = Annotated[list[str] | None, typer.Option(
     "--rank", "--ranks", metavar="RANKS", rich_help_panel=DISPLAY,
     help="Show only these ranks (0-3,7; repeatable).")]
+GrepOpt = Annotated[str | None, typer.Option(
+    "--grep", metavar="REGEX", rich_help_panel=DISPLAY, help="Only lines matching.")]
 
 
 def rank_filter(rank: list[str] | None, option: str = "--rank") -> frozenset[int] | None:

@@ -20,8 +20,7 @@ def logs_cmd(
     archive_dir: ArchiveDirOpt = groups.DEFAULT_ARCHIVE_DIR,
     rank: RankFilterOpt = None,
     host: HostFilterOpt = None,
-    grep: Annotated[str | None, typer.Option("--grep", metavar="REGEX", rich_help_panel=DISPLAY,
-                                             help="Only lines matching.")] = None,
+    grep: groups.GrepOpt = None,
     attempt: Annotated[int | None, typer.Option(
         "--attempt", min=1, metavar="N", rich_help_panel=DISPLAY,
         help="Only this attempt of a run with --restarts.")] = None,

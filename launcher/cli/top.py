@@ -130,11 +130,13 @@ def top_cmd(
         from launcher.errors import HostfileError
 
         target = run
+        named = hostfile is not None or hosts is not None  # else a run's own hosts
+        host_list = None
         try:
-            host_list = groups.hosts(hostfile, hosts, include, exclude,
-                                     user=user) if run is None else None
+            if run is None or named:
+                host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         except HostfileError:
-            if hostfile is not None or hosts is not None:
+            if named:
                 raise
             # no hosts anywhere: the latest running run, if there is one
             target = latest_live_run(Path(archive_dir))
@@ -143,9 +145,9 @@ def top_cmd(
                                     f"{archive_dir}", hint="use -f FILE or -H EXPR, or name "
                                     "a run: dtrain top RUN") from None
         if target is not None:
-            return run_top_for_run(Path(archive_dir), target, req, settings,
-                                   hostfile=hostfile, hosts=hosts, include=include,
-                                   exclude=exclude)
+            return run_top_for_run(Path(archive_dir), target, req, settings, hosts=host_list,
+                                   include=include, exclude=exclude,
+                                   user=groups.login_user(user))
         assert host_list is not None
         return run_top(host_list, req, settings)
 

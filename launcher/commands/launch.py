@@ -22,6 +22,7 @@ from launcher.commands.run_sampling import RunSampling, alongside
 from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
+from launcher.decide.liveness import launcher_timeout
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
 from launcher.hosts.hostfile import fold
 from launcher.job.hangwatch import HangWatch
@@ -240,6 +241,9 @@ def start_meta(archive: RunArchive, req: RunRequest, opts: RunOptions, plan: Lau
                                      "host": socket.gethostname(),
                                      "detached": detacher is not None,
                                      "heartbeat_timeout": opts.heartbeat_timeout,
+                                     # how long its nodes wait for it (decide/liveness.py)
+                                     "launcher_timeout":
+                                         launcher_timeout(opts.heartbeat_timeout),
                                      "grace": opts.grace}})
 
 

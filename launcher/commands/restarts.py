@@ -32,6 +32,7 @@ from launcher.decide.restarts import (
     NodeCount,
     RestartPolicy,
     decide,
+    fenced_line,
 )
 from launcher.decide.restarts import next_gang as _next_gang
 from launcher.errors import ConnectError, PreflightFailed
@@ -254,11 +255,8 @@ class Loop:
                 if gang.stop:
                     raise
                 self.fence(archive, pairs)
-                change = [f"spare {new} in" for _, new in gang.replaced]
-                if gang.dropped:
-                    change.append(f"shrinking to {len(gang.active)} nodes")
-                say(archive, f"{', '.join(bad)} {what} at attempt {n}: fenced"
-                             + (f", {', '.join(change)}" if change else ""), self.opts)
+                say(archive, fenced_line(f"{', '.join(bad)} {what} at attempt {n}", gang),
+                    self.opts)
                 self.active, self.spares = list(gang.active), list(gang.spares)
 
     def _record(self, n: int, hosts: Sequence[Host]) -> dict[str, Any]:

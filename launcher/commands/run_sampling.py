@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from launcher.decide.liveness import launcher_timeout
 from launcher.decide.stragglers import StragglerDetector, StragglerSettings
 from launcher.job.sampling import NodeSampler, SamplerParams
 from launcher.output import render
@@ -67,7 +68,7 @@ class RunSampling:
                 interval=interval, first=interval, run_id=archive.run_id,
                 ranks=tuple(n.ranks), ifaces=(ifaces[n.host.label],)
                 if n.host.label in ifaces else (),
-                hb_timeout=max(heartbeat_timeout, interval * 3))
+                hb_timeout=max(launcher_timeout(heartbeat_timeout), interval * 3))
             for n in plan.nodes}
         self.pythons = {n.host.label: n.python for n in plan.nodes}
         self.errors: dict[str, str] = {}

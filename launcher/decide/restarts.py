@@ -208,6 +208,15 @@ def next_gang(active: Sequence[str], spares: Sequence[str], fenced: Sequence[str
     return Gang(tuple(slots), tuple(pool), tuple(replaced), tuple(dropped), stop)
 
 
+def fenced_line(why: str, gang: Gang) -> str:
+    """``<why>: fenced``, then what the fencing changed: each spare brought in, and the
+    smaller run when a node had no spare (unless the run stops)."""
+    change = [f"spare {new} in" for _, new in gang.replaced]
+    if gang.dropped and not gang.stop:
+        change.append(f"shrinking to {len(gang.active)} nodes")
+    return f"{why}: fenced" + (f", {', '.join(change)}" if change else "")
+
+
 def backoff(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
     """Seconds to wait before ``attempt`` (2 = the first relaunch): base, 2 base, 4 base...
     up to ``cap`` (or the base itself, when that is larger)."""
@@ -255,12 +264,7 @@ def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: Resta
         return Decision(False, f"{fault.why}: not restarted", fault)
     left = policy.restarts - (attempt - 1)
     gang = next_gang(active, spares, [h for h, _ in fault.fence], count)
-    parts = [fault.why]
-    if fault.fence:
-        change = [f"spare {new} in" for _, new in gang.replaced]
-        if gang.dropped and not gang.stop:
-            change.append(f"shrinking to {len(gang.active)} nodes")
-        parts = [f"{fault.why}: fenced" + (f", {', '.join(change)}" if change else "")]
+    parts = [fenced_line(fault.why, gang) if fault.fence else fault.why]
     if gang.stop:
         return Decision(False, "; ".join([*parts, gang.stop]), fault, gang,
                         fenced=fault.fence)

@@ -266,10 +266,10 @@ def fold(stacks: Iterable[RankStack], expected: Iterable[int] = ()) -> Folded:
     groups.sort(key=lambda g: (-len(g.ranks), not g.in_collective, g.ranks[0]))
     seen = {r for g in groups for r in g.ranks}
     missing = tuple(sorted(set(expected) - seen))
-    return Folded(tuple(groups), _culprit(groups, missing), missing)
+    return Folded(tuple(groups), _culprit(groups), missing)
 
 
-def _culprit(groups: Sequence[Group], missing: Sequence[int]) -> Culprit | None:
+def _culprit(groups: Sequence[Group]) -> Culprit | None:
     if not groups:
         return None
     majority, others = groups[0], list(groups[1:])

@@ -12,6 +12,7 @@ import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,8 +126,16 @@ class _Yaml:
 
         try:
             return self.loader.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:
-            raise self.ctx(node, path).error(f"bad value: {exc}") from None
+        except yaml.YAMLError as exc:  # an unknown tag, a !!set of a list, ...
+            raise self.ctx(node, path).error(f"bad value: {_problem(exc)}",
+                                             hint=_TAG_HINT) from None
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+            # a tag's own constructor refusing its text (`!!int x`, `!!bool maybe`, an
+            # unquoted 2001-13-45 read as a timestamp): PyYAML raises these, not YAMLError
+            what = (f"{node.value!r} is not a valid {_tag(node.tag)}"
+                    if isinstance(node, yaml.ScalarNode) else "it holds a value its tag "
+                    "cannot read")
+            raise self.ctx(node, path).error(f"bad value: {what}", hint=_TAG_HINT) from None
 
     def mapping(self, node: yaml.Node, path: str, keys: Iterable[str]) -> dict[str, yaml.Node]:
         """The mapping's items by key; unknown and repeated keys are errors."""
@@ -147,6 +156,14 @@ class _Yaml:
                 raise where.error("key given twice", hint="keep one")
             items[key] = value_node
         return items
+
+
+_TAG_HINT = "quote it, or drop the !!tag"
+
+
+def _tag(tag: str) -> str:
+    """``tag:yaml.org,2002:int`` -> ``!!int``, as it is written in the file."""
+    return tag.replace("tag:yaml.org,2002:", "!!", 1)
 
 
 def _problem(exc: yaml.YAMLError) -> str:
@@ -289,7 +306,7 @@ def _near_file(path: str) -> str | None:
     return os.path.join(parent, close[0]) if close else None
 
 
-def _read(path: str | os.PathLike[str], via: str = "") -> str:
+def _read(path: str | os.PathLike[str], via: str) -> str:
     """The file's text; each way of not having one is its own clear error."""
     source = os.fspath(path)
     origin = f" (from {via})" if via else ""
@@ -353,6 +370,11 @@ def _nodeset(expr: str, option: str) -> NodeSet:
     except NodeSetException as exc:
         raise HostfileError(f"bad host expression {expr!r}: {_why(exc)}", source=option,
                             hint="e.g. node[1-4] or node[1-8]!node3") from None
+
+
+def with_user(hosts: Iterable[Host], user: str | None) -> list[Host]:
+    """``-l USER``: the user of every host that names none (the others keep theirs)."""
+    return [h if h.user or not user else replace(h, user=user) for h in hosts]
 
 
 def filter_hosts(hosts: Iterable[Host], include: str | None,

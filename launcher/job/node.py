@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from launcher.decide.liveness import Silence, launcher_timeout
 from launcher.errors import ConnectError
 from launcher.models import Host
 from launcher.nodeside import wire
@@ -46,6 +47,7 @@ class JobSpec:
             "v": 1, "argv": list(self.argv) if self.argv is not None else None,
             "shell": self.shell, "env": dict(self.env), "rank_shim": self.rank_shim,
             "grace": self.grace, "heartbeat_timeout": self.heartbeat_timeout,
+            "launcher_timeout": launcher_timeout(self.heartbeat_timeout),
             "heartbeat_interval": self.heartbeat_interval,
             **({"files": dict(self.files)} if self.files else {}),
             **({"flight_recorder": self.flight_recorder} if self.flight_recorder else {}),
@@ -103,7 +105,8 @@ class NodeSession:
         self.hello: dict[str, object] | None = None
         self.started = asyncio.Event()  # hello received (or start failed)
         self.exit_msg: dict[str, object] | None = None
-        self._last_frame = time.monotonic()
+        # the node's silence in the launcher's own running time (decide/liveness.py)
+        self._silence = Silence(spec.heartbeat_timeout, time.monotonic())
         self._lost = False
         self._raw_err: list[bytes] = []
         self._pending: bytes | None = None  # a stop/kill asked for before the job was sent
@@ -198,7 +201,7 @@ class NodeSession:
             data = await self.proc.read_stdout(READ_SIZE)
             if not data:
                 return
-            self._last_frame = time.monotonic()
+            self._silence.heard(time.monotonic())
             try:
                 frames = decoder.feed(data)
                 messages = [f.message() if f.kind == wire.KIND_CTL else None for f in frames]
@@ -222,7 +225,7 @@ class NodeSession:
                 finally:
                     self._throttled = False
                 # time spent waiting for our own console is not the node's silence
-                self._last_frame = time.monotonic()
+                self._silence.heard(time.monotonic())
 
     def _control(self, msg: dict[str, object]) -> None:
         kind = msg.get("type")
@@ -242,15 +245,18 @@ class NodeSession:
                 self.on_chunk(self.host, None, "err", data)
 
     async def _heartbeat(self) -> None:
-        """Send ours; return (node lost) when its frames stop for heartbeat_timeout."""
+        """Send ours; return (node lost) when nothing came from the node for heartbeat_timeout
+        of the launcher's own running time (a stall of the launcher is not the node's)."""
         interval = self.spec.heartbeat_interval
         while True:
             await self._send(wire.control("hb"))
+            due = time.monotonic() + interval
             await asyncio.sleep(interval)
-            silent = time.monotonic() - self._last_frame
+            now = time.monotonic()
             if self._throttled:
-                continue  # we are not reading: the node's silence is ours
-            if self.spec.heartbeat_timeout > 0 and silent > self.spec.heartbeat_timeout:
+                self._silence.heard(now)  # we are not reading: the node's silence is ours
+                continue
+            if self._silence.look(now, due, interval):
                 self._lost = True
                 self.abort()
                 return

@@ -55,6 +55,17 @@ def entry_missing(req: RunRequest, hosts: Sequence[str]) -> PreflightFailed:
              "the current one), which must hold the same files on every node")
 
 
+def _refuse_denied(facts: dict[str, NodeFacts], denied: list[str], what: str, why: str,
+                   access: str) -> None:
+    """Refuse the run when the remote user may not reach ``what`` on the ``denied`` nodes:
+    ``why`` says how (its ``{user}`` is the user of the first one), ``access`` what to give."""
+    if denied:
+        user = facts[denied[0]].user or "the remote user"
+        raise PreflightFailed(f"{what} on {fold(denied)}: permission denied "
+                              f"({why.format(user=user)}); nothing was started",
+                              hint=f"give {user} {access}")
+
+
 def _is_ip(text: str | None) -> bool:
     try:
         ipaddress.ip_address(text or "")
@@ -137,26 +148,19 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
         problem = failure_message(rows)
         if problem:
             raise PreflightFailed(problem, hint=failure_hint(rows))
-    denied = [h.label for h in hosts if pre.facts[h.label].workdir_denied]
-    if denied:
-        user = pre.facts[denied[0]].user or "the remote user"
-        raise PreflightFailed(f"working directory {req.workdir} on {fold(denied)}: permission "
-                              f"denied (it exists, but {user} may not enter or read it); "
-                              "nothing was started",
-                              hint=f"give {user} access to it (chmod/chown, e.g. chmod "
-                                   "o+rx), or pass a --workdir it may use")
+    _refuse_denied(pre.facts, [h.label for h in hosts if pre.facts[h.label].workdir_denied],
+                   f"working directory {req.workdir}",
+                   "it exists, but {user} may not enter or read it",
+                   "access to it (chmod/chown, e.g. chmod o+rx), or pass a --workdir it may use")
     missing = [h.label for h in hosts if pre.facts[h.label].workdir_ok is False]
     if missing:
         raise PreflightFailed(f"working directory {req.workdir} does not exist on "
                               f"{fold(missing)}", hint="create it there, or pass --workdir")
-    unreadable = [h.label for h in hosts if pre.facts[h.label].entry_denied]
-    if unreadable and opts.preflight:
-        user = pre.facts[unreadable[0]].user or "the remote user"
-        raise PreflightFailed(f"{req.script} in {req.workdir} on {fold(unreadable)}: "
-                              f"permission denied ({user} may not read it, or a directory "
-                              "on its path); nothing was started",
-                              hint=f"give {user} read access to the script and search "
-                                   "access to its directories")
+    if opts.preflight:
+        _refuse_denied(pre.facts, [h.label for h in hosts if pre.facts[h.label].entry_denied],
+                       f"{req.script} in {req.workdir}",
+                       "{user} may not read it, or a directory on its path",
+                       "read access to the script and search access to its directories")
     absent = [h.label for h in hosts if pre.facts[h.label].entry_ok is False]
     if absent and opts.preflight:
         raise entry_missing(req, absent)

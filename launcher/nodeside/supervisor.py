@@ -18,13 +18,16 @@ without a pty outlives its connection. So the supervisor owns the job:
   (torchrun starts each worker in a session of its own) stays findable under our pid;
 - it kills the whole descendant tree (TERM, grace, KILL) when told to (``stop``/``kill``),
   when its stdin reaches EOF (launcher or connection gone), on SIGTERM/SIGHUP/SIGINT, or when
-  the launcher's heartbeats stop for ``heartbeat_timeout`` seconds (a partition TCP misses);
+  the launcher's heartbeats stop for ``launcher_timeout`` seconds (a partition TCP misses;
+  three times the launcher's own ``heartbeat_timeout``, so a stalled launcher is waited for);
 - it never kills by name: only processes descending from itself, each checked by pid AND
   start time (a pidfd where the kernel has them), so a recycled pid is never signalled;
 - in ``run`` mode, once a stop is under way and every rank on the node has exited, what is
-  left is torchrun's agent, which has nothing to save: it is KILLed at once rather than
-  given the grace period (an agent importing torch takes ~0.3 s of CPU to exit, 16 of them
-  on a small box take seconds). The grace period is for the ranks.
+  left is torchrun's agent, which has nothing to save but its last log lines (its "Received
+  15 death signal" and "Closing process" chatter): it gets ``agent_grace`` seconds (3) to exit
+  by itself (it normally does in well under a second), then a TERM where it had none from us,
+  then the KILL one second later, rather than the whole grace period, which is for the ranks.
+  Whatever it printed meanwhile is drained to the launcher as any output is.
 
 Threads: the main loop is the only writer of stdout (frames); a reader thread takes the
 launcher's control lines from stdin (so a stdout write blocked by a slow or partitioned
@@ -75,6 +78,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # the first byte of a spec in marshal form (launcher/nodeside/wire.py has the twin); a JSON
 # spec starts with "{" or white space
 SPEC_MARSHAL = b"M"
+# run mode, during a stop: how long torchrun's agent may take to exit by itself once every
+# rank has exited (it normally needs well under a second; its last log lines come then)
+AGENT_GRACE = 3.0
 # the signals whose handlers tear the job down: blocked while a child is forked
 TEARDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -1055,7 +1061,9 @@ class Supervisor(Evidence):
         self.poll = select.poll()
         self.watched = {}  # fd -> (kind, data, socket or None): what the main loop reads
         self.grace = float(spec.get("grace", 10))
-        self.hb_timeout = float(spec.get("heartbeat_timeout", 30))
+        # how long without a line from the launcher before the job is torn down as orphaned:
+        # the launcher sends more than its own --heartbeat-timeout (decide/liveness.py)
+        self.hb_timeout = float(spec.get("launcher_timeout", spec.get("heartbeat_timeout", 30)))
         self.hb_interval = float(spec.get("heartbeat_interval", 2))
         self.last_hb = now()
         self.job = None  # its pid
@@ -1072,7 +1080,11 @@ class Supervisor(Evidence):
         self.rank_status = {}
         self.ctl_open = 0  # rank shims whose status connection is open
         self.ctl_seen = False
-        self.agent_killed = False
+        # run mode, during a stop: when every rank had exited (the agent's grace runs from
+        # there), and whether its TERM has gone out
+        self.agent_grace = float(spec.get("agent_grace", AGENT_GRACE))
+        self.ranks_gone_at = None
+        self.agent_termed = False
         self.open_streams = 0
         self.tmpdir = None
         self.start_code = 127  # the shell's code for a job that could not start
@@ -1384,10 +1396,8 @@ class Supervisor(Evidence):
                 self.stopping_sent = True
                 self.out.control({"type": "stopping", "reason": self.stopping, "t": now()})
             if self.stopping is not None and self.ctl_seen and self.ctl_open <= 0 \
-                    and not self.agent_killed and self.job_status is None:
-                # every rank has exited: only the agent is left, and it has nothing to save
-                self.agent_killed = True
-                signal_tree(signal.SIGKILL)
+                    and self.job_status is None:
+                self.agent_left()
             if now() >= next_hb:
                 self.sample_ranks()
                 self.out.control({"type": "hb", "t": now()})
@@ -1410,6 +1420,20 @@ class Supervisor(Evidence):
         if not tree_empty:
             self.kill_all()
         return self.finish()
+
+    def agent_left(self):
+        """Every rank has exited during a stop: only the agent is left. It has nothing to save
+        but its last log lines, so it does not get the ranks' grace: ``agent_grace`` seconds to
+        exit by itself, then a TERM (to whatever has had none from us), then the KILL 1 s on."""
+        t = now()
+        if self.ranks_gone_at is None:
+            self.ranks_gone_at = t
+        if not self.agent_termed and t - self.ranks_gone_at >= self.agent_grace:
+            self.agent_termed = True
+            self.term_tree()
+            with self.lock:
+                if self.kill_at is None or t + 1.0 < self.kill_at:
+                    self.kill_at = t + 1.0
 
     def teardown_leftovers(self):
         self.term_tree()

@@ -52,6 +52,8 @@ class RunStatus:
     ended: float | None = None
     last_line_t: float | None = None
     heartbeat_timeout: float | None = None
+    # how long its nodes wait for the launcher's heartbeats (older archives: the timeout)
+    launcher_timeout: float | None = None
     attempt: int | None = None  # run --restarts: the attempt running (or the last one)
     kind: str = "run"  # the command that made it: run or smoke
 
@@ -69,9 +71,11 @@ class RunStatus:
         """What a user should know beyond the state (launcher lost: what became of the job)."""
         if self.state != "launcher lost":
             return None
-        hb = f"{self.heartbeat_timeout:g} s" if self.heartbeat_timeout else "--heartbeat-timeout"
+        wait = self.launcher_timeout or self.heartbeat_timeout
+        hb = f"{wait:g} s" if wait else "3 x --heartbeat-timeout"
         return (f"the launcher died without recording an end (kill -9, reboot); its nodes "
-                f"stopped the job by themselves (connection closed, or no heartbeat for {hb})")
+                f"stopped the job by themselves (connection closed, or no heartbeat from the "
+                f"launcher for {hb})")
 
 
 def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
@@ -103,6 +107,7 @@ def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
         ended=_float(meta.get("end")),
         last_line_t=last_line_t,
         heartbeat_timeout=_float(launcher.get("heartbeat_timeout")),
+        launcher_timeout=_float(launcher.get("launcher_timeout")),
         attempt=_attempt(meta),
         kind=_kind(meta),
     )

@@ -1,5 +1,6 @@
 """Torch-free workload for the detach tests: prints ``tick <rank> <n>`` every TICK_S seconds
-(default 0.5) until stopped. Honours SIGTERM (the default action)."""
+(default 0.5) until stopped, or TICK_N ticks (then exits 0). Honours SIGTERM (the default
+action)."""
 
 import os
 import sys
@@ -9,8 +10,9 @@ import time
 def main() -> None:
     rank = os.environ.get("RANK", "?")
     every = float(os.environ.get("TICK_S", "0.5"))
+    last = int(os.environ.get("TICK_N", "0")) or None
     n = 0
-    while True:
+    while last is None or n < last:
         sys.stdout.write(f"tick {rank} {n}\n")
         sys.stdout.flush()
         n += 1

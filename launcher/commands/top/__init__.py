@@ -21,7 +21,7 @@ from launcher.commands.top.runwatch import RunWatch
 from launcher.commands.top.view import ViewOptions, plain
 from launcher.decide.hang import compile_progress
 from launcher.decide.stragglers import StragglerSettings
-from launcher.hosts.hostfile import filter_hosts, resolve_hosts
+from launcher.hosts.hostfile import filter_hosts, with_user
 from launcher.job.sampling import OK, FollowPolicy, SamplerParams, follow
 from launcher.models import Host
 from launcher.output.archive import list_runs, read_meta, resolve_run
@@ -162,19 +162,17 @@ def latest_live_run(archive_dir: Path) -> str | None:
 
 
 def run_top_for_run(archive_dir: Path, run: str, req: TopRequest, settings: SSHSettings, *,
-                    hostfile: str | None = None, hosts: str | None = None,
-                    include: str | None = None, exclude: str | None = None) -> int:
-    """`dtrain top RUN`: the run's hosts (or -f/-H's), samplers told the run's ranks."""
+                    hosts: list[Host] | None = None, include: str | None = None,
+                    exclude: str | None = None, user: str | None = None) -> int:
+    """`dtrain top RUN`: the run's hosts (--include/--exclude and -l applied; or ``hosts``,
+    the ones -f/-H name), samplers told the run's ranks."""
     run_dir = resolve_run(archive_dir, run)
     # the run's own --progress (meta.json hang_policy, docs/hangs.md) unless top names one
     recorded = (read_meta(run_dir).get("hang_policy") or {}).get("progress")
     pattern = req.progress or (recorded if isinstance(recorded, str) else None)
     watch = RunWatch(run_dir, compile_progress(pattern))
-    if hostfile is not None or hosts is not None:
-        host_list = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include,
-                                  exclude=exclude)
-    else:
-        host_list = filter_hosts(watch.hosts(), include, exclude)
+    host_list = hosts if hosts is not None else with_user(
+        filter_hosts(watch.hosts(), include, exclude), user)
     layout, ifaces = watch.layout, watch.ifaces()
     base = sampler_params(req)
     per_host = {h.label: replace(base, run_id=watch.run_id,

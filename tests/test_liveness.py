@@ -1,0 +1,97 @@
+"""decide/liveness.py: a node is lost when it went silent, not when the launcher was not
+running (pure; the cluster half is tests/test_failures.py's SIGSTOP tests)."""
+
+from __future__ import annotations
+
+from launcher.decide.liveness import Silence, launcher_timeout
+
+
+def looks(silence: Silence, start: float, until: float, interval: float,
+          stop: tuple[float, float] | None = None) -> float | None:
+    """Tick every ``interval`` from ``start``; a stop (from, to) delays the tick due in it to
+    ``to``. The time of the look that declares the node lost, or None."""
+    due = start + interval
+    while due <= until:
+        now = due
+        if stop is not None and stop[0] <= due < stop[1]:
+            now = stop[1]
+        if silence.look(now, due, interval):
+            return now
+        due = now + interval
+    return None
+
+
+def test_a_silent_node_is_lost_once_its_silence_passes_the_timeout() -> None:
+    s = Silence(5.0, heard_at=0.0)
+    assert looks(s, 0.0, 60.0, 1.25) == 6.25  # the first look past 5 s
+
+
+def test_a_node_heard_from_is_never_lost() -> None:
+    s = Silence(5.0, heard_at=0.0)
+    for k in range(1, 100):
+        t = k * 1.25
+        assert not s.look(t, t, 1.25)
+        s.heard(t)
+
+
+def test_a_stopped_launcher_does_not_lose_a_node_that_kept_talking() -> None:
+    """SIGSTOP for 30 s (6 timeouts) right after the node's last frame; the late look runs
+    before the reader has caught up on what the node sent meanwhile: not lost."""
+    s = Silence(5.0, heard_at=10.0)
+    assert not s.look(40.0, 11.25, 1.25)  # due at 11.25, ran at 40
+    s.heard(40.01)  # the backlog is read
+    assert not s.look(41.26, 41.26, 1.25)
+
+
+def test_a_late_look_before_the_backlog_is_read_is_not_a_loss() -> None:
+    """The worst case: heard just before the previous look, then stopped at once."""
+    s = Silence(5.0, heard_at=0.0)
+    assert not s.look(1.25, 1.25, 1.25)
+    assert not s.look(2.5, 2.5, 1.25)
+    s.heard(2.49)
+    assert not s.look(100.0, 3.75, 1.25)
+
+
+def test_a_node_that_really_went_silent_is_still_lost_after_a_launcher_stall() -> None:
+    """The node died during the launcher's stop: lost one timeout of launcher running
+    time after the stop (plus an interval at most), not at the first look."""
+    s = Silence(5.0, heard_at=10.0)
+    lost = looks(s, 10.0, 200.0, 1.25, stop=(11.0, 40.0))
+    assert lost is not None and 40.0 + 5.0 <= lost <= 40.0 + 5.0 + 1.25 + 0.01, lost
+
+
+def test_a_lagging_loop_still_detects_a_silent_node() -> None:
+    """Every look 1 s late (a starved launcher): the silence that is counted grows by
+    the interval per look, and the node is lost past timeout + interval of it."""
+    s = Silence(5.0, heard_at=0.0)
+    t, due, lost = 0.0, 1.25, None
+    for _ in range(50):
+        t = due + 1.0
+        if s.look(t, due, 1.25):
+            lost = t
+            break
+        due = t + 1.25
+    assert lost is not None
+    assert s.silent(lost) > 5.0 + 1.25
+
+
+def test_jitter_within_the_slack_is_counted_as_silence() -> None:
+    s = Silence(5.0, heard_at=0.0)
+    t, due = 0.0, 1.25
+    while True:
+        t = due + 0.3  # late, but within the slack: the launcher was running
+        if s.look(t, due, 1.25):
+            break
+        due = t + 1.25
+    assert 5.0 < t <= 5.0 + 1.55 + 0.01, t
+
+
+def test_timeout_zero_is_never_lost() -> None:
+    s = Silence(0.0, heard_at=0.0)
+    assert not s.look(1e6, 1.0, 1.0)
+
+
+def test_the_nodes_wait_longer_for_the_launcher_than_it_waits_for_them() -> None:
+    assert launcher_timeout(5.0) == 15.0
+    assert launcher_timeout(30.0) == 90.0
+    assert launcher_timeout(0.0) == 0.0
