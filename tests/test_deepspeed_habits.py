@@ -46,6 +46,51 @@ def test_bad_selections(include: str | None, exclude: str | None, message: str) 
         sel.gpus("node1", 2 if "GPU left" in message or "GPU 4" in message else 0)
 
 
+def test_spec_forms_whole() -> None:
+    # GPUs sorted and once each, spaces around an entry ignored; --include lists the bare
+    # hosts first, then those with GPUs; --exclude filters by its bare hosts only
+    assert split_spec("node1:2,0,2 @ node2", "--include") == ("node2,node1", {"node1": (0, 2)})
+    assert split_spec("node1:0", "--include") == ("node1", {"node1": (0,)})
+    assert split_spec("node1:0", "--exclude") == (None, {"node1": (0,)})
+    assert split_spec("node1:0@node4", "--exclude") == ("node4", {"node1": (0,)})
+    assert split_spec(None, "--exclude") == (None, {})
+    assert not DeviceSelection() and DeviceSelection(include={"a": (0,)})
+    assert DeviceSelection(exclude={"a": (0,)})
+
+
+def _error(call) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError) as err:
+        call()
+    return err.value.message, err.value.hint
+
+
+def test_selection_errors_whole_with_their_hints() -> None:
+    assert _error(lambda: split_spec("node1:", "--include")) == (
+        "--include 'node1:': 'node1:' is not HOST or HOST:GPU,GPU",
+        "DeepSpeed's form: --include node1:0,1@node2:2")
+    assert _error(lambda: split_spec("a:0@", "--exclude")) == (
+        "--exclude 'a:0@': '' is not HOST or HOST:GPU,GPU",
+        "DeepSpeed's form: --exclude node1:0,1@node2:2")
+    assert _error(lambda: selection("node2:1@node1:0", "node2:0@node1:1")) == (
+        "node1: GPUs given to both --include and --exclude",
+        "name the GPUs to use in --include alone")
+    sel = DeviceSelection(include={"n": (0, 3)}, exclude={"m": (1,)})
+    assert _error(lambda: sel.gpus("n", 3)) == ("--include n:0,3: n shows 3 GPUs, no GPU 3",
+                                                "GPUs are 0-2 there")
+    assert _error(lambda: sel.gpus("n", 1)) == ("--include n:0,3: n shows 1 GPU, no GPU 3",
+                                                "GPUs are 0-0 there")
+    assert sel.gpus("n", 4) == (0, 3)
+    assert sel.gpus("n", 0) == (0, 3)  # no GPU count known: the selection as given
+    assert _error(lambda: sel.gpus("m", 0)) == ("--exclude m:...: m shows no GPU to leave out",
+                                                "use --include m:0,1 to name the devices")
+    assert sel.gpus("m", 3) == (0, 2)
+    assert sel.gpus("m", 1) == (0,)
+    assert _error(lambda: sel.gpus("m", -1)) == _error(lambda: sel.gpus("m", 0))
+    last = DeviceSelection(exclude={"k": (0,)})
+    assert _error(lambda: last.gpus("k", 1)) == ("no GPU left on k after --exclude",
+                                                 "drop the whole host: --exclude k")
+
+
 # ---------------------------------------------------------------------------- the command
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests import cluster as tc
 from tests.reports import validate_json, validate_junit
-from tests.test_failures import Dtrain, JobWatch, jobs, meta, new_id, run_args  # noqa: F401
+from tests.test_failures import Dtrain, JobWatch, meta, new_id, run_args
 from tests.util import dtrain
 
 HANG = "tests/workloads/hang.py"
@@ -35,7 +35,7 @@ def _culprit_line(out: str) -> str:
 @pytest.mark.ssh
 @pytest.mark.torch
 def test_hang_names_rank_and_node_folds_the_rest_and_stop_cleans(
-        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:  # noqa: F811
+        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     run_id = new_id("hang")
     junit = tmp_path / "hang.xml"
     args = run_args(cluster, tmp_path, run_id, HANG, "--hang-timeout", "5", "--on-hang",
@@ -127,7 +127,7 @@ def test_dtrain_stacks_on_a_detached_run_from_another_shell(
 
 @pytest.mark.ssh
 @pytest.mark.parametrize("chatter, hung", [(0, False), (30, True)])
-def test_progress_by_regex_not_output(cluster: tc.Cluster, tmp_path: Path, jobs,  # noqa: F811
+def test_progress_by_regex_not_output(cluster: tc.Cluster, tmp_path: Path, jobs,
                                       chatter: int, hung: bool) -> None:
     """Quiet ranks and a rank 0 that prints only its progress lines is not a hang; a rank 0
     that goes on printing, but no progress, is."""
@@ -154,7 +154,7 @@ def test_progress_by_regex_not_output(cluster: tc.Cluster, tmp_path: Path, jobs,
     ("raise", 1, r"rank 1 on node2 raised ValueError: bad batch at step 1 in load_batch\(\) "
                  r"hang\.py:\d+", "exception"),
 ])
-def test_why_it_died(cluster: tc.Cluster, tmp_path: Path, jobs, mode: str,  # noqa: F811
+def test_why_it_died(cluster: tc.Cluster, tmp_path: Path, jobs, mode: str,
                      code: int, why: str, kind: str) -> None:
     run_id = new_id(f"why-{mode}")
     args = run_args(cluster, tmp_path, run_id, HANG, "--grace", "3", hosts="node[1-2]",

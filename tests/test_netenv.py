@@ -583,7 +583,7 @@ def test_rdma_reasons_and_warnings_whole() -> None:
     assert efa.warnings == ("node1: AWS EFA found; dtrain sets no NCCL_IB_* (aws-ofi-nccl owns "
                             "the transport; see hostfiles/profiles/aws-efa.yaml)",)
     assert decide(_rdma_node(_roce("mlx5_0", "ens2f0", BASIC[:2]))).errors == (
-        "node1: mlx5_0:1: no RoCE v2 GID with a routable address on ens2f0; NCCL would fall "
+        "mlx5_0:1: no RoCE v2 GID with a routable address on ens2f0; NCCL would fall "
         "back to index 0",)
     vlan = decide(_rdma_node(_roce("mlx5_0", "ens2f0", VLAN_FIRST))).get("NCCL_IB_GID_INDEX")
     assert vlan is not None and (vlan.source, vlan.exported) == ("detected", True)

@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.facts import NodeFacts
+from launcher.decide.facts import (
+    Addr,
+    Gid,
+    Iface,
+    NodeFacts,
+    RdmaPort,
+    Route,
+    SiteVar,
+    parse_version,
+)
 from launcher.nodeside import probe
 from tests.util import assert_exit
 
@@ -446,3 +455,140 @@ def test_packages_are_read_as_importlib_metadata_reads_them(tmp_path: Path) -> N
         assert real == metadata.version("torch")
     except metadata.PackageNotFoundError:
         assert real is None
+
+
+# --------------------------------------------------------------------------- NodeFacts, whole
+# The launcher's side of the probe's answer (decide/facts.py): every field parsed from a full
+# answer, every malformed field left at its default, and the properties the decisions read.
+
+
+FULL_ANSWER: dict[str, Any] = {
+    "hostname": "gpu7", "python": {"version": "3.11.7", "executable": "/opt/venv/bin/python"},
+    "packages": {"torch": "2.13.0+cu124", "nccl": "2.21.5"},
+    "interfaces": [
+        {"name": "lo", "operstate": "unknown", "mtu": 65536, "type": 772, "carrier": 1,
+         "addrs": [{"family": "inet", "addr": "127.0.0.1", "prefixlen": 8}]},
+        {"name": "bond0.7", "operstate": "up", "mtu": "9000", "type": 1, "carrier": 1,
+         "virtual": True, "is_bridge": False, "is_bond": True, "lower": ["ens1", "ens2"],
+         "addrs": [{"family": "inet", "addr": "10.0.0.7", "prefixlen": 24},
+                   {"family": "inet6", "addr": "fd00::7", "prefixlen": 64}]},
+        "not a row"],
+    "default_iface": "bond0.7",
+    "routes": {"10.0.0.1": {"dev": "bond0.7", "src": "10.0.0.7", "gateway": "10.0.0.254",
+                            "type": "", "method": "ip"},
+               "10.9.9.9": {"error": "Network is unreachable", "type": "unreachable"}},
+    "site_env": [{"key": "NCCL_DEBUG", "value": "INFO", "source": "env"},
+                 {"key": "NCCL_DEBUG", "value": "WARN", "source": "/etc/nccl.conf"},
+                 {"key": "NCCL_IB_HCA"}, "not a row"],
+    "gpus": {"count": "8", "driver": "550.54"},
+    "rdma": {"devices": [
+        {"name": "mlx5_0", "driver": "mlx5_core", "netdevs": ["ens2f0"],
+         "ports": [{"port": 1, "state": "4: ACTIVE", "phys_state": "5: LinkUp",
+                    "link_layer": "Ethernet", "rate": "400 Gb/sec (4X NDR)", "netdev": "ens2f0",
+                    "gids": [{"index": 3, "gid": "::ffff:10.200.2.10", "type": "RoCE v2",
+                              "ndev": "ens2f0"}, {"gid": "fe80::1"}, "not a row"]},
+                   {"state": "1: DOWN"}, "not a port"]},
+        "not a device", {"ports": [{"port": 2}]}]},
+    "shm_bytes": 1 << 30, "limits": {"memlock": -1, "nofile": "1048576", "stack": 8388608},
+    "time": 1700000000, "workdir": {"is_dir": True, "accessible": False},
+    "entry": {"found": True, "denied": True}, "uid": 1000, "user": "me", "home": "/home/me",
+    "files": ["/sys/module/nvidia_peermem"], "netns": "ns1", "errors": {"gpus": "boom"},
+}
+
+
+def test_a_full_probe_answer_parses_into_every_field() -> None:
+    facts = NodeFacts.from_json(FULL_ANSWER)
+    assert facts == NodeFacts(
+        hostname="gpu7", python="3.11.7", python_executable="/opt/venv/bin/python",
+        torch_version="2.13.0+cu124", nccl_version="2.21.5",
+        interfaces=(Iface("lo", "unknown", 65536, 772, 1, addrs=(Addr("inet", "127.0.0.1", 8),)),
+                    Iface("bond0.7", "up", 9000, 1, 1, virtual=True, is_bond=True,
+                          lower=("ens1", "ens2"), addrs=(Addr("inet", "10.0.0.7", 24),
+                                                        Addr("inet6", "fd00::7", 64)))),
+        default_iface="bond0.7",
+        routes={"10.0.0.1": Route("10.0.0.1", "bond0.7", "10.0.0.7", "10.0.0.254", "unicast",
+                                  "ip"),
+                "10.9.9.9": Route("10.9.9.9", type="unreachable",
+                                  error="Network is unreachable")},
+        site_env=(SiteVar("NCCL_DEBUG", "INFO", "env"),
+                  SiteVar("NCCL_DEBUG", "WARN", "/etc/nccl.conf"), SiteVar("NCCL_IB_HCA", "", "")),
+        gpus=8, gpu_driver="550.54",
+        rdma=(RdmaPort("mlx5_0", 1, "4: ACTIVE", "5: LinkUp", "Ethernet", "400 Gb/sec (4X NDR)",
+                       "mlx5_core", "ens2f0", ("ens2f0",),
+                       (Gid(3, "::ffff:10.200.2.10", "RoCE v2", "ens2f0"), Gid(0, "fe80::1"))),
+              RdmaPort("mlx5_0", 1, "1: DOWN", driver="mlx5_core", netdevs=("ens2f0",)),
+              RdmaPort("", 2)),
+        shm_bytes=1 << 30, memlock=-1, nofile=1048576, stack=8388608, time=1700000000.0,
+        workdir_ok=True, workdir_denied=True, entry_ok=True, entry_denied=True, uid=1000,
+        user="me", home="/home/me", files=("/sys/module/nvidia_peermem",), netns="ns1",
+        errors={"gpus": "boom"})
+    assert facts.nccl_tuple == (2, 21, 5)
+    assert facts.site_value("NCCL_DEBUG") == SiteVar("NCCL_DEBUG", "INFO", "env")
+    assert facts.site_value("NCCL_SOCKET_IFNAME") is None
+    assert facts.effective_site_env() == {"NCCL_DEBUG": SiteVar("NCCL_DEBUG", "INFO", "env"),
+                                          "NCCL_IB_HCA": SiteVar("NCCL_IB_HCA", "", "")}
+    assert facts.iface("bond0.7") is facts.interfaces[1] and facts.iface("eth9") is None
+    assert facts.owner_of("fd00::7") is facts.interfaces[1] and facts.owner_of("10.0.0.8") is None
+    assert facts.interfaces[1].ipv4 == ("10.0.0.7",)
+    assert facts.interfaces[1].ipv6 == ("fd00::7",)
+    assert str(facts.interfaces[1].addrs[1].network) == "fd00::/64"
+
+
+def test_malformed_answers_leave_every_field_at_its_default() -> None:
+    assert NodeFacts.from_json("not a mapping") == NodeFacts()  # type: ignore[arg-type]
+    bad: dict[str, Any] = {
+        "hostname": None, "python": "3.11", "packages": [], "interfaces": {"lo": {}},
+        "routes": [], "site_env": {}, "gpus": {"count": "eight"}, "rdma": {"devices": {}},
+        "shm_bytes": "big", "limits": {"memlock": "unlimited", "nofile": None},
+        "time": "noon", "workdir": "yes", "entry": True, "uid": "root", "files": "x",
+        "errors": ["boom"]}
+    assert NodeFacts.from_json(bad) == NodeFacts()
+    assert NodeFacts.from_json({"time": 1.5, "workdir": {"is_dir": True},
+                                "entry": {"found": False}}) == NodeFacts(
+        time=1.5, workdir_ok=True, workdir_denied=False, entry_ok=False, entry_denied=False)
+    # a denied workdir only counts when it is a directory; a denial must be exactly False/True
+    odd = NodeFacts.from_json({"workdir": {"is_dir": False, "accessible": False},
+                               "entry": {"found": True, "denied": "yes"}})
+    assert (odd.workdir_ok, odd.workdir_denied, odd.entry_ok, odd.entry_denied) == (
+        False, False, True, False)
+    rows = NodeFacts.from_json({"interfaces": [{"addrs": [{"family": "inet"}, {"family": "inet6",
+                                                           "prefixlen": "x"}, {}]}],
+                                "rdma": {"devices": [{"ports": [{"port": 0, "gids": [
+                                    {"index": "x"}]}]}]}})
+    assert rows.interfaces[0].name == "" and rows.interfaces[0].addrs == (
+        Addr("inet", "", 32), Addr("inet6", "", 128), Addr("", "", 128))
+    assert rows.rdma[0].port == 1 and rows.rdma[0].gids[0].index == 0
+
+
+def test_the_properties_decisions_read() -> None:
+    assert Iface("lo").is_loopback and Iface("x", type=772).is_loopback
+    assert not Iface("eth0", type=1).is_loopback
+    assert Iface("e", "up", virtual=True).is_up
+    assert Iface("e", "unknown", carrier=1).is_up
+    assert not Iface("e", "unknown", carrier=1, virtual=True).is_up
+    assert not Iface("e", "unknown", carrier=0).is_up and not Iface("e", "down", carrier=1).is_up
+    assert Route("t", "eth0").reachable and Route("t", "eth0", type="").reachable
+    for unreachable in (Route("t"), Route("t", "lo"), Route("t", "eth0", type="local"),
+                        Route("t", "eth0", error="x")):
+        assert not unreachable.reachable
+    assert Gid(0, "x", " RoCE V2 ").is_roce_v2 and not Gid(0, "x", "IB/RoCE v1").is_roce_v2
+    assert not Gid(0, "x").is_roce_v2
+    assert Gid(0, "0000:0000:0000:0000:0000:ffff:0ac8:020a").ipv4 == "10.200.2.10"
+    assert Gid(0, "fd00::1").ipv4 is None and Gid(0, "nonsense").ipv4 is None
+    assert Gid(0, "fe80::1").is_link_local and not Gid(0, "fd00::1").is_link_local
+    assert not Gid(0, "nonsense").is_link_local
+    port = RdmaPort("mlx5_0", 2, "4: ACTIVE", "5: LinkUp", rate="400 Gb/sec (4X NDR)")
+    assert (port.name, port.active, port.link_up, port.rate_gbps) == ("mlx5_0:2", True, True,
+                                                                      400.0)
+    assert not RdmaPort("d", 1, "1: DOWN", "3: Disabled").active
+    assert not RdmaPort("d", 1, "1: DOWN", "3: Disabled").link_up
+    assert not RdmaPort("d", 1).active and not RdmaPort("d", 1).link_up
+    for rate in (None, "", "fast", "x Gb/sec"):
+        assert RdmaPort("d", 1, rate=rate).rate_gbps == 0.0
+    assert RdmaPort("d", 1, rate="12.5 Gb/sec").rate_gbps == 12.5
+    assert parse_version("2.21.5") == (2, 21, 5)
+    assert parse_version("2.13.0+cpu") == (2, 13, 0)
+    assert parse_version("2.21rc1") == (2, 21)
+    assert parse_version("2.x.1") == (2,)
+    for none in (None, "", "x", "+2.1"):
+        assert parse_version(none) is None

@@ -54,7 +54,9 @@ class EnvDecision:
 
     env: tuple[EnvVar, ...]
     warnings: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()  # blocking problems (e.g. a RoCE port without an IP)
+    # blocking problems (e.g. a RoCE port without an IP), without the node's name: the plan
+    # names each node by its hostfile label
+    errors: tuple[str, ...] = ()
     socket_iface: str | None = None
     hca: HcaChoice | None = None
 
@@ -255,7 +257,7 @@ def _rdma_vars(facts: NodeFacts, sock_if: str | None
                   reason + (f"; excluded {skipped}" if skipped else ""))]
     plan = plan_gids(hca.ports, nccl_version=facts.nccl_tuple, ifaces=facts.interfaces)
     out += [EnvVar(n, v, "detected", why) for n, v, why in plan.env]
-    return out, list(plan.warnings), [f"{facts.hostname}: {e}" for e in plan.errors], hca
+    return out, list(plan.warnings), list(plan.errors), hca
 
 
 def _vendor_vars(facts: NodeFacts) -> tuple[list[EnvVar], list[str]]:

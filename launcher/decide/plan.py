@@ -152,7 +152,16 @@ def nproc_for(host: Host, facts: NodeFacts, requested: str | None) -> tuple[str,
         # torchrun's auto: one per GPU, else one per CPU; we only know GPUs: be explicit
         count = facts.gpus if facts.gpus > 0 else 1
         return str(count), count
-    raise UsageError(f"--nproc-per-node {value!r} is not a positive number, 'gpu' or 'auto'")
+    raise _bad_nproc(value)
+
+
+# --nproc-per-node values that mean "one rank per GPU": with --include/--exclude, per
+# selected GPU (the node's CUDA_VISIBLE_DEVICES)
+PER_GPU = (None, "gpu", "auto")
+
+
+def _bad_nproc(value: str) -> UsageError:
+    return UsageError(f"--nproc-per-node {value!r} is not a positive number, 'gpu' or 'auto'")
 
 
 def torchrun_argv(req: RunRequest, *, python: str, nnodes: int, node_rank: int, nproc: str,
@@ -233,7 +242,7 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
     first = 0
     for node_rank, host in enumerate(hosts):
         chosen = gpus[host.label]
-        if chosen is not None and req.nproc_per_node in (None, "gpu"):
+        if chosen is not None and req.nproc_per_node in PER_GPU:
             nproc_arg, nproc = str(len(chosen)), len(chosen)  # one rank per selected GPU
         else:
             nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
@@ -268,9 +277,11 @@ def offline_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host]) -> La
     for node_rank, host in enumerate(hosts):
         chosen = req.devices.gpus(host.name, 0) if req.devices else None
         value = req.nproc_per_node or (str(host.slots) if host.slots else None)
-        if chosen is not None and req.nproc_per_node in (None, "gpu"):
+        if chosen is not None and req.nproc_per_node in PER_GPU:
             value = str(len(chosen))
-        if value is None or not value.isdigit() or int(value) <= 0:
+        if value not in PER_GPU and not (value.isdigit() and int(value) > 0):
+            raise _bad_nproc(value)
+        if value is None or not value.isdigit():
             raise UsageError(f"--offline: {host.label}'s rank count depends on its GPUs, "
                              f"unknown without connecting (--nproc-per-node "
                              f"{value or 'gpu'})",
