@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -592,3 +593,63 @@ def test_the_properties_decisions_read() -> None:
     assert parse_version("2.x.1") == (2,)
     for none in (None, "", "x", "+2.1"):
         assert parse_version(none) is None
+
+
+# ---------------------------------------------------------------------- site (probe under -S)
+
+SYS_PATH = "import json, sys; print(json.dumps(sys.path[1:]))"  # [0]: the script's directory
+
+
+def _probe_site(full: bool, tmp_path: Path) -> list[str]:
+    """sys.path of a `python -S` that ran the probe's load_site(full)."""
+    code = (f"import json, sys; sys.path.insert(0, {str(PROBE.parent)!r}); import probe; "
+            f"sys.path.pop(0); assert probe.load_site({full}); print(json.dumps(sys.path[1:]))")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                          timeout=30, check=True, cwd=tmp_path)
+    return list(json.loads(proc.stdout))
+
+
+def test_load_site_gives_the_path_site_gives(tmp_path: Path) -> None:
+    """The facts probe starts with -S (remote_command no_site) and runs site itself: full,
+    the very sys.path a plain interpreter has; paths only (no .pth import lines), the same
+    less the entries those import lines add (an editable install's path hook)."""
+    plain = json.loads(subprocess.run([sys.executable, "-c", SYS_PATH], capture_output=True,
+                                      text=True, timeout=30, check=True, cwd=tmp_path).stdout)
+    assert _probe_site(True, tmp_path) == plain
+    lean = _probe_site(False, tmp_path)
+    assert lean == [p for p in plain if os.path.isabs(p)]  # only hooks' names are left out
+    assert any("site-packages" in p for p in lean)
+    assert probe.load_site(False) is False  # site already ran (no -S): nothing done
+
+
+def test_pth_paths_adds_directories_and_skips_import_lines(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    (tmp_path / "lib").mkdir()
+    marker = tmp_path / "ran"
+    (tmp_path / "x.pth").write_text(f"# a comment\n\nlib\nmissing\nimport os; open("
+                                    f"{str(marker)!r}, 'w')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    known: set[str] = set()
+    assert probe._pth_paths(str(tmp_path), "x.pth", known) is known
+    assert sys.path[-1] == str(tmp_path / "lib")
+    assert str(tmp_path / "missing") not in sys.path
+    assert not marker.exists()
+    assert probe._pth_paths(str(tmp_path), "absent.pth", known) is known
+
+
+def test_facts_probe_starts_without_site_and_reads_the_packages_site_would() -> None:
+    """Through the real bootstrap with remote_command's flags: the packages (torch, read
+    from dist-info on sys.path) are the ones a plain interpreter's site path has."""
+    from launcher.nodeside import wire
+
+    cmd = wire.remote_command(sys.executable, no_site=True)
+    assert f"{shlex.quote(sys.executable)} -u -S -c " in cmd
+    params = {"mode": "facts", "targets": ["127.0.0.1"]}
+    stdin = wire.payload(wire.program_source("probe"), params)
+    proc = subprocess.run(["sh", "-c", cmd], input=stdin, capture_output=True, timeout=30,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "site" not in out["errors"]
+    assert out["packages"] == probe.read_packages()
