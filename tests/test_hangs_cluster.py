@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -169,3 +170,31 @@ def test_why_it_died(cluster: tc.Cluster, tmp_path: Path, jobs, mode: str,
     assert (failure["kind"], failure["rank"], failure["host"]) == (kind, 1, "node2")
     if mode == "segv":  # the Python stack of the crash, from faulthandler on the node
         assert re.search(r"^dtrain:     load_batch\(\) hang\.py:\d+$", out, re.M), out[-3000:]
+
+
+@pytest.mark.ssh
+def test_a_stopped_launcher_is_not_a_hang_and_a_real_one_still_is(
+        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
+    """dtrain itself is SIGSTOPped 7 s (past its --hang-timeout of 3) while rank 0 goes on
+    printing its progress; SIGCONTed, it reads what came meanwhile: its own stop is not the
+    ranks' stall (decide/hang.py, counted as decide/liveness.py counts a node's silence).
+    Then rank 0 really goes silent for 8 s: that is a hang, declared once."""
+    run_id = new_id("launcher-stop-hang")
+    args = run_args(cluster, tmp_path, run_id, PROGRESS, "--hang-timeout", "3",
+                    "--progress", r"^it \d+$", hosts="node[1-2]",
+                    env={"WL_TICKS": "30", "WL_EVERY": "0.5", "WL_HOLD": "8"})
+    job = Dtrain(cluster, args)
+    jobs.append(job)
+    job.wait_line(r"r0: it 3$", timeout=90)
+    job.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(7.0)
+    finally:
+        job.proc.send_signal(signal.SIGCONT)
+    assert job.wait(120) == 0, job.output
+    out = job.output
+    hangs = [ln for ln in out.splitlines() if re.search(r"^dtrain: HANG: ", ln)]
+    assert len(hangs) == 1, out
+    assert out.index("dtrain: HANG: ") > out.index("r0: it 29"), out  # the silence, not the stop
+    (hang,) = meta(tmp_path, run_id)["hangs"]
+    assert hang["stalled_s"] >= 3, hang

@@ -555,7 +555,7 @@ def load_site(full: bool) -> bool:
     try:
         site.main()
     finally:
-        site.addpackage = saved  # type: ignore[assignment]
+        site.addpackage = saved
     return True
 
 
