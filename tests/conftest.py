@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -73,6 +74,16 @@ def _clean_job_env(monkeypatch: pytest.MonkeyPatch,
     # "latest run" for a test's bare `dtrain report`/`attach`) and the fenced-node list; each
     # test gets its own (cluster.client_env() keeps it; tests of the state dir set their own)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Any]]:
+    """The dtrain processes a test started (tests.test_failures.Dtrain, appended by the
+    test): killed at its end whatever happened."""
+    started: list[Any] = []
+    yield started
+    for job in started:
+        job.kill()
 
 
 @pytest.fixture

@@ -41,6 +41,12 @@ HOSTFILES = {
     "python-tilde-user": ("h.txt", f"{UNREACHABLE} python=~root/py\n".encode()),
     "python-dash": ("h.txt", f"{UNREACHABLE} python=-c\n".encode()),
     "slots": ("h.txt", f"{UNREACHABLE} slots=x\n".encode()),
+    # no upper bound on slots, and 5,000 digits were an int() traceback (issue #25, round 5)
+    "slots-huge": ("h.txt", f"{UNREACHABLE} slots=99999999999999999999\n".encode()),
+    "slots-digits": ("h.txt", f"{UNREACHABLE} slots={'9' * 5000}\n".encode()),
+    "port-digits": ("h.txt", f"{UNREACHABLE}:{'9' * 5000}\n".encode()),
+    "yaml-slots-huge": ("h.yaml", f"hosts:\n  - {{host: {UNREACHABLE}, slots: 100000}}\n"
+                        .encode()),
     "user": ("h.txt", f"-oProxyCommand=x@{UNREACHABLE}\n".encode()),
     "port": ("h.txt", f"{UNREACHABLE}:99999\n".encode()),
     "operator": ("h.txt", f"{UNREACHABLE}\nnode[1-4]!node2\n".encode()),
@@ -161,6 +167,8 @@ def test_malformed_hostfiles(command: str, case: str, dial_site: Path, tmp_path:
     assert str(path) in err, err
     if case.startswith(("huge", "many", "yaml-alias")):
         assert "65536" in err, err  # the cap is named
+    if case.startswith(("slots-", "yaml-slots-")):
+        assert "4096" in err, err
 
 
 @pytest.mark.parametrize("case", sorted(OPTIONS))

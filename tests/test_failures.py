@@ -318,15 +318,6 @@ def new_id(what: str) -> str:
     return f"chaos-{what}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def jobs():
-    """Dtrain processes of a test: killed at the end whatever happened."""
-    started: list[Dtrain] = []
-    yield started
-    for job in started:
-        job.kill()
-
-
 pytestmark = [pytest.mark.timeout(90)]
 
 # kill -9 dtrain -> nodes clean: sshd sees the TCP close at once, the supervisor its stdin EOF
@@ -707,6 +698,25 @@ def _daemons_left(daemons: dict[int, tuple[int, int]]) -> list[tuple[int, int]]:
     return left
 
 
+def _daemons_die_with(job: Dtrain, watch: JobWatch, tag: str, go: Path) -> None:
+    """Each node's daemon (its line tagged ``tag`` after the node) seen under ``watch``,
+    then ``go`` lets the job end: it succeeds and leaves nothing, no daemon either (a
+    survivor is KILLed and named)."""
+    daemons: dict[int, tuple[int, int]] = {}
+    try:
+        with watch:
+            _daemons_seen(job, watch, tag, daemons)
+            go.touch()
+            rc = job.wait(60)
+            watch.assert_clean(1.0, since=job.ended)
+    finally:
+        go.unlink(missing_ok=True)
+        left = _daemons_left(daemons)
+    assert not left, f"daemons survived the job: {left}"
+    assert rc == 0, job.output
+    watch.assert_saw(3, per_node=3)  # supervisor, daemon.py (or its rank), the daemon
+
+
 @pytest.mark.ssh
 @pytest.mark.torch
 def test_a_setsid_daemon_with_no_environment_dies_with_the_run(cluster: tc.Cluster,
@@ -717,19 +727,7 @@ def test_a_setsid_daemon_with_no_environment_dies_with_the_run(cluster: tc.Clust
     go = cluster.shared_dir / f"{run_id}.go"
     job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, DAEMON, script_args=[str(go)]))
     jobs.append(job)
-    daemons: dict[int, tuple[int, int]] = {}
-    try:
-        with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
-            _daemons_seen(job, watch, r" r\d", daemons)
-            go.touch()
-            rc = job.wait(60)
-            watch.assert_clean(1.0, since=job.ended)
-    finally:
-        go.unlink(missing_ok=True)
-        left = _daemons_left(daemons)
-    assert not left, f"daemons survived the job: {left}"
-    assert rc == 0, job.output
-    watch.assert_saw(3, per_node=3)
+    _daemons_die_with(job, JobWatch(cluster, [1, 2, 3], run_id=run_id), r" r\d", go)
 
 
 @pytest.mark.ssh
@@ -739,19 +737,7 @@ def test_a_setsid_daemon_with_no_environment_dies_with_exec(cluster: tc.Cluster,
     job = Dtrain(cluster, ["exec", "-H", "node[1-3]", "--no-color", "--", cluster.python,
                            str(REPO / DAEMON), str(go)])
     jobs.append(job)
-    daemons: dict[int, tuple[int, int]] = {}
-    try:
-        with JobWatch(cluster, [1, 2, 3], marker=str(go)) as watch:
-            _daemons_seen(job, watch, "", daemons)
-            go.touch()
-            rc = job.wait(60)
-            watch.assert_clean(1.0, since=job.ended)
-    finally:
-        go.unlink(missing_ok=True)
-        left = _daemons_left(daemons)
-    assert not left, f"daemons survived the job: {left}"
-    assert rc == 0, job.output
-    watch.assert_saw(3, per_node=3)  # supervisor, daemon.py, the daemon
+    _daemons_die_with(job, JobWatch(cluster, [1, 2, 3], marker=str(go)), "", go)
 
 
 # -- exec ----------------------------------------------------------------------------------------

@@ -83,14 +83,6 @@ def _start(cluster: tc.Cluster, tmp_path: Path, run_id: str, ckpt_dir: Path, job
     return job
 
 
-@pytest.fixture
-def jobs():
-    started: list[Dtrain] = []
-    yield started
-    for job in started:
-        job.kill()
-
-
 def test_dtrain_stop_gives_each_rank_one_term_and_its_checkpoint(
         cluster: tc.Cluster, tmp_path: Path, ckpt_dir: Path, jobs: list) -> None:
     run_id = f"stop1-{uuid.uuid4().hex[:8]}"

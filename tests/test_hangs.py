@@ -261,6 +261,53 @@ def test_before_any_progress_line_any_line_counts_and_startup_has_grace() -> Non
                              declared=None)  # 0 = off
 
 
+def _ticks(w: hang.ProgressWatch, policy: hang.HangPolicy, start: float, end: float,
+           late_at: float | None = None, stall: float = 0.0) -> list[float]:
+    """The hang watch's 0.5 s ticks from start to end (the one due at ``late_at`` runs
+    ``stall`` s late, the launcher stopped): the times a hang was due."""
+    due, hung = start, []
+    while due < end:
+        now = due + (stall if late_at is not None and abs(due - late_at) < 1e-9 else 0.0)
+        w.look(now, due, 0.5)
+        if hang.hang_due(w, now, policy, all_alive=True, declared=None):
+            hung.append(now)
+        due = now + 0.5
+    return hung
+
+
+def test_a_stopped_launcher_is_not_a_hang_and_a_real_stall_still_is() -> None:
+    """The launcher is stopped 8 s (past --hang-timeout 3) while the ranks progress: the
+    stall is its own (decide/liveness.py), not counted; the lines of that time, read after
+    the late tick, move the baseline. Then the ranks really stop: hung 3 s later."""
+    policy = hang.HangPolicy(timeout=3)
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), range(1), start=100.0)
+    w.observe([_line(100.2, "it 0"), _line(101.2, "it 1")])
+    assert _ticks(w, policy, 100.5, 102.5, late_at=102.0, stall=8.0) == []  # late: 110.0
+    assert w.stalled_for(110.0) == pytest.approx(0.8)  # 101.2 .. 102.0, the rest is ours
+    w.observe([_line(110.1, f"it {n}") for n in range(2, 18)])  # the backlog, read now
+    assert _ticks(w, policy, 110.5, 113.0) == []
+    assert _ticks(w, policy, 113.0, 114.0) == [113.5]  # 110.1 + 3: a real stall
+    # the old judgement (wall time) would have called the stop itself a hang
+    old = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), range(1), start=100.0)
+    old.observe([_line(101.2, "it 1")])
+    assert old.stalled_for(110.0) == pytest.approx(8.8)
+
+
+def test_a_hang_through_a_launcher_stall_counts_only_the_launcher_s_running_time() -> None:
+    policy = hang.HangPolicy(timeout=3)
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), range(1), start=100.0)
+    w.observe([_line(100.0, "it 0")])
+    # stalled 2 s, then 8 s stopped (its late tick judges with one more tick of margin),
+    # nothing read after it either: hung at 2 + 1 s more of the launcher's running time
+    assert _ticks(w, policy, 100.5, 113.0, late_at=102.0, stall=8.0)[0] == pytest.approx(111.0)
+    # a loaded loop's jitter (tens of ms) is not a stall of ours: counted as the ranks'
+    j = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), range(1), start=100.0)
+    j.observe([_line(100.0, "it 0")])
+    for k in range(1, 7):
+        j.look(100.0 + 0.5 * k + 0.05, 100.0 + 0.5 * k, 0.5)
+    assert hang.hang_due(j, 103.05, policy, all_alive=True, declared=None)
+
+
 def test_bad_progress_pattern_is_a_usage_error() -> None:
     from launcher.errors import UsageError
 

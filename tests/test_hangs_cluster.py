@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from tests import cluster as tc
 from tests.reports import validate_json, validate_junit
-from tests.test_failures import Dtrain, JobWatch, jobs, meta, new_id, run_args  # noqa: F401
+from tests.test_failures import Dtrain, JobWatch, meta, new_id, run_args
 from tests.util import dtrain
 
 HANG = "tests/workloads/hang.py"
@@ -35,7 +36,7 @@ def _culprit_line(out: str) -> str:
 @pytest.mark.ssh
 @pytest.mark.torch
 def test_hang_names_rank_and_node_folds_the_rest_and_stop_cleans(
-        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:  # noqa: F811
+        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     run_id = new_id("hang")
     junit = tmp_path / "hang.xml"
     args = run_args(cluster, tmp_path, run_id, HANG, "--hang-timeout", "5", "--on-hang",
@@ -127,7 +128,7 @@ def test_dtrain_stacks_on_a_detached_run_from_another_shell(
 
 @pytest.mark.ssh
 @pytest.mark.parametrize("chatter, hung", [(0, False), (30, True)])
-def test_progress_by_regex_not_output(cluster: tc.Cluster, tmp_path: Path, jobs,  # noqa: F811
+def test_progress_by_regex_not_output(cluster: tc.Cluster, tmp_path: Path, jobs,
                                       chatter: int, hung: bool) -> None:
     """Quiet ranks and a rank 0 that prints only its progress lines is not a hang; a rank 0
     that goes on printing, but no progress, is."""
@@ -154,7 +155,7 @@ def test_progress_by_regex_not_output(cluster: tc.Cluster, tmp_path: Path, jobs,
     ("raise", 1, r"rank 1 on node2 raised ValueError: bad batch at step 1 in load_batch\(\) "
                  r"hang\.py:\d+", "exception"),
 ])
-def test_why_it_died(cluster: tc.Cluster, tmp_path: Path, jobs, mode: str,  # noqa: F811
+def test_why_it_died(cluster: tc.Cluster, tmp_path: Path, jobs, mode: str,
                      code: int, why: str, kind: str) -> None:
     run_id = new_id(f"why-{mode}")
     args = run_args(cluster, tmp_path, run_id, HANG, "--grace", "3", hosts="node[1-2]",
@@ -169,3 +170,31 @@ def test_why_it_died(cluster: tc.Cluster, tmp_path: Path, jobs, mode: str,  # no
     assert (failure["kind"], failure["rank"], failure["host"]) == (kind, 1, "node2")
     if mode == "segv":  # the Python stack of the crash, from faulthandler on the node
         assert re.search(r"^dtrain:     load_batch\(\) hang\.py:\d+$", out, re.M), out[-3000:]
+
+
+@pytest.mark.ssh
+def test_a_stopped_launcher_is_not_a_hang_and_a_real_one_still_is(
+        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
+    """dtrain itself is SIGSTOPped 7 s (past its --hang-timeout of 3) while rank 0 goes on
+    printing its progress; SIGCONTed, it reads what came meanwhile: its own stop is not the
+    ranks' stall (decide/hang.py, counted as decide/liveness.py counts a node's silence).
+    Then rank 0 really goes silent for 8 s: that is a hang, declared once."""
+    run_id = new_id("launcher-stop-hang")
+    args = run_args(cluster, tmp_path, run_id, PROGRESS, "--hang-timeout", "3",
+                    "--progress", r"^it \d+$", hosts="node[1-2]",
+                    env={"WL_TICKS": "30", "WL_EVERY": "0.5", "WL_HOLD": "8"})
+    job = Dtrain(cluster, args)
+    jobs.append(job)
+    job.wait_line(r"r0: it 3$", timeout=90)
+    job.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(7.0)
+    finally:
+        job.proc.send_signal(signal.SIGCONT)
+    assert job.wait(120) == 0, job.output
+    out = job.output
+    hangs = [ln for ln in out.splitlines() if re.search(r"^dtrain: HANG: ", ln)]
+    assert len(hangs) == 1, out
+    assert out.index("dtrain: HANG: ") > out.index("r0: it 29"), out  # the silence, not the stop
+    (hang,) = meta(tmp_path, run_id)["hangs"]
+    assert hang["stalled_s"] >= 3, hang

@@ -1025,3 +1025,48 @@ def test_the_size_of_an_option_s_expression_is_counted_before_it_is_built() -> N
         check_expr_size("n[1-65537]", "--include")
     assert str(info.value) == ("--include: 'n[1-65537]' makes 65537 hosts, over the cap of "
                                "65536 hosts per job (check the range bounds)")
+
+
+def test_slots_have_a_cap_named_with_file_line_and_a_hint() -> None:
+    """``slots=`` is processes per host: at most MAX_SLOTS (4096); a number past it, or
+    thousands of digits (int() refuses more than 4,300: it was a traceback), is exit 2 with
+    the line, in text and YAML (issue #25, round 5)."""
+    from launcher.hosts.entries import MAX_SLOTS
+    assert MAX_SLOTS == 4096
+    (host,) = parse_hostfile_text("node1 slots=4096", "h.txt")
+    assert host.slots == 4096
+    (host,) = parse_hostfile_text("node1 slots=0008", "h.txt")
+    assert host.slots == 8
+    hint = "slots is the processes on that host, e.g. its GPU count: slots=8"
+    cases = [
+        ("node0\nnode1 slots=4097", "h.txt:2: slots=4097 is more than 4096 (the cap on "
+         "one host's processes)"),
+        ("node1 slots=99999999999999999999", "h.txt:1: slots=99999999999999999999 is more "
+         "than 4096 (the cap on one host's processes)"),
+        ("node1 slots=" + "9" * 5000, "h.txt:1: slots=9999999999...9999999999 (5000 digits) "
+         "is more than 4096 (the cap on one host's processes)"),
+        ("node1 slots=" + "0" * 30 + "8", None),
+    ]
+    for text, message in cases:
+        if message is None:
+            assert parse_hostfile_text(text, "h.txt")[0].slots == 8
+            continue
+        with pytest.raises(HostfileError) as info:
+            parse_hostfile_text(text, "h.txt")
+        assert (info.value.message, info.value.hint) == (message, hint), text
+    with pytest.raises(HostfileError) as info:
+        parse_hostfile_text("node1:" + "9" * 5000, "h.txt")
+    assert info.value.message.startswith("h.txt:1: bad port '999")
+    assert info.value.message.endswith("': must be a number from 1 to 65535")
+    for text, message in [
+        ("hosts:\n  - {host: a, slots: 4097}\n",
+         "c.yaml:2: hosts[0].slots: slots=4097 is more than 4096 (the cap on one host's "
+         "processes)"),
+        ("defaults:\n  slots: '100000'\nhosts: [a]\n",
+         "c.yaml:2: defaults.slots: slots=100000 is more than 4096 (the cap on one host's "
+         "processes)"),
+    ]:
+        with pytest.raises(HostfileError) as info:
+            parse_hostfile_yaml(text, "c.yaml")
+        assert (info.value.message, info.value.hint) == (message, hint), text
+    assert parse_hostfile_yaml("hosts:\n  - {host: a, slots: 4096}\n", "c.yaml")[0].slots == 4096

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pwd
-import select
 import stat
 import subprocess
 import sys
-import termios
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +30,7 @@ from launcher.output.report import to_json
 from launcher.transports.ssh import HostKeyPolicy, SSHSettings
 from tests.cluster import Cluster, Node
 from tests.reports import one_json_document, validate_json, validate_junit
-from tests.util import assert_exit, dtrain
+from tests.util import assert_exit, dtrain, on_pty
 
 # --------------------------------------------------------------------------- the local key
 
@@ -529,48 +526,15 @@ def test_unknown_host_keys_need_a_terminal_or_accept_new(keys_env: KeysEnv) -> N
     assert not keys_env.known_hosts.exists()
 
 
-def _take_terminal() -> None:
-    os.setsid()
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-def _run_on_pty(argv: list[str], env: dict[str, str], answers: list[tuple[bytes, bytes]],
-                timeout: float = 60) -> tuple[int, str]:
-    """Run argv on a new terminal, answering each prompt as it appears."""
-    master, slave = os.openpty()
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
-                            preexec_fn=_take_terminal)  # noqa: PLW1509 - single-threaded here
-    os.close(slave)
-    out, seen, deadline = b"", 0, time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            out += data
-            if answers and answers[0][0] in out[seen:]:
-                seen = len(out)
-                os.write(master, answers.pop(0)[1])
-    finally:
-        os.close(master)
-        code = proc.wait(timeout=10)
-    return code, out.decode(errors="replace")
-
-
 @pytest.mark.ssh
 def test_interactive_confirm_and_hidden_password(keys_env: KeysEnv) -> None:
     cluster = keys_env.cluster
     argv = [sys.executable, "-m", "launcher", "keys", "setup", "-H", keys_env.hosts]
-    code, out = _run_on_pty(argv, keys_env.env(), [
+    code, raw = on_pty(argv, keys_env.env(), stdin=True, answers=[
         (b"[y/N]", b"y\n"),
         (b"(asked once): ", cluster.password.encode() + b"\n"),
     ])
+    out = raw.decode(errors="replace")
     keys_env.outputs.append(out)
     assert code == 0, out
     assert "4 host key(s) not in" in out and out.count("SHA256:") >= 4

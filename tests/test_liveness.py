@@ -3,7 +3,7 @@ running (pure; the cluster half is tests/test_failures.py's SIGSTOP tests)."""
 
 from __future__ import annotations
 
-from launcher.decide.liveness import Silence, launcher_timeout
+from launcher.decide.liveness import LOST, RECONNECT, Silence, launcher_timeout, sampler_verdict
 
 
 def looks(silence: Silence, start: float, until: float, interval: float,
@@ -95,3 +95,101 @@ def test_the_nodes_wait_longer_for_the_launcher_than_it_waits_for_them() -> None
     assert launcher_timeout(5.0) == 15.0
     assert launcher_timeout(30.0) == 90.0
     assert launcher_timeout(0.0) == 0.0
+
+
+def test_hearing_from_a_node_forgets_the_launcher_s_stall() -> None:
+    """The stall counted before the node was heard is not subtracted from its next
+    silence: silence is exactly the time since the node was heard."""
+    s = Silence(5.0, heard_at=0.0)
+    assert not s.look(30.0, 1.25, 1.25)  # a 28.75 s stall
+    s.heard(30.0)
+    assert s.silent(30.0) == 0.0
+    assert s.silent(33.0) == 3.0
+    assert not s.look(35.0, 35.0, 1.25)  # 5 s: not past the timeout
+    assert s.look(35.5, 35.5, 1.25)
+
+
+def test_an_on_time_look_exactly_at_the_timeout_is_not_a_loss_just_past_it_is() -> None:
+    s = Silence(5.0, heard_at=0.0)
+    assert not s.look(5.0, 5.0, 1.25)
+    assert s.look(5.5, 5.5, 1.25)  # on time: no extra interval
+    late = Silence(5.0, heard_at=0.0)
+    assert not late.look(1.75, 1.25, 1.25)  # exactly `slack` late: still on time
+    assert late.silent(1.75) == 1.75  # nothing subtracted
+
+
+def test_each_stall_is_subtracted_and_they_add_up() -> None:
+    s = Silence(60.0, heard_at=0.0)
+    assert not s.look(10.0, 1.0, 1.0)  # stalled 9 s
+    assert not s.look(20.0, 11.0, 1.0)  # and 9 s more
+    assert s.silent(20.0) == 2.0
+
+
+def test_a_stall_before_the_node_was_last_heard_is_not_counted() -> None:
+    """The backlog was read at 10 (heard), then a look due at 5 ran at 10: the stall lies
+    before what the node said, nothing of it is the node's silence to subtract."""
+    s = Silence(5.0, heard_at=0.0)
+    s.heard(10.0)
+    assert not s.look(10.0, 5.0, 1.0)
+    assert s.silent(12.0) == 2.0
+
+
+def test_timeout_zero_is_never_lost_even_when_every_look_is_on_time() -> None:
+    s = Silence(0.0, heard_at=0.0)
+    assert not s.look(1e6, 1e6, 1.0)
+    assert not Silence(-1.0, heard_at=0.0).look(1e6, 1e6, 1.0)
+
+
+def test_a_timeout_under_one_second_still_counts() -> None:
+    s = Silence(0.5, heard_at=0.0)
+    assert not s.look(0.5, 0.5, 0.25)
+    assert s.look(0.75, 0.75, 0.25)
+
+
+def test_the_nodes_wait_for_the_launcher_is_three_timeouts_whatever_the_timeout() -> None:
+    assert launcher_timeout(0.5) == 1.5
+    assert launcher_timeout(1.0) == 3.0
+    assert launcher_timeout(-1.0) == 0.0  # no heartbeat: never
+
+
+def top_looks(silence: Silence, start: float, until: float,
+              stop: tuple[float, float] | None = None,
+              samples: tuple[float, ...] = ()) -> list[tuple[float, str]]:
+    """`dtrain top`'s looks every 1 s (lost after 5 s, reconnect after 15 s); a sample at
+    each time in ``samples`` (read at the first look after it); a stop (from, to) delays
+    the look due in it to ``to``. The (time, verdict) of each look that is not None."""
+    due, out, pending = start + 1.0, [], sorted(samples)
+    while due <= until:
+        now = stop[1] if stop is not None and stop[0] <= due < stop[1] else due
+        while pending and pending[0] <= due:  # read before the look (a late look: after)
+            if now == due:
+                silence.heard(pending[0])
+            pending.pop(0)
+        verdict = sampler_verdict(silence, now, due, 1.0, lost_after=5.0, reconnect_after=15.0)
+        if verdict is not None:
+            out.append((now, verdict))
+        due = now + 1.0
+    return out
+
+
+def test_top_shows_a_silent_node_lost_then_reconnects() -> None:
+    got = top_looks(Silence(0.0, heard_at=0.0), 0.0, 16.0)
+    assert got[0] == (6.0, LOST) and got[-1] == (16.0, RECONNECT), got
+
+
+def test_a_stopped_top_finds_no_node_lost_when_it_resumes() -> None:
+    """`dtrain top` stopped 30 s (past lost and reconnect) while every node sampled each
+    second: the late look runs before the backlog is read: no verdict, then the samples."""
+    s = Silence(0.0, heard_at=10.0)
+    assert top_looks(s, 10.0, 60.0, stop=(11.0, 41.0),
+                     samples=tuple(float(t) for t in range(11, 61))) == []
+    # the old judgement, wall time since the last sample, saw 31 s of silence: a reconnect
+    assert 41.0 - 10.0 > 15.0
+
+
+def test_a_node_that_died_while_top_was_stopped_is_lost_in_top_s_running_time() -> None:
+    """The node's last sample at 10, top stopped 11..41: its silence at 41 is 1 s; it shows
+    lost past 5 s of top's running time (46), dropped past 15 s (56), not at 41."""
+    got = top_looks(Silence(0.0, heard_at=10.0), 10.0, 60.0, stop=(11.0, 41.0))
+    assert got[0] == (46.0, LOST), got
+    assert [t for t, v in got if v == RECONNECT][0] == 56.0, got

@@ -5,8 +5,10 @@ tests/test_run.py covers the same preflight on real nodes)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +39,8 @@ class Counted(LocalConnection):
         return await super().start(command)
 
 
-def _preflight(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
-               ) -> tuple[Any, dict[str, Counted]]:
+def _nodes(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
+           ) -> tuple[list[Host], dict[str, Counted], RunRequest]:
     # every "node" here is this machine, where any address is local to the workers too,
     # which choose_master rightly refuses: take its first candidate instead
     from launcher.job import preflight as pf
@@ -51,9 +53,27 @@ def _preflight(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
     conns = {h.label: Counted(h) for h in hosts}
     req = RunRequest(script="examples/ddp_smoke.py", python=sys.executable,
                      workdir=str(REPO), master_addr=master_addr)
-    pre = asyncio.run(preflight(dict(conns), hosts, req, RunOptions(preflight=False,
-                                                                    probe_timeout=60)))
-    return pre, conns
+    return hosts, conns, req
+
+
+def _preflight(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
+               ) -> tuple[Any, dict[str, Counted]]:
+    hosts, conns, req = _nodes(master_addr, monkeypatch)
+
+    async def go() -> Any:
+        pre = await preflight(dict(conns), hosts, req, RunOptions(preflight=False,
+                                                                  probe_timeout=60))
+        # preflight returns with node 0's port closed (torchrun binds it next) and every
+        # probe still running (each becomes its node's supervisor; prepare ends the rest)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((pre.master_addr, pre.master_port))
+            s.listen()
+        assert pre.probes is not None
+        await pre.probes.aclose()
+        return pre
+
+    return asyncio.run(go()), conns
 
 
 def test_one_probe_per_node_for_facts_routes_and_the_master_port(
@@ -68,7 +88,8 @@ def test_one_probe_per_node_for_facts_routes_and_the_master_port(
 def _staying_probe() -> subprocess.Popen[bytes]:
     cmd = wire.remote_command(sys.executable)
     proc = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env={**os.environ})
+                            stdout=subprocess.PIPE,
+                            env={**os.environ, "DTRAIN_TEST_MARK": "from-the-shell"})
     assert proc.stdin is not None
     params = {"mode": "facts", "targets": ["127.0.0.1"], "stay": True}
     proc.stdin.write(wire.payload(wire.program_source("probe")) + json.dumps(params).encode()
@@ -115,6 +136,91 @@ def test_a_staying_probe_answers_each_op_and_holds_the_port_until_eof() -> None:
         assert closed.stdin is not None
         closed.stdin.close()
         closed.wait(timeout=30)
+
+
+def test_unlisten_closes_the_master_port_and_the_probe_stays() -> None:
+    master = _staying_probe()
+    try:
+        _answer(master)
+        bound = _answer(master, {"op": "listen", "addr": "127.0.0.1", "port": 0})
+        assert _answer(master, {"op": "unlisten"}) == {"ok": True}
+        with socket.socket() as s:  # free now, the probe still running
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", bound["port"]))
+        assert master.poll() is None
+        assert _answer(master, {"op": "unlisten"}) == {"ok": True}  # nothing bound: fine
+    finally:
+        assert master.stdin is not None
+        master.stdin.close()
+        assert master.wait(timeout=30) == 0
+
+
+REPORT = (b"import json, os, sys\n"
+          b"print(json.dumps({'pid': os.getpid(), 'cwd': os.getcwd(), 'env': dict(os.environ),"
+          b" 'isolated': sys.flags.isolated, 'no_site': sys.flags.no_site}))\n")
+
+
+def test_become_execs_the_supervisor_interpreter_in_the_workdir(tmp_path: Path) -> None:
+    """The probe's process turns into `python -u -I -S -c BOOTSTRAP` (what NodeSession starts
+    otherwise): same pid (no new shell, --setup or channel), in the working directory with
+    the shell's PWD/OLDPWD, the environment the probe started with, ready for a payload."""
+    work = tmp_path / "work"
+    work.mkdir()
+    probe = _staying_probe()
+    try:
+        _answer(probe)
+        bound = _answer(probe, {"op": "listen", "addr": "127.0.0.1", "port": 0})
+        bad = _answer(probe, {"op": "become", "workdir": str(tmp_path / "nope"),
+                              "bootstrap": wire.BOOTSTRAP})
+        assert bad["ok"] is False and "nope" in bad["error"]  # refused: the probe stays
+        assert _answer(probe, {"op": "become", "workdir": str(work),
+                               "bootstrap": wire.BOOTSTRAP}) == {"ok": True}
+        assert probe.stdin is not None
+        probe.stdin.write(wire.payload(REPORT))
+        probe.stdin.close()
+        got = json.loads(probe.stdout.readline())  # type: ignore[union-attr]
+        assert probe.wait(timeout=30) == 0
+    finally:
+        probe.kill()
+    assert got["pid"] == probe.pid
+    assert got["cwd"] == str(work) and got["env"]["PWD"] == str(work)
+    assert got["env"]["OLDPWD"] == os.environ.get("PWD", os.getcwd())
+    assert got["env"]["DTRAIN_TEST_MARK"] == "from-the-shell"
+    assert (got["isolated"], got["no_site"]) == (1, 1)
+    with socket.socket() as s:  # the master port went with the probe
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", bound["port"]))
+
+
+def test_a_run_starts_one_program_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """preflight + the job: each node's probe becomes its supervisor (NodeSession.adopt),
+    so every node runs one program for the whole run, and the job runs."""
+    from launcher.job.node import JobSpec, NodeSession
+
+    hosts, conns, req = _nodes("127.0.0.1", monkeypatch)
+    events: dict[str, list[str]] = {}
+
+    async def go() -> dict[str, Any]:
+        pre = await preflight(dict(conns), hosts, req, RunOptions(preflight=False,
+                                                                  probe_timeout=60))
+        probes = pre.probes
+        assert probes is not None
+        out = {}
+        for label, conn in conns.items():
+            session = NodeSession(conn, JobSpec(argv=[sys.executable, "-c", "print(42)"]),
+                                  python=sys.executable, workdir=str(REPO),
+                                  on_chunk=lambda *a: None,
+                                  on_event=lambda h, m: events.setdefault(
+                                      h.label, []).append(str(m.get("type"))),
+                                  adopt=functools.partial(probes.become, label, str(REPO)))
+            out[label] = await session.run()
+        await probes.aclose()
+        return out
+
+    outcomes = asyncio.run(go())
+    assert all(o.exit_code == 0 for o in outcomes.values()), outcomes
+    assert all("hello" in events[label] for label in conns), events
+    assert [len(c.started) for c in conns.values()] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("which, message, hint", [

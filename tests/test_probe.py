@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -595,3 +596,164 @@ def test_the_properties_decisions_read() -> None:
     assert parse_version("2.x.1") == (2,)
     for none in (None, "", "x", "+2.1"):
         assert parse_version(none) is None
+
+
+# ---------------------------------------------------------------------- site (probe under -S)
+
+SYS_PATH = "import json, sys; print(json.dumps(sys.path[1:]))"  # [0]: the script's directory
+
+
+def _probe_site(full: bool, tmp_path: Path) -> list[str]:
+    """sys.path of a `python -S` that ran the probe's load_site(full)."""
+    code = (f"import json, sys; sys.path.insert(0, {str(PROBE.parent)!r}); import probe; "
+            f"sys.path.pop(0); assert probe.load_site({full}); print(json.dumps(sys.path[1:]))")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                          timeout=30, check=True, cwd=tmp_path)
+    return list(json.loads(proc.stdout))
+
+
+def test_load_site_gives_the_path_site_gives(tmp_path: Path) -> None:
+    """The facts probe starts with -S (remote_command no_site) and runs site itself: full,
+    the very sys.path a plain interpreter has; paths only (no .pth import lines), the same
+    less the entries those import lines add (an editable install's path hook)."""
+    plain = json.loads(subprocess.run([sys.executable, "-c", SYS_PATH], capture_output=True,
+                                      text=True, timeout=30, check=True, cwd=tmp_path).stdout)
+    assert _probe_site(True, tmp_path) == plain
+    lean = _probe_site(False, tmp_path)
+    assert lean == [p for p in plain if os.path.isabs(p)]  # only hooks' names are left out
+    assert any("site-packages" in p for p in lean)
+    assert probe.load_site(False) is False  # site already ran (no -S): nothing done
+
+
+def test_pth_paths_adds_directories_and_skips_import_lines(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    (tmp_path / "lib").mkdir()
+    marker = tmp_path / "ran"
+    (tmp_path / "x.pth").write_text(f"# a comment\n\nlib\nmissing\nimport os; open("
+                                    f"{str(marker)!r}, 'w')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    known: set[str] = set()
+    assert probe._pth_paths(str(tmp_path), "x.pth", known) is known
+    assert sys.path[-1] == str(tmp_path / "lib")
+    assert str(tmp_path / "missing") not in sys.path
+    assert not marker.exists()
+    assert probe._pth_paths(str(tmp_path), "absent.pth", known) is known
+
+
+def test_facts_probe_starts_without_site_and_reads_the_packages_site_would() -> None:
+    """Through the real bootstrap with remote_command's flags: the packages (torch, read
+    from dist-info on sys.path) are the ones a plain interpreter's site path has."""
+    from launcher.nodeside import wire
+
+    cmd = wire.remote_command(sys.executable, no_site=True)
+    assert f"{shlex.quote(sys.executable)} -u -S -c " in cmd
+    params = {"mode": "facts", "targets": ["127.0.0.1"]}
+    stdin = wire.payload(wire.program_source("probe"), params)
+    proc = subprocess.run(["sh", "-c", cmd], input=stdin, capture_output=True, timeout=30,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "site" not in out["errors"]
+    assert out["packages"] == probe.read_packages()
+
+
+# --------------------------------------------------------------------------- the parsers
+# (issue #25: each survivor of scripts/mutate probe is a case here)
+
+def test_gid_rows_come_in_numeric_order_and_stray_names_are_skipped(tmp_path: Path) -> None:
+    gids = tmp_path / "port" / "gids"
+    gids.mkdir(parents=True)
+    for idx in (0, 2, 10, 11, 1):
+        (gids / str(idx)).write_text(f"fe80:0000:0000:0000:0000:0000:0000:00{idx:02d}\n")
+    (gids / "README").write_text("not a gid\n")
+    rows = probe.read_gids(str(tmp_path / "port"))
+    assert [g["index"] for g in rows] == [0, 1, 2, 10, 11]
+
+
+def test_ip_addr_json_keeps_each_interface_s_inet_and_inet6_addresses() -> None:
+    data = [
+        {"ifname": "lo", "addr_info": [
+            {"family": "inet", "local": "127.0.0.1", "prefixlen": 8, "scope": "host"}]},
+        {"ifname": "eth0", "addr_info": [
+            {"family": "inet", "local": "198.18.0.11", "prefixlen": 24, "scope": "global"},
+            {"family": "inet6", "local": "fe80::1", "prefixlen": 64, "scope": "link"},
+            {"family": "link", "local": "aa:bb"},  # not an IP family: skipped
+            {"family": "inet"}]},  # no address: skipped
+        {"ifname": "eth1", "addr_info": None},  # an interface without addresses
+        {"addr_info": [{"family": "inet", "local": "10.0.0.1"}]},  # no name
+    ]
+    assert probe.parse_ip_addr(data) == {
+        "lo": [{"family": "inet", "addr": "127.0.0.1", "prefixlen": 8, "scope": "host"}],
+        "eth0": [
+            {"family": "inet", "addr": "198.18.0.11", "prefixlen": 24, "scope": "global"},
+            {"family": "inet6", "addr": "fe80::1", "prefixlen": 64, "scope": "link"}],
+        "eth1": [],
+        "": [{"family": "inet", "addr": "10.0.0.1", "prefixlen": None, "scope": None}],
+    }
+    assert probe.parse_ip_addr(None) == {}
+
+
+def test_if_inet6_gives_address_prefix_and_scope_by_name() -> None:
+    """/proc/net/if_inet6: address, ifindex, prefix length (hex), scope (hex), flags, name."""
+    text = (
+        "00000000000000000000000000000001 01 80 10 80       lo\n"
+        "garbage\n"  # a short line: skipped, the rest still read
+        "fe800000000000000000000000000001 02 40 20 80     eth0\n"
+        "20010db8000000000000000000000011 02 30 00 00     eth0\n"
+        "fec00000000000000000000000000001 03 40 40 00     eth1\n"
+        "fd000000000000000000000000000001 03 7f 05 00     eth1\n"  # a scope without a name
+        "fd0000000000000000000000000001 03 40 00 00 00    eth9\n"  # 30 hex digits: skipped
+    )
+    assert probe.parse_if_inet6(text) == {
+        "lo": [{"family": "inet6", "addr": "::1", "prefixlen": 128, "scope": "host"}],
+        "eth0": [{"family": "inet6", "addr": "fe80::1", "prefixlen": 64, "scope": "link"},
+                 {"family": "inet6", "addr": "2001:db8::11", "prefixlen": 48,
+                  "scope": "global"}],
+        "eth1": [{"family": "inet6", "addr": "fec0::1", "prefixlen": 64, "scope": "site"},
+                 {"family": "inet6", "addr": "fd00::1", "prefixlen": 127, "scope": "05"}],
+    }
+    assert probe.parse_if_inet6(None) == {}
+
+
+ROUTE_HEADER = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+
+
+def test_proc_route_reads_little_endian_hex_with_the_high_bit_set() -> None:
+    text = ROUTE_HEADER + (
+        "eth0\t00000000\tFE0012C6\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"  # via 198.18.0.254
+        "eth0\t000012C6\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"  # 198.18.0.0/24
+        "short\tline\n"  # skipped, the rest still read
+        "eth1\tZZZZZZZZ\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"  # not hex: skipped
+        "eth1\t0000A8C0\t00000000\t0011\t0\t0\t7\t0000FFFF\n"  # 192.168.0.0/16: 8 fields do
+    )
+    assert probe.parse_proc_route(text) == [
+        {"dev": "eth0", "dst": "0.0.0.0", "gateway": "198.18.0.254", "flags": 3,
+         "metric": 100, "prefixlen": 0},
+        {"dev": "eth0", "dst": "198.18.0.0", "gateway": "0.0.0.0", "flags": 1, "metric": 0,
+         "prefixlen": 24},
+        {"dev": "eth1", "dst": "192.168.0.0", "gateway": "0.0.0.0", "flags": 0x11,
+         "metric": 7, "prefixlen": 16},
+    ]
+    assert probe.parse_proc_route(None) == []
+
+
+def test_in_prefix_compares_only_the_prefix_bits() -> None:
+    assert probe._in_prefix("198.18.0.11", "0.0.0.0", 0)
+    assert probe._in_prefix("198.18.0.11", "198.18.0.0", 24)
+    assert not probe._in_prefix("198.18.1.11", "198.18.0.0", 24)
+    assert probe._in_prefix("10.0.0.1", "10.0.0.1", 32)
+    assert not probe._in_prefix("10.0.0.1", "10.0.0.0", 32)  # a host route is that host only
+    assert probe._in_prefix("10.0.0.1", "10.0.0.0", 31)
+    assert not probe._in_prefix("200.0.0.1", "10.0.0.0", 1)
+    assert probe._in_prefix("100.0.0.1", "10.0.0.0", 1)
+
+
+def test_nccl_conf_skips_commented_out_settings() -> None:
+    text = ("# NCCL_DEBUG=INFO\n#NCCL_IB_HCA=mlx5\n\n  NCCL_SOCKET_IFNAME = eth0 \njunk\n"
+            "=novalue\nNCCL_A=x=y\n")
+    assert probe.parse_nccl_conf(text, "/etc/nccl.conf") == [
+        {"key": "NCCL_SOCKET_IFNAME", "value": "eth0", "source": "/etc/nccl.conf"},
+        {"key": "NCCL_A", "value": "x=y", "source": "/etc/nccl.conf"},
+    ]
+    assert probe.parse_nccl_conf(None, "x") == []

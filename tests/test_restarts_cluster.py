@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +30,6 @@ def six(cluster: tc.Cluster) -> tc.Cluster:
     """The shared cluster with at least 6 nodes (``up`` only adds nodes)."""
     need_module("torch")
     return tc.up(6)
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[Dtrain]]:
-    """Dtrain processes of a test: killed at the end whatever happened."""
-    started: list[Dtrain] = []
-    yield started
-    for job in started:
-        job.kill()
 
 
 def _saw(watch: JobWatch, supervisors: int) -> None:

@@ -276,3 +276,78 @@ def test_smoke_over_srun_in_a_real_allocation(cluster: tc.Cluster, slurm: Any, t
     assert "smoke: PASS: 2 nodes" in job.output, job.output
     (meta_file,) = (tmp_path / "runs").glob("*/meta.json")
     assert json.loads(meta_file.read_text())["transport"] == "srun"
+
+
+def _crash_node(cluster: tc.Cluster, k: int, run_id: str) -> list[int]:
+    """Node k dies as in a crash: its supervisor and every process of the job there are
+    SIGKILLed at once, by pid (start time checked; never by name). The supervisor is the
+    parent of the topmost process tagged with the run's DTRAIN_RUN_ID (torchrun); the
+    step's slurmstepd and slurmd are left alone, as Slurm's own. Returns the pids killed."""
+    tag = f"DTRAIN_RUN_ID={run_id}".encode()
+    stats = {pid: st for pid in cluster.node_pids(k) if (st := tc.proc_stat(pid)) is not None}
+
+    def tagged(pid: int) -> bool:
+        try:
+            return tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+
+    job = [pid for pid in stats if tagged(pid)]
+    tops = {stats[pid][0] for pid in job if stats[pid][0] not in job}
+    assert len(tops) == 1, (k, job, tops)  # one supervisor on the node, above torchrun
+    victims = [*tops, *job]
+    for pid in victims:
+        st = tc.proc_stat(pid)
+        if st is not None and st[1] == stats[pid][1]:  # still the process we found
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return victims
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("transport", ["srun", "ssh"])
+def test_a_node_that_dies_in_an_allocation_is_fenced_and_the_run_resumes_on_the_others(
+        cluster: tc.Cluster, slurm: Any, tmp_path: Path, allocs: list[Salloc],
+        transport: str) -> None:
+    """--restarts inside a real 3-node allocation, --nnodes 2: node2's job dies as in a
+    crash (its supervisor and job SIGKILLed by pid) after the first checkpoint; dtrain
+    fences node2 and carries on from the checkpoint on node1 and the allocation's third
+    node, over srun steps or SSH; node2 goes to the lemon list; nothing left anywhere."""
+    run_id = new_id(f"{transport}-fence")
+    ck = cluster.shared_dir / run_id
+    ck.mkdir(mode=0o777)
+    ck.chmod(0o777)
+    job = Salloc(cluster, slurm, 3, run_args(
+        cluster, tmp_path, run_id, "tests/workloads/ckpt.py", "--nnodes", "2",
+        "--restarts", "2", "--restart-backoff", "0.2", "--heartbeat-timeout", "5",
+        "--transport", transport,
+        env={"CK_DIR": str(ck), "CK_STEPS": "30", "CK_STEP_SLEEP": "0.2", "CK_LITE": "1"}))
+    allocs.append(job)
+    with JobWatch(cluster, [1, 2, 3], run_id=run_id) as watch:
+        job.wait_line(r"^node1 r0: checkpoint step 5$", timeout=90)
+        killed = _crash_node(cluster, 2, run_id)
+        rc = job.wait(150)
+        watch.assert_clean(10)
+    assert rc == 0, job.output
+    out = job.output
+    assert re.search(r"node2 lost \([^)]*\): fenced, spare node3 in; attempt 2 from the last "
+                     r"checkpoint", out), out
+    resumed = re.findall(r"^(node\d) r(\d): resumed at step (\d+)$", out, re.M)
+    assert sorted((host, rank) for host, rank, _ in resumed) == [("node1", "0"),
+                                                                 ("node3", "1")], out
+    assert all(int(step) >= 5 for _, _, step in resumed), resumed
+    assert re.search(r"^node1 r0: done$", out, re.M) and re.search(r"^node3 r1: done$", out,
+                                                                   re.M), out
+    m = meta(tmp_path, run_id)
+    assert m["transport"] == transport
+    first, second = m["attempts"]
+    assert first["hosts"] == ["node1", "node2"] and first["cause"] == "node", first
+    assert [f["host"] for f in first["fenced"]] == ["node2"], first
+    assert second["hosts"] == ["node1", "node3"] and second["exit_code"] == 0, second
+    assert m["exit_code"] == 0 and [f["host"] for f in m["fenced"]] == ["node2"]
+    lemons = json.loads((Path(os.environ["XDG_STATE_HOME"]) / "dtrain" / "lemons.json")
+                        .read_text())["lemons"]
+    assert [x["host"] for x in lemons] == ["node2"] and lemons[0]["run_id"] == run_id
+    assert killed and watch.count() > len(killed)

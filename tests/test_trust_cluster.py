@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import select
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 
 import pytest
 
-from tests.util import REPO, dtrain
+from tests.util import REPO, dtrain, on_pty
 
 pytestmark = pytest.mark.ssh
 
@@ -21,28 +17,7 @@ OSC52 = "printf 'a\\033]52;c;cm0gLXJmIH4K\\007b\\n\\033[1A\\rnode2: fake\\n\\033
 
 def on_terminal(args: Sequence[str], env: Mapping[str, str], timeout: float = 60) -> bytes:
     """Run `python -m launcher ARGS` with stdout and stderr on a new pty; what it wrote."""
-    master, slave = os.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", *args], stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, env=dict(env), cwd=REPO)
-    os.close(slave)
-    out, deadline = b"", time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            out += data
-    finally:
-        os.close(master)
-        proc.wait(timeout=10)
+    _, out = on_pty([sys.executable, "-m", "launcher", *args], env, cwd=REPO, timeout=timeout)
     return out.replace(b"\r\n", b"\n")  # the pty's own ONLCR
 
 

@@ -125,3 +125,105 @@ def test_the_dry_run_shows_each_default_from_the_config_with_its_line(cluster, t
     assert f"python {cluster.python}  [--python]\n" in res.stdout
     assert "  NCCL_DEBUG=INFO  [user: --env]\n" in res.stdout
     assert "hosts node1 from -H" in res.stdout
+
+
+# ---------------------------------------------------------------- the pure parts, whole
+# (issue #25: scripts/mutate userconfig's survivors)
+
+HINT = ('the keys: hostfile, python, setup, workdir, archive_dir and an [env] table of '
+        'NAME = "value"')
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('python = "/x"\n\nhostfle = "h.txt"\n', "/c/config.toml:3: unknown key 'hostfle'"),
+    ('archive-dir = "/r"\n', "/c/config.toml:1: unknown key 'archive-dir' (did you mean "
+                             "archive_dir?)"),
+    ('Archive_Dir = "/r"\n', "/c/config.toml:1: unknown key 'Archive_Dir'"),
+    ('workdir = ""\n', "/c/config.toml:1: workdir must be a non-empty string"),
+    ('"setup" = 3\n', "/c/config.toml:1: setup must be a non-empty string"),
+    ('python = "/p"\n\n[other]\npython = 1\n', "/c/config.toml:3: unknown key 'other'"),
+    ('python = "/p"\n[ "hostfiles" . a ]\nx = 1\n', "/c/config.toml:2: unknown key 'hostfiles'"),
+    ('python = "/p"\n[[runs]]\nx = 1\n', "/c/config.toml:2: unknown key 'runs'"),
+    ('env = "A=1"\n', "/c/config.toml:1: env must be a table: [env] then NAME = \"value\" "
+                      "lines"),
+    ('python = "/x"\n[ env ]\nA = "1"\nB = 2\n', "/c/config.toml:4: env.B must be a string"),
+    ('[env]\n"1BAD" = "x"\n', "/c/config.toml:2: env.1BAD: '1BAD' is not a valid environment "
+                             "variable name"),
+    ('[env]\nA = "x\\u0000"\n', "/c/config.toml:2: env.A: "),
+    ('python = 3\n[env]\npython = "x"\n', "/c/config.toml:1: python must be a non-empty "
+                                          "string"),
+])
+def test_config_errors_whole_with_the_line_and_the_hint(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(text, Path("/c/config.toml"))
+    assert err.value.message.startswith(message), err.value.message
+    if "env.A: " not in message:
+        assert err.value.message == message
+    assert err.value.hint == HINT
+    assert err.value.exit_code == 2
+
+
+def test_bad_toml_names_the_line_without_tomllib_s_position() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse('python = "/x"\nhostfile = \n', Path("/c/config.toml"))
+    assert err.value.message.startswith("/c/config.toml:2: not valid TOML: ")
+    assert "(at line" not in err.value.message and "column" not in err.value.message
+    assert err.value.hint == ("fix the file (https://toml.io), or set DTRAIN_CONFIG= to run "
+                              "without it")
+
+
+def test_each_value_s_line_is_the_one_that_sets_it() -> None:
+    cfg = parse('# python = "/no"\n"hostfile" = "h"\npython=\'/p\'\n[env]\nA = "1"\n',
+                Path("/c/config.toml"))
+    assert cfg.lines == {"hostfile": 2, "python": 3, "env.A": 5}
+    assert cfg.where("hostfile") == "config /c/config.toml:2"
+    assert cfg.where("setup") == "config /c/config.toml"  # not set there: the file alone
+    assert cfg.env == (("A", "1"),)
+    cfg = parse('python = "/p"\n[env]\npython = "not the top one"\n', Path("/c"))
+    assert cfg.lines == {"python": 1, "env.python": 3}
+
+
+def test_where_the_state_is_when_variables_are_relative_or_unset(monkeypatch) -> None:
+    home = {"HOME": "/home/u"}
+    assert state_dir(home) == Path("/home/u/.local/state/dtrain")
+    assert state_dir({**home, "DTRAIN_STATE_DIR": "/st"}) == Path("/st")
+    assert state_dir({**home, "DTRAIN_STATE_DIR": "rel", "XDG_STATE_HOME": "/s"}) == Path(
+        "/s/dtrain")  # a relative path is ignored
+    assert state_dir({**home, "XDG_STATE_HOME": "rel"}) == Path("/home/u/.local/state/dtrain")
+    assert default_archive_dir({**home, "DTRAIN_STATE_DIR": "/st"}) == Path("/st/runs")
+    assert config_path({**home, "DTRAIN_CONFIG": "~/my.toml"}) == Path(
+        os.path.expanduser("~/my.toml"))
+    assert config_path({**home, "DTRAIN_CONFIG": "/etc/d.toml"}) == Path("/etc/d.toml")
+    monkeypatch.setenv("HOME", "/home/fallback")
+    assert config_path({}) == Path("/home/fallback/.config/dtrain/config.toml")
+    assert state_dir({"HOME": ""}) == Path("/home/fallback/.local/state/dtrain")
+    monkeypatch.setenv("DTRAIN_STATE_DIR", "/from/os/environ")
+    assert state_dir() == Path("/from/os/environ")
+    monkeypatch.setenv("DTRAIN_CONFIG", "")
+    assert config_path() is None
+
+
+def test_load_reads_the_file_and_says_what_is_wrong_with_it(tmp_path: Path) -> None:
+    from launcher.hosts.userconfig import MAX_BYTES, UserConfig, load
+    path = tmp_path / "config.toml"
+    env = {"HOME": str(tmp_path), "DTRAIN_CONFIG": str(path)}
+    assert load(env) == UserConfig()  # missing: no config
+    assert load({"DTRAIN_CONFIG": ""}) == UserConfig()
+    path.write_text('python = "/p"\n')
+    assert load(env) == UserConfig(path, {"python": "/p"}, (), {"python": 1})
+    path.write_bytes(b'python = "\xff"\n')
+    with pytest.raises(ConfigError) as err:
+        load(env)
+    assert err.value.message == f"{path}: not UTF-8 text"
+    path.write_bytes(b"#" * MAX_BYTES)
+    assert load(env) == UserConfig(path, {}, (), {})  # exactly the cap: read
+    path.write_bytes(b"#" * (MAX_BYTES + 1))
+    with pytest.raises(ConfigError) as err:
+        load(env)
+    assert err.value.message == f"{path}: larger than 1 MiB: not a config file"
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ConfigError) as err:
+        load(env)
+    assert err.value.message == f"{path}: cannot read it: Is a directory"
+    assert err.value.hint == "fix its permissions, or set DTRAIN_CONFIG= to run without it"

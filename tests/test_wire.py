@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 
 import pytest
@@ -340,3 +341,148 @@ def test_a_setup_that_succeeds_still_shapes_the_programs_environment(tmp_path):
 def test_start_failure_reads_the_shell_lines_status(status, stderr, message, kind):
     failure = wire.start_failure(status, stderr)
     assert (failure.message, failure.kind) == (message, kind)
+
+
+# ---------------------------------------------------------------- the pure parts, whole
+# (issue #25: scripts/mutate wire's survivors)
+
+def test_check_value_names_its_origin_and_says_what_to_give() -> None:
+    assert wire.check_value("-dir", "workdir") == "-dir"  # a path may start with '-'
+    with pytest.raises(UsageError) as err:
+        wire.check_value("-c", "python", python=True)
+    assert err.value.message == "python: '-c' starts with '-' (it would be read as an option)"
+    assert err.value.hint == "give a plain path (absolute, or ~/ for the remote home)"
+    with pytest.raises(UsageError) as err:
+        wire.remote_command("py\nthon")
+    assert err.value.message == "python: 'py\\nthon' contains the control character '\\n'"
+    with pytest.raises(UsageError) as err:
+        wire.remote_command("-c")
+    assert err.value.message.startswith("python: '-c' starts with '-'")
+    with pytest.raises(UsageError) as err:
+        wire.remote_command(workdir="~bob/x")
+    assert err.value.message == ("workdir: '~bob/x' uses ~name: only ~ and ~/ (the remote "
+                                 "user's own home) are understood")
+
+
+def test_shell_words_keep_the_remote_home_a_home() -> None:
+    assert wire.shell_word("~") == '"$HOME"'
+    assert wire.shell_word("~/") == '"$HOME"/'
+    assert wire.shell_word("~/my proj") == "\"$HOME\"/'my proj'"
+    assert wire.shell_word("~x") == "'~x'"
+    assert wire.shell_word("/a b") == "'/a b'"
+
+
+def test_the_interpreter_flags_per_program() -> None:
+    def exec_line(**kw: object) -> str:
+        cmd = wire.remote_command("/py", **kw)  # type: ignore[arg-type]
+        return cmd[cmd.index("exec "):].split(" -c ")[0]
+    assert exec_line() == "exec /py -u"
+    assert exec_line(stdlib_only=True) == "exec /py -u -I -S"
+    assert exec_line(no_site=True) == "exec /py -u -S"
+    assert exec_line(stdlib_only=True, no_site=True) == "exec /py -u -I -S"
+    assert "command -v python3 " in wire.remote_command()
+    assert wire.remote_command().endswith("exec python3 -u -c " + shlex.quote(wire.BOOTSTRAP))
+
+
+def test_a_workdir_the_user_may_not_enter_is_named_with_its_own_status(tmp_path) -> None:
+    """cd fails on a directory that exists (a root shell enters any, so cd is made to fail):
+    the denied message and status 96, nothing else runs."""
+    cmd = wire.remote_command("/definitely/not/python", workdir=str(tmp_path / "a b"))
+    (tmp_path / "a b").mkdir()
+    res = subprocess.run(["bash", "-c", "cd() { return 1; }\n" + cmd], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == wire.WORKDIR_DENIED == 96
+    assert res.stderr == (f"dtrain: working directory {tmp_path}/a b: permission denied on "
+                          "this node\n")
+    failure = wire.start_failure(res.returncode, res.stderr)
+    assert failure == wire.StartFailure(
+        f"working directory {tmp_path}/a b: permission denied",
+        "create it there (readable by the remote user), or pass --workdir", "workdir")
+
+
+@pytest.mark.parametrize(("status", "stderr", "failure"), [
+    # the mark found wherever it is, the 3 lines before it said, joined by "; "
+    (wire.SETUP_FAILED, "a\nb\nc\nd\ne\n" + wire.SETUP_MARK + "2\nafter\n",
+     wire.StartFailure("--setup failed (exit 2): c; d; e", wire.SETUP_HINT, "setup")),
+    (wire.SETUP_FAILED, wire.SETUP_MARK + "1\n",
+     wire.StartFailure("--setup failed (exit 1)", wire.SETUP_HINT, "setup")),
+    # a mark line with another status is not the setup's failure
+    (1, "x\n" + wire.SETUP_MARK + "1\n",
+     wire.StartFailure("probe failed: --setup failed with exit status 1 (exit 1)")),
+    (wire.PYTHON_MISSING, "", wire.StartFailure("the interpreter was not found", None, "python")),
+    (wire.PYTHON_MISSING, "dtrain: /p not found on this node (set --python or the "
+     "hostfile's python=)   \n", wire.StartFailure("/p not found", None, "python")),
+    (wire.WORKDIR_MISSING, "", wire.StartFailure(
+        "the working directory is not usable",
+        "create it there (readable by the remote user), or pass --workdir", "workdir")),
+    (0, "  indented last line\n", wire.StartFailure("probe failed:   indented last line")),
+])
+def test_start_failures_whole(status, stderr, failure) -> None:
+    assert wire.start_failure(status, stderr) == failure
+
+
+def test_payload_header_source_and_spec() -> None:
+    source = b"print(1)\n"
+    key = wire.source_key(source)
+    assert len(key) == 32
+    assert wire.payload(source) == f"9 0 {key}\n".encode() + source
+    assert wire.payload(source, {"a": [1, 2]}).endswith(b'print(1)\n{"a":[1,2]}')
+    assert wire.payload(source, {"a": [1, 2]}).startswith(f"9 11 {key}\n".encode())
+
+
+def test_the_supervisor_s_spec_travels_as_marshal_after_its_source() -> None:
+    import marshal
+    spec = {"argv": ["x"], "env": {"A": "1"}, "n": 3}
+    data = wire.supervisor_payload(spec)
+    header, _, rest = data.partition(b"\n")
+    n, m, key = header.split()
+    source = wire.program_source("supervisor")
+    assert (int(n), key.decode()) == (len(source), wire.source_key(source))
+    assert rest[:len(source)] == source
+    body = rest[len(source):]
+    assert len(body) == int(m) and body[:1] == wire.SPEC_MARSHAL
+    assert marshal.loads(body[1:]) == spec
+
+
+def test_control_lines_are_compact_json_with_the_op_first() -> None:
+    assert wire.control("signal", sig=15, ranks=[0, 1]) == (
+        b'{"op":"signal","sig":15,"ranks":[0,1]}\n')
+    assert wire.control("stop") == b'{"op":"stop"}\n'
+
+
+def test_noise_before_the_marker_goes_out_as_it_comes_bar_a_partial_marker() -> None:
+    keep = len(wire.MAGIC) - 1
+    dec = wire.FrameDecoder()
+    assert dec.feed(b"n" * (keep + 5)) == [wire.Frame(wire.KIND_NOISE, -1, b"n" * 5)]
+    assert dec.feed(b"") == []
+    assert dec.pending == keep
+    frame = wire.FRAME.pack(wire.KIND_OUT, 2, 3) + b"abc"
+    assert dec.feed(wire.MAGIC + frame) == [wire.Frame(wire.KIND_NOISE, -1, b"n" * keep),
+                                            wire.Frame(wire.KIND_OUT, 2, b"abc")]
+    dec = wire.FrameDecoder()
+    assert dec.feed(b"n" * keep) == [] and dec.pending == keep
+
+
+def test_a_frame_holding_the_marker_is_data_not_a_new_start() -> None:
+    inner = wire.FRAME.pack(wire.KIND_OUT, 0, len(wire.MAGIC)) + wire.MAGIC
+    dec = wire.FrameDecoder()
+    assert dec.feed(b"motd\n" + wire.MAGIC + inner) == [
+        wire.Frame(wire.KIND_NOISE, -1, b"motd\n"), wire.Frame(wire.KIND_OUT, 0, wire.MAGIC)]
+
+
+def test_a_second_frame_cut_short_waits_for_the_rest() -> None:
+    one = wire.FRAME.pack(wire.KIND_OUT, 0, 2) + b"ab"
+    two = wire.FRAME.pack(wire.KIND_ERR, 1, 6) + b"cdefgh"
+    dec = wire.FrameDecoder()
+    assert dec.feed(wire.MAGIC + one + two[:-3]) == [wire.Frame(wire.KIND_OUT, 0, b"ab")]
+    assert dec.pending == len(two) - 3
+    assert dec.feed(two[-3:]) == [wire.Frame(wire.KIND_ERR, 1, b"cdefgh")]
+    assert dec.pending == 0
+
+
+def test_a_control_message_that_is_not_an_object_says_so() -> None:
+    for data in (b"not json", b"[1]", b'"x"'):
+        with pytest.raises(wire.FrameError) as err:
+            wire.Frame(wire.KIND_CTL, -1, data).message()
+        assert str(err.value) == "a control message that is not a JSON object"
+    assert wire.Frame(wire.KIND_CTL, -1, b'{"op":"x"}').message() == {"op": "x"}

@@ -190,3 +190,48 @@ class StragglerRun:
         while (line := self.lines.get(timeout=10)) != "":
             self.seen.append(line)
         return "".join(self.seen)
+
+
+def on_pty(argv: Sequence[str], env: Mapping[str, str], *,
+           answers: Sequence[tuple[bytes, bytes]] = (), stdin: bool = False,
+           cwd: Path | None = None, timeout: float = 60) -> tuple[int, bytes]:
+    """Run ``argv`` with stdout and stderr on a new terminal; (exit code, what it wrote, the
+    pty's CRLFs as they are). ``stdin``: stdin on the terminal too, as the controlling
+    terminal of a new session (password prompts read it); else /dev/null. Each
+    ``(prompt, reply)`` of ``answers`` is typed once its prompt appears."""
+    import fcntl
+    import select
+    import termios
+
+    def take_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    pending = list(answers)
+    master, slave = os.openpty()
+    proc = subprocess.Popen(list(argv), stdin=slave if stdin else subprocess.DEVNULL,
+                            stdout=slave, stderr=slave, env=dict(env), cwd=cwd,
+                            preexec_fn=take_terminal if stdin else None)  # noqa: PLW1509
+    os.close(slave)
+    out, seen, deadline = b"", 0, time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            out += data
+            if pending and pending[0][0] in out[seen:]:
+                seen = len(out)
+                os.write(master, pending.pop(0)[1])
+    finally:
+        os.close(master)
+        code = proc.wait(timeout=10)
+    return code, out

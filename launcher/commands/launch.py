@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -278,8 +279,14 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                        heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
                        files=payload.files,
                        flight_recorder=flight_names(torch_versions.get(node.host.label)))
+        probes = prep.pre.probes  # the probe there becomes the supervisor: same python
+        #                           (the plan's is host.python or req.python, as the probe's),
+        #                           workdir and setup
+        adopt = functools.partial(probes.become, node.host.label, req.workdir) \
+            if probes is not None else None
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
-                                               setup=req.setup, node_rank=node.node_rank)
+                                               setup=req.setup, node_rank=node.node_rank,
+                                               adopt=adopt)
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
                     fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0,
                     hangup_stops=detacher is None)

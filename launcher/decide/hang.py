@@ -8,7 +8,11 @@ any line counts as progress: a job whose lines the pattern does not know is judg
 silence, not declared hung for printing the wrong words.
 
 Times are the launcher's arrival times (OutputLine.t); the clock is passed in, so the rules
-are unit-tested without waiting.
+are unit-tested without waiting. The stall is counted in the launcher's own running time, as
+a node's silence is (decide/liveness.py): the hang watch's tick knows when it was due, and a
+late tick means the launcher itself was not running (SIGSTOP, a starved loop), a stretch
+that is not the ranks' stall; and what the ranks printed meanwhile may still be unread when
+that late tick runs, so a late tick declares a hang only past one more tick. docs/hangs.md.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from launcher.decide.liveness import Silence
 from launcher.errors import UsageError
 from launcher.models import OutputLine
 
@@ -78,6 +83,10 @@ class ProgressWatch:
         self.last: float = start  # the job's last progress
         self.last_text: str | None = None
         self.last_rank: int | None = None
+        # the launcher's own stalls since the baseline (decide/liveness.py; timeout 0: it
+        # only measures), and the margin of the last look (one tick when it came late)
+        self._own = Silence(0.0, start)
+        self.margin = 0.0
 
     def observe(self, lines: Sequence[OutputLine]) -> None:
         search = self.pattern.search
@@ -107,8 +116,23 @@ class ProgressWatch:
         """Since when the job has made no progress."""
         return self.last if self.any_progress else max(self.last_any, self.start)
 
+    def _since(self) -> Silence:
+        base = self.baseline()
+        if base != self._own.heard_at:  # new progress: earlier stalls of ours do not count
+            self._own.heard(base)
+        return self._own
+
+    def look(self, now: float, due: float, interval: float) -> None:
+        """The hang watch's tick at ``now``, due at ``due``: one later than the slack was the
+        launcher's own stall (not counted), and it may run before the lines the ranks
+        printed meanwhile are read: it may declare a hang only past one more ``interval``."""
+        own = self._since()
+        own.look(now, due, interval)
+        self.margin = interval if own.late(now, due) else 0.0
+
     def stalled_for(self, now: float) -> float:
-        return max(0.0, now - self.baseline())
+        """No progress for this long, in the launcher's own running time."""
+        return self._since().silent(now)
 
     def json(self) -> dict[str, dict[str, object]]:
         """meta.json ``progress``: per rank, its last line and last progress times."""
@@ -127,4 +151,4 @@ def hang_due(watch: ProgressWatch, now: float, policy: HangPolicy, *, all_alive:
     if declared is not None and watch.baseline() <= declared:
         return False
     limit = policy.timeout if watch.any_line else max(policy.timeout, policy.startup_grace)
-    return watch.stalled_for(now) >= limit
+    return watch.stalled_for(now) >= limit + watch.margin

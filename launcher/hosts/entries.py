@@ -32,6 +32,12 @@ YAML_HOST_KEYS = ("env", "host", "port", "python", "slots", "user")
 # --include/--exclude, `dtrain logs --host`): checked before each range is built, so a typo
 # like node[1-100000000] fails at once instead of eating seconds and memory
 MAX_HOSTS = 65536
+# the cap on one host's slots (its processes): more than any node's GPUs or cores; a typo
+# like slots=80000000 is refused with file:line instead of starting that many ranks
+MAX_SLOTS = 4096
+# digit strings longer than this are over every cap here (ports, slots) without reading
+# them: int() refuses more than 4,300 digits, a traceback otherwise
+_MAX_DIGITS = 20
 
 _LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.ASCII)
@@ -110,7 +116,8 @@ def _first(value: Any, default: Any) -> Any:
 def _integer(value: object) -> int | None:
     """An int, or a string of plain digits; never a bool (YAML's yes/no)."""
     if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
+        digits = value.lstrip("0") or "0"
+        return int(digits) if len(digits) <= _MAX_DIGITS else 10 ** _MAX_DIGITS
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return None
@@ -126,11 +133,21 @@ def _port(value: object, ctx: _Ctx) -> int:
 
 
 def _slots(value: object, ctx: _Ctx) -> int:
-    """Processes per host: a positive integer."""
+    """Processes per host: a positive integer, at most MAX_SLOTS."""
     number = _integer(value)
-    if number is not None and number > 0:
+    if number is not None and 0 < number <= MAX_SLOTS:
         return number
+    if number is not None and number > MAX_SLOTS:
+        raise ctx.error(f"slots={_short(value)} is more than {MAX_SLOTS} (the cap on one "
+                        "host's processes)", hint="slots is the processes on that host, "
+                        "e.g. its GPU count: slots=8")
     raise ctx.error(f"slots must be a positive integer, got {value!r}", hint="e.g. slots=8")
+
+
+def _short(value: object) -> str:
+    """A value as written, its middle cut when it is long (a 5,000-digit typo)."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:10]}...{text[-10:]} ({len(text)} digits)"
 
 
 def _user(value: object, ctx: _Ctx) -> str:

@@ -83,13 +83,17 @@ class UserConfig:
 
 
 def _line_of(text: str, key: str, section: str | None = None) -> int | None:
-    """The line that sets ``key`` (in ``[section]``, or at the top level)."""
+    """The line that sets ``key`` (in ``[section]``, or at the top level; a top-level key
+    may also be a table's header: ``[other]``, ``[[other]]``, ``[ "other".x ]``)."""
     current: str | None = None
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
-        header = re.fullmatch(r"\[\s*([^\]]+?)\s*\]", stripped)
+        header = re.fullmatch(r"\[\[?\s*([^\]]+?)\s*\]\]?", stripped)
         if header:
             current = header.group(1)
+            first = current.split(".")[0].strip().strip("\"'")
+            if section is None and first == key:
+                return number
             continue
         if current == section and re.match(rf"""["']?{re.escape(key)}["']?\s*=""", stripped):
             return number

@@ -141,8 +141,10 @@ class HangWatch:
     async def run(self) -> None:
         """Check once every TICK_S until cancelled (when the job is over)."""
         while True:
+            due = self.clock() + TICK_S
             await asyncio.sleep(TICK_S)
             now = self.clock()
+            self.watch.look(now, due, TICK_S)  # a late tick: the launcher's stall, not theirs
             alive = len(self.started) >= self.world and self.alive()
             if hang_due(self.watch, now, self.policy, all_alive=alive,
                         declared=self.declared):

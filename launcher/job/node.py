@@ -83,8 +83,12 @@ class NodeSession:
     def __init__(self, conn: Connection, spec: JobSpec, *, python: str = "python3",
                  workdir: str | None = None, setup: str | None = None,
                  on_chunk: ChunkSink, on_event: EventSink,
-                 backpressure: Callable[[], Awaitable[None]] | None = None) -> None:
+                 backpressure: Callable[[], Awaitable[None]] | None = None,
+                 adopt: Callable[[], Awaitable[Process | None]] | None = None) -> None:
         self.conn = conn
+        # a process already running the supervisor's interpreter there (the preflight's
+        # probe, turned into it: job/probes.py become); None from it: started as usual
+        self.adopt = adopt
         # awaited between reads: an output sink that never drops (exec) slows the reads
         # instead, which the SSH window carries back to the node like pdsh's pipes do
         self.backpressure = backpressure
@@ -154,7 +158,9 @@ class NodeSession:
         cmd = wire.remote_command(self.python, workdir=self.workdir, setup=self.setup,
                                   stdlib_only=True)
         try:
-            self.proc = await self.conn.start(cmd)
+            self.proc = await self.adopt() if self.adopt is not None else None
+            if self.proc is None:
+                self.proc = await self.conn.start(cmd)
             await self._send(wire.supervisor_payload(self.spec.wire()))
         except ConnectError as exc:
             self.started.set()

@@ -23,7 +23,7 @@ import contextlib
 import enum
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,7 +32,7 @@ from launcher.job.limits import ensure_nofile
 from launcher.job.node import JobSpec, NodeOutcome, NodeSession
 from launcher.models import Host
 from launcher.output.pipeline import OutputPipeline
-from launcher.transports.base import Connection, Transport
+from launcher.transports.base import Connection, Process, Transport
 
 STOP_MARGIN = 5.0  # beyond the grace period, for the supervisors to report the end
 KILL_MARGIN = 5.0
@@ -57,6 +57,9 @@ class NodeLaunch:
     workdir: str | None = None
     setup: str | None = None
     node_rank: int | None = None
+    # the supervisor's interpreter already running there (the preflight's probe turned into
+    # it, NodeSession.adopt); None from it, or no adopt: started on a new channel
+    adopt: Callable[[], Awaitable[Process | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -437,7 +440,8 @@ class Job:
                                   workdir=launch.workdir, setup=launch.setup,
                                   on_chunk=self.router.chunk,
                                   on_event=lambda h, m: self._rank_event(h, m, tg),
-                                  backpressure=getattr(self.router, "backpressure", None))
+                                  backpressure=getattr(self.router, "backpressure", None),
+                                  adopt=launch.adopt)
             self.sessions[label] = session
             outcome = await session.run()
             if outcome.error and not outcome.lost and outcome.exit_code is None:

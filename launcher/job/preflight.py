@@ -33,6 +33,10 @@ class Preflight:
     master_port: int = 29500
     master_reason: str = ""
     warnings: list[str] = field(default_factory=list)
+    # every node's probe, still running once the preflight is over: each becomes its node's
+    # supervisor (NodeProbes.become); whoever holds the connections ends the rest
+    # (NodeProbes.aclose, job/prepare.py) before they close
+    probes: NodeProbes | None = None
 
 
 # -- probing: one probe per node (job/probes.py) -----------------------------------------------
@@ -116,9 +120,16 @@ async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: Ru
     """Probe, choose and validate the master: one probe program per node throughout."""
     probes = NodeProbes(req, opts.probe_timeout)
     try:
-        return await _preflight(probes, conns, hosts, req, opts)
-    finally:
+        pre = await _preflight(probes, conns, hosts, req, opts)
+        # node 0's probe closes the master port now, before torchrun binds it
+        await probes.ask(hosts[0].label, {"op": "unlisten"})
+    except BaseException:
         await probes.aclose()
+        raise
+    # the probes stay: each becomes its node's supervisor (issue 26: no new channel, shell,
+    # --setup and interpreter per node before the first rank line)
+    pre.probes = probes
+    return pre
 
 
 async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Sequence[Host],

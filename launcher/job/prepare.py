@@ -68,12 +68,16 @@ async def prepare(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     async with auto:
         conns, errors = await connect_all(auto, hosts, fanout=opts.fanout,
                                           timeout=settings.connect_timeout)
+        pre = None
         try:
             if errors:
                 raise unreachable_error(hosts, errors)
             pre = await preflight(conns, hosts, req, opts)
             yield Prepared(hosts, auto, choice, conns, pre)
         finally:
+            if pre is not None and pre.probes is not None:
+                with contextlib.suppress(Exception):
+                    await pre.probes.aclose()  # the probes no supervisor was made of
             for conn in conns.values():
                 with contextlib.suppress(Exception):
                     await conn.aclose()

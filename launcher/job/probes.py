@@ -23,6 +23,7 @@ from launcher.decide.facts import NodeFacts, Route
 from launcher.decide.plan import RunRequest
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
 from launcher.job.remote import read_json_line, start_program
+from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
 
 CLOSE_S = 5.0  # bound on the probes' exit after EOF
@@ -118,10 +119,29 @@ class NodeProbes:
         await gather_named({label: one(label) for label in facts})
         return out
 
-    async def aclose(self) -> None:
-        """End every probe: EOF on its stdin (a listening port is released), its exit
-        awaited for at most CLOSE_S, then the channel dropped."""
-        procs, self._procs = list(self._procs.values()), {}
+    async def become(self, label: str, workdir: str | None) -> Process | None:
+        """The node's probe turned into its supervisor's interpreter (probe.py ``become``:
+        an exec in the working directory, under the shell, --setup and channel the probe
+        ran with), ready for the supervisor's payload; None when there is no probe left
+        there or it refused (that probe is ended: start the supervisor as usual)."""
+        proc = self._procs.get(label)
+        if proc is None:
+            return None
+        try:
+            got = await self.ask(label, {"op": "become", "workdir": workdir,
+                                         "bootstrap": wire.BOOTSTRAP})
+        except DtrainError:
+            got = {}
+        if got.get("ok") and self._procs.pop(label, None) is proc:
+            return proc
+        await self.aclose(only=[label])
+        return None
+
+    async def aclose(self, only: Sequence[str] | None = None) -> None:
+        """End every probe (``only``: these nodes' probes): EOF on its stdin (a listening
+        port is released), its exit awaited for at most CLOSE_S, then the channel dropped."""
+        labels = list(self._procs) if only is None else [h for h in only if h in self._procs]
+        procs = [self._procs.pop(label) for label in labels]
 
         async def end(proc: Process) -> None:
             try:

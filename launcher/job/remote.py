@@ -18,10 +18,12 @@ async def start_program(conn: Connection, name: str, params: Mapping[str, Any], 
     """Ship a node program and its params line; the caller reads its output.
 
     Only the probe's facts mode reads site-packages (package versions): the port checks
-    start without site, which is faster.
+    start isolated without site, which is faster; the facts mode starts without site too
+    and runs it itself, as far as it needs it (nodeside/probe.py load_site).
     """
-    stdlib_only = params.get("mode", "facts") != "facts"
-    proc = await conn.start(wire.remote_command(python, setup=setup, stdlib_only=stdlib_only))
+    facts = params.get("mode", "facts") == "facts"
+    proc = await conn.start(wire.remote_command(python, setup=setup, stdlib_only=not facts,
+                                                no_site=facts))
     body = json.dumps(dict(params)).encode() + b"\n"
     try:
         await proc.write(wire.payload(wire.program_source(name)) + body)

@@ -18,8 +18,12 @@ Modes (``params["mode"]``):
 whole preflight): after the facts the program stays, reads one JSON op a line from stdin
 and answers each with one JSON line, until EOF: ``{"op": "routes", "targets"}`` → the route
 to each (``{"ok", "routes"}``); ``{"op": "listen", "addr", "port"}`` → ``listen``'s answer,
-and the port stays bound, its connections accepted and closed, until EOF;
-``{"op": "connect", ...}`` → ``connect``'s answer.
+and the port stays bound, its connections accepted and closed, until EOF or
+``{"op": "unlisten"}`` (answered ``{"ok": true}`` once the port is closed: the launcher
+starts the job without waiting for the probes' exits); ``{"op": "connect", ...}`` →
+``connect``'s answer.
+``{"op": "become", "workdir", "bootstrap"}``: the probe's process becomes the job's
+supervisor (``become``: an exec, answered ``{"ok": true}`` just before it).
 
 Every file is read through a ``root`` prefix and every command through an injectable runner
 (``System``), so tests point the readers at fake sysfs trees instead of patching ``open``.
@@ -59,6 +63,9 @@ EXTRA_FILES = (
     "/sys/module/nvidia_peermem",
 )
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# the environment the shell (after --setup) gave us, before site or anything else ran: what
+# a supervisor started by that shell would get (``become``)
+START_ENV = dict(os.environ)
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -506,6 +513,52 @@ def read_packages(path: list[str] | None = None) -> Json:
     return out
 
 
+def _pth_paths(sitedir: str, name: str, known_paths: Any) -> Any:
+    """site.addpackage without its import lines: the directories a .pth file names."""
+    import site
+
+    if known_paths is None:  # as site's own: None means "the paths on sys.path now"
+        return site.addpackage(sitedir, name, known_paths)
+    try:
+        with open(os.path.join(sitedir, name)) as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError):
+        return known_paths
+    for line in lines:
+        if line.startswith("#") or not line.strip() or line.startswith(("import ", "import\t")):
+            continue
+        path, case = site.makepath(sitedir, line.rstrip())
+        if case not in known_paths and os.path.exists(path):
+            sys.path.append(path)
+            known_paths.add(case)
+    return known_paths
+
+
+def load_site(full: bool) -> bool:
+    """sys.path as the job's interpreter has it, for a probe started with -S (site not run).
+
+    site's .pth files run code (their import lines: editable installs' finders, setuptools'
+    distutils hack, ...): ~50 ms of every node's probe, and read_packages only needs the
+    directories. ``full`` (a module entry, which importlib's finders look up, an editable
+    install's finder too) runs site as the interpreter would; otherwise site runs with the
+    .pth files' import lines skipped. False when site had run already (no -S).
+    """
+    if not sys.flags.no_site:
+        return False
+    import site
+
+    if full:
+        site.main()
+        return True
+    saved = site.addpackage
+    site.addpackage = _pth_paths  # type: ignore[assignment]
+    try:
+        site.main()
+    finally:
+        site.addpackage = saved
+    return True
+
+
 def read_gpus(sys_: System) -> Json:
     """GPU count from the driver's proc tree (else /dev/nvidiaN) and the driver version."""
     gpus = listdir(sys_.path("/proc/driver/nvidia/gpus"))
@@ -632,6 +685,8 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
     out.update(_section(errors, "user", read_user, {}))
     out["python"] = {"version": "{}.{}.{}".format(*sys.version_info[:3]),
                      "executable": sys.executable, "implementation": sys.implementation.name}
+    entry = params.get("entry")
+    _section(errors, "site", lambda: load_site(bool(entry and entry.get("module"))), False)
     if params.get("python_check", True):
         out["packages"] = _section(errors, "packages", read_packages, {})
     ifaces = _section(errors, "interfaces", lambda: read_interfaces(sys_), [])
@@ -741,6 +796,39 @@ def routes_to(targets: Iterable[Any] | None, sys_: System | None = None) -> Json
     return read_routes(sys_, targets, ifaces, proc_routes)
 
 
+def become(op: Json, rest: bytes, stream: TextIO | None = None) -> Json:
+    """The ``become`` op: this process turns into the job's supervisor interpreter, an exec
+    of ``python -u -I -S -c BOOTSTRAP`` (the op's) in the working directory, with the
+    environment this probe started with (the shell's, after --setup) and PWD/OLDPWD as the
+    shell's ``cd`` sets them: what a supervisor started by that shell line gets, without a
+    new channel, shell and --setup (issue 26). Answers ``{"ok": true}`` just before the
+    exec (the launcher then sends the supervisor's payload); an error answer and the probe
+    stays otherwise. Never returns when it worked."""
+    boot = op.get("bootstrap")
+    if not isinstance(boot, str) or not sys.executable or rest:
+        return {"ok": False, "error": "become: no bootstrap, no sys.executable, or input "
+                                      "after the op"}
+    env = dict(START_ENV)
+    workdir = op.get("workdir")
+    if workdir:
+        old = env.get("PWD") or os.getcwd()
+        path = os.path.expanduser(str(workdir))
+        logical = os.path.normpath(os.path.join(old, path))
+        try:
+            os.chdir(path)
+        except OSError as exc:
+            return {"ok": False, "error": f"become: cd {workdir}: {exc}"}
+        env["OLDPWD"], env["PWD"] = old, logical
+    argv = [sys.executable, "-u", "-I", "-S", "-c", boot]
+    _emit({"ok": True}, stream)
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as exc:  # the answer is out: fail as a supervisor that did not start
+        sys.stderr.write(f"dtrain: cannot start the supervisor ({sys.executable}): {exc}\n")
+        os._exit(127)
+    return {}  # not reached
+
+
 def stay(stdin_fd: int = 0, stream: TextIO | None = None, sys_: System | None = None) -> int:
     """After the facts: one JSON op a line until EOF (routes, listen, connect; see the
     module's docstring). A bound listen socket accepts (and closes) while we wait."""
@@ -780,6 +868,16 @@ def stay(stdin_fd: int = 0, stream: TextIO | None = None, sys_: System | None = 
                     _emit(answer, stream)
                 elif kind == "connect":
                     connect(op, stream)
+                elif kind == "become":
+                    if srv is not None:
+                        srv.close()
+                        srv = None
+                    _emit(become(op, buf, stream), stream)
+                elif kind == "unlisten":  # the port is free once this is answered
+                    if srv is not None:
+                        srv.close()
+                        srv = None
+                    _emit({"ok": True}, stream)
                 else:
                     _emit({"ok": False, "error": f"unexpected op {kind!r}"}, stream)
     finally:

@@ -138,14 +138,17 @@ def _say(template: str, value: str) -> str:
 
 
 def remote_command(python: str = "python3", *, workdir: str | None = None,
-                   setup: str | None = None, stdlib_only: bool = False) -> str:
+                   setup: str | None = None, stdlib_only: bool = False,
+                   no_site: bool = False) -> str:
     """The shell command line that starts a node program under the remote user's shell.
 
     Remote shells are non-login shells: nothing may depend on .bashrc, so the setup snippet
     (``source venv/bin/activate``, ``module load``) runs first, in the same shell, and the
     program is exec'd so no shell lingers between sshd and the supervisor.
     ``stdlib_only`` is for the supervisor, which needs nothing from site-packages (the probe
-    does: it reads installed package versions).
+    does: it reads installed package versions). ``no_site`` is for the probe's facts: it
+    starts without site and runs site itself, minus the .pth files' import lines unless it
+    needs them (nodeside/probe.py load_site).
 
     Every value (workdir, python) is one quoted word, also in the error messages, which
     print it with ``printf '%s'``. The only shell code on the line is the fixed text here
@@ -174,7 +177,7 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     # -S skips site (.pth files, site-packages): ~50 ms per node for a stdlib-only program;
     # -I (isolated: -E -s, and no '' on sys.path) keeps PYTHONPATH and the working
     # directory's files from shadowing the standard library it needs (a select.py there)
-    flags = "-u -I -S" if stdlib_only else "-u"
+    flags = "-u -I -S" if stdlib_only else "-u -S" if no_site else "-u"
     parts.append(f"exec {py} {flags} -c {shlex.quote(BOOTSTRAP)}")
     return "\n".join(parts)
 

@@ -41,7 +41,7 @@ from launcher.output.rundir import (
     RunDir,
     has_entry,
     open_archive_dir,
-    open_regular,
+    open_in_run,
     open_run_dir,
     owner_of,
     read_capped,
@@ -116,13 +116,7 @@ def read_meta(run_dir: Path, owner: int | None = None) -> dict[str, Any]:
 
 def open_output(run_dir: Path, owner: int | None = None) -> int | None:
     """output.jsonl opened for reading (the readers' checks), or None."""
-    dirfd = open_run_dir(run_dir, owner)
-    if dirfd is None:
-        return None
-    try:
-        return open_regular(dirfd, OUTPUT)
-    finally:
-        os.close(dirfd)
+    return open_in_run(run_dir, OUTPUT, owner)
 
 
 class RunArchive:

@@ -244,6 +244,18 @@ def open_regular(dirfd: int, name: str) -> int | None:
     return fd
 
 
+def open_in_run(run_dir: Path, name: str, owner: int | None = None) -> int | None:
+    """``name`` in a run directory opened for reading, with both checks (``open_run_dir``,
+    ``open_regular``); None when refused or missing."""
+    dirfd = open_run_dir(run_dir, owner)
+    if dirfd is None:
+        return None
+    try:
+        return open_regular(dirfd, name)
+    finally:
+        os.close(dirfd)
+
+
 def read_capped(dirfd: int, name: str, cap: int) -> bytes | None:
     """A small file's bytes (``open_regular``'s checks); None when refused, missing or
     larger than ``cap``."""

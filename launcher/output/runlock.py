@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.output.rundir import RunDir, open_regular, open_run_dir
+from launcher.output.rundir import RunDir, open_in_run
 
 LOCK = "launcher.lock"
 LOCK_VERSION = 1
@@ -77,13 +77,7 @@ class LauncherLock:
 
 
 def _open_lock(run_dir: Path, owner: int | None) -> int | None:
-    dirfd = open_run_dir(run_dir, owner)
-    if dirfd is None:
-        return None
-    try:
-        return open_regular(dirfd, LOCK)
-    finally:
-        os.close(dirfd)
+    return open_in_run(run_dir, LOCK, owner)
 
 
 def probe(run_dir: Path, owner: int | None = None) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import glob
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO
 
 from launcher.errors import TransferError
@@ -121,16 +121,15 @@ class LocalFileSystem(FileSystem):
         return os.path.expanduser("~")
 
     async def lstat(self, path: str) -> FileStat | None:
-        try:
-            return _fstat(os.lstat(path))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise TransferError(exc.strerror or str(exc), path=path, host=self._host) from exc
+        return self._stat(os.lstat, path)
 
     async def stat(self, path: str) -> FileStat | None:
+        return self._stat(os.stat, path)
+
+    def _stat(self, call: Callable[[str], os.stat_result], path: str) -> FileStat | None:
+        """``call(path)`` (os.stat or os.lstat); None when nothing is there."""
         try:
-            return _fstat(os.stat(path))
+            return _fstat(call(path))
         except FileNotFoundError:
             return None
         except OSError as exc:

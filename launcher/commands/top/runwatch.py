@@ -20,7 +20,7 @@ from launcher.decide.hang import compile_progress
 from launcher.decide.steprate import StepRate
 from launcher.models import Host
 from launcher.output.archive import read_meta
-from launcher.output.rundir import open_regular, open_run_dir
+from launcher.output.rundir import open_in_run
 from launcher.output.runstate import run_status
 from launcher.output.samplelog import SAMPLES
 
@@ -65,13 +65,7 @@ class Tail:
     def _open(self) -> int | None:
         """The file, with the archive readers' checks (this user's regular file, no
         symlink followed: output/rundir.py)."""
-        dirfd = open_run_dir(self.path.parent)
-        if dirfd is None:
-            return None
-        try:
-            return open_regular(dirfd, self.path.name)
-        finally:
-            os.close(dirfd)
+        return open_in_run(self.path.parent, self.path.name)
 
     def lines(self) -> list[bytes]:
         fd = self._open()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import cast
 
 import asyncssh
@@ -47,16 +47,17 @@ class SFTPFileSystem(FileSystem):
             return await self._sftp.realpath(".")
 
     async def lstat(self, path: str) -> FileStat | None:
-        with map_sftp_errors(self._label, path):
-            try:
-                return _sftp_stat(await self._sftp.lstat(path))
-            except asyncssh.SFTPNoSuchFile:
-                return None
+        return await self._stat(self._sftp.lstat, path)
 
     async def stat(self, path: str) -> FileStat | None:
+        return await self._stat(self._sftp.stat, path)
+
+    async def _stat(self, call: Callable[[str], Awaitable[asyncssh.SFTPAttrs]], path: str
+                    ) -> FileStat | None:
+        """``call(path)`` (the SFTP stat or lstat); None when nothing is there."""
         with map_sftp_errors(self._label, path):
             try:
-                return _sftp_stat(await self._sftp.stat(path))
+                return _sftp_stat(await call(path))
             except asyncssh.SFTPNoSuchFile:
                 return None
 
