@@ -3,7 +3,7 @@ running (pure; the cluster half is tests/test_failures.py's SIGSTOP tests)."""
 
 from __future__ import annotations
 
-from launcher.decide.liveness import Silence, launcher_timeout
+from launcher.decide.liveness import LOST, RECONNECT, Silence, launcher_timeout, sampler_verdict
 
 
 def looks(silence: Silence, start: float, until: float, interval: float,
@@ -150,3 +150,46 @@ def test_the_nodes_wait_for_the_launcher_is_three_timeouts_whatever_the_timeout(
     assert launcher_timeout(0.5) == 1.5
     assert launcher_timeout(1.0) == 3.0
     assert launcher_timeout(-1.0) == 0.0  # no heartbeat: never
+
+
+def top_looks(silence: Silence, start: float, until: float,
+              stop: tuple[float, float] | None = None,
+              samples: tuple[float, ...] = ()) -> list[tuple[float, str]]:
+    """`dtrain top`'s looks every 1 s (lost after 5 s, reconnect after 15 s); a sample at
+    each time in ``samples`` (read at the first look after it); a stop (from, to) delays
+    the look due in it to ``to``. The (time, verdict) of each look that is not None."""
+    due, out, pending = start + 1.0, [], sorted(samples)
+    while due <= until:
+        now = stop[1] if stop is not None and stop[0] <= due < stop[1] else due
+        while pending and pending[0] <= due:  # read before the look (a late look: after)
+            if now == due:
+                silence.heard(pending[0])
+            pending.pop(0)
+        verdict = sampler_verdict(silence, now, due, 1.0, lost_after=5.0, reconnect_after=15.0)
+        if verdict is not None:
+            out.append((now, verdict))
+        due = now + 1.0
+    return out
+
+
+def test_top_shows_a_silent_node_lost_then_reconnects() -> None:
+    got = top_looks(Silence(0.0, heard_at=0.0), 0.0, 16.0)
+    assert got[0] == (6.0, LOST) and got[-1] == (16.0, RECONNECT), got
+
+
+def test_a_stopped_top_finds_no_node_lost_when_it_resumes() -> None:
+    """`dtrain top` stopped 30 s (past lost and reconnect) while every node sampled each
+    second: the late look runs before the backlog is read: no verdict, then the samples."""
+    s = Silence(0.0, heard_at=10.0)
+    assert top_looks(s, 10.0, 60.0, stop=(11.0, 41.0),
+                     samples=tuple(float(t) for t in range(11, 61))) == []
+    # the old judgement, wall time since the last sample, saw 31 s of silence: a reconnect
+    assert 41.0 - 10.0 > 15.0
+
+
+def test_a_node_that_died_while_top_was_stopped_is_lost_in_top_s_running_time() -> None:
+    """The node's last sample at 10, top stopped 11..41: its silence at 41 is 1 s; it shows
+    lost past 5 s of top's running time (46), dropped past 15 s (56), not at 41."""
+    got = top_looks(Silence(0.0, heard_at=10.0), 10.0, 60.0, stop=(11.0, 41.0))
+    assert got[0] == (46.0, LOST), got
+    assert [t for t, v in got if v == RECONNECT][0] == 56.0, got

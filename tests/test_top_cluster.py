@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -271,6 +272,32 @@ def test_a_node_that_drops_shows_as_lost_and_the_view_goes_on(six):
         tmux.wait(lambda s: "DTRAIN-TOP-EXIT=0" in s)
     finally:
         tmux.close()
+
+
+def test_a_stopped_top_finds_no_node_lost_when_it_resumes(cluster):
+    """`dtrain top` itself is SIGSTOPped 20 s (past its lost 5 s and reconnect 15 s; under
+    the nodes' 30 s wait for it) while the nodes go on sampling: SIGCONTed, no node is shown
+    lost or reconnected, its own stop is not their silence (decide/liveness.py)."""
+    from tests.test_failures import Dtrain
+
+    job = Dtrain(cluster, ["top", "-H", "node[1-2]", "--count", "36", "--interval", "0.5",
+                           "--no-gpu"])
+    try:
+        job.wait_line(r"^node2\s+ok\b", timeout=60, count=3)
+        job.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(20.0)
+        finally:
+            job.proc.send_signal(signal.SIGCONT)
+        assert job.proc.wait(90) == 0, job.output
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    out = job.output
+    states = [(m.group(1), m.group(2)) for m in re.finditer(r"^(node[12])\s+(\S+)", out, re.M)]
+    first_ok = next(i for i, (_, st) in enumerate(states) if st == "ok")
+    after = states[first_ok + 2:]
+    assert len(after) > 20 and all(st == "ok" for _, st in after), out
 
 
 # -- a run, followed from another shell: detached, or in the foreground of its own terminal --

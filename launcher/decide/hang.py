@@ -128,7 +128,7 @@ class ProgressWatch:
         printed meanwhile are read: it may declare a hang only past one more ``interval``."""
         own = self._since()
         own.look(now, due, interval)
-        self.margin = interval if now - due > own.slack else 0.0
+        self.margin = interval if own.late(now, due) else 0.0
 
     def stalled_for(self, now: float) -> float:
         """No progress for this long, in the launcher's own running time."""

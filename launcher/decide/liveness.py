@@ -37,16 +37,41 @@ class Silence:
         """The node's silence so far, less the time the launcher itself was not running."""
         return max(0.0, now - self.heard_at - self.stalled)
 
+    def late(self, now: float, due: float) -> bool:
+        """A look at ``now`` due at ``due`` came late: the launcher was not running."""
+        return now - due > self.slack
+
     def look(self, now: float, due: float, interval: float) -> bool:
         """A look at ``now`` that was due at ``due`` (the tick's sleep ended then): is the
         node lost? The lateness past ``slack`` is the launcher's own stall: not counted."""
-        late = now - due > self.slack
+        late = self.late(now, due)
         if late:
             # the stall [due, now], as far as it lies after the last time we heard the node
             self.stalled += max(0.0, now - max(due, self.heard_at))
         if self.timeout <= 0:
             return False
         return self.silent(now) > self.timeout + (interval if late else 0.0)
+
+
+# `dtrain top`'s verdicts on one node's sampler channel (launcher/job/sampling.py)
+LOST, RECONNECT = "lost", "reconnect"
+
+
+def sampler_verdict(silence: Silence, now: float, due: float, interval: float, *,
+                    lost_after: float, reconnect_after: float) -> str | None:
+    """`dtrain top`'s look at one node's samples at ``now`` (due at ``due``; the silence is
+    heard at each sample, and a sampler not yet started has its grace in the thresholds):
+    RECONNECT past ``reconnect_after``, LOST past ``lost_after``, else None. Counted in the
+    launcher's own running time, as ``Silence.look``: a stopped or starved ``dtrain top``
+    does not find every node lost when it resumes."""
+    margin = interval if silence.late(now, due) else 0.0
+    silence.look(now, due, interval)
+    silent = silence.silent(now)
+    if silent > reconnect_after + margin:
+        return RECONNECT
+    if silent > lost_after + margin:
+        return LOST
+    return None
 
 
 # how many heartbeat timeouts a node waits for the launcher before it gives up on it

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.decide.liveness import LOST as LIVENESS_LOST
+from launcher.decide.liveness import RECONNECT, Silence, sampler_verdict
 from launcher.errors import DtrainError
 from launcher.job.orchestrate import connect_one
 from launcher.job.remote import start_program
@@ -251,21 +253,30 @@ async def _watch(conn: Connection, params: SamplerParams, on_sample: SampleSink,
         on_sample(host, msg)
 
     sampler = NodeSampler(conn, params, sample, python=python)
-    started = time.monotonic()
+    # the node's silence in the launcher's own running time (decide/liveness.py)
+    silence = Silence(0.0, time.monotonic())
+    interval = min(1.0, policy.lost_after / 2)
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(sampler.run(), name=f"{label}:sampler")
         while not task.done():
-            await asyncio.wait([task], timeout=min(1.0, policy.lost_after / 2))
+            due = time.monotonic() + interval
+            await asyncio.wait([task], timeout=interval)
             if task.done():
                 break
+            if sampler.last_sample > silence.heard_at:
+                silence.heard(sampler.last_sample)
             # before its first sample the sampler may take connect_timeout to start
             grace = 0.0 if sampler.last_sample else policy.connect_timeout
-            silent = time.monotonic() - (sampler.last_sample or started)
-            if silent > policy.reconnect_after + grace:
+            now = time.monotonic()
+            verdict = sampler_verdict(silence, now, due, interval,
+                                      lost_after=policy.lost_after + grace,
+                                      reconnect_after=policy.reconnect_after + grace)
+            silent = silence.silent(now)
+            if verdict == RECONNECT:
                 sampler.abort()
                 task.cancel()
                 return f"no sample for {silent:.0f} s (node or network down)"
-            if silent > policy.lost_after + grace and shown[0] != LOST:
+            if verdict == LIVENESS_LOST and shown[0] != LOST:
                 shown[0] = LOST
                 on_state(label, LOST, f"no sample for {silent:.0f} s")
     return task.result()
