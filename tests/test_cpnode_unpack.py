@@ -307,3 +307,204 @@ def test_large_files_handed_back_by_the_broadcaster_go_in_a_second_apply(
     assert res.errors == [] and res.sent == 5, res
     same(src, dest / "proj")
     assert temps(dest) == []
+
+
+# ---------------------------------------------------------------- the node side, whole
+# cpnode's in-process functions compared whole (issue #25, the mutation score of cpnode.py):
+# the tree rows, the diff, every refusal's words, each op's answer and the serve loop's.
+
+
+def _serve(u: cpnode.Unpacker, timeout: float) -> tuple[int, list[Any]]:
+    out = io.StringIO()
+    real = cpnode.sys.stdout
+    cpnode.sys.stdout = out
+    try:
+        rc = u.serve(timeout)
+    finally:
+        cpnode.sys.stdout = real
+    return rc, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_walk_rows_whole(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    (root / "d").mkdir(parents=True)
+    (root / "a").write_bytes(b"abc")
+    os.chmod(root / "a", 0o640)
+    (root / "d" / "b").write_bytes(b"12345")
+    os.symlink("../a", root / "d" / "l")
+    os.mkfifo(root / "p")
+    os.chmod(root / "d", 0o750)
+    for i, rel in enumerate(["a", "d/b", "d", ""]):
+        os.utime(root / rel, (1_600_000_000 + i, 1_600_000_000 + i))
+    rows = cpnode.walk_tree(str(root))
+    link_mtime = int(os.lstat(root / "d" / "l").st_mtime)
+    fifo_mtime = int(os.lstat(root / "p").st_mtime)
+    assert rows[0] == ["", "dir", 0, 1_600_000_003, 0o755, ""]
+    assert sorted(rows[1:]) == [
+        ["a", "file", 3, 1_600_000_000, 0o640, ""],
+        ["d", "dir", 0, 1_600_000_002, 0o750, ""],
+        ["d/b", "file", 5, 1_600_000_001, 0o644, ""],
+        ["d/l", "link", 0, link_mtime, 0o777, "../a"],
+        ["p", "other", 0, fifo_mtime, 0o644, ""]]
+    assert cpnode.walk_tree(str(tmp_path / "none")) == []
+    assert cpnode.walk_tree(str(root / "a")) == [["", "file", 3, 1_600_000_000, 0o640, ""]]
+    assert cpnode.walk_tree(str(root / "d" / "l")) == [["", "link", 0, link_mtime, 0o777, "../a"]]
+    assert [cpnode.is_temp(n) for n in (".dtrain-cp-1-x.tmp", "a/.dtrain-cp-1.tmp",
+                                         "a/b/.dtrain-cp-1.tmp", ".dtrain-cp-1.tmp/x",
+                                         "dtrain-cp-1.tmp", ".dtrain-cp-1.tmpx")] == [
+        True, True, True, False, False, False]
+
+
+def test_diff_rows_whole() -> None:
+    have = [["", "dir", 0, 1, 0o755, ""], ["a", "file", 3, 5, 0o644, ""],
+            ["b", "file", 1, 5, 0o644, ""], ["c", "link", 0, 5, 0o777, "x"],
+            ["x/.dtrain-cp-1-y.tmp", "file", 1, 1, 0o600, ""], ["e", "file", 1, 1, 0o644, ""]]
+    rows = [["", "dir", None, None, None, None], ["a", "file", 3, 5, None, ""],
+            ["b", "file", 2, 5, 0o644, ""], ["c", "link", 0, None, None, "y"],
+            ["m", "file", 1, 1, 1, ""], ["n", "dir", 0, 0, 0, ""]]
+    differ = [["b", "file", 1, 5, 0o644, ""], ["c", "link", 0, 5, 0o777, "x"]]
+    temp = ["x/.dtrain-cp-1-y.tmp", "file", 1, 1, 0o600, ""]
+    assert cpnode.diff_rows(have, rows, False) == {"differ": differ, "missing": ["m", "n"],
+                                                   "extra": [temp]}
+    assert cpnode.diff_rows(have, rows, True) == {
+        "differ": differ, "missing": ["m", "n"],
+        "extra": [temp, ["e", "file", 1, 1, 0o644, ""]]}
+
+
+def test_every_refusal_of_a_path_whole(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    (root / "d").mkdir(parents=True)
+    (root / "a").write_bytes(b"x")
+    os.symlink("../a", root / "d" / "l")
+    u = unpacker(tmp_path, b"")
+    r = str(root)
+
+    def refused(root_: str, rel: str) -> str:
+        with pytest.raises(cpnode.Unsafe) as err:
+            u.path(root_, rel, set())
+        return str(err.value)
+
+    assert refused("rel", "a") == "rel: the root must be an absolute path"
+    assert refused("/x\0", "a") == "/x\0: the root must be an absolute path"
+    assert refused(r, "a\0") == f"a\0: refused: the path leaves {r}"
+    assert refused(r, "a/x") == (f"a/x: refused: {r}/a is not a directory (a symlink is never "
+                                 "followed)")
+    assert refused(r, "d/l/x") == (f"d/l/x: refused: {r}/d/l is not a directory (a symlink is "
+                                   "never followed)")
+    assert refused(r, "q/x") == f"{r}/q: no such file or directory"
+    assert u.path(r, "", set()) == r and u.path(r, "d/b", set()) == f"{r}/d/b"
+    # a directory made in this op is not looked up again
+    dirs = {f"{r}/q"}
+    assert u.path(r, "q/x", dirs) == f"{r}/q/x" and dirs == {f"{r}/q"}
+    made: set[str] = set()
+    u.path(r, "d/x", made)
+    assert made == {f"{r}/d"}
+    assert u.temp("/r/d/f", ".dtrain-cp-1-f.tmp") == "/r/d/.dtrain-cp-1-f.tmp"
+    for bad in (".dtrain-cp-1-f", "x.tmp", "a/.dtrain-cp-1.tmp"):
+        with pytest.raises(cpnode.Unsafe) as err:
+            u.temp("/r/f", bad)
+        assert str(err.value) == f"{bad}: refused: not a dtrain cp temp name"
+
+
+def test_an_apply_s_counts_and_errors_whole(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / ".dtrain-cp-00-x.tmp").write_bytes(b"")
+    (root / "d2").mkdir()
+    (root / "full").mkdir()
+    (root / "full" / "f").write_bytes(b"")
+    (root / "a").write_bytes(b"old")
+    (root / "was").write_bytes(b"")
+    os.symlink("a", root / "l")
+    u = unpacker(tmp_path, b"hello\x01")
+    res = u.apply({
+        "root": str(root), "stale": [".dtrain-cp-00-x.tmp", ".dtrain-cp-00-gone.tmp"],
+        "delete": [["gone", "file"], ["d2", "dir"], ["full", "dir"], ["a", "file"]],
+        "unlink_first": ["was"], "mkdirs": ["was", "new", "new/sub"],
+        "files": [["new/f", 5, 0o600, 0o640, 1_600_000_000, ".dtrain-cp-01-f.tmp"]],
+        "links": [["new/ln", "../x", ".dtrain-cp-02-ln.tmp"]],
+        "fix_attrs": [["new/f", None, 1_600_000_001], ["l", 0o600, 1]],
+        "dir_attrs": [["new", 0o700, 1_600_000_002], ["", None, 1_600_000_003]]})
+    r = str(root)
+    assert res == {"sent": 2, "sent_bytes": 5, "deleted": 2, "stale": 1, "errors": [
+        [f"{r}/.dtrain-cp-00-gone.tmp", "no such file or directory"],
+        [f"{r}/gone", "no such file or directory"], [f"{r}/full", "directory not empty"],
+        ["", f"{r}/l: refused: a symlink on this node"]]}
+    st = {str(p.relative_to(root)): os.lstat(p) for p in root.rglob("*")}
+    assert sorted(st) == ["full", "full/f", "l", "new", "new/f", "new/ln", "new/sub", "was"]
+    assert (st["new/f"].st_mode & 0o7777, int(st["new/f"].st_mtime)) == (0o640, 1_600_000_001)
+    assert (root / "new" / "f").read_bytes() == b"hello"
+    assert (st["new"].st_mode & 0o7777, int(st["new"].st_mtime)) == (0o700, 1_600_000_002)
+    assert int(os.stat(root).st_mtime) == 1_600_000_003
+    assert os.readlink(root / "new" / "ln") == "../x" and (root / "was").is_dir()
+    assert os.readlink(root / "l") == "a"
+
+
+def test_each_op_s_answer_whole(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    (root / "d").mkdir(parents=True)
+    (root / "a").write_bytes(b"abc")
+    os.symlink("a", root / "l")
+    u = unpacker(tmp_path, b"")
+    assert u.handle({"op": "stat", "path": str(root / "a")}) == {"kind": "file"}
+    assert u.handle({"op": "stat", "path": str(root / "d")}) == {"kind": "dir"}
+    assert u.handle({"op": "stat", "path": str(root / "l")}) == {"kind": "file"}  # followed
+    assert u.handle({"op": "stat", "path": str(root / "none")}) == {"kind": None}
+    abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # sha256("abc")
+    assert u.handle({"op": "hash", "paths": [str(root / "a"), str(root / "none")]}) == {
+        "sha256": {str(root / "a"): abc, str(root / "none"): None}}
+    assert u.handle({"op": "hash"}) == {"sha256": {}}
+    assert u.handle({"op": "mkdir", "path": str(root / "m" / "n")}) == {}
+    assert (root / "m" / "n").is_dir()
+    assert u.handle({"op": "mkdir", "path": str(root / "m" / "n")}) == {}  # already there
+    assert u.handle({"op": "walk", "root": str(root / "m")})["tree"][1][:2] == ["n", "dir"]
+    assert u.handle({"op": "diff", "root": str(root / "m"), "rows": []}) == {
+        "differ": [], "missing": [], "extra": []}
+    assert u.handle({"op": "diff", "root": str(root / "m"), "all_extras": 1})["extra"][1][0] \
+        == "n"
+    assert u.handle({"op": "diff", "root": str(root / "m"), "rows": [
+        ["", "dir", None, None, None, None], ["n", "dir", None, None, None, None],
+        ["o", "file", 1, 1, 0o644, ""]]}) == {"differ": [], "missing": ["o"], "extra": []}
+    assert u.handle({"op": "drop"}) == {"dropped": 0}
+    for name in (".dtrain-cp-1-a.tmp", ".dtrain-cp-2-b.tmp", "keep"):
+        (root / name).write_bytes(b"")
+    drop = [str(root / n) for n in (".dtrain-cp-1-a.tmp", ".dtrain-cp-2-b.tmp", "keep",
+                                     ".dtrain-cp-3-gone.tmp")]
+    assert u.handle({"op": "drop", "paths": [*drop, ".dtrain-cp-4-rel.tmp"]}) == {"dropped": 2}
+    assert sorted(p.name for p in root.iterdir()) == ["a", "d", "keep", "l", "m"]
+    for op in ({"op": "x"}, {}):
+        with pytest.raises(ValueError) as err:
+            u.handle(op)
+        assert str(err.value) == f"unknown op {op.get('op')!r}"
+
+
+def test_the_serve_loop_answers_each_line_and_a_broken_stream_is_fatal(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    lines = [b"", b"   ", json.dumps({"op": "stat", "path": str(root)}).encode(), b"not json",
+             b'{"op": "walk"}', b'{"op": "x"}']
+    assert _serve(unpacker(tmp_path, b"\n".join(lines) + b"\n"), 1.0) == (0, [
+        {"kind": "dir"}, {"error": "Expecting value: line 1 column 1 (char 0)"},
+        {"error": "'root'"}, {"error": "unknown op 'x'"}])
+    link = json.dumps({"op": "apply", "root": str(root),
+                       "links": [["ln", "../x", ".dtrain-cp-05-ln.tmp"]]}).encode()
+    assert _serve(unpacker(tmp_path, link + b"\n"), 1.0) == (0, [
+        {"sent": 1, "sent_bytes": 0, "deleted": 0, "stale": 0, "errors": []}])
+    assert os.readlink(root / "ln") == "../x"
+    os.unlink(root / "ln")
+    short = json.dumps({"op": "apply", "root": str(root), "files": [
+        ["z", 10, 0o600, None, 1, ".dtrain-cp-03-z.tmp"]]}).encode() + b"\nabc"
+    assert _serve(unpacker(tmp_path, short), 1.0) == (
+        1, [{"fatal": "the launcher's stream ended 7 bytes early"}])
+    assert os.listdir(root) == []  # the temp is gone
+    r, w = os.pipe()
+    try:
+        assert _serve(cpnode.Unpacker(cpnode.Input(r), idle=0.2), 0.2) == (
+            1, [{"fatal": "nothing from the launcher for 0.2 s (waiting for the next operation)"}])
+        os.write(w, short)
+        assert _serve(cpnode.Unpacker(cpnode.Input(r), idle=0.2), 5.0) == (
+            1, [{"fatal": "nothing from the launcher for 0.2 s (in the middle of a file)"}])
+    finally:
+        os.close(r)
+        os.close(w)
+    assert os.listdir(root) == []

@@ -52,7 +52,7 @@ def test_spec_forms_whole() -> None:
     assert split_spec("node1:2,0,2 @ node2", "--include") == ("node2,node1", {"node1": (0, 2)})
     assert split_spec("node1:0", "--include") == ("node1", {"node1": (0,)})
     assert split_spec("node1:0", "--exclude") == (None, {"node1": (0,)})
-    assert split_spec("node1:0@node4", "--exclude") == ("node4", {"node1": (0,)})
+    assert split_spec("node4@node1:0@node6", "--exclude") == ("node4,node6", {"node1": (0,)})
     assert split_spec(None, "--exclude") == (None, {})
     assert not DeviceSelection() and DeviceSelection(include={"a": (0,)})
     assert DeviceSelection(exclude={"a": (0,)})
@@ -68,7 +68,7 @@ def test_selection_errors_whole_with_their_hints() -> None:
     assert _error(lambda: split_spec("node1:", "--include")) == (
         "--include 'node1:': 'node1:' is not HOST or HOST:GPU,GPU",
         "DeepSpeed's form: --include node1:0,1@node2:2")
-    assert _error(lambda: split_spec("a:0@", "--exclude")) == (
+    assert _error(lambda: selection(None, "a:0@")) == (
         "--exclude 'a:0@': '' is not HOST or HOST:GPU,GPU",
         "DeepSpeed's form: --exclude node1:0,1@node2:2")
     assert _error(lambda: selection("node2:1@node1:0", "node2:0@node1:1")) == (

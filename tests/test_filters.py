@@ -51,6 +51,46 @@ def test_an_unknown_host_names_the_known_ones() -> None:
     assert "node[1-3]" in (err.value.hint or "")
 
 
+def _error(call) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError) as err:
+        call()
+    return err.value.message, err.value.hint
+
+
+def test_rank_errors_whole_and_the_cap() -> None:
+    hint = "e.g. --ranks 0-3,7"
+    assert _error(lambda: parse_ranks("a", "--ranks")) == (
+        "--ranks 'a': 'a' is not a rank or a range", hint)
+    assert _error(lambda: parse_ranks(" 1- ", "--ranks")) == (
+        "--ranks ' 1- ': '1-' is not a rank or a range", hint)
+    assert _error(lambda: parse_ranks("3-1", "--ranks")) == (
+        "--ranks '3-1': the range 3-1 runs backwards", "write it 1-3")
+    assert _error(lambda: parse_ranks(" , ", "--ranks")) == ("--ranks ' , ': no rank given", hint)
+    assert _error(lambda: parse_ranks("0-1048577")) == (
+        "--rank '0-1048577': rank 1048577 is beyond any job (at most 1048576)", None)
+    assert parse_ranks("1048576") == {1048576} and parse_ranks("2-2") == {2}
+
+
+def test_host_names_and_expression_errors_whole() -> None:
+    from launcher.decide.filters import expand
+
+    assert [host_name(lb) for lb in ("a@b@node2:22", "node2", "[::1]", "[fe80::1%eth0]:22",
+                                     "fe80::1", "u@h:1:2")] == [
+        "node2", "node2", "::1", "fe80::1%eth0", "fe80::1", "h:1:2"]
+    assert expand("node[1-2] node4") == ["node1", "node2", "node4"]
+    assert _error(lambda: expand("node[1-")) == (
+        "--host 'node[1-': not a host list (missing bracket: \"node[1-\")",
+        "e.g. --host node[1-2],node4")
+    assert _error(lambda: select_hosts("node9,node[1-2]", ["node1", "node1", "x@node2"],
+                                       "--hosts")) == (
+        "--hosts 'node9,node[1-2]': node9 is not one of the run's hosts",
+        "the hosts are node[1-2]")
+    assert _error(lambda: select_hosts("node9", [])) == (
+        "--host 'node9': node9 is not one of the run's hosts", "the hosts are none")
+    assert select_hosts("node1", ["node1", "u@node1:22"]) == {"node1", "u@node1:22"}
+    assert _error(lambda: check_choice("--backend", "x", ("nccl", "gloo", "mpi"))) == (
+        "--backend 'x': use nccl, gloo or mpi", None)
+
 def test_choices() -> None:
     assert check_choice("--rdzv", "c10d", ("static", "c10d")) == "c10d"
     assert check_choice("--backend", None, ("nccl", "gloo")) is None

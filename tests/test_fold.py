@@ -13,6 +13,7 @@ from launcher.models import OutputLine
 from launcher.output.console import Console
 from launcher.output.fold import (
     FOLDED,
+    ExitBarrierNoise,
     ShutdownChatter,
     StderrFolder,
     fold_key,
@@ -230,6 +231,98 @@ def test_chatter_leaves_the_console_only_while_stopping_and_only_the_agent_s() -
     assert c.summary(["node1", "node2", "node3"]) == [
         ("node3", "torchrun shutting down (7 lines in the archive)")]
     assert c.summary() == []  # said once
+
+
+# what a torchrun agent (torch 2.13) printed after its ranks finished, when the agent that
+# hosts the rendezvous store passed the exit barrier and exited first
+_P = "E1202 03:45:50.486000 13392 /x/torch/distributed/elastic/agent/server/api.py:1009]"
+BARRIER = [
+    "[W1202 03:45:50.761425662 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on "
+    "SocketImpl(fd=5, addr=[::ffff:198.18.0.13]:46262, remote=[::ffff:198.18.0.11]:29500): "
+    "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+    "shutdown or crash?",
+    "Exception raised from recvBytes at /__w/pytorch/torch/csrc/distributed/c10d/Utils.hpp:787"
+    " (most recent call first):",
+    "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9d (0x7f47 in libc10.so)",
+    "frame #1: <unknown function> + 0x674888d (0x7f47df94888d in libtorch_cpu.so)",
+    "<omitting python frames>",
+    "frame #20: _start + 0x21 (0x56123f636081 in python3)",
+    "",
+    f"{_P} Error waiting on exit barrier. Elapsed: 0.00732111930847168 seconds",
+    f"{_P} Traceback (most recent call last):",
+    f'{_P}   File "/x/torch/distributed/elastic/agent/server/api.py", line 1001, in _exit_barrier',
+    f"{_P}     store_util.barrier(",
+    f"{_P} torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was "
+    "likely closed. Did the remote server shutdown or crash?",
+]
+
+
+def test_the_exit_barrier_trace_of_a_finished_node_is_one_line_on_the_console() -> None:
+    b = ExitBarrierNoise({"node2": 2, "node3": 2})
+    agent = [OutputLine("node2", "err", t) for t in BARRIER]
+    assert all(b.keep(line) for line in agent)  # its ranks still run: everything shows
+    b.rank_exit("node2", 0)
+    assert all(b.keep(line) for line in agent)  # one of two
+    b.rank_exit("node2", 0)
+    assert not any(b.keep(line) for line in agent)
+    # what is not the trace still shows: the agent's next line, a rank's line, stdout
+    assert b.keep(OutputLine("node2", "err", "some later agent line"))
+    assert b.keep(OutputLine("node2", "err", BARRIER[-1], 1))
+    assert b.keep(OutputLine("node2", "out", BARRIER[0]))
+    # node3 had a rank fail: its agent's trace is the real story, shown whole
+    b.rank_exit("node3", 0)
+    b.rank_exit("node3", 1)
+    assert all(b.keep(OutputLine("node3", "err", t)) for t in BARRIER)
+    assert b.summary(["node1", "node2", "node3"]) == [
+        ("node2", "torchrun's exit barrier failed after every rank here finished (the "
+                  "rendezvous store's host left first: torch.distributed.DistNetworkError: "
+                  "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote "
+                  "server shutdown or crash?); harmless, 12 lines in the archive")]
+    assert b.summary() == []  # said once
+
+
+async def test_a_run_s_console_shows_the_exit_barrier_trace_as_one_line_the_archive_all() -> None:
+    """Through dtrain run's pipeline (commands/launch.py RunPipeline): node2's ranks exited
+    0 (rank_exit), its agent prints the trace: the console has one line, the archive all."""
+    from launcher.commands.launch import RunPipeline
+    from launcher.job.verdict import TailKeeper
+
+    stream = io.StringIO()
+    archived: list[OutputLine] = []
+
+    class Archive:
+        def write_lines(self, lines: list[OutputLine]) -> None:
+            archived.extend(lines)
+
+        def flush_if_due(self, _s: float) -> None: ...
+
+        def close(self) -> None: ...
+
+    async with RunPipeline(Console(stream, color=False), Archive(),
+                           tails=TailKeeper(), folder=StderrFolder(2, 2)) as pipe:
+        pipe.barrier.ranks = {"node1": 1, "node2": 1}
+        pipe.feed("node2", 1, "out", b"done 1\n")
+        pipe.barrier.rank_exit("node2", 0)
+        pipe.feed("node2", None, "err", ("\n".join(BARRIER) + "\n").encode())
+        pipe.feed("node1", None, "err", b"an agent line of a node still running\n")
+        pipe.job_over(["node1", "node2"])
+    console = stream.getvalue().splitlines()
+    assert console[:2] == ["node2 r1: done 1",
+                           "node1 [err]: an agent line of a node still running"], console
+    assert len(console) == 3 and console[2].startswith(
+        "dtrain: node2: torchrun's exit barrier failed after every rank here finished"), console
+    assert "12 lines in the archive" in console[2]
+    assert [ln.text for ln in archived if ln.host == "node2" and ln.stream == "err"] == BARRIER
+
+
+def test_an_exit_barrier_trace_without_torch_s_log_prefix_ends_at_its_exception() -> None:
+    b = ExitBarrierNoise({"node2": 1})
+    b.rank_exit("node2", 0)
+    lines = ["Error waiting on exit barrier. Elapsed: 0.01 seconds",
+             "Traceback (most recent call last):", '  File "api.py", line 1, in x', "    y()",
+             "torch.distributed.DistStoreError: Connection reset by peer", "next line"]
+    assert [b.keep(OutputLine("node2", "err", t)) for t in lines] == [False] * 5 + [True]
+    assert "DistStoreError: Connection reset by peer); harmless, 5 lines" in b.summary()[0][1]
 
 
 def test_a_traceback_ends_at_its_first_unindented_line_even_a_short_one() -> None:

@@ -132,6 +132,16 @@ def test_site_values_are_shown_not_sent_and_a_shimless_command_is_shown_as_it_is
     # without the shim in the command there is nothing of the user's to hide
     bare = replace(site, argv=("python3", "s3cret"))
     assert plan.shown_argv(bare) == ("python3", "s3cret")
+    # every word after the shim is the user's, the first one (the script) included
+    first = replace(site, argv=("s3cret", SHIM_PLACEHOLDER, "s3cret", "x"))
+    assert plan.shown_argv(first) == ("s3cret", SHIM_PLACEHOLDER, "***", "x")
+    # a name given as --env NAME is hidden whatever it is called
+    hidden = build_plan(RunRequest("t.py", args=("v4lue",), nproc_per_node="1",
+                                   env=(("PLAIN", "v4lue"),), hidden_env=frozenset({"PLAIN"})),
+                        RunOptions(), [Host("node0")], {"node0": N0}, master_addr="127.0.0.1",
+                        master_port=1, master_reason="")
+    assert hidden.shown_env(hidden.nodes[0])["PLAIN"] == "***"
+    assert hidden.shown_argv(hidden.nodes[0])[-1] == "***"
 
 
 def test_rendezvous_c10d_a_module_and_the_gpu_selection() -> None:
@@ -231,6 +241,7 @@ def test_a_leading_tilde_is_the_node_s_home() -> None:
     assert expand_home("~", "/home/u/") == "/home/u/"
     assert expand_home("~/venv/bin/python", "/home/u/") == "/home/u/venv/bin/python"
     assert expand_home("~/x", "/") == "/x"
+    assert expand_home("~/x", "/home/X") == "/home/X/x"  # only slashes are stripped
     for kept in ("~bob/x", "/opt/~/x", "python3", "x~/y"):
         assert expand_home(kept, "/home/u") == kept
     assert expand_home("~/x", None) == "~/x" and expand_home("~/x", "") == "~/x"
@@ -280,8 +291,8 @@ def test_an_offline_plan_whole() -> None:
          "--monitor-interval", "0.2", "--node-rank", "1", "--master-addr", "198.18.0.99",
          "--master-port", "29500", SHIM_PLACEHOLDER, "t.py", "--key", "abc")]
     assert doc["nodes"][0]["command"][-2:] == ["--key", "***"]  # type: ignore[index]
-    assert [(n.nproc, n.first_rank, n.python, n.warnings) for n in plan.nodes] == [
-        (2, 0, "python3", ()), (1, 2, "/opt/py", ())]
+    assert [(n.node_rank, n.nproc, n.first_rank, n.python, n.warnings) for n in plan.nodes] == [
+        (0, 2, 0, "python3", ()), (1, 1, 2, "/opt/py", ())]
     own = [("DTRAIN_RUN_ID", "r3", "dtrain", "run archive id", True),
            ("DTRAIN_NODE_RANK", "1", "dtrain", "node rank", True),
            ("DTRAIN_NNODES", "2", "dtrain", "number of nodes", True), OMP]

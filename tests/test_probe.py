@@ -488,7 +488,7 @@ FULL_ANSWER: dict[str, Any] = {
                     "link_layer": "Ethernet", "rate": "400 Gb/sec (4X NDR)", "netdev": "ens2f0",
                     "gids": [{"index": 3, "gid": "::ffff:10.200.2.10", "type": "RoCE v2",
                               "ndev": "ens2f0"}, {"gid": "fe80::1"}, "not a row"]},
-                   {"state": "1: DOWN"}, "not a port"]},
+                   "not a port", {"state": "1: DOWN"}]},
         "not a device", {"ports": [{"port": 2}]}]},
     "shm_bytes": 1 << 30, "limits": {"memlock": -1, "nofile": "1048576", "stack": 8388608},
     "time": 1700000000, "workdir": {"is_dir": True, "accessible": False},
@@ -558,7 +558,9 @@ def test_malformed_answers_leave_every_field_at_its_default() -> None:
                                     {"index": "x"}]}]}]}})
     assert rows.interfaces[0].name == "" and rows.interfaces[0].addrs == (
         Addr("inet", "", 32), Addr("inet6", "", 128), Addr("", "", 128))
-    assert rows.rdma[0].port == 1 and rows.rdma[0].gids[0].index == 0
+    assert rows.rdma[0].port == 1 and rows.rdma[0].gids == (Gid(0, ""),)
+    assert Addr.from_json({"family": "inet", "addr": "0.0.0.0", "prefixlen": 0}) == Addr(
+        "inet", "0.0.0.0", 0)
 
 
 def test_the_properties_decisions_read() -> None:
@@ -589,6 +591,7 @@ def test_the_properties_decisions_read() -> None:
     assert RdmaPort("d", 1, rate="12.5 Gb/sec").rate_gbps == 12.5
     assert parse_version("2.21.5") == (2, 21, 5)
     assert parse_version("2.13.0+cpu") == (2, 13, 0)
+    assert parse_version("2.21.5+cuda12.4") == (2, 21, 5)  # the local tag is not read
     assert parse_version("2.21rc1") == (2, 21)
     assert parse_version("2.x.1") == (2,)
     for none in (None, "", "x", "+2.1"):

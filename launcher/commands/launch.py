@@ -49,7 +49,7 @@ from launcher.job.verdict import (
 )
 from launcher.models import Host, OutputLine
 from launcher.output import render
-from launcher.output.fold import ShutdownChatter, StderrFolder
+from launcher.output.fold import ExitBarrierNoise, ShutdownChatter, StderrFolder
 from launcher.output.pipeline import OutputPipeline
 from launcher.output.redact import redact_command
 
@@ -68,6 +68,9 @@ class RunPipeline(OutputPipeline):
         self.tails = tails
         self.take = take
         self.chatter = ShutdownChatter()
+        # torchrun's exit-barrier trace on a node whose ranks all finished (fold.py): the
+        # launch sets its ranks per host and feeds it the rank_exit messages
+        self.barrier = ExitBarrierNoise({})
         self.observers: list[Callable[[Sequence[OutputLine]], None]] = []  # the hang watch
 
     def stopping(self) -> None:
@@ -80,8 +83,15 @@ class RunPipeline(OutputPipeline):
         self.flush_console()
         for host, text in self.chatter.summary(order):
             self.message(text, host=host)
+        for host, text in self.barrier.summary(order):
+            self.message(text, host=host)
 
     def for_console(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
+        if self.barrier.ok:  # some node's ranks exited 0: its agent's trace may follow
+            keep = self.barrier.keep
+            kept = [line for line in lines if keep(line)]
+            if len(kept) != len(lines):
+                lines = kept
         if self.chatter.stopping:
             keep = self.chatter.keep
             kept = [line for line in lines if keep(line)]
@@ -325,7 +335,11 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                                else None) \
             if opts.sample_interval > 0 else None
 
+        out.barrier.ranks = {n.host.label: len(n.ranks) for n in plan.nodes}
+
         def on_event(host: Host, msg: dict[str, object]) -> None:
+            if msg.get("type") == "rank_exit":
+                out.barrier.rank_exit(host.label, msg.get("code"))
             board.event(host, msg)
             watch.event(host, msg)
             errors.event(host.label, msg)

@@ -31,7 +31,7 @@ class DeviceSelection:
     def __bool__(self) -> bool:
         return bool(self.include or self.exclude)
 
-    def gpus(self, name: str, count: int, option_source: str = "") -> tuple[int, ...] | None:
+    def gpus(self, name: str, count: int) -> tuple[int, ...] | None:
         """The GPUs node ``name`` (showing ``count``) uses; None: no selection for it."""
         if name in self.include:
             chosen = self.include[name]

@@ -265,3 +265,85 @@ class ShutdownChatter:
                for h in hosts]
         self.counts.clear()
         return out
+
+
+# -- torchrun's exit barrier, after a node's ranks all finished -------------------------------
+
+_BARRIER = "Error waiting on exit barrier"
+# c10d's C++ warning on the store's connection, and the C++ frames that follow it
+_C10D = re.compile(r"^\[[IWEF]\d{4} [\d:.]+ \S+\] \[c10d\] .*(?:Connection was likely closed"
+                   r"|Connection reset|Broken pipe|failed on SocketImpl)")
+_CXX = ("Exception raised from ", "frame #", "<omitting python frames>")
+
+
+class ExitBarrierNoise:
+    """Per node, once every rank of it exited 0: torchrun's agent waits in its exit barrier
+    on the rendezvous store, which lives in one agent (node_rank 0's, the store's host); when
+    that agent passes the barrier and exits first, the others' last read of the store finds
+    it closed, and each prints c10d's C++ warning with its frames and a logged traceback
+    ("Error waiting on exit barrier"), then exits 0. Every rank had finished: on the console
+    the trace is one line per node (the exception's last line, how many lines), every line
+    is in the archive. Lines of a node whose ranks have not all finished are never touched.
+    docs/output-and-archive.md, "torchrun's chatter"."""
+
+    def __init__(self, ranks: dict[str, int]) -> None:
+        self.ranks = dict(ranks)  # host -> its ranks, all of which must exit 0
+        self.ok: dict[str, int] = {}  # host -> ranks that exited 0
+        self.counts: dict[str, int] = {}  # host -> lines kept off the console
+        self.last: dict[str, str] = {}  # host -> the trace's exception line
+        # host -> in a trace: None (c10d's C++ frames) or the logged traceback's line prefix
+        self._in: dict[str, str | None] = {}
+
+    def rank_exit(self, host: str, code: object) -> None:
+        """A rank of ``host`` exited with ``code`` (a failed one: that node is never done)."""
+        if code == 0:
+            self.ok[host] = self.ok.get(host, 0) + 1
+        else:
+            self.ok[host] = -(1 << 30)
+
+    def done(self, host: str) -> bool:
+        want = self.ranks.get(host, 0)
+        return want > 0 and self.ok.get(host, 0) >= want
+
+    def keep(self, line: OutputLine) -> bool:
+        """Should the console show this line? (No for the trace of a node that is done.)"""
+        host = line.host
+        if line.rank is not None or line.stream != "err" or not self.done(host):
+            return True
+        text = line.text
+        state = self._in.get(host)
+        at = text.find(_BARRIER)
+        if at >= 0:  # the logged error: its prefix (torch logging's stamp) starts each line
+            self._in[host] = text[:at]
+        elif _C10D.match(text):
+            self._in[host] = None
+        elif host not in self._in:
+            return True
+        elif state is None and (not text or text.startswith(_CXX)):
+            pass
+        elif state is not None and text.startswith(state):
+            body = text[len(state):]
+            if body and not body[0].isspace() and not body.startswith(_TB_START):
+                self.last[host] = body.strip()  # the exception line (unindented)
+                if not state:  # no prefix to follow: the exception line ends the trace
+                    del self._in[host]
+        else:
+            del self._in[host]
+            return True
+        self.counts[host] = self.counts.get(host, 0) + 1
+        return False
+
+    def summary(self, order: Iterable[str] = ()) -> list[tuple[str, str]]:
+        """(host, message) per node with a trace kept off the console; said once."""
+        hosts = [h for h in order if h in self.counts]
+        hosts += [h for h in self.counts if h not in hosts]
+        out = []
+        for h in hosts:
+            why = self.last.get(h, "")
+            why = f": {why[:160]}" if why else ""
+            out.append((h, f"torchrun's exit barrier failed after every rank here finished "
+                           f"(the rendezvous store's host left first{why}); harmless, "
+                           f"{count(self.counts[h], 'line')} in the archive"))
+        self.counts.clear()
+        self.last.clear()
+        return out
