@@ -323,6 +323,14 @@ def test_an_exit_barrier_trace_without_torch_s_log_prefix_ends_at_its_exception(
              "torch.distributed.DistStoreError: Connection reset by peer", "next line"]
     assert [b.keep(OutputLine("node2", "err", t)) for t in lines] == [False] * 5 + [True]
     assert "DistStoreError: Connection reset by peer); harmless, 5 lines" in b.summary()[0][1]
+    # a timeout (a node never reached the barrier) is folded too, but no cause is claimed
+    for t in ["Error waiting on exit barrier. Elapsed: 300.1 seconds",
+              "Traceback (most recent call last):", "torch.distributed.DistStoreError: "
+              "Socket Timeout"]:
+        assert not b.keep(OutputLine("node2", "err", t))
+    assert b.summary() == [("node2", "torchrun's exit barrier failed after every rank here "
+                                     "finished: torch.distributed.DistStoreError: Socket "
+                                     "Timeout (3 lines in the archive)")]
 
 
 def test_a_traceback_ends_at_its_first_unindented_line_even_a_short_one() -> None:

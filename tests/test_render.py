@@ -83,3 +83,11 @@ def test_github_annotations_name_hosts_and_ranks_escaped() -> None:
 
 def test_counts_take_a_plural_except_for_one() -> None:
     assert [render.count(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
+
+
+def test_a_hint_keeps_its_lines_and_tabs_and_a_stream_without_isatty_is_plain(plain: None
+                                                                            ) -> None:
+    out = io.StringIO()
+    render.error(DtrainError("x", hint="first\n\tsecond"), out)
+    assert out.getvalue() == "dtrain: error: x\n  hint: first\n\tsecond\n"
+    assert render.should_color(object(), {}) is False  # type: ignore[arg-type]

@@ -189,3 +189,18 @@ def test_prune_takes_old_runs_that_are_not_live() -> None:
 ])
 def test_age_at_each_unit_s_edges(seconds: float, text: str) -> None:
     assert age(seconds) == text
+
+
+def test_a_finished_run_s_code_outcome_and_end_come_from_meta() -> None:
+    meta = {"run_id": "r", "exit_code": 3, "end": 50.5, "outcome": "rank 1 on n2 exited 3"}
+    st = status_of(Path("/r"), meta, None)
+    assert (st.state, st.exit_code, st.ended, st.outcome, st.label) == (
+        "finished", 3, 50.5, "rank 1 on n2 exited 3", "finished (3)")
+    st = status_of(Path("/r"), {"end": 50.5}, {"pid": 1})  # an end without a code
+    assert (st.state, st.exit_code, st.ended, st.label) == ("finished", None, 50.5, "finished")
+
+
+def test_the_table_s_ages_are_from_now_when_no_time_is_given() -> None:
+    import time
+    run = RunStatus("r", Path("/r"), "finished", False, created=time.time() - 2 * 86400 - 60)
+    assert "  2d00h  " in render_table([run])

@@ -85,3 +85,38 @@ def test_logs_replays_only_the_chosen_rank(chatter_run, cluster):
     res = dtrain(["logs", str(run), "--grep", "line1999 ", "--json"], env=cluster.client_env())
     objs = [json.loads(ln) for ln in res.stdout.splitlines()]
     assert sorted(o["rank"] for o in objs) == list(range(6))
+
+
+def test_torchrun_s_exit_barrier_trace_after_success_is_one_line_per_node(cluster, tmp_path):
+    """torchrun's exit-barrier race, made to happen every time (tests/workloads/barrier_race:
+    node2's and node3's agents check in late and read the store after node1's agent, its
+    host, left): each prints a c10d C++ warning and a traceback, then exits 0. Every rank
+    had finished: the console has one line per node (fold.ExitBarrierNoise), the archive
+    every line of it."""
+    from tests.test_failures import Dtrain, new_id, run_args
+    from tests.util import REPO
+
+    run_id = new_id("barrier")
+    job = Dtrain(cluster, run_args(
+        cluster, tmp_path, run_id, "tests/workloads/tick.py", hosts="node[1-3]",
+        env={"TICK_S": "0.2", "TICK_N": "3", "DTRAIN_BARRIER_RACE": "1",
+             "PYTHONPATH": str(REPO / "tests" / "workloads" / "barrier_race")}))
+    assert job.wait(120) == 0, job.output
+    out = job.output
+    folded = {}
+    for m in re.finditer(r"^dtrain: (node\d): torchrun's exit barrier failed after every rank "
+                         r"here finished \(the rendezvous store's host left first: (.*)\); "
+                         r"harmless, (\d+) lines in the archive$", out, re.M):
+        folded[m.group(1)] = (m.group(2), int(m.group(3)))
+    assert set(folded) == {"node2", "node3"}, out
+    assert "Connection was likely closed" in folded["node2"][0], folded
+    for raw in ("Error waiting on exit barrier", "frame #", "Traceback", "[c10d] recv"):
+        assert not [ln for ln in out.splitlines()
+                    if raw in ln and not ln.startswith("dtrain: ")], (raw, out)
+    records = [json.loads(ln) for ln in
+               (tmp_path / "runs" / run_id / "output.jsonl").read_text().splitlines()]
+    for host, (_, n) in folded.items():
+        agent = [r["line"] for r in records if r.get("host") == host and r.get("rank") is None
+                 and r.get("stream") == "err"]
+        assert any("Error waiting on exit barrier" in ln for ln in agent), agent
+        assert n <= len(agent), (n, agent)

@@ -271,6 +271,7 @@ class ShutdownChatter:
 
 _BARRIER = "Error waiting on exit barrier"
 # c10d's C++ warning on the store's connection, and the C++ frames that follow it
+_CLOSED = re.compile(r"Connection was likely closed|Connection reset|Broken pipe")
 _C10D = re.compile(r"^\[[IWEF]\d{4} [\d:.]+ \S+\] \[c10d\] .*(?:Connection was likely closed"
                    r"|Connection reset|Broken pipe|failed on SocketImpl)")
 _CXX = ("Exception raised from ", "frame #", "<omitting python frames>")
@@ -340,10 +341,15 @@ class ExitBarrierNoise:
         out = []
         for h in hosts:
             why = self.last.get(h, "")
-            why = f": {why[:160]}" if why else ""
-            out.append((h, f"torchrun's exit barrier failed after every rank here finished "
-                           f"(the rendezvous store's host left first{why}); harmless, "
-                           f"{count(self.counts[h], 'line')} in the archive"))
+            lines = count(self.counts[h], "line")
+            if _CLOSED.search(why):
+                out.append((h, f"torchrun's exit barrier failed after every rank here "
+                               f"finished (the rendezvous store's host left first: "
+                               f"{why[:160]}); harmless, {lines} in the archive"))
+            else:  # a timeout (a node that never came), or something else: no cause said
+                why = f": {why[:160]}" if why else ""
+                out.append((h, f"torchrun's exit barrier failed after every rank here "
+                               f"finished{why} ({lines} in the archive)"))
         self.counts.clear()
         self.last.clear()
         return out
