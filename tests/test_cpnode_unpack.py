@@ -396,6 +396,9 @@ def test_every_refusal_of_a_path_whole(tmp_path: Path) -> None:
     # a directory made in this op is not looked up again
     dirs = {f"{r}/q"}
     assert u.path(r, "q/x", dirs) == f"{r}/q/x" and dirs == {f"{r}/q"}
+    with pytest.raises(cpnode.Unsafe) as err:  # below a known directory: still looked up
+        u.path(r, "q/x/y", dirs)
+    assert str(err.value) == f"{r}/q/x: no such file or directory"
     made: set[str] = set()
     u.path(r, "d/x", made)
     assert made == {f"{r}/d"}
@@ -567,3 +570,10 @@ def test_receive_s_errors_keep_the_stream_in_step(tmp_path: Path,
     # is test_the_node_never_writes_into_a_temp_someone_made_first's)
     assert not taken.exists() or taken.read_bytes() == b"someone else's"
     assert sorted(p.name for p in root.iterdir() if p != taken) == ["busy", "d", "one"]
+
+
+def test_the_root_is_made_with_its_parents_the_rest_one_level_each(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b" / "root"
+    u = unpacker(tmp_path, b"")
+    assert u.apply({"root": str(root), "mkdirs": ["", "d"]})["errors"] == []
+    assert (root / "d").is_dir()
