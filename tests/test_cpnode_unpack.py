@@ -565,6 +565,9 @@ def test_receive_s_errors_keep_the_stream_in_step(tmp_path: Path,
         [f"{r}/busy", "is a directory"]]}
     assert (root / "one").read_bytes() == b"abc" and (root / "d" / "two").read_bytes() == b"xy"
     assert int(os.stat(root / "one").st_mtime) == 1_500_000_000
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(root / "one").st_mode & 0o777 == 0o600 & ~umask  # created with its bits
     assert int(os.stat(root / "d" / "two").st_mtime) == 1_500_000_001
     # none of our bytes went into the temp someone else made (whether it is removed after
     # is test_the_node_never_writes_into_a_temp_someone_made_first's)
