@@ -207,8 +207,8 @@ def test_top_s_verdicts_at_their_thresholds() -> None:
     # interval, the backlog may still be unread
     assert at(6.2, due=5.6) is None  # 5.6 s of silence counted, under 5 + 1
     assert at(7.7, due=7.1) == LOST  # 7.1 counted
-    assert at(17.2, due=16.6) == LOST  # 16.6: under 15 + 1
-    assert at(17.7, due=17.1) == RECONNECT
+    assert at(16.5, due=15.9) == LOST  # 15.9: under 15 + 1
+    assert at(17.1, due=16.5) == RECONNECT
 
 
 def test_late_means_past_the_slack() -> None:
