@@ -209,6 +209,9 @@ def test_top_s_verdicts_at_their_thresholds() -> None:
     assert at(7.7, due=7.1) == LOST  # 7.1 counted
     assert at(16.5, due=15.9) == LOST  # 15.9: under 15 + 1
     assert at(17.1, due=16.5) == RECONNECT
+    # whatever the Silence's own timeout (top's has none), the verdict is top's thresholds'
+    assert sampler_verdict(Silence(5.0, heard_at=0.0), 7.7, 7.1, 1.0, lost_after=5.0,
+                           reconnect_after=15.0) == LOST
 
 
 def test_late_means_past_the_slack() -> None:
