@@ -508,3 +508,62 @@ def test_the_serve_loop_answers_each_line_and_a_broken_stream_is_fatal(tmp_path:
         os.close(r)
         os.close(w)
     assert os.listdir(root) == []
+
+
+def test_receive_s_errors_keep_the_stream_in_step(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each failure of one file is that file's error, its bytes are still consumed, and the
+    next file arrives whole; the counts add up over several files."""
+    import errno
+
+    root = tmp_path / "r"
+    (root / "busy" / "x").mkdir(parents=True)
+    (root / "d").mkdir()
+    taken = root / ".dtrain-cp-02-taken.tmp"
+    taken.write_bytes(b"someone else's")
+    for n in (".dtrain-cp-00-a.tmp", ".dtrain-cp-00-b.tmp"):
+        (root / n).write_bytes(b"")
+    data = b"abc\x01" + b"1234\x01" + b"zz\x01" + b"full\x01" + b"q\x01" + b"xy\x01"
+    u = unpacker(tmp_path, data)
+    r = str(root)
+    real_write = os.write
+    full: list[int] = []
+
+    def write(fd: int, buf: Any) -> int:
+        if fd in full:  # once: receive closes it, and the number is reused
+            full.remove(fd)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, buf)
+
+    real_open = os.open
+
+    def open_(path: Any, flags: int, mode: int = 0o777) -> int:
+        fd = real_open(path, flags, mode)
+        if str(path).endswith("-full.tmp"):
+            full.append(fd)
+        return fd
+
+    monkeypatch.setattr(cpnode.os, "write", write)
+    monkeypatch.setattr(cpnode.os, "open", open_)
+    res = u.apply({"root": r, "stale": [".dtrain-cp-00-a.tmp", ".dtrain-cp-00-b.tmp"],
+                   "mkdirs": [""], "files": [
+        ["one", 3, 0o600, None, 1_500_000_000, ".dtrain-cp-01-one.tmp"],
+        ["taken", 4, 0o600, None, 1, ".dtrain-cp-02-taken.tmp"],
+        ["../out", 2, 0o600, None, 1, ".dtrain-cp-03-out.tmp"],
+        ["full", 4, 0o600, None, 1, ".dtrain-cp-04-full.tmp"],
+        ["busy", 1, 0o600, None, 1, ".dtrain-cp-05-busy.tmp"],
+        ["d/two", 2, 0o600, None, 1_500_000_001, ".dtrain-cp-06-two.tmp"]]})
+    monkeypatch.undo()
+    assert res == {"sent": 2, "sent_bytes": 5, "deleted": 0, "stale": 2, "errors": [
+        [r, "file exists"],
+        [str(taken), "file exists"],
+        ["", f"../out: refused: the path leaves {r}"],
+        [f"{r}/.dtrain-cp-04-full.tmp", "no space left on device"],
+        [f"{r}/busy", "is a directory"]]}
+    assert (root / "one").read_bytes() == b"abc" and (root / "d" / "two").read_bytes() == b"xy"
+    assert int(os.stat(root / "one").st_mtime) == 1_500_000_000
+    assert int(os.stat(root / "d" / "two").st_mtime) == 1_500_000_001
+    # none of our bytes went into the temp someone else made (whether it is removed after
+    # is test_the_node_never_writes_into_a_temp_someone_made_first's)
+    assert not taken.exists() or taken.read_bytes() == b"someone else's"
+    assert sorted(p.name for p in root.iterdir() if p != taken) == ["busy", "d", "one"]

@@ -69,6 +69,7 @@ def test_rank_errors_whole_and_the_cap() -> None:
     assert _error(lambda: parse_ranks("0-1048577")) == (
         "--rank '0-1048577': rank 1048577 is beyond any job (at most 1048576)", None)
     assert parse_ranks("1048576") == {1048576} and parse_ranks("2-2") == {2}
+    assert parse_ranks(",3,,5") == {3, 5}  # empty parts are skipped, not the end
 
 
 def test_host_names_and_expression_errors_whole() -> None:
@@ -78,6 +79,14 @@ def test_host_names_and_expression_errors_whole() -> None:
                                      "fe80::1", "u@h:1:2")] == [
         "node2", "node2", "::1", "fe80::1%eth0", "fe80::1", "h:1:2"]
     assert expand("node[1-2] node4") == ["node1", "node2", "node4"]
+    # never ClusterShell's groups of the machine (its example config lists @all)
+    assert expand("@all") == ["@all"]
+    assert _error(lambda: expand("n[1-2000000]", "--hosts")) == (
+        "--hosts: 'n[1-2000000]' makes 2000000 hosts, over the cap of 65536 hosts per job",
+        "check the range bounds")
+    assert _error(lambda: select_hosts("node[1-", ["a"], "--hosts")) == (
+        "--hosts 'node[1-': not a host list (missing bracket: \"node[1-\")",
+        "e.g. --hosts node[1-2],node4")
     assert _error(lambda: expand("node[1-")) == (
         "--host 'node[1-': not a host list (missing bracket: \"node[1-\")",
         "e.g. --host node[1-2],node4")
