@@ -1046,6 +1046,10 @@ def test_slots_have_a_cap_named_with_file_line_and_a_hint() -> None:
         ("node1 slots=" + "9" * 5000, "h.txt:1: slots=9999999999...9999999999 (5000 digits) "
          "is more than 4096 (the cap on one host's processes)"),
         ("node1 slots=" + "0" * 30 + "8", None),
+        ("node1 slots=" + "1" * 24, "h.txt:1: slots=" + "1" * 24 + " is more than 4096 (the "
+         "cap on one host's processes)"),  # up to 24 characters: shown whole
+        ("node1 slots=" + "1" * 25, "h.txt:1: slots=1111111111...1111111111 (25 digits) is "
+         "more than 4096 (the cap on one host's processes)"),
     ]
     for text, message in cases:
         if message is None:

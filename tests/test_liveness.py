@@ -193,3 +193,28 @@ def test_a_node_that_died_while_top_was_stopped_is_lost_in_top_s_running_time() 
     got = top_looks(Silence(0.0, heard_at=10.0), 10.0, 60.0, stop=(11.0, 41.0))
     assert got[0] == (46.0, LOST), got
     assert [t for t, v in got if v == RECONNECT][0] == 56.0, got
+
+
+def test_top_s_verdicts_at_their_thresholds() -> None:
+    def at(now: float, due: float | None = None) -> str | None:
+        return sampler_verdict(Silence(0.0, heard_at=0.0), now, now if due is None else due,
+                               1.0, lost_after=5.0, reconnect_after=15.0)
+    assert at(5.0) is None
+    assert at(5.5) == LOST
+    assert at(15.0) == LOST
+    assert at(15.5) == RECONNECT
+    # a late look (0.6 s, past the slack): its stall is not counted and it waits one more
+    # interval, the backlog may still be unread
+    assert at(6.2, due=5.6) is None  # 5.6 s of silence counted, under 5 + 1
+    assert at(7.7, due=7.1) == LOST  # 7.1 counted
+    assert at(16.5, due=15.9) == LOST  # 15.9: under 15 + 1
+    assert at(17.1, due=16.5) == RECONNECT
+    # whatever the Silence's own timeout (top's has none), the verdict is top's thresholds'
+    assert sampler_verdict(Silence(5.0, heard_at=0.0), 7.7, 7.1, 1.0, lost_after=5.0,
+                           reconnect_after=15.0) == LOST
+
+
+def test_late_means_past_the_slack() -> None:
+    s = Silence(5.0, heard_at=0.0)
+    assert not s.late(1.5, 1.0) and s.late(1.51, 1.0)
+    assert not Silence(5.0, heard_at=0.0, slack=2.0).late(3.0, 1.0)
