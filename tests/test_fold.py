@@ -25,6 +25,21 @@ from launcher.output.pipeline import OutputPipeline
 W = "/x/site-packages/torch/nn/modules/module.py:1: UserWarning: something is deprecated"
 
 
+class MemoryArchive:
+    """The archive's writing side, keeping every line in memory (what the pipeline wrote)."""
+
+    def __init__(self) -> None:
+        self.lines: list[OutputLine] = []
+
+    def write_lines(self, lines: list[OutputLine]) -> None:
+        self.lines.extend(lines)
+
+    def flush_if_due(self, _s: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+
 def err(rank: int, text: str = W, host: str | None = None, t: float = 0.0) -> OutputLine:
     return OutputLine(host or f"node{rank // 4 + 1}", "err", text, rank, rank // 4, t)
 
@@ -154,18 +169,11 @@ def test_folded_tag_on_a_colour_console_does_not_widen_the_columns() -> None:
 async def test_the_pipeline_folds_on_the_console_and_archives_every_line() -> None:
     stream = io.StringIO()
     con = Console(stream, color=False)
-    archived: list[OutputLine] = []
-
-    class Archive:
-        def write_lines(self, lines: list[OutputLine]) -> None:
-            archived.extend(lines)
-
-        def flush_if_due(self, _s: float) -> None: ...
-
-        def close(self) -> None: ...
+    archive = MemoryArchive()
+    archived = archive.lines
 
     f = StderrFolder(3, 1, window=0.2)
-    async with OutputPipeline(con, Archive(), folder=f) as pipe:  # type: ignore[arg-type]
+    async with OutputPipeline(con, archive, folder=f) as pipe:  # type: ignore[arg-type]
         for r in range(3):
             pipe.feed("node1", r, "err", b"warn\n")
         pipe.feed("node1", 0, "err", b"alone\n")
@@ -288,17 +296,10 @@ async def test_a_run_s_console_shows_the_exit_barrier_trace_as_one_line_the_arch
     from launcher.job.verdict import TailKeeper
 
     stream = io.StringIO()
-    archived: list[OutputLine] = []
+    archive = MemoryArchive()
+    archived = archive.lines
 
-    class Archive:
-        def write_lines(self, lines: list[OutputLine]) -> None:
-            archived.extend(lines)
-
-        def flush_if_due(self, _s: float) -> None: ...
-
-        def close(self) -> None: ...
-
-    async with RunPipeline(Console(stream, color=False), Archive(),
+    async with RunPipeline(Console(stream, color=False), archive,
                            tails=TailKeeper(), folder=StderrFolder(2, 2)) as pipe:
         pipe.barrier.ranks = {"node1": 1, "node2": 1}
         pipe.feed("node2", 1, "out", b"done 1\n")
