@@ -78,7 +78,7 @@ def test_selection_errors_whole_with_their_hints() -> None:
     assert _error(lambda: sel.gpus("n", 3)) == ("--include n:0,3: n shows 3 GPUs, no GPU 3",
                                                 "GPUs are 0-2 there")
     assert _error(lambda: sel.gpus("n", 1)) == ("--include n:0,3: n shows 1 GPU, no GPU 3",
-                                                "GPUs are 0-0 there")
+                                                "GPU 0 is the only one there")
     assert sel.gpus("n", 4) == (0, 3)
     assert sel.gpus("n", 0) == (0, 3)  # no GPU count known: the selection as given
     assert _error(lambda: sel.gpus("m", 0)) == ("--exclude m:...: m shows no GPU to leave out",

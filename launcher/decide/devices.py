@@ -38,7 +38,8 @@ class DeviceSelection:
             if count > 0 and (beyond := [g for g in chosen if g >= count]):
                 raise UsageError(f"--include {name}:{','.join(map(str, chosen))}: {name} "
                                  f"shows {count} GPU{'s' if count != 1 else ''}, no GPU "
-                                 f"{beyond[0]}", hint=f"GPUs are 0-{count - 1} there")
+                                 f"{beyond[0]}", hint=f"GPUs are 0-{count - 1} there" if count > 1
+                                 else "GPU 0 is the only one there")
         elif name in self.exclude:
             if count <= 0:
                 raise UsageError(f"--exclude {name}:...: {name} shows no GPU to leave out",
