@@ -1,0 +1,261 @@
+"""The node programs' pure functions, in process: the supervisor's JSON and spec readers, a
+rank's command line and environment, its evidence parsers; the sampler's readers on a fake
+root directory and its parsers; the smoke job's sizes and pair schedule (imported as
+launcher.nodeside.*, which is what scripts/mutate's sixth-round groups score)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import marshal
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.nodeside import sampler, smoke_job, supervisor
+
+
+def test_sizes_double_from_the_smallest_up_to_the_largest_inclusive() -> None:
+    assert smoke_job.sizes(1024, 8192) == [1024, 2048, 4096, 8192]
+    assert smoke_job.sizes(1024, 8191) == [1024, 2048, 4096]
+    assert smoke_job.sizes(4, 4) == [4]
+    assert smoke_job.sizes(8, 4) == []
+
+
+@pytest.mark.parametrize("n", range(0, 13))
+def test_the_pair_schedule_pairs_every_node_or_the_ring_in_disjoint_rounds(n: int) -> None:
+    rounds = smoke_job.schedule(n)
+    pairs = [pair for r in rounds for pair in r]
+    for r in rounds:
+        nodes = [node for pair in r for node in pair]
+        assert len(nodes) == len(set(nodes)), r  # disjoint: each node once per round
+    assert all(0 <= a < b < n for a, b in pairs)
+    if n <= 8:  # every pair exactly once, in n - 1 rounds (n rounds for an odd n: a bye)
+        assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+        assert len(rounds) == (0 if n < 2 else n - 1 if n % 2 == 0 else n)
+    else:  # each node with its neighbour: two rounds, three for an odd n
+        assert sorted(pairs) == sorted((min(i, (i + 1) % n), max(i, (i + 1) % n))
+                                       for i in range(n))
+        assert len(rounds) == (2 if n % 2 == 0 else 3)
+
+
+def test_the_pair_schedule_exactly() -> None:
+    assert smoke_job.schedule(2) == [[(0, 1)]]
+    assert smoke_job.schedule(3) == [[(1, 2)], [(0, 2)], [(0, 1)]]
+    assert smoke_job.schedule(4) == [[(0, 3), (1, 2)], [(0, 2), (1, 3)], [(0, 1), (2, 3)]]
+    assert smoke_job.schedule(9) == [[(0, 1), (2, 3), (4, 5), (6, 7)],
+                                     [(1, 2), (3, 4), (5, 6), (7, 8)], [(0, 8)]]
+    assert smoke_job.schedule(10) == [[(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)],
+                                      [(1, 2), (3, 4), (5, 6), (7, 8), (0, 9)]]
+
+
+# -- supervisor ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [
+    None, True, False, 0, -7, 2**70, 1.5, -0.0, "a\"b\\\n", [], {}, (), [1, [2, [3]]],
+    {"a": 1, "b": [True, None], "c": {"d": "e"}}, (1, "x", 2.5),
+])
+def test_json_parts_writes_json_dumps_text(value: object) -> None:
+    parts: list[str] = []
+    assert supervisor._json_parts(value, parts) is True
+    assert "".join(parts) == json.dumps(value, separators=(",", ":"))
+    assert supervisor.to_json(value) == json.dumps(value, separators=(",", ":"))
+
+
+class _Int(int):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize("value", [
+    float("nan"), float("inf"), float("-inf"), [1, float("nan")], {"a": float("-inf")},
+    [1, b"x"], {"a": {"b": {1, 2}}}, {"a": 1, 2: "b"}, {1: "a"}, b"bytes", {1, 2},
+    _Int(3), _Float(1.0), _Str("s"), [1, [2, object()]], {"x": [float("inf")]},
+])
+def test_json_parts_leaves_what_json_writes_otherwise_to_json(value: object) -> None:
+    assert supervisor._json_parts(value, []) is False
+
+
+def test_to_json_of_the_odd_cases_is_json_dumps_text() -> None:
+    for value in ({"x": [1, float("nan")]}, {"x": float("-inf")}, _Int(3), {2: 1, "a": 2},
+                  [_Str("s")]):
+        assert supervisor.to_json(value) == json.dumps(value, separators=(",", ":"))
+
+
+def test_from_json_and_load_spec() -> None:
+    assert supervisor.from_json(b'{"a": [1, 2]}') == {"a": [1, 2]}
+    assert supervisor.from_json('"x"') == "x"
+    spec = {"argv": ["true"], "env": {"A": "1"}, "n": 3}
+    assert supervisor.load_spec(b"M" + marshal.dumps(spec)) == spec
+    assert supervisor.load_spec(json.dumps(spec).encode()) == spec
+    assert supervisor.load_spec(b"[1]") == [1]
+    with pytest.raises(ValueError):  # not marshal after the marker: marshal's own error
+        supervisor.load_spec(b"M{}")
+
+
+D = "/tmp/dtrain-x/flight"
+
+
+@pytest.mark.parametrize(("env", "names", "added"), [
+    ({}, "current", {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                     "TORCH_FR_DUMP_TEMP_FILE": D + "/rank_"}),
+    ({}, "legacy", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": D + "/rank_"}),
+    ({}, "both", {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                  "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": D + "/rank_",
+                  "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": D + "/rank_"}),
+    ({}, "unknown", {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": D + "/rank_",
+                     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": D + "/rank_"}),
+    ({"TORCH_FR_BUFFER_SIZE": "10"}, "legacy", {}),  # any buffer variable of the user's
+    ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, "current", {}),
+    # empty is unset
+    ({"TORCH_FR_BUFFER_SIZE": "", "TORCH_NCCL_DUMP_ON_TIMEOUT": ""}, "current",
+     {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+      "TORCH_FR_DUMP_TEMP_FILE": D + "/rank_"}),
+    ({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_DUMP_TEMP_FILE": "/mine/"}, "legacy",
+     {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}),
+    ({"TORCH_FR_DUMP_TEMP_FILE": ""}, "current",
+     {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+      "TORCH_FR_DUMP_TEMP_FILE": D + "/rank_"}),
+])
+def test_flight_defaults_per_name_set(env: dict[str, str], names: str,
+                                      added: dict[str, str]) -> None:
+    assert supervisor.flight_defaults(env, D, names) == added
+    if names == "current":  # the default
+        assert supervisor.flight_defaults(env, D) == added
+
+
+def test_rank_argv_wraps_the_script_unless_stacks_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    shim = os.path.abspath(supervisor.__file__)
+    monkeypatch.delenv("DTRAIN_STACKS", raising=False)
+    assert supervisor.rank_argv(["t.py", "-x"], "s") == [sys.executable, "-u", shim, "t.py", "-x"]
+    monkeypatch.setenv("DTRAIN_STACKS", "1")
+    assert supervisor.rank_argv(["t.py"], "s") == [sys.executable, "-u", shim, "t.py"]
+    monkeypatch.setenv("DTRAIN_STACKS", "0")
+    assert supervisor.rank_argv(["t.py", "-x"], "s") == [sys.executable, "-u", "t.py", "-x"]
+
+
+@pytest.mark.parametrize(("attempt", "own", "count"), [
+    (None, None, None), (None, "2", "2"), ("1", None, None), ("1", "3", "3"),
+    ("2", None, "1"), ("3", "2", "4"), ("3", "x", "2"), ("x", "2", "2"), ("", None, None),
+    ("0", None, None), ("-2", "1", "1"),
+])
+def test_rank_env_counts_dtrain_s_relaunches_into_torchrun_s_restart_count(
+        monkeypatch: pytest.MonkeyPatch, attempt: str | None, own: str | None,
+        count: str | None) -> None:
+    for name, value in (("DTRAIN_ATTEMPT", attempt), ("TORCHELASTIC_RESTART_COUNT", own)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DTRAIN_STACKS", raising=False)
+    monkeypatch.setenv("DTRAIN_KEEP", "k")
+    env = supervisor.rank_env("/run/s.sock")
+    assert env.get("TORCHELASTIC_RESTART_COUNT") == count
+    assert env["DTRAIN_ARM_SOCK"] == "/run/s.sock" and env["DTRAIN_KEEP"] == "k"
+    assert os.environ.get("TORCHELASTIC_RESTART_COUNT") == own  # a copy: ours is untouched
+    assert "DTRAIN_ARM_SOCK" not in os.environ
+
+
+def test_rank_env_arms_the_dumper_unless_stacks_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DTRAIN_STACKS", "1")
+    assert supervisor.rank_env("s")["DTRAIN_ARM_SOCK"] == "s"
+    monkeypatch.setenv("DTRAIN_STACKS", "0")
+    assert "DTRAIN_ARM_SOCK" not in supervisor.rank_env("s")
+
+
+@pytest.mark.parametrize(("text", "kills"), [
+    ("low 0\nhigh 0\noom 4\noom_kill 3\noom_group_kill 1\n", 3),
+    ("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n", 2),
+    ("oom_kill 0\n", 0), ("oom_kill 12", 12),
+    ("oom_kill x\noom_kill 5\n", 5),  # the first counter that is a number
+    ("oom_kill 1 2\n", None), ("oom_kill\n", None), ("oom 1\n", None), ("", None), (None, None),
+    ("oom_kill -1\n", None), ("  oom_kill   7  \n", 7),
+])
+def test_oom_kills_reads_the_counter(text: str | None, kills: int | None) -> None:
+    assert supervisor.oom_kills(text) == kills
+
+
+def test_which_finds_the_first_executable_file_on_the_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    (a / "tool").write_text("x")  # not executable
+    (b / "tool").mkdir()  # a directory
+    (c / "tool").write_text("#!/bin/sh\n")
+    (c / "tool").chmod(0o755)
+    path = os.pathsep.join([str(a), str(b), str(c)])
+    assert supervisor.which("tool", path) == str(c / "tool")
+    (b / "tool").rmdir()
+    (b / "tool").write_text("#!/bin/sh\n")
+    (b / "tool").chmod(0o700)
+    assert supervisor.which("tool", path) == str(b / "tool")
+    assert supervisor.which("tool", str(a)) is None
+    assert supervisor.which("tool", "") is None and supervisor.which("tool", None) is None
+    monkeypatch.chdir(c)  # an empty entry is the working directory, as a shell reads it
+    assert supervisor.which("tool", os.pathsep + str(a)) == os.path.join(".", "tool")
+
+
+def test_frame_sources_reads_the_two_innermost_frames_of_each_thread(tmp_path: Path) -> None:
+    src = tmp_path / "train.py"
+    src.write_text("".join("    line_%d = %d  \n" % (i, i) for i in range(1, 10))
+                   + "x = '" + "y" * 300 + "'\n")
+    f = str(src)
+    dump = "\n".join([
+        "Thread 0x00007f0000000001 (most recent call first):",
+        '  File "%s", line 3 in inner' % f,
+        '  File "%s", line 5 in middle' % f,
+        '  File "%s", line 7 in outer' % f,  # the third frame: not read
+        "",
+        "Current thread 0x00007f0000000002 (most recent call first):",
+        '  File "%s", line 10 in <module>' % f,
+        '  File "%s" in odd' % f,  # no line number: skipped, and it counts as a frame
+        '  File "%s", line 8 in third' % f,
+        "Thread 0x00007f0000000003 (most recent call first):",
+        '  File "%s", line x in bad' % f,
+        '  File "%s", line 2 in fine' % f,
+        '  File "/nonexistent/m.py", line 4 in gone',
+        "Thread 0x00007f0000000004 (most recent call first):",
+        '  File "/nonexistent/m.py", line 4 in gone',
+        '  File "%s", line 3 in again' % f,
+    ])
+    assert supervisor.frame_sources(dump) == {
+        f + ":3": "line_3 = 3", f + ":5": "line_5 = 5", f + ":10": "x = '" + "y" * 195,
+        f + ":2": "line_2 = 2", "/nonexistent/m.py:4": ""}
+    assert supervisor.frame_sources(dump, limit=2) == {f + ":3": "line_3 = 3",
+                                                       f + ":5": "line_5 = 5"}
+    assert supervisor.frame_sources(dump, limit=0) == {}
+    assert supervisor.frame_sources("") == {}
+
+
+def test_start_error_is_worded_as_a_shell_says_it() -> None:
+    enoent = OSError(errno.ENOENT, "No such file or directory")
+    assert supervisor.start_error("nvidia-smi", enoent) == ("nvidia-smi: command not found", 127)
+    assert supervisor.start_error("./run.sh", enoent) == (
+        "./run.sh: No such file or directory", 127)
+    eacces = OSError(errno.EACCES, "Permission denied")
+    assert supervisor.start_error("./run.sh", eacces) == ("./run.sh: Permission denied", 126)
+    assert supervisor.start_error("run.sh", eacces) == ("run.sh: Permission denied", 126)
+    assert supervisor.start_error("x", OSError(errno.ENOEXEC, "Exec format error")) == (
+        "x: Exec format error", 126)
+    assert supervisor.start_error("x", OSError("odd")) == ("x: odd", 126)
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (0, (0, None)), (1 << 8, (1, None)), (signal.SIGHUP, (129, 1)),
+    (signal.SIGSEGV | 0x80, (139, 11)),  # with a core dump
+])
+def test_exit_code_of_a_wait_status(status: int, expected: tuple[int, int | None]) -> None:
+    assert supervisor.exit_code(status) == expected
