@@ -137,13 +137,21 @@ def test_flight_defaults_per_name_set(env: dict[str, str], names: str,
 
 
 def test_rank_argv_wraps_the_script_unless_stacks_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    shim = os.path.abspath(supervisor.__file__)
     monkeypatch.delenv("DTRAIN_STACKS", raising=False)
-    assert supervisor.rank_argv(["t.py", "-x"], "s") == [sys.executable, "-u", shim, "t.py", "-x"]
+    argv = supervisor.rank_argv(["t.py", "-x"], "s")
+    assert argv[:2] == [sys.executable, "-u"] and argv[3:] == ["t.py", "-x"] and len(argv) == 5
     monkeypatch.setenv("DTRAIN_STACKS", "1")
-    assert supervisor.rank_argv(["t.py"], "s") == [sys.executable, "-u", shim, "t.py"]
+    argv = supervisor.rank_argv(["t.py"], "s")
+    assert argv[:2] == [sys.executable, "-u"] and argv[3:] == ["t.py"] and len(argv) == 4
     monkeypatch.setenv("DTRAIN_STACKS", "0")
     assert supervisor.rank_argv(["t.py", "-x"], "s") == [sys.executable, "-u", "t.py", "-x"]
+
+
+def test_rank_argv_s_wrapper_is_this_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (not under mutmut: its trampoline, not supervisor.py, is the function's code there)
+    monkeypatch.delenv("DTRAIN_STACKS", raising=False)
+    shim = os.path.abspath(supervisor.__file__)
+    assert supervisor.rank_argv(["t.py"], "s") == [sys.executable, "-u", shim, "t.py"]
 
 
 @pytest.mark.parametrize(("attempt", "own", "count"), [
