@@ -267,3 +267,230 @@ def test_start_error_is_worded_as_a_shell_says_it() -> None:
 ])
 def test_exit_code_of_a_wait_status(status: int, expected: tuple[int, int | None]) -> None:
     assert supervisor.exit_code(status) == expected
+
+
+# -- sampler (readers on a fake root directory) -------------------------------------------------
+
+def put(root: Path, rel: str, text: str | bytes) -> None:
+    path = root / rel.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+
+
+def test_rooted_and_read_text(tmp_path: Path) -> None:
+    assert sampler.rooted("/", "/proc/stat") == "/proc/stat"
+    assert sampler.rooted("", "/proc/stat") == "/proc/stat"
+    assert sampler.rooted("/fake", "/proc/stat") == "/fake/proc/stat"
+    assert sampler.rooted("/fake/", "proc/stat") == "/fake/proc/stat"
+    put(tmp_path, "a", b"caf\xc3\xa9 \xff\n")
+    assert sampler.read_text(str(tmp_path / "a")) == "caf\u00e9 \ufffd\n"
+    put(tmp_path, "empty", "")
+    assert sampler.read_text(str(tmp_path / "empty")) == ""
+    assert sampler.read_text(str(tmp_path / "missing")) is None
+    assert sampler.read_text(str(tmp_path)) is None  # a directory
+    assert sampler.read_text(str(tmp_path / "a\0b")) is None  # ValueError: a NUL in the name
+
+
+@pytest.mark.parametrize(("stat", "cpu"), [
+    # user nice system idle iowait irq softirq steal guest guest_nice: guest is in user
+    ("cpu  10 20 30 400 50 6 7 8 900 900\ncpu0 1\ncpu1 1\ncpu2 1\n", (81, 531, 3)),
+    ("cpu  10 0 30 400\ncpu0 1\n", (40, 440, 1)),  # no iowait (old kernels)
+    ("cpu  10 0 30 400 50\ncpu0 1\ncpu1 1\n", (40, 490, 2)),
+    ("cpu  10 0 30 400 50 n/a\ncpu0 1\n", (40, 490, 1)),  # a non-number is dropped
+    ("cpufreq 1\ncpu  1 0 0 3 0\ncpuX 1\ncpu7 1\n", (1, 4, 1)),  # only cpuN lines count
+])
+def test_read_cpu(tmp_path: Path, stat: str, cpu: tuple[int, int, int]) -> None:
+    put(tmp_path, "/proc/stat", stat)
+    assert sampler.read_cpu(str(tmp_path)) == cpu
+
+
+def test_read_cpu_without_a_total_or_cpu_lines(tmp_path: Path) -> None:
+    put(tmp_path, "/proc/stat", "cpu  0 0 0 0 0\ncpu0 0\n")
+    assert sampler.read_cpu(str(tmp_path)) is None
+    put(tmp_path, "/proc/stat", "intr 1\n")
+    assert sampler.read_cpu(str(tmp_path)) is None
+    put(tmp_path, "/proc/stat", "")
+    assert sampler.read_cpu(str(tmp_path)) is None
+    put(tmp_path, "/proc/stat", "cpu  1 0 1 2\n")  # no cpuN lines: this machine's count
+    assert sampler.read_cpu(str(tmp_path)) == (2, 4, os.cpu_count() or 1)
+
+
+def test_read_load_and_mem(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    assert sampler.read_load(root) is None and sampler.read_mem(root) is None
+    put(tmp_path, "/proc/loadavg", "0.5 1 2.25 1/2 3 4\n")
+    assert sampler.read_load(root) == [0.5, 1.0, 2.25]
+    put(tmp_path, "/proc/loadavg", "0.5 x 2\n")
+    assert sampler.read_load(root) is None
+    put(tmp_path, "/proc/loadavg", "")
+    assert sampler.read_load(root) is None
+    put(tmp_path, "/proc/meminfo", "MemTotal: 100 kB\nMemFree: 10 kB\nMemAvailable: 40 kB\n")
+    assert sampler.read_mem(root) == (60 * 1024, 100 * 1024)
+    put(tmp_path, "/proc/meminfo", "MemTotal: 100 kB\nMemFree: 10 kB\n")  # old kernels
+    assert sampler.read_mem(root) == (90 * 1024, 100 * 1024)
+    put(tmp_path, "/proc/meminfo", "MemTotal:100\nMemTotal: x kB\nMemFree: 10 kB\nBad\n")
+    assert sampler.read_mem(root) is None  # no MemTotal that is a number
+    put(tmp_path, "/proc/meminfo", "MemTotal: 100 kB\nMemAvailable: x kB\n")
+    assert sampler.read_mem(root) is None
+    put(tmp_path, "/proc/meminfo", "")
+    assert sampler.read_mem(root) is None
+
+
+def test_read_net(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    assert sampler.read_net(root) == {}
+    rows = ["h1: 1 2 3 4 5 6 7 8 9", "h2: 1 2 3 4 5 6 7 8 9",  # the two header lines
+            "  eth0: 10 0 0 0 0 0 0 0 20 0", "eth1:30 0 0 0 0 0 0 0 40",
+            "eth2: 1 2 3 4 5 6 7 8", "eth3: x 0 0 0 0 0 0 0 1", "eth4: 1 0 0 0 0 0 0 0 y",
+            "no colon 1 2 3 4 5 6 7 8 9"]
+    put(tmp_path, "/proc/net/dev", "\n".join(rows) + "\n")
+    assert sampler.read_net(root) == {"eth0": (10, 20), "eth1": (30, 40)}
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("198.18.0.11", (198 << 24) | (18 << 16) | 11), ("0.0.0.0", 0),
+    ("255.255.255.255", 0xFFFFFFFF), ("1.2.3.4", 0x01020304), ("256.0.0.1", None),
+    ("1.2.3", None), ("1.2.3.4.5", None), ("a.b.c.d", None), ("1.2.3.", None), ("", None),
+    ("-1.2.3.4", None),
+])
+def test_ip4(text: str, value: int | None) -> None:
+    assert sampler._ip4(text) == value
+
+
+ROUTE_HEAD = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+
+
+def route_row(iface: str, dest: str, mask: str) -> str:
+    return "%s\t%s\t00000000\t0001\t0\t0\t0\t%s\t0\t0\t0\n" % (iface, dest, mask)
+
+
+def test_route_iface_takes_the_longest_prefix(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    assert sampler.route_iface("10.0.0.1", root) is None  # no route table
+    put(tmp_path, "/proc/net/route", ROUTE_HEAD
+        + route_row("dflt", "00000000", "00000000")
+        + route_row("wide", "0000000A", "000000FF")  # 10.0.0.0/8
+        + route_row("narrow", "0000010A", "0000FFFF")  # 10.1.0.0/16
+        + route_row("same", "0000010A", "0000FFFF")  # the same /16 again: the first stays
+        + route_row("host", "0201010A", "FFFFFFFF")  # 10.1.1.2/32
+        + "short\t0000000B\n"
+        + route_row("badhex", "zz00000B", "000000FF")
+        + route_row("badmask", "0000000C", "0000FFzz"))
+    assert sampler.route_iface("10.1.1.2", root) == "host"
+    assert sampler.route_iface("10.1.1.3", root) == "narrow"
+    assert sampler.route_iface("10.2.0.1", root) == "wide"
+    assert sampler.route_iface("11.0.0.1", root) == "dflt"
+    assert sampler.route_iface("12.0.0.1", root) == "dflt"
+    assert sampler.route_iface("no.such.addr.x", root) is None
+    assert sampler.route_iface("", root) is None and sampler.route_iface(None, root) is None
+    put(tmp_path, "/proc/net/route", ROUTE_HEAD + route_row("wide", "0000000A", "000000FF"))
+    assert sampler.route_iface("11.0.0.1", root) is None  # no route holds it
+    put(tmp_path, "/proc/net/route", route_row("first", "00000000", "00000000"))
+    assert sampler.route_iface("1.2.3.4", root) is None  # the first line is the header
+
+
+def test_default_ifaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = str(tmp_path)
+    assert sampler.default_ifaces(root, {}) == []
+    put(tmp_path, "/proc/net/route", ROUTE_HEAD + route_row("dflt", "00000000", "00000000")
+        + route_row("lan", "000012C6", "00FFFFFF"))
+    assert sampler.default_ifaces(root, {"SSH_CONNECTION": "198.18.0.1 5 198.18.0.11 22"}) == [
+        "lan"]
+    assert sampler.default_ifaces(root, {"SSH_CONNECTION": "::1 5 ::1 22"}) == ["dflt"]
+    assert sampler.default_ifaces(root, {"SSH_CONNECTION": ""}) == ["dflt"]
+    monkeypatch.setenv("SSH_CONNECTION", "198.18.0.7 5 198.18.0.11 22")
+    assert sampler.default_ifaces(root) == ["lan"]  # os.environ by default
+    put(tmp_path, "/proc/net/route", ROUTE_HEAD + route_row("lan", "000012C6", "00FFFFFF"))
+    assert sampler.default_ifaces(root, {"SSH_CONNECTION": "10.0.0.1 5 1.1.1.1 22"}) == []
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    (" 12 ", 12), ("1.5", 1.5), ("3.0", 3), ("0", 0), ("-2", -2), ("", None), ("  ", None),
+    ("[N/A]", None), ("[Not Supported]", None), ("N/A", None), ("-", None), ("abc", None),
+    (" N/A ", None),
+])
+def test_num(text: str, value: object) -> None:
+    got = sampler._num(text)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("line", [
+    "", "8, 3, 97, 1, 2, 3, 4, 5", "1.5, 0, 1, 2, 3, 4, 5, 6, gpu", "1, [N/A], 1, 2, 3, 4, 5, 6, g",
+    "x, 0, 1, 2, 3, 4, 5, 6, g", "1, 0.5, 1, 2, 3, 4, 5, 6, g",
+])
+def test_parse_smi_line_refuses_what_is_not_a_gpu_line(line: str) -> None:
+    assert sampler.parse_smi_line(line) is None
+
+
+def test_parse_smi_line_fields() -> None:
+    assert sampler.parse_smi_line("2,1,5,6,7,8,9.5,10, A, B ") == (2, {
+        "index": 1, "name": "A, B", "util_pct": 5, "mem_used_mib": 6, "mem_total_mib": 7,
+        "temp_c": 8, "power_w": 9.5, "power_limit_w": 10})
+    assert sampler.parse_smi_line("1, 0, -, , N/A, [x], 1.0, 2.25,") == (1, {
+        "index": 0, "name": "", "util_pct": None, "mem_used_mib": None, "mem_total_mib": None,
+        "temp_c": None, "power_w": 1, "power_limit_w": 2.25})
+
+
+@pytest.mark.parametrize(("value", "rounded"), [
+    (None, None), (2.0, 2), (2.04, 2), (2.06, 2.1), (2.96, 3), (0.0, 0), (-1.26, -1.3),
+    (7, 7),
+])
+def test_round(value: float | None, rounded: object) -> None:
+    got = sampler._round(value)
+    assert got == rounded and type(got) is type(rounded)
+
+
+def amd(root: Path, card: str, files: dict[str, str], vendor: str = "0x1002") -> None:
+    dev = "/sys/class/drm/%s/device" % card
+    put(root, dev + "/vendor", vendor + "\n")
+    for rel, text in files.items():
+        put(root, dev + "/" + rel, text)
+
+
+def test_read_amdgpus_in_card_order_with_what_each_has(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    assert sampler.read_amdgpus(root) == []  # no drm class
+    full = {"gpu_busy_percent": "12\n", "mem_info_vram_used": str(1536 * 1048576),
+            "mem_info_vram_total": str(4096 * 1048576),
+            "hwmon/hwmon2/temp1_input": "45500\n", "hwmon/hwmon1/temp1_input": "40000\n",
+            "hwmon/hwmon1/power1_average": "", "hwmon/hwmon1/power1_input": "99960000\n",
+            "hwmon/hwmon1/power1_cap": "300000000\n"}
+    amd(tmp_path, "card10", full)
+    amd(tmp_path, "card2", {"gpu_busy_percent": "x\n", "mem_info_vram_used": " \n",
+                            "hwmon/hwmon0/power1_average": "1500000\n"})
+    amd(tmp_path, "card1", full, vendor="0x10de")  # not AMD
+    amd(tmp_path, "card3", {})  # no hwmon directory at all
+    put(tmp_path, "/sys/class/drm/card2-DP-1/device/vendor", "0x1002\n")  # a connector
+    put(tmp_path, "/sys/class/drm/renderD128/device/vendor", "0x1002\n")
+    put(tmp_path, "/sys/class/drm/card/device/vendor", "0x1002\n")
+    empty_hwmon = {"hwmon/.keep": ""}
+    amd(tmp_path, "card4", empty_hwmon)
+    (tmp_path / "sys/class/drm/card4/device/hwmon/.keep").unlink()
+    none = {"util_pct": None, "mem_used_mib": None, "mem_total_mib": None, "temp_c": None,
+            "power_w": None, "power_limit_w": None}
+    assert sampler.read_amdgpus(root) == [
+        {**none, "index": 0, "name": "amdgpu card2", "power_w": 1.5},
+        {**none, "index": 1, "name": "amdgpu card3"},
+        {**none, "index": 2, "name": "amdgpu card4"},
+        {"index": 3, "name": "amdgpu card10", "util_pct": 12, "mem_used_mib": 1536,
+         "mem_total_mib": 4096, "temp_c": 40, "power_w": 100, "power_limit_w": 300}]
+
+
+def test_proc_stat_and_environ(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    fields = ["R"] + ["0"] * 10 + ["300", "200"] + ["0"] * 6 + ["777"] + ["0"] * 5
+    put(tmp_path, "/proc/5/stat", "5 (a) b) c) " + " ".join(fields) + "\n")
+    assert sampler.proc_stat(root, 5) == (500 / sampler.CLK_TCK, "R", 777)
+    put(tmp_path, "/proc/6/stat", "6 (x) R 1 2\n")
+    assert sampler.proc_stat(root, 6) is None  # too short
+    put(tmp_path, "/proc/7/stat", "7 no parens " + " ".join(fields))
+    assert sampler.proc_stat(root, 7) is None
+    put(tmp_path, "/proc/8/stat", "8 (x) " + " ".join(fields[:11] + ["y"] + fields[12:]))
+    assert sampler.proc_stat(root, 8) is None
+    assert sampler.proc_stat(root, 9) is None
+    put(tmp_path, "/proc/5/environ", b"A=1\0B=x=y\0NOEQ\0C=\0\xff=\xfe\0")
+    assert sampler.read_environ(root, 5) == {"A": "1", "B": "x=y", "C": "", "\ufffd": "\ufffd"}
+    assert sampler.read_environ(root, 9) is None
