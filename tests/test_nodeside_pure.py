@@ -218,26 +218,26 @@ def test_which_finds_the_first_executable_file_on_the_path(
 
 def test_frame_sources_reads_the_two_innermost_frames_of_each_thread(tmp_path: Path) -> None:
     src = tmp_path / "train.py"
-    src.write_text("".join("    line_%d = %d  \n" % (i, i) for i in range(1, 10))
+    src.write_text("".join(f"    line_{i} = {i}  \n" for i in range(1, 10))
                    + "x = '" + "y" * 300 + "'\n")
     f = str(src)
     dump = "\n".join([
         "Thread 0x00007f0000000001 (most recent call first):",
-        '  File "%s", line 3 in inner' % f,
-        '  File "%s", line 5 in middle' % f,
-        '  File "%s", line 7 in outer' % f,  # the third frame: not read
+        f'  File "{f}", line 3 in inner',
+        f'  File "{f}", line 5 in middle',
+        f'  File "{f}", line 7 in outer',  # the third frame: not read
         "",
         "Current thread 0x00007f0000000002 (most recent call first):",
-        '  File "%s", line 10 in <module>' % f,
-        '  File "%s" in odd' % f,  # no line number: skipped, and it counts as a frame
-        '  File "%s", line 8 in third' % f,
+        f'  File "{f}", line 10 in <module>',
+        f'  File "{f}" in odd',  # no line number: skipped, and it counts as a frame
+        f'  File "{f}", line 8 in third',
         "Thread 0x00007f0000000003 (most recent call first):",
-        '  File "%s", line x in bad' % f,
-        '  File "%s", line 2 in fine' % f,
+        f'  File "{f}", line x in bad',
+        f'  File "{f}", line 2 in fine',
         '  File "/nonexistent/m.py", line 4 in gone',
         "Thread 0x00007f0000000004 (most recent call first):",
         '  File "/nonexistent/m.py", line 4 in gone',
-        '  File "%s", line 3 in again' % f,
+        f'  File "{f}", line 3 in again',
     ])
     assert supervisor.frame_sources(dump) == {
         f + ":3": "line_3 = 3", f + ":5": "line_5 = 5", f + ":10": "x = '" + "y" * 195,
@@ -364,7 +364,7 @@ ROUTE_HEAD = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU
 
 
 def route_row(iface: str, dest: str, mask: str) -> str:
-    return "%s\t%s\t00000000\t0001\t0\t0\t0\t%s\t0\t0\t0\n" % (iface, dest, mask)
+    return f"{iface}\t{dest}\t00000000\t0001\t0\t0\t0\t{mask}\t0\t0\t0\n"
 
 
 def test_route_iface_takes_the_longest_prefix(tmp_path: Path) -> None:
@@ -444,7 +444,7 @@ def test_round(value: float | None, rounded: object) -> None:
 
 
 def amd(root: Path, card: str, files: dict[str, str], vendor: str = "0x1002") -> None:
-    dev = "/sys/class/drm/%s/device" % card
+    dev = f"/sys/class/drm/{card}/device"
     put(root, dev + "/vendor", vendor + "\n")
     for rel, text in files.items():
         put(root, dev + "/" + rel, text)
