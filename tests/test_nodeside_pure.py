@@ -494,3 +494,35 @@ def test_proc_stat_and_environ(tmp_path: Path) -> None:
     put(tmp_path, "/proc/5/environ", b"A=1\0B=x=y\0NOEQ\0C=\0\xff=\xfe\0")
     assert sampler.read_environ(root, 5) == {"A": "1", "B": "x=y", "C": "", "\ufffd": "\ufffd"}
     assert sampler.read_environ(root, 9) is None
+
+
+def test_to_json_writes_plain_values_without_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = {"type": "exit", "code": 0, "ranks": [1, 2.5, None, True], "s": "\u00e9\n"}
+    expected = json.dumps(value, separators=(",", ":"))
+    monkeypatch.setitem(sys.modules, "json", None)  # `import json` fails: not needed here
+    assert supervisor.to_json(value) == expected
+    with pytest.raises(ImportError):  # what only json writes needs it
+        supervisor.to_json({"x": float("nan")})
+
+
+def test_frame_sources_of_a_dump_that_starts_with_a_frame_and_its_cap(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("a = 1\nb = 2\nc = 3\n")
+    f = str(src)
+    lines = [f'  File "{f}", line {n} in f' for n in (1, 2, 3)]
+    assert supervisor.frame_sources("\n".join(lines)) == {f + ":1": "a = 1", f + ":2": "b = 2"}
+    many = []  # 201 threads of two frames each: 402 frames, 400 kept by default
+    for t in range(201):
+        many += [f"Thread 0x{t:016x} (most recent call first):",
+                 f'  File "/x/t{t}.py", line 1 in f', f'  File "/x/t{t}.py", line 2 in g']
+    got = supervisor.frame_sources("\n".join(many))
+    assert len(got) == 400 and "/x/t199.py:2" in got and "/x/t200.py:1" not in got
+
+
+def test_frame_sources_of_a_path_that_holds_the_separator(tmp_path: Path) -> None:
+    odd = tmp_path / 'a", line 1 in x'
+    odd.mkdir()
+    src = odd / "m.py"
+    src.write_text("first = 1\nsecond = 2\n")
+    dump = f'Stack (most recent call first):\n  File "{src}", line 2 in <module>\n'
+    assert supervisor.frame_sources(dump) == {f"{src}:2": "second = 2"}

@@ -819,7 +819,8 @@ def frame_sources(text, limit=400):
         depth += 1
         if depth > 2 or len(out) >= limit:
             continue
-        head, sep, rest = line.partition('", line ')
+        # the last separator: a path may hold '", line ' (a name never holds a quote)
+        head, sep, rest = line.rpartition('", line ')
         if not sep:
             continue
         path = head[len('  File "'):]
