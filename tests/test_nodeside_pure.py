@@ -526,3 +526,46 @@ def test_frame_sources_of_a_path_that_holds_the_separator(tmp_path: Path) -> Non
     src.write_text("first = 1\nsecond = 2\n")
     dump = f'Stack (most recent call first):\n  File "{src}", line 2 in <module>\n'
     assert supervisor.frame_sources(dump) == {f"{src}:2": "second = 2"}
+
+
+def test_the_readers_read_this_machine_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    roots = []
+    real = sampler.rooted
+
+    def rooted(root: str, path: str) -> str:
+        roots.append(root)
+        return real(root, path)
+
+    monkeypatch.setattr(sampler, "rooted", rooted)
+    sampler.read_cpu(), sampler.read_load(), sampler.read_mem(), sampler.read_net()
+    sampler.route_iface("198.18.0.1"), sampler.default_ifaces(environ={}), sampler.read_amdgpus()
+    assert roots and set(roots) == {"/"}
+
+
+def test_read_cpu_counts_one_cpu_when_the_machine_cannot_say(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    put(tmp_path, "/proc/stat", "cpu  1 0 1 2\n")
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert sampler.read_cpu(str(tmp_path)) == (2, 4, 1)
+
+
+def test_read_net_and_route_iface_go_past_lines_they_skip(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    put(tmp_path, "/proc/net/dev", "h1\nh2\nno colon here\neth0: 1 0 0 0 0 0 0 0 2\n")
+    assert sampler.read_net(root) == {"eth0": (1, 2)}
+    put(tmp_path, "/proc/net/route", ROUTE_HEAD + "short\t0000000A\n"
+        + route_row("badhex", "zz00000A", "000000FF")
+        + "eight\t0000000A\t00000000\t0001\t0\t0\t0\t000000FF\n")  # 8 fields: enough
+    assert sampler.route_iface("10.0.0.1", root) == "eight"
+
+
+def test_amdgpu_watts_and_mib_are_rounded_to_a_tenth_after_the_exact_scale(
+        tmp_path: Path) -> None:
+    amd(tmp_path, "card0", {"mem_info_vram_used": str(157286453477),  # 150000.051 MiB
+                            "mem_info_vram_total": str(157286453477),
+                            "hwmon/hwmon0/power1_average": "700050300\n",  # 700.0503 W
+                            "hwmon/hwmon0/power1_cap": "750050300\n"})
+    amd(tmp_path, "card1", {"hwmon/hwmon0/power1_input": "690050300\n"})
+    got = sampler.read_amdgpus(str(tmp_path))
+    assert [(g["mem_used_mib"], g["mem_total_mib"], g["power_w"], g["power_limit_w"])
+            for g in got] == [(150000.1, 150000.1, 700.1, 750.1), (None, None, 690.1, None)]
