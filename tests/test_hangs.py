@@ -308,6 +308,25 @@ def test_a_hang_through_a_launcher_stall_counts_only_the_launcher_s_running_time
     assert hang.hang_due(j, 103.05, policy, all_alive=True, declared=None)
 
 
+def test_a_late_look_waits_one_more_tick_before_it_declares_a_hang() -> None:
+    """A look that came late (the launcher itself stalled) may run before the reader has
+    drained what the ranks sent meanwhile: past the timeout by the ranks' own silence, it
+    still waits one tick (the margin); the next look on time declares the hang."""
+    policy = hang.HangPolicy(timeout=3)
+    w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), range(1), start=100.0)
+    w.observe([_line(100.0, "it 0")])
+    for k in range(1, 6):  # on time, every 0.5 s: 2.5 s of the ranks' silence
+        w.look(100.0 + 0.5 * k, 100.0 + 0.5 * k, 0.5)
+        assert not hang.hang_due(w, 100.0 + 0.5 * k, policy, all_alive=True, declared=None)
+    w.look(104.0, 103.0, 0.5)  # 1 s late: ours; the ranks' silence is 3 s, the timeout
+    assert w.stalled_for(104.0) == pytest.approx(3.0)
+    assert w.margin == 0.5
+    assert not hang.hang_due(w, 104.0, policy, all_alive=True, declared=None)
+    w.look(104.5, 104.5, 0.5)  # on time: no margin, 3.7 s of silence
+    assert w.margin == 0.0
+    assert hang.hang_due(w, 104.5, policy, all_alive=True, declared=None)
+
+
 def test_bad_progress_pattern_is_a_usage_error() -> None:
     from launcher.errors import UsageError
 
