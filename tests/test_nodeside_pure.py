@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher.nodeside import sampler, smoke_job, supervisor
+from tests.util import write_under as put
 
 
 def test_sizes_double_from_the_smallest_up_to_the_largest_inclusive() -> None:
@@ -270,14 +271,6 @@ def test_exit_code_of_a_wait_status(status: int, expected: tuple[int, int | None
 
 
 # -- sampler (readers on a fake root directory) -------------------------------------------------
-
-def put(root: Path, rel: str, text: str | bytes) -> None:
-    path = root / rel.lstrip("/")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(text, bytes):
-        path.write_bytes(text)
-    else:
-        path.write_text(text)
 
 
 def test_rooted_and_read_text(tmp_path: Path) -> None:

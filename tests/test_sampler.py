@@ -16,6 +16,7 @@ from typing import Any
 
 from launcher.nodeside import sampler
 from tests.cluster import gpus as fake_gpus
+from tests.util import write_under as write
 
 SAMPLER = Path(sampler.__file__)
 
@@ -36,14 +37,6 @@ ens1f0\t000012C6\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
 eth9\t00000000\t010012C6\t0003\t0\t0\t0\t00000000\t0\t0\t0
 """
 
-
-def write(root: Path, rel: str, text: str | bytes) -> None:
-    path = root / rel.lstrip("/")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(text, bytes):
-        path.write_bytes(text)
-    else:
-        path.write_text(text)
 
 
 def test_host_readers_on_a_fake_proc(tmp_path: Path) -> None:

@@ -26,6 +26,17 @@ REPO = Path(__file__).resolve().parent.parent
 REQUIRE_CLUSTER = os.environ.get("DTRAIN_REQUIRE_CLUSTER") == "1"
 
 
+def write_under(root: Path, rel: str, text: str | bytes) -> None:
+    """Write ``text`` at the absolute path ``rel`` under a fake root directory (a node's
+    /proc or /sys as the sampler and probe tests build it), its directories made."""
+    path = root / rel.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+
+
 def cannot_run(reason: str, *, require: bool | None = None) -> NoReturn:
     """Skip the test, or fail it where everything must run (``DTRAIN_REQUIRE_CLUSTER=1``)."""
     if REQUIRE_CLUSTER if require is None else require:
