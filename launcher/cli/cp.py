@@ -58,6 +58,8 @@ def cp_cmd(
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,
+    persist: groups.PersistOpt = None,
+    verbose: groups.VerboseOpt = False,
     transport: TransportOpt = "auto",
     python: SupervisorPythonOpt = "python3",
     sftp: Annotated[bool, typer.Option(
@@ -111,6 +113,7 @@ def cp_cmd(
                           delete=delete, fanout=fanout, python=python, progress=progress,
                           broadcast=broadcast, broadcast_min=min_size, stream=not sftp,
                           keep_setuid=keep_setuid, transport=transport)
-        return run_cp(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option))
+        return run_cp(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option,
+                                          persist=persist, verbose=verbose))
 
     run_body(body)

@@ -62,6 +62,8 @@ def doctor_cmd(
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,
+    persist: groups.PersistOpt = None,
+    verbose: groups.VerboseOpt = False,
     transport: TransportOpt = "auto",
     color: Annotated[bool | None, typer.Option("--color/--no-color",
                                                rich_help_panel=groups.DISPLAY,
@@ -90,7 +92,8 @@ def doctor_cmd(
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout, transport=transport)
         return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new,
-                                                             ssh_option),
+                                                             ssh_option, persist=persist,
+                                                             verbose=verbose),
                           as_json=as_json, junit=junit, strict=strict, color=color,
                           failures_only=failures)
 

@@ -60,6 +60,8 @@ def exec_cmd(
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,
+    persist: groups.PersistOpt = None,
+    verbose: groups.VerboseOpt = False,
     transport: TransportOpt = "auto",
     python: SupervisorPythonOpt = "python3",
     color: ColorOpt = None,
@@ -98,6 +100,7 @@ def exec_cmd(
                           heartbeat_timeout=heartbeat_timeout, transport=transport,
                           as_json=as_json, junit=junit, timestamps=timestamps,
                           prefix=not no_prefix)
-        return run_exec(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option))
+        return run_exec(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option,
+                                          persist=persist, verbose=verbose))
 
     run_body(body)

@@ -125,13 +125,31 @@ TransportOpt = Annotated[str, typer.Option(
 AcceptNewOpt = Annotated[bool, typer.Option(
     "--accept-new", rich_help_panel=CONNECTION,
     help="Record unknown host keys in ~/.ssh/known_hosts (never changed ones).")]
+PersistOpt = Annotated[str | None, typer.Option(
+    "--persist", envvar="DTRAIN_PERSIST", show_envvar=True, metavar="DURATION",
+    rich_help_panel=CONNECTION, callback=from_config("persist"),
+    help="Keep connections warm in a per-user keeper for this long when idle (10m, 1h; "
+         "off), as ssh's ControlPersist: later commands skip the handshake "
+         "(docs/connections.md).")]
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", rich_help_panel=CONNECTION,
+    help="Say how nodes were reached (e.g. when the connection keeper was not used).")]
 
 
 def connection(connect_timeout: float, accept_new: bool, ssh_option: list[str] | None = None,
-               **extra: Any) -> Any:
-    """The SSH settings the connection options make (a bad -o is exit 2)."""
+               persist: str | None = None, verbose: bool = False, **extra: Any) -> Any:
+    """The SSH settings the connection options make (a bad -o or --persist is exit 2)."""
+    from launcher.transports.keeper.frames import parse_persist
     from launcher.transports.ssh.settings import SSHSettings
     from launcher.transports.ssh.settings import ssh_option as parse
+
+    try:
+        extra["persist"] = parse_persist(persist)
+    except ValueError as exc:
+        from launcher.errors import UsageError
+
+        raise UsageError(f"--persist {persist!r}: {exc}") from None
+    extra["verbose"] = verbose
 
     options = []
     for text in ssh_option or ():

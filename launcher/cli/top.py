@@ -84,6 +84,8 @@ def top_cmd(
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,
+    persist: groups.PersistOpt = None,
+    verbose: groups.VerboseOpt = False,
     transport: TransportOpt = "auto",
     python: groups.SupervisorPythonOpt = "python3",
     color: groups.ColorOpt = None,
@@ -123,7 +125,8 @@ def top_cmd(
                          stragglers=StragglerSettings(window=straggler_window,
                                                       hold=straggler_hold,
                                                       ratio=straggler_ratio))
-        settings = groups.connection(connect_timeout, accept_new, ssh_option)
+        settings = groups.connection(connect_timeout, accept_new, ssh_option,
+                                          persist=persist, verbose=verbose)
         from pathlib import Path
 
         from launcher.commands.top import latest_live_run, run_top_for_run

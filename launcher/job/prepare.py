@@ -63,7 +63,10 @@ async def prepare(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                   ) -> AsyncIterator[Prepared]:
     """Connect to every host and run the preflight (``transport``: the --transport mode,
     default ``opts.transport``)."""
-    auto = AutoTransport(settings, opts.transport if transport is None else transport)
+    # never through the connection keeper: the probe's channel becomes the supervisor's,
+    # and a keeper's restart must never cost a run (docs/connections.md)
+    auto = AutoTransport(settings, opts.transport if transport is None else transport,
+                         keeper=False)
     choice = auto.choose(hosts)
     async with auto:
         conns, errors = await connect_all(auto, hosts, fanout=opts.fanout,

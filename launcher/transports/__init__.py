@@ -27,8 +27,9 @@ class AutoTransport(Transport):
     """
 
     def __init__(self, settings: SSHSettings | None = None, mode: str = "auto",
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, *, keeper: bool = True) -> None:
         self._settings = settings
+        self._keeper = keeper  # False: never through the connection keeper (run, smoke)
         self._mode = mode
         self._environ = dict(os.environ if environ is None else environ)
         self._local = LocalTransport()
@@ -49,6 +50,9 @@ class AutoTransport(Transport):
                 from launcher.transports.srun import SrunTransport
 
                 self._remote = SrunTransport(self._environ)
+            elif self._keeper and self._settings is not None and self._settings.persist \
+                    and self._settings.password is None:
+                self._remote = _keeper_transport(self._settings)
             else:
                 from launcher.transports.ssh import SSHTransport
 
@@ -63,3 +67,23 @@ class AutoTransport(Transport):
     async def aclose(self) -> None:
         if self._remote is not None:
             await self._remote.aclose()
+
+
+def _keeper_transport(settings: SSHSettings) -> Transport:
+    """Channels through the user's connection keeper, direct SSH when it cannot serve
+    (docs/connections.md); no asyncssh import unless it falls back."""
+    from launcher.transports.keeper.client import KeeperTransport
+
+    def direct() -> Transport:
+        from launcher.transports.ssh import SSHTransport
+
+        return SSHTransport(settings)
+
+    def say(text: str) -> None:
+        from launcher.output import render
+
+        render.note(text)
+
+    assert settings.persist is not None
+    return KeeperTransport(settings, settings.persist, direct=direct,
+                           say=say if settings.verbose else None)

@@ -43,6 +43,10 @@ class SSHSettings:
     user_known_hosts: tuple[Path, ...] | None = None
     global_known_hosts: tuple[Path, ...] = (Path("/etc/ssh/ssh_known_hosts"),
                                             Path("/etc/ssh/ssh_known_hosts2"))
+    # --persist: seconds the connection keeper holds an idle connection (None: no keeper;
+    # docs/connections.md); verbose: say once when a command connects directly instead
+    persist: float | None = None
+    verbose: bool = False
 
     @property
     def options_path(self) -> Path | None:

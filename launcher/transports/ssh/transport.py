@@ -119,6 +119,10 @@ class SSHConnection(Connection):
                 sftp = await self._conn.start_sftp_client(path_errors="surrogateescape")
         return SFTPFileSystem(self.host.label, sftp)
 
+    def is_closed(self) -> bool:
+        """The connection is gone (closed here, by the node, or by missed keepalives)."""
+        return bool(self._conn.is_closed())
+
     async def aclose(self) -> None:
         self._conn.close()
         with contextlib.suppress(Exception):
@@ -247,6 +251,14 @@ class SSHTransport(Transport):
                 if last:
                     raise
                 return None
+
+    def watched_files(self, host: Host) -> list[str]:
+        """The known_hosts and identity files this host's config names (the connection
+        keeper closes a kept connection when one of them changes)."""
+        cfg = self._host_config(host)
+        files = [str(p) for p in self._policy(cfg).files]
+        files += [str(p) for p in cast(Sequence[str], cfg.get("IdentityFile", ()) or ())]
+        return files
 
     async def connect(self, host: Host) -> Connection:
         try:

@@ -1,0 +1,349 @@
+"""The connection keeper: one background process per user that holds authenticated SSH
+connections and relays channels over them for later commands (docs/connections.md).
+
+Connections are keyed by (host, user, port, the settings, what the watched files are):
+a request whose ssh config, known_hosts or keys changed gets a new connection, and the old
+one is closed once its channels end. Only this user may talk to it (SO_PEERCRED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import DtrainError
+from launcher.models import Host
+from launcher.transports.base import Process
+from launcher.transports.keeper import frames
+from launcher.transports.keeper.client import PROTOCOL, SOURCE, stamp
+from launcher.transports.keeper.frames import (
+    ABORT,
+    CHUNK,
+    EOF,
+    ERR,
+    EXIT,
+    IN,
+    OUT,
+    REP,
+    REQ,
+    FrameError,
+)
+from launcher.transports.ssh.settings import SSHSettings
+from launcher.transports.ssh.transport import SSHConnection, SSHTransport
+
+MAX_CHANNELS = 4096  # open channels at once; past it a command is told to go direct
+TICK = 1.0  # housekeeping: idle connections, changed files, the keeper's own exit
+
+
+@dataclass
+class Entry:
+    """One kept connection."""
+
+    key: str
+    host: Host
+    conn: SSHConnection
+    paths: list[str]
+    stamp: list[Any]
+    persist: float
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    channels: int = 0
+    stale: str | None = None  # why it is to be closed once its channels end
+
+    def row(self) -> dict[str, Any]:
+        return {"host": self.host.name, "user": self.host.user, "port": self.host.port,
+                "peer": self.conn.peer_addr, "age_s": round(time.time() - self.created, 1),
+                "idle_s": round(time.monotonic() - self.last_used, 1),
+                "channels": self.channels, "persist_s": self.persist, "stale": self.stale,
+                "key": self.key[:12]}
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def settings_from(data: Any) -> SSHSettings:
+    """SSHSettings from a request's JSON (ValueError when it is not one)."""
+    if not isinstance(data, dict):
+        raise ValueError("settings must be an object")
+    ukh = data.get("user_known_hosts")
+    return SSHSettings(
+        connect_timeout=float(data["connect_timeout"]), accept_new=bool(data["accept_new"]),
+        identities=tuple(str(x) for x in data["identities"]),
+        keepalive_interval=float(data["keepalive_interval"]),
+        keepalive_count_max=int(data["keepalive_count_max"]), retries=int(data["retries"]),
+        home=Path(str(data["home"])), options=tuple(str(x) for x in data["options"]),
+        user_known_hosts=None if ukh is None else tuple(Path(str(p)) for p in ukh),
+        global_known_hosts=tuple(Path(str(p)) for p in data["global_known_hosts"]))
+
+
+def host_from(data: Any) -> Host:
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ValueError("host must be an object with a name")
+    user, port = data.get("user"), data.get("port")
+    if user is not None and not isinstance(user, str):
+        raise ValueError("host.user must be a string")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool)):
+        raise ValueError("host.port must be a number")
+    return Host(name=data["name"], user=user, port=port)
+
+
+class Keeper:
+    def __init__(self, directory: Path, idle: float) -> None:
+        self.directory = directory
+        self.sock = frames.socket_path(directory)
+        self.idle = idle
+        self.entries: dict[str, Entry] = {}
+        self.transports: dict[str, SSHTransport] = {}
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.clients = 0
+        self.channels = 0
+        self.last_activity = time.monotonic()
+        self.quitting = False
+        self.stopped = asyncio.Event()
+
+    # ------------------------------------------------------------------ connections
+    async def entry(self, req: dict[str, Any]) -> Entry:
+        host = host_from(req.get("host"))
+        settings = settings_from(req.get("settings"))
+        paths = [str(p) for p in req.get("paths") or []]
+        now = req.get("stamp")
+        persist = float(req.get("persist") or self.idle)
+        self.idle = max(self.idle, persist)
+        tkey = _key(req.get("settings"), paths, now)
+        key = _key(tkey, req.get("host"))
+        async with self.locks.setdefault(key, asyncio.Lock()):
+            entry = self.entries.get(key)
+            if entry is not None and entry.stale is None and not entry.conn.is_closed():
+                entry.persist = persist
+                entry.last_used = time.monotonic()
+                return entry
+            if entry is not None:
+                self.close(entry, "replaced")
+            # the same node with other settings or changed files: its old one goes
+            for other in list(self.entries.values()):
+                if other.host == host and other.key != key and other.stale is None:
+                    other.stale = "ssh config, known_hosts or keys changed"
+                    if other.channels == 0:
+                        self.close(other, other.stale)
+            transport = self.transports.get(tkey)
+            if transport is None:
+                transport = self.transports[tkey] = SSHTransport(settings)
+            conn = await transport.connect(host)
+            assert isinstance(conn, SSHConnection)
+            watched = list(dict.fromkeys([*paths, *transport.watched_files(host)]))
+            entry = Entry(key, host, conn, watched, stamp(watched), persist)
+            self.entries[key] = entry
+            return entry
+
+    def close(self, entry: Entry, why: str) -> None:
+        if self.entries.get(entry.key) is entry:
+            del self.entries[entry.key]
+        entry.stale = entry.stale or why
+        asyncio.ensure_future(entry.conn.aclose())
+
+    async def housekeeping(self) -> None:
+        while not self.stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK):
+                    await self.stopped.wait()
+            now = time.monotonic()
+            for entry in list(self.entries.values()):
+                if entry.conn.is_closed():
+                    self.close(entry, "closed by the node")
+                elif entry.stale is None and stamp(entry.paths) != entry.stamp:
+                    entry.stale = "ssh config, known_hosts or keys changed"
+                if entry.channels:
+                    continue
+                if entry.stale is not None:
+                    self.close(entry, entry.stale)
+                elif now - entry.last_used > entry.persist:
+                    self.close(entry, "idle")
+            # unused transports (jump connections) go with their last entry
+            if not self.entries:
+                for t in self.transports.values():
+                    await t.aclose()
+                self.transports.clear()
+            quiet = not self.entries and not self.clients
+            if quiet and (self.quitting or now - self.last_activity > self.idle):
+                self.stopped.set()
+
+    # ------------------------------------------------------------------ requests
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.clients += 1
+        self.last_activity = time.monotonic()
+        try:
+            if not _same_user(writer):
+                writer.write(frames.encode_json(REP, {"ok": False, "why": "not your keeper"}))
+                return
+            async with asyncio.timeout(10):
+                frame = await frames.read_frame(reader)
+            if frame is None or frame[0] != REQ:
+                return
+            await self.handle(frames.decode_json(frame[1]), reader, writer)
+        except (FrameError, OSError, TimeoutError, ValueError, KeyError, TypeError):
+            pass
+        finally:
+            self.clients -= 1
+            self.last_activity = time.monotonic()
+            writer.close()
+
+    async def handle(self, req: dict[str, Any], reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        op = req.get("op")
+        reply: dict[str, Any]
+        if op == "ping":
+            reply = {"ok": True, "protocol": PROTOCOL, "source": SOURCE, "pid": os.getpid(),
+                     "connections": len(self.entries), "channels": self.channels}
+        elif op == "list":
+            reply = {"ok": True, "pid": os.getpid(), "idle_s": self.idle,
+                     "connections": [e.row() for e in self.entries.values()]}
+        elif op in ("close", "quit"):
+            names = req.get("hosts")
+            closed = []
+            for e in list(self.entries.values()):
+                if op == "quit" or not names or e.host.name in names:
+                    closed.append(e.host.name)
+                    if e.channels:
+                        e.stale = "closed by dtrain connections close"
+                    else:
+                        self.close(e, "closed by request")
+            if op == "quit" or not names:
+                self.quitting = True
+            reply = {"ok": True, "closed": closed}
+        elif op in ("connect", "start"):
+            if self.quitting:
+                reply = {"ok": False, "busy": True, "why": "the keeper is shutting down"}
+            elif op == "start" and self.channels >= MAX_CHANNELS:
+                reply = {"ok": False, "busy": True,
+                         "why": f"the keeper holds {MAX_CHANNELS} channels"}
+            else:
+                try:
+                    entry = await self.entry(req)
+                    if op == "start":
+                        await self.channel(entry, str(req["command"]), reader, writer)
+                        return
+                    reply = {"ok": True, "peer": entry.conn.peer_addr}
+                except DtrainError as exc:
+                    reply = {"ok": False, "error": {"cls": type(exc).__name__,
+                                                    "message": exc.message, "hint": exc.hint}}
+        else:
+            reply = {"ok": False, "why": f"unknown request {op!r}"}
+        writer.write(frames.encode_json(REP, reply))
+        await writer.drain()
+
+    async def channel(self, entry: Entry, command: str, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        """Start one channel and relay it until it ends or the command goes away."""
+        entry.channels += 1
+        self.channels += 1
+        try:
+            try:
+                proc = await entry.conn.start(command)
+            except DtrainError as exc:
+                writer.write(frames.encode_json(REP, {"ok": False, "error": {
+                    "cls": type(exc).__name__, "message": exc.message, "hint": exc.hint}}))
+                return
+            writer.write(frames.encode_json(REP, {"ok": True}))
+            await relay(proc, reader, writer)
+        finally:
+            entry.channels -= 1
+            self.channels -= 1
+            entry.last_used = time.monotonic()
+
+
+async def relay(proc: Process, reader: asyncio.StreamReader,
+                writer: asyncio.StreamWriter) -> None:
+    """Frames both ways; the command gone (EOF, ABORT, a broken socket) drops the channel,
+    as a dead launcher's does."""
+    async def up(read: Any, kind: bytes) -> None:
+        while True:
+            chunk = await read(CHUNK)
+            if not chunk:
+                return
+            writer.write(frames.encode(kind, chunk))
+            await writer.drain()
+
+    async def down() -> None:
+        try:
+            while True:
+                frame = await frames.read_frame(reader)
+                if frame is None or frame[0] == ABORT:
+                    break
+                if frame[0] == IN:
+                    await proc.write(frame[1])
+                elif frame[0] == EOF:
+                    proc.write_eof()
+        except (FrameError, OSError, ConnectionError):
+            pass
+        proc.abort()
+
+    inbound = asyncio.ensure_future(down())
+    try:
+        await asyncio.gather(up(proc.read_stdout, OUT), up(proc.read_stderr, ERR))
+        status = await proc.wait()
+        writer.write(frames.encode_json(EXIT, {"status": status}))
+        await writer.drain()
+    except (OSError, ConnectionError):
+        proc.abort()
+    finally:
+        inbound.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await inbound
+
+
+def _same_user(writer: asyncio.StreamWriter) -> bool:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return False
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return bool(uid == os.getuid())
+
+
+async def main_async(directory: Path, idle: float) -> int:
+    why = frames.private_dir(directory, create=True)
+    if why is not None:
+        print(f"dtrain keeper: {why}", flush=True)
+        return 1
+    lock = os.open(directory / "keeper.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another keeper serves this user
+    keeper = Keeper(directory, idle)
+    with contextlib.suppress(FileNotFoundError):
+        keeper.sock.unlink()
+    server = await asyncio.start_unix_server(keeper.serve, path=str(keeper.sock))
+    os.chmod(keeper.sock, 0o600)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, keeper.stopped.set)
+    print(f"dtrain keeper {os.getpid()}: serving {keeper.sock} (idle {idle:g} s)", flush=True)
+    house = asyncio.ensure_future(keeper.housekeeping())
+    try:
+        await keeper.stopped.wait()
+    finally:
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            keeper.sock.unlink()
+        house.cancel()
+        for e in list(keeper.entries.values()):
+            keeper.close(e, "keeper exiting")
+        for t in keeper.transports.values():
+            await t.aclose()
+        await asyncio.sleep(0.1)
+        os.close(lock)
+    print(f"dtrain keeper {os.getpid()}: exit", flush=True)
+    return 0
