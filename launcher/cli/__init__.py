@@ -21,6 +21,7 @@ from launcher.cli import (
     attach,
     common,
     completion,
+    connections,
     cp,
     doctor,
     exec,
@@ -76,6 +77,11 @@ app.command("completion", cls=Cmd)(completion.completion_cmd)
 app.add_typer(nodes.nodes_app, name="nodes", help="Nodes fenced by `dtrain run --restarts` "
               "(the lemon list): list, unfence, expire.\n\nExample:\n\n  dtrain nodes "
               "unfence node3")
+
+
+app.add_typer(connections.connections_app, name="connections",
+              help="Connections kept warm by --persist (the connection keeper): list, close."
+              "\n\nExample:\n\n  dtrain connections close node[1-2]")
 
 
 def only(name: str) -> typer.Typer:

@@ -141,7 +141,7 @@ def spawn(directory: Path, idle: float) -> None:
     with open(log, "ab") as out:
         os.chmod(log, 0o600)
         subprocess.Popen(  # noqa: S603 - our own interpreter and module, no shell
-            [sys.executable, "-m", "launcher.transports.keeper", "--dir", str(directory),
+            [sys.executable, "-P", "-m", "launcher.transports.keeper", "--dir", str(directory),
              "--idle", str(idle)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd="/", env=env,
             start_new_session=True, close_fds=True)

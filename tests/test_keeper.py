@@ -1,0 +1,274 @@
+"""The connection keeper (--persist, docs/connections.md) against the real-sshd cluster:
+warm commands ride on kept connections without importing asyncssh, the keeper closes what
+changed or idled, falls back to direct connections, serves only its own user, and its death
+tears down what ran through it, as a launcher's does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.util import REPO, assert_exit, dtrain
+
+pytestmark = pytest.mark.ssh
+
+
+def _wait(cond, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _listing(env: dict[str, str]) -> dict:
+    res = dtrain(["connections", "--json"], env=env)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def kenv(cluster) -> Iterator[dict[str, str]]:
+    """The client environment with a private runtime directory of its own (its own keeper),
+    whose keeper is closed (and, failing that, ended by its pid) afterwards. It lies in the
+    cluster's shared directory, so that another local user can reach it when a test opens
+    it (pytest's tmp_path is 0700)."""
+    runtime = Path(cluster.shared_dir) / f"keeper-{uuid.uuid4().hex[:8]}"
+    runtime.mkdir(mode=0o700)
+    env = cluster.client_env(XDG_RUNTIME_DIR=str(runtime))
+    yield env
+    doc = _listing(env)
+    dtrain(["connections", "close"], env=env)
+    pid = (doc.get("keeper") or {}).get("pid")
+    if pid:
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    subprocess.run(["rm", "-rf", str(runtime)], check=False)
+
+
+def test_warm_exec_rides_the_keeper_without_asyncssh(kenv):
+    res = dtrain(["exec", "-H", "node[1-2]", "--persist", "1m", "--", "hostname"], env=kenv)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["node1: node1", "node2: node2"]
+    doc = _listing(kenv)
+    assert doc["schema"] == "dtrain.connections/1"
+    schema = json.loads((REPO / "launcher/output/schemas/connections.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert sorted(c["host"] for c in doc["connections"]) == ["node1", "node2"]
+    pid = doc["keeper"]["pid"]
+    # the second command: the same keeper, no asyncssh import, the same output
+    env = {**kenv, "DTRAIN_PERSIST": "1m"}
+    warm = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "exec", "-H",
+                           "node[1-2]", "-v", "--", "hostname"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert warm.returncode == 0, warm.stderr
+    assert sorted(warm.stdout.splitlines()) == ["node1: node1", "node2: node2"]
+    assert "asyncssh" not in warm.stderr, "a warm command imported asyncssh"
+    assert "keeper not used" not in warm.stderr
+    assert _listing(kenv)["keeper"]["pid"] == pid
+
+
+def test_exit_codes_stdin_and_stderr_pass_through(kenv):
+    res = dtrain(["exec", "-H", "node1", "--persist", "1m", "--",
+                  "echo out; echo err >&2; exit 7"], env=kenv)
+    assert_exit(res, 7)
+    assert "node1: out" in res.stdout and "node1: err" in res.stderr
+
+
+def test_a_keeper_directory_open_to_others_is_not_used(cluster, tmp_path: Path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    (runtime / "dtrain").mkdir(mode=0o755)
+    os.chmod(runtime / "dtrain", 0o755)
+    env = cluster.client_env(XDG_RUNTIME_DIR=str(runtime))
+    res = dtrain(["exec", "-H", "node1", "--persist", "1m", "-v", "--", "hostname"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "node1: node1\n"
+    assert res.stderr.count("connection keeper not used") == 1
+    assert "open to others" in res.stderr
+    assert not (runtime / "dtrain" / "keeper.sock").exists()
+
+
+def test_a_changed_known_hosts_closes_the_kept_connection(kenv, cluster, tmp_path: Path):
+    # a copy of the client's home whose known_hosts this test may change
+    home = tmp_path / "home"
+    subprocess.run(["cp", "-a", kenv["HOME"], str(home)], check=True)
+    ssh = home / ".ssh"
+    config = (ssh / "config").read_text().replace(str(Path(kenv["HOME"])), str(home))
+    (ssh / "config").write_text(config)
+    env = {**kenv, "HOME": str(home)}
+    res = dtrain(["exec", "-H", "node1", "--persist", "1m", "--", "true"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert [c["host"] for c in _listing(env)["connections"]] == ["node1"]
+    known = Path(config.split("UserKnownHostsFile", 1)[1].split()[0]) \
+        if "UserKnownHostsFile" in config else ssh / "known_hosts"
+    with open(known, "a") as fh:
+        fh.write("# changed\n")
+    _wait(lambda: not _listing(env)["connections"], what="the stale connection to close")
+
+
+def test_the_keeper_exits_when_idle(kenv):
+    res = dtrain(["exec", "-H", "node1", "--persist", "2s", "--", "true"], env=kenv)
+    assert res.returncode == 0, res.stderr
+    pid = _listing(kenv)["keeper"]["pid"]
+    _wait(lambda: not _alive(pid), timeout=20, what="the idle keeper to exit")
+    assert _listing(kenv)["keeper"] is None
+
+
+def test_close_names_hosts(kenv):
+    assert dtrain(["exec", "-H", "node[1-3]", "--persist", "1m", "--", "true"],
+                  env=kenv).returncode == 0
+    res = dtrain(["connections", "close", "node[1-2]"], env=kenv)
+    assert res.returncode == 0, res.stderr
+    assert "closed 2 connections" in res.stderr
+    assert [c["host"] for c in _listing(kenv)["connections"]] == ["node3"]
+
+
+def test_a_dead_keeper_tears_down_what_ran_through_it(kenv, cluster):
+    marker = f"keeper-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node1",
+                             "--persist", "1m", "--", f"exec -a {marker} sleep 300"],
+                            env=kenv, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: cluster.node_pids(1, match=marker), what="the remote command")
+        pid = _listing(kenv)["keeper"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0, err
+        _wait(lambda: not cluster.node_pids(1, match=marker), timeout=30,
+              what="the remote command to be torn down")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_only_its_own_user_may_talk_to_the_keeper(kenv, cluster):
+    assert dtrain(["exec", "-H", "node1", "--persist", "1m", "--", "true"],
+                  env=kenv).returncode == 0
+    directory = Path(kenv["XDG_RUNTIME_DIR"]) / "dtrain"
+    sock = directory / "keeper.sock"
+    # open the way for the test only: the keeper's own peer check must still refuse
+    os.chmod(kenv["XDG_RUNTIME_DIR"], 0o711)
+    os.chmod(directory, 0o711)
+    os.chmod(sock, 0o666)
+    try:
+        probe = ("import socket,struct,json,sys\n"
+                 "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                 "p=json.dumps({'op':'list'}).encode()\n"
+                 "s.sendall(struct.pack('>cI',b'Q',len(p))+p)\n"
+                 "h=s.recv(5); print(s.recv(struct.unpack('>cI',h)[1]).decode())\n")
+        res = subprocess.run(["runuser", "-u", cluster.user, "--", sys.executable, "-c", probe,
+                              str(sock)], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        reply = json.loads(res.stdout)
+        assert reply == {"ok": False, "why": "not your keeper"}
+    finally:
+        os.chmod(directory, 0o700)
+        os.chmod(kenv["XDG_RUNTIME_DIR"], 0o700)
+
+
+# ---------------------------------------------------------------------- pure parts, no nodes
+
+def test_persist_durations() -> None:
+    from launcher.transports.keeper.frames import parse_persist
+
+    assert parse_persist("10m") == 600 and parse_persist("90s") == 90
+    assert parse_persist("1h") == 3600 and parse_persist("45") == 45
+    for off in (None, "", "0", "off", "no"):
+        assert parse_persist(off) is None
+    for bad in ("ten", "-5m", "8d", "1x", "nan", "inf"):
+        with pytest.raises(ValueError):
+            parse_persist(bad)
+
+
+def test_bad_persist_is_exit_2_before_anything_connects() -> None:
+    res = dtrain(["exec", "-H", "node1", "--persist", "soon", "--", "true"])
+    assert_exit(res, 2)
+    assert "--persist 'soon'" in res.stderr
+
+
+def test_settings_travel_to_the_keeper_whole() -> None:
+    from launcher.transports.keeper.client import settings_dict
+    from launcher.transports.keeper.server import settings_from
+    from launcher.transports.ssh.settings import SSHSettings
+
+    s = SSHSettings(connect_timeout=3.5, accept_new=True, identities=("/k/id",),
+                    home=Path("/h"), options=("Port 2222",),
+                    user_known_hosts=(Path("/h/kh"),), password="secret", persist=60.0)
+    data = settings_dict(s)
+    assert "password" not in data and "secret" not in json.dumps(data)
+    back = settings_from(json.loads(json.dumps(data)))
+    assert back == SSHSettings(connect_timeout=3.5, accept_new=True, identities=("/k/id",),
+                               home=Path("/h"), options=("Port 2222",),
+                               user_known_hosts=(Path("/h/kh"),))
+
+
+def test_frames_refuse_what_breaks_the_protocol() -> None:
+    import asyncio
+
+    from launcher.transports.keeper import frames
+
+    async def read(data: bytes):
+        r = asyncio.StreamReader()
+        r.feed_data(data)
+        r.feed_eof()
+        return await frames.read_frame(r)
+
+    assert asyncio.run(read(frames.encode(frames.OUT, b"abc"))) == (frames.OUT, b"abc")
+    assert asyncio.run(read(b"")) is None
+    for broken in (b"O\x00", b"O\x00\x00\x00\x05ab", b"O\xff\xff\xff\xff"):
+        with pytest.raises(frames.FrameError):
+            asyncio.run(read(broken))
+    with pytest.raises(frames.FrameError):
+        frames.decode_json(b"[1]")
+
+
+def test_a_private_directory_is_checked(tmp_path: Path) -> None:
+    from launcher.transports.keeper.frames import keeper_dir, private_dir
+
+    d = tmp_path / "k"
+    assert private_dir(d, create=False) is not None
+    assert private_dir(d, create=True) is None and (d.stat().st_mode & 0o777) == 0o700
+    os.chmod(d, 0o750)
+    assert "open to others" in (private_dir(d, create=False) or "")
+    link = tmp_path / "l"
+    link.symlink_to(d)
+    assert "not a directory" in (private_dir(link, create=False) or "")
+    assert keeper_dir({}, uid=4242) == Path("/tmp/dtrain-keeper-4242")
+    os.chmod(d, 0o700)
+    assert keeper_dir({"XDG_RUNTIME_DIR": str(d)}) == d / "dtrain"
+
+
+def test_run_and_smoke_never_ride_on_the_keeper() -> None:
+    from launcher.transports import AutoTransport
+    from launcher.transports.keeper.client import KeeperTransport
+    from launcher.transports.ssh.settings import SSHSettings
+
+    warm = SSHSettings(persist=60.0)
+    assert isinstance(AutoTransport(warm, "ssh").remote(), KeeperTransport)
+    assert not isinstance(AutoTransport(warm, "ssh", keeper=False).remote(), KeeperTransport)
+    assert not isinstance(AutoTransport(SSHSettings(), "ssh").remote(), KeeperTransport)
+    keys = SSHSettings(persist=60.0, password="pw")
+    assert not isinstance(AutoTransport(keys, "ssh").remote(), KeeperTransport)
