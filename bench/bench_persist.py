@@ -1,0 +1,196 @@
+"""Issue 41: warm connections (`--persist`, the connection keeper) against pdsh and against
+pdsh over OpenSSH's ControlPersist, the fairest peer, in one interleaved run.
+
+    python bench/bench_persist.py [--reps 7] [--nodes 1,32] [--first-node 5] [--json F]
+
+Per node count, four tools run ``true`` on every node (rounds rotated, medians; bench/common):
+
+* ``dtrain warm``: ``dtrain exec --persist 10m`` whose keeper already holds the connections
+  (the warm-up round makes them);
+* ``dtrain cold``: ``dtrain exec`` as without the keeper (one handshake per node);
+* ``pdsh``: ``pdsh -R ssh`` (one ssh per node);
+* ``pdsh ControlPersist``: the same, every ssh through an OpenSSH master kept 10 minutes.
+
+Ratios (reported, never asserted) against the issue's goals: warm exec to 1 node <= 0.7x
+pdsh, to 32 nodes <= 0.15x, to 128 <= 0.1x. Also printed: the keeper's resident memory
+after the largest count (goal: <= 150 MB at 128 connections).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from common import (  # noqa: E402  (bench/ is on sys.path)
+    Env,
+    Series,
+    bench_parser,
+    log,
+    machine,
+    revision,
+    rounds,
+    save_json,
+    series_json,
+    wall_table,
+)
+
+TOOLS = ("dtrain warm", "dtrain cold", "pdsh", "pdsh ControlPersist")
+REMOTE_DIR = "bench-persist"
+PDCP = shutil.which("pdcp") or "pdcp"
+
+
+def make_tree(root: Path, files: int) -> None:
+    for i in range(files):
+        d = root / f"d{i // 40:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:05d}.py").write_bytes(os.urandom(1024 + (i * 7919) % 7168))
+
+
+def keeper_rss_mb(env: dict[str, str]) -> tuple[int | None, float | None]:
+    res = subprocess.run([sys.executable, "-m", "launcher", "connections", "--json"], env=env,
+                         capture_output=True, text=True)
+    doc = json.loads(res.stdout)
+    pid = (doc.get("keeper") or {}).get("pid")
+    if not pid:
+        return None, None
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return pid, int(line.split()[1]) / 1024
+    return pid, None
+
+
+def main() -> int:
+    ap = bench_parser(__doc__, reps=7, only="", first_node=5)
+    ap.add_argument("--nodes", default="1,32", help="node counts, comma-separated")
+    ap.add_argument("--cp-nodes", type=int, default=4,
+                    help="nodes of the unchanged re-push case (0: leave it out)")
+    ap.add_argument("--files", type=int, default=2000, help="files in the re-pushed tree")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.nodes.split(",")]
+    env_ = Env.setup(max([*counts, args.cp_nodes]), args.first_node, ciphers=args.ssh_ciphers)
+    runtime = Path(tempfile.mkdtemp(prefix="dtrain-bench-run-"))
+    os.chmod(runtime, 0o700)
+    control = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
+    series_list = []
+    memory = {}
+    try:
+        base = env_.env(XDG_RUNTIME_DIR=str(runtime))
+        cp_env = dict(base)
+        cp_env["PDSH_SSH_ARGS_APPEND"] = base["PDSH_SSH_ARGS_APPEND"] + (
+            f" -o ControlMaster=auto -o ControlPath={control}/%C -o ControlPersist=10m")
+        for k in counts:
+            s = Series(f"exec true x{k}")
+            out = env_.tmp / f"out{k}"
+
+            def warm(r: int, k: int = k, out: Path = out) -> object:
+                argv = [*env_.dtrain_exec(k, "true")]
+                argv.insert(argv.index("--"), "--persist")
+                argv.insert(argv.index("--"), "10m")
+                return _checked(env_, "dtrain warm", argv, out, base)
+
+            def cold(r: int, k: int = k, out: Path = out) -> object:
+                return _checked(env_, "dtrain cold", env_.dtrain_exec(k, "true"), out, base)
+
+            def pdsh(r: int, k: int = k, out: Path = out) -> object:
+                return _checked(env_, "pdsh", env_.pdsh(k, "true"), out, base)
+
+            def pdsh_cp(r: int, k: int = k, out: Path = out) -> object:
+                return _checked(env_, "pdsh ControlPersist", env_.pdsh(k, "true"), out, cp_env)
+
+            log(f"== exec true on {k} node(s)")
+            rounds(s, [("dtrain warm", warm), ("dtrain cold", cold), ("pdsh", pdsh),
+                       ("pdsh ControlPersist", pdsh_cp)], args.reps,
+                   max_busy=args.max_busy, patience=args.patience)
+            series_list.append(s)
+            memory[k] = keeper_rss_mb(base)
+        if args.cp_nodes:
+            series_list.append(cp_case(env_, args, base, cp_env))
+    finally:
+        subprocess.run([sys.executable, "-m", "launcher", "connections", "close"],
+                       env=env_.env(XDG_RUNTIME_DIR=str(runtime)), capture_output=True)
+        for sock in control.glob("*"):
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"],
+                           capture_output=True)
+        shutil.rmtree(control, ignore_errors=True)
+        env_.cleanup()
+    print(f"machine: {machine()}\n{revision()}\n")
+    print(wall_table(series_list, ref="dtrain warm",
+                     others=("pdsh", "pdsh ControlPersist", "pdcp", "pdcp ControlPersist",
+                             "dtrain cold")))
+    print()
+    for k, (pid, rss) in memory.items():
+        print(f"keeper (pid {pid}) resident memory after {k} node(s): "
+              f"{'-' if rss is None else f'{rss:.1f} MB'}")
+    save_json(args.json, {"revision": revision(), "memory_mb": {str(k): v[1] for k, v in
+                                                                  memory.items()},
+                          "series": {s.case: series_json(s) for s in series_list}})
+    return 1 if any(s.problems() for s in series_list) else 0
+
+
+def cp_case(env_: Env, args: object, base: dict[str, str], cp_env: dict[str, str]) -> Series:
+    """The same tree pushed again, nothing changed: dtrain skips by size and mtime, pdcp
+    copies it whole (it has no delta), as bench/bench_cp.py's ``delta`` case."""
+    k = args.cp_nodes  # type: ignore[attr-defined]
+    src = env_.tmp / "tree"
+    make_tree(src, args.files)  # type: ignore[attr-defined]
+    hosts = env_.hostlist(k)
+    user = env_.cluster.user
+    for n in env_.nodes(k):
+        st = n.home.stat()
+        for tool in ("dtrain-warm", "dtrain-cold", "pdcp", "pdcp-cp"):
+            d = n.home / REMOTE_DIR / tool
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            for x in (n.home / REMOTE_DIR, d):
+                os.chown(x, st.st_uid, st.st_gid)
+    dest = f"/home/{user}/{REMOTE_DIR}"
+
+    def dtrain_cp(tool: str, persist: bool) -> list[str]:
+        extra = ["--persist", "10m"] if persist else []
+        return [sys.executable, "-m", "launcher", "cp", "-H", f"{user}@{hosts}", "--fanout",
+                "64", "--no-progress", *extra, "-r", str(src), f"{dest}/{tool}/"]
+
+    def pdcp(tool: str) -> list[str]:
+        return [PDCP, "-R", "ssh", "-f", "64", "-l", user, "-w", hosts, "-r", str(src),
+                f"{dest}/{tool}"]
+
+    out = env_.tmp / "cp-out"
+    s = Series(f"cp re-push x{k} ({args.files} files)")  # type: ignore[attr-defined]
+    log(f"== unchanged re-push of {args.files} files to {k} nodes")  # type: ignore[attr-defined]
+    rounds(s, [
+        ("dtrain warm", lambda r: _checked(env_, "dtrain warm", dtrain_cp("dtrain-warm", True),
+                                           out, base)),
+        ("dtrain cold", lambda r: _checked(env_, "dtrain cold", dtrain_cp("dtrain-cold", False),
+                                           out, base)),
+        ("pdcp", lambda r: _checked(env_, "pdcp", pdcp("pdcp"), out, base)),
+        ("pdcp ControlPersist", lambda r: _checked(env_, "pdcp ControlPersist", pdcp("pdcp-cp"),
+                                                   out, cp_env)),
+    ], args.reps, max_busy=args.max_busy, patience=args.patience)  # type: ignore[attr-defined]
+    for n in env_.nodes(k):
+        shutil.rmtree(n.home / REMOTE_DIR, ignore_errors=True)
+    return s
+
+
+def _checked(env_: Env, tool: str, argv: list[str], out: Path, env: dict[str, str]) -> object:
+    from common import run_timed
+
+    run = run_timed(tool, argv, env=env, out=out)
+    if run.rc != 0:
+        run.problems.append(f"exit {run.rc}: {run.stderr.strip()[-300:]}")
+    return run
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    time.sleep(0)
+    sys.exit(main())
