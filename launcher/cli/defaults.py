@@ -23,7 +23,8 @@ from typer._click.globals import get_current_context
 SOURCES = "dtrain.sources"
 CONFIG = "dtrain.config"
 FLAGS = {"python": "--python", "setup": "--setup", "workdir": "--workdir",
-         "archive_dir": "--archive-dir", "hostfile": "-f/--hostfile"}
+         "archive_dir": "--archive-dir", "hostfile": "-f/--hostfile", "image": "--image",
+         "container_runtime": "--container-runtime"}
 BUILT_IN = "built-in default"
 
 

@@ -206,6 +206,41 @@ def node(python: str, workdir: str | None = None, *, default_workdir: str | None
     return None
 
 
+# ------------------------------------------------------------------------------ container
+
+CONTAINER = "Container"
+ImageOpt = Annotated[str | None, typer.Option(
+    "--image", metavar="IMAGE", rich_help_panel=CONTAINER, callback=from_config("image"),
+    help="Run inside this image on every node (docs/containers.md); each node must have it "
+         "with the same digest (dtrain image push).")]
+ContainerRuntimeOpt = Annotated[str | None, typer.Option(
+    "--container-runtime", metavar="podman|docker|enroot|apptainer",
+    rich_help_panel=CONTAINER, callback=from_config("container_runtime"),
+    help="Which runtime (default: the node's first of podman, docker, enroot, apptainer).")]
+MountOpt = Annotated[list[str] | None, typer.Option(
+    "--mount", metavar="SRC:DST[:ro]", rich_help_panel=CONTAINER,
+    help="Also mount SRC at DST inside (repeatable).")]
+ContainerArgOpt = Annotated[list[str] | None, typer.Option(
+    "--container-arg", metavar="ARG", rich_help_panel=CONTAINER,
+    help="One more word for the runtime's command, before the image (repeatable).")]
+
+
+def container(image: str | None, runtime: str | None, mounts: list[str] | None,
+              args: list[str] | None) -> Any:
+    """The ContainerRequest (None without --image); bad values: exit 2 here."""
+    from launcher.decide.container import ContainerRequest, parse_mount
+    from launcher.errors import UsageError
+
+    if not image:
+        if runtime or mounts or args:
+            raise UsageError("--container-runtime, --mount and --container-arg go with "
+                             "--image", hint="add --image IMAGE")
+        return None
+    return ContainerRequest(image=image, runtime=runtime,
+                            mounts=tuple(parse_mount(m) for m in mounts or ()),
+                            args=tuple(args or ()))
+
+
 # ---------------------------------------------------------------------------- environment
 
 EnvOpt = Annotated[list[str] | None, typer.Option(

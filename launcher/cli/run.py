@@ -161,6 +161,10 @@ def run_cmd(
     straggler_window: StragglerWindowOpt = 30.0,
     straggler_hold: StragglerHoldOpt = 30.0,
     straggler_ratio: StragglerRatioOpt = 2.0,
+    image: groups.ImageOpt = None,
+    container_runtime: groups.ContainerRuntimeOpt = None,
+    mount: groups.MountOpt = None,
+    container_arg: groups.ContainerArgOpt = None,
 ) -> None:
     """torchrun on every node: node ranks, a validated master, per-node NCCL/GLOO env.
 
@@ -228,7 +232,9 @@ def run_cmd(
                          workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
                          env_sources=tuple(sources.items()),
                          master_addr=master_addr, master_port=master_port, rdzv=rdzv,
-                         max_restarts=max_restarts, run_id=run_id or "", devices=devices)
+                         max_restarts=max_restarts, run_id=run_id or "", devices=devices,
+                         container=groups.container(image, container_runtime, mount,
+                                                    container_arg))
         opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
                           start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout,
                           archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,

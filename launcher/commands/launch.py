@@ -288,7 +288,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                        heartbeat_timeout=opts.heartbeat_timeout,
                        heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
                        files=payload.files,
-                       flight_recorder=flight_names(torch_versions.get(node.host.label)))
+                       flight_recorder=flight_names(torch_versions.get(node.host.label)),
+                       container=node.container.wire() if node.container else None)
         probes = prep.pre.probes  # the probe there becomes the supervisor: same python
         #                           (the plan's is host.python or req.python, as the probe's),
         #                           workdir and setup

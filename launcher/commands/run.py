@@ -63,6 +63,9 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
         command = shlex.join(plan.shown_argv(node)).replace(repr(SHIM_PLACEHOLDER),
                                                             "<dtrain-rank-shim>")
+        if node.container is not None:  # env by name only: values travel over the channel
+            words = node.container.shown([v.name for v in node.env if v.exported])
+            w(f"  container ({node.container.runtime}): {shlex.join(words)}\n")
         w(f"  command: {command}\n")
         shown = plan.shown_env(node)
         for var in node.env:

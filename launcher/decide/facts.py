@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from launcher.decide.container import ContainerFacts
+
 UNLIMITED = -1  # RLIM_INFINITY as the probe writes it
 LOOPBACK_TYPE = 772  # ARPHRD_LOOPBACK in /sys/class/net/*/type
 
@@ -260,6 +262,7 @@ class NodeFacts:
     files: tuple[str, ...] = ()  # vendor files present (Azure topology, GCP gIB, ...)
     netns: str | None = None
     errors: Mapping[str, str] = field(default_factory=dict)  # probe sections that failed
+    container: ContainerFacts | None = None  # --image: the node's runtime and image
 
     def iface(self, name: str | None) -> Iface | None:
         """The interface called ``name``, if the probe saw it."""
@@ -325,6 +328,7 @@ class NodeFacts:
             files=tuple(str(f) for f in _list(obj.get("files"))),
             netns=_str(obj.get("netns")),
             errors={str(k): str(v) for k, v in _dict(obj.get("errors")).items()},
+            container=ContainerFacts.from_json(obj.get("container")),
         )
 
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.decide.container import (ContainerCommand, ContainerRequest,
+                                       NodeContainerFacts, command_for, image_problems)
 from launcher.decide.devices import DeviceSelection
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
@@ -48,6 +50,7 @@ class RunRequest:
     attempt: int = 1  # which attempt this plan is for (DTRAIN_ATTEMPT with --restarts)
     # DeepSpeed's --include host:0,1 / --exclude host:2 (decide/devices.py)
     devices: DeviceSelection = field(default_factory=DeviceSelection)
+    container: ContainerRequest | None = None  # --image (docs/containers.md)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class NodePlan:
     argv: tuple[str, ...]
     env: tuple[EnvVar, ...]
     warnings: tuple[str, ...] = ()
+    container: ContainerCommand | None = None  # --image: the runtime around argv
 
     @property
     def ranks(self) -> range:
@@ -236,6 +240,9 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                               dtrain=dtrain_env(req, node_rank, len(hosts)))
         errors += [f"{host.label}: {e}" for e in decision.errors]
         decisions[host.label] = decision
+    if req.container is not None:
+        errors += image_problems(req.container, {h.label: facts[h.label].container
+                                                 for h in hosts})
     if errors:
         raise PreflightFailed("; ".join(errors))
     nodes: list[NodePlan] = []
@@ -251,10 +258,22 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                              nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
         decision = decisions[host.label]
         nodes.append(NodePlan(host, node_rank, nproc, first, python, argv, decision.env,
-                              tuple(decision.warnings)))
+                              tuple(decision.warnings),
+                              container_for(req, opts, host, facts[host.label])))
         first += nproc
     return LaunchPlan(tuple(nodes), master_addr, master_port, master_reason, first, req.rdzv,
                       req.hidden_env)
+
+
+def container_for(req: RunRequest, opts: RunOptions, host: Host, facts: NodeFacts
+                  ) -> ContainerCommand | None:
+    """``--image``: this node's runtime command (decide/container.py), from its facts."""
+    if req.container is None or facts.container is None or facts.container.runtime is None:
+        return None
+    node = NodeContainerFacts(gpus=facts.gpus, rdma=bool(facts.rdma), shm_bytes=facts.shm_bytes)
+    return command_for(req.container, facts.container.runtime, node, run_id=req.run_id,
+                       host=host.name, attempt=req.attempt,
+                       workdir=req.workdir or facts.home, grace=opts.grace)
 
 
 OFFLINE_FACTS = ("not connected (--offline): interfaces, GPUs, RDMA, the Python and torch "
@@ -317,6 +336,8 @@ def plan_json(plan: LaunchPlan) -> dict[str, object]:
             "host": n.host.label, "source": n.host.source, "node_rank": n.node_rank,
             "nproc": n.nproc,
             "ranks": list(n.ranks), "command": list(plan.shown_argv(n)),
+            **({"container": list(n.container.shown([v.name for v in n.env if v.exported]))}
+               if n.container else {}),
             "env": [{"name": v.name, "value": plan.shown_env(n)[v.name],
                      "source": v.source, "reason": v.reason, "exported": v.exported}
                     for v in n.env],

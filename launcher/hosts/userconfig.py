@@ -33,7 +33,8 @@ from pathlib import Path
 from launcher.errors import ConfigError
 from launcher.hosts.envfile import check_name, check_value
 
-KEYS = ("hostfile", "python", "setup", "workdir", "archive_dir", "persist")
+KEYS = ("hostfile", "python", "setup", "workdir", "archive_dir", "persist", "image",
+        "container_runtime")
 MAX_BYTES = 1 << 20
 
 

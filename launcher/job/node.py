@@ -41,6 +41,8 @@ class JobSpec:
     files: Mapping[str, str] = field(default_factory=dict)
     # PyTorch's flight recorder defaults on the node (decide.flight.flight_names), None: off
     flight_recorder: str | None = None
+    # --image: decide/container.py's ContainerCommand.wire(), the runtime around the job
+    container: Mapping[str, object] | None = None
 
     def wire(self) -> dict[str, object]:
         return {
@@ -51,6 +53,7 @@ class JobSpec:
             "heartbeat_interval": self.heartbeat_interval,
             **({"files": dict(self.files)} if self.files else {}),
             **({"flight_recorder": self.flight_recorder} if self.flight_recorder else {}),
+            **({"container": dict(self.container)} if self.container else {}),
         }
 
 

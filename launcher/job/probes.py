@@ -67,7 +67,8 @@ class NodeProbes:
         """Start the probe on every node; each node's facts (routes towards ``targets``)."""
         req = self._req
         params = {"mode": "facts", "workdir": req.workdir, "targets": list(targets),
-                  "entry": {"name": req.script, "module": req.module}, "stay": True}
+                  "entry": {"name": req.script, "module": req.module}, "stay": True,
+                  **({"container": req.container.probe_params()} if req.container else {})}
         results: dict[str, NodeFacts] = {}
 
         async def one(label: str, conn: Connection) -> None:

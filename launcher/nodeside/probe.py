@@ -717,7 +717,54 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
     if params.get("entry"):
         out["entry"] = _section(errors, "entry", lambda: read_entry(
             params.get("workdir") or ".", params["entry"]), None)
+    if params.get("container"):
+        out["container"] = _section(errors, "container",
+                                    lambda: read_container(params["container"]), None)
     out["errors"] = errors
+    return out
+
+
+CONTAINER_RUNTIMES = ("podman", "docker", "enroot", "apptainer")  # decide/container.py's
+
+
+def read_container(req: Json) -> Json:
+    """``--image``: which runtime this node has (the one asked for, else the first found),
+    its version, and whether the image is there with which id (docker/podman: the image id,
+    which ``save``/``load`` keep; enroot/apptainer: the image file exists)."""
+    import shutil  # --image only: the probe's usual start stays lean
+
+    asked = req.get("runtime")
+    order = [asked] if asked else list(req.get("runtimes") or CONTAINER_RUNTIMES)
+    for name in order:
+        path = shutil.which(str(name))
+        if path:
+            break
+    else:
+        return {"runtime": None, "error": "no container runtime (%s) on PATH" % ", ".join(
+            str(n) for n in order)}
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return -1, str(exc)
+        return done.returncode, (done.stdout or done.stderr).decode("utf-8", "replace")
+
+    out: Json = {"runtime": name, "path": path, "image_present": False, "image_id": None}
+    code, text = run([path, "version" if name == "enroot" else "--version"])
+    m = re.search(r"(\d+\.\d+[\w.+~-]*)", text) if code == 0 else None
+    out["version"] = m.group(1) if m else None
+    image = str(req.get("image") or "")
+    if name in ("podman", "docker"):
+        out["rootless"] = name == "podman" and os.geteuid() != 0
+        code, text = run([path, "image", "inspect", "--format", "{{.Id}}", image])
+        ident = text.strip().splitlines()[0].strip() if code == 0 and text.strip() else ""
+        if ident:
+            out["image_present"] = True
+            out["image_id"] = ident if ":" in ident else "sha256:" + ident
+    else:
+        out["image_present"] = os.path.isfile(os.path.expanduser(image))
     return out
 
 

@@ -1088,6 +1088,7 @@ class Supervisor(Evidence):
         self.agent_termed = False
         self.open_streams = 0
         self.tmpdir = None
+        self.container = None  # --image: the runtime around the job (Container)
         self.start_code = 127  # the shell's code for a job that could not start
         self.done = False
         self.subreaper = False
@@ -1125,6 +1126,8 @@ class Supervisor(Evidence):
                 self.kill_at = deadline
             if grace > 0:
                 self.term_tree()
+        if self.container is not None:
+            self.container.stop(grace)  # by name: a runtime's daemon is not in our tree
         if grace <= 0:
             signal_tree(signal.SIGKILL)
 
@@ -1211,10 +1214,12 @@ class Supervisor(Evidence):
     def start(self):
         env = dict(os.environ)
         env.update(self.spec.get("env") or {})
-        if self.spec.get("rank_shim"):
+        ctr = self.spec.get("container")
+        if self.spec.get("rank_shim") or ctr:
             import tempfile  # only run mode needs it: exec's start-up stays lean
 
             self.tmpdir = tempfile.mkdtemp(prefix="dtrain-")
+        if self.spec.get("rank_shim"):
             with open(os.path.join(self.tmpdir, "dtrain_shim.py"), "wb") as f:
                 f.write(self.source)
             for name, text in sorted((self.spec.get("files") or {}).items()):
@@ -1241,6 +1246,9 @@ class Supervisor(Evidence):
             env["TMPDIR"] = self.tmpdir
         argv = self.job_argv()
         try:
+            if ctr:
+                self.container = Container(ctr, self.tmpdir, self.grace)
+                argv = self.container.argv(env, argv)
             self.job, out_fd, err_fd = spawn(argv, env)
         except OSError as exc:
             error, self.start_code = start_error(argv[0], exc)
@@ -1470,17 +1478,121 @@ class Supervisor(Evidence):
     def finish(self):
         self.ship_flight()
         code, sig = self.exit_code()
-        self.out.control({"type": "exit", "code": code, "signal": sig, "t": now(),
-                          "stopped": self.stopping, "ranks": self.rank_status})
+        extra = {}
+        if self.container is not None:
+            self.container.remove()  # before the verdict: "nothing left" is part of it
+            extra["container"] = {"name": self.container.spec.get("name"),
+                                  "left": self.container.left}
+        self.out.control(dict({"type": "exit", "code": code, "signal": sig, "t": now(),
+                               "stopped": self.stopping, "ranks": self.rank_status}, **extra))
         self.done = True
         self.cleanup_files()
         return code
 
     def cleanup_files(self):
+        if self.container is not None:
+            self.container.remove()
         if self.tmpdir:
             import shutil  # run mode only; the dir is ours (mkdtemp), torchrun's temp dir too
 
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def run_quiet(argv, timeout=60.0):
+    """Run a runtime's command to its end (output dropped); its exit code, or None."""
+    import subprocess  # container mode only
+
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=timeout).returncode
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_output(argv, timeout=30.0):
+    import subprocess
+
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=timeout).stdout.decode(
+                                  "utf-8", "replace")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def sh_quote(value):
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+class Container:
+    """The job inside a container image (launcher/decide/container.py decided the words):
+    the environment goes by name (``-e NAME``, values from the runtime's own environment) or
+    in a private 0600 file, never as values in argv; stop and removal go by name."""
+
+    def __init__(self, spec, tmpdir, grace):
+        self.spec = spec
+        self.tmpdir = tmpdir
+        self.grace = grace
+        self.stopping = False
+        self.removed = False
+        self.left = []
+
+    def words(self, words):
+        return [w.replace(DIR_PLACEHOLDER, self.tmpdir) for w in words]
+
+    def argv(self, env, argv):
+        names = sorted(k for k, v in env.items() if os.environ.get(k) != v)
+        extra = []
+        if self.spec.get("env_flag"):
+            for name in names:
+                extra += [self.spec["env_flag"], name]
+        elif self.spec.get("env_file_flag"):
+            path = os.path.join(self.tmpdir, "container.env")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                for name in names:
+                    f.write("%s=%s\n" % (name, sh_quote(env[name])))
+            extra = [self.spec["env_file_flag"], path]
+        for cmd in self.spec.get("prepare") or []:
+            if run_quiet(self.words(cmd), timeout=600.0) != 0:
+                raise OSError(5, "%s failed" % " ".join(cmd[:2]))
+        return self.words(self.spec["head"]) + extra + self.words(self.spec["image"]) + argv
+
+    def stop(self, grace):
+        """Ask the runtime to stop the container by name (grace, then kill), off-thread:
+        a signal handler may call this. Once."""
+        if self.stopping or not self.spec.get("stop"):
+            return
+        self.stopping = True
+        cmds = []
+        for cmd in self.spec["stop"]:
+            cmd = list(cmd)
+            if grace <= 0 and "-t" in cmd:
+                cmd[cmd.index("-t") + 1] = "0"
+            cmds.append(cmd)
+
+        def work():
+            for cmd in cmds:
+                run_quiet(cmd, timeout=max(10.0, grace + 10.0))
+        _thread.start_new_thread(work, ())
+
+    def remove(self):
+        """Remove the container by name, then every container the run's label still
+        lists (``leftovers``) on this node: nothing of the run is left. Idempotent."""
+        if self.removed:
+            return
+        self.removed = True
+        for cmd in self.spec.get("remove") or []:
+            run_quiet(cmd)
+        listing = self.spec.get("leftovers")
+        if listing:
+            prefix = self.spec.get("prefix") or ""
+            names = [n.strip() for n in run_output(listing).splitlines()]
+            self.left = [n for n in names if n and n.startswith(prefix)]
+            for name in self.left:
+                remove = list((self.spec.get("remove") or [[]])[0])
+                if remove:
+                    run_quiet(remove[:-1] + [name])
 
 
 def start_error(program, exc):

@@ -30,6 +30,7 @@ KIND_NOISE, KIND_OUT, KIND_ERR, KIND_CTL = 0, 1, 2, 3
 # is what the node's login shell printed (a chatty .bashrc), passed on as KIND_NOISE
 MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
+DIR_PLACEHOLDER = "{DTRAIN_DIR}"  # the supervisor's private directory (supervisor.py's twin)
 # the supervisor's spec travels as marshal data after this byte (supervisor.py has the twin;
 # a JSON spec starts with "{"): decoding it needs no import on the node, json costs ~3 ms
 SPEC_MARSHAL = b"M"
