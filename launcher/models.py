@@ -24,6 +24,7 @@ class Host:
     python: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     source: str = ""  # "file:line" (or "-H") for error messages
+    image: str | None = None  # the YAML hostfile's image: (--image for this host)
 
     @property
     def label(self) -> str:

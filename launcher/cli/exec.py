@@ -69,6 +69,10 @@ def exec_cmd(
     as_json: JsonOpt = False,
     junit: JunitOpt = None,
     timestamps: TimestampsOpt = False,
+    image: groups.ImageOpt = None,
+    container_runtime: groups.ContainerRuntimeOpt = None,
+    mount: groups.MountOpt = None,
+    container_arg: groups.ContainerArgOpt = None,
 ) -> None:
     """Run a command on every node; output tagged by host; exit = the largest remote code.
 
@@ -99,7 +103,9 @@ def exec_cmd(
                           fanout=fanout, python=python, color=color, raw=raw, grace=grace,
                           heartbeat_timeout=heartbeat_timeout, transport=transport,
                           as_json=as_json, junit=junit, timestamps=timestamps,
-                          prefix=not no_prefix)
+                          prefix=not no_prefix,
+                          container=groups.container(image, container_runtime, mount,
+                                                     container_arg))
         return run_exec(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option,
                                           persist=persist, verbose=verbose))
 

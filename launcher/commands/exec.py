@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launcher.decide.container import ContainerRequest
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
@@ -45,6 +46,7 @@ class ExecRequest:
     as_json: bool = False  # one dtrain.exec/1 document on stdout; the output goes to stderr
     junit: str | None = None
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
+    container: ContainerRequest | None = None  # --image: the command runs inside it
 
 
 def exec_spec(command: Sequence[str], *, grace: float = EXEC_GRACE,
@@ -105,7 +107,11 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest,
     """Run the command on every host; the job's outcome (``exit_code`` gives the code)."""
     stdout = sys.stderr if req.as_json else sys.stdout
     spec = exec_spec(req.command, grace=req.grace, heartbeat_timeout=req.heartbeat_timeout)
-    launches = {h.label: NodeLaunch(spec, python=h.python or req.python) for h in hosts}
+    specs = {h.label: spec for h in hosts}
+    if req.container is not None or any(h.image for h in hosts):
+        specs = await container_specs(hosts, req, spec, settings)
+    launches = {h.label: NodeLaunch(specs[h.label], python=h.python or req.python)
+                for h in hosts}
     policy = Policy(grace=req.grace, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
                     fanout_whole_job=True)
     probe = AutoTransport(settings, req.transport)
@@ -133,6 +139,42 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest,
     for line in summary(outcome, hosts):
         render.note(line)
     return outcome
+
+
+async def container_specs(hosts: Sequence[Host], req: ExecRequest, spec: JobSpec,
+                          settings: SSHSettings) -> dict[str, JobSpec]:
+    """--image (or a hostfile's image:): each node's runtime and image first (a node without
+    them is named before anything starts), then the command inside, in the node's home
+    (exec's directory)."""
+    import dataclasses
+
+    from launcher.decide.container import NodeContainerFacts, command_for, for_host, image_problems
+    from launcher.errors import PreflightFailed
+    from launcher.job.containers import probe_containers
+    from launcher.output.archive import new_run_id
+
+    reqs = {h.label: c for h in hosts if (c := for_host(req.container, h.image))}
+    async with AutoTransport(settings, req.transport) as transport:
+        facts, homes, errors = await probe_containers(
+            transport, hosts, reqs, fanout=req.fanout,
+            connect_timeout=settings.connect_timeout, python=req.python)
+    problems = [f"{label}: not reached: {why}" for label, why in errors.items()]
+    problems += image_problems({k: v for k, v in reqs.items() if k not in errors}, facts)
+    if problems:
+        raise PreflightFailed("; ".join(problems), hint="nothing was started")
+    run_id = "exec-" + new_run_id()
+    out = {h.label: spec for h in hosts}
+    for h in hosts:
+        if h.label not in reqs:
+            continue
+        f, bits = facts[h.label], homes[h.label]
+        assert f.runtime is not None  # image_problems names a node without one
+        cmd = command_for(reqs[h.label], f.runtime,
+                          NodeContainerFacts(bits.gpus, bits.rdma, bits.shm_bytes),
+                          run_id=run_id, host=h.name, attempt=1, workdir=bits.home,
+                          grace=req.grace)
+        out[h.label] = dataclasses.replace(spec, container=cmd.wire())
+    return out
 
 
 def exec_report(outcome: JobOutcome | None, code: int, req: ExecRequest, started: float,

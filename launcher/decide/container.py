@@ -15,6 +15,7 @@ directory on the node (rank shim, its socket), mounted at the same path inside.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -113,14 +114,25 @@ class ContainerFacts:
                 "rootless": self.rootless, "error": self.error}
 
 
-def image_problems(req: ContainerRequest, facts: Mapping[str, ContainerFacts | None]
-                   ) -> list[str]:
-    """Every node that cannot start the image as the others would, named (``label: why``):
-    no runtime, the image missing, or another digest than most nodes have."""
+def for_host(req: ContainerRequest | None, image: str | None) -> ContainerRequest | None:
+    """A host's request: its hostfile ``image:`` wins over ``--image`` (the other container
+    options apply to it as well); None: this host runs without a container."""
+    if image is None:
+        return req
+    if req is None:
+        return ContainerRequest(image=image)
+    return dataclasses.replace(req, image=image)
+
+
+def image_problems(reqs: Mapping[str, ContainerRequest],
+                   facts: Mapping[str, ContainerFacts | None]) -> list[str]:
+    """Every node that cannot start its image as the others would, named (``label: why``):
+    no runtime, the image missing, or another digest than most nodes with that image have."""
     problems: list[str] = []
-    ids: dict[str, str] = {}
-    want = f" {req.runtime}" if req.runtime else ""
-    for label, f in facts.items():
+    ids: dict[str, dict[str, str]] = {}  # image -> label -> id
+    for label, req in reqs.items():
+        f = facts.get(label)
+        want = f" {req.runtime}" if req.runtime else ""
         if f is None or f.runtime is None:
             why = f.error if f is not None and f.error else \
                 f"no container runtime{want or ' (' + ', '.join(RUNTIMES) + ')'} found"
@@ -129,19 +141,20 @@ def image_problems(req: ContainerRequest, facts: Mapping[str, ContainerFacts | N
             problems.append(f"{label}: image {req.image} is not there ({f.runtime}); "
                             f"copy it with: dtrain image push {req.image}")
         elif f.image_id:
-            ids[label] = f.image_id
-    if len(set(ids.values())) > 1:
+            ids.setdefault(req.image, {})[label] = f.image_id
+    for image, by_label in ids.items():
+        if len(set(by_label.values())) < 2:
+            continue
         counts: dict[str, int] = {}
-        for v in ids.values():
+        for v in by_label.values():
             counts[v] = counts.get(v, 0) + 1
-        # the most common digest is the reference; ties: the first node's
-        first = next(iter(ids.values()))
+        first = next(iter(by_label.values()))  # ties: the first node's is the reference
         ref = max(counts, key=lambda v: (counts[v], v == first))
-        for label, v in ids.items():
+        for label, v in by_label.items():
             if v != ref:
-                problems.append(f"{label}: image {req.image} has digest {short_id(v)}, the "
+                problems.append(f"{label}: image {image} has digest {short_id(v)}, the "
                                 f"other nodes {short_id(ref)}; copy it with: "
-                                f"dtrain image push {req.image}")
+                                f"dtrain image push {image}")
     return problems
 
 

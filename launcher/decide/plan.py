@@ -11,8 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.decide.container import (ContainerCommand, ContainerRequest,
-                                       NodeContainerFacts, command_for, image_problems)
+from launcher.decide.container import (
+    ContainerCommand,
+    ContainerRequest,
+    NodeContainerFacts,
+    command_for,
+    for_host,
+    image_problems,
+)
 from launcher.decide.devices import DeviceSelection
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
@@ -240,9 +246,9 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                               dtrain=dtrain_env(req, node_rank, len(hosts)))
         errors += [f"{host.label}: {e}" for e in decision.errors]
         decisions[host.label] = decision
-    if req.container is not None:
-        errors += image_problems(req.container, {h.label: facts[h.label].container
-                                                 for h in hosts})
+    wanted = {h.label: c for h in hosts if (c := for_host(req.container, h.image))}
+    if wanted:
+        errors += image_problems(wanted, {h: facts[h].container for h in wanted})
     if errors:
         raise PreflightFailed("; ".join(errors))
     nodes: list[NodePlan] = []
@@ -268,10 +274,11 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
 def container_for(req: RunRequest, opts: RunOptions, host: Host, facts: NodeFacts
                   ) -> ContainerCommand | None:
     """``--image``: this node's runtime command (decide/container.py), from its facts."""
-    if req.container is None or facts.container is None or facts.container.runtime is None:
+    ctr = for_host(req.container, host.image)
+    if ctr is None or facts.container is None or facts.container.runtime is None:
         return None
     node = NodeContainerFacts(gpus=facts.gpus, rdma=bool(facts.rdma), shm_bytes=facts.shm_bytes)
-    return command_for(req.container, facts.container.runtime, node, run_id=req.run_id,
+    return command_for(ctr, facts.container.runtime, node, run_id=req.run_id,
                        host=host.name, attempt=req.attempt,
                        workdir=req.workdir or facts.home, grace=opts.grace)
 

@@ -26,8 +26,8 @@ ENV_HOSTFILE = "DTRAIN_HOSTFILE"
 TEXT_KEYS = ("port", "python", "slots", "user")
 IGNORED_KEYS = ("max_slots", "max-slots")  # OpenMPI's; accepted so MPI hostfiles load unchanged
 YAML_TOP_KEYS = ("defaults", "hosts")
-YAML_DEFAULT_KEYS = ("env", "port", "python", "slots", "user")
-YAML_HOST_KEYS = ("env", "host", "port", "python", "slots", "user")
+YAML_DEFAULT_KEYS = ("env", "image", "port", "python", "slots", "user")
+YAML_HOST_KEYS = ("env", "host", "image", "port", "python", "slots", "user")
 # the cap on the hosts of one job, after all expansion (every entry of a hostfile, -H,
 # --include/--exclude, `dtrain logs --host`): checked before each range is built, so a typo
 # like node[1-100000000] fails at once instead of eating seconds and memory
@@ -95,6 +95,7 @@ class _Spec:
     slots: int | None = None
     python: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None  # YAML only: the container image for these hosts
 
     def over(self, defaults: _Spec) -> _Spec:
         """This entry's values win over the defaults; env is merged, the entry's keys winning."""
@@ -102,7 +103,7 @@ class _Spec:
             names=self.names,
             user=_first(self.user, defaults.user), port=_first(self.port, defaults.port),
             slots=_first(self.slots, defaults.slots), python=_first(self.python, defaults.python),
-            env={**defaults.env, **self.env},
+            env={**defaults.env, **self.env}, image=_first(self.image, defaults.image),
         )
 
 
@@ -188,7 +189,17 @@ def _python(value: object, ctx: _Ctx) -> str:
                          "python=/opt/venv/bin/python")
 
 
-_SETTERS = {"port": _port, "python": _python, "slots": _slots, "user": _user}
+def _image(value: object, ctx: _Ctx) -> str:
+    """A container image name (docs/containers.md): no spaces, not an option."""
+    if isinstance(value, str) and value and not value.startswith("-") and not any(
+            c.isspace() or ord(c) < 32 for c in value):
+        return value
+    raise ctx.error(f"invalid image {value!r}: expected an image name",
+                    hint="e.g. image: nvcr.io/nvidia/pytorch:24.05-py3")
+
+
+_SETTERS = {"port": _port, "python": _python, "slots": _slots, "user": _user,
+            "image": _image}
 
 
 def _set(spec: _Spec, key: str, value: object, ctx: _Ctx) -> None:
@@ -349,7 +360,8 @@ def _hosts(spec: _Spec, ctx: _Ctx) -> list[Host]:
     """One entry's Hosts, all tagged with the entry's file:line."""
     env = tuple(sorted(spec.env.items()))
     return [Host(name=name, user=spec.user, port=spec.port, slots=spec.slots,
-                 python=spec.python, env=env, source=ctx.label) for name in spec.names]
+                 python=spec.python, env=env, source=ctx.label, image=spec.image)
+            for name in spec.names]
 
 
 # --------------------------------------------------------------------------- text

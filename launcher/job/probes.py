@@ -19,6 +19,7 @@ from typing import Any
 
 from launcher.aio import cleanup
 from launcher.decide.checks import PYTHON_FIX, fold_by_message
+from launcher.decide.container import for_host
 from launcher.decide.facts import NodeFacts, Route
 from launcher.decide.plan import RunRequest
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
@@ -67,14 +68,15 @@ class NodeProbes:
         """Start the probe on every node; each node's facts (routes towards ``targets``)."""
         req = self._req
         params = {"mode": "facts", "workdir": req.workdir, "targets": list(targets),
-                  "entry": {"name": req.script, "module": req.module}, "stay": True,
-                  **({"container": req.container.probe_params()} if req.container else {})}
+                  "entry": {"name": req.script, "module": req.module}, "stay": True}
         results: dict[str, NodeFacts] = {}
 
         async def one(label: str, conn: Connection) -> None:
             try:
                 async with asyncio.timeout(self._timeout):
-                    proc = await start_program(conn, "probe", params,
+                    ctr = for_host(req.container, conn.host.image)
+                    proc = await start_program(conn, "probe", {
+                        **params, **({"container": ctr.probe_params()} if ctr else {})},
                                                python=conn.host.python or req.python,
                                                setup=req.setup)
                     self._procs[label] = proc

@@ -1,0 +1,267 @@
+"""--image (docs/containers.md): the runtime's command line per runtime, decided purely from a
+node's facts (decide/container.py); the preflight that names a node without the image or with
+another digest; the hostfile's image:; and the supervisor running a job through a stand-in
+docker, enroot and apptainer (tests/standin_runtime.py) on localhost: the environment
+arrives by name or in a private file, never as values in argv, and the container is removed
+by name at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from launcher.decide.container import (
+    ContainerFacts,
+    ContainerRequest,
+    NodeContainerFacts,
+    command_for,
+    container_name,
+    for_host,
+    image_problems,
+    parse_mount,
+)
+from launcher.decide.plan import RunOptions, RunRequest, build_plan, plan_json
+from launcher.errors import PreflightFailed, UsageError
+from launcher.hosts.hostfile import parse_hostfile_yaml
+from launcher.models import Host
+from launcher.nodeside.wire import DIR_PLACEHOLDER
+from tests.test_netenv import MASTER_IP
+from tests.test_plan import N0, N1
+from tests.util import REPO, dtrain
+
+IMG = "nvcr.io/nvidia/pytorch:24.05-py3"
+ID_A, ID_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+CPU = NodeContainerFacts(gpus=0, rdma=False, shm_bytes=1 << 30)
+GPU_HCA = NodeContainerFacts(gpus=8, rdma=True, shm_bytes=None)
+LABELS = ["--label", "dtrain.run=r1", "--label", "dtrain.node=n1", "--label",
+          "dtrain.attempt=2"]
+
+
+def cmd(runtime: str, node: NodeContainerFacts = CPU, **kw: object):  # type: ignore[no-untyped-def]
+    req = ContainerRequest(IMG, mounts=(parse_mount("/data:/data:ro"),),
+                           args=("--security-opt", "seccomp=unconfined"))
+    return command_for(req, runtime, node, run_id="r1", host="n1", attempt=2,
+                       workdir="/home/u/proj", grace=10.0, **kw)  # type: ignore[arg-type]
+
+
+def test_podman_on_a_cpu_node_host_network_shm_mounts_labels() -> None:
+    c = cmd("podman")
+    assert c.name == "dtrain-r1-n1-a2"
+    assert c.head == (
+        "podman", "run", "--rm", "--init", "--name", "dtrain-r1-n1-a2", *LABELS,
+        "--network", "host", "--shm-size", str(1 << 30),
+        "-v", f"{DIR_PLACEHOLDER}:{DIR_PLACEHOLDER}", "-v", "/home/u/proj:/home/u/proj",
+        "-v", "/data:/data:ro", "-w", "/home/u/proj", "--security-opt", "seccomp=unconfined")
+    assert c.image == (IMG,)
+    assert (c.env_flag, c.env_file_flag) == ("-e", None)
+    assert c.stop == (("podman", "stop", "-t", "10", "dtrain-r1-n1-a2"),)
+    assert c.remove == (("podman", "rm", "-f", "dtrain-r1-n1-a2"),)
+    assert c.leftovers == ("podman", "ps", "-a", "--filter", "label=dtrain.run=r1",
+                           "--format", "{{.Names}}")
+    assert c.prefix == "dtrain-r1-"
+    assert c.shown(["A", "B"])[-5:] == ("-e", "A", "-e", "B", IMG)
+
+
+def test_gpus_and_hcas_per_runtime() -> None:
+    podman, docker = cmd("podman", GPU_HCA).head, cmd("docker", GPU_HCA).head
+    rdma = ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
+    for head, gpus in ((podman, ["--device", "nvidia.com/gpu=all"]), (docker, ["--gpus", "all"])):
+        words = list(head)
+        i = words.index("--network")
+        # no shm size known: the host's IPC namespace
+        assert words[i:i + 4 + len(gpus) + len(rdma)] == [
+            "--network", "host", "--ipc", "host", *gpus, *rdma]
+    for runtime in ("podman", "docker"):  # a CPU node: neither GPUs nor RDMA devices
+        head = cmd(runtime).head
+        assert not {"--gpus", "--cap-add", "--ulimit", "/dev/infiniband"} & set(head)
+        assert "nvidia.com/gpu=all" not in head
+    enroot = cmd("enroot", GPU_HCA)
+    assert enroot.head == (
+        "enroot", "start", "--env", "NVIDIA_VISIBLE_DEVICES=all",
+        "--env", "MELLANOX_VISIBLE_DEVICES=all",
+        "--mount", f"{DIR_PLACEHOLDER}:{DIR_PLACEHOLDER}", "--mount", "/home/u/proj:/home/u/proj",
+        "--mount", "/data:/data:ro", "--security-opt", "seccomp=unconfined")
+    assert enroot.image == ("dtrain-r1-n1-a2", "/bin/sh", "-c", 'cd "$0" && exec "$@"',
+                            "/home/u/proj")
+    assert enroot.prepare == (("enroot", "create", "--force", "--name", "dtrain-r1-n1-a2", IMG),)
+    assert enroot.remove == (("enroot", "remove", "--force", "dtrain-r1-n1-a2"),)
+    assert "NVIDIA_VISIBLE_DEVICES=all" not in cmd("enroot").head
+    app = cmd("apptainer", GPU_HCA)
+    assert app.head == (
+        "apptainer", "exec", "--cleanenv", "--nv", "--bind", "/dev/infiniband",
+        "--bind", f"{DIR_PLACEHOLDER}:{DIR_PLACEHOLDER}", "--bind", "/home/u/proj:/home/u/proj",
+        "--bind", "/data:/data:ro", "--pwd", "/home/u/proj",
+        "--security-opt", "seccomp=unconfined")
+    assert (app.env_flag, app.env_file_flag) == (None, "--env-file")
+    assert "--nv" not in cmd("apptainer").head
+
+
+def test_names_requests_and_mounts() -> None:
+    assert container_name("20260101-a/b", "gpu 1", 3) == "dtrain-20260101-a_b-gpu_1-a3"
+    assert parse_mount("/a:/b") == parse_mount("/a:/b:rw")
+    assert parse_mount("/a:/b:ro").text == "/a:/b:ro"
+    for bad in ("a:/b", "/a", "/a:/b:rx", "/a:/b:ro:x", "/a,b:/c"):
+        with pytest.raises(UsageError):
+            parse_mount(bad)
+    for image in ("", "-it", "a b"):
+        with pytest.raises(UsageError):
+            ContainerRequest(image)
+    with pytest.raises(UsageError):
+        ContainerRequest(IMG, runtime="lxc")
+    base = ContainerRequest(IMG, runtime="podman")
+    assert for_host(None, None) is None
+    assert for_host(base, None) is base
+    assert for_host(base, "other:1") == replace(base, image="other:1")
+    assert for_host(None, "other:1") == ContainerRequest("other:1")
+
+
+def test_preflight_names_nodes_without_the_image_or_with_another_digest() -> None:
+    req = ContainerRequest(IMG)
+    ok = ContainerFacts("podman", "/usr/bin/podman", "4.3.1", True, ID_A)
+    facts = {"n1": ok, "n2": ok, "n3": replace(ok, image_id=ID_B),
+             "n4": replace(ok, image_present=False, image_id=None),
+             "n5": ContainerFacts(error="no container runtime (podman) on PATH"), "n6": None}
+    problems = image_problems(dict.fromkeys(facts, req), facts)
+    assert problems == [
+        "n4: image nvcr.io/nvidia/pytorch:24.05-py3 is not there (podman); copy it with: "
+        "dtrain image push nvcr.io/nvidia/pytorch:24.05-py3",
+        "n5: no container runtime (podman) on PATH",
+        "n6: no container runtime (podman, docker, enroot, apptainer) found",
+        "n3: image nvcr.io/nvidia/pytorch:24.05-py3 has digest bbbbbbbbbbbb, the other "
+        "nodes aaaaaaaaaaaa; copy it with: dtrain image push nvcr.io/nvidia/pytorch:24.05-py3"]
+    # a node with another image (its hostfile image:) is compared with nodes of that image
+    other = ContainerRequest("other:1")
+    assert image_problems({"n1": req, "n3": other}, {"n1": ok, "n3": replace(ok, image_id=ID_B)}
+                          ) == []
+
+
+def _plan(facts1: ContainerFacts | None, hosts: list[Host] | None = None):  # type: ignore[no-untyped-def]
+    hosts = hosts or [Host("node0", slots=2), Host("node1", port=2222, slots=1)]
+    ok = ContainerFacts("docker", "/usr/bin/docker", "20.10", True, ID_A)
+    req = RunRequest(script="train.py", run_id="r1", workdir="/w",
+                     container=ContainerRequest(IMG))
+    return build_plan(req, RunOptions(), hosts,
+                      {"node0": replace(N0, container=ok), "node1:2222": replace(
+                          N1, container=facts1)},
+                      master_addr=MASTER_IP, master_port=29400, master_reason="r")
+
+
+def test_the_plan_carries_each_nodes_runtime_command_and_the_dry_run_shows_it() -> None:
+    plan = _plan(ContainerFacts("podman", "/usr/bin/podman", "4.3", True, ID_A))
+    n0, n1 = plan.nodes
+    assert n0.container is not None and n1.container is not None
+    assert (n0.container.runtime, n1.container.runtime) == ("docker", "podman")
+    assert n0.container.head[:6] == ("docker", "run", "--rm", "--init", "--name",
+                                     "dtrain-r1-node0-a1")
+    assert "--gpus" in n0.container.head  # N0 has 4 GPUs
+    assert n1.container.name == "dtrain-r1-node1-a1"
+    shown = plan_json(plan)["nodes"][0]["container"]  # type: ignore[index]
+    assert shown[-1] == IMG and "-w" in shown
+    names = [shown[i + 1] for i, w in enumerate(shown) if w == "-e"]
+    assert "DTRAIN_RUN_ID" in names and "GLOO_SOCKET_IFNAME" in names
+    assert not any("=" in n for n in names)  # names only: values never in argv
+
+
+def test_the_plan_refuses_a_node_without_the_image_naming_it() -> None:
+    with pytest.raises(PreflightFailed) as err:
+        _plan(ContainerFacts("podman", "/usr/bin/podman", "4.3", False, None))
+    assert err.value.message.startswith("node1:2222: image nvcr.io/nvidia/pytorch:24.05-py3 "
+                                        "is not there (podman)")
+
+
+def test_yaml_hostfile_image_per_host_and_default() -> None:
+    hosts = parse_hostfile_yaml("defaults: {image: 'base:1'}\nhosts:\n  - node1\n"
+                                "  - {host: node2, image: 'special:2'}\n", "h.yaml")
+    assert [(h.name, h.image) for h in hosts] == [("node1", "base:1"), ("node2", "special:2")]
+    from launcher.errors import HostfileError
+
+    with pytest.raises(HostfileError) as err:
+        parse_hostfile_yaml("hosts:\n  - {host: node2, image: 'a b'}\n", "h.yaml")
+    assert "h.yaml:2" in str(err.value) or "h.yaml:2" in err.value.message
+
+
+# ------------------------------------------------------------------ stand-in runtimes
+
+@pytest.fixture
+def standin(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("docker", "enroot", "apptainer"):
+        shutil.copy(REPO / "tests" / "standin_runtime.py", bin_dir / name)
+        (bin_dir / name).write_text(f"#!{sys.executable}\n" + (bin_dir / name).read_text())
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "argv.jsonl"
+    image = str(tmp_path / "image.sqsh")
+    Path(image).write_text("not really squashfs")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_RT_LOG": str(log),
+           "FAKE_IMAGE": image, "SECRET_TOKEN": "s3cr3t-value"}
+    return log, env
+
+
+@pytest.mark.parametrize("runtime", ["docker", "enroot", "apptainer"])
+def test_exec_through_a_standin_runtime(runtime: str, standin: tuple[Path, dict[str, str]]
+                                        ) -> None:
+    log, env = standin
+    image = env["FAKE_IMAGE"]
+    res = dtrain(["exec", "-H", "localhost", "--image", image, "--container-runtime", runtime,
+                  "--mount", "/data:/data:ro", "--",
+                  "sh", "-c", 'echo "token=${SECRET_TOKEN:-unset} pwd=$PWD"'], env=env)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert res.returncode == 0, res.stdout + res.stderr + str(calls)
+    # the login environment does not leak into the container; the working dir is the home
+    assert f"localhost: token=unset pwd={os.path.expanduser('~')}" in res.stdout
+    verbs = [c[1] for c in calls]
+    job = next(c for c in calls if c[1] in ("run", "start", "exec"))
+    if runtime == "docker":
+        assert verbs[:2] == ["--version", "image"] and "rm" in verbs  # removed by name
+        name = job[job.index("--name") + 1]
+        assert name.startswith("dtrain-exec-") and name.endswith("-localhost-a1")
+        assert ["docker", "rm", "-f", name] in calls
+        assert ["--network", "host"] == job[job.index("--network"):job.index("--network") + 2]
+        assert "/data:/data:ro" in job and job[-4:-3] == [image]
+    elif runtime == "enroot":
+        assert verbs[0] == "version" and "create" in verbs and "remove" in verbs
+        assert job[:2] == ["enroot", "start"]
+    else:
+        assert verbs[0] == "--version"
+        assert job[:3] == ["apptainer", "exec", "--cleanenv"]
+        env_file = job[job.index("--env-file") + 1]
+        assert not Path(env_file).exists()  # the private file went with the node's dir
+
+
+def test_the_supervisor_passes_env_by_name_or_in_a_private_file(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    from launcher.nodeside.supervisor import Container
+
+    monkeypatch.setenv("HOST_ONLY", "x")
+    env = {**os.environ, "TOKEN": "it's s3cr3t", "HOST_ONLY": "x"}
+    docker = cmd("docker")
+    argv = Container(docker.wire(), str(tmp_path), 5.0).argv(env, ["python3", "t.py"])
+    assert argv[-3:] == [IMG, "python3", "t.py"]
+    assert argv[-5:-3] == ["-e", "TOKEN"] and "HOST_ONLY" not in argv  # only what dtrain set
+    assert f"{tmp_path}:{tmp_path}" in argv and "it's s3cr3t" not in " ".join(argv)
+    app = cmd("apptainer")
+    argv = Container(app.wire(), str(tmp_path), 5.0).argv(env, ["python3", "t.py"])
+    path = argv[argv.index("--env-file") + 1]
+    assert path == str(tmp_path / "container.env")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert Path(path).read_text() == "TOKEN='it'\"'\"'s s3cr3t'\n"
+    assert "TOKEN" not in argv
+
+
+def test_exec_names_a_node_whose_runtime_lacks_the_image(standin: tuple[Path, dict[str, str]]
+                                                        ) -> None:
+    log, env = standin
+    res = dtrain(["exec", "-H", "localhost", "--image", "missing:1", "--container-runtime",
+                  "docker", "--", "true"], env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "localhost: image missing:1 is not there (docker); copy it with: dtrain image " \
+           "push missing:1" in res.stderr
+    assert not any(c[1] == "run" for c in map(json.loads, log.read_text().splitlines()))

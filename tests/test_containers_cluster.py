@@ -1,0 +1,140 @@
+"""--image for real (docs/containers.md): Debian's podman with crun, rootless as dtuser, inside
+the test cluster's nodes (tests/cluster/podman.py); the image is the skeleton rootfs with
+/usr and this Python mounted read-only.
+
+A 3x2 gloo DDP run inside podman keeps each node's own NIC; exec runs inside the image; a
+failing rank, Ctrl-C and a SIGKILLed launcher each leave no container (by the run's label)
+and no process (JobWatch: every process carrying the run id, and their descendants); a node
+without the image is named before anything starts."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests import cluster as tc
+from tests.cluster import podman
+from tests.test_failures import Dtrain, JobWatch, meta, run_args
+from tests.util import dtrain
+
+pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+IMAGE = podman.TEST_IMAGE
+
+
+@pytest.fixture(scope="module")
+def pcluster(cluster: tc.Cluster) -> tc.Cluster:
+    reason = podman.available()
+    if reason:
+        pytest.skip(reason)
+    podman.ensure_image(cluster, range(1, 5))
+    return cluster
+
+
+def _args(cluster: tc.Cluster, tmp_path: Path, run_id: str, script: str, *extra: str,
+          **kw: object) -> list[str]:
+    return run_args(cluster, tmp_path, run_id, script, "--image", IMAGE, *podman.run_mounts(),
+                    *extra, **kw)  # type: ignore[arg-type]
+
+
+def _no_containers(cluster: tc.Cluster, run_id: str, nodes: range = range(1, 4)) -> None:
+    left = {k: podman.containers(cluster, k, run_id) for k in nodes}
+    assert not any(left.values()), f"containers of {run_id} left: {left}"
+
+
+def test_three_by_two_ddp_inside_podman_keeps_each_nodes_nic(pcluster: tc.Cluster,
+                                                             tmp_path: Path) -> None:
+    run_id = f"ctr-ddp-{uuid.uuid4().hex[:8]}"
+    with JobWatch(pcluster, [1, 2, 3], run_id=run_id) as watch:
+        res = dtrain(_args(pcluster, tmp_path, run_id, "tests/workloads/env_report.py",
+                           nproc=2, script_args=["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+                                                 "container"]),
+                     env=pcluster.client_env(), timeout=180)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        watch.assert_clean(5.0)
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in res.stdout.splitlines()
+               if "REPORT " in line]
+    assert sorted(r["rank"] for r in reports) == list(range(6))
+    for r in reports:
+        ifname = pcluster.node(int(r["host"][4:])).ifname
+        assert r["env"]["GLOO_SOCKET_IFNAME"] == ifname
+        assert r["env"]["NCCL_SOCKET_IFNAME"] == "=" + ifname
+        assert r["env"]["container"] == "podman"  # podman's mark: the rank ran inside
+        assert r["sum"] == 6.0
+    _no_containers(pcluster, run_id)
+    plan = meta(tmp_path, run_id)["plan"]["nodes"]
+    assert [n["container"][:2] for n in plan] == [["podman", "run"]] * 3
+    assert plan[1]["container"][plan[1]["container"].index("--name") + 1] == \
+        f"dtrain-{run_id}-node2-a1"
+
+
+def test_exec_runs_inside_the_image_with_the_nodes_network(pcluster: tc.Cluster) -> None:
+    res = dtrain(["exec", "-H", "node[1-3]", "--image", IMAGE, "--mount", "/usr:/usr:ro", "--",
+                  "sh", "-c", "echo $(cat /proc/1/comm) $(ls /sys/class/net | tr '\\n' ' ')"],
+                 env=pcluster.client_env(), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for k in (1, 2, 3):
+        # podman's init is pid 1: we are in the container, and it sees the node's own NIC
+        line = next(ln for ln in res.stdout.splitlines() if ln.startswith(f"node{k}: "))
+        assert line.split()[1] == "podman-init", line
+        assert pcluster.node(k).ifname in line.split()[2:], line
+
+
+def test_a_node_without_the_image_is_named_before_anything_starts(pcluster: tc.Cluster,
+                                                                  tmp_path: Path) -> None:
+    partial = "localhost/dtrain-test:partial"
+    podman.ensure_image(pcluster, [1, 2], partial)
+    podman.remove_image(pcluster, 3, partial)
+    run_id = f"ctr-miss-{uuid.uuid4().hex[:8]}"
+    args = run_args(pcluster, tmp_path, run_id, "tests/workloads/env_report.py", "--image",
+                    partial, *podman.run_mounts())
+    res = dtrain(args, env=pcluster.client_env(), timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"node3: image {partial} is not there (podman); copy it with: dtrain image push " \
+           f"{partial}" in res.stderr
+    assert "node1: image" not in res.stderr and "node2: image" not in res.stderr
+    _no_containers(pcluster, run_id)
+    res = dtrain(["exec", "-H", "node[1-3]", "--image", partial, "true"],
+                 env=pcluster.client_env(), timeout=120)
+    assert res.returncode == 1 and "node3: image" in res.stderr, res.stderr
+
+
+def test_a_failing_rank_leaves_no_container_and_no_process(pcluster: tc.Cluster,
+                                                           tmp_path: Path) -> None:
+    run_id = f"ctr-fail-{uuid.uuid4().hex[:8]}"
+    with JobWatch(pcluster, [1, 2, 3], run_id=run_id) as watch:
+        res = dtrain(_args(pcluster, tmp_path, run_id, "tests/workloads/warn_fail.py",
+                           "--grace", "3"), env=pcluster.client_env(), timeout=180)
+        watch.assert_clean(5.0)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "boom on purpose" in res.stdout + res.stderr
+    _no_containers(pcluster, run_id)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_ctrl_c_or_a_killed_launcher_leaves_no_container_and_no_process(
+        pcluster: tc.Cluster, tmp_path: Path, jobs: list, how: str) -> None:
+    run_id = f"ctr-{how}-{uuid.uuid4().hex[:8]}"
+    extra = ["--grace", "3", "--heartbeat-timeout", "6"]
+    with JobWatch(pcluster, [1, 2, 3], run_id=run_id) as watch:
+        job = Dtrain(pcluster, _args(pcluster, tmp_path, run_id, "tests/workloads/tick.py",
+                                     *extra))
+        jobs.append(job)
+        job.wait_line(r"r\d: tick \d 2", timeout=120, count=3)
+        assert {k: podman.containers(pcluster, k, run_id) for k in (1, 2, 3)} == {
+            k: [f"dtrain-{run_id}-node{k}-a1"] for k in (1, 2, 3)}
+        if how == "ctrl-c":
+            job.signal(signal.SIGINT)
+            assert job.wait(60) == 130, job.output
+            watch.assert_clean(5.0, since=job.ended)
+        else:
+            job.signal(signal.SIGKILL)
+            job.wait(10)
+            # the nodes notice (channel closed / no heartbeat) and stop the container by name
+            watch.assert_clean(40.0)
+    _no_containers(pcluster, run_id)
+    assert re.search(r"tick \d 2", job.output)
