@@ -265,3 +265,14 @@ def test_exec_names_a_node_whose_runtime_lacks_the_image(standin: tuple[Path, di
     assert "localhost: image missing:1 is not there (docker); copy it with: dtrain image " \
            "push missing:1" in res.stderr
     assert not any(c[1] == "run" for c in map(json.loads, log.read_text().splitlines()))
+
+
+def test_doctor_rows_per_node() -> None:
+    from launcher.decide.container import image_rows
+
+    req = ContainerRequest(IMG)
+    ok = ContainerFacts("podman", "/usr/bin/podman", "4.3.1", True, ID_A)
+    rows = image_rows({"n1": req, "n2": req}, {"n1": ok, "n2": replace(ok, image_present=False)})
+    assert rows == [("n1", True, f"podman 4.3.1: {IMG} aaaaaaaaaaaa"),
+                    ("n2", False, f"image {IMG} is not there (podman); copy it with: "
+                                  f"dtrain image push {IMG}")]

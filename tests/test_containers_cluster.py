@@ -5,13 +5,16 @@ the test cluster's nodes (tests/cluster/podman.py); the image is the skeleton ro
 A 3x2 gloo DDP run inside podman keeps each node's own NIC; exec runs inside the image; a
 failing rank, Ctrl-C and a SIGKILLed launcher each leave no container (by the run's label)
 and no process (JobWatch: every process carrying the run id, and their descendants); a node
-without the image is named before anything starts."""
+without the image is named before anything starts; `dtrain image push` to 4 nodes, then
+again (skipped), and a node with another digest named by doctor and fixed by a push."""
 
 from __future__ import annotations
 
 import json
 import re
 import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -138,3 +141,60 @@ def test_ctrl_c_or_a_killed_launcher_leaves_no_container_and_no_process(
             watch.assert_clean(40.0)
     _no_containers(pcluster, run_id)
     assert re.search(r"tick \d 2", job.output)
+
+
+def _local(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *argv], capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_image_push_to_four_nodes_then_again_skipped(pcluster: tc.Cluster,
+                                                     tmp_path: Path) -> None:
+    tag = f"localhost/dtrain-push:{uuid.uuid4().hex[:8]}"
+    tar = tmp_path / "skel.tar"
+    tar.write_bytes(podman.skeleton_tar([sys.prefix]))
+    other = tmp_path / "other.tar"
+    other.write_bytes(podman.skeleton_tar([sys.prefix, "/opt/other"]))
+    if _local("import", "-q", str(tar), tag).returncode != 0:
+        pytest.skip("podman cannot import an image on this machine (the login node)")
+    want = _local("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    nodes = range(1, 5)
+    try:
+        res = dtrain(["image", "push", "-H", "node[1-4]", tag], env=pcluster.client_env(),
+                     timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"saving {tag}" in res.stderr and f"4 nodes loaded {tag}" in res.stderr
+        for k in nodes:
+            got = pcluster.node_exec(k, ["podman", "image", "inspect", "--format", "{{.Id}}",
+                                         tag]).stdout.strip()
+            assert got.removeprefix("sha256:") == want.removeprefix("sha256:"), k
+            assert not list((pcluster.node(k).home / ".cache/dtrain/images").glob("*.tar"))
+        res = dtrain(["image", "push", "-H", "node[1-4]", tag], env=pcluster.client_env(),
+                     timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"4 nodes already have {tag}" in res.stderr and "saving" not in res.stderr
+        # node4 gets another image under the same name: doctor names it, a push fixes it
+        pcluster.node_exec(4, ["podman", "rmi", "-f", tag])
+        shared = pcluster.shared_dir / f"other-{uuid.uuid4().hex[:8]}.tar"
+        shared.write_bytes(other.read_bytes())
+        shared.chmod(0o644)
+        try:
+            assert pcluster.node_exec(4, ["podman", "import", "-q", str(shared), tag]
+                                      ).returncode == 0
+        finally:
+            shared.unlink()
+        doc = dtrain(["doctor", "-H", "node[1-4]", "--image", tag, "--python", pcluster.python,
+                      "--json"], env=pcluster.client_env(), timeout=300)
+        rows = {r["host"]: r for r in json.loads(doc.stdout)["doctor"]["checks"]
+                if r["check"] == "image"}
+        assert sorted(rows) == ["node1", "node2", "node3", "node4"], doc.stdout[-2000:]
+        assert [rows[h]["status"] for h in sorted(rows)] == ["ok", "ok", "ok", "fail"]
+        assert "has digest" in rows["node4"]["detail"]
+        res = dtrain(["image", "push", "-H", "node[1-4]", tag], env=pcluster.client_env(),
+                     timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "3 nodes already have" in res.stderr and f"1 node loaded {tag}" in res.stderr
+    finally:
+        for k in nodes:
+            podman.remove_image(pcluster, k, tag)
+        _local("rmi", "-f", tag)

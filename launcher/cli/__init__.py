@@ -25,6 +25,7 @@ from launcher.cli import (
     cp,
     doctor,
     exec,
+    image,
     keys,
     logs,
     nodes,
@@ -79,6 +80,9 @@ app.add_typer(nodes.nodes_app, name="nodes", help="Nodes fenced by `dtrain run -
               "unfence node3")
 
 
+app.add_typer(image.image_app, name="image",
+              help="Container images on the nodes: push (docs/containers.md).\n\nExample:"
+              "\n\n  dtrain image push -f hosts nvcr.io/nvidia/pytorch:24.05-py3")
 app.add_typer(connections.connections_app, name="connections",
               help="Connections kept warm by --persist (the connection keeper): list, close."
               "\n\nExample:\n\n  dtrain connections close node[1-2]")

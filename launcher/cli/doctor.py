@@ -71,6 +71,8 @@ def doctor_cmd(
                                                     "plain columns (default: rich on a "
                                                     "terminal or with FORCE_COLOR, never "
                                                     "with NO_COLOR).")] = None,
+    image: groups.ImageOpt = None,
+    container_runtime: groups.ContainerRuntimeOpt = None,
 ) -> None:
     """Check every node before a launch: ssh, python, torch, GPUs, network, RDMA, limits.
 
@@ -90,7 +92,8 @@ def doctor_cmd(
         host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
-                             probe_timeout=probe_timeout, transport=transport)
+                             probe_timeout=probe_timeout, transport=transport,
+                             image=groups.container(image, container_runtime, None, None))
         return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new,
                                                              ssh_option, persist=persist,
                                                              verbose=verbose),

@@ -14,6 +14,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from launcher.decide.container import ContainerRequest
 from launcher.decide.facts import UNLIMITED, NodeFacts
 from launcher.decide.netenv import SocketChoice
 from launcher.decide.rdma import HcaChoice, select_hcas
@@ -33,7 +34,7 @@ PEERMEM = "/sys/module/nvidia_peermem"
 
 CHECKS = ("ssh", "setup", "python", "hostname", "torch", "nccl", "gpu", "master", "socket",
           "master_port", "mtu", "hca", "roce_gid", "memlock", "gpudirect", "shm", "limits",
-          "clock")
+          "clock", "image")
 FAST_CHECKS = ("python", "hostname", "torch", "shm", "memlock")
 
 V = TypeVar("V", bound=Hashable)
@@ -104,6 +105,7 @@ class Gathered:
     port: PortProbe | None = None
     setup: str | None = None  # --setup, when given
     setup_errors: Mapping[str, str] = field(default_factory=dict)  # why it failed, per node
+    images: Mapping[str, ContainerRequest] = field(default_factory=dict)  # --image, per node
 
 
 # --------------------------------------------------------------------------- helpers
@@ -495,6 +497,7 @@ FIXES = {
     "shm": "enlarge /dev/shm (docker run --shm-size=8g, or remount it larger)",
     "limits": "set a finite stack limit (ulimit -s 8192) and nofile >= 32768 on the nodes",
     "clock": "synchronise the clocks (chrony or ntpd)",
+    "image": "dtrain image push IMAGE -f HOSTS (docs/containers.md)",
 }
 
 

@@ -158,6 +158,22 @@ def image_problems(reqs: Mapping[str, ContainerRequest],
     return problems
 
 
+def image_rows(reqs: Mapping[str, ContainerRequest],
+               facts: Mapping[str, ContainerFacts | None]) -> list[tuple[str, bool, str]]:
+    """`doctor --image`: per node (label, ok, detail): the runtime, version and image id,
+    or why that node cannot run the image (``image_problems``'s words)."""
+    problems = dict(p.split(": ", 1) for p in image_problems(reqs, facts))
+    rows = []
+    for label, req in reqs.items():
+        f = facts.get(label)
+        if label in problems:
+            rows.append((label, False, problems[label]))
+        elif f is not None:
+            ident = f" {short_id(f.image_id)}" if f.image_id else ""
+            rows.append((label, True, f"{f.runtime} {f.version or '?'}: {req.image}{ident}"))
+    return rows
+
+
 def short_id(image_id: str) -> str:
     return image_id.split(":", 1)[-1][:12]
 

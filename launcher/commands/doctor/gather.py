@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.decide.checks import Gathered, MasterPick, PortProbe
+from launcher.decide.container import ContainerRequest, for_host
 from launcher.decide.fabric_checks import master_candidates, pick_master
 from launcher.decide.facts import NodeFacts
 from launcher.errors import DtrainError, PreflightFailed
@@ -30,6 +31,7 @@ class DoctorOptions:
     fanout: int = 64
     probe_timeout: float = 30.0
     transport: str = "auto"  # --transport
+    image: ContainerRequest | None = None  # --image: does every node have it?
 
 
 # --------------------------------------------------------------------------- helpers
@@ -79,10 +81,11 @@ def _why(exc: BaseException) -> str:
 async def _probe_all(conns: Mapping[str, Any], targets: Sequence[str], opts: DoctorOptions,
                      facts: dict[str, NodeFacts], errors: dict[str, str],
                      timing: dict[str, tuple[float, float]]) -> None:
-    params = {"mode": "facts", "targets": list(targets)}
-
     async def one(label: str, conn: Any) -> None:
         sent = time.time()
+        ctr = for_host(opts.image, conn.host.image)
+        params = {"mode": "facts", "targets": list(targets),
+                  **({"container": ctr.probe_params()} if ctr else {})}
         try:
             raw = await _probe(conn, params, opts)
         except (DtrainError, OSError, TimeoutError) as exc:
@@ -174,8 +177,9 @@ async def gather_with(transport: Any, hosts: Sequence[Host], opts: DoctorOptions
             port = await _port_test({h: ordered[h] for h in probed}, pick,
                                     opts.master_port or 0, opts)
         setup_errors = {h: e for h, e in probe_errors.items() if e.startswith("--setup failed")}
+        images = {h.label: c for h in hosts if (c := for_host(opts.image, h.image))}
         return Gathered(tuple(hosts), connect_errors, probe_errors, probed, timing, pick, port,
-                        opts.setup, setup_errors)
+                        opts.setup, setup_errors, images)
     finally:
         for conn in conns.values():
             with contextlib.suppress(Exception):

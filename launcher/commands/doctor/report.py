@@ -67,6 +67,12 @@ def evaluate(g: Gathered) -> list[CheckResult]:
             + check_hca(facts, sockets) + check_roce_gid(facts, sockets)
             + check_memlock(facts) + check_gpudirect(facts, sockets) + check_shm(facts)
             + check_limits(facts) + check_clock(facts, g.timing))
+    if g.images:  # --image: which nodes lack it (docs/containers.md)
+        from launcher.decide.container import image_rows
+
+        rows += [CheckResult(h, "image", OK if ok else FAIL, detail) for h, ok, detail in
+                 image_rows({h: r for h, r in g.images.items() if h in facts},
+                            {h: facts[h].container for h in facts})]
     return rows
 
 

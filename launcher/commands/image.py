@@ -1,0 +1,201 @@
+"""`dtrain image push IMAGE`: the image from this machine's runtime onto every node that lacks
+it (or has another digest), saved once and sent over cp's broadcast chain (docs/containers.md).
+
+1. every node's runtime and image id (the probe, job/containers.py); a node whose id already
+   matches this machine's is skipped;
+2. ``RUNTIME save`` once here into a private temporary directory;
+3. ``dtrain cp`` of that archive to ``~/.cache/dtrain/images/`` on the nodes that need it:
+   one read, forwarded node to node along a chain (``decide/broadcast.py``) from 3 nodes on;
+4. ``RUNTIME load`` on each of them, the id checked against this machine's, then the archive
+   removed (after every node loaded it: a shared home holds one copy for all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.decide.container import ContainerRequest, short_id
+from launcher.errors import DtrainError, PreflightFailed, UsageError
+from launcher.models import Host
+from launcher.output import render
+from launcher.transports import AutoTransport
+from launcher.transports.base import Transport
+from launcher.transports.ssh import SSHSettings
+
+REMOTE_DIR = ".cache/dtrain/images"  # under the node's home (per node; shared homes work)
+LOCAL_RUNTIMES = ("podman", "docker")  # those with save/load of a named image
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    image: str
+    runtime: str | None = None
+    fanout: int = 64
+    python: str = "python3"
+    transport: str = "auto"
+    progress: bool | None = None
+
+
+@dataclass
+class PushResult:
+    skipped: list[str]
+    loaded: list[str]
+    failed: dict[str, str]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+def local_runtime(req: PushRequest) -> tuple[str, str]:
+    """(runtime, image id) here; exit 1 naming what is missing."""
+    names = [req.runtime] if req.runtime else list(LOCAL_RUNTIMES)
+    for name in names:
+        if name not in LOCAL_RUNTIMES:
+            raise UsageError(f"dtrain image push works with {' or '.join(LOCAL_RUNTIMES)} "
+                             f"images, not {name}",
+                             hint="copy an enroot/apptainer image file with dtrain cp")
+        path = shutil.which(name)
+        if path is None:
+            continue
+        done = subprocess.run([path, "image", "inspect", "--format", "{{.Id}}", req.image],
+                              capture_output=True, text=True, timeout=120, check=False)
+        ident = done.stdout.strip().splitlines()[0] if done.returncode == 0 and \
+            done.stdout.strip() else ""
+        if not ident:
+            raise PreflightFailed(f"image {req.image} is not in this machine's {name}",
+                                  hint=f"{name} pull {req.image} (or build it) first")
+        return name, ident if ":" in ident else "sha256:" + ident
+    raise PreflightFailed(f"no {' or '.join(names)} on this machine to save {req.image} from")
+
+
+async def _load(conn_host: Host, transport: Transport, runtime: str, path: str,
+                image: str) -> str | None:
+    """Load the archive on one node; its image id afterwards, or None with the error raised."""
+    command = (f"{shlex.quote(runtime)} load -q -i {shlex.quote(path)} >/dev/null && "
+               f"{shlex.quote(runtime)} image inspect --format '{{{{.Id}}}}' "
+               f"{shlex.quote(image)}")
+    async with await transport.connect(conn_host) as conn:
+        proc = await conn.start(command)
+        out = b""
+        while chunk := await proc.read_stdout(65536):
+            out += chunk
+        err = b""
+        while chunk := await proc.read_stderr(65536):
+            err += chunk
+        code = await proc.wait()
+    if code != 0:
+        raise DtrainError(f"{runtime} load failed (exit {code}): "
+                          f"{err.decode(errors='replace').strip()[-300:]}")
+    ident = out.decode(errors="replace").strip().splitlines()
+    return ident[-1] if ident else None
+
+
+async def _remove(host: Host, transport: Transport, path: str) -> None:
+    try:
+        async with await transport.connect(host) as conn:
+            proc = await conn.start(f"rm -f {shlex.quote(path)}")
+            await proc.wait()
+    except (DtrainError, OSError):
+        pass
+
+
+async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSettings
+                     ) -> PushResult:
+    from launcher.commands.cp import CopyRequest
+    from launcher.commands.cp.command import cp_async
+    from launcher.job.containers import probe_containers
+
+    runtime, want = local_runtime(req)
+    ctr = ContainerRequest(req.image, runtime=req.runtime)
+    async with AutoTransport(settings, req.transport) as transport:
+        facts, _, errors = await probe_containers(
+            transport, hosts, {h.label: ctr for h in hosts}, fanout=req.fanout,
+            connect_timeout=settings.connect_timeout, python=req.python)
+    result = PushResult([], [], {label: f"not reached: {why}" for label, why in errors.items()})
+    need: list[Host] = []
+    for h in hosts:
+        f = facts.get(h.label)
+        if h.label in errors:
+            continue
+        if f is None or f.runtime is None:
+            result.failed[h.label] = (f.error if f and f.error else "no container runtime")
+        elif f.runtime not in LOCAL_RUNTIMES:
+            result.failed[h.label] = f"its runtime is {f.runtime}: copy the image file with cp"
+        elif f.image_present and f.image_id == want:
+            result.skipped.append(h.label)
+        else:
+            need.append(h)
+    if result.skipped:
+        render.note(f"{render.count(len(result.skipped), 'node')} already have {req.image} "
+                    f"({short_id(want)}): skipped")
+    if not need:
+        return result
+    name = f"dtrain-image-{short_id(want)}.tar"
+    with tempfile.TemporaryDirectory(prefix="dtrain-image-") as tmp:
+        archive = os.path.join(tmp, name)
+        render.note(f"saving {req.image} ({short_id(want)}) from this machine's {runtime}")
+        done = await asyncio.to_thread(
+            subprocess.run, [runtime, "save", "-o", archive, req.image], capture_output=True,
+            text=True, timeout=3600, check=False)
+        if done.returncode != 0:
+            raise DtrainError(f"{runtime} save {req.image} failed: {done.stderr.strip()[-300:]}")
+        copy = CopyRequest(sources=(archive,), dest=REMOTE_DIR + "/", fanout=req.fanout,
+                           python=req.python, progress=req.progress, transport=req.transport)
+        code = await cp_async(need, copy, settings)
+    if code != 0:
+        render.note(f"the copy failed on some node (exit {code}): loading where it landed")
+    remote = f"{REMOTE_DIR}/{name}"
+
+    async with AutoTransport(settings, req.transport) as transport:
+        async def one(h: Host) -> None:
+            rt = facts[h.label].runtime or runtime
+            try:
+                got = await _load(h, transport, rt, remote, req.image)
+            except DtrainError as exc:
+                result.failed[h.label] = exc.message
+                return
+            if got is not None and (got if ":" in got else "sha256:" + got) != want:
+                result.failed[h.label] = f"loaded, but its id is {short_id(got)}, not " \
+                                         f"{short_id(want)}"
+            else:
+                result.loaded.append(h.label)
+
+        sem = asyncio.Semaphore(req.fanout)
+
+        async def bounded(h: Host) -> None:
+            async with sem:
+                await one(h)
+
+        async with asyncio.TaskGroup() as tg:
+            for h in need:
+                tg.create_task(bounded(h))
+        async with asyncio.TaskGroup() as tg:  # after every load: a shared home has one copy
+            for h in need:
+                tg.create_task(_remove(h, transport, remote))
+    return result
+
+
+def run_push(hosts: Sequence[Host], req: PushRequest, settings: SSHSettings) -> int:
+    from launcher.commands.entry import INTERRUPTED, Ended, run_command
+
+    def conclude(ended: Ended[PushResult]) -> int:
+        res = ended.result
+        if res is None:
+            return INTERRUPTED
+        order = [h.label for h in hosts]
+        if res.loaded:
+            render.note(f"{render.count(len(res.loaded), 'node')} loaded {req.image}")
+        for label in sorted(res.failed, key=lambda k: order.index(k) if k in order else 0):
+            render.note(f"{label}: {res.failed[label]}")
+        return res.exit_code
+
+    return run_command("image push", hosts, lambda: push_async(hosts, req, settings),
+                       conclude)
