@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ from common import (
     machine,
     revision,
     rounds,
+    run_timed,
     save_json,
     series_json,
     table,
@@ -79,6 +82,21 @@ def snapshot_tools(env: Env, k: int) -> list[tuple[str, Any]]:
             run.problems.append(f"rc {run.rc}, {len(rows)} rows: {run.stderr[-300:]}")
         return run
 
+    runtime = Path(tempfile.mkdtemp(prefix="dtrain-bench-run-"))  # the keeper's own
+    os.chmod(runtime, 0o700)
+
+    def dtrain_top_warm(r: int) -> Run:
+        """The same through the connection keeper (--persist), warm after the warm-up round
+        (docs/connections.md)."""
+        run = run_timed("dtrain top --once --persist",
+                        [DTRAIN, "top", "-H", hosts, "--once", "--persist", "10m"],
+                        env=env.env(XDG_RUNTIME_DIR=str(runtime)),
+                        out=env.tmp / f"top-warm-{r}.out")
+        rows = [ln for ln in run.text().splitlines() if ln.startswith("node")]
+        if run.rc != 0 or len(rows) != k or any(" ok " not in ln for ln in rows):
+            run.problems.append(f"rc {run.rc}, {len(rows)} rows: {run.stderr[-300:]}")
+        return run
+
     def tool(name: str, argv: list[str]) -> Any:
         def go(r: int) -> Run:
             run = env.run(name, argv, env.tmp / f"{name}-{r}.out")
@@ -88,7 +106,8 @@ def snapshot_tools(env: Env, k: int) -> list[tuple[str, Any]]:
             return run
         return go
 
-    return [("dtrain top --once", dtrain_top), ("pdsh", tool("pdsh", env.pdsh(k, QUERY))),
+    return [("dtrain top --once", dtrain_top), ("dtrain top --once --persist", dtrain_top_warm),
+            ("pdsh", tool("pdsh", env.pdsh(k, QUERY))),
             ("clush", tool("clush", env.clush(k, QUERY)))]
 
 
