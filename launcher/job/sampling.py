@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.decide.liveness import LOST as LIVENESS_LOST
@@ -174,16 +174,6 @@ class NodeSampler:
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
-
-
-@dataclass
-class NodeState:
-    """What a view knows about one node's sampling."""
-
-    host: Host
-    state: str = CONNECTING
-    error: str | None = None
-    since: float = field(default_factory=time.time)  # when the state began (wall clock)
 
 
 @dataclass(frozen=True)

@@ -100,17 +100,6 @@ def probe(run_dir: Path, owner: int | None = None) -> dict[str, Any] | None:
         os.close(fd)
 
 
-def read_info(run_dir: Path, owner: int | None = None) -> dict[str, Any]:
-    """The lock file's information whether or not it is held ({} when unreadable)."""
-    fd = _open_lock(run_dir, owner)
-    if fd is None:
-        return {}
-    try:
-        return _read_info(fd)
-    finally:
-        os.close(fd)
-
-
 def _read_info(fd: int) -> dict[str, Any]:
     try:
         data = json.loads(os.pread(fd, 65536, 0) or b"{}")
