@@ -297,7 +297,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             if probes is not None else None
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank,
-                                               adopt=adopt)
+                                               adopt=adopt, ranks=tuple(node.ranks))
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
                     fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0,
                     hangup_stops=detacher is None)
@@ -380,7 +380,10 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             outcome = await alongside(job.run(prep.transport, prep.conns), sampling,
                                       prep.conns)
         finally:
-            watching.cancel()
+            watching.cancel()  # and awaited: a task is never left behind
+            await asyncio.wait([watching])
+            if not watching.cancelled() and watching.exception() is not None:
+                watch.trouble("its end", watching.exception())  # type: ignore[arg-type]
             await control.aclose()
         out.job_over([h.label for h in hosts])
         for line in sampling.problems() if sampling is not None else ():

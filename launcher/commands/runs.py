@@ -8,7 +8,10 @@ job exactly as Ctrl-C would in the foreground and records exit 130 in meta.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import sys
 import time
 from collections.abc import Collection
@@ -51,20 +54,26 @@ def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False,
 
 def prune(archive_dir: Path, older_than: float, *, dry_run: bool = False) -> int:
     """`dtrain logs --prune`: delete this user's runs that ended more than ``older_than``
-    seconds ago (never a live one); says how many and how much."""
-    import shutil
-    import time
-
-    from launcher.output.runstate import age, prunable
+    seconds ago (never a live one); says how many and how much. Only what is provably a
+    dtrain run (``is_dtrain_run``) is touched, through descriptors: nothing is followed."""
+    from launcher.output.runstate import prunable
 
     runs = list_status(archive_dir)
-    doomed = prunable(runs, older_than, time.time())
+    old = prunable(runs, older_than, time.time())
     size = 0
-    for r in doomed:
-        size += sum(p.stat().st_size for p in r.path.rglob("*")
-                    if p.is_file() and not p.is_symlink())
-        if not dry_run:
-            shutil.rmtree(r.path)  # list_runs gave only this user's own directories
+    doomed = []
+    if old:
+        top = os.open(archive_dir, os.O_RDONLY | os.O_DIRECTORY)  # runs were listed in it
+        try:
+            for r in old:
+                if r.path.parent != archive_dir or not is_dtrain_run(top, r.path.name):
+                    continue
+                doomed.append(r)
+                size += tree_size(top, r.path.name)
+                if not dry_run:
+                    shutil.rmtree(r.path.name, dir_fd=top)  # fd-based: no link followed
+        finally:
+            os.close(top)
     from launcher.commands.cp.view import human
 
     verb = "would delete" if dry_run else "deleted"
@@ -72,6 +81,43 @@ def prune(archive_dir: Path, older_than: float, *, dry_run: bool = False) -> int
                 f"than {age(older_than)} ago in {archive_dir}; "
                 f"{render.count(len(runs) - len(doomed), 'run')} kept")
     return 0
+
+
+# the keys dtrain itself writes into every run's meta.json (output/archive.py)
+_OWN_KEYS = ("archive_version", "run_id", "created_ts")
+
+
+def is_dtrain_run(top: int, name: str) -> bool:
+    """Whether ``name`` in the directory ``top`` is a run dtrain made: a directory (not a
+    symlink) of this user named like a run id, whose meta.json has dtrain's own keys and
+    names it, beside dtrain's output.jsonl (a project directory with a meta.json is not)."""
+    from launcher.output.archive import META, OUTPUT, is_run_id, parse_meta
+    from launcher.output.rundir import has_entry, read_capped
+
+    if not is_run_id(name):
+        return False
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_uid != os.getuid() or not has_entry(fd, OUTPUT):
+            return False
+        meta = parse_meta(read_capped(fd, META, 16 << 20))
+    finally:
+        os.close(fd)
+    return all(k in meta for k in _OWN_KEYS) and meta.get("run_id") == name \
+        and isinstance(meta.get("archive_version"), int)
+
+
+def tree_size(top: int, name: str) -> int:
+    """Bytes of every file and link under ``name`` (walked by descriptor, links not followed)."""
+    total = 0
+    for _, _, files, dirfd in os.fwalk(name, dir_fd=top, follow_symlinks=False):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(f, dir_fd=dirfd, follow_symlinks=False).st_size
+    return total
 
 
 def attach(archive_dir: Path, run: str | None, *, ranks: Collection[int] | None = None,

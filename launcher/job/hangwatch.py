@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.decide.flight import FlightSummary, RankFlight, load_dump, rank_flight, summarize
 from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
 from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
+from launcher.job.nodemsg import rank_of
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
 from launcher.output.rundir import RunDir
@@ -110,6 +111,7 @@ class HangWatch:
         self.world = sum(len(r) for r in self.ranks.values())
         self._count = {"h": 0, "s": 0}
         self._lock = asyncio.Lock()
+        self.errors: dict[str, int] = {}  # the watch's own exceptions (told, then counted)
 
     # -- fed by the run ----------------------------------------------------------------------
     def observe(self, lines: Sequence[OutputLine]) -> None:
@@ -117,7 +119,20 @@ class HangWatch:
 
     def event(self, host: Host, msg: Mapping[str, Any]) -> None:
         """Supervisor messages: ``stacks`` answers a dump; ``flight`` carries the flight
-        recorder's dumps a node had at the end."""
+        recorder's dumps a node had at the end. Never raises: an error is told, once."""
+        try:
+            self._event(host, msg)
+        except Exception as exc:  # a bug of ours: told, and the watch goes on
+            self.trouble(f"a {msg.get('type')!r} message from {host.label}", exc)
+
+    def trouble(self, where: str, exc: BaseException) -> None:
+        """An exception inside the watch: said once per kind, counted, the watch goes on."""
+        why = f"{type(exc).__name__}: {exc}"
+        self.errors[why] = self.errors.get(why, 0) + 1
+        if self.errors[why] == 1:
+            self.say(f"dtrain: the hang watch failed on {where} ({why}); it goes on watching")
+
+    def _event(self, host: Host, msg: Mapping[str, Any]) -> None:
         kind = msg.get("type")
         if kind == "rank_start":
             rank = msg.get("rank")
@@ -139,17 +154,23 @@ class HangWatch:
 
     # -- the watch ---------------------------------------------------------------------------
     async def run(self) -> None:
-        """Check once every TICK_S until cancelled (when the job is over)."""
+        """Check once every TICK_S until cancelled (when the job is over). An exception in
+        one check is told and the watch goes on: a hung run is never left unwatched."""
         while True:
             due = self.clock() + TICK_S
             await asyncio.sleep(TICK_S)
-            now = self.clock()
-            self.watch.look(now, due, TICK_S)  # a late tick: the launcher's stall, not theirs
-            alive = len(self.started) >= self.world and self.alive()
-            if hang_due(self.watch, now, self.policy, all_alive=alive,
-                        declared=self.declared):
-                self.declared = self.watch.baseline()
-                await self._hang(now)
+            try:
+                await self._tick(due)
+            except Exception as exc:
+                self.trouble("its check", exc)
+
+    async def _tick(self, due: float) -> None:
+        now = self.clock()
+        self.watch.look(now, due, TICK_S)  # a late tick: the launcher's stall, not theirs
+        alive = len(self.started) >= self.world and self.alive()
+        if hang_due(self.watch, now, self.policy, all_alive=alive, declared=self.declared):
+            self.declared = self.watch.baseline()
+            await self._hang(now)
 
     async def _hang(self, now: float) -> None:
         stalled = self.watch.stalled_for(now)
@@ -222,14 +243,18 @@ class HangWatch:
             if not isinstance(entries, dict):
                 continue
             for rank_s, entry in entries.items():
-                if not (isinstance(entry, dict) and str(rank_s).lstrip("-").isdigit()):
+                rank = rank_of(rank_s)  # job/nodemsg.py kept only this host's own
+                if rank is None or not isinstance(entry, dict):
                     continue
-                rank = int(rank_s)
                 if entry.get("error") == "exited":
                     expected = [r for r in expected if r != rank]
                     continue
-                dump.stacks.append(rank_stack(rank, host, entry))
-                self._archive_rank(dump, rank, entry)
+                try:
+                    dump.stacks.append(rank_stack(rank, host, entry))
+                    self._archive_rank(dump, rank, entry)
+                except Exception as exc:  # what no supervisor sends: that rank's error
+                    dump.flight_errors[rank] = f"unreadable answer ({type(exc).__name__})"
+                    self.trouble(f"r{rank}'s stacks from {host}", exc)
         dump.folded = fold(dump.stacks, expected)
         dump.flight_summary = summarize(dump.positions)
         with contextlib.suppress(OSError):
@@ -263,19 +288,21 @@ class HangWatch:
             return
         for rank_s, entry in ranks.items():
             spy = entry.get("pyspy") if isinstance(entry, dict) else None
-            if isinstance(spy, dict) and str(rank_s).isdigit():
+            rank = rank_of(rank_s)
+            if isinstance(spy, dict) and rank is not None:
                 got = spy.get("text")
                 text = got if isinstance(got, str) else f"py-spy: {spy.get('error')}\n"
                 with contextlib.suppress(OSError, ValueError):
-                    write_stack(self.run_dir, dump_id, f"r{int(rank_s)}.py-spy.txt", text)
+                    write_stack(self.run_dir, dump_id, f"r{rank}.py-spy.txt", text)
 
     def _flight_files(self, dump_id: str, files: object) -> None:
         if not isinstance(files, dict):
             return
         for rank_s, data in files.items():
-            if isinstance(data, str) and str(rank_s).isdigit():
+            rank = rank_of(rank_s)
+            if isinstance(data, str) and rank is not None:
                 with contextlib.suppress(OSError, ValueError, binascii.Error):
-                    write_flight(self.run_dir, dump_id, int(rank_s), base64.b64decode(data))
+                    write_flight(self.run_dir, dump_id, rank, base64.b64decode(data))
 
     def _tell(self, dump: StackDump) -> None:
         folded = dump.folded

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from launcher.decide.liveness import Silence, launcher_timeout
 from launcher.errors import ConnectError
+from launcher.job import nodemsg
 from launcher.models import Host
 from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
@@ -87,8 +88,12 @@ class NodeSession:
                  workdir: str | None = None, setup: str | None = None,
                  on_chunk: ChunkSink, on_event: EventSink,
                  backpressure: Callable[[], Awaitable[None]] | None = None,
-                 adopt: Callable[[], Awaitable[Process | None]] | None = None) -> None:
+                 adopt: Callable[[], Awaitable[Process | None]] | None = None,
+                 ranks: Collection[int] | None = None) -> None:
         self.conn = conn
+        # the plan's ranks on this node: the only ones its messages may speak for
+        # (job/nodemsg.py); None: any (exec, where no ranks are planned)
+        self.ranks = frozenset(ranks) if ranks is not None else None
         # a process already running the supervisor's interpreter there (the preflight's
         # probe, turned into it: job/probes.py become); None from it: started as usual
         self.adopt = adopt
@@ -207,20 +212,24 @@ class NodeSession:
             self._silence.heard(time.monotonic())
             try:
                 frames = decoder.feed(data)
-                messages = [f.message() if f.kind == wire.KIND_CTL else None for f in frames]
+                messages = [self._message(f) if f.kind == wire.KIND_CTL else None
+                            for f in frames]
             except wire.FrameError as exc:  # that node's error: drop its channel
                 self._bad = f"the node's supervisor stream is not dtrain's: {exc}; refused"
                 self.abort()
                 return
             for frame, msg in zip(frames, messages, strict=True):
-                if msg is not None:
-                    self._control(msg)
+                if frame.kind == wire.KIND_CTL:
+                    if msg is not None:
+                        self._control(msg)
                 elif frame.kind == wire.KIND_NOISE:
                     self.on_chunk(self.host, None, "out", frame.data)  # the shell's banner
                 else:
                     stream = "out" if frame.kind == wire.KIND_OUT else "err"
-                    self.on_chunk(self.host, None if frame.rank < 0 else frame.rank, stream,
-                                  frame.data)
+                    # a rank this node does not run: its output is the node's, not that rank's
+                    rank = frame.rank if frame.rank >= 0 and (
+                        self.ranks is None or frame.rank in self.ranks) else None
+                    self.on_chunk(self.host, rank, stream, frame.data)
             if self.backpressure is not None:
                 self._throttled = True
                 try:
@@ -229,6 +238,18 @@ class NodeSession:
                     self._throttled = False
                 # time spent waiting for our own console is not the node's silence
                 self._silence.heard(time.monotonic())
+
+    def _message(self, frame: wire.Frame) -> dict[str, object] | None:
+        """A control frame's message, checked against the plan (None: dropped)."""
+        try:
+            msg = nodemsg.loads(frame.data)
+        except nodemsg.BadMessage as exc:
+            raise wire.FrameError(str(exc)) from None
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict):
+            raise wire.FrameError("a control message that is not a JSON object")
+        return nodemsg.checked(msg, self.ranks)
 
     def _control(self, msg: dict[str, object]) -> None:
         kind = msg.get("type")

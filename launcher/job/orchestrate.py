@@ -60,6 +60,7 @@ class NodeLaunch:
     # the supervisor's interpreter already running there (the preflight's probe turned into
     # it, NodeSession.adopt); None from it, or no adopt: started on a new channel
     adopt: Callable[[], Awaitable[Process | None]] | None = None
+    ranks: tuple[int, ...] | None = None  # the plan's ranks there (job/nodemsg.py); None: any
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ class Job:
         self._interrupts = 0
         self._repeat_said = False
         self._bound: asyncio.Task[None] | None = None
+        self._bounds: list[asyncio.Task[None]] = []  # replaced/ended ones, awaited by run()
         self._bound_s = 0.0
         self._tg: asyncio.TaskGroup | None = None
         self._pending_stop: tuple[str, float | None, bool] | None = None
@@ -240,6 +242,7 @@ class Job:
         if self._bound is None or bound < self._bound_s:
             if self._bound is not None:
                 self._bound.cancel()
+                self._bounds.append(self._bound)  # awaited at the end of run()
             self._bound_s = bound
             self._bound = asyncio.get_running_loop().create_task(self._stop_bound(bound),
                                                                  name="stop-bound")
@@ -406,6 +409,10 @@ class Job:
         finally:
             if self._bound is not None:
                 self._bound.cancel()
+                self._bounds.append(self._bound)
+            if self._bounds:  # every task started is awaited
+                await asyncio.wait(self._bounds)
+                self._bounds.clear()
             for signum in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(signum)
@@ -441,7 +448,7 @@ class Job:
                                   on_chunk=self.router.chunk,
                                   on_event=lambda h, m: self._rank_event(h, m, tg),
                                   backpressure=getattr(self.router, "backpressure", None),
-                                  adopt=launch.adopt)
+                                  adopt=launch.adopt, ranks=launch.ranks)
             self.sessions[label] = session
             outcome = await session.run()
             if outcome.error and not outcome.lost and outcome.exit_code is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 from launcher.decide.liveness import LOST as LIVENESS_LOST
 from launcher.decide.liveness import RECONNECT, Silence, sampler_verdict
 from launcher.errors import DtrainError
+from launcher.job import nodemsg
 from launcher.job.orchestrate import connect_one
 from launcher.job.remote import start_program
 from launcher.models import Host
@@ -148,7 +148,7 @@ class NodeSampler:
         if not line.lstrip().startswith(b"{"):
             return  # what a chatty login shell printed before the sampler started
         try:
-            msg = json.loads(line)
+            msg = nodemsg.loads(line)  # no NaN/Infinity, no RecursionError
         except ValueError:
             return
         if not isinstance(msg, dict):
@@ -157,7 +157,8 @@ class NodeSampler:
             self.hello = msg
         elif msg.get("type") == "sample":
             self.last_sample = time.monotonic()
-            self.on_sample(self.label, msg)
+            # only the ranks the plan put on this node, each with a plausible cpu
+            self.on_sample(self.label, nodemsg.checked_sample(msg, self.params.ranks))
 
     async def _ended(self) -> str:
         err = b""

@@ -35,7 +35,7 @@ from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from launcher.output.fold import FOLDED, SUMMARY
 from launcher.output.render import should_color
-from launcher.output.termsafe import clean_text
+from launcher.output.termsafe import clean_text, inert
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Sequence
@@ -132,7 +132,11 @@ class Console:
         prefix = self._prefix(line)
         if self.timestamps and line.node_rank != SUMMARY:  # the summary: not stamped
             prefix = self._stamp(line.t or time.time()) + prefix
-        if self.sanitize and not text.isprintable():
+        if line.stream == "dtrain":
+            # dtrain's own lines (FAILED, the summary, restarts) quote nodes: inert on a
+            # pipe or a file too (a CI log that renders ANSI is a terminal); docs/security.md
+            text = inert(text, "\n\t")
+        elif self.sanitize and not text.isprintable():
             text = clean_text(text)  # ends with a reset if it kept a colour
         elif self.color and "\x1b" in text:
             text += RESET  # the remote program's colours must not leak into our next tag

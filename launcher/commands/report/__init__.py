@@ -19,7 +19,7 @@ from launcher.commands.report.load import Loaded, load
 from launcher.errors import UsageError
 from launcher.output import render
 from launcher.output.archive import resolve_run
-from launcher.output.runreport import curves, document, page
+from launcher.output.runreport import curves, document, page, safe
 from launcher.output.runreport.summary import RunSummary
 
 LANES = ("auto", "rank", "node")
@@ -69,7 +69,8 @@ def report(req: ReportRequest) -> int:
             render.note(f"report: {w}")
     summaries = [x.summary for x in loaded]
     if req.as_json:
-        sys.stdout.write(json.dumps(document.document(summaries), indent=1) + "\n")
+        sys.stdout.write(json.dumps(safe.finite_data(document.document(summaries)), indent=1,
+                                    allow_nan=False) + "\n")
         sys.stdout.flush()
         if req.output is None:
             return 0

@@ -187,22 +187,26 @@ def _shift(s: Series, t0: float) -> Series:
 
 def _means(by_rank: dict[tuple[int, int], Series], t0: float) -> dict[int, Series]:
     """Per attempt: at each step, the mean value and mean time over the ranks that have it."""
-    acc: dict[int, dict[int, list[float]]] = {}
+    acc: dict[int, dict[int, tuple[list[float], list[float]]]] = {}
     for (_rank, attempt), s in by_rank.items():
         steps = acc.setdefault(attempt, {})
         for t, step, v in zip(s.t, s.step, s.v, strict=True):
-            cell = steps.setdefault(step if step is not None else 0, [0.0, 0.0, 0.0])
-            cell[0] += t
-            cell[1] += v
-            cell[2] += 1
+            ts, vs = steps.setdefault(step if step is not None else 0, ([], []))
+            ts.append(t)
+            vs.append(v)
     out = {}
     for attempt, steps in sorted(acc.items()):
         m = Series()
         for step in sorted(steps):
-            t_sum, v_sum, n = steps[step]
-            m.t.append(round(t_sum / n - t0, 3))
+            ts, vs = steps[step]
+            # each term divided first: two ranks' 1.7e308 have a mean, not an overflow
+            mean_t = sum(t / len(ts) for t in ts) - t0
+            mean_v = sum(v / len(vs) for v in vs)
+            if not (math.isfinite(mean_t) and math.isfinite(mean_v)):
+                continue  # a result out of range is no point of the chart
+            m.t.append(round(mean_t, 3))
             m.step.append(step)
-            m.v.append(v_sum / n)
+            m.v.append(mean_v)
         out[attempt] = m
     return out
 

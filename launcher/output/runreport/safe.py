@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from typing import Any
 
@@ -47,8 +48,23 @@ def json_script(data: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+def finite_data(data: Any) -> Any:
+    """A JSON-like value with every float that JSON cannot carry (NaN, Infinity: a result
+    out of range) as None: the page and ``report --json`` are always produced, and valid."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, list | tuple):
+        return [finite_data(x) for x in data]
+    if isinstance(data, dict):
+        return {k: finite_data(v) for k, v in data.items()}
+    return data
+
+
 def clean_data(data: Any) -> Any:
-    """Every string in a JSON-like value passed through ``plain`` (for the page's data)."""
+    """Every string in a JSON-like value passed through ``plain`` (for the page's data), every
+    non-finite float as None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
     if isinstance(data, str):
         return plain(data)
     if isinstance(data, list | tuple):

@@ -1,0 +1,273 @@
+"""What a node sends is a claim (issue 34, item 3), without the cluster: the checks in
+launcher/job/nodemsg.py, the node session that applies them, the hang watch that must stay
+up whatever arrives, dtrain's own lines quoting a node, and the report's arithmetic.
+The same hostile node on the real-sshd cluster: tests/test_hostile_cluster.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import math
+import pickle
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from launcher.nodeside import wire
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key,rank", [("3", 3), (3, 3), ("0", 0), ("\u00b2", None),
+                                      ("03", None), ("+3", None), ("-1", None), (-1, None),
+                                      (True, None), ("3 ", None), ("", None), ("1" * 20, None),
+                                      ("\u0663", None), (3.0, None), (None, None)])
+def test_a_rank_key_is_an_int_or_its_canonical_text(key: object, rank: int | None) -> None:
+    from launcher.job import nodemsg
+
+    assert nodemsg.rank_of(key) == rank
+
+
+def test_json_from_a_node_has_no_nan_infinity_or_endless_nesting() -> None:
+    from launcher.job import nodemsg
+
+    assert nodemsg.loads(b'{"a": NaN, "b": Infinity, "c": -Infinity, "d": 1e999, "e": 1.5}') \
+        == {"a": None, "b": None, "c": None, "d": None, "e": 1.5}
+    with pytest.raises(nodemsg.BadMessage):
+        nodemsg.loads(b"[" * 200_000 + b"]" * 200_000)
+
+
+def test_a_host_speaks_only_for_its_own_ranks_each_once() -> None:
+    from launcher.job import nodemsg
+
+    mine = {2, 3}
+    entry = {"text": "x"}
+    msg = {"type": "stacks", "id": "h1", "ranks": {"0": entry, "2": entry, "02": entry,
+                                                   "\u00b2": entry, "3": 5, "7": entry}}
+    assert nodemsg.checked(msg, mine)["ranks"] == {"2": entry}  # type: ignore[index]
+    assert nodemsg.checked({"type": "rank_start", "rank": 0}, mine) is None
+    assert nodemsg.checked({"type": "rank_exit", "rank": "2", "code": 1}, mine) == \
+        {"type": "rank_exit", "rank": 2, "code": 1}
+    assert nodemsg.checked({"type": "flight", "files": {"0": "a", "3": "b", "2": 7}},
+                           mine) == {"type": "flight", "files": {"3": "b"}}
+    exit_msg = nodemsg.checked({"type": "exit", "code": 0, "t": "soon",
+                                "ranks": {"2": {"code": 0}, "9": {"code": 1}}}, mine)
+    assert exit_msg == {"type": "exit", "code": 0, "ranks": {"2": {"code": 0}}}
+    for t in (math.nan, math.inf, -1.0, 1e300, True, "1"):
+        assert "t" not in nodemsg.checked({"type": "hb", "t": t}, mine)  # type: ignore[operator]
+
+
+def test_a_sample_keeps_its_own_ranks_with_a_plausible_cpu() -> None:
+    from launcher.job import nodemsg
+
+    msg = {"type": "sample", "t": 5.0, "ranks": {
+        "2": {"cpu": 1.5}, "3": {"cpu": math.nan}, "4": {"cpu": 0.0}, "\u00b2": {"cpu": 1.0}}}
+    got = nodemsg.checked_sample(msg, (2, 3))
+    assert got["ranks"] == {"2": {"cpu": 1.5}, "3": {}}
+    got = nodemsg.checked_sample({"type": "sample", "ranks": {"2": {"cpu": 1e300}}}, None)
+    assert got["ranks"] == {"2": {}}
+
+
+# -- the node session applies them to every message -------------------------------------------
+
+class _Proc:
+    def __init__(self, data: bytes) -> None:
+        self.chunks = [data]
+
+    async def read_stdout(self, n: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    def abort(self) -> None:
+        pass
+
+
+def _session(frames: list[tuple[int, int, bytes]]) -> tuple[Any, list, list]:
+    from launcher.job.node import JobSpec, NodeSession
+    from launcher.models import Host
+
+    chunks: list = []
+    events: list = []
+    conn = SimpleNamespace(host=Host("n2"))
+    s = NodeSession(conn, JobSpec(argv=("x",)), on_chunk=lambda *a: chunks.append(a),  # type: ignore[arg-type]
+                    on_event=lambda h, m: events.append(m), ranks=(2, 3))
+    data = wire.MAGIC + b"".join(wire.FRAME.pack(k, r, len(d)) + d for k, r, d in frames)
+    s.proc = _Proc(data)  # type: ignore[assignment]
+    return s, chunks, events
+
+
+def _ctl(msg: dict[str, Any]) -> tuple[int, int, bytes]:
+    return (wire.KIND_CTL, -1, json.dumps(msg).encode())
+
+
+def test_the_session_hands_on_only_checked_messages_and_output() -> None:
+    s, chunks, events = _session([
+        _ctl({"type": "rank_start", "rank": 0}), _ctl({"type": "rank_start", "rank": 2}),
+        _ctl({"type": "stacks", "id": "h1", "ranks": {"0": {"text": "lie"},
+                                                      "3": {"text": "mine"}}}),
+        (wire.KIND_OUT, 0, b"step 5\n"), (wire.KIND_OUT, 3, b"step 4\n"),
+        _ctl({"type": "exit", "code": 0, "t": "late", "ranks": {"1": {}}}),
+    ])
+    asyncio.run(s._frames())
+    assert events == [{"type": "rank_start", "rank": 2},
+                      {"type": "stacks", "id": "h1", "ranks": {"3": {"text": "mine"}}},
+                      {"type": "exit", "code": 0, "ranks": {}}]
+    assert [(c[1], c[3]) for c in chunks] == [(None, b"step 5\n"), (3, b"step 4\n")]
+    outcome = s._outcome(0)  # a bad t in the exit message: the launcher's clock instead
+    assert outcome.exit_code == 0 and outcome.ended > 0
+
+
+def test_a_message_nested_too_deeply_is_the_node_s_error() -> None:
+    s, _, events = _session([(wire.KIND_CTL, -1, b"[" * 100_000 + b"]" * 100_000)])
+    asyncio.run(s._frames())
+    assert events == [] and s._bad and "nested too deeply" in s._bad
+
+
+# -- the hang watch stays up --------------------------------------------------------------------
+
+def _watch(tmp_path: Path, say: list[str]) -> Any:
+    from launcher.decide.hang import HangPolicy, ProgressWatch, compile_progress
+    from launcher.job.hangwatch import HangWatch
+    from launcher.output.rundir import RunDir
+
+    (tmp_path / "run").mkdir()
+    job = SimpleNamespace(sessions={"n1": None, "n2": None}, outcome=SimpleNamespace(nodes={}))
+    progress = ProgressWatch(compile_progress(None), range(4), 0.0)
+    return HangWatch(job, HangPolicy(timeout=5.0), progress,  # type: ignore[arg-type]
+                     {"n1": [0, 1], "n2": [2, 3]}, RunDir.open(tmp_path / "run"), say.append,
+                     alive=lambda: True)
+
+
+STACK = ('Thread 0x1 (most recent call first):\n  File "/x/train.py", line 3 in step\n'
+         '  File "/x/train.py", line 9 in <module>\n')
+
+
+def test_odd_keys_and_an_unreadable_flight_dump_leave_the_dump_whole(tmp_path: Path) -> None:
+    from launcher.job.hangwatch import StackDump
+
+    say: list[str] = []
+    w = _watch(tmp_path, say)
+    bad_fr = base64.b64encode(pickle.dumps({"pg_status": {"0": {
+        "last_enqueued_collective": 3, "last_completed_collective": 2}}, "entries": 5})).decode()
+    dump = StackDump("h1", "test", 0.0)
+    w._collect(dump, {"n1": {"ranks": {"\u00b2": {"text": STACK}, "0": {"text": STACK},
+                                       "1": {"text": STACK, "fr": {"ok": True,
+                                                                   "data": bad_fr}}}},
+                      "n2": {"ranks": {"2": {"text": STACK}, "3": {"text": STACK}}}})
+    assert sorted(s.rank for s in dump.stacks) == [0, 1, 2, 3]
+    w.event(SimpleNamespace(label="n2"), {"type": "stacks", "id": "h1", "native": True,  # type: ignore[arg-type]
+                                          "ranks": {"\u00b2": {"pyspy": {"text": "x"}}}})
+    w.event(SimpleNamespace(label="n2"), {"type": "flight", "files": {"\u00b2": "AAAA"}})  # type: ignore[arg-type]
+
+
+def test_an_exception_in_the_watch_is_told_and_the_watch_goes_on(tmp_path: Path) -> None:
+    say: list[str] = []
+    w = _watch(tmp_path, say)
+    calls = []
+
+    def look(now: float, due: float, tick: float) -> None:
+        calls.append(now)
+        raise ValueError("invalid literal for int() with base 10: '\u00b2'")
+
+    w.watch.look = look
+
+    async def main() -> None:
+        task = asyncio.create_task(w.run())
+        await asyncio.sleep(1.3)
+        assert not task.done()  # still watching
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert len(calls) >= 2
+    told = [line for line in say if "hang watch failed" in line]
+    assert len(told) == 1 and "ValueError" in told[0] and "goes on watching" in told[0], say
+
+
+# -- dtrain's own lines quote a node inertly, on a pipe too -----------------------------------
+
+def test_failed_summary_and_restart_lines_are_inert_on_a_pipe() -> None:
+    from launcher.models import OutputLine
+    from launcher.output.console import Console
+
+    out = io.StringIO()  # a pipe: no terminal
+    console = Console(out, color=False)
+    evil = "r3: ValueError: \x1b]52;c;cHduZWQ=\x07\x1b[2J\x1b[1;1Hok\r"
+    console.write([OutputLine("", "dtrain", f"FAILED: {evil}", None, None, 1.0),
+                   OutputLine("node2", "dtrain", f"restarting: {evil}", None, None, 1.0),
+                   OutputLine("node2", "out", f"raw {evil}", 0, 0, 1.0)])
+    text = out.getvalue()
+    own = [line for line in text.splitlines() if "FAILED" in line or "restarting" in line]
+    assert len(own) == 2 and all("\x1b" not in line and "\x07" not in line and "\r" not in line
+                                 and "^[]52;c;cHduZWQ=^G" in line for line in own), text
+    assert "raw r3: ValueError: \x1b]52" in text  # the node's own output: as it was sent
+
+
+# -- the report's arithmetic -----------------------------------------------------------------
+
+def test_huge_values_still_give_a_page_and_valid_json(tmp_path: Path) -> None:
+    from tests.report_archives import line, write_archive
+    from tests.util import dtrain
+
+    run = write_archive(tmp_path / "r1", {"hosts": ["node1"], "world_size": 2},
+                        [line(t, "node1", r, f"step={t} loss=1.7e308 lr=1e308")
+                         for t in (1, 2, 3) for r in (0, 1)],
+                        samples=[{"t": 1_800_000_000.0 + t, "host": "node1", "cpu": 1e308,
+                                  "gpus": [{"util": 1e308, "mem": 1e308, "mem_total": 1e308}]}
+                                 for t in (1, 2, 3)])
+    res = dtrain(["report", str(run), "-o", str(tmp_path / "p.html")])
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert (tmp_path / "p.html").stat().st_size > 0
+    res = dtrain(["report", str(run), "--json"])
+    assert res.returncode == 0, res.stderr
+    assert not re.search(r"\b(Infinity|NaN)\b", res.stdout)
+    doc = json.loads(res.stdout)
+    (loss,) = [c for c in doc["runs"][0]["curves"] if c["name"] == "loss"]
+    assert loss["mean"]["1"]["v"] == [1.7e308] * 3
+
+
+
+
+# -- logs --prune touches only dtrain's runs ----------------------------------------------------
+
+def test_prune_deletes_only_provable_runs_by_descriptor(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import time
+
+    from launcher.commands.runs import prune
+    from launcher.output.archive import RunArchive
+
+    archive_dir = tmp_path / "runs"
+    archive_dir.mkdir()
+    old = time.time() - 90 * 86400
+    run = RunArchive.create(archive_dir, "20260101-000000-abcd")
+    run.update_meta(hosts=["n1"], world_size=1, start=old, end=old + 60, exit_code=0)
+    run.close()
+    deep = run.path / "stacks" / "h1"
+    deep.mkdir(parents=True)
+    (deep / "r0.txt").write_bytes(b"x" * 300_000)
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    os.symlink(outside, run.path / "link")  # never followed: only the link goes
+    # a project directory with an old meta.json, and look-alikes without dtrain's own keys
+    for name, meta in (("myproject", {"end": old, "run_id": "myproject"}),
+                       ("20260101-000000-ffff", {"end": old, "archive_version": 1,
+                                                 "created_ts": old, "run_id": "other"}),
+                       ("20260101-000000-eeee", {"end": old, "run_id": "20260101-000000-eeee"})):
+        d = archive_dir / name
+        d.mkdir(mode=0o700)
+        (d / "meta.json").write_text(json.dumps(meta))
+        (d / "output.jsonl").write_text("")
+        (d / "notes.txt").write_text("mine")
+    prune(archive_dir, 30 * 86400)
+    err = capsys.readouterr()[1]
+    assert "deleted 1 run (29" in err, err  # the whole run: its stacks too
+    assert sorted(p.name for p in archive_dir.iterdir()) == [
+        "20260101-000000-eeee", "20260101-000000-ffff", "myproject"]
+    assert (outside / "keep.txt").read_text() == "keep"
