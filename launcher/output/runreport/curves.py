@@ -4,10 +4,14 @@ A metric is a ``name=value`` or ``name: value`` pair on a rank's **stdout** line
 (``step=120 loss=0.4312 lr=3e-4``, ``epoch: 1, loss: 0.52``). stderr is not read: warnings
 and c10d's ``err=-3`` are not training metrics. The step (the x axis) is the value of a
 ``step``/``global_step``/``iter``/``iteration`` pair, or the number after a bare ``step``
-word (``step 120 ...``); a line without one counts as the next step of its rank.
+word (``step 120 ...``); a line without one counts as the next step of its rank. After a
+bare step word the default also reads ``name value`` pairs (``step 0 loss 14.8792``, what
+examples/ddp_smoke.py prints and ``--progress`` recognises).
 ``--metric REGEX`` replaces the default pattern: a regex with a ``value`` group (and
-optionally a ``name`` group; without one the metric is named after the pattern), or with
-exactly one group, the value.
+optionally a ``name`` group), or with exactly one group, the value. Without a ``name``
+group the chart is titled by the one group's own name (``(?P<loss>...)``), else by the
+pattern's last literal word before its group (``loss (?P<value>...)``: ``loss``), else by
+the pattern itself.
 
 Every point is kept per rank (and attempt); ``curves()`` then averages the ranks per step
 and thins each series to a fixed budget of points (the minimum and maximum of each bucket,
@@ -26,6 +30,9 @@ DEFAULT_METRIC = (r"(?<![\w./-])(?P<name>[A-Za-z_][\w./-]*?)\s*(?:=|:\s)\s*"
                   r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.:/-])")
 STEP_NAMES = frozenset({"step", "global_step", "iter", "iteration", "it", "steps"})
 _BARE_STEP = re.compile(r"(?<![\w-])(?:step|iter|iteration)\s+(\d+)\b", re.I)
+# `name value` (a space between), read only after a bare step word
+_SPACED = re.compile(r"(?<![\w./-])([A-Za-z_][\w./-]*)\s+"
+                     r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.:/-])")
 # names that are ids, not curves
 IGNORED_NAMES = frozenset({"rank", "local_rank", "global_rank", "world_size", "world", "pid",
                            "port", "node", "node_rank", "nnodes", "gpu", "device", "seed"})
@@ -43,6 +50,7 @@ class Pattern:
 
     regex: re.Pattern[str]
     label: str | None  # None: the regex names each metric (its `name` group)
+    default: bool = False  # the default pattern (also reads `name value` after a step)
 
     def pairs(self, text: str) -> list[tuple[str, str]]:
         """(name, value text) of every match."""
@@ -59,8 +67,8 @@ class Pattern:
 def patterns(user: list[str] | None) -> list[Pattern]:
     """The default pattern, or the user's ``--metric`` patterns (bad one: exit 2)."""
     if not user:
-        return [Pattern(re.compile(DEFAULT_METRIC), None)]
-    out = []
+        return [Pattern(re.compile(DEFAULT_METRIC), None, default=True)]
+    out: list[Pattern] = []
     for text in user:
         try:
             rx = re.compile(text)
@@ -71,8 +79,23 @@ def patterns(user: list[str] | None) -> list[Pattern]:
         if "value" not in names and rx.groups != 1:
             raise UsageError(f"--metric {text!r}: needs a group named `value` (or exactly one "
                              "group)", hint="e.g. --metric 'tok/s=(?P<value>[0-9.]+)'")
-        out.append(Pattern(rx, None if "name" in names else text))
+        label = None if "name" in names else _label(rx, text)
+        if label is not None and any(p.label == label for p in out):
+            label = text  # two patterns with one title: tell them apart by their regex
+        out.append(Pattern(rx, label))
     return out
+
+
+def _label(rx: re.Pattern[str], text: str) -> str:
+    """A chart title for a pattern without a ``name`` group (see the module doc)."""
+    named = [n for n in rx.groupindex if n != "value"]
+    if rx.groups == 1 and named:
+        return named[0]
+    literal = re.sub(r"\\[A-Za-z]", " ", text)  # \s \d \b ...: not words
+    before = literal.split("(", 1)[0]
+    words = re.findall(r"[A-Za-z_][\w/-]*", before) or re.findall(
+        r"[A-Za-z_][\w/-]*", literal.rsplit(")", 1)[-1])
+    return words[-1] if words and words[-1] not in ("P", "value") else text
 
 
 @dataclass
@@ -95,6 +118,22 @@ class CurveBuilder:
     _last_step: dict[tuple[int, int], int] = field(default_factory=dict)
     _kinds: dict[str, int] = field(default_factory=dict)  # name -> _METRIC/_STEP/_IGNORED
     _cells: dict[tuple[str, tuple[int, int]], Series] = field(default_factory=dict)
+
+    def _spaced(self, rest: str, found: list[tuple[str, float]]) -> None:
+        """``name value`` pairs after a bare step word (``step 0 loss 14.8792``)."""
+        have = {n for n, _ in found}
+        for name, raw in _SPACED.findall(rest):
+            if name in have:
+                continue
+            kind = self._kinds.get(name)
+            if kind is None:
+                low = name.lower()
+                kind = self._kinds[name] = (_STEP if low in STEP_NAMES else _IGNORED
+                                            if low in IGNORED_NAMES else _METRIC)
+            value = float(raw)
+            if kind == _METRIC and math.isfinite(value):
+                found.append((name, value))
+                have.add(name)
 
     def add(self, t: float, rank: int, attempt: int, text: str) -> None:
         found: list[tuple[str, float]] = []
@@ -119,9 +158,14 @@ class CurveBuilder:
                         step = int(value)
                 elif math.isfinite(value):
                     found.append((name, value))
+            if pat.default and step is None:
+                bare = _BARE_STEP.search(text)
+                if bare:
+                    step = int(bare.group(1))
+                    self._spaced(text[bare.end():], found)
         if not found:
             return
-        if step is None:
+        if step is None and not self.pats[0].default:
             bare = _BARE_STEP.search(text)
             if bare:
                 step = int(bare.group(1))

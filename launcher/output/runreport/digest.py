@@ -9,17 +9,21 @@ object is counted and skipped.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from launcher.output.fold import is_shutdown_chatter
 from launcher.output.runreport.curves import CurveBuilder, Pattern
 
 STDERR_TAIL = 40  # lines of the failing rank's stderr kept
 NODE_TAIL = 40  # last lines kept per node (every stream)
 DTRAIN_NOTES = 400  # dtrain's own messages kept (the first ones: the run's story)
 TEXT_CAP = 2000  # characters of one line shown
+# dtrain's own note when it starts stopping the job (job/orchestrate.py)
+_STOPPING = re.compile(r"(?:stopping|killing) every node")
 
 
 class Line(NamedTuple):
@@ -60,6 +64,9 @@ class Digest:
     last_t: float | None = None
     lines: int = 0
     bad: int = 0
+    chatter: dict[str, int] = field(default_factory=dict)  # host -> shutdown lines folded
+    stopping: int | None = None  # the attempt dtrain was stopping (its note said so)
+    _in_tb: dict[str, bool] = field(default_factory=dict)
     curves: CurveBuilder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,7 +89,18 @@ class Digest:
         if line.stream == "dtrain":
             if len(self.notes) < DTRAIN_NOTES:
                 self.notes.append(line)
+            if _STOPPING.search(line.text):
+                self.stopping = line.attempt
             return
+        if line.rank is None and line.stream == "err" and line.host \
+                and self.stopping == line.attempt:
+            # torchrun's shutdown chatter, folded in the node's tail as on the console
+            chatter, self._in_tb[line.host] = is_shutdown_chatter(
+                line.text, self._in_tb.get(line.host, False))
+            if chatter:
+                self.chatter[line.host] = self.chatter.get(line.host, 0) + 1
+                self.node_lines[line.host] = self.node_lines.get(line.host, 0) + 1
+                return
         if line.host:
             tail = self.node_tails.get(line.host)
             if tail is None:

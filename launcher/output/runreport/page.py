@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 
+from launcher.output.render import count
 from launcher.output.runreport import document, safe, timeline
 from launcher.output.runreport.digest import Line
 from launcher.output.runreport.safe import text
@@ -58,10 +59,12 @@ def header_html(s: RunSummary, label: str = "") -> str:
     cls, pill = _status(s)
     facts = [
         ("command", f'<code class="cmd">{text(h.command) or "-"}</code>'),
-        ("hosts", f"{text(h.hosts) or '-'} <span class=dim>({h.nodes} nodes)</span>"),
+        ("hosts", f"{text(h.hosts) or '-'} <span class=dim>({count(h.nodes, 'node')})</span>"),
         ("world size", str(h.world_size) if h.world_size is not None else "-"),
         ("duration", _dur(h.duration)),
-        ("attempts", str(h.attempts)),
+        ("attempts", str(h.attempts) + "".join(
+            f'<br><span class="dim">attempt {a.n}: {text(a.outcome)}</span>'
+            for a in s.attempts[:-1] if a.outcome)),
         ("exit code", str(h.exit_code) if h.exit_code is not None else "-"),
         ("started", _when(h.started)),
         ("output", f"{s.lines:,} lines" + (f", {s.samples:,} samples" if s.samples else "")),
@@ -105,9 +108,12 @@ def logs_html(s: RunSummary) -> str:
     for i, n in enumerate(s.nodes):
         lines = s.node_tails.get(n.host, ())
         opened = " open" if i < NODE_TAILS_OPEN or n.host == host else ""
+        folded = s.chatter.get(n.host, 0)
+        fold = (f", torchrun's shutdown ({count(folded, 'line')}) folded: see "
+                f"output.jsonl or dtrain logs" if folded else "")
         parts.append(f'<details class="block node"{opened} id="node-{safe.ident(n.host)}">'
                      f'<summary>{text(n.host)} <span class="dim">last {len(lines)} lines'
-                     f'</span></summary>{_log(lines, t0)}</details>')
+                     f'{fold}</span></summary>{_log(lines, t0)}</details>')
     if s.notes:
         parts.append(f'<details class="block notes"><summary>dtrain\'s own messages '
                      f'<span class="dim">{len(s.notes)}</span></summary>'
@@ -205,8 +211,7 @@ def _charts_section(s: RunSummary) -> str:
                 'reads <code>name=value</code> and <code>name: value</code>; see '
                 '<code>dtrain report --metric</code>)</p>')
     usage = '<div class="charts" id="usage"></div>' if s.usage else (
-        '<p class="empty">no utilisation samples in this archive (samples.jsonl is written '
-        'during runs by dtrain versions that sample nodes)</p>')
+        f'<p class="empty">{text(s.usage_note or "no utilisation samples")}</p>')
     strag = ""
     if s.stragglers:
         strag = (f'<p class="straggler">straggler: {text(", ".join(s.stragglers))} '

@@ -18,7 +18,7 @@ from launcher.output.console import fold_hosts
 from launcher.output.fold import rank_ranges
 from launcher.output.runreport.curves import Curve, curves
 from launcher.output.runreport.digest import Digest, Line
-from launcher.output.runreport.usage import UsageBuilder, UsageChart, charts
+from launcher.output.runreport.usage import UsageBuilder, UsageChart, charts, why_none
 
 RANK_LANES_MAX = 64  # above this many ranks, one lane per node (``--lanes rank`` overrides)
 
@@ -60,6 +60,7 @@ class Attempt:
     cause: str | None
     hosts: tuple[str, ...]
     fenced: tuple[str, ...]
+    outcome: str | None = None  # how it ended: which rank died and how (the verdict's line)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,8 @@ class RunSummary:
     samples: int
     span: float  # seconds from the start to the last thing seen
     warnings: tuple[str, ...] = field(default=())
+    usage_note: str = ""  # why there is no utilisation chart (when there is none)
+    chatter: dict[str, int] = field(default_factory=dict)  # host -> shutdown lines folded
 
 
 def _int(v: object) -> int | None:
@@ -195,7 +198,8 @@ def _attempts(meta: Mapping[str, Any], t0: float) -> list[Attempt]:
             exit_code=_int(a.get("exit_code")), cause=_cause_text(a.get("cause")),
             hosts=tuple(h for h in hosts if isinstance(h, str)) if isinstance(hosts, list)
             else (),
-            fenced=tuple(f for f in fenced if f)))
+            fenced=tuple(f for f in fenced if f),
+            outcome=_str(a.get("outcome")) or _cause_text(a.get("cause"))))
     return out
 
 
@@ -370,7 +374,9 @@ def summarize(meta: Mapping[str, Any], digest: Digest, usage: UsageBuilder,
         stragglers=tuple(strag), failing=(root_rank, root_host), failing_tail=failing_tail,
         node_tails={h: tuple(t) for h, t in digest.node_tails.items()},
         notes=tuple(digest.notes), stacks=stack_files, lines=digest.lines,
-        bad_records=digest.bad, samples=usage.records, span=span)
+        bad_records=digest.bad, samples=usage.records, span=span,
+        usage_note="" if usage_charts else why_none(meta, usage.records, span),
+        chatter=dict(digest.chatter))
 
 
 def _rank_of(name: str) -> int | None:

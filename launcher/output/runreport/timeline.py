@@ -147,7 +147,8 @@ def svg(s: RunSummary) -> str:
             continue
         end = a.end if a.end is not None else span
         code = f"exit {a.exit_code}" if a.exit_code is not None else "running"
-        tip = f"attempt {a.n}: {code}" + (f" ({a.cause})" if a.cause else "")
+        tip = f"attempt {a.n}: {code}" + (f" ({a.outcome or a.cause})"
+                                          if a.outcome or a.cause else "")
         back.append(f'<g class="attempt a{i % 2}" data-attempt="{a.n}"><title>{text(tip)}'
                     f'</title><rect x="{x(a.start)}" y="{TOP - 12}" '
                     f'width="{max(1.0, x(end) - x(a.start)):.1f}" height="{height - TOP + 4}"/>'

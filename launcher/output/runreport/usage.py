@@ -142,6 +142,8 @@ def charts(builder: UsageBuilder, t0: float, points: int = USAGE_POINTS) -> list
         by_host = builder.series.get(name)
         if not by_host:
             continue
+        if max(len(s.t) for s in by_host.values()) < 2:
+            continue  # one point is no line: an empty frame would say nothing
         hosts = {}
         for host, s in by_host.items():
             order = sorted(range(len(s.t)), key=s.t.__getitem__)
@@ -150,3 +152,26 @@ def charts(builder: UsageBuilder, t0: float, points: int = USAGE_POINTS) -> list
             hosts[host] = thin(shifted, points)
         out.append(UsageChart(name, title, unit, hosts))
     return out
+
+
+def why_none(meta: Mapping[str, Any], records: int, span: float) -> str:
+    """Why the page draws no utilisation chart (said in its place)."""
+    samples = meta.get("samples")
+    interval = _num(samples.get("interval")) if isinstance(samples, Mapping) else None
+    took = f"{span:.0f} s" if span < 120 else f"{span / 60:.0f} min"
+    if records:
+        every = f", one every {interval:g} s" if interval else ""
+        return (f"{records} utilisation sample{'s' if records != 1 else ''} in this archive"
+                f"{every}: too few to draw a line (a chart needs two samples of a node; the "
+                f"run took {took})")
+    if interval is None:
+        return ("no utilisation samples in this archive: sampling was off "
+                "(--sample-interval 0), or the run is older than sampling")
+    errors = samples.get("errors") if isinstance(samples, Mapping) else None
+    if isinstance(errors, Mapping) and errors:
+        bad = ", ".join(f"{h}: {e}" for h, e in list(errors.items())[:4])
+        return f"no utilisation samples: sampling failed ({bad})"
+    if span < interval:
+        return (f"no utilisation samples: the run took {took}, less than one "
+                f"--sample-interval ({interval:g} s); set a shorter one to sample short runs")
+    return "no utilisation samples in this archive"
