@@ -217,6 +217,25 @@ def test_agent_log_lines_are_chatter(text: str) -> None:
     assert is_shutdown_chatter(text, False) == (True, False)
 
 
+# torchrun's ChildFailedError block after a rank's shim died (issue 40): every line
+CHILD_FAILED = [
+    "============================================================",
+    "/tmp/dtrain-nlg2j0kn/dtrain_shim.py FAILED",
+    "------------------------------------------------------------",
+    "Failures:",
+    "  <NO_OTHER_FAILURES>",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-12-03_07:01:28",
+    "  exitcode  : -9 (pid: 478)",
+]
+
+
+@pytest.mark.parametrize("text", CHILD_FAILED)
+def test_torchruns_child_failed_block_is_chatter(text: str) -> None:
+    assert is_shutdown_chatter(text, False) == (True, False)
+
+
 def test_a_traceback_is_chatter_to_its_exception_line() -> None:
     state = False
     for text in AGENT[2:]:

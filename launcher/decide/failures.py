@@ -18,7 +18,7 @@ import re
 import signal as _signal
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.decide.stacks import SHIM_NAME, Frame, RankStack, parse_faulthandler, user_threads
@@ -198,7 +198,23 @@ def explain(*, rank: int | None, host: str, code: int | None, sig: int | None,
             stderr: Sequence[str] = (),
             comm: Sequence[tuple[str, int | None, str]] = ()) -> FailureReason:
     """The root cause's reason, most specific evidence first: OOM killer, GPU Xid, a native
-    crash, another signal, a communication library's error, a Python exception, the code."""
+    crash, another signal, a communication library's error, a Python exception, the code.
+
+    ``evidence["shim_pid"]``: what died was the rank's shim (torchrun's child, the outer of
+    the rank's two processes), and the rank with it: the summary says so."""
+    reason = _explain(rank=rank, host=host, code=code, sig=sig, pid=pid, evidence=evidence,
+                      stderr=stderr, comm=comm)
+    shim = (evidence or {}).get("shim_pid")
+    if isinstance(shim, int) and not isinstance(shim, bool):
+        return replace(reason, summary=f"{reason.summary}; it hit the rank's shim (pid "
+                                       f"{shim}, torchrun's child) and the rank died with it")
+    return reason
+
+
+def _explain(*, rank: int | None, host: str, code: int | None, sig: int | None,
+             pid: int | None, evidence: Mapping[str, Any] | None,
+             stderr: Sequence[str], comm: Sequence[tuple[str, int | None, str]]
+             ) -> FailureReason:
     ev = evidence or {}
     who = f"rank {rank} on {host}" if rank is not None else host
     xids = _xids(ev)

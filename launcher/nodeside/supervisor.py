@@ -248,6 +248,25 @@ def start_time(pid):
     return int(fields[19])
 
 
+def zombie_status(pid, started=None, wait=0.2):
+    """The raw wait status of ``pid`` once it is a zombie (stat field 52, ``exit_code``,
+    Linux >= 3.5), waiting up to ``wait`` seconds for it to become one (its sockets close
+    a moment before it does); None when it is gone (its parent reaped it first), still
+    running, another process (its start time is not ``started``), or the field is missing."""
+    deadline = now() + wait
+    while True:
+        fields = _stat_fields(pid)
+        if not fields or len(fields) < 50:
+            return None
+        if started is not None and int(fields[19]) != started:
+            return None
+        if fields[0] == b"Z":
+            return int(fields[49])
+        if now() >= deadline:
+            return None
+        time.sleep(0.002)
+
+
 def descendants(root_pid, prune=None):
     """Every live process descending from root_pid as (pid, start time), via /proc ppid links.
 
@@ -1336,6 +1355,8 @@ class Supervisor(Evidence):
                 self.open_streams -= 1  # (an arm stream stopped counting when it armed)
             if st["hdr"] is not None and st["hdr"].get("stream") == "ctl":
                 self.ctl_open -= 1
+                if not st.get("reported") and self.stopping is None:
+                    self.shim_died(st)
             return
         if st["hdr"] is None:
             st["buf"] += chunk
@@ -1350,6 +1371,9 @@ class Supervisor(Evidence):
             if st["hdr"].get("stream") == "ctl":  # type: ignore[attr-defined]
                 self.ctl_open += 1
                 self.ctl_seen = True
+                st["t0"] = now()
+                pid = st["hdr"].get("pid")  # type: ignore[attr-defined]
+                st["start"] = start_time(pid) if type(pid) is int and pid > 0 else None
                 self.rank_started(st["hdr"])
             if st["hdr"].get("stream") == "arm":  # type: ignore[attr-defined]
                 self.rank_armed(st["hdr"], sock)
@@ -1368,6 +1392,7 @@ class Supervisor(Evidence):
                     msg = from_json(line)
                 except ValueError:
                     continue
+                st["reported"] = True
                 msg.update({"type": "rank_exit", "rank": rank})
                 evidence = self.death_evidence(rank, msg)
                 self.rank_status[str(rank)] = msg
@@ -1376,6 +1401,32 @@ class Supervisor(Evidence):
                 self.out.control(msg)
         else:
             self.out.frame(OUT if stream == "out" else ERR, rank, chunk)
+
+    def shim_died(self, st):
+        """A rank's status connection closed without its exit report: the rank shim itself
+        died (a kill -9 or the OOM killer hit the outer process, torchrun's child, not the
+        rank), and the rank died with it (PR_SET_PDEATHSIG). Reported as the rank's exit,
+        with the shim's own status, read from its zombie before torchrun reaps it (torchrun
+        polls every 0.1 s); when torchrun was first, as the SIGKILL the rank got."""
+        hdr = st["hdr"]
+        try:
+            rank, pid = int(hdr.get("rank", -1)), int(hdr["pid"])
+        except (KeyError, TypeError, ValueError):
+            return
+        status = zombie_status(pid, st.get("start")) if st.get("start") is not None else None
+        if status is None:
+            code, sig = 128 + signal.SIGKILL, signal.SIGKILL
+        else:
+            code, sig = exit_code(status)
+        msg = {"code": code, "signal": sig, "t": now(),
+               "duration": now() - st.get("t0", now()), "pid": pid,
+               "shim": {"pid": pid, "status": "known" if status is not None else "reaped"},
+               "type": "rank_exit", "rank": rank}
+        evidence = self.death_evidence(rank, msg)
+        self.rank_status[str(rank)] = msg
+        if evidence:
+            msg = dict(msg, evidence=dict(evidence, shim_pid=pid))
+        self.out.control(msg)
 
     def on_signal(self, signum, frame):
         self.teardown("supervisor got signal %d" % signum)

@@ -215,7 +215,8 @@ class StderrFolder:
 
 _CHATTER = re.compile(
     r"death signal|closing signal|torch\.distributed\.elastic|torch/distributed/elastic"
-    r"|SignalException|ChildFailedError|^=+$|^-+$|^Root Cause|^Failures:|^<NO_OTHER_FAILURES>"
+    r"|SignalException|ChildFailedError|^=+$|^-+$|^Root Cause|^Failures:|^\s*<NO_OTHER_FAILURES>"
+    r"|^\S+ FAILED$"
     r"|^\s*\[\d+\]:$|^\s*(time|host|rank|exitcode|error_file|traceback)\s*:"
 )
 _TB_START = ("Traceback (most recent call last):",

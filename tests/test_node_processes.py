@@ -1,0 +1,94 @@
+"""The processes dtrain leaves on a node, as a node's admin and the verdict see them
+(issue 40, items 1 and 5), on the real-sshd cluster.
+
+- A rank runs as two processes: the shim torchrun started (the outer, its child) and the
+  rank itself (the inner, the user's script). Killing the outer one, which is what a stray
+  ``kill -9`` may hit, is reported as the rank's death, the same way killing the inner one
+  is: exit 137, the rank named as the root cause with a ``why:`` line, torchrun's block
+  folded off the console.
+- Each node-side process has a title that says what it is (its comm and its command line).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import cluster as tc
+from tests.test_failures import TRAIN, Dtrain, JobWatch, meta, new_id, run_args
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
+    """(outer, inner) pid of the one rank of the run on node k: the outer one (the shim
+    torchrun started) has DTRAIN_SHIM_SOCK in its initial environment (so has torchrun);
+    the inner one is its child, which has not."""
+    tag = f"DTRAIN_RUN_ID={run_id}".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        outer = [p for p in tc.node_pids(k) if tag in (env := _environ(p))
+                 and any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in env)]
+        for pid in outer:
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if not any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in _environ(child)):
+                    return pid, child
+        time.sleep(0.1)
+    raise AssertionError(f"no rank shim of {run_id} on node{k}")
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+@pytest.mark.ssh
+@pytest.mark.torch
+def test_killing_the_rank_shim_is_the_rank_killed(cluster: tc.Cluster, tmp_path: Path,
+                                                  jobs) -> None:
+    """kill -9 of rank 1's outer process (torchrun's child) on node2: exit 137, rank 1 on
+    node2 is the root cause with a why: line, no "no exit report", torchrun's ChildFailedError
+    block is folded off the console (as when the rank itself is killed)."""
+    run_id = new_id("shimkill")
+    job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, TRAIN, hosts="node[1-2]",
+                                   env={"WL_COLLECTIVE": "1"}))
+    jobs.append(job)
+    with JobWatch(cluster, [1, 2], run_id=run_id) as watch:
+        job.wait_line(r"step 2", timeout=60)
+        outer, inner = _rank_pids(2, run_id)
+        os.kill(outer, signal.SIGKILL)
+        rc = job.wait(60)
+        watch.assert_clean(1.0, since=job.ended)
+    out = job.output
+    assert rc == 137, out
+    assert "FAILED: rank 1 on node2" in out, out
+    assert "no exit report" not in out, out
+    assert re.search(r"node2 \(node 1\): r1 SIGKILL \(137\).*ROOT CAUSE", out), out
+    why = [line for line in out.splitlines() if line.startswith("dtrain: why: ")]
+    assert why and "rank 1 on node2 was killed by SIGKILL" in why[0], out
+    assert f"shim (pid {outer}" in why[0], out
+    # torchrun's ChildFailedError block, every line of it, is folded
+    folded = r"ChildFailedError|Root Cause|FAILED$|NO_OTHER_FAILURES|exitcode"
+    assert not re.search(folded, out, re.M), out
+    m = meta(tmp_path, run_id)
+    assert (m["exit_code"], m["root_cause"]["host"], m["root_cause"]["rank"]) == (137, "node2", 1)
+    assert m["root_cause"]["signal"] == 9
