@@ -978,7 +978,7 @@ def test_plain_rendering_is_aligned(tmp_path: Path) -> None:
             CheckResult("node10", "torch", FAIL, "torch is not installed")]
     out = tmp_path / "out.txt"
     with out.open("w") as fh:
-        doctor.render_plain(rows, fh)
+        doctor.render_plain(rows, fh, per_node=True)
     assert out.read_text().splitlines() == ["torch  node1   ok    torch 2.13.0",
                                             "torch  node10  FAIL  torch is not installed"]
 
@@ -1014,7 +1014,7 @@ def test_doctor_colour_follows_the_shared_rule() -> None:
 
 
 def _doctor(cluster, *args: str):  # type: ignore[no-untyped-def]
-    return dtrain(["doctor", "--python", cluster.python, "--no-color", *args],
+    return dtrain(["doctor", "--python", cluster.python, "--no-color", "--per-node", *args],
                   env=cluster.client_env(), timeout=120)
 
 
@@ -1039,6 +1039,27 @@ def _python_without_torch(cluster) -> str:  # type: ignore[no-untyped-def]
     if not (venv / "bin" / "python").exists():
         subprocess.run([cluster.python, "-m", "venv", "--without-pip", str(venv)], check=True)
     return str(venv / "bin" / "python")
+
+
+@pytest.mark.ssh
+def test_four_nodes_fold_to_one_row_per_check_and_result(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40.4: 65 rows for 4 nodes before; now a row per check and result, failures
+    first; --per-node as before; --json unchanged (every node's check)."""
+    args = ["doctor", "-H", "node[1-4]", "--python", cluster.python, "--no-color"]
+    res = dtrain(args, env=cluster.client_env(), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    checks = {ln.split()[0] for ln in lines}
+    assert len(lines) <= len(checks) + 2, res.stdout  # ~one row per check
+    assert any(ln.split()[:3] == ["ssh", "node[1-4]", "ok"] for ln in lines), res.stdout
+    assert "4 nodes, " in res.stderr
+    per_node = dtrain([*args, "--per-node"], env=cluster.client_env(), timeout=120)
+    assert len(per_node.stdout.splitlines()) >= 4 * (len(checks) - 1), per_node.stdout
+    doc = one_json_document(dtrain([*args, "--json"], env=cluster.client_env(),
+                                   timeout=120).stdout)
+    validate_json(doc, "doctor")
+    assert {c["host"] for c in doc["doctor"]["checks"] if c["check"] == "ssh"} == {
+        "node1", "node2", "node3", "node4"}
 
 
 @pytest.mark.ssh
@@ -1162,7 +1183,28 @@ def test_table_rows_fold_from_16_nodes_failures_first() -> None:
     assert ("ssh", "gpu[01-20]", OK, "connected") in table
     assert ("torch", "gpu[01-06,08-20]", OK, "torch 2.5.1") in table
     assert ("clock", "gpu[01-02,04-20]", OK,
-            "offset +0 ms; 18 other values (--json has each node's)") in table
+            "offset +0 ms; 18 other values (--per-node has each node's)") in table
     assert len(table) == 5
     assert [r[2] for r in table_rows(rows, len(hosts), failures_only=True)] == [FAIL, WARN]
-    assert len(table_rows(rows[:3 * 4], 4)) == 12  # 4 nodes: unfolded
+    assert len(table_rows(rows, len(hosts), per_node=True)) == 60  # --per-node
+
+
+def test_table_rows_fold_at_every_node_count() -> None:
+    """Issue 40.4: 4 nodes fold too (``node[1-4] ok ...``), failures first; --per-node gives
+    one row per node and check."""
+    from launcher.commands.doctor.report import table_rows
+
+    hosts = ["node1", "node2", "node3", "node4"]
+    rows = [CheckResult(h, "ssh", OK, "connected") for h in hosts]
+    rows += [CheckResult(h, "hostname", OK, h) for h in hosts]
+    rows += [CheckResult(h, "torch", FAIL if h == "node3" else OK,
+                         "torch is not installed" if h == "node3" else "torch 2.5.1")
+             for h in hosts]
+    table = table_rows(rows, len(hosts))
+    assert table == [("torch", "node3", FAIL, "torch is not installed"),
+                     ("ssh", "node[1-4]", OK, "connected"),
+                     ("hostname", "node[1-4]", OK,
+                      "node1; 3 other values (--per-node has each node's)"),
+                     ("torch", "node[1-2,4]", OK, "torch 2.5.1")]
+    assert len(table_rows(rows, len(hosts), per_node=True)) == 12
+    assert len(table_rows(rows[:2], 2)) == 1  # even 2 nodes

@@ -54,6 +54,10 @@ def doctor_cmd(
         "--failures", rich_help_panel=groups.DISPLAY,
         help="Show only the FAIL and warn rows (failures first); the summary still counts "
              "every check.")] = False,
+    per_node: Annotated[bool, typer.Option(
+        "--per-node", rich_help_panel=groups.DISPLAY,
+        help="One row per node and check (default: nodes with the same result are one row, "
+             "node[1-4], FAIL rows first). --json always has every node's.")] = False,
     probe_timeout: Annotated[float, typer.Option(
         "--probe-timeout", min=1, metavar="SECONDS", rich_help_panel=CHECKS,
         help="Seconds for one node's probe.")] = 30.0,
@@ -76,10 +80,10 @@ def doctor_cmd(
 ) -> None:
     """Check every node before a launch: ssh, python, torch, GPUs, network, RDMA, limits.
 
-    One row per node and check (ok / warn / FAIL / skip); from 16 nodes on, nodes with the
-    same result are one row (node[1-64]), FAIL rows first. Exit codes: 0 nothing failed
-    (warnings allowed unless --strict); 1 some check failed; 255 some node could not be
-    reached; 2 bad input.
+    One row per check and result (ok / warn / FAIL / skip): nodes with the same result are
+    one row (node[1-4]), FAIL rows first; --per-node gives one row per node and check.
+    Exit codes: 0 nothing failed (warnings allowed unless --strict); 1 some check failed;
+    255 some node could not be reached; 2 bad input.
 
     Example:
 
@@ -98,7 +102,7 @@ def doctor_cmd(
                                                              ssh_option, persist=persist,
                                                              verbose=verbose),
                           as_json=as_json, junit=junit, strict=strict, color=color,
-                          failures_only=failures)
+                          failures_only=failures, per_node=per_node)
 
     run_body(body)
 

@@ -68,7 +68,8 @@ from launcher.models import Host
 
 def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
                as_json: bool = False, junit: str | None = None, strict: bool = False,
-               color: bool | None = None, failures_only: bool = False) -> int:
+               color: bool | None = None, failures_only: bool = False,
+               per_node: bool = False) -> int:
     """The whole command: gather, evaluate, report."""
     from launcher.commands.entry import INTERRUPTED, Ended, run_command
 
@@ -80,7 +81,7 @@ def run_doctor(hosts: Sequence[Host], opts: DoctorOptions, settings: Any, *,
             return INTERRUPTED
         code = report(evaluate(ended.result), [h.label for h in hosts], started=ended.started,
                       timing=ended.result.timing, as_json=as_json, junit=junit, strict=strict,
-                      color=color, failures_only=failures_only)
+                      color=color, failures_only=failures_only, per_node=per_node)
         for line in fenced_notes([h.label for h in hosts]):
             render.note(line)
         return code

@@ -42,7 +42,7 @@ from launcher.decide.fabric_checks import (
     socket_choices,
 )
 from launcher.hosts.hostfile import fold
-from launcher.output.hostgroups import FOLD_AT, folded
+from launcher.output.hostgroups import folded
 from launcher.output.junit import ExtraCase
 from launcher.output.render import count, should_color
 from launcher.output.report import ERROR, FAILED, PASSED, SKIPPED, CommandReport, NodeResult
@@ -165,17 +165,19 @@ STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
 
 
 RANK = {FAIL: 0, WARN: 1, OK: 2, SKIP: 2}
-MAX_OK_ROWS = 4  # folded: more distinct ok details than this for one check are one row
+MAX_OK_ROWS = 2  # folded: more distinct ok details than this for one check are one row
 
 
-def table_rows(results: Sequence[CheckResult], nhosts: int, *, failures_only: bool = False
-               ) -> list[tuple[str, str, str, str]]:
-    """(check, hosts, status, detail) rows as shown. From FOLD_AT nodes on, the hosts of a
-    check with the same status and detail are one row (``node[1-64]``), the FAIL rows
-    first, then warn, then the rest, each in check order; ``failures_only``: FAIL and warn
-    rows alone (``--failures``)."""
+def table_rows(results: Sequence[CheckResult], nhosts: int, *, failures_only: bool = False,
+               per_node: bool = False) -> list[tuple[str, str, str, str]]:
+    """(check, hosts, status, detail) rows as shown. The hosts of a check with the same
+    status and detail are one row (``node[1-4]``), at every node count, the FAIL rows
+    first, then warn, then the rest, each in check order; a check that is ok everywhere
+    with a value per node (hostname, clock) is one row. ``per_node`` (``--per-node``): one
+    row per node and check, in check order. ``failures_only``: FAIL and warn rows alone
+    (``--failures``). ``nhosts`` is kept for callers; folding no longer depends on it."""
     shown = [r for r in results if r.status in (FAIL, WARN)] if failures_only else list(results)
-    if nhosts < FOLD_AT:
+    if per_node:
         rows = [(r.check, r.host, r.status, r.detail) for r in shown]
         return rows if not failures_only else sorted(rows, key=lambda row: RANK[row[2]])
     folded_rows = []
@@ -186,7 +188,7 @@ def table_rows(results: Sequence[CheckResult], nhosts: int, *, failures_only: bo
         if len(fine) > MAX_OK_ROWS:  # ok everywhere, a value per node (hostname, clock)
             hostlist = fold(h for h, (status, _) in mine if status == OK)
             first = fine[0][1][1]
-            merged = (hostlist, (OK, f"{first}; {len(fine) - 1} other values (--json "
+            merged = (hostlist, (OK, f"{first}; {len(fine) - 1} other values (--per-node "
                                      "has each node's)"))
             groups = [g for g in groups if g[1][0] != OK] + [merged]
         folded_rows += [(check, hostlist, status, detail)
@@ -195,9 +197,9 @@ def table_rows(results: Sequence[CheckResult], nhosts: int, *, failures_only: bo
 
 
 def render_plain(results: Sequence[CheckResult], stream: TextIO, *, nhosts: int = 0,
-                 failures_only: bool = False) -> None:
+                 failures_only: bool = False, per_node: bool = False) -> None:
     """Aligned columns for pipes and CI logs: check, host, status, detail."""
-    table = table_rows(results, nhosts, failures_only=failures_only)
+    table = table_rows(results, nhosts, failures_only=failures_only, per_node=per_node)
     if not table:
         return
     rows = [(inert(c), inert(h), status, inert(d)) for c, h, status, d in table]
@@ -210,7 +212,7 @@ def render_plain(results: Sequence[CheckResult], stream: TextIO, *, nhosts: int 
 
 
 def render_rich(results: Sequence[CheckResult], title: str, stream: TextIO | None = None,
-                *, nhosts: int = 0, failures_only: bool = False) -> None:
+                *, nhosts: int = 0, failures_only: bool = False, per_node: bool = False) -> None:
     """The terminal table (rich imported here: `dtrain --help` stays fast)."""
     from rich.console import Console
     from rich.markup import escape
@@ -220,8 +222,8 @@ def render_rich(results: Sequence[CheckResult], title: str, stream: TextIO | Non
     for column in ("check", "host", "status", "detail"):
         table.add_column(column, overflow="fold")
     previous = None
-    for check, host, status, detail in table_rows(results, nhosts,
-                                                  failures_only=failures_only):
+    for check, host, status, detail in table_rows(results, nhosts, failures_only=failures_only,
+                                                  per_node=per_node):
         table.add_row(inert(check) if check != previous else "", escape(inert(host)),
                       f"[{STYLES[status]}]{LABELS[status]}[/]", escape(inert(detail)))
         previous = check
@@ -236,22 +238,24 @@ def summary(results: Sequence[CheckResult], nhosts: int) -> str:
 
 
 def show(results: Sequence[CheckResult], stream: TextIO, color: bool | None = None, *,
-         nhosts: int = 0, failures_only: bool = False) -> None:
+         nhosts: int = 0, failures_only: bool = False, per_node: bool = False) -> None:
     """The table: rich when colour is on (``render.should_color``: a terminal, or
-    FORCE_COLOR; never with NO_COLOR), aligned columns otherwise; folded from FOLD_AT
-    nodes on (``table_rows``)."""
+    FORCE_COLOR; never with NO_COLOR), aligned columns otherwise; identical rows folded
+    across nodes unless ``per_node`` (``table_rows``)."""
     use_rich = color if color is not None else should_color(stream)
     if use_rich:
         render_rich(results, "dtrain doctor", stream, nhosts=nhosts,
-                    failures_only=failures_only)
+                    failures_only=failures_only, per_node=per_node)
     else:
-        render_plain(results, stream, nhosts=nhosts, failures_only=failures_only)
+        render_plain(results, stream, nhosts=nhosts, failures_only=failures_only,
+                     per_node=per_node)
 
 
 def report(results: Sequence[CheckResult], hosts: Sequence[str], *, started: float,
            timing: Mapping[str, tuple[float, float]] | None = None, as_json: bool = False,
            junit: str | None = None, strict: bool = False, stream: TextIO | None = None,
-           color: bool | None = None, failures_only: bool = False) -> int:
+           color: bool | None = None, failures_only: bool = False,
+           per_node: bool = False) -> int:
     """Print the table (to stderr under --json), the summary, then what --json/--junit
     asked for (and ``::error`` lines under GitHub Actions); return the exit code."""
     from launcher.commands.entry import finish
@@ -260,7 +264,8 @@ def report(results: Sequence[CheckResult], hosts: Sequence[str], *, started: flo
     stream = stream or (sys.stderr if as_json else sys.stdout)
     rep = doctor_report(results, hosts, started=started, ended=time.time(), timing=timing,
                         strict=strict)
-    show(results, stream, color, nhosts=len(hosts), failures_only=failures_only)
+    show(results, stream, color, nhosts=len(hosts), failures_only=failures_only,
+         per_node=per_node)
     render.note(rep.summary + ("" if rep.exit_code == 0 else f"; exit {rep.exit_code}"))
     return finish(rep, as_json=as_json, junit=junit,
                   extra_cases=junit_cases(results, strict=strict), node_cases=False)
