@@ -1533,7 +1533,8 @@ class Supervisor(Evidence):
         if self.container is not None:
             self.container.remove()  # before the verdict: "nothing left" is part of it
             extra["container"] = {"name": self.container.spec.get("name"),
-                                  "left": self.container.left}
+                                  "left": self.container.left,
+                                  "remaining": self.container.remaining}
         self.out.control(dict({"type": "exit", "code": code, "signal": sig, "t": now(),
                                "stopped": self.stopping, "ranks": self.rank_status}, **extra))
         self.done = True
@@ -1586,7 +1587,8 @@ class Container:
         self.grace = grace
         self.stopping = False
         self.removed = False
-        self.left = []
+        self.left = []  # the run's containers still listed after our own removal
+        self.remaining = []  # and still there when we gave up
 
     def words(self, words):
         return [w.replace(DIR_PLACEHOLDER, self.tmpdir) for w in words]
@@ -1636,14 +1638,25 @@ class Container:
         for cmd in self.spec.get("remove") or []:
             run_quiet(cmd)
         listing = self.spec.get("leftovers")
-        if listing:
-            prefix = self.spec.get("prefix") or ""
+        remove = list((self.spec.get("remove") or [[]])[0])
+        if not listing or not remove:
+            return
+        prefix = self.spec.get("prefix") or ""
+        # a runtime still busy with the container (its cleanup, a lock held by a CLI we
+        # killed) may refuse the first removal: list by label and retry, for a few seconds
+        deadline = now() + 15.0
+        while True:
             names = [n.strip() for n in run_output(listing).splitlines()]
-            self.left = [n for n in names if n and n.startswith(prefix)]
-            for name in self.left:
-                remove = list((self.spec.get("remove") or [[]])[0])
-                if remove:
-                    run_quiet(remove[:-1] + [name])
+            left = [n for n in names if n and n.startswith(prefix)]
+            if not self.left:
+                self.left = left  # what was left when we first looked (reported)
+            if not left or now() >= deadline:
+                self.left = left if left else self.left
+                self.remaining = left
+                return
+            for name in left:
+                run_quiet(remove[:-1] + [name])
+            time.sleep(0.5)
 
 
 def start_error(program, exc):
