@@ -270,7 +270,11 @@ def command_for(req: ContainerRequest, runtime: str, node: NodeContainerFacts, *
         head += list(req.args)
         return ContainerCommand(
             runtime, name, tuple(head), (req.image,), env_flag="-e",
-            stop=((runtime, "stop", "-t", stop_after, name),),
+            # docker's containers live under dockerd, out of the supervisor's tree: stopped
+            # by name. podman's are in it (conmon is reparented to the supervisor, a
+            # subreaper): its TERM and KILL reach them, and a `podman stop` killed with the
+            # tree would leave the container stuck "Stopping"
+            stop=((runtime, "stop", "-t", stop_after, name),) if runtime == "docker" else (),
             remove=((runtime, "rm", "-f", name),),
             leftovers=(runtime, "ps", "-a", "--filter", f"label={LABEL_RUN}={run_id}",
                        "--format", "{{.Names}}"),

@@ -1108,6 +1108,7 @@ class Supervisor(Evidence):
         self.open_streams = 0
         self.tmpdir = None
         self.container = None  # --image: the runtime around the job (Container)
+        self.sparing = False  # removing the container: no KILLs into our tree from now on
         self.start_code = 127  # the shell's code for a job that could not start
         self.done = False
         self.subreaper = False
@@ -1148,7 +1149,8 @@ class Supervisor(Evidence):
         if self.container is not None:
             self.container.stop(grace)  # by name: a runtime's daemon is not in our tree
         if grace <= 0:
-            signal_tree(signal.SIGKILL)
+            if not self.sparing:  # our own runtime commands (container removal) live
+                signal_tree(signal.SIGKILL)
 
     def term_tree(self):
         """SIGTERM every process of the tree that has not had one from us yet, except the
@@ -1176,7 +1178,8 @@ class Supervisor(Evidence):
                                    grace=min(self.grace, 5.0))
             kill_at = self.kill_at
             if kill_at is not None and now() >= kill_at:
-                signal_tree(signal.SIGKILL)
+                if not self.sparing:  # our own runtime commands (container removal) live
+                    signal_tree(signal.SIGKILL)
             if self.orphaned is not None and not self.done:
                 # nobody reads our frames any more: once the job tree is gone, give the main
                 # loop a moment to finish, then leave even if it is stuck on a dead channel
@@ -1505,7 +1508,8 @@ class Supervisor(Evidence):
         """KILL whatever is left of the tree and wait (briefly) until it is really gone."""
         deadline = now() + wait
         while True:
-            signal_tree(signal.SIGKILL)
+            if not self.sparing:  # our own runtime commands (container removal) live
+                signal_tree(signal.SIGKILL)
             self.reap()
             if not descendants(os.getpid()) or now() >= deadline:
                 return
@@ -1531,7 +1535,7 @@ class Supervisor(Evidence):
         code, sig = self.exit_code()
         extra = {}
         if self.container is not None:
-            self.container.remove()  # before the verdict: "nothing left" is part of it
+            self.remove_container()  # before the verdict: "nothing left" is part of it
             extra["container"] = {"name": self.container.spec.get("name"),
                                   "left": self.container.left,
                                   "remaining": self.container.remaining}
@@ -1541,9 +1545,17 @@ class Supervisor(Evidence):
         self.cleanup_files()
         return code
 
-    def cleanup_files(self):
+    def remove_container(self):
+        """Remove the container by name once the job's tree is gone; the runtime's commands
+        doing it are our children too, and a KILL mid-way would leave the container stuck
+        (podman: "Stopping")."""
+        self.sparing = True
         if self.container is not None:
             self.container.remove()
+
+    def cleanup_files(self):
+        if self.container is not None:
+            self.remove_container()
         if self.tmpdir:
             import shutil  # run mode only; the dir is ours (mkdtemp), torchrun's temp dir too
 
