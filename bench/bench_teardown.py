@@ -104,9 +104,11 @@ class Watch:
         """When each kind of process was last seen alive after t0: (median, max) seconds."""
         kinds: dict[str, list[float]] = {}
         for t, _comm, cmd in self.last_seen.values():
-            kind = ("supervisor" if " -c " in cmd and "def r(n)" in cmd else
+            # the node programs' titles (set_title), or their command lines before it
+            kind = ("supervisor" if cmd.startswith("dtrain supervisor ")
+                    or " -c " in cmd and "def r(n)" in cmd else
                     "torchrun" if "torch.distributed.run" in cmd else
-                    "shim" if "dtrain_shim.py" in cmd else "job")
+                    "shim" if " shim: " in cmd or "dtrain_shim.py" in cmd else "job")
             kinds.setdefault(kind, []).append(t - t0)
         return [f"{kind:<10} last seen {statistics.median(v):.3f} / {max(v):.3f}s (n={len(v)})"
                 for kind, v in sorted(kinds.items(), key=lambda kv: max(kv[1]))]

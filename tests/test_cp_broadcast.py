@@ -109,7 +109,7 @@ def test_a_relay_killed_mid_transfer_falls_back_and_leaves_no_temps(
         elif event == "chunk" and data["chunks"] == 2:
             pid = pids["node3"]
             # no PID namespace in the test cluster: the node's pid is this machine's
-            assert b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"dtrain cp relay" in Path(f"/proc/{pid}/cmdline").read_bytes()
             os.kill(pid, signal.SIGKILL)
 
     monkeypatch.setattr(cpmod, "_hook", hook)
@@ -149,7 +149,7 @@ def test_a_relay_gone_before_the_chain_links_cuts_it_there_without_waiting(
     async def hook(event: str, data: Mapping[str, Any]) -> None:
         if event == "started":  # ports reported, nobody told where to connect yet
             pid = data["node3"]
-            assert b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"dtrain cp relay" in Path(f"/proc/{pid}/cmdline").read_bytes()
             os.kill(pid, signal.SIGKILL)
 
     monkeypatch.setattr(cpmod, "_hook", hook)

@@ -92,3 +92,79 @@ def test_killing_the_rank_shim_is_the_rank_killed(cluster: tc.Cluster, tmp_path:
     m = meta(tmp_path, run_id)
     assert (m["exit_code"], m["root_cause"]["host"], m["root_cause"]["rank"]) == (137, "node2", 1)
     assert m["root_cause"]["signal"] == 9
+
+
+# -- titles (issue 40, item 5) ----------------------------------------------------------------
+
+PROGRAMS = ("supervisor", "probe", "sampler", "cpnode")
+
+
+def _set_title_source(name: str) -> str:
+    text = (Path(__file__).resolve().parents[1] / "launcher" / "nodeside" / f"{name}.py"
+            ).read_text()
+    start = text.index("\ndef set_title(")
+    body = text[start:text.index("\n\n\n", start)]
+    body = body.replace("title: str, comm: str) -> None:", "title, comm):")
+    return re.sub(r'""".*?"""', "", body, flags=re.S)  # the code, not its docstring
+
+
+def test_every_node_program_has_the_same_set_title() -> None:
+    """One file each: the copies of supervisor.set_title must not drift apart."""
+    first = _set_title_source("supervisor")
+    for name in PROGRAMS[1:]:
+        assert _set_title_source(name) == first, name
+
+
+@pytest.mark.parametrize("python", ["python3", "python3.8"])
+def test_set_title_in_ps(tmp_path: Path, python: str) -> None:
+    """comm and /proc/PID/cmdline (what ps -e and ps -ef show), on the oldest Python too."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = sys.executable if python == "python3" else (
+        next(iter(sorted(Path("/root/.pyenv/versions").glob("3.8*/bin/python3.8"))), None)
+        or shutil.which("python3.8"))
+    if exe is None:
+        pytest.skip("no python3.8")
+    script = tmp_path / "t.py"
+    script.write_text(
+        "import sys\nsys.path.insert(0, sys.argv[1])\n"
+        "from launcher.nodeside.supervisor import set_title\n"
+        "set_title('dtrain rank 3 train.py --lr 1', 'dtrain-r3')\n"
+        "print(open('/proc/self/comm').read().strip())\n"
+        "print(open('/proc/self/cmdline', 'rb').read())\n")
+    repo = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([str(exe), "-I", "-S", str(script), repo, "x" * 200],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["dtrain-r3", repr(b"dtrain rank 3 train.py --lr 1\x00")]
+
+
+@pytest.mark.ssh
+@pytest.mark.torch
+def test_node_processes_have_titles(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
+    """On node2 of a running job: the supervisor, the rank's shim, the rank and the sampler
+    say what they are in ps (comm and command line)."""
+    run_id = new_id("titles")
+    job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, TRAIN, "--sample-interval", "1",
+                                   hosts="node[1-2]"))
+    jobs.append(job)
+    job.wait_line(r"step 2", timeout=60)
+    outer, inner = _rank_pids(2, run_id)
+    assert (_comm(outer), _cmdline(outer)) == ("dtrain-shim", f"dtrain rank 1 shim: {TRAIN}")
+    assert (_comm(inner), _cmdline(inner)) == ("dtrain-r1", f"dtrain rank 1 {TRAIN}")
+    titles = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(titles) < 2:
+        for pid in tc.node_pids(2):
+            try:
+                comm = _comm(pid)
+                if comm in ("dtrain-sup", "dtrain-sampler"):
+                    titles[comm] = _cmdline(pid)
+            except OSError:
+                pass
+        time.sleep(0.2)
+    assert titles.get("dtrain-sup") == f"dtrain supervisor {run_id} node2", titles
+    assert titles.get("dtrain-sampler") == "dtrain sampler node2", titles
+    job.signal(signal.SIGINT)
+    job.wait(60)
