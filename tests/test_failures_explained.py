@@ -131,8 +131,46 @@ def test_other_signal_and_plain_exit() -> None:
     assert e.json()["scope"] == "unknown"
 
 
+# /dev/kmsg records as the kernel writes them (one per read): PRIO,SEQ,USEC,FLAGS;text,
+# then the record's dictionary as " KEY=value" lines
+KMSG = [
+    b"6,1201,4999000,-;eth0: link up\n",
+    b"4,1202,5100000,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=771, name=python, "
+    b"An uncorrectable double bit error (DBE) has been detected on GPU\n"
+    b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n",
+    b"6,1203,7250000,-;python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n",
+    b"6,1204,7250500,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+    b"task=python,pid=4242,uid=1000\n",
+    b"3,1205,7251000,-;Memory cgroup out of memory: Killed process 4242 (python) "
+    b"total-vm:9000000kB, anon-rss:204800kB, file-rss:0kB\n",
+    b"6,1206,7300000,c;python[4242]: segfault at 0 ip 00007f0 sp 00007ff error 4\n",
+    b"garbage without a header\n",
+    b"6,1207,notanumber,-;Out of memory: never dated\n",
+    b"6,1208,8000000,-;usb 1-1: new high-speed USB device\n",
+]
+
+
 def test_kernel_lines_filter_by_time_and_words(tmp_path: Path) -> None:
-    assert isinstance(supervisor.kernel_lines(0.0), (list, str))  # readable or why not
+    """Real kmsg records: the time window (since - 1 s), the words, Xid and OOM lines; a log
+    that cannot be opened is said as such."""
+    got = supervisor.kmsg_matches(KMSG, since=6.5)
+    assert got == [
+        "[7.250000] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0",
+        "[7.250500] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+        "task=python,pid=4242,uid=1000",
+        "[7.251000] Memory cgroup out of memory: Killed process 4242 (python) "
+        "total-vm:9000000kB, anon-rss:204800kB, file-rss:0kB",
+        "[7.300000] python[4242]: segfault at 0 ip 00007f0 sp 00007ff error 4"]
+    xid = supervisor.kmsg_matches(KMSG, since=6.0)  # 5.1 s is within the 1 s before
+    assert xid[0].startswith("[5.100000] NVRM: Xid (PCI:0000:3b:00): 48, pid=771") \
+        and "SUBSYSTEM" not in xid[0]
+    assert supervisor.kmsg_matches(KMSG, since=0.0, limit=2) == got[-2:]
+    assert supervisor.kmsg_matches(KMSG, since=0.0, words=("link up",)) == \
+        ["[4.999000] eth0: link up"]
+    assert supervisor.kernel_lines(0.0, path=str(tmp_path / "none")) == \
+        f"{tmp_path / 'none'}: No such file or directory"
+    live = supervisor.kernel_lines(0.0)
+    assert isinstance(live, str) and live.startswith("/dev/kmsg: ") or isinstance(live, list)
 
 
 def test_failure_reason_json_and_details_only_when_there_are_some() -> None:

@@ -594,14 +594,14 @@ def test_an_oom_killed_rank_is_explained_as_oom(tmp_path: Path) -> None:
     """Live, on this machine (localhost; the sshd test nodes hide the cgroup tree and the
     kernel log): a rank moved into a 200 MiB memory cgroup allocates until the OOM killer
     ends it; dtrain says so, from the cgroup counter and (as root) the kernel log."""
-    from tests.util import need_module
+    from tests.util import cannot_run, need_module
 
     need_module("torch")
     if os.getuid() != 0:
-        pytest.skip("moving a process into a memory cgroup needs root")
+        cannot_run("moving a process into a memory cgroup needs root")
     cgroup = _memory_cgroup()
     if cgroup is None:
-        pytest.skip("this machine gives no memory cgroup a test can limit")
+        cannot_run("this machine gives no memory cgroup a test can limit")
     archive = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "launcher", "run", "-H", "localhost",
                              "--nproc-per-node", "1", "--archive-dir", str(archive),

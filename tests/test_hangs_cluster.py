@@ -105,10 +105,14 @@ def test_dtrain_stacks_on_a_detached_run_from_another_shell(
                     log.read_text() if log.exists() else ""):
                 assert time.monotonic() < deadline, "rank 4 never blocked"
                 time.sleep(0.2)
-            time.sleep(1.0)  # the others reach the all_reduce
-            got = dtrain(["stacks", run_id, "--archive-dir", str(archive)],
-                         env=cluster.client_env(), timeout=60)
-            assert got.returncode == 0, got.stdout + got.stderr
+            # the others reach the all_reduce: asked until every one of them is in it
+            waiting = re.compile(r"^  ranks 0-3,5 \(5\): all_reduce <- ", re.M)
+            while True:
+                got = dtrain(["stacks", run_id, "--archive-dir", str(archive)],
+                             env=cluster.client_env(), timeout=60)
+                assert got.returncode == 0, got.stdout + got.stderr
+                if waiting.search(got.stdout) or time.monotonic() > deadline:
+                    break
             out = got.stdout
             assert re.search(r"^  ranks 0-3,5 \(5\): all_reduce <- step_once\(\) hang\.py:\d+$",
                              out, re.M), out

@@ -271,3 +271,25 @@ def test_prune_deletes_only_provable_runs_by_descriptor(
     assert sorted(p.name for p in archive_dir.iterdir()) == [
         "20260101-000000-eeee", "20260101-000000-ffff", "myproject"]
     assert (outside / "keep.txt").read_text() == "keep"
+
+
+# -- dtrain nodes: the lemon file's text and times ---------------------------------------------
+
+def test_nodes_shows_lemon_text_inert_and_survives_a_huge_until(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.commands.nodes import list_nodes
+    from launcher.job.lemons import LemonStore
+
+    store = LemonStore(tmp_path / "state")
+    (tmp_path / "state").mkdir(mode=0o700)
+    store.path.write_text(json.dumps({"lemons_version": 1, "lemons": [
+        {"host": "node3", "why": "hang \x1b]52;c;cHduZWQ=\x07\x1b[2J", "run_id": "r\x1b[1A",
+         "t": 1_800_000_000.0, "until": 1e300},
+        {"host": "node4", "why": "oom", "run_id": "r", "t": 1_800_000_000.0,
+         "until": float("inf")}]}).replace("Infinity", "1e999"))
+    assert list_nodes(store=store) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "^[]52;c;cHduZWQ=^G" in out, out
+    assert list_nodes(store=store, as_json=True) == 0
+    doc = json.loads(capsys.readouterr().out)  # valid JSON: no Infinity
+    assert [n["host"] for n in doc["nodes"]] == ["node3", "node4"]

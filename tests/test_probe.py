@@ -27,7 +27,7 @@ from launcher.decide.facts import (
     parse_version,
 )
 from launcher.nodeside import probe
-from tests.util import assert_exit
+from tests.util import assert_exit, cannot_run
 
 PROBE = Path(probe.__file__)
 DATA = Path(__file__).parent / "data" / "sysfs"
@@ -185,7 +185,7 @@ def _python38() -> str | None:
 def test_probe_runs_on_python38(tmp_path: Path) -> None:
     python = _python38()
     if python is None:
-        pytest.skip("no Python 3.8 interpreter here")
+        cannot_run("no Python 3.8 interpreter here (scripts/test installs one)")
     make_ib_device(tmp_path / "ib", "mlx5_0", gids=roce_basic_gids())
     out = run_probe({"targets": ["127.0.0.1"]}, env={"DTRAIN_IB_SYSFS": str(tmp_path / "ib")},
                     python=python)

@@ -169,7 +169,11 @@ def test_a_run_directory_swapped_for_a_symlink_mid_run_redirects_nothing(
         (shared / run_id).symlink_to(bait)
         os.lchown(shared / run_id, OTHER, OTHER)
         job.wait_line(r"^node1 r0: tick 0 20$", timeout=60)  # > 2 flushes after the swap
-        time.sleep(1.5)  # one more flush interval: the lines above are on disk somewhere
+        # the lines above reached the disk (in the run's own, moved, directory)
+        deadline = time.monotonic() + 30
+        while "r0 tick 0 20" not in _text(moved / "hosts" / "node1.log"):
+            assert time.monotonic() < deadline, "the launcher stopped writing its logs"
+            time.sleep(0.1)
         assert bashrc.read_text() == "# my bashrc\n"
         stop = dtrain(["stop", run_id, "--archive-dir", str(shared)], env=cluster.client_env(),
                       timeout=30)
@@ -322,3 +326,10 @@ def test_a_run_id_is_a_path_only_with_a_slash_or_a_leading_dot(area: Path) -> No
         assert_exit(res, 0)
         srv.close()
         listener.join(5)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -245,8 +245,8 @@ def test_python38_runs_the_exec_path(tmp_path: Path) -> None:
         [p, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
         capture_output=True).returncode == 0), None)
     if not found:
-        cannot_run("no python3.8 here (tests/test_layers.py checks the syntax with vermin)",
-                   require=False)
+        cannot_run("no python3.8 here (scripts/test installs one; tests/test_layers.py "
+                   "checks the syntax with vermin)")
     start = time.monotonic()
     res, frames = _exec_path(found, exec_spec(["echo", "hi"]).wire(), tmp_path)
     assert res.returncode == 0, res.stderr.decode()

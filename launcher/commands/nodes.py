@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
@@ -13,6 +14,7 @@ from launcher.decide import lemons as lm
 from launcher.errors import UsageError
 from launcher.job.lemons import LemonStore
 from launcher.output import render
+from launcher.output.termsafe import inert
 
 NODES_SCHEMA = "dtrain.nodes/1"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
@@ -28,7 +30,15 @@ def parse_duration(text: str, option: str = "--older-than") -> float:
 
 
 def _when(t: float) -> str:
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+    """A time as the table shows it; one the file cannot mean (1e300, NaN) as "?"."""
+    try:
+        return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+def _finite(value: object) -> object:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int:
@@ -37,17 +47,20 @@ def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int
     records = sorted(store.load(), key=lambda x: x.t)
     if as_json:
         doc = {"schema": NODES_SCHEMA, "path": str(store.path),
-               "nodes": [{**x.json(), "fenced": x.until > now} for x in records]}
+               "nodes": [{**{k: _finite(v) for k, v in x.json().items()},
+                          "fenced": x.until > now} for x in records]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
     if not records:
         sys.stdout.write(f"no fenced nodes ({store.path})\n")
         return 0
-    rows = [("HOST", "STATE", "FENCED", "UNTIL", "RUN", "WHY")]
+    rows: list[tuple[str, ...]] = [("HOST", "STATE", "FENCED", "UNTIL", "RUN", "WHY")]
     for x in records:
         state = "fenced" if x.until > now else "expired"
-        rows.append((x.host, state, f"{_when(x.t)} ({lm.ago(now - x.t)} ago)", _when(x.until),
-                     x.run_id, x.why))
+        ago = lm.ago(now - x.t) if math.isfinite(now - x.t) else "?"
+        # the file's text is anyone's who could write it: inert (docs/security.md)
+        rows.append(tuple(inert(c) for c in (x.host, state, f"{_when(x.t)} ({ago} ago)",
+                                             _when(x.until), x.run_id, x.why)))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))

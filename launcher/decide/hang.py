@@ -18,8 +18,9 @@ that late tick runs, so a late tick declares a hang only past one more tick. doc
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.decide.liveness import Silence
 from launcher.errors import UsageError
@@ -68,6 +69,9 @@ class RankProgress:
     last_line: float | None = None
     last_progress: float | None = None
     progress_text: str | None = None
+    # lines not searched (within RESOLUTION_S of the last match): searched only when the
+    # last progress is shown (``latest``), so the HANG line names the newest one
+    unsearched: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=32))
 
 
 class ProgressWatch:
@@ -104,13 +108,29 @@ class ProgressWatch:
                 self.last_any = t
             if state.last_progress is not None and t - state.last_progress < RESOLUTION_S \
                     and self.any_progress:
+                state.unsearched.append((t, line.text))
                 continue
+            state.unsearched.clear()
             if search(line.text):
                 state.last_progress = t
                 state.progress_text = line.text
                 self.any_progress = True
                 if t >= self.last:
                     self.last, self.last_text, self.last_rank = t, line.text, rank
+
+    def latest(self) -> tuple[float, int, str] | None:
+        """The newest progress line of any rank (time, rank, text), throttled lines too."""
+        best = (self.last, self.last_rank, self.last_text) if self.last_text is not None \
+            else None
+        search = self.pattern.search
+        for rank, state in self.ranks.items():
+            for t, text in reversed(state.unsearched):
+                if best is not None and t < best[0]:
+                    break
+                if search(text):
+                    best = (t, rank, text)
+                    break
+        return best  # type: ignore[return-value]
 
     def baseline(self) -> float:
         """Since when the job has made no progress."""

@@ -175,10 +175,10 @@ class HangWatch:
     async def _hang(self, now: float) -> None:
         stalled = self.watch.stalled_for(now)
         last = ""
-        if self.watch.last_text is not None:
-            stamp = time.strftime("%H:%M:%S", time.localtime(self.watch.last))
-            last = f"; the last progress: r{self.watch.last_rank} at {stamp}: " \
-                   f"{self.watch.last_text[:80]!r}"
+        latest = self.watch.latest()
+        if latest is not None:
+            stamp = time.strftime("%H:%M:%S", time.localtime(latest[0]))
+            last = f"; the last progress: r{latest[1]} at {stamp}: {latest[2][:80]!r}"
         self.say(f"HANG: no rank made progress for {stalled:.0f} s (--hang-timeout "
                  f"{self.policy.timeout:g}){last}; taking every rank's stacks")
         dump = await self.dump("hang", f"no progress for {stalled:.0f} s")

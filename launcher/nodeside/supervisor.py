@@ -72,6 +72,13 @@ SHIM_ENV = "DTRAIN_SHIM_SOCK"
 # teardown removes; the shim gives each worker the TMPDIR it would have had
 TMPDIR_ENV = "DTRAIN_WORKER_TMPDIR"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
+# `python -m torch.distributed.run` puts the working directory first on sys.path, where a
+# project's random.py would shadow torchrun's own imports (the `torchrun` script does not
+# see it): the same agent, without that entry. The ranks get their script's directory
+# from the rank shim, as under plain torchrun.
+TORCHRUN_ISOLATED = ("import sys\nif sys.path and sys.path[0] in ('', '.'):\n    del sys.path[0]\n"
+                     "import runpy\nrunpy.run_module('torch.distributed.run', "
+                     "run_name='__main__', alter_sys=True)\n")
 # in argv, replaced by the private directory holding the spec's ``files`` (dtrain smoke's job)
 DIR_PLACEHOLDER = "{DTRAIN_DIR}"
 PR_SET_CHILD_SUBREAPER = 36
@@ -702,8 +709,8 @@ def _run_user(argv):
     main.__dict__.update(__file__=filename, __builtins__=builtins, __cached__=None,
                          __loader__=SourceFileLoader("__main__", filename))
     sys.modules["__main__"] = main
-    code = compile(source, filename, "exec", dont_inherit=True)
-    _guarded(lambda: exec(code, main.__dict__))
+    # compiled inside the guard: a SyntaxError is shown at the user's file:line, not here
+    _guarded(lambda: exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__))
 
 
 def _is_zip(path):
@@ -817,16 +824,16 @@ def oom_kills(text):
     return None
 
 
-def kernel_lines(since, words=KMSG_WORDS, limit=60):
+def kernel_lines(since, words=KMSG_WORDS, limit=60, path="/dev/kmsg"):
     """Kernel log records since ``since`` (seconds since boot) that mention one of
     ``words``, as "[seconds] text"; or an error string when the log is not readable."""
     try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
-        return "/dev/kmsg: %s" % (exc.strerror,)
-    found = []
+        return "%s: %s" % (path, exc.strerror)
+    records = []
     try:
-        while True:
+        while True:  # /dev/kmsg: one record per read
             try:
                 record = os.read(fd, 8192)
             except BlockingIOError:
@@ -837,17 +844,26 @@ def kernel_lines(since, words=KMSG_WORDS, limit=60):
                 break
             if not record:
                 break
-            head, _, text = record.decode("utf-8", "replace").partition(";")
-            fields = head.split(",")
-            try:
-                t = int(fields[2]) / 1e6
-            except (IndexError, ValueError):
-                continue
-            text = text.split("\n", 1)[0]
-            if t >= since - 1 and any(w in text for w in words):
-                found.append("[%.6f] %s" % (t, text))
+            records.append(record)
     finally:
         os.close(fd)
+    return kmsg_matches(records, since, words, limit)
+
+
+def kmsg_matches(records, since, words=KMSG_WORDS, limit=60):
+    """The /dev/kmsg records (``PRIO,SEQ,USEC,FLAGS;text`` then ``KEY=value``
+    continuation lines) at or after ``since - 1`` s that mention one of ``words``."""
+    found = []
+    for record in records:
+        head, _, text = record.decode("utf-8", "replace").partition(";")
+        fields = head.split(",")
+        try:
+            t = int(fields[2]) / 1e6
+        except (IndexError, ValueError):
+            continue
+        text = text.split("\n", 1)[0]
+        if t >= since - 1 and any(w in text for w in words):
+            found.append("[%.6f] %s" % (t, text))
     return found[-limit:]
 
 
@@ -1277,6 +1293,10 @@ class Supervisor(Evidence):
             self.shim_path = shim.encode()
             argv = [shim if a == SHIM_PLACEHOLDER else a.replace(DIR_PLACEHOLDER, self.tmpdir)
                     for a in argv]
+            for i in range(1, len(argv) - 1):
+                if argv[i:i + 2] == ["-m", "torch.distributed.run"]:
+                    argv[i:i + 2] = ["-c", TORCHRUN_ISOLATED]
+                    break
         return argv
 
     def start(self):

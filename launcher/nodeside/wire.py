@@ -45,6 +45,10 @@ MARSHAL_VERSION = 4
 # read-only home, a foreign owner, a corrupt file) falls back to compiling.
 BOOTSTRAP = (
     "import os, sys, marshal\n"
+    # -c put the working directory first on sys.path: a json.py or types.py there would
+    # shadow the standard library every node program imports (run isolated, as -I does)
+    "if sys.path and sys.path[0] in ('', '.'):\n"
+    "    del sys.path[0]\n"
     "def r(n):\n"
     "    d = b''\n"
     "    while len(d) < n:\n"

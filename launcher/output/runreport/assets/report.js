@@ -35,6 +35,16 @@
     if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
     return String(+v.toPrecision(5));
   }
+  /* y tick labels: as many decimals as the ticks' spacing needs (ticks 99.5, 100, 100.5
+     must not all read "100%") */
+  function yTicks(vals, unit) {
+    var step = vals.length > 1 ? Math.abs(vals[1] - vals[0]) : 0;
+    if (unit === "%" && step > 0 && isFinite(step)) {
+      var d = Math.max(0, Math.min(4, Math.ceil(-Math.log10(step) - 1e-9)));
+      return vals.map(function (v) { return v == null ? "" : v.toFixed(d) + "%"; });
+    }
+    return vals.map(function (v) { return fmtNum(v, unit); });
+  }
   function el(tag, cls, txt) {
     var e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -84,7 +94,7 @@
           values: function (u, vals) { return vals.map(function (v) { return opts.xTime ? fmtT(v) : v; }); } },
         /* room for the longest tick label ("123 kB/s" is wider than "100%") */
         { size: opts.unit === "B/s" ? 84 : 64,
-          values: function (u, vals) { return vals.map(function (v) { return fmtNum(v, opts.unit); }); } }
+          values: function (u, vals) { return yTicks(vals, opts.unit); } }
       ]
     }, cols, box);
     if (list.length > LEGEND_MAX) box.appendChild(el("p", "dim", list.length + " series; legend hidden (hover for values)"));
