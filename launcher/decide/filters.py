@@ -55,13 +55,13 @@ def host_name(label: str) -> str:
 
 def expand(expr: str, option: str = "--host") -> list[str]:
     """A hostlist expression's names (ClusterShell NodeSet: node[1-4],login2)."""
-    from launcher.hosts.entries import check_expr_size
+    from launcher.hosts.entries import check_expr_size, nodeset
 
     check_expr_size(expr, option)
-    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+    from ClusterShell.NodeSet import NodeSetException
 
     try:
-        return list(NodeSet(",".join(expr.split()), resolver=RESOLVER_NOGROUP))
+        return list(nodeset(",".join(expr.split())))
     except NodeSetException as exc:
         raise UsageError(f"{option} {expr!r}: not a host list ({exc})",
                          hint=f"e.g. {option} node[1-2],node4") from None

@@ -68,7 +68,8 @@ def rank_flight(rank: int, dump: Mapping[str, Any]) -> RankFlight | None:
     if not isinstance(enq, int) or not isinstance(done, int):
         return None
     name = None
-    for entry in reversed(dump.get("entries") or []):
+    entries = dump.get("entries")
+    for entry in reversed(entries if isinstance(entries, list) else []):
         if isinstance(entry, dict) and entry.get("collective_seq_id") == enq \
                 and str(entry.get("pg_id", 0)) in ("0", ""):
             name = str(entry.get("profiling_name") or "") or None

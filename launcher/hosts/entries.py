@@ -300,6 +300,16 @@ def check_expr_size(expr: str, option: str) -> None:
                             "per job", source=option, hint="check the range bounds")
 
 
+def nodeset(pattern: str) -> NodeSet:
+    """``NodeSet(pattern)`` without node groups; what NodeSet fails on besides its own
+    exceptions (an AssertionError on a folded range over 1e9, as node[1-4]9999999999 is;
+    int()'s 4,300-digit limit) is a NodeSetException too, never a traceback."""
+    try:
+        return NodeSet(pattern, resolver=RESOLVER_NOGROUP)
+    except (AssertionError, ValueError, OverflowError):
+        raise NodeSetException("a number in it is too large") from None
+
+
 def _why(exc: NodeSetException) -> str:
     """NodeSet's reason, without its 'bad range: "..."' wrapping."""
     detail = exc.part if isinstance(exc, NodeSetParseRangeError) else str(exc)
@@ -321,7 +331,7 @@ def _expand(pattern: str, ctx: _Ctx) -> list[str]:
         return [_check_name(pattern, ctx)]
     ctx.budget.take(_range_size(pattern), pattern, ctx)
     try:
-        nodes = NodeSet(pattern, resolver=RESOLVER_NOGROUP)
+        nodes = nodeset(pattern)
     except NodeSetException as exc:
         raise ctx.error(f"bad host range {pattern!r}: {_why(exc)}",
                         hint="write ranges as node[1-4], gpu[01-16] or node[1,3-5]") from None

@@ -39,6 +39,7 @@ from launcher.hosts.entries import (
     _split_top,
     _why,
     check_expr_size,
+    nodeset,
 )
 from launcher.hosts.envfile import name_hint, name_problem
 from launcher.hosts.slurm import NODELIST, allocation
@@ -366,7 +367,7 @@ def _nodeset(expr: str, option: str) -> NodeSet:
                             hint="list hosts or ranges, e.g. node[1-4],login2")
     check_expr_size(expr, option)
     try:
-        return NodeSet(",".join(expr.split()), resolver=RESOLVER_NOGROUP)
+        return nodeset(",".join(expr.split()))
     except NodeSetException as exc:
         raise HostfileError(f"bad host expression {expr!r}: {_why(exc)}", source=option,
                             hint="e.g. node[1-4] or node[1-8]!node3") from None
@@ -448,7 +449,7 @@ def fold(names: Iterable[str]) -> str:
         (plain if re.fullmatch(r"[A-Za-z0-9._:%-]+", name) else odd).append(name)
     try:
         folded = str(NodeSet.fromlist(plain, resolver=RESOLVER_NOGROUP)) if plain else ""
-    except NodeSetException:
+    except (NodeSetException, AssertionError, ValueError, OverflowError):  # see nodeset()
         folded = ",".join(plain)
     return ",".join(filter(None, [folded, *odd]))
 

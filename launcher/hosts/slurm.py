@@ -37,7 +37,7 @@ from launcher.models import Host
 NODELIST = "SLURM_JOB_NODELIST"
 # set when the job asked for tasks (-n) or CPUs per task (-c): slots are then its tasks
 _TASK_REQUESTS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_CPUS_PER_TASK")
-_COUNTS = re.compile(r"(\d+)(?:\(x(\d+)\))?", re.ASCII)
+_COUNTS = re.compile(r"(\d{1,9})(?:\(x(\d{1,9})\))?", re.ASCII)  # 9 digits: over any cap
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def expand_counts(text: str, n_nodes: int, source: str) -> tuple[int, ...]:
 def _positive(text: str, source: str) -> int:
     """A per-node count: a positive integer (a GRES type prefix, ``a100:4``, is dropped)."""
     value = text.rpartition(":")[2].strip()
-    if not (value.isascii() and value.isdigit() and int(value) > 0):
+    if not (value.isascii() and value.isdigit() and len(value) <= 9 and int(value) > 0):
         raise HostfileError(f"expected a positive number, got {text!r}", source=source)
     return int(value)
 

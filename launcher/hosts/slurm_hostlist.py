@@ -27,7 +27,8 @@ from __future__ import annotations
 import itertools
 import re
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
+# at most 18 digits a number: longer is no node's (int() refuses 4,300, a traceback)
+_RANGE = re.compile(r"(\d{1,18})(?:-(\d{1,18}))?", re.ASCII)
 _TEXT = re.compile(r"[A-Za-z0-9._-]*", re.ASCII)
 _SEPARATORS = ", \t"
 
@@ -59,7 +60,7 @@ def parse_ranges(body: str) -> Ranges:
         match = _RANGE.fullmatch(part)
         if not match:
             raise HostlistError(f"bad range {part!r} in [{body}]: expected N or N-M "
-                                "(decimal digits)")
+                                "(decimal digits, at most 18)")
         low = int(match.group(1))
         high = int(match.group(2) or low)
         if low > high:

@@ -19,10 +19,10 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+from ClusterShell.NodeSet import NodeSetException
 
 from launcher.errors import UsageError
-from launcher.hosts.entries import check_expr_size
+from launcher.hosts.entries import check_expr_size, nodeset
 from launcher.models import OutputLine
 from launcher.output.archive import open_output, read_meta
 from launcher.output.console import Console
@@ -154,7 +154,7 @@ def expand_hosts(host: str | None) -> set[str] | None:
         return None
     check_expr_size(host, "--host")  # before NodeSet builds node[1-100000000]
     try:  # node groups (@name) are never resolved: they could run site commands
-        return set(NodeSet(host, resolver=RESOLVER_NOGROUP))
+        return set(nodeset(host))
     except NodeSetException:
         return {part.strip() for part in host.split(",") if part.strip()}
 

@@ -187,10 +187,12 @@ def matches(host: str, pattern: str) -> bool:
     if any(c in pattern for c in "*?"):
         return fnmatch.fnmatchcase(host, pattern)
     if "[" in pattern or "," in pattern:
-        from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+        from ClusterShell.NodeSet import NodeSetException
+
+        from launcher.hosts.entries import nodeset
 
         try:
-            return host in NodeSet(pattern, resolver=RESOLVER_NOGROUP)
+            return host in nodeset(pattern)
         except NodeSetException:
             return pattern in host  # half-typed: a substring until it parses
     return pattern in host

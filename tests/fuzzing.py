@@ -1,0 +1,140 @@
+"""What tests/test_fuzz_parsers.py shares: the number of examples, the guard every example
+runs under (a time bound, a memory bound, the error type), and input strategies that look
+like what each parser reads (its grammar's tokens mixed with any text), so hypothesis gets
+past the first character.
+
+``DTRAIN_FUZZ_EXAMPLES`` scales every parser's examples (CI: the default below; the long run
+of docs/reliability.md: 100000). ``DTRAIN_FUZZ_SEED`` picks another random stream for a long
+run (CI is derandomized: the same examples every time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+EXAMPLES = int(os.environ.get("DTRAIN_FUZZ_EXAMPLES", "60"))
+SEED = os.environ.get("DTRAIN_FUZZ_SEED")
+TIME_S = 10.0  # one example may take this long on a loaded machine; more is a hang
+MEMORY = 64 << 20  # one example may allocate this much at its peak; more is unbounded
+
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                derandomize=SEED is None, print_blob=True,
+                suppress_health_check=list(HealthCheck))
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+COUNTS = os.environ.get("DTRAIN_FUZZ_COUNTS")  # the long run: examples per test, kept here
+_counted: dict[str, int] = {}
+
+
+def _count() -> None:
+    """One more example of the current test, in DTRAIN_FUZZ_COUNTS every 50 (a long run is
+    cut by a timeout: what it reached is on disk)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0].rpartition("::")[2]
+    _counted[test] = _counted.get(test, 0) + 1
+    if COUNTS and _counted[test] % 50 == 0:
+        import json
+
+        with open(COUNTS, "w") as fh:
+            json.dump(_counted, fh)
+
+
+class Hang(Exception):
+    """An example ran past TIME_S."""
+
+
+@contextlib.contextmanager
+def bounded() -> Iterator[None]:
+    """Run one example under TIME_S (SIGALRM: a hang raises Hang where it loops) and
+    MEMORY (tracemalloc's peak)."""
+    def alarm(signum: int, frame: object) -> None:
+        raise Hang(f"an example ran for more than {TIME_S:g} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, TIME_S)
+    started = tracemalloc.is_tracing()
+    if not started:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    _count()
+    try:
+        yield
+        peak = tracemalloc.get_traced_memory()[1] - base
+        assert peak < MEMORY, f"an example allocated {peak >> 20} MiB (bound {MEMORY >> 20})"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        if not started:
+            tracemalloc.stop()
+
+
+def fuzz_seed(test: F) -> F:
+    """The long run's own random stream (DTRAIN_FUZZ_SEED), else hypothesis's derandomized
+    one."""
+    if SEED is None:
+        return test
+    from hypothesis import seed
+
+    return seed(int(SEED))(test)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------- inputs
+
+ODD = ["", " ", "\t", "\n", "\r\n", "\x00", "\x1b[31m", "\u00e9", "\u00b2", "\u0663", "\u200b",
+       "\ufeff", "\U0001f600", "\\", "'", '"', "#", "=", ":", ",", "[", "]", "-", "@", "{", "}",
+       "0", "1", "9" * 30, "9" * 5000, "-1", "1e9", "nan", "inf", "$", "${X}", "`", ";", "|",
+       "~", "/", ".", "..", "%", "!", "*", "&", "<<:", "!!int", "!!binary", "*a", "&a"]
+
+
+def tokens(grammar: list[str], size: int = 40) -> st.SearchStrategy[str]:
+    """A string of grammar tokens, odd characters and any short text."""
+    piece = st.one_of(st.sampled_from(grammar), st.sampled_from(ODD), st.text(max_size=6))
+    return st.lists(piece, max_size=size).map("".join)
+
+
+def lines(line: st.SearchStrategy[str], size: int = 12) -> st.SearchStrategy[str]:
+    return st.lists(line, max_size=size).map("\n".join)
+
+
+def json_values(keys: list[str] | None = None, leaves: int = 30) -> st.SearchStrategy[Any]:
+    """Any JSON value, its object keys often from ``keys`` (the fields a reader looks up)."""
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-3, 300),
+                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+                       st.sampled_from(ODD))
+    key = st.one_of(st.sampled_from(keys), st.text(max_size=8)) if keys else st.text(max_size=8)
+    return st.recursive(scalar, lambda inner: st.one_of(
+        st.lists(inner, max_size=5), st.dictionaries(key, inner, max_size=6)),
+        max_leaves=leaves)
+
+
+def mutated(value: Any, keys: list[str]) -> st.SearchStrategy[Any]:
+    """``value`` (real JSON) with some of its leaves and branches replaced by any JSON value,
+    some keys dropped: what a broken or hostile program on a node answers."""
+    other = json_values(keys, leaves=8)
+
+    @st.composite
+    def walk(draw: Any, v: Any, depth: int = 0) -> Any:
+        if draw(st.integers(0, 9)) == 0:
+            return draw(other)
+        if isinstance(v, dict) and depth < 8:
+            out = {}
+            for k, item in v.items():
+                if draw(st.integers(0, 19)) == 0:
+                    continue  # a field left out
+                out[k] = draw(walk(item, depth + 1))
+            return out
+        if isinstance(v, list) and depth < 8:
+            return [draw(walk(item, depth + 1)) for item in v[:6]]
+        return v
+
+    return walk(value)
