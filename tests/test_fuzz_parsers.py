@@ -674,3 +674,14 @@ def test_found_odd_flight_entries() -> None:
     dump = {"pg_status": {"0": {"last_enqueued_collective": 2,
                                 "last_completed_collective": 1}}, "entries": 5}
     assert rank_flight(0, dump) is not None
+
+
+@pytest.mark.parametrize("text", ["&a <<: *a", "hosts:\n  - {host: n1, <<: 5}"])
+def test_found_yaml_merge_of_a_scalar_is_a_usage_error(text: str) -> None:
+    """A '<<:' merge of a scalar was PyYAML's ConstructorError, a traceback (found by the
+    long run, seed 39)."""
+    from launcher.hosts.hostfile import parse_hostfile_yaml
+
+    with pytest.raises(HostfileError) as info:
+        parse_hostfile_yaml(text, "hosts.yaml")
+    _usage(info.value, "hosts.yaml:")

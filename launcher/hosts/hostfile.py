@@ -144,7 +144,14 @@ class _Yaml:
 
         if not isinstance(node, yaml.MappingNode):
             raise self.ctx(node, path).error("expected a mapping of key: value")
-        self.loader.flatten_mapping(node)  # resolves '<<' merge keys
+        try:
+            self.loader.flatten_mapping(node)  # resolves '<<' merge keys
+        except yaml.YAMLError as exc:  # a merge of a scalar (&a <<: *a)
+            raise self.ctx(node, path).error(f"bad merge key: {_problem(exc)}",
+                                             hint="'<<:' merges a mapping or a list of "
+                                                  "mappings") from None
+        except RecursionError:  # a mapping that merges itself, deeper than Python recurses
+            raise self.ctx(node, path).error("a merge key that merges itself") from None
         known = tuple(keys)
         items: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
