@@ -37,7 +37,7 @@ from launcher.models import Host
 NODELIST = "SLURM_JOB_NODELIST"
 # set when the job asked for tasks (-n) or CPUs per task (-c): slots are then its tasks
 _TASK_REQUESTS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_CPUS_PER_TASK")
-_COUNTS = re.compile(r"(\d{1,9})(?:\(x(\d{1,9})\))?", re.ASCII)  # 9 digits: over any cap
+_COUNTS = re.compile(r"(\d{1,18})(?:\(x(\d{1,18})\))?", re.ASCII)  # longer: no count (int() refuses 4,300 digits)
 
 
 @dataclass(frozen=True)

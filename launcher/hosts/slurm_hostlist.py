@@ -60,7 +60,7 @@ def parse_ranges(body: str) -> Ranges:
         match = _RANGE.fullmatch(part)
         if not match:
             raise HostlistError(f"bad range {part!r} in [{body}]: expected N or N-M "
-                                "(decimal digits, at most 18)")
+                                "(decimal digits)")
         low = int(match.group(1))
         high = int(match.group(2) or low)
         if low > high:
