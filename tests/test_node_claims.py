@@ -293,3 +293,53 @@ def test_nodes_shows_lemon_text_inert_and_survives_a_huge_until(
     assert list_nodes(store=store, as_json=True) == 0
     doc = json.loads(capsys.readouterr().out)  # valid JSON: no Infinity
     assert [n["host"] for n in doc["nodes"]] == ["node3", "node4"]
+
+
+# -- the sampler's lines -----------------------------------------------------------------------
+
+def test_a_sampler_s_deep_nan_and_foreign_lines_change_nothing() -> None:
+    """A line nested past the recursion limit is dropped (the channel goes on), NaN and
+    Infinity arrive as null (samples.jsonl stays JSON), another host's ranks are gone."""
+    from launcher.job.sampling import NodeSampler, SamplerParams
+
+    got: list[dict[str, Any]] = []
+    conn = SimpleNamespace(host=SimpleNamespace(label="n2"))
+    s = NodeSampler(conn, SamplerParams(ranks=(2, 3)), lambda h, m: got.append(m))  # type: ignore[arg-type]
+    s._line(b'{"type": "sample", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    s._line(b'{"type": "sample", "t": NaN, "cpu": Infinity, "mem": -Infinity, '
+            b'"ranks": {"0": {"cpu": 5.0}, "2": {"cpu": NaN}, "3": {"cpu": 1e999}}}')
+    (msg,) = got
+    assert msg["cpu"] is None and msg["mem"] is None and "t" not in msg
+    assert msg["ranks"] == {"2": {}, "3": {}}
+    json.dumps(msg, allow_nan=False)
+
+
+def test_a_node_sending_nan_or_huge_cpu_does_not_make_an_honest_node_a_straggler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """node2's sampler says NaN, then 1e300 CPU seconds for its ranks (a broken or lying
+    sampler): honest node1, as busy as ever, is not flagged against them."""
+    from launcher.commands import run_sampling
+    from launcher.commands.run_sampling import RunSampling
+    from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+    from launcher.job.sampling import NodeSampler, SamplerParams
+
+    said: list[str] = []
+    rs = RunSampling.__new__(RunSampling)
+    rs.node_ranks, rs.log, rs.say = {"node1": 0, "node2": 1}, None, said.append
+    rs.detector = StragglerDetector(StragglerSettings(window=4.0, hold=2.0))
+    rs._record = lambda: None  # type: ignore[method-assign]
+    samplers = {h: NodeSampler(SimpleNamespace(host=SimpleNamespace(label=h)),  # type: ignore[arg-type]
+                               SamplerParams(ranks=ranks), rs.on_sample)
+                for h, ranks in (("node1", (0, 1)), ("node2", (2, 3)))}
+    clock = [0.0]
+    monkeypatch.setattr(run_sampling, "time", SimpleNamespace(time=lambda: clock[0]))
+    for i in range(30):
+        t = clock[0] = 1_800_000_000.0 + i
+        for r in (0, 1):
+            samplers["node1"]._line(json.dumps({"type": "sample", "t": t, "ranks": {
+                str(r): {"cpu": 0.9 * i}}}).encode())
+        bad = "NaN" if i < 15 else "1e300"
+        cpu = f'{{"cpu": {bad}}}'
+        samplers["node2"]._line(f'{{"type": "sample", "t": {t!r}, "ranks": {{"2": {cpu}, '
+                                f'"3": {cpu}}}}}'.encode())
+    assert said == [] and not rs.detector.flagged, said
