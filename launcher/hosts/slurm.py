@@ -37,7 +37,8 @@ from launcher.models import Host
 NODELIST = "SLURM_JOB_NODELIST"
 # set when the job asked for tasks (-n) or CPUs per task (-c): slots are then its tasks
 _TASK_REQUESTS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_CPUS_PER_TASK")
-_COUNTS = re.compile(r"(\d{1,18})(?:\(x(\d{1,18})\))?", re.ASCII)  # longer: no count (int() refuses 4,300 digits)
+# a count of more than 18 digits is none (int() refuses 4,300 digits: a traceback)
+_COUNTS = re.compile(r"(\d{1,18})(?:\(x(\d{1,18})\))?", re.ASCII)
 
 
 @dataclass(frozen=True)
