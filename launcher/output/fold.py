@@ -268,6 +268,54 @@ class ShutdownChatter:
         return out
 
 
+# the dtrain line the console writes for a node after the job (ShutdownChatter.summary)
+_CHATTER_MARK = re.compile(r"^torchrun shutting down \((\d+) lines? in the archive\)$")
+# how many of a node's last agent stderr lines a marker may reach back over (`dtrain logs`)
+CHATTER_LOOKBACK = 4000
+
+
+def folded_chatter(lines: Iterable[OutputLine]) -> set[int]:
+    """The positions (in ``lines``, an archive's output in order) of the agent's shutdown
+    chatter the live console kept off the screen: `dtrain logs` folds them as it did.
+
+    The archive does not say when the stop began; the console's marker line after the job
+    (``torchrun shutting down (N lines in the archive)``, one per node) says how many lines
+    it hid. They are the node's last N chatter lines before it, counted as the console
+    counted them from the stop on: a tail of the node's agent stderr lines (since its
+    previous marker, at most 10 N + 200 of them) in which ShutdownChatter finds exactly N.
+    No such tail (an archive written otherwise): nothing is folded. One pass, memory
+    bounded by CHATTER_LOOKBACK lines per node."""
+    tails: dict[str, deque[tuple[int, str]]] = {}
+    hidden: set[int] = set()
+    for i, line in enumerate(lines):
+        if line.stream == "err" and line.rank is None and line.host:
+            tail = tails.get(line.host)
+            if tail is None:
+                tail = tails[line.host] = deque(maxlen=CHATTER_LOOKBACK)
+            tail.append((i, line.text))
+            continue
+        m = _CHATTER_MARK.match(line.text) if line.stream == "dtrain" else None
+        if m is None or not line.host:
+            continue
+        hidden |= _chatter_tail(list(tails.pop(line.host, ())), int(m.group(1)))
+    return hidden
+
+
+def _chatter_tail(tail: list[tuple[int, str]], want: int) -> set[int]:
+    found: set[int] = set()
+    for start in range(len(tail) - 1, max(-1, len(tail) - 1 - 10 * want - 200), -1):
+        chatter, in_tb = [], False
+        for i, text in tail[start:]:
+            hit, in_tb = is_shutdown_chatter(text, in_tb)
+            if hit:
+                chatter.append(i)
+        if len(chatter) == want:
+            found = set(chatter)  # keep going back: the shortest tail that says N
+        elif len(chatter) > want:
+            break
+    return found
+
+
 # -- torchrun's exit barrier, after a node's ranks all finished -------------------------------
 
 _BARRIER = "Error waiting on exit barrier"

@@ -89,8 +89,15 @@ def replay(
     pattern = _compile(grep)
     start = tail_offset(run_dir, tail) if tail is not None else 0
     done = ended or (lambda: is_finished(run_dir))
+    # torchrun's shutdown chatter, folded as the console folded it (its marker line stays):
+    # a first pass over the whole file finds it, so not when following a run still going
+    hidden = _chatter(run_dir) if not follow and not as_json and not start else set()
+    seen = 0
     try:
         for batch in _batches(run_dir, follow=follow, poll_s=poll_s, start=start, ended=done):
+            if hidden:
+                batch, seen = [rec for i, rec in enumerate(batch, seen)
+                               if i not in hidden], seen + len(batch)
             if attempt is not None:
                 batch = [rec for rec in batch if attempt_of(rec[0]) == attempt]
             _show(console, batch, pattern, as_json=as_json, folder=folder)
@@ -157,6 +164,15 @@ def expand_hosts(host: str | None) -> set[str] | None:
         return set(nodeset(host))
     except NodeSetException:
         return {part.strip() for part in host.split(",") if part.strip()}
+
+
+def _chatter(run_dir: Path) -> set[int]:
+    """The positions of the records the console kept off the screen as torchrun's shutdown
+    chatter (fold.folded_chatter)."""
+    from launcher.output.fold import folded_chatter
+
+    return folded_chatter(line for batch in _batches(run_dir, follow=False, poll_s=0)
+                          for _, line in batch)
 
 
 def record_line(record: dict[str, Any]) -> OutputLine:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import glob
 import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO
 
@@ -21,6 +22,9 @@ from launcher.transports.base import (
     Transport,
     Writer,
 )
+
+# how long a local command may take to end after its connection closed, before its KILL
+CLOSE_WAIT_S = 2.0
 
 
 class LocalProcess(Process):
@@ -62,6 +66,7 @@ class LocalConnection(Connection):
     def __init__(self, host: Host) -> None:
         self.host = host
         self.peer_addr = "127.0.0.1"
+        self._procs: list[asyncio.subprocess.Process] = []
 
     async def start(self, command: str) -> Process:
         shell = os.environ.get("SHELL") or "/bin/sh"
@@ -70,13 +75,31 @@ class LocalConnection(Connection):
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
+        self._procs = [p for p in self._procs if p.returncode is None] + [proc]
         return LocalProcess(proc)
 
     async def files(self) -> FileSystem:
         return LocalFileSystem(self.host.label)
 
     async def aclose(self) -> None:
-        return None
+        """As sshd when its connection closes: every command of this connection ends (its
+        stdin is closed, as a dropped channel's is), and is reaped here, inside the event
+        loop: a child that exits after the loop closed makes asyncio's child watcher log
+        ``Loop ... that handles pid N is closed`` (issue 40). A command still running
+        ``CLOSE_WAIT_S`` later is killed (its session)."""
+        procs, self._procs = [p for p in self._procs if p.returncode is None], []
+        for proc in procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        if not procs:
+            return
+        waits = [asyncio.ensure_future(proc.wait()) for proc in procs]
+        await asyncio.wait(waits, timeout=CLOSE_WAIT_S)  # together: one deadline for all
+        for proc in procs:
+            if proc.returncode is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        await asyncio.gather(*waits)
 
 
 @contextlib.contextmanager
