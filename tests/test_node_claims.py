@@ -343,3 +343,14 @@ def test_a_node_sending_nan_or_huge_cpu_does_not_make_an_honest_node_a_straggler
         samplers["node2"]._line(f'{{"type": "sample", "t": {t!r}, "ranks": {{"2": {cpu}, '
                                 f'"3": {cpu}}}}}'.encode())
     assert said == [] and not rs.detector.flagged, said
+
+
+def test_exec_s_own_lines_quote_a_node_inertly_on_a_pipe() -> None:
+    """exec's fast path: "node3: remote shell exited ..." carries the node's last stderr line."""
+    from launcher.output.fastout import ExecOutput
+
+    out, err = io.BytesIO(), io.BytesIO()
+    fast = ExecOutput(["node3"], color=False, out=out, err=err)  # type: ignore[arg-type]
+    fast.say("node3", "banner \x1b]52;c;cHduZWQ=\x07\x1b[2J")
+    fast.close()
+    assert err.getvalue() == b"dtrain: node3: banner ^[]52;c;cHduZWQ=^G^[[2J\n"

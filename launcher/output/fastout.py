@@ -27,7 +27,7 @@ from typing import BinaryIO
 from launcher.models import Host
 from launcher.output.console import wall_clock
 from launcher.output.render import should_color
-from launcher.output.termsafe import clean_bytes, needs_cleaning
+from launcher.output.termsafe import clean_bytes, inert, needs_cleaning
 
 HIGH_WATER = 16 * 1024 * 1024
 LOW_WATER = 4 * 1024 * 1024
@@ -115,7 +115,9 @@ class ExecOutput:
     def say(self, host: str, text: str) -> None:
         """dtrain's own messages go to stderr, like pdsh's."""
         where = "" if host == "dtrain" else f"{host}: "
-        self._put(self._err, self._stamp() + f"dtrain: {where}{text}\n".encode())
+        # it may quote the node (its stderr's last line): inert on a pipe too
+        shown = inert(text, "\n\t")
+        self._put(self._err, self._stamp() + f"dtrain: {where}{shown}\n".encode())
 
     def _put(self, target: BinaryIO, data: bytes) -> None:
         with self._cond:
