@@ -18,13 +18,19 @@ echo "$*" >> "$FAKE_LOG"
 case "$2" in
   pip) echo "Running pip as the 'root' user can result in broken permissions"
        echo "pip says: $FAKE_PIP_SAYS"; exit "$FAKE_PIP_RC";;
-  pytest) echo "pytest saw DTRAIN_REQUIRE_CLUSTER=${DTRAIN_REQUIRE_CLUSTER:-unset}";;
+  pytest) echo "pytest saw DTRAIN_REQUIRE_CLUSTER=${DTRAIN_REQUIRE_CLUSTER:-unset}"
+          exit "${FAKE_PYTEST_RC:-0}";;
+  tests.cluster) case "$3 $4" in
+    "status "*) exit "${FAKE_CLUSTER_STATUS:-3}";;  # 3: no cluster recorded
+    "slurm status") exit "${FAKE_SLURM_STATUS:-3}";;
+  esac;;
 esac
 exit 0
 """
 
 
-def _script_test(tmp_path: Path, pip_rc: int) -> tuple[subprocess.CompletedProcess[str], str]:
+def _script_test(tmp_path: Path, pip_rc: int, **env_extra: str
+                 ) -> tuple[subprocess.CompletedProcess[str], str]:
     """scripts/test with a stand-in python (pip, tests.cluster, pytest) and dpkg (all there)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -35,7 +41,10 @@ def _script_test(tmp_path: Path, pip_rc: int) -> tuple[subprocess.CompletedProce
     log = tmp_path / "calls"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "PYTHON": str(bin_dir / "python"), "FAKE_LOG": str(log),
-           "FAKE_PIP_RC": str(pip_rc), "FAKE_PIP_SAYS": "ERROR: no matching distribution"}
+           "FAKE_PIP_RC": str(pip_rc), "FAKE_PIP_SAYS": "ERROR: no matching distribution",
+           **env_extra}
+    if "DTRAIN_KEEP_CLUSTER" not in env_extra:
+        env.pop("DTRAIN_KEEP_CLUSTER", None)
     res = subprocess.run(["bash", str(REPO / "scripts" / "test"), "-q", "-k", "x"], env=env,
                          capture_output=True, text=True, timeout=60)
     return res, log.read_text() if log.exists() else ""
@@ -54,9 +63,44 @@ def test_scripts_test_filters_pip_noise_and_requires_every_test(tmp_path: Path) 
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Running pip as the 'root' user" not in res.stdout
     assert [line.split()[:2] for line in calls.splitlines()] == [
-        ["-m", "pip"], ["-m", "tests.cluster"], ["-m", "tests.cluster"], ["-m", "pytest"]]
-    assert calls.splitlines()[-1] == "-m pytest -q -k x"
+        ["-m", "pip"], *[["-m", "tests.cluster"]] * 4, ["-m", "pytest"],
+        *[["-m", "tests.cluster"]] * 2]
+    assert "-m pytest -q -k x" in calls.splitlines()
     assert "pytest saw DTRAIN_REQUIRE_CLUSTER=1" in res.stdout
+
+
+def _cluster_calls(calls: str) -> list[str]:
+    return [line.split(None, 2)[2] for line in calls.splitlines()
+            if line.startswith("-m tests.cluster")]
+
+
+@pytest.mark.parametrize("pytest_rc", [0, 1])
+def test_scripts_test_brings_down_what_it_brought_up(tmp_path: Path, pytest_rc: int) -> None:
+    """The 64-node cluster and Slurm do not outlive the run, passed or failed (issue 40),
+    and the run says so; its exit code stays pytest's."""
+    res, calls = _script_test(tmp_path, pip_rc=0, FAKE_PYTEST_RC=str(pytest_rc))
+    assert res.returncode == pytest_rc, res.stdout + res.stderr
+    assert _cluster_calls(calls) == ["status", "slurm status", "up --nodes 4", "slurm up",
+                                     "slurm down", "down"]
+    assert "test cluster and Slurm brought down (DTRAIN_KEEP_CLUSTER=1 keeps them)" \
+        in res.stdout
+
+
+def test_scripts_test_keeps_them_when_asked(tmp_path: Path) -> None:
+    res, calls = _script_test(tmp_path, pip_rc=0, DTRAIN_KEEP_CLUSTER="1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "down" not in " ".join(_cluster_calls(calls)), calls
+    assert "kept (DTRAIN_KEEP_CLUSTER=1)" in res.stdout
+    assert "-m tests.cluster slurm down && " in res.stdout  # how to bring them down
+
+
+def test_scripts_test_leaves_a_cluster_it_found_running(tmp_path: Path) -> None:
+    """Another session's cluster (up before the run) is not this run's to stop."""
+    res, calls = _script_test(tmp_path, pip_rc=0, FAKE_CLUSTER_STATUS="0",
+                              FAKE_SLURM_STATUS="0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "down" not in " ".join(_cluster_calls(calls)), calls
+    assert "left running: the test cluster and Slurm were up before this run" in res.stdout
 
 
 def test_cannot_run_skips_by_default_and_fails_where_required() -> None:
