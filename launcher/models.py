@@ -25,6 +25,7 @@ class Host:
     env: tuple[tuple[str, str], ...] = ()
     source: str = ""  # "file:line" (or "-H") for error messages
     image: str | None = None  # the YAML hostfile's image: (--image for this host)
+    groups: tuple[str, ...] = ()  # the YAML hostfile's groups: (-g/-X, hosts/genders.py)
 
     @property
     def label(self) -> str:

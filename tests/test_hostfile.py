@@ -344,10 +344,12 @@ BAD_YAML = [
                  id="slots-bool"),
     pytest.param("hosts:\n  - host: node2\n    slot: 2\n",
                  "c.yaml:3: hosts[0].slot: unknown key 'slot' (did you mean slots?); "
-                 "known keys: env, host, image, port, python, slots, user", id="unknown-host-key"),
+                 "known keys: env, groups, host, image, port, python, slots, user",
+                 id="unknown-host-key"),
     pytest.param("defaults:\n  slots: 1\n  host: a\nhosts: [a]\n",
                  "c.yaml:3: defaults.host: unknown key 'host'; "
-                 "known keys: env, image, port, python, slots, user", id="unknown-default-key"),
+                 "known keys: env, groups, image, port, python, slots, user",
+                 id="unknown-default-key"),
     pytest.param("hostz: [a]\n",
                  "c.yaml:1: hostz: unknown key 'hostz' (did you mean hosts?); known keys: "
                  "defaults, hosts",

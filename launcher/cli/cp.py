@@ -31,6 +31,9 @@ def cp_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     pull: Annotated[bool, typer.Option(
         "--pull", rich_help_panel=COPY,
         help="Copy from the nodes: each node's files land in LOCALDIR/<host>/ "
@@ -107,7 +110,8 @@ def cp_cmd(
         if len(paths) < 2:
             raise UsageError("need at least one source and a destination",
                              hint="dtrain cp -H HOSTS SRC... DEST")
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
                           recursive=recursive, preserve=preserve, checksum=checksum,
                           delete=delete, fanout=fanout, python=python, progress=progress,

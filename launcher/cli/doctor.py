@@ -38,6 +38,9 @@ def doctor_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     python: PythonOpt = "python3",
     setup: SetupOpt = None,
     master_addr: Annotated[str | None, typer.Option(
@@ -93,7 +96,8 @@ def doctor_cmd(
         from launcher.commands.doctor import DoctorOptions, run_doctor
 
         groups.node(python)
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout, transport=transport,

@@ -41,6 +41,9 @@ def exec_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     gather: Annotated[bool, typer.Option(
         "--gather", "-b", rich_help_panel=groups.DISPLAY,
         help="Print each distinct output once under the folded host set (dshbak -c).")
@@ -98,7 +101,8 @@ def exec_cmd(
             raise UsageError("--timestamps does not go with --gather: the gathered outputs "
                              "are printed once, grouped across hosts, after the job",
                              hint="use one of them")
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
                           fanout=fanout, python=python, color=color, raw=raw, grace=grace,
                           heartbeat_timeout=heartbeat_timeout, transport=transport,

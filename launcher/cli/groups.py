@@ -66,20 +66,37 @@ ExcludeOpt = Annotated[str | None, typer.Option(
     "--exclude", "-x", metavar="HOSTS", rich_help_panel=HOSTS,
     help="Drop these hosts (pdsh's -x); run also takes DeepSpeed's HOST:GPU form, which "
          "leaves those GPUs out.")]
+GroupOpt = Annotated[str | None, typer.Option(
+    "-g", "--group", metavar="GROUP", rich_help_panel=HOSTS,
+    help="Only the hosts in this group (pdsh's -g): a YAML hostfile's groups: or a genders "
+         "attribute (attr or attr=value; several: any of them). Without -f/-H: the genders "
+         "file's nodes in the group.")]
+ExcludeGroupOpt = Annotated[str | None, typer.Option(
+    "-X", "--exclude-group", metavar="GROUP", rich_help_panel=HOSTS,
+    help="Drop the hosts in this group (pdsh's -X).")]
+GendersOpt = Annotated[str | None, typer.Option(
+    "--genders", envvar="DTRAIN_GENDERS", show_envvar=True, metavar="FILE",
+    rich_help_panel=HOSTS,
+    help="The genders file -g/-X read (pdsh's -F; default /etc/genders when it exists).")]
 
 
 def hosts(hostfile: str | None, hosts: str | None, include: str | None,
-          exclude: str | None, *, user: str | None = None) -> list[Any]:
+          exclude: str | None, *, user: str | None = None, group: str | None = None,
+          exclude_group: str | None = None, genders: str | None = None) -> list[Any]:
     """The hosts the options name (exit 2 with the hostfile's line for bad input): pdsh's
     WCOLL is the hostfile when nothing else names hosts, ``-l USER`` the user of every
     host that names none."""
     import os
 
+    from launcher.hosts.genders import genders_path
     from launcher.hosts.hostfile import resolve_hosts, with_user
 
-    if hostfile is None and hosts is None and os.environ.get("WCOLL"):
+    # -g with a genders file and no hosts named: its nodes in the group, as pdsh -g
+    by_genders = group is not None and genders_path(genders) is not None
+    if hostfile is None and hosts is None and os.environ.get("WCOLL") and not by_genders:
         hostfile = os.environ["WCOLL"]
-    if hostfile is None and hosts is None and not os.environ.get("SLURM_JOB_NODELIST"):
+    if hostfile is None and hosts is None and not os.environ.get("SLURM_JOB_NODELIST") \
+            and not by_genders:
         from launcher.cli.defaults import config_hostfile
 
         hostfile = config_hostfile()  # the user's config: below -f, -H, env, Slurm
@@ -89,7 +106,8 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
         raise UsageError(f"-f {hostfile}: dtrain's -f is the hostfile (-f FILE); pdsh's "
                          "-f is the fan-out, which dtrain spells --fanout",
                          hint=f"--fanout {hostfile}")
-    found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude)
+    found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
+                          group=group, exclude_group=exclude_group, genders=genders)
     return with_user(found, login_user(user))
 
 

@@ -32,6 +32,9 @@ def push_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     container_runtime: groups.ContainerRuntimeOpt = None,
     fanout: FanoutOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
@@ -61,7 +64,8 @@ def push_cmd(
         groups.node(python)
         groups.check_transport(transport)
         ContainerRequest(image, runtime=container_runtime)  # bad values: exit 2 here
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         req = PushRequest(image=image, runtime=container_runtime, fanout=fanout,
                           python=python, transport=transport, progress=progress)
         return run_push(host_list, req, groups.connection(connect_timeout, accept_new,

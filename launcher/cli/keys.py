@@ -212,6 +212,9 @@ def setup_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     user: groups.UserOpt = None,
@@ -235,7 +238,8 @@ def setup_cmd(
         from launcher.commands.keys import setup_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         keypair = _keypair(identity, create=True)
         settings = groups.connection(connect_timeout, accept_new, ssh_option)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
@@ -251,6 +255,9 @@ def check_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     user: groups.UserOpt = None,
@@ -271,7 +278,8 @@ def check_cmd(
         from launcher.commands.keys import check_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         keypair = _keypair(identity, create=False)
         settings = groups.connection(connect_timeout, False, ssh_option)
         results = check_keys(host_list, settings, keypair, fanout=fanout)
@@ -286,6 +294,9 @@ def revoke_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     fanout: FanoutOpt = 32,
     connect_timeout: ConnectTimeoutOpt = 10.0,
     user: groups.UserOpt = None,
@@ -307,7 +318,8 @@ def revoke_cmd(
         from launcher.commands.keys import revoke_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         keypair = _keypair(identity, create=False)
         settings = groups.connection(connect_timeout, False, ssh_option,
                                      identities=_identities(identity))

@@ -60,6 +60,9 @@ def run_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     nproc_per_node: Annotated[str | None, typer.Option(
         "--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus",
         metavar="N|gpu|auto", rich_help_panel=LAUNCH,
@@ -204,7 +207,8 @@ def run_cmd(
         from launcher.decide.devices import selection
 
         include_hosts, exclude_hosts, devices = selection(include, exclude)
-        host_list = groups.hosts(hostfile, hosts, include_hosts, exclude_hosts, user=user)
+        host_list = groups.hosts(hostfile, hosts, include_hosts, exclude_hosts, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         from launcher.cli.defaults import config_env, setting_sources
 
         pairs, sources = config_env()  # the user config's [env]: the lowest of the user's

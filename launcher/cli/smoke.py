@@ -32,6 +32,9 @@ def smoke_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     python: PythonOpt = "python3",
     setup: SetupOpt = None,
     env: Annotated[list[str] | None, typer.Option(
@@ -92,7 +95,8 @@ def smoke_cmd(
         check_choice("--backend", backend, ("nccl", "gloo"))
         groups.check_transport(transport)
         size = parse_size(max_size) if max_size else None
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                 group=group, exclude_group=exclude_group, genders=genders)
         req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
                            backend=backend, max_size=size, min_busbw=min_busbw,
                            pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,

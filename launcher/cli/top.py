@@ -38,6 +38,9 @@ def top_cmd(
     hosts: HostsOpt = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    group: groups.GroupOpt = None,
+    exclude_group: groups.ExcludeGroupOpt = None,
+    genders: groups.GendersOpt = None,
     archive_dir: ArchiveDirOpt = DEFAULT_ARCHIVE_DIR,
     interval: Annotated[float, typer.Option(
         "--interval", min=0.2, max=60, metavar="SECONDS", rich_help_panel=TOP,
@@ -137,7 +140,8 @@ def top_cmd(
         host_list = None
         try:
             if run is None or named:
-                host_list = groups.hosts(hostfile, hosts, include, exclude, user=user)
+                host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                         group=group, exclude_group=exclude_group, genders=genders)
         except HostfileError:
             if named:
                 raise

@@ -26,8 +26,8 @@ ENV_HOSTFILE = "DTRAIN_HOSTFILE"
 TEXT_KEYS = ("port", "python", "slots", "user")
 IGNORED_KEYS = ("max_slots", "max-slots")  # OpenMPI's; accepted so MPI hostfiles load unchanged
 YAML_TOP_KEYS = ("defaults", "hosts")
-YAML_DEFAULT_KEYS = ("env", "image", "port", "python", "slots", "user")
-YAML_HOST_KEYS = ("env", "host", "image", "port", "python", "slots", "user")
+YAML_DEFAULT_KEYS = ("env", "groups", "image", "port", "python", "slots", "user")
+YAML_HOST_KEYS = ("env", "groups", "host", "image", "port", "python", "slots", "user")
 # the cap on the hosts of one job, after all expansion (every entry of a hostfile, -H,
 # --include/--exclude, `dtrain logs --host`): checked before each range is built, so a typo
 # like node[1-100000000] fails at once instead of eating seconds and memory
@@ -96,6 +96,7 @@ class _Spec:
     python: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     image: str | None = None  # YAML only: the container image for these hosts
+    groups: tuple[str, ...] = ()  # YAML only: pdsh-style groups (-g/-X)
 
     def over(self, defaults: _Spec) -> _Spec:
         """This entry's values win over the defaults; env is merged, the entry's keys winning."""
@@ -104,6 +105,7 @@ class _Spec:
             user=_first(self.user, defaults.user), port=_first(self.port, defaults.port),
             slots=_first(self.slots, defaults.slots), python=_first(self.python, defaults.python),
             env={**defaults.env, **self.env}, image=_first(self.image, defaults.image),
+            groups=tuple(dict.fromkeys(defaults.groups + self.groups)),
         )
 
 
@@ -198,6 +200,24 @@ def _image(value: object, ctx: _Ctx) -> str:
                     hint="e.g. image: nvcr.io/nvidia/pytorch:24.05-py3")
 
 
+def yaml_groups(value: object, ctx: _Ctx) -> tuple[str, ...]:
+    """``groups: [gpu, rack1]`` (or one name, or ``gpu,rack1``): names pdsh's -g takes."""
+    items = value if isinstance(value, list) else [value]
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str | int) or isinstance(item, bool):
+            raise ctx.error(f"groups: expected group names, got {item!r}",
+                            hint="e.g. groups: [gpu, rack1]")
+        for name in str(item).split(","):
+            name = name.strip()
+            if not _GROUP.fullmatch(name):
+                raise ctx.error(f"groups: {name!r} is not a group name",
+                                hint="letters, digits and _ . : + - only, e.g. rack1")
+            out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+_GROUP = re.compile(r"[A-Za-z0-9_.:+-]+")
 _SETTERS = {"port": _port, "python": _python, "slots": _slots, "user": _user,
             "image": _image}
 
@@ -370,7 +390,8 @@ def _hosts(spec: _Spec, ctx: _Ctx) -> list[Host]:
     """One entry's Hosts, all tagged with the entry's file:line."""
     env = tuple(sorted(spec.env.items()))
     return [Host(name=name, user=spec.user, port=spec.port, slots=spec.slots,
-                 python=spec.python, env=env, source=ctx.label, image=spec.image)
+                 python=spec.python, env=env, source=ctx.label, image=spec.image,
+                 groups=spec.groups)
             for name in spec.names]
 
 

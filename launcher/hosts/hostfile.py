@@ -40,6 +40,7 @@ from launcher.hosts.entries import (
     _why,
     check_expr_size,
     nodeset,
+    yaml_groups,
 )
 from launcher.hosts.envfile import name_hint, name_problem
 from launcher.hosts.slurm import NODELIST, allocation
@@ -239,6 +240,8 @@ def _yaml_spec(doc: _Yaml, node: yaml.Node, path: str, keys: tuple[str, ...]) ->
         ctx = doc.ctx(value_node, _join(path, key))
         if key == "env":
             spec.env = _yaml_env(doc, value_node, ctx.path)
+        elif key == "groups":
+            spec.groups = yaml_groups(doc.value(value_node, ctx.path), ctx)
         elif key != "host":
             _set(spec, key, doc.value(value_node, ctx.path), ctx)
     return spec
@@ -423,10 +426,29 @@ def _checked(hosts: list[Host], source: str) -> list[Host]:
 
 
 def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | None = None,
-                  exclude: str | None = None,
+                  exclude: str | None = None, group: str | None = None,
+                  exclude_group: str | None = None, genders: str | None = None,
                   environ: Mapping[str, str] = os.environ) -> list[Host]:
     """The job's hosts from -f or -H (or $DTRAIN_HOSTFILE, else a Slurm allocation's
-    SLURM_JOB_NODELIST), filtered and checked."""
+    SLURM_JOB_NODELIST, else with -g the genders file's group), filtered and checked."""
+    if group is None and exclude_group is None:
+        return _resolve(hostfile, hosts, include, exclude, environ)
+    from launcher.hosts.genders import genders_hosts, genders_path, load_genders, select
+
+    path = genders_path(genders, environ)
+    gfile = load_genders(path) if path else None
+    named = hostfile is not None or hosts is not None or bool(environ.get(ENV_HOSTFILE)) \
+        or allocation(environ) is not None
+    if not named and group is not None and gfile is not None:
+        found = genders_hosts(gfile, group)  # pdsh -g GROUP: the genders file's nodes
+        return _checked(filter_hosts(select(found, None, exclude_group, gfile), include,
+                                     exclude), gfile.source)
+    return _checked(select(_resolve(hostfile, hosts, include, exclude, environ), group,
+                           exclude_group, gfile), "-g")
+
+
+def _resolve(hostfile: str | None, hosts: str | None, include: str | None,
+             exclude: str | None, environ: Mapping[str, str]) -> list[Host]:
     if hostfile is not None and hosts is not None:
         raise UsageError("both -f/--hostfile and -H/--hosts given",
                          hint="pick one: -f FILE or -H EXPR")
