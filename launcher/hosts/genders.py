@@ -22,10 +22,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+from ClusterShell.NodeSet import NodeSetException
 
 from launcher.errors import HostfileError, UsageError
-from launcher.hosts.entries import _split_top, expr_size
+from launcher.hosts.entries import _split_top, expr_size, nodeset
 from launcher.models import Host
 
 DEFAULT_GENDERS = "/etc/genders"
@@ -68,8 +68,8 @@ def parse_genders(text: str, source: str) -> Genders:
             try:
                 if expr_size(part) > MAX_NODES:
                     raise NodeSetException(f"more than {MAX_NODES} nodes")
-                names += NodeSet(part, resolver=RESOLVER_NOGROUP)  # in the file's order
-            except (NodeSetException, ValueError) as exc:
+                names += nodeset(part)  # in the file's order
+            except NodeSetException as exc:
                 raise HostfileError(f"bad node list {nodes_text!r}: {exc}", source=source,
                                     line=number, hint="e.g. node[1-4] or node1,node2") from None
         attrs: list[tuple[str, str | None]] = []
