@@ -354,3 +354,19 @@ def test_exec_s_own_lines_quote_a_node_inertly_on_a_pipe() -> None:
     fast.say("node3", "banner \x1b]52;c;cHduZWQ=\x07\x1b[2J")
     fast.close()
     assert err.getvalue() == b"dtrain: node3: banner ^[]52;c;cHduZWQ=^G^[[2J\n"
+
+
+def test_with_a_dynamic_rendezvous_a_host_claims_as_many_ranks_as_it_runs() -> None:
+    """--rdzv c10d: torchrun numbers the ranks; each rank is one host's (the first to name
+    it), and no host speaks for more ranks than it runs."""
+    from launcher.job import nodemsg
+
+    static = nodemsg.rank_owners({"n1": [0, 1], "n2": [2, 3]}, planned=True)
+    assert 2 in static["n2"] and 0 not in static["n2"]
+    owners = nodemsg.rank_owners({"n1": [0, 1], "n2": [2, 3]}, planned=False)
+    n1, n2 = owners["n1"], owners["n2"]
+    assert 0 in n2 and 3 in n2  # torchrun gave node2 ranks 0 and 3
+    assert 1 not in n2 and 4 not in n1 and -1 not in n1 and True not in n1  # its count, world
+    assert 0 not in n1 and 1 in n1 and 2 in n1 and 0 in n2  # once claimed, one host's
+    msg = {"type": "stacks", "ranks": {"0": {}, "1": {}, "2": {}, "3": {}}}
+    assert sorted(nodemsg.checked(msg, n1)["ranks"]) == ["1", "2"]  # type: ignore[index]

@@ -27,6 +27,7 @@ from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
 from launcher.hosts.hostfile import fold
 from launcher.job.hangwatch import HangWatch
 from launcher.job.node import JobSpec
+from launcher.job.nodemsg import rank_owners
 from launcher.job.orchestrate import (
     Job,
     JobOutcome,
@@ -281,6 +282,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size,
                       timestamps=opts.timestamps)
     launches = {}
+    owners = rank_owners({n.host.label: n.ranks for n in plan.nodes},
+                         planned=plan.rdzv == "static")
     torch_versions = archive.meta.get("torch_versions") or {}
     for node in plan.nodes:
         spec = JobSpec(argv=node.argv, env=node.exported_env(),
@@ -297,7 +300,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             if probes is not None else None
         launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank,
-                                               adopt=adopt, ranks=tuple(node.ranks))
+                                               adopt=adopt, ranks=owners[node.host.label])
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
                     fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0,
                     hangup_stops=detacher is None)

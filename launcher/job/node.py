@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 
 from launcher.decide.liveness import Silence, launcher_timeout
@@ -89,11 +89,11 @@ class NodeSession:
                  on_chunk: ChunkSink, on_event: EventSink,
                  backpressure: Callable[[], Awaitable[None]] | None = None,
                  adopt: Callable[[], Awaitable[Process | None]] | None = None,
-                 ranks: Collection[int] | None = None) -> None:
+                 ranks: Container[int] | None = None) -> None:
         self.conn = conn
         # the plan's ranks on this node: the only ones its messages may speak for
         # (job/nodemsg.py); None: any (exec, where no ranks are planned)
-        self.ranks = frozenset(ranks) if ranks is not None else None
+        self.ranks = ranks
         # a process already running the supervisor's interpreter there (the preflight's
         # probe, turned into it: job/probes.py become); None from it: started as usual
         self.adopt = adopt

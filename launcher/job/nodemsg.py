@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 
@@ -67,7 +67,7 @@ def rank_of(key: object) -> int | None:
     return None
 
 
-def owned(key: object, ranks: Collection[int] | None) -> int | None:
+def owned(key: object, ranks: Container[int] | None) -> int | None:
     """The rank ``key`` names if the host may speak for it (``ranks``: the plan's ranks of
     that host; None: any rank)."""
     rank = rank_of(key)
@@ -76,7 +76,7 @@ def owned(key: object, ranks: Collection[int] | None) -> int | None:
     return rank
 
 
-def rank_map(value: object, ranks: Collection[int] | None, kind: type | tuple[type, ...]
+def rank_map(value: object, ranks: Container[int] | None, kind: type | tuple[type, ...]
              = dict) -> dict[str, Any]:
     """A per-rank map keeping the host's own ranks, each once, whose value is a ``kind``."""
     if not isinstance(value, Mapping):
@@ -89,7 +89,7 @@ def rank_map(value: object, ranks: Collection[int] | None, kind: type | tuple[ty
     return out
 
 
-def checked(msg: Mapping[str, Any], ranks: Collection[int] | None) -> dict[str, Any] | None:
+def checked(msg: Mapping[str, Any], ranks: Container[int] | None) -> dict[str, Any] | None:
     """A supervisor's control message as the launcher may believe it, or None (dropped)."""
     out = dict(msg)
     if "t" in out and finite(out["t"], 0.0, 1e11) is None:
@@ -108,11 +108,44 @@ def checked(msg: Mapping[str, Any], ranks: Collection[int] | None) -> dict[str, 
     return out
 
 
+class ClaimedRanks:
+    """``--rdzv c10d``: torchrun's rendezvous, not the plan, numbers the ranks. A host may
+    then speak for as many ranks as it runs, each rank in [0, world) for one host only: the
+    first host to name it (``owners`` is shared by every host of the job)."""
+
+    def __init__(self, host: str, count: int, world: int, owners: dict[int, str],
+                 counts: dict[str, int]) -> None:
+        self.host, self.count, self.world = host, count, world
+        self.owners, self.counts = owners, counts
+
+    def __contains__(self, rank: object) -> bool:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world:
+            return False
+        owner = self.owners.get(rank)
+        if owner is None and self.counts.get(self.host, 0) < self.count:
+            self.owners[rank] = owner = self.host
+            self.counts[self.host] = self.counts.get(self.host, 0) + 1
+        return owner == self.host
+
+
+def rank_owners(layout: Mapping[str, Sequence[int]], *, planned: bool
+                ) -> dict[str, Container[int]]:
+    """Per host, the ranks it may speak for: the plan's (``planned``: static rendezvous), or
+    as many as it runs, claimed first come (``ClaimedRanks``)."""
+    if planned:
+        return {host: frozenset(ranks) for host, ranks in layout.items()}
+    world = sum(len(r) for r in layout.values())
+    owners: dict[int, str] = {}
+    counts: dict[str, int] = {}
+    return {host: ClaimedRanks(host, len(ranks), world, owners, counts)
+            for host, ranks in layout.items()}
+
+
 # a rank's CPU seconds: a sample's ``cpu`` outside this is not a process's CPU time
 MAX_CPU_S = 1e9
 
 
-def checked_sample(msg: Mapping[str, Any], ranks: Collection[int] | None) -> dict[str, Any]:
+def checked_sample(msg: Mapping[str, Any], ranks: Container[int] | None) -> dict[str, Any]:
     """A sampler's sample with only the host's own ranks, each with a plausible ``cpu``."""
     out = dict(msg)
     if "t" in out and finite(out["t"], 0.0, 1e11) is None:

@@ -23,7 +23,7 @@ import contextlib
 import enum
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,7 +60,7 @@ class NodeLaunch:
     # the supervisor's interpreter already running there (the preflight's probe turned into
     # it, NodeSession.adopt); None from it, or no adopt: started on a new channel
     adopt: Callable[[], Awaitable[Process | None]] | None = None
-    ranks: tuple[int, ...] | None = None  # the plan's ranks there (job/nodemsg.py); None: any
+    ranks: Container[int] | None = None  # the ranks it may speak for (job/nodemsg.py); None: any
 
 
 @dataclass(frozen=True)
