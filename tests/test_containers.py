@@ -277,3 +277,12 @@ def test_doctor_rows_per_node() -> None:
     assert rows == [("n1", True, f"podman 4.3.1: {IMG} aaaaaaaaaaaa"),
                     ("n2", False, f"image {IMG} is not there (podman); copy it with: "
                                   f"dtrain image push {IMG}")]
+
+
+def test_the_probe_in_the_image_gets_the_jobs_words_without_the_node_dir() -> None:
+    c = cmd("podman", probe=True)
+    assert c.name == "dtrain-r1-n1-a2-probe"
+    assert "-i" in c.head and f"{DIR_PLACEHOLDER}:{DIR_PLACEHOLDER}" not in c.head
+    assert c.head[c.head.index("--network"):c.head.index("--network") + 2] == ("--network",
+                                                                             "host")
+    assert "/data:/data:ro" in c.head  # the user's mounts: the image's python may live there

@@ -198,3 +198,39 @@ def test_image_push_to_four_nodes_then_again_skipped(pcluster: tc.Cluster,
         for k in nodes:
             podman.remove_image(pcluster, k, tag)
         _local("rmi", "-f", tag)
+
+
+def test_the_probe_runs_inside_the_image_with_the_images_python(pcluster: tc.Cluster,
+                                                                 tmp_path: Path) -> None:
+    """--python names the image's interpreter (here only inside, through a mount): the host
+    probe and supervisor use the host's python3, the facts come from a probe in the image,
+    torchrun runs there. A python the image lacks is named per node before the job."""
+    pydir = pcluster.shared_dir / f"imgpy-{uuid.uuid4().hex[:8]}"
+    pydir.mkdir()
+    pydir.chmod(0o755)
+    (pydir / "python3").symlink_to(sys.executable)
+    try:
+        run_id = f"ctr-py-{uuid.uuid4().hex[:8]}"
+        args = run_args(pcluster, tmp_path, run_id, "tests/workloads/env_report.py", "--image",
+                        IMAGE, *podman.run_mounts(), "--mount", f"{pydir}:/opt/dtrain-py:ro")
+        args[args.index("--python") + 1] = "/opt/dtrain-py/python3"
+        res = dtrain(args, env=pcluster.client_env(), timeout=240)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert res.stdout.count("REPORT ") == 3
+        plan = meta(tmp_path, run_id)["plan"]["nodes"]
+        assert all(n["command"][0] == "/opt/dtrain-py/python3" for n in plan)
+        assert not Path("/opt/dtrain-py").exists()  # not on the hosts
+        # without the mount the image has no such python: named before anything starts
+        run_id = f"ctr-nopy-{uuid.uuid4().hex[:8]}"
+        args = run_args(pcluster, tmp_path, run_id, "tests/workloads/env_report.py", "--image",
+                        IMAGE, *podman.run_mounts())
+        args[args.index("--python") + 1] = "/opt/dtrain-py/python3"
+        res = dtrain(args, env=pcluster.client_env(), timeout=240)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "inside the image: node" in res.stderr
+        for k in (1, 2, 3):
+            assert f"node{k}: the probe inside the image gave no answer" in res.stderr
+        _no_containers(pcluster, run_id)
+    finally:
+        (pydir / "python3").unlink()
+        pydir.rmdir()

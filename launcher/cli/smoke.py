@@ -73,6 +73,10 @@ def smoke_cmd(
     ssh_option: groups.SshOptionOpt = None,
     transport: TransportOpt = "auto",
     color: groups.ColorOpt = None,
+    image: groups.ImageOpt = None,
+    container_runtime: groups.ContainerRuntimeOpt = None,
+    mount: groups.MountOpt = None,
+    container_arg: groups.ContainerArgOpt = None,
 ) -> None:
     """Check that every node can train together: versions, an exact all-reduce, a bandwidth
     sweep (nccl-tests' algbw/busbw) and a node-pair test naming the slow node or link.
@@ -100,7 +104,9 @@ def smoke_cmd(
         req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
                            backend=backend, max_size=size, min_busbw=min_busbw,
                            pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,
-                           run_id=run_id or "", as_json=as_json, junit=junit)
+                           run_id=run_id or "", as_json=as_json, junit=junit,
+                           container=groups.container(image, container_runtime, mount,
+                                                      container_arg))
         opts = RunOptions(fanout=fanout, timeout=timeout, start_timeout=start_timeout,
                           archive_dir=Path(archive_dir), as_json=as_json, color=color,
                           timestamps=timestamps, transport=transport,

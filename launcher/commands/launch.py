@@ -38,6 +38,7 @@ from launcher.job.orchestrate import (
 )
 from launcher.job.preflight import Preflight
 from launcher.job.prepare import Prepared
+from launcher.job.probes import HOST_PYTHON
 from launcher.job.verdict import (
     TailKeeper,
     Verdict,
@@ -298,7 +299,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         #                           workdir and setup
         adopt = functools.partial(probes.become, node.host.label, req.workdir) \
             if probes is not None else None
-        launches[node.host.label] = NodeLaunch(spec, python=node.python, workdir=req.workdir,
+        host_python = HOST_PYTHON if node.container else node.python  # --image: the host's
+        launches[node.host.label] = NodeLaunch(spec, python=host_python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank,
                                                adopt=adopt, ranks=owners[node.host.label])
     policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,

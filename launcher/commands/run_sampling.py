@@ -70,7 +70,9 @@ class RunSampling:
                 if n.host.label in ifaces else (),
                 hb_timeout=max(launcher_timeout(heartbeat_timeout), interval * 3))
             for n in plan.nodes}
-        self.pythons = {n.host.label: n.python for n in plan.nodes}
+        # --image: the sampler runs on the host, with its python3 (docs/containers.md)
+        self.pythons = {n.host.label: "python3" if n.container else n.python
+                        for n in plan.nodes}
         self.errors: dict[str, str] = {}
         self.ended: set[str] = set()
 

@@ -22,6 +22,7 @@ from launcher.commands.launch import Payload, RunResult, launch
 from launcher.commands.run import report_nodes
 from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks
+from launcher.decide.container import ContainerRequest
 from launcher.decide.plan import RunOptions, RunRequest
 from launcher.decide.smoke import (
     DEFAULT_PAIR_FRACTION,
@@ -70,6 +71,7 @@ class SmokeRequest:
     run_id: str = ""
     as_json: bool = False
     junit: str | None = None
+    container: ContainerRequest | None = None  # --image (docs/containers.md)
 
 
 @dataclass
@@ -235,7 +237,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
     run_id = check_run_id(req.run_id) if req.run_id else new_run_id()
     check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
     rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
-                      setup=req.setup, workdir=None, env=req.env, run_id=run_id)
+                      setup=req.setup, workdir=None, env=req.env, run_id=run_id,
+                      container=req.container)
     async with prepare(hosts, rreq, replace(opts, preflight=False), settings,
                        transport=opts.transport) as prep:
         pre = prep.pre

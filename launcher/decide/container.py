@@ -236,11 +236,16 @@ class NodeContainerFacts:
 
 def command_for(req: ContainerRequest, runtime: str, node: NodeContainerFacts, *,
                 run_id: str, host: str, attempt: int, workdir: str | None,
-                grace: float, interactive: bool = False) -> ContainerCommand:
-    """The runtime's command line for one node (docs/containers.md has the table)."""
-    name = container_name(run_id, host, attempt)
+                grace: float, interactive: bool = False, probe: bool = False
+                ) -> ContainerCommand:
+    """The runtime's command line for one node (docs/containers.md has the table).
+
+    ``probe``: the preflight's probe inside the image (``-probe`` name, stdin open, no node
+    directory: it has none yet)."""
+    name = container_name(run_id, host, attempt) + ("-probe" if probe else "")
+    interactive = interactive or probe
     labels = ((LABEL_RUN, run_id), (LABEL_NODE, host), (LABEL_ATTEMPT, str(attempt)))
-    binds = [Mount(DIR_PLACEHOLDER, DIR_PLACEHOLDER)]
+    binds = [] if probe else [Mount(DIR_PLACEHOLDER, DIR_PLACEHOLDER)]
     if workdir:
         binds.append(Mount(workdir, workdir))
     binds += list(req.mounts)

@@ -14,6 +14,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from launcher.decide.container import for_host, image_problems
 from launcher.decide.facts import NodeFacts
 from launcher.decide.netenv import choose_master, pick_master_addr
 from launcher.decide.plan import RunOptions, RunRequest
@@ -141,6 +142,12 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
     if len(hosts) == 1:
         first_guess = [req.master_addr or "127.0.0.1"]
     pre.facts = await probes.facts(conns, first_guess)
+    images = {h.label: c for h in hosts if (c := for_host(req.container, h.image))}
+    if images:  # --image: every node has it, then the facts are the container's
+        problems = image_problems(images, {k: pre.facts[k].container for k in images})
+        if problems:
+            raise PreflightFailed("; ".join(problems), hint="nothing was started")
+        pre.facts.update(await probes.in_image(hosts, pre.facts, opts.grace))
     if opts.preflight:
         from launcher.decide.checks import failure_hint, failure_message, fast_checks
 

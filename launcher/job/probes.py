@@ -19,11 +19,12 @@ from typing import Any
 
 from launcher.aio import cleanup
 from launcher.decide.checks import PYTHON_FIX, fold_by_message
-from launcher.decide.container import for_host
+from launcher.decide.container import NodeContainerFacts, command_for, for_host
 from launcher.decide.facts import NodeFacts, Route
-from launcher.decide.plan import RunRequest
+from launcher.decide.plan import RunRequest, expand_home
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
 from launcher.job.remote import read_json_line, start_program
+from launcher.models import Host
 from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
 
@@ -55,6 +56,9 @@ async def gather_named(coros: Mapping[str, Any]) -> None:
         raise error
 
 
+HOST_PYTHON = "python3"  # --image: the host's interpreter for dtrain's node programs
+
+
 class NodeProbes:
     """probe.py running on every node from the facts to the end of the preflight."""
 
@@ -75,9 +79,12 @@ class NodeProbes:
             try:
                 async with asyncio.timeout(self._timeout):
                     ctr = for_host(req.container, conn.host.image)
+                    # --image: --python is the image's; dtrain's node program runs on the
+                    # host with its python3 (docs/containers.md)
                     proc = await start_program(conn, "probe", {
                         **params, **({"container": ctr.probe_params()} if ctr else {})},
-                                               python=conn.host.python or req.python,
+                                               python=HOST_PYTHON if ctr else
+                                               conn.host.python or req.python,
                                                setup=req.setup)
                     self._procs[label] = proc
                     raw = await read_json_line(proc, label, "probe")
@@ -120,6 +127,49 @@ class NodeProbes:
                                              routes={**facts[label].routes, **routes})
 
         await gather_named({label: one(label) for label in facts})
+        return out
+
+    async def in_image(self, hosts: Sequence[Host], facts: Mapping[str, NodeFacts],
+                       grace: float) -> dict[str, NodeFacts]:
+        """--image: the probe again, inside each node's image (the runtime's command
+        decided as the job's, decide/container.py), so python, torch, NCCL, /dev/infiniband,
+        memlock and /dev/shm are the container's; the host's runtime facts are kept. A node
+        whose image cannot run it is named (PreflightFailed)."""
+        req = self._req
+        params: dict[str, object] = {"mode": "facts", "workdir": req.workdir, "targets": [],
+                  "entry": {"name": req.script, "module": req.module}}
+        source = wire.program_source("probe").decode()
+        out: dict[str, NodeFacts] = {}
+        errors: list[str] = []
+
+        async def one(host: Host) -> None:
+            f = facts[host.label]
+            ctr = for_host(req.container, host.image)
+            if ctr is None or f.container is None or f.container.runtime is None:
+                return
+            node = NodeContainerFacts(f.gpus, bool(f.rdma), f.shm_bytes)
+            cmd = command_for(ctr, f.container.runtime, node, run_id=req.run_id,
+                              host=host.name, attempt=req.attempt,
+                              workdir=req.workdir or f.home, grace=grace, probe=True)
+            python = expand_home(host.python or req.python, f.home)
+            argv = [*cmd.head, *cmd.image, python, "-c", wire.IN_IMAGE_BOOT]
+            got = await self.ask(host.label, {"op": "in_image", "argv": argv,
+                                              "prepare": [list(c) for c in cmd.prepare],
+                                              "input": json.dumps(params) + "\n" + source,
+                                              "timeout": max(60.0, self._timeout)})
+            if not got.get("ok") or not isinstance(got.get("facts"), dict):
+                errors.append(f"{host.label}: {got.get('error') or 'no answer'}")
+                return
+            inside = NodeFacts.from_json(got["facts"])
+            # the network is the host's (--network host); the runtime facts are the host's
+            out[host.label] = dataclasses.replace(inside, routes=f.routes,
+                                                  container=f.container)
+
+        await gather_named({h.label: one(h) for h in hosts})
+        if errors:
+            raise PreflightFailed("inside the image: " + "; ".join(errors),
+                                  hint="the image needs Python >= 3.8 (and torch for run) "
+                                       "at --python's path; --mount what it lacks")
         return out
 
     async def become(self, label: str, workdir: str | None) -> Process | None:

@@ -725,6 +725,38 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
 
 
 CONTAINER_RUNTIMES = ("podman", "docker", "enroot", "apptainer")  # decide/container.py's
+def in_image(op: Json) -> Json:
+    """``{"op": "in_image", "argv", "input", "timeout"}``: the probe run inside the image
+    (the runtime's command decided by the launcher, decide/container.py), so the plan's
+    facts are the container's: its facts JSON, or why it gave none."""
+    argv = op.get("argv")
+    steps = [c for c in (op.get("prepare") or []) if isinstance(c, list)]
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or not argv \
+            or not all(isinstance(a, str) for c in steps for a in c):
+        return {"ok": False, "error": "bad in_image op"}
+    for step in steps:  # enroot: create the container from the image first
+        try:
+            subprocess.run(step, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=600, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        done = subprocess.run(argv, input=str(op.get("input") or "").encode(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=float(op.get("timeout") or 120))
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"ok": False, "error": f"{argv[0]}: {exc}"}
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        if line.lstrip().startswith("{"):
+            try:
+                facts = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(facts, dict):
+                return {"ok": True, "facts": facts}
+    err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    return {"ok": False, "error": "the probe inside the image gave no answer (exit %d): %s"
+            % (done.returncode, " / ".join(err[-3:]) or "no output")}
 
 
 def read_container(req: Json) -> Json:
@@ -920,6 +952,8 @@ def stay(stdin_fd: int = 0, stream: TextIO | None = None, sys_: System | None = 
                         srv.close()
                         srv = None
                     _emit(become(op, buf, stream), stream)
+                elif kind == "in_image":
+                    _emit(in_image(op), stream)
                 elif kind == "unlisten":  # the port is free once this is answered
                     if srv is not None:
                         srv.close()

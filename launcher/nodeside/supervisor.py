@@ -1278,7 +1278,8 @@ class Supervisor(Evidence):
     def job_argv(self):
         spec = self.spec
         if spec.get("shell") is not None:
-            shell = os.environ.get("SHELL") or "/bin/sh"
+            # in an image the login shell of the host may not exist: its /bin/sh
+            shell = "/bin/sh" if spec.get("container") else os.environ.get("SHELL") or "/bin/sh"
             command = spec["shell"]
             # one argument starting with '-' is a command, not an option of the shell:
             # '--' ends the options of sh, bash, dash, zsh, ksh and fish; csh and tcsh

@@ -31,6 +31,13 @@ KIND_NOISE, KIND_OUT, KIND_ERR, KIND_CTL = 0, 1, 2, 3
 MAGIC = b"\n\x00DTRAIN-FRAMES-1\x00\n"
 SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
 DIR_PLACEHOLDER = "{DTRAIN_DIR}"  # the supervisor's private directory (supervisor.py's twin)
+# --image: the probe inside the image (probe.py's in_image op runs it): its params line,
+# then its source, on stdin; run as the __main__ it is on the host
+IN_IMAGE_BOOT = ("import sys;p=sys.stdin.buffer.readline();s=sys.stdin.buffer.read();"
+                 "exec(compile(s,'dtrain-probe','exec'),"
+                 "{'__name__':'__main__','DTRAIN_SPEC':p})")
+
+
 # the supervisor's spec travels as marshal data after this byte (supervisor.py has the twin;
 # a JSON spec starts with "{"): decoding it needs no import on the node, json costs ~3 ms
 SPEC_MARSHAL = b"M"

@@ -10,7 +10,8 @@ belong to the test cluster, not to dtrain, all made in the node's private mount 
 * ``/etc/containers``: a copy of the machine's with a ``containers.conf`` that disables
   cgroups, empties ``default_ulimits`` (the box lacks CAP_SYS_RESOURCE), picks crun and
   makes the host network the default (podman's default bridge would be 10.88.0.0/16, outside
-  the addresses tests may use);
+  the addresses tests may use), and uses the node's /etc/hosts as the containers' (peers
+  resolve as on the node: c10d's reverse lookups of peers would otherwise wait for DNS);
 * ``/run/user``: a tmpfs per node with ``/run/user/<dtuser uid>`` 0700, podman's runtime dir
   when XDG_RUNTIME_DIR is unset: the nodes share /tmp, and rootless state of one node must not
   clobber another's. Image stores live in the per-node homes already.
@@ -39,6 +40,7 @@ cgroups = "disabled"
 default_ulimits = []
 netns = "host"
 utsns = "host"
+base_hosts_file = "/etc/hosts"
 log_driver = "k8s-file"
 
 [engine]
@@ -47,7 +49,7 @@ runtime = "crun"
 events_logger = "file"
 """
 
-TEST_IMAGE = "localhost/dtrain-test:1"
+TEST_IMAGE = "localhost/dtrain-test:2"
 USER = "dtuser"
 
 
@@ -167,6 +169,8 @@ def skeleton_tar(python_prefixes: Iterable[str] = ()) -> bytes:
                  f"{USER}:x:{pw.pw_uid}:{pw.pw_gid}::/home/{USER}:/bin/sh\n")
         add_file("etc/group", f"root:x:0:\n{USER}:x:{pw.pw_gid}:\n")
         add_file("etc/hosts", "127.0.0.1 localhost\n")
+        # glibc without nsswitch.conf asks DNS before /etc/hosts: c10d's lookups would wait
+        add_file("etc/nsswitch.conf", "hosts: files dns\npasswd: files\ngroup: files\n")
         done: set[str] = {*base, "tmp", "var/tmp"}
         for prefix in python_prefixes:
             parts = Path(prefix).parts[1:]
