@@ -134,7 +134,7 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
                                                  "detected", "route to the master")
 
     class Node:
-        node_rank, nproc, env, warnings = 0, 1, [Var()], []
+        node_rank, nproc, env, warnings, container = 0, 1, [Var()], [], None
         ranks = range(0, 1)
 
         class host:  # noqa: N801

@@ -68,7 +68,7 @@ def _six(stuck: int = 4) -> list[stacks.RankStack]:
 def test_fold_names_the_rank_that_differs() -> None:
     folded = stacks.fold(_six(), range(6))
     assert folded.lines() == [
-        "ranks 0-3,5 (5): all_reduce <- step_once() hang.py:47",
+        "ranks 0-3,5 (5 ranks on 3 nodes): all_reduce <- step_once() hang.py:47",
         "rank 4 (node3): time.sleep <- load_batch() hang.py:42   <- likely culprit"]
     c = folded.culprit
     assert c is not None and (c.rank, c.host) == (4, "node3")

@@ -381,3 +381,25 @@ def test_top_of_a_run_logs_in_as_the_user_l_names(cluster, tmp_path):
         res = dtrain([*base, "-l", cluster.user], env=cluster.client_env())
         assert_exit(res, 0)
         assert table(res.stdout)["node1"]["STATE"] == "ok", res.stdout
+
+
+def test_key_g_gives_each_gpu_its_own_row(cluster):
+    """Issue 40.9: a node's GPUs in one cell (`37 81`) is too long for 8 GPUs: `g` expands
+    each node into a row per GPU (util, memory, temperature, power), `g` again folds back."""
+    tmux = Tmux(live_command(cluster, "-H node[3-4]"))
+    try:
+        first = tmux.wait(lambda s: " ok " in row(s, "node4") and " ok " in row(s, "node3"))
+        assert "37 81" in row(first, "node4") and "g GPUs" in first
+        tmux.keys("g")
+        shown = tmux.wait(lambda s: "a row per GPU" in s and "node4 gpu1" in s)
+        gpu_rows = [ln for ln in shown.splitlines() if ln.startswith("node4 gpu")]
+        assert [ln.split()[1] for ln in gpu_rows] == ["gpu0", "gpu1"], shown
+        assert gpu_rows[0].split()[2] == "37" and gpu_rows[1].split()[2] == "81", shown
+        assert not any(ln.startswith("node3 gpu") for ln in shown.splitlines())  # no GPUs
+        assert "59 avg" in row(shown, "node4"), shown
+        tmux.keys("g")
+        tmux.wait(lambda s: "node4 gpu" not in s and "37 81" in row(s, "node4"))
+        tmux.keys("q")
+        assert "DTRAIN-TOP-EXIT=0" in tmux.wait(lambda s: "DTRAIN-TOP-EXIT=" in s)
+    finally:
+        tmux.close()

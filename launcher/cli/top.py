@@ -67,6 +67,9 @@ def top_cmd(
     fold: Annotated[bool, typer.Option("--fold", rich_help_panel=TOP,
                                        help="Fold nodes that look the same into one "
                                             "row (node[01-60] (60) ... idle).")] = False,
+    per_gpu: Annotated[bool, typer.Option("--per-gpu", rich_help_panel=TOP,
+                                          help="A row per GPU under each node (the live "
+                                               "view's key g).")] = False,
     iface: Annotated[list[str] | None, typer.Option(
         "--iface", metavar="IFACE", rich_help_panel=TOP,
         help="Network interface for NET rx/tx (repeatable; default: a run's "
@@ -94,7 +97,7 @@ def top_cmd(
     color: groups.ColorOpt = None,
 ) -> None:
     """Every node's GPUs, CPU, memory and network, live; for a run also its ranks, step rate
-    and stragglers. Keys: s sort, r reverse, / filter, f fold, q quit.
+    and stragglers. Keys: s sort, r reverse, / filter, f fold, g a row per GPU, q quit.
 
     On a terminal a full-screen view; piped, plain snapshots; --once one snapshot; --json
     a stream of dtrain.top/1 documents (docs/top.md).
@@ -120,7 +123,8 @@ def top_cmd(
             from launcher.decide.hang import compile_progress
 
             compile_progress(progress)  # a bad pattern: exit 2 before anything connects
-        view = ViewOptions(sort=sort, reverse=reverse, filter=filter_, fold=fold)
+        view = ViewOptions(sort=sort, reverse=reverse, filter=filter_, fold=fold,
+                           gpus=per_gpu)
         req = TopRequest(interval=interval, once=once, as_json=as_json, count=count,
                          view=view, color=color, python=python, transport=transport,
                          fanout=fanout, connect_timeout=connect_timeout,

@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
@@ -29,6 +29,7 @@ from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
+from launcher.output.render import count
 from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
@@ -56,33 +57,87 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         w(f"setup, run first on every node: {setup}\n")
     for name, value, source in sources:  # CLI > environment > user config > built-in
         w(f"{name} {value}  [{source}]\n")
+    blocks = [(node, _node_lines(plan, node)) for node in plan.nodes]
     explained = False  # the NCCL '=' note: once, at its first node, not on all 64
-    for node in plan.nodes:
+    for nodes, lines in _fold_nodes(blocks):
+        node = nodes[0]
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}" if node.nproc > 1 else str(
             node.ranks.start)
-        w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
-        command = shlex.join(plan.shown_argv(node)).replace(repr(SHIM_PLACEHOLDER),
-                                                            "<dtrain-rank-shim>")
-        if node.container is not None:  # env by name only: values travel over the channel
-            words = node.container.shown([v.name for v in node.env if v.exported])
-            w(f"  container ({node.container.runtime}): {shlex.join(words)}\n")
-        w(f"  command: {command}\n")
-        shown = plan.shown_env(node)
-        for var in node.env:
-            state = "" if var.exported else " (already set on the node, not exported)"
-            value = shown[var.name]
-            value = value if value == "***" else shlex.quote(value)
-            w(f"  {var.name}={value}  [{var.source}: {var.reason}]"
-              f"{state}\n")
-            if (var.name == "NCCL_SOCKET_IFNAME" and var.value.startswith("=")
-                    and not explained):
+        if len(nodes) == 1:
+            w(f"\nnode {node.node_rank}  {node.host.label}  ranks {ranks}\n")
+        else:
+            last = nodes[-1]
+            w(f"\nnodes {_ranges(n.node_rank for n in nodes)}  "
+              f"{fold(n.host.label for n in nodes)}  ranks "
+              f"{_ranges(r for n in nodes for r in n.ranks)} ({node.nproc} each; "
+              f"{count(len(nodes), 'node')} alike: only the node rank differs, "
+              f"{node.node_rank} to {last.node_rank})\n")
+        for line in lines:
+            w(line)
+            var = next((v for v in node.env if v.name == "NCCL_SOCKET_IFNAME"), None) \
+                if line.startswith("  NCCL_SOCKET_IFNAME=") else None
+            if var is not None and var.value.startswith("=") and not explained:
                 explained = True
                 w(f"    (the leading '=' makes NCCL use exactly {var.value[1:]}; without it "
                   "the name is a prefix and would match every interface starting so; "
                   "the same on every node below)\n")
-        for warning in node.warnings:
-            w(f"  warning: {warning}\n")
     out.flush()
+
+
+FOLD_NODES = 16  # from this many nodes on, nodes alike but for their rank are one block
+
+
+def _node_lines(plan: LaunchPlan, node: Any) -> list[str]:
+    """One node's block of the dry run, below its header line."""
+    out = []
+    command = shlex.join(plan.shown_argv(node)).replace(repr(SHIM_PLACEHOLDER),
+                                                        "<dtrain-rank-shim>")
+    if node.container is not None:  # env by name only: values travel over the channel
+        words = node.container.shown([v.name for v in node.env if v.exported])
+        out.append(f"  container ({node.container.runtime}): {shlex.join(words)}\n")
+    out.append(f"  command: {command}\n")
+    shown = plan.shown_env(node)
+    for var in node.env:
+        state = "" if var.exported else " (already set on the node, not exported)"
+        value = shown[var.name]
+        value = value if value == "***" else shlex.quote(value)
+        out.append(f"  {var.name}={value}  [{var.source}: {var.reason}]{state}\n")
+    out += [f"  warning: {warning}\n" for warning in node.warnings]
+    return out
+
+
+def _fold_nodes(blocks: list[tuple[Any, list[str]]]) -> list[tuple[list[Any], list[str]]]:
+    """From FOLD_NODES nodes on, nodes whose blocks differ only in their node rank are one
+    block (``--node-rank <N>``), in first-node order; fewer nodes: one block each."""
+    if len(blocks) < FOLD_NODES:
+        return [([node], lines) for node, lines in blocks]
+    groups: dict[tuple[str, ...], list[tuple[Any, list[str]]]] = {}
+    for node, lines in blocks:
+        rank = str(node.node_rank)
+        generic = tuple(
+            ln.replace(f"--node-rank {rank} ", "--node-rank <N> ").replace(
+                f"DTRAIN_NODE_RANK={rank}  ", "DTRAIN_NODE_RANK=<N>  ")
+            for ln in lines)
+        groups.setdefault(generic, []).append((node, lines))
+    return [([n for n, _ in members], list(generic) if len(members) > 1 else members[0][1])
+            for generic, members in groups.items()]
+
+
+def _ranges(numbers: Iterable[int]) -> str:
+    from launcher.output.fold import rank_ranges
+
+    return rank_ranges(numbers)
+
+
+def transport_text(kind: str, reason: str, hosts: Sequence[Host]) -> str:
+    """What --dry-run says about the transport: localhost runs as a subprocess, never ssh."""
+    local = [h for h in hosts if h.is_local]
+    if local and len(local) == len(hosts):
+        return "local (localhost runs as a subprocess: no ssh)"
+    text = f"{kind} ({reason})"
+    if local:
+        text += f"; {fold(h.label for h in local)}: a local subprocess"
+    return text
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -125,7 +180,8 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
             if opts.as_json:
                 sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
             else:
-                render_plan(plan, transport=f"{prep.choice.kind} ({prep.choice.reason})",
+                render_plan(plan, transport=transport_text(prep.choice.kind,
+                                                           prep.choice.reason, hosts),
                             workdir=req.workdir, setup=req.setup, sources=opts.sources)
             return None
         return await launch(prep, plan, req, opts, detacher=detacher)

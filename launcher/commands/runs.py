@@ -137,8 +137,9 @@ def attach(archive_dir: Path, run: str | None, *, ranks: Collection[int] | None 
         replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, tail=lines,
                fold=True)
         return _ended(run_dir)
-    render.note(f"attached to run {st.run_id} ({st.label}, {len(st.hosts)} nodes, "
-                f"{st.world_size} ranks); Ctrl-C detaches and leaves the run running")
+    size = f"{render.count(len(st.hosts), 'node')}, {render.count(st.world_size or 0, 'rank')}"
+    render.note(f"attached to run {st.run_id} ({st.label}, {size}); Ctrl-C detaches and "
+                "leaves the run running")
     status = _StatusLine(run_dir)
     code = replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, follow=True,
                   tail=lines, status=status.render, ended=lambda: not run_status(run_dir).alive,
@@ -177,8 +178,10 @@ class _StatusLine:
             wall = time.time()
             up = age(wall - st.created) if st.created else "-"
             last = f"last line {age(wall - st.last_line_t)} ago" if st.last_line_t else "no output"
-            self._text = (f"dtrain attach {st.run_id} | {st.label} | {len(st.hosts)} nodes, "
-                          f"{st.world_size} ranks | up {up} | {last} | Ctrl-C detaches "
+            size = (f"{render.count(len(st.hosts), 'node')}, "
+                    f"{render.count(st.world_size or 0, 'rank')}")
+            self._text = (f"dtrain attach {st.run_id} | {st.label} | {size} | up {up} | {last} "
+                          "| Ctrl-C detaches "
                           "(the run goes on)")
         return self._text
 

@@ -97,7 +97,8 @@ def render_table(res: SmokeResults, v: SmokeVerdict, out: TextIO) -> None:
     """nccl-tests' all_reduce_perf table, then the node pairs."""
     w = out.write
     if res.sweep:
-        w(f"# all_reduce sum float32, {inert(res.backend or '?')}, {len(res.ranks)} ranks\n")
+        w(f"# all_reduce sum float32, {inert(res.backend or '?')}, "
+          f"{render.count(len(res.ranks), 'rank')}\n")
         w(f"#{'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'time(us)':>10} "
           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}\n")
         wrong = _wrong_by_size(res)

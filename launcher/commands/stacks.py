@@ -26,7 +26,8 @@ def stacks(archive_dir: Path, run: str | None) -> int:
     st = run_status(run_dir)
     if st.state != "finished" and st.alive:
         reply = request_stacks(run_dir)
-        _print(f"run {st.run_id}: stacks of {reply.get('ranks', 0)} ranks in "
+        ranks = render.count(int(reply.get("ranks") or 0), "rank")
+        _print(f"run {st.run_id}: stacks of {ranks} in "
                f"{float(reply.get('took') or 0):.1f} s")
         for line in reply.get("lines") or []:
             _print(f"  {line}")

@@ -386,6 +386,14 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
     pairs, best = pair_results(res, node_labels, pair_fraction)
     failures += slow_failures(pairs, best, pair_fraction)
     busbw = float(res.sweep[-1]["busbw"]) if res.sweep else None
+    alone = world_size == 1  # an all-reduce over one rank moves nothing: busbw 0 means nothing
+    if alone:
+        busbw = None
+        if min_busbw is not None:
+            failures.append(SmokeFailure(
+                "busbw", tuple(node_labels[:1]), f"--min-busbw {min_busbw:g}: one rank "
+                "measures no bus bandwidth (an all-reduce over one rank moves no data); "
+                "smoke 2 or more ranks (--nproc-per-node, more nodes)"))
     if job_code == 0:
         missing = sorted(set(range(world_size)) - set(res.ranks))
         unchecked = sorted(set(range(world_size)) - set(res.checks))
@@ -416,6 +424,8 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
         code = 0
         bw = f"; busbw {busbw:.3g} GB/s at {fmt_size(int(res.sweep[-1]['size']))}" \
             if res.sweep and busbw is not None else ""
+        if alone:
+            bw = "; busbw not measured: one rank moves no data (smoke 2 or more ranks)"
         summary = (f"{count(len(node_labels), 'node')}, {count(world_size, 'rank')}, "
                    f"{res.backend or '?'}{bw}")
     return SmokeVerdict(code, tuple(failures), tuple(pairs), best, busbw, summary)

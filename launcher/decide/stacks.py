@@ -7,7 +7,7 @@ bottom, which are cut off; the wrapper's idle helper thread is left out. Ranks w
 threads stand at the same place (same frames) fold into one group, as ``--gather`` folds
 output::
 
-    ranks 0-3,5 (5): all_reduce <- step_once() train.py:88
+    ranks 0-3,5 (5 ranks on 3 nodes): all_reduce <- step_once() train.py:88
     rank 4 (node3): time.sleep <- load_batch() data.py:41
 
 The group that differs from the majority is the likely culprit: in a hang, every rank but
@@ -184,13 +184,14 @@ class Group:
     stack: RankStack  # the first rank's, for the frames
 
     def label(self) -> str:
-        """``ranks 0-3,5 (5)``, ``rank 4 (node3)``, ``ranks 4-5 (node3)``."""
+        """``ranks 0-3,5 (5 ranks on 3 nodes)``, ``rank 4 (node3)``, ``ranks 4-5 (node3)``
+        (a bare count, ``(5)``, read as a rank or a host)."""
         n = len(self.ranks)
         who = f"rank {self.ranks[0]}" if n == 1 else f"ranks {rank_ranges(self.ranks)}"
         hosts = list(dict.fromkeys(self.hosts))
         if len(hosts) == 1:
             return f"{who} ({hosts[0]})"
-        return f"{who} ({n})"
+        return f"{who} ({n} ranks on {len(hosts)} nodes)"
 
     @property
     def in_collective(self) -> bool:

@@ -26,6 +26,7 @@ from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
 from launcher.job.nodemsg import rank_of
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
+from launcher.output.render import count
 from launcher.output.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -259,7 +260,7 @@ class HangWatch:
         dump.flight_summary = summarize(dump.positions)
         with contextlib.suppress(OSError):
             write_stack(self.run_dir, dump.id, "folded.txt", "\n".join(
-                [f"{dump.reason} ({len(dump.stacks)} ranks, {dump.took:.2f} s)",
+                [f"{dump.reason} ({count(len(dump.stacks), 'rank')}, {dump.took:.2f} s)",
                  *dump.folded.lines()]) + "\n")
             dump.path = stack_dir(self.run_dir, dump.id)
 
@@ -308,7 +309,8 @@ class HangWatch:
         folded = dump.folded
         if folded is None:
             return
-        self.say(f"stacks of {len(dump.stacks)} ranks in {dump.took:.1f} s ({dump.reason}):")
+        self.say(f"stacks of {count(len(dump.stacks), 'rank')} in {dump.took:.1f} s "
+                 f"({dump.reason}):")
         for line in folded.lines():
             self.say(f"  {line}")
         for host in dump.hosts_missing:

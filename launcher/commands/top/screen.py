@@ -1,9 +1,10 @@
 """The live full-screen view: a rich table redrawn every interval, and the keys.
 
 Keys: ``s``/``S`` next/previous sort column, ``r`` reverse, ``/`` filter (type a host, a
-glob or a folded set, Enter; Esc clears), ``f`` fold identical rows, ``j``/``k`` (or the
-arrows, PgDn/PgUp) scroll, ``q`` (or Ctrl-C) quits. The terminal is put in cbreak mode and
-always restored, also when dtrain dies of an exception.
+glob or a folded set, Enter; Esc clears), ``f`` fold identical rows, ``g`` a row per GPU
+under each node, ``j``/``k`` (or the arrows, PgDn/PgUp) scroll, ``q`` (or Ctrl-C) quits.
+The terminal is put in cbreak mode and always restored, also when dtrain dies of an
+exception.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rich.text import Text
 from launcher.commands.top.model import TopState
 from launcher.commands.top.view import SORT_KEYS, Row, ViewOptions, columns, header_lines, rows
 
-KEYS_HELP = "s/S sort  r reverse  / filter  f fold  j/k scroll  q quit"
+KEYS_HELP = "s/S sort  r reverse  / filter  f fold  g GPUs  j/k scroll  q quit"
 LEVEL_STYLE = {"bad": "red", "warn": "yellow", "ok": ""}
 
 
@@ -78,6 +79,9 @@ class KeyState:
             self.opts = replace(self.opts, reverse=not self.opts.reverse)
         elif ch == "f":
             self.opts = replace(self.opts, fold=not self.opts.fold)
+            self.offset = 0
+        elif ch == "g":
+            self.opts = replace(self.opts, gpus=not self.opts.gpus)
             self.offset = 0
         elif ch == "/":
             self.editing = self.opts.filter

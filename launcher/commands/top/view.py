@@ -36,6 +36,7 @@ class ViewOptions:
     reverse: bool = False
     filter: str = ""
     fold: bool = False
+    gpus: bool = False  # each node followed by one row per GPU (key g, --per-gpu)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Row:
     cells: dict[str, str]
     keys: dict[str, float | str | None] = field(default_factory=dict)
     level: str = "ok"  # ok, warn (straggler, hot), bad (lost, unreachable)
+    gpu_rows: list[Row] = field(default_factory=list)  # one per GPU, shown with opts.gpus
 
 
 # -- number formatting -----------------------------------------------------------------------
@@ -175,7 +177,22 @@ def node_row(node: Mapping[str, Any], *, coarse: bool = False) -> Row:
         "power": sum(power) if power else None, "last": last, "busy": busy}
     level = "bad" if state in ("lost", "unreachable") else \
         "warn" if node.get("straggler") or s.get("gpu_error") else "ok"
-    return Row([cells["node"]], cells, keys, level)
+    per_gpu = [_gpu_row(cells["node"], i, g) for i, g in enumerate(gpus)] if live else []
+    return Row([cells["node"]], cells, keys, level, per_gpu)
+
+
+def _gpu_row(host: str, i: int, g: Mapping[str, Any]) -> Row:
+    """One GPU of a node as its own row (``node4 gpu1``): its utilisation, memory,
+    temperature and power; the node's columns are blank."""
+    used, total = _num(g.get("mem_used_mib")), _num(g.get("mem_total_mib"))
+    power, limit = _num(g.get("power_w")), _num(g.get("power_limit_w"))
+    index = g.get("index") if isinstance(g.get("index"), int) else i
+    cells = {"node": f"{host} gpu{index}", "util": _fmt(_num(g.get("util_pct"))),
+             "gmem": f"{(used or 0) / 1024:.1f}/{total / 1024:.1f}G" if total else "-",
+             "temp": _fmt(_num(g.get("temp_c"))),
+             "power": (f"{power:.0f}/{limit:.0f}" if power is not None and limit else
+                       _fmt(power))}
+    return Row([host], cells)
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -204,7 +221,19 @@ def rows(doc: Mapping[str, Any], opts: ViewOptions) -> list[Row]:
     out = [node_row(n, coarse=opts.fold) for n in nodes]
     if opts.fold:
         out = fold_rows(out)
-    return sort_rows(out, opts)
+    out = sort_rows(out, opts)
+    if opts.gpus:  # each node's GPUs under it, a row each (a folded row stays one)
+        expanded = []
+        for row in out:
+            util = row.keys.get("util")
+            if len(row.hosts) == 1 and row.gpu_rows:
+                if isinstance(util, float | int):  # the per-GPU values are below: the mean
+                    row = replace(row, cells={**row.cells, "util": f"{util:.0f} avg"})
+                expanded += [row, *row.gpu_rows]
+            else:
+                expanded.append(row)
+        out = expanded
+    return out
 
 
 def fold_rows(rows_: Sequence[Row]) -> list[Row]:
@@ -261,6 +290,8 @@ def header_lines(doc: Mapping[str, Any], opts: ViewOptions, *, shown: int) -> li
         arrange.append(f"filter {opts.filter!r}: {shown} shown")
     if opts.fold:
         arrange.append("folded")
+    if opts.gpus:
+        arrange.append("a row per GPU")
     lines = [f"dtrain top  {clock}  {len(nodes)} node{'s' if len(nodes) != 1 else ''}: "
              f"{states}  every {doc.get('interval', 0):g} s  {'  '.join(arrange)}"]
     run = doc.get("run")
