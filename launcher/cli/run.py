@@ -129,6 +129,11 @@ def run_cmd(
         "--progress", metavar="REGEX", rich_help_panel=FAILURE,
         help="REGEX: the output lines that show progress (default: step, "
              "iteration, epoch, loss lines and progress bars).")] = None,
+    require_fabric: Annotated[str | None, typer.Option(
+        "--require-fabric", metavar="rdma|gdr|any", rich_help_panel=FAILURE,
+        help="Stop the run (exit 123) when NCCL's own account shows a rank below this: rdma "
+             "(IB/RoCE), gdr (RDMA with GPUDirect), any (an account from every rank); "
+             "default: only warn (docs/fabric.md).")] = None,
     on_hang: Annotated[str | None, typer.Option(
         "--on-hang", metavar="dump|stop", rich_help_panel=FAILURE,
         help="dump (stacks, keep waiting) or stop (stacks, then stop every "
@@ -197,6 +202,9 @@ def run_cmd(
                              hint="add --dry-run")
         check_choice("--rdzv", rdzv, ("static", "c10d"))
         check_choice("--on-hang", on_hang, tuple(ON_HANG))
+        from launcher.decide.nccl_account import REQUIRE
+
+        check_choice("--require-fabric", require_fabric, REQUIRE)
         from launcher.decide.restarts import RestartPolicy, parse_nnodes
 
         restart = RestartPolicy(restarts=restarts, count=parse_nnodes(nnodes),
@@ -250,6 +258,7 @@ def run_cmd(
                           preflight=preflight, command=tuple(command), offline=offline,
                           transport=transport, junit=junit, timestamps=timestamps,
                           hang=hang, restart=restart, sample_interval=sample_interval,
+                          require_fabric=require_fabric,
                           stragglers=StragglerSettings(window=straggler_window,
                                                        hold=straggler_hold,
                                                        ratio=straggler_ratio))

@@ -23,12 +23,15 @@ from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
 from launcher.decide.liveness import launcher_timeout
+from launcher.decide.nccl_account import EXIT_FABRIC, wants_account
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
 from launcher.hosts.hostfile import fold
+from launcher.job.fabric import FabricWatch
 from launcher.job.hangwatch import HangWatch
 from launcher.job.node import JobSpec
 from launcher.job.nodemsg import rank_owners
 from launcher.job.orchestrate import (
+    Failure,
     Job,
     JobOutcome,
     JobState,
@@ -151,6 +154,7 @@ class RunResult:
     progressed: bool = False  # a progress line was seen (--restarts: decide.restarts)
     watch: HangWatch | None = None  # the attempt's hang watch (its records go on)
     attempts: list[dict[str, Any]] = field(default_factory=list)  # meta.json's, --restarts
+    fabric: dict[str, Any] | None = None  # NCCL's account (docs/fabric.md), None: none
 
 
 def run_extra(result: RunResult | None) -> dict[str, Any]:
@@ -158,10 +162,10 @@ def run_extra(result: RunResult | None) -> dict[str, Any]:
     connecting)."""
     if result is None:
         return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None,
-                "hangs": [], "attempts": []}
+                "hangs": [], "attempts": [], "fabric": None}
     return {"run_id": result.run_id, "world_size": result.world_size,
             "master": result.master, "stop_reason": result.outcome.stop_reason,
-            "hangs": result.hangs, "attempts": result.attempts}
+            "hangs": result.hangs, "attempts": result.attempts, "fabric": result.fabric}
 
 
 class NodeBoard:
@@ -293,7 +297,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                        heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
                        files=payload.files,
                        flight_recorder=flight_names(torch_versions.get(node.host.label)),
-                       container=node.container.wire() if node.container else None)
+                       container=node.container.wire() if node.container else None,
+                       nccl_account=wants_account(v.name for v in node.env))
         probes = prep.pre.probes  # the probe there becomes the supervisor: same python
         #                           (the plan's is host.python or req.python, as the probe's),
         #                           workdir and setup
@@ -348,6 +353,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                 out.barrier.rank_exit(host.label, msg.get("code"))
             board.event(host, msg)
             watch.event(host, msg)
+            fabric.event(host, msg)
             errors.event(host.label, msg)
             if sampling is not None:
                 sampling.event(host.label, msg)
@@ -359,6 +365,15 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         if earlier is not None:
             watch.continue_from(earlier)
         errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
+
+        def fabric_failed(host: str, why: str) -> None:
+            now = time.time()
+            out.message(f"{why}: stopping every node")
+            job.declare_failure(Failure("fabric", host, code=EXIT_FABRIC, t=now, seen=now,
+                                        error=why))
+
+        fabric = FabricWatch(plan, opts.require_fabric, out.message, fabric_failed,
+                             on_record=lambda: archive.update_meta(**fabric.meta()))
         out.observers.append(errors.observe)
 
         def on_stop(stop: StopRequest) -> str:
@@ -390,6 +405,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             if not watching.cancelled() and watching.exception() is not None:
                 watch.trouble("its end", watching.exception())  # type: ignore[arg-type]
             await control.aclose()
+        fabric.finish()
         out.job_over([h.label for h in hosts])
         for line in sampling.problems() if sampling is not None else ():
             out.message(line)
@@ -405,10 +421,12 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         root_cause["failure"] = failure.json()
     archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
                         root_cause=root_cause, nodes=results, console_skipped=out.skipped,
-                        **watch.meta(), **(sampling.meta() if sampling is not None else {}))
+                        **watch.meta(), **(sampling.meta() if sampling is not None else {}),
+                        **fabric.meta())
     return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
                      req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
-                     watch.hangs, failure, watch.watch.any_progress, watch)
+                     watch.hangs, failure, watch.watch.any_progress, watch,
+                     fabric=fabric.meta()["fabric"])
 
 
 STOP_NOTE = "Ctrl-C or closing this terminal stops the run; --detach keeps it going"

@@ -92,6 +92,8 @@ class RunOptions:
     sample_interval: float = 10.0  # --sample-interval: samples.jsonl every S s (0: off)
     stragglers: StragglerSettings = field(default_factory=StragglerSettings)
     offline: bool = False  # --dry-run --offline: plan from the hostfile, connect nowhere
+    # NCCL's account (decide/nccl_account.py, docs/fabric.md): --require-fabric rdma|gdr|any
+    require_fabric: str | None = None
 
 
 @dataclass(frozen=True)

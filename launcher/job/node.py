@@ -44,6 +44,8 @@ class JobSpec:
     flight_recorder: str | None = None
     # --image: decide/container.py's ContainerCommand.wire(), the runtime around the job
     container: Mapping[str, object] | None = None
+    # ask NCCL for its INIT/NET lines in per-process files (docs/fabric.md)
+    nccl_account: bool = False
 
     def wire(self) -> dict[str, object]:
         return {
@@ -55,6 +57,7 @@ class JobSpec:
             **({"files": dict(self.files)} if self.files else {}),
             **({"flight_recorder": self.flight_recorder} if self.flight_recorder else {}),
             **({"container": dict(self.container)} if self.container else {}),
+            **({"nccl_account": True} if self.nccl_account else {}),
         }
 
 

@@ -103,6 +103,13 @@ def checked(msg: Mapping[str, Any], ranks: Container[int] | None) -> dict[str, A
     elif kind in ("stacks", "exit"):
         if "ranks" in out:
             out["ranks"] = rank_map(out["ranks"], ranks)
+    elif kind == "nccl":  # NCCL's lines of one of the host's ranks (docs/fabric.md)
+        rank = owned(out.get("rank"), ranks)
+        lines = out.get("lines")
+        if rank is None or not isinstance(lines, list):
+            return None
+        out["rank"] = rank
+        out["lines"] = [ln[:600] for ln in lines[:MAX_NCCL_LINES] if isinstance(ln, str)]
     elif kind == "flight":
         out["files"] = rank_map(out.get("files"), ranks, str)
     return out
@@ -139,6 +146,9 @@ def rank_owners(layout: Mapping[str, Sequence[int]], *, planned: bool
     counts: dict[str, int] = {}
     return {host: ClaimedRanks(host, len(ranks), world, owners, counts)
             for host, ranks in layout.items()}
+
+
+MAX_NCCL_LINES = 400  # one nccl message's lines (the supervisor ships at most 400 per rank)
 
 
 # a rank's CPU seconds: a sample's ``cpu`` outside this is not a process's CPU time

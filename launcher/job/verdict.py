@@ -123,6 +123,9 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
     elif root is not None and root.kind == "hang":
         v = Verdict(root.code or 125, root.error or "hang", root.host or None, root.rank,
                     root_kind="hang")
+    elif root is not None and root.kind == "fabric":  # --require-fabric (docs/fabric.md)
+        v = Verdict(root.code or 123, root.error or "fabric refused", root.host or None,
+                    root_kind="fabric")
     elif root is not None and root.kind == "lost":
         v = Verdict(255, f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
                     root_kind="lost")
@@ -360,7 +363,7 @@ def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[
     root = outcome.root
     data: dict[str, Any] = {"kind": v.root_kind, "host": v.root_host, "rank": v.root_rank,
                             "exit_code": v.code, "summary": v.outcome}
-    if root is not None and v.root_kind in ("rank", "node", "lost", "start", "hang"):
+    if root is not None and v.root_kind in ("rank", "node", "lost", "start", "hang", "fabric"):
         data.update(signal=root.signal, error=root.error, t=root.t)
         data["stderr_tail"] = list(tails.tails.get((root.host, root.rank), ()))
     if outcome.stop_reason:

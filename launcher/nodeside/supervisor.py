@@ -538,6 +538,68 @@ def flight_defaults(env, directory, names="current"):
     return add
 
 
+# NCCL's own account of the fabric (docs/fabric.md): its INIT and NET lines in one file per
+# process in our private directory, only when nobody set NCCL_DEBUG; the lines that tell the
+# transport are shipped as ``nccl`` messages (decide/nccl_account.py reads them)
+NCCL_KEEP = (b"NCCL version", b"NET/IB", b"NET/Socket", b"Using network", b" via ",
+             b"set by environment", b"Init COMPLETE", b"GPU Direct RDMA", b"NCCL WARN",
+             b"Bootstrap")
+NCCL_MAX_READ = 256 * 1024  # bytes read from one process's file, in all
+NCCL_MAX_LINES = 400  # lines shipped for one process
+
+
+def nccl_defaults(env, directory):
+    """NCCL_DEBUG=INFO, SUBSYS=INIT,NET and a per-process file, unless the user set
+    NCCL_DEBUG or NCCL_DEBUG_FILE (theirs wins, and we read nothing)."""
+    if env.get("NCCL_DEBUG") or env.get("NCCL_DEBUG_FILE"):
+        return {}
+    add = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": os.path.join(directory, "nccl.%h.%p.log")}
+    if not env.get("NCCL_DEBUG_SUBSYS"):
+        add["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    return add
+
+
+class NcclFiles:
+    """Reads NCCL's per-process files as they grow (bounded: NCCL_MAX_READ per file)."""
+
+    def __init__(self, directory):
+        self.dir = directory
+        self.files = {}  # name -> [offset, partial line, lines shipped]
+
+    def poll(self, pids):
+        """{pid: [new kept lines]} since the last poll, from the files of ``pids``."""
+        out = {}  # type: dict[int, list[str]]
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return out
+        for name in names:
+            parts = name.split(".")
+            if len(parts) < 4 or parts[0] != "nccl" or not parts[-2].isdigit() \
+                    or int(parts[-2]) not in pids:
+                continue
+            st = self.files.setdefault(name, [0, b"", 0])
+            if st[0] >= NCCL_MAX_READ:
+                continue
+            try:
+                with open(os.path.join(self.dir, name), "rb") as f:
+                    f.seek(st[0])
+                    data = f.read(NCCL_MAX_READ - st[0])
+            except OSError:
+                continue
+            if not data:
+                continue
+            st[0] += len(data)
+            lines = (st[1] + data).split(b"\n")
+            st[1] = lines.pop()
+            keep = [ln.decode("utf-8", "replace")[:600] for ln in lines
+                    if any(w in ln for w in NCCL_KEEP)][:max(0, NCCL_MAX_LINES - st[2])]
+            st[2] += len(keep)
+            if keep:
+                out.setdefault(int(parts[-2]), []).extend(keep)
+        return out
+
+
 ATTEMPT_ENV = "DTRAIN_ATTEMPT"  # dtrain run --restarts: 1, 2, ... (decide/restarts.py)
 
 
@@ -921,6 +983,7 @@ class Evidence:
     boot_start = None  # type: Any
     pyspy = None  # type: Any
     open_streams = 0
+    nccl = None  # NcclFiles (run mode, when NCCL's account was asked for)
 
     def evidence_env(self, env):
         """Run mode: the flight recorder's defaults and, where py-spy can only read our
@@ -931,6 +994,12 @@ class Evidence:
         os.mkdir(flight, 0o700)
         if self.spec.get("flight_recorder"):
             env.update(flight_defaults(env, flight, self.spec["flight_recorder"]))
+        if self.spec.get("nccl_account"):
+            nccl = os.path.join(self.tmpdir, "nccl")
+            os.mkdir(nccl, 0o700)
+            added = nccl_defaults(env, nccl)
+            env.update(added)
+            self.nccl = NcclFiles(nccl) if added else None
         if self.pyspy:
             try:
                 with open("/proc/sys/kernel/yama/ptrace_scope") as f:
@@ -938,6 +1007,16 @@ class Evidence:
                         env[PTRACER_ENV] = str(os.getpid())
             except OSError:
                 pass
+
+    def ship_nccl(self):
+        """NCCL's new lines, one ``nccl`` message per rank (a pid no rank armed: skipped)."""
+        if self.nccl is None:
+            return
+        pids = {info["pid"]: rank for rank, info in self.armed.items()}
+        for pid, lines in sorted(self.nccl.poll(pids).items()):
+            if pid in pids:
+                self.out.control({"type": "nccl", "rank": pids[pid], "lines": lines,
+                                  "t": now()})
 
     def rank_started(self, hdr):
         """A rank's shim is up (its status connection): the hang watch counts the ranks
@@ -1518,6 +1597,7 @@ class Supervisor(Evidence):
         for target in (self.read_stdin, self.watchdog):
             _thread.start_new_thread(target, ())  # never joined: as daemon threads
         next_hb = now() + self.hb_interval
+        next_nccl = now() + 0.5
         drain_until = None
         tree_empty = False
         while True:
@@ -1534,6 +1614,9 @@ class Supervisor(Evidence):
             if self.stopping is not None and self.ctl_seen and self.ctl_open <= 0 \
                     and self.job_status is None:
                 self.agent_left()
+            if self.nccl is not None and now() >= next_nccl:
+                self.ship_nccl()
+                next_nccl = now() + 0.5
             if now() >= next_hb:
                 self.sample_ranks()
                 self.out.control({"type": "hb", "t": now()})
@@ -1605,6 +1688,7 @@ class Supervisor(Evidence):
 
     def finish(self):
         self.ship_flight()
+        self.ship_nccl()
         code, sig = self.exit_code()
         extra = {}
         if self.container is not None:
