@@ -14,29 +14,32 @@ import os
 import sys
 from typing import Annotated
 
-import typer
+try:  # Ctrl-C while the CLI still imports (seconds on a loaded box): 130, no traceback
+    import typer
 
-from launcher import __version__
-from launcher.cli import (
-    attach,
-    common,
-    completion,
-    connections,
-    cp,
-    doctor,
-    exec,
-    image,
-    keys,
-    logs,
-    nodes,
-    ps,
-    report,
-    run,
-    smoke,
-    stacks,
-    stop,
-    top,
-)
+    from launcher import __version__
+    from launcher.cli import (
+        attach,
+        common,
+        completion,
+        connections,
+        cp,
+        doctor,
+        exec,
+        image,
+        keys,
+        logs,
+        nodes,
+        ps,
+        report,
+        run,
+        smoke,
+        stacks,
+        stop,
+        top,
+    )
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
