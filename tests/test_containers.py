@@ -286,3 +286,18 @@ def test_the_probe_in_the_image_gets_the_jobs_words_without_the_node_dir() -> No
     assert c.head[c.head.index("--network"):c.head.index("--network") + 2] == ("--network",
                                                                              "host")
     assert "/data:/data:ro" in c.head  # the user's mounts: the image's python may live there
+
+
+def test_the_dry_run_shows_each_nodes_runtime_command() -> None:
+    import io
+
+    from launcher.commands.run import render_plan
+
+    out = io.StringIO()
+    render_plan(_plan(ContainerFacts("podman", "/usr/bin/podman", "4.3", True, ID_A)), out)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("  container (")]
+    assert [ln.split(":", 1)[0] for ln in lines] == ["  container (docker)",
+                                                    "  container (podman)"]
+    assert "-v '<dtrain-node-dir>:<dtrain-node-dir>'" not in lines[0]
+    assert "-v <dtrain-node-dir>:<dtrain-node-dir> -v /w:/w" in lines[0]
+    assert lines[1].endswith(f"-e PYTHONUNBUFFERED {IMG}")

@@ -28,7 +28,7 @@ from launcher.decide.plan import (
 from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
-from launcher.nodeside.wire import SHIM_PLACEHOLDER
+from launcher.nodeside.wire import DIR_PLACEHOLDER, SHIM_PLACEHOLDER
 from launcher.output.render import count
 from launcher.transports.ssh import SSHSettings
 
@@ -94,7 +94,9 @@ def _node_lines(plan: LaunchPlan, node: Any) -> list[str]:
                                                         "<dtrain-rank-shim>")
     if node.container is not None:  # env by name only: values travel over the channel
         words = node.container.shown([v.name for v in node.env if v.exported])
-        out.append(f"  container ({node.container.runtime}): {shlex.join(words)}\n")
+        text = shlex.join(words).replace(repr(f"{DIR_PLACEHOLDER}:{DIR_PLACEHOLDER}"),
+                                         "<dtrain-node-dir>:<dtrain-node-dir>")
+        out.append(f"  container ({node.container.runtime}): {text}\n")
     out.append(f"  command: {command}\n")
     shown = plan.shown_env(node)
     for var in node.env:
