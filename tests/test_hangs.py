@@ -72,7 +72,8 @@ def test_fold_names_the_rank_that_differs() -> None:
         "rank 4 (node3): time.sleep <- load_batch() hang.py:42   <- likely culprit"]
     c = folded.culprit
     assert c is not None and (c.rank, c.host) == (4, "node3")
-    assert c.json()["ranks"] == [4] and "the other 5 ranks'" in c.why
+    assert c.json()["ranks"] == [4] and "the other 5 ranks wait in" in c.why
+    assert (c.where, c.rule) == ("script", "wavefront")
 
 
 def test_no_culprit_when_every_rank_waits_alike() -> None:
@@ -185,8 +186,8 @@ def test_culprit_rules_and_their_words() -> None:
     assert pair.culprit is not None and pair.culprit.describe() == "rank 0 on n1: load() t.py:42"
     assert pair.culprit.json() == {
         "rank": 0, "host": "n1", "ranks": [0], "hosts": ["n1"], "place": "load() t.py:42",
-        "why": "its stack differs from the other rank's, which waits at "
-               "all_reduce <- step() t.py:47"}
+        "why": "it has not reached the collective the other rank waits in, at "
+               "all_reduce <- step() t.py:47", "where": "script", "rule": "wavefront"}
     # two equal groups, neither in a collective: no majority, no culprit
     third = [("t.py", 43, "save"), ("t.py", 60, "<module>")]
     assert stacks.fold([_at(0, "n1", *other), _at(1, "n1", *third)]).culprit is None
@@ -196,7 +197,7 @@ def test_culprit_rules_and_their_words() -> None:
     c = many.culprit
     assert c is not None and (c.rank, c.host, c.ranks) == (None, None, (2, 3))
     assert c.place == "load() t.py:42; save() t.py:43"
-    assert c.why == ("their stacks differ from the other 2 ranks', which wait at "
+    assert c.why == ("they have not reached the collective the other 2 ranks wait in, at "
                      "all_reduce <- step() t.py:47")
     assert c.describe() == "ranks 2-3: load() t.py:42; save() t.py:43"
     assert c.json()["hosts"] == ["n2", "n3"] and c.json()["host"] is None
@@ -208,6 +209,67 @@ def test_culprit_rules_and_their_words() -> None:
          "frames": [{"path": "t.py", "line": 43, "func": "save"},
                     {"path": "t.py", "line": 60, "func": "<module>"}]}]
     assert many.json()[0]["ranks"] == [0, 1] and many.json()[0]["hosts"] == ["n1"]
+
+
+def _majority_stuck() -> list[stacks.RankStack]:
+    """Real dumps: ranks 0-3 (node1, node2) in time.sleep inside load_batch, ranks 4-5
+    (node3) in all_reduce: a storage stall on two of three nodes."""
+    hosts = ["node1", "node1", "node2", "node2", "node3", "node3"]
+    return [_stack(r, hosts[r], "sleep.txt" if r < 4 else "allreduce.txt", **SLEEP_SRC)
+            for r in range(6)]
+
+
+def test_the_ranks_that_have_not_reached_the_collective_are_the_culprits_however_many() -> None:
+    folded = stacks.fold(_majority_stuck(), range(6))
+    c = folded.culprit
+    assert c is not None and c.ranks == (0, 1, 2, 3), folded.lines()
+    assert 4 not in c.ranks and 5 not in c.ranks
+    assert c.place == "time.sleep <- load_batch() hang.py:42" and c.where == "script"
+    assert c.why == ("they have not reached the collective the other 2 ranks wait in, at "
+                     "all_reduce <- step_once() hang.py:47")
+    assert folded.lines() == [
+        "ranks 0-3 (4): time.sleep <- load_batch() hang.py:42   <- likely culprit",
+        "ranks 4-5 (node3): all_reduce <- step_once() hang.py:47"]
+    # one rank stuck, one waiting: the one waiting is the victim either way round
+    pair = stacks.fold([_stack(0, "n1", "allreduce.txt"), _stack(1, "n2", "sleep.txt")])
+    assert pair.culprit is not None and pair.culprit.ranks == (1,)
+
+
+def test_the_flight_recorder_s_sequence_numbers_say_who_is_behind() -> None:
+    at = flight.RankFlight
+    six = _majority_stuck()
+    # it agrees with the stacks: ranks 0-3 are at #3, 4-5 wait in #4
+    pos = {r: at(r, 3 if r < 4 else 4, 3, "gloo:all_reduce") for r in range(6)}
+    c = stacks.fold(six, range(6), pos).culprit
+    assert c is not None and (c.ranks, c.rule, c.where) == ((0, 1, 2, 3), "flight", "script")
+    assert c.why == ("they have not entered collective #4 (gloo:all_reduce), which the other "
+                     "2 ranks wait in (flight recorder: at #3)")
+    # every rank inside a collective: the lowest sequence number decides, however few wait
+    coll = [_stack(r, "node1" if r < 3 else "node2", "allreduce.txt") for r in range(6)]
+    pos = {r: at(r, 7, 6, "gloo:all_reduce") for r in range(6)}
+    pos[1] = at(1, 6, 5, "gloo:all_reduce")
+    c = stacks.fold(coll, range(6), pos).culprit
+    assert c is not None and (c.ranks, c.host, c.where) == ((1,), "node1", "collective")
+    # a majority behind by the numbers is named, not the minority ahead
+    pos = {r: at(r, 5 if r < 5 else 6, 5, None) for r in range(6)}
+    c = stacks.fold(coll, range(6), pos).culprit
+    assert c is not None and c.ranks == (0, 1, 2, 3, 4)
+    # numbers that do not tell (all alike): the stacks decide; ranks with no stack ignored
+    same = {r: at(r, 4, 3, None) for r in range(6)} | {9: at(9, 1, 1, None)}
+    c = stacks.fold(six, range(6), same).culprit
+    assert c is not None and (c.ranks, c.rule) == ((0, 1, 2, 3), "wavefront")
+
+
+def test_only_when_nothing_else_tells_the_group_that_differs() -> None:
+    coll = [(LIB, 3252, "all_reduce"), ("t.py", 47, "step"), ("t.py", 60, "<module>")]
+    bar = [(LIB, 99, "barrier"), ("t.py", 50, "sync"), ("t.py", 60, "<module>")]
+    c = stacks.fold([_at(0, "n1", *coll), _at(1, "n1", *coll), _at(2, "n2", *bar)]).culprit
+    assert c is not None and (c.ranks, c.rule, c.where) == ((2,), "differs", "collective")
+    none = stacks.fold([_at(0, "n1", *coll), _at(1, "n2", {"error": "x"} and ("t.py", 1, "f"))])
+    assert none.culprit is not None and none.culprit.ranks == (1,)
+    # no stack at all: not inside a collective, and native
+    gone = stacks.fold([_at(0, "n1", *coll), stacks.rank_stack(1, "n2", {"error": "no dump"})])
+    assert gone.culprit is not None and gone.culprit.where == "native"
 
 
 def test_a_library_frame_with_no_user_frame_is_shown_as_it_is() -> None:

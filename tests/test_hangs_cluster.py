@@ -89,6 +89,33 @@ def test_hang_names_rank_and_node_folds_the_rest_and_stop_cleans(
 
 @pytest.mark.ssh
 @pytest.mark.torch
+def test_the_ranks_that_have_not_reached_the_collective_are_named_not_the_few_that_wait(
+        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
+    """Ranks 0-3 (node1, node2) block in load_batch, ranks 4-5 (node3) wait in all_reduce:
+    the four are the culprits, the two waiting are victims (decide/stacks.py)."""
+    run_id = new_id("hang4")
+    args = run_args(cluster, tmp_path, run_id, HANG, "--hang-timeout", "5", "--on-hang",
+                    "stop", "--grace", "3", nproc=2,
+                    env={"WL_HANG_RANK": "0,1,2,3", "WL_HANG_STEP": "3"})
+    job = Dtrain(cluster, args)
+    jobs.append(job)
+    rc = job.wait(150)
+    out = job.output
+    assert rc == 125, out[-4000:]
+    assert re.search(r"^dtrain:   ranks 0-3 \(4\): time\.sleep <- load_batch\(\) hang\.py:\d+"
+                     r"   <- likely culprit$", out, re.M), out
+    assert re.search(r"^dtrain:   ranks 4-5 \(node3\): all_reduce <- step_once\(\) "
+                     r"hang\.py:\d+$", out, re.M), out
+    line = _culprit_line(out)
+    assert line.startswith("ranks 0-3: time.sleep <- load_batch()"), line
+    assert "not entered collective" in line, line  # the flight recorder's numbers decided
+    (hang,) = meta(tmp_path, run_id)["hangs"]
+    assert hang["culprit"]["ranks"] == [0, 1, 2, 3], hang
+    assert hang["culprit"]["where"] == "script"
+
+
+@pytest.mark.ssh
+@pytest.mark.torch
 def test_dtrain_stacks_on_a_detached_run_from_another_shell(
         cluster: tc.Cluster, tmp_path: Path) -> None:
     run_id = new_id("stacks")

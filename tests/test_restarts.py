@@ -127,16 +127,141 @@ def test_a_node_that_did_not_start_is_fenced() -> None:
     assert classify(end).fence == (("node3", "did not start within 120 s"),)
 
 
-def test_a_hang_culprits_node_is_fenced_a_hang_without_one_is_a_process_fault() -> None:
-    fault = classify(AttemptEnd(125, "hang", "node3", 4, error="no progress for 300 s"))
-    assert fault.kind == NODE and fault.fence[0][0] == "node3"
+def test_a_hang_in_the_script_s_own_code_never_fences_however_often() -> None:
+    """A rank that slept in load_batch fenced localhost for 24 h: the script's, not the
+    node's. The first time the same nodes again, the same place again: stop."""
+    place = "time.sleep <- load_batch() data.py:41"
+    end = AttemptEnd(125, "hang", "node3", 4, error="no progress for 300 s", where="script",
+                     place=place)
+    first = classify(end)
+    assert (first.kind, first.fence, first.suspect) == (PROCESS, (), ())
+    assert first.why == ("node3: hang culprit blocked in the script's own code, not a node "
+                         "fault (no progress for 300 s)")
+    again = classify(end, (first,))
+    assert (again.kind, again.fence) == (USER, ())
+    assert "same place as the attempt before, not a node fault" in again.why
+    d = decide(end, [], 1, RestartPolicy(restarts=2, backoff=0), ["node3"], [],
+               NodeCount(1, 1))
+    assert d.relaunch and d.fenced == () and d.suspect == ()
+    assert d.line.endswith("attempt 2 on the same nodes from the last checkpoint")
+    d = decide(end, [first], 2, RestartPolicy(restarts=2, backoff=0), ["node3"], [],
+               NodeCount(1, 1))
+    assert not d.relaunch and d.fenced == () and d.line.endswith(": not restarted")
+    # elsewhere in the script each time: restarted on the same nodes, never fenced
+    other = AttemptEnd(125, "hang", "node3", 4, where="script", place="f() t.py:3")
+    assert classify(other, (first, first)).kind == PROCESS
     assert classify(AttemptEnd(125, "hang", None, None, error="hang")).kind == PROCESS
 
 
-def test_an_oom_or_a_node_xid_fences_the_node() -> None:
+def test_a_culprit_outside_the_script_is_a_suspect_once_and_fenced_when_named_again() -> None:
+    end = AttemptEnd(125, "hang", "node3", None, error="no progress for 300 s",
+                     where="collective", place="all_reduce <- step() t.py:9")
+    first = classify(end)
+    assert (first.kind, first.fence) == (PROCESS, ())
+    assert first.suspect == (("node3", "hang culprit in a collective, once (no progress for "
+                                       "300 s)"),)
+    assert first.why.endswith(": a suspect, fenced if named again")
+    again = classify(end, (first,))
+    assert again.kind == NODE and again.fence == (
+        ("node3", "hang culprit again after a restart, in a collective (no progress for "
+                  "300 s)"),)
+    # another node named the second time: a suspect of its own, nobody fenced
+    other = classify(AttemptEnd(125, "hang", "node2", None, where="native"), (first,))
+    assert (other.kind, other.fence, other.suspect[0][0]) == (PROCESS, (), "node2")
+    assert "outside Python" in other.why
+    policy = RestartPolicy(restarts=3, backoff=0)
+    d = decide(end, [first], 2, policy, ["node1", "node3"], ["node4"], NodeCount(2, 2))
+    assert d.relaunch and d.fenced == again.fence and d.gang is not None
+    assert d.gang.active == ("node1", "node4")
+
+
+def test_a_run_never_fences_its_last_usable_node() -> None:
+    lost = AttemptEnd(1, "lost", host="n1", error="no heartbeat")
+    d = decide(lost, [], 1, RestartPolicy(restarts=2, backoff=0), ["n1"], [], NodeCount(1, 1))
+    assert d.fenced == () and d.relaunch and d.gang is not None and d.gang.active == ("n1",)
+    assert d.line == ("n1 lost (no heartbeat): not fenced (n1: the run's last usable node); "
+                      "attempt 2 on the same nodes from the last checkpoint")
+    # with another node left it is fenced as before
+    d = decide(lost, [], 1, RestartPolicy(restarts=2, backoff=0), ["n1", "n2"], [],
+               NodeCount(1, 2))
+    assert d.fenced == (("n1", "lost (no heartbeat)"),)
+    assert "shrinking to 1 node;" in d.line
+
+
+def test_lemon_tiers_isolate_and_a_suspect_whose_cooldown_doubles_with_each_repeat() -> None:
+    assert [lm.cooldown(n) for n in (1, 2, 3, 4)] == [600.0, 1200.0, 2400.0, 4800.0]
+    assert lm.cooldown(40) == lm.cooldown(10**6) == 24 * 3600.0  # capped, no overflow
+    s1 = lm.Lemon("n2", "hang", "r1", 1000.0, 0.0, lm.SUSPECT)
+    records = lm.add([], [s1])
+    assert records == [lm.Lemon("n2", "hang", "r1", 1000.0, 1600.0, lm.SUSPECT, 1)]
+    # named again (after the first was forgiven): the count goes on, the cooldown doubles
+    records = lm.add(records, [lm.Lemon("n2", "hang", "r2", 5000.0, 0.0, lm.SUSPECT)])
+    assert (records[0].count, records[0].until) == (2, 5000.0 + 1200.0)
+    assert list(lm.current(records, 5100.0)) == ["n2"] and lm.current(records, 6200.0) == {}
+    # an isolate in force is not shortened by a suspect record
+    iso = lm.add([], [lm.Lemon("n3", "Xid 79", "r1", 0.0, 86400.0, lm.ISOLATE)])
+    iso = lm.add(iso, [lm.Lemon("n3", "hang", "r2", 100.0, 0.0, lm.SUSPECT)])
+    assert (iso[0].tier, iso[0].until, iso[0].count, iso[0].why) == (
+        lm.ISOLATE, 86400.0, 2, "hang")
+    # old records (no tier, no count) read as isolate, once; odd ones are tamed
+    assert lm.Lemon.from_json({"host": "a", "t": 1}).tier == lm.ISOLATE
+    odd = lm.Lemon.from_json({"host": "a", "t": 1, "tier": "x", "count": True})
+    assert odd is not None and (odd.tier, odd.count) == (lm.ISOLATE, 1)
+    big = lm.Lemon.from_json({"host": "a", "t": 1, "tier": "suspect", "count": 10**30})
+    assert big is not None and (big.tier, big.count) == (lm.SUSPECT, lm.MAX_COUNT)
+    assert lm.parse(json.loads(json.dumps(lm.document(records)))) == records
+    line = lm.skip_line(records[0], 5100.0)
+    assert line.startswith("n2 skipped: a suspect (named 2x, left out for 20 min) since run r2")
+    assert "fenced" not in lm.kept_line(records[0], 5100.0)
+
+
+def test_dtrain_nodes_shows_the_tier_the_count_and_the_until(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from launcher.commands.nodes import list_nodes
+
+    store = LemonStore(tmp_path / "s")
+    now = time.time()
+    store.remember([lm.Lemon("n1", "Xid 79", "r", now - 10, now + 100, lm.ISOLATE)])
+    store.remember([lm.Lemon("n2", "hang", "r", now - 10, 0.0, lm.SUSPECT)])
+    store.remember([lm.Lemon("n2", "hang", "r", now - 5, 0.0, lm.SUSPECT)])
+    capsys.readouterr()
+    assert list_nodes(store=store) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:6] == ["HOST", "TIER", "COUNT", "STATE", "FENCED", "UNTIL"]
+    assert out[1].split()[:4] == ["n1", "isolate", "1", "fenced"]
+    assert out[2].split()[:5] == ["n2", "suspect", "2", "left", "out"]
+    assert list_nodes(as_json=True, store=store) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert [(n["host"], n["tier"], n["count"]) for n in nodes] == [
+        ("n1", "isolate", 1), ("n2", "suspect", 2)]
+    assert nodes[1]["until"] == pytest.approx(now - 5 + 1200.0)
+
+
+def test_failures_and_restarts_say_one_thing_about_which_exceptions_fail_the_same_way() -> None:
+    """The explanation said every exception "fails the same way on restart" while the policy
+    restarts a RuntimeError after progress."""
+    for kind, restarted in (("RuntimeError", True), ("ValueError", True),
+                            ("NameError", False), ("ModuleNotFoundError", False)):
+        end = _rank_end(["Traceback (most recent call last):",
+                         '  File "/w/t.py", line 2, in <module>', f"{kind}: boom"])
+        assert end.reason is not None and end.reason.kind == "exception"
+        fault = classify(end)
+        assert (fault.kind == PROCESS) is restarted, (kind, fault)
+        says_same = "fails the same way on every run" in end.reason.advice
+        assert says_same is not restarted, (kind, end.reason.advice)
+        if restarted:
+            assert "with --restarts it is run again" in end.reason.advice
+
+
+def test_an_oom_kill_of_the_training_process_does_not_fence_a_node_xid_does() -> None:
     kernel = ["Out of memory: Killed process 77 (python) total-vm:1kB, anon-rss:2097152kB"]
-    oom = classify(_rank_end([], sig=9, code=137, evidence={"kernel": kernel}))
-    assert oom.kind == NODE and oom.fence[0][0] == "node2" and "OOM" in oom.why
+    end = _rank_end([], sig=9, code=137, evidence={"kernel": kernel})
+    oom = classify(end)
+    assert oom.kind == PROCESS and oom.fence == () and "OOM" in oom.why
+    again = classify(end, (oom,))
+    assert again.kind == USER and again.fence == () and "same place" in again.why
     xid = ["NVRM: Xid (PCI:0000:3b:00): 79, pid=77, GPU has fallen off the bus"]
     fault = classify(_rank_end([], code=1, evidence={"kernel": xid}))
     assert fault.kind == NODE and "Xid 79" in fault.why
@@ -508,9 +633,9 @@ def test_classify_every_branch_whole() -> None:
         NODE, "node2 ssh: connect refused", (("node2", "ssh: connect refused"),), None)
     assert _fault(AttemptEnd(1, "start", host="node2"))[1] == "node2 did not start"
     assert _fault(AttemptEnd(1, "hang", host="node2", error="rank 3 in all_reduce")) == (
-        NODE, "node2: hang culprit (rank 3 in all_reduce)",
-        (("node2", "hang culprit (rank 3 in all_reduce)"),), None)
-    assert _fault(AttemptEnd(1, "hang", host="node2"))[1] == "node2: hang culprit (no progress)"
+        PROCESS, "node2: hang culprit (rank 3 in all_reduce); where its stack stood is not "
+        "known: no evidence of the machine", (), None)
+    assert "(no progress)" in _fault(AttemptEnd(1, "hang", host="node2"))[1]
     assert _fault(AttemptEnd(1, "hang")) == (PROCESS, "hang", (), None)
     assert _fault(AttemptEnd(1, "hang", error="no culprit")) == (PROCESS, "no culprit", (), None)
     # an Xid fences its node when the driver's catalogue says so, or the explanation does
@@ -545,7 +670,7 @@ def test_decide_lines_whole() -> None:
          (True, "n2 lost (no heartbeat): fenced, spare n3 in; attempt 2 from the last "
           "checkpoint in 5 s", 5.0, fenced)),
         ((lost, [], 1, policy, ["n1", "n2"], [], NodeCount(1, 2)),
-         (True, "n2 lost (no heartbeat): fenced, shrinking to 1 nodes; attempt 2 from the last "
+         (True, "n2 lost (no heartbeat): fenced, shrinking to 1 node; attempt 2 from the last "
           "checkpoint in 5 s", 5.0, fenced)),
         ((lost, [], 1, policy, ["n1", "n2"], [], NodeCount(2, 2)),
          (False, "n2 lost (no heartbeat): fenced; 1 usable node(s) left, the run needs at least "

@@ -54,17 +54,21 @@ def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int
     if not records:
         sys.stdout.write(f"no fenced nodes ({store.path})\n")
         return 0
-    rows: list[tuple[str, ...]] = [("HOST", "STATE", "FENCED", "UNTIL", "RUN", "WHY")]
+    rows: list[tuple[str, ...]] = [("HOST", "TIER", "COUNT", "STATE", "FENCED", "UNTIL",
+                                    "RUN", "WHY")]
     for x in records:
-        state = "fenced" if x.until > now else "expired"
+        state = ("fenced" if x.tier == lm.ISOLATE else "left out") if x.until > now \
+            else "expired"
         ago = lm.ago(now - x.t) if math.isfinite(now - x.t) else "?"
         # the file's text is anyone's who could write it: inert (docs/security.md)
-        rows.append(tuple(inert(c) for c in (x.host, state, f"{_when(x.t)} ({ago} ago)",
-                                             _when(x.until), x.run_id, x.why)))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        rows.append(tuple(inert(c) for c in (x.host, x.tier, str(x.count), state,
+                                             f"{_when(x.t)} ({ago} ago)", _when(x.until),
+                                             x.run_id, x.why)))
+    n = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(n)]
     for r in rows:
-        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
-                         + "  " + r[5] + "\n")
+        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r[:n], widths, strict=True))
+                         + "  " + r[n] + "\n")
     sys.stdout.write(f"{store.path}; `dtrain nodes unfence HOST` brings one back\n")
     return 0
 

@@ -79,11 +79,19 @@ def attempt_end(result: RunResult) -> AttemptEnd:
     root = outcome.root
     lost = tuple(label for label, node in outcome.nodes.items() if node.lost)
     host = v.root_host
-    if v.root_kind == "hang" and v.root_rank is None:
-        host = None  # no culprit: nobody to fence
+    where = place = None
+    if v.root_kind == "hang":
+        # the hang's culprit (decide/stacks.py): its one node, where its stack stands
+        hangs = result.watch.hangs if result.watch is not None else []
+        culprit = hangs[-1].get("culprit") if hangs else None
+        if isinstance(culprit, dict):
+            host, where, place = culprit.get("host"), culprit.get("where"), culprit.get("place")
+        elif v.root_rank is None:
+            host = None  # no culprit: nobody to fence
     return AttemptEnd(result.code, v.root_kind, host, v.root_rank, result.failure,
                       result.progressed, lost, root.error if root is not None else None,
-                      tuple(result.tails.tails.get((v.root_host or "", v.root_rank), ())))
+                      tuple(result.tails.tails.get((v.root_host or "", v.root_rank), ())),
+                      where, place)
 
 
 def detected(result: RunResult) -> float | None:
@@ -209,10 +217,23 @@ class Loop:
         self.fenced: list[dict[str, Any]] = []
         self.watch: HangWatch | None = None
 
+    def suspect(self, archive: RunArchive, pairs: Sequence[tuple[str, str]]) -> None:
+        """Named once without evidence of the machine: on the lemon list as a suspect (a
+        cooldown), used again by this run."""
+        now = time.time()
+        records = [lm.Lemon(host, why, self.req.run_id, now, now + lm.cooldown(1),
+                            lm.SUSPECT) for host, why in pairs]
+        if self.policy.remember and records:
+            try:
+                self.store.remember(records)
+            except OSError as exc:
+                say(archive, f"warning: cannot remember the suspect node(s) in "
+                             f"{self.store.path} ({exc.strerror})", self.opts)
+
     def fence(self, archive: RunArchive, pairs: Sequence[tuple[str, str]]) -> None:
         now = time.time()
-        records = [lm.Lemon(host, why, self.req.run_id, now, now + self.policy.fence_ttl)
-                   for host, why in pairs]
+        records = [lm.Lemon(host, why, self.req.run_id, now, now + self.policy.fence_ttl,
+                            lm.ISOLATE) for host, why in pairs]
         self.fenced += [{"host": r.host, "why": r.why, "t": r.t, "attempt": len(self.attempts)
                          or 1} for r in records]
         archive.update_meta(fenced=self.fenced)
@@ -314,6 +335,8 @@ class Loop:
         self.faults.append(d.fault)
         if d.fenced:
             self.fence(archive, d.fenced)
+        if d.suspect:
+            self.suspect(archive, d.suspect)
         self.attempts.append({
             **self._record(n, [self.by_label[h] for h in self.active]),
             "start": started, "end": time.time(), "exit_code": result.code,
@@ -321,6 +344,7 @@ class Loop:
             "relaunched": None,
             "cause": self._cause(d.fault, result), "why": d.fault.why,
             "fenced": [{"host": h, "why": why} for h, why in d.fenced],
+            "suspect": [{"host": h, "why": why} for h, why in d.suspect],
             "world_size": result.world_size,
             "outcome": result.verdict.outcome, "decision": d.line or None,
             "relaunch": d.relaunch})

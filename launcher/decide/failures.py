@@ -52,6 +52,23 @@ APP_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "G
             "processing", 45: "preemptive cleanup"}
 
 
+# exceptions that fail the same way on every run: the code or its environment (the restart
+# policy, decide/restarts.py, stops on them; any other exception is restarted once after
+# progress, and stops when the next attempt fails the same way at the same place)
+DETERMINISTIC = ("SyntaxError", "IndentationError", "TabError", "ImportError",
+                 "ModuleNotFoundError", "NameError")
+
+
+def exception_advice(kind: str) -> str:
+    """What an exception of this type means for a rerun, in the words decide/restarts.py
+    acts on."""
+    if kind.rsplit(".", 1)[-1] in DETERMINISTIC:
+        return f"an error in the script: a {kind} fails the same way on every run"
+    return ("an error in the script or its input: with --restarts it is run again from the "
+            "last checkpoint if it came after progress, and stops when it fails the same way "
+            "at the same place")
+
+
 @dataclass(frozen=True)
 class FailureReason:
     """Why one rank (or node) died: what the summary says, and what #28's restart policy
@@ -308,9 +325,9 @@ def _explain(*, rank: int | None, host: str, code: int | None, sig: int | None,
         at = f" in {frame}" if frame else ""
         return FailureReason(
             "exception", f"{who} raised {kind}: {message[:300]}{at}",
-            f"an error in the script or its input: a restart fails the same way; the whole "
-            f"traceback: dtrain logs --rank {rank}" if rank is not None else
-            "an error in the program: the whole output is in the archive", USER,
+            f"{exception_advice(kind)}; the whole traceback: dtrain logs --rank {rank}"
+            if rank is not None else
+            f"{exception_advice(kind)}; the whole output is in the archive", USER,
             evidence=(f"{kind}: {message}"[:500],), rank=rank, host=host)
     last = [_strip(t) for t in stderr if t.strip()][-1:]
     return FailureReason(

@@ -1,10 +1,20 @@
 """Pure: the lemon list's records, which of them hold now, and which hosts a run skips.
 
 A node fenced by a run (``decide.restarts``) is remembered in the per-user state directory
-(``output/lemons.py`` keeps the file): which node, why, which run, when, until when. Later
-runs leave a remembered node out when they have hosts to spare (``--nnodes`` below the host
-count), and use it with a warning when they need every host they were given. ``dtrain
-nodes`` lists the records, ``unfence`` removes them, ``expire`` drops the old ones.
+(``job/lemons.py`` keeps the file): which node, why, which run, when, until when, its tier
+and how often it was named. Two tiers (docs/restarts.md):
+
+* ``isolate``: evidence of the machine (lost, unreachable, failed preflight, a hardware
+  Xid, the hang culprit again after a restart with its stack outside the script's code):
+  ``RestartPolicy.fence_ttl`` (24 h);
+* ``suspect``: a one-off (the hang culprit once, outside the script's code): forgiven after
+  a cooldown that doubles with each repeat, ``SUSPECT_BASE_S`` up to ``SUSPECT_CAP_S``, as
+  horovod's host blacklist cools down (without its jitter: there is one launcher).
+
+Later runs leave a remembered node out while it is in force and they have hosts to spare
+(``--nnodes`` below the host count), and use it with a warning when they need every host
+they were given. ``dtrain nodes`` lists the records, ``unfence`` removes them, ``expire``
+drops the old ones.
 """
 
 from __future__ import annotations
@@ -14,6 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_TTL_S = 24 * 3600.0
+ISOLATE, SUSPECT = "isolate", "suspect"
+TIERS = (ISOLATE, SUSPECT)
+SUSPECT_BASE_S = 600.0  # a suspect's first cooldown: 10 min, then 20, 40, ...
+SUSPECT_CAP_S = DEFAULT_TTL_S  # ... at most a day, as long as an isolate
+MAX_COUNT = 1_000_000
+
+
+def cooldown(count: int, base: float = SUSPECT_BASE_S, cap: float = SUSPECT_CAP_S) -> float:
+    """How long a suspect named ``count`` times is left out: base, 2 base, 4 base, ... cap."""
+    return float(min(cap, base * 2 ** min(max(count, 1) - 1, 32)))
 
 
 @dataclass(frozen=True)
@@ -25,10 +45,12 @@ class Lemon:
     run_id: str
     t: float  # when it was fenced
     until: float  # skipped until then (t + the fence's lifetime)
+    tier: str = ISOLATE
+    count: int = 1  # how often it was put on the list (the suspect's cooldown doubles)
 
     def json(self) -> dict[str, Any]:
         return {"host": self.host, "why": self.why, "run_id": self.run_id, "t": self.t,
-                "until": self.until}
+                "until": self.until, "tier": self.tier, "count": self.count}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Lemon | None:
@@ -41,7 +63,12 @@ class Lemon:
             return None
         if not isinstance(host, str) or not host:
             return None
-        return cls(host, str(why), str(run), t, until)
+        tier = data.get("tier", ISOLATE)
+        count = data.get("count", 1)
+        tier = tier if tier in TIERS else ISOLATE  # an unknown tier: the stricter one
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            count = 1
+        return cls(host, str(why), str(run), t, until, tier, min(count, MAX_COUNT))
 
 
 def parse(data: Any) -> list[Lemon]:
@@ -69,8 +96,19 @@ def current(lemons: Iterable[Lemon], now: float) -> dict[str, Lemon]:
 
 
 def add(lemons: Sequence[Lemon], new: Iterable[Lemon]) -> list[Lemon]:
-    """The list with ``new`` records replacing those of the same hosts."""
-    fresh = list(new)
+    """The list with ``new`` records replacing those of the same hosts. A host's count goes
+    on from its earlier record (in force or not); a suspect's ``until`` is its time plus
+    the cooldown of that count; a suspect never shortens an isolate still in force."""
+    before = {x.host: x for x in sorted(lemons, key=lambda x: x.t)}
+    fresh: list[Lemon] = []
+    for n in new:
+        old = before.get(n.host)
+        count = min(MAX_COUNT, (old.count + 1) if old is not None else n.count)
+        until = n.t + cooldown(count) if n.tier == SUSPECT else n.until
+        tier = n.tier
+        if old is not None and old.tier == ISOLATE and old.until > n.t and tier == SUSPECT:
+            tier, until = ISOLATE, max(until, old.until)
+        fresh.append(Lemon(n.host, n.why, n.run_id, n.t, until, tier, count))
     hosts = {n.host for n in fresh}
     return [x for x in lemons if x.host not in hosts] + fresh
 
@@ -124,13 +162,22 @@ def ago(seconds: float) -> str:
     return f"{s:.0f} s"
 
 
+def _by(lemon: Lemon) -> str:
+    """``fenced by`` (isolate), ``a suspect (2nd time, for 20 min) since`` (suspect)."""
+    if lemon.tier == SUSPECT:
+        return (f"a suspect (named {lemon.count}x, left out for "
+                f"{ago(lemon.until - lemon.t)}) since")
+    return "fenced by"
+
+
 def skip_line(lemon: Lemon, now: float) -> str:
-    return (f"{lemon.host} skipped: fenced by run {lemon.run_id} {ago(now - lemon.t)} ago "
+    return (f"{lemon.host} skipped: {_by(lemon)} run {lemon.run_id} {ago(now - lemon.t)} ago "
             f"({lemon.why}); `dtrain nodes unfence {lemon.host}` brings it back")
 
 
 def kept_line(lemon: Lemon, now: float) -> str:
-    return (f"warning: {lemon.host} was fenced by run {lemon.run_id} {ago(now - lemon.t)} "
+    was = "was fenced by" if lemon.tier == ISOLATE else f"is {_by(lemon)}"
+    return (f"warning: {lemon.host} {was} run {lemon.run_id} {ago(now - lemon.t)} "
             f"ago ({lemon.why}); used anyway: this run needs every host it was given "
             f"(--nnodes with a spare host leaves it out; `dtrain nodes unfence "
             f"{lemon.host}`)")

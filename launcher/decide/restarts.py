@@ -6,13 +6,20 @@ cause, hangs' ``FailureReason``, whether any rank made progress, which nodes wer
 ``classify`` names the fault:
 
 * ``user``: deterministic, a restart fails the same way: a SyntaxError / ImportError /
-  argparse error, a rank failure before any progress line, or the same exception at the
-  same place as the attempt before. Exactly one attempt more is never spent on it.
-* ``node``: the machine: a lost or unreachable node, a node that did not start, an OOM or a
-  GPU Xid of the node's catalogue, a hang whose culprit is on that node. The node is
-  fenced (never used again by this run, and remembered: ``decide.lemons``).
+  argparse error (``failures.DETERMINISTIC``), a rank failure before any progress line, the
+  same exception (or OOM kill, or hang in the script's own code) at the same place as the
+  attempt before. Exactly one attempt more is never spent on it.
+* ``node``: evidence of the machine (docs/restarts.md): a lost or unreachable node, a node
+  that did not start, a GPU Xid of the hardware catalogue, the hang culprit named again
+  after a restart while its stack stands outside the script's code (in a collective, in
+  native code, no Python stack at all). The node is fenced (never used again by this run,
+  and remembered, tier ``isolate``: ``decide.lemons``), unless it is the run's last usable
+  node.
 * ``process``: anything else (a signal from outside, a native crash, a peer's connection
-  closed, an exit code without a story): the same nodes again.
+  closed, an exit code without a story, an OOM kill of the training process, a hang in
+  the script's own code, a hang culprit outside it named once): the same nodes again. A
+  hang culprit outside the script's code is remembered as a ``suspect`` (a one-off,
+  forgiven after a cooldown), and fenced if it is named again.
 * ``final``: success, Ctrl-C / `dtrain stop`, --timeout: no restart.
 
 ``next_gang`` replaces fenced nodes by spares (in the fenced node's place, so node ranks
@@ -26,7 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from launcher.decide.failures import NODE_XIDS, FailureReason
+from launcher.decide.failures import DETERMINISTIC, NODE_XIDS, FailureReason
 from launcher.errors import UsageError
 
 USER, NODE, PROCESS, FINAL = "user", "node", "process", "final"
@@ -34,9 +41,6 @@ RESTART_ENV = "DTRAIN_ATTEMPT"  # 1 for the first attempt; the shim adds attempt
 #                                 TORCHELASTIC_RESTART_COUNT (torchrun resets it to its own)
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 30.0
-# exceptions that fail the same way on every run: the code or its environment
-DETERMINISTIC = ("SyntaxError", "IndentationError", "TabError", "ImportError",
-                 "ModuleNotFoundError", "NameError")
 _ARGPARSE = re.compile(r"^(?:usage: .*|\S+: error: .*)$")
 
 
@@ -77,6 +81,10 @@ class AttemptEnd:
     lost: tuple[str, ...] = ()  # every node lost (heartbeat, connection) in the attempt
     error: str | None = None  # the root cause's own words (a lost node's, a hang's)
     stderr: tuple[str, ...] = ()  # the root-cause rank's last stderr lines
+    # a hang's culprit (decide.stacks.Culprit): where it stands (script, collective,
+    # native; None: not known) and its place
+    where: str | None = None
+    place: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class Fault:
     why: str  # one line: "node2 lost (no heartbeat for 10 s)"
     fence: tuple[tuple[str, str], ...] = ()  # (host, why)
     signature: str | None = None  # "the same exception at the same place" key
+    suspect: tuple[tuple[str, str], ...] = ()  # (host, why): named once, not fenced
 
 
 def signature(reason: FailureReason | None) -> str | None:
@@ -97,6 +106,8 @@ def signature(reason: FailureReason | None) -> str | None:
     if reason.kind == "exception":
         _, _, rest = reason.summary.partition(" raised ")
         return f"exception: {rest}" if rest else None
+    if reason.kind == "oom":
+        return "oom: killed by the kernel's OOM killer"
     if reason.kind in ("segfault", "abort"):
         frames = reason.details.get("frames") if reason.details else None
         if frames:
@@ -139,18 +150,14 @@ def classify(end: AttemptEnd, before: Sequence[Fault] = ()) -> Fault:
         why = end.error or "did not start"
         return Fault(NODE, f"{end.host} {why}", ((end.host, why),))
     if end.root_kind == "hang":
-        if end.host:
-            why = f"hang culprit ({end.error or 'no progress'})"
-            return Fault(NODE, f"{end.host}: {why}", ((end.host, why),))
-        return Fault(PROCESS, end.error or "hang")
+        return _hang(end, before)
     reason = end.reason
-    if reason is not None and reason.host:
-        if reason.kind == "xid":
-            n = reason.details.get("xid") if reason.details else None
-            if n is None or n in NODE_XIDS or reason.scope == NODE:
-                return Fault(NODE, reason.summary, ((reason.host, reason.summary),))
-        if reason.kind == "oom":
+    if reason is not None and reason.host and reason.kind == "xid":
+        n = reason.details.get("xid") if reason.details else None
+        if n is None or n in NODE_XIDS or reason.scope == NODE:
             return Fault(NODE, reason.summary, ((reason.host, reason.summary),))
+    # an OOM kill of the training process is not the machine's: the same script needs the
+    # same memory on any node (the same place twice below: a user fault)
     sig = signature(reason)
     if reason is not None and reason.kind == "exception":
         kind = _exception_type(reason)
@@ -170,6 +177,35 @@ def classify(end: AttemptEnd, before: Sequence[Fault] = ()) -> Fault:
                      signature=sig)
     why = reason.summary if reason is not None else end.error or f"exit {end.code}"
     return Fault(PROCESS, why, signature=sig)
+
+
+OUTSIDE = ("collective", "native")  # decide.stacks: a culprit not in the script's code
+
+
+def _hang(end: AttemptEnd, before: Sequence[Fault]) -> Fault:
+    """A hang: fenced only on evidence of the machine (module doc, docs/restarts.md)."""
+    what = end.error or "no progress"
+    host = end.host
+    if not host:
+        return Fault(PROCESS, end.error or "hang")
+    sig = f"hang: {end.place}" if end.place else None
+    if end.where is None:  # no stacks read: no evidence of the machine either way
+        return Fault(PROCESS, f"{host}: hang culprit ({what}); where its stack stood is not "
+                     "known: no evidence of the machine", signature=sig)
+    if end.where not in OUTSIDE:
+        if sig is not None and before and before[-1].signature == sig:
+            return Fault(USER, f"{host}: hang culprit blocked in the script's own code at the "
+                         "same place as the attempt before, not a node fault (it hangs the "
+                         f"same way on any node) ({what})", signature=sig)
+        return Fault(PROCESS, f"{host}: hang culprit blocked in the script's own code, not a "
+                     f"node fault ({what})", signature=sig)
+    stands = "in a collective" if end.where == "collective" else "outside Python"
+    if any(host in (h for h, _ in f.suspect) for f in before):
+        why = f"hang culprit again after a restart, {stands} ({what})"
+        return Fault(NODE, f"{host}: {why}", ((host, why),), signature=sig)
+    why = f"hang culprit {stands}, once ({what})"
+    return Fault(PROCESS, f"{host}: {why}: a suspect, fenced if named again", signature=sig,
+                 suspect=((host, why),))
 
 
 @dataclass(frozen=True)
@@ -213,7 +249,8 @@ def fenced_line(why: str, gang: Gang) -> str:
     smaller run when a node had no spare (unless the run stops)."""
     change = [f"spare {new} in" for _, new in gang.replaced]
     if gang.dropped and not gang.stop:
-        change.append(f"shrinking to {len(gang.active)} nodes")
+        n = len(gang.active)
+        change.append(f"shrinking to {n} node{'' if n == 1 else 's'}")
     return f"{why}: fenced" + (f", {', '.join(change)}" if change else "")
 
 
@@ -252,6 +289,7 @@ class Decision:
     gang: Gang | None = None
     wait: float = 0.0
     fenced: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    suspect: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # lemon list only
 
 
 def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: RestartPolicy,
@@ -265,15 +303,21 @@ def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: Resta
     left = policy.restarts - (attempt - 1)
     gang = next_gang(active, spares, [h for h, _ in fault.fence], count)
     parts = [fenced_line(fault.why, gang) if fault.fence else fault.why]
+    if fault.fence and not gang.active:  # a run never fences its last usable node
+        last = [h for h, _ in fault.fence]
+        fault = Fault(fault.kind, fault.why, (), fault.signature, fault.suspect)
+        gang = next_gang(active, spares, [], count)
+        parts = [f"{fault.why}: not fenced ({', '.join(last)}: the run's last usable "
+                 f"node{'s' if len(last) > 1 else ''})"]
     if gang.stop:
         return Decision(False, "; ".join([*parts, gang.stop]), fault, gang,
-                        fenced=fault.fence)
+                        fenced=fault.fence, suspect=fault.suspect)
     if left <= 0:
         return Decision(False, "; ".join([*parts, f"no restart left (--restarts "
                                           f"{policy.restarts})"]), fault, gang,
-                        fenced=fault.fence)
+                        fenced=fault.fence, suspect=fault.suspect)
     wait = backoff(attempt + 1, policy.backoff)
     same = "" if fault.fence else " on the same nodes"
     parts.append(f"attempt {attempt + 1}{same} from the last checkpoint" +
                  (f" in {wait:g} s" if wait else ""))
-    return Decision(True, "; ".join(parts), fault, gang, wait, fault.fence)
+    return Decision(True, "; ".join(parts), fault, gang, wait, fault.fence, fault.suspect)

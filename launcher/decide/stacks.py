@@ -10,9 +10,21 @@ output::
     ranks 0-3,5 (5 ranks on 3 nodes): all_reduce <- step_once() train.py:88
     rank 4 (node3): time.sleep <- load_batch() data.py:41
 
-The group that differs from the majority is the likely culprit: in a hang, every rank but
-the stuck one waits in the same collective. A rank that did not answer the dump at all
-(stopped, or stuck in the kernel) is a group of its own.
+The culprit comes from the wavefront, never from a vote (docs/hangs.md): a rank that waits
+inside a collective is a victim; the culprits are the ranks that have not reached the
+collective the others wait in, however many or few they are. The flight recorder's
+collective sequence numbers (``decide.flight``), where the dumps came, say which ranks are
+behind: the ranks below the highest sequence number any rank has enqueued. Without them,
+the stacks do: every rank not inside a collective while others are. Only when neither
+tells (no rank waits in a collective, or all wait in some collective and no sequence
+number is known) is the group that differs from the largest one named. A rank that did
+not answer the dump at all (stopped, or stuck in the kernel) is a group of its own, and not
+inside a collective.
+
+``Culprit.where`` says where the culprits stand, for the restart policy (docs/restarts.md):
+``script`` (blocked in the script's own Python code: the script's), ``collective`` (inside
+a collective: behind by the sequence numbers), ``native`` (no Python stack: native code, a
+driver, the kernel, a stopped process).
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launcher.decide.flight import RankFlight
 from launcher.output.fold import rank_ranges
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
@@ -199,6 +212,19 @@ class Group:
         return bool(frames) and any(f.func in COLLECTIVES for f in frames[:6])
 
 
+SCRIPT, COLLECTIVE, NATIVE = "script", "collective", "native"
+
+
+def _where(stack: RankStack) -> str:
+    """Where one rank stands: in the script's code, inside a collective, or no Python."""
+    frames = stack.main
+    if stack.error is not None or not frames:
+        return NATIVE
+    if any(f.func in COLLECTIVES for f in frames[:6]):
+        return COLLECTIVE
+    return SCRIPT if any(not f.library for f in frames) else NATIVE
+
+
 @dataclass(frozen=True)
 class Culprit:
     """The likely culprit: one rank, or the ranks of one node, or several."""
@@ -207,6 +233,9 @@ class Culprit:
     hosts: tuple[str, ...]
     place: str
     why: str
+    # script: every culprit blocked in the script's own code; collective / native: not
+    where: str = SCRIPT
+    rule: str = "differs"  # flight, wavefront, or differs (the fallback)
 
     @property
     def rank(self) -> int | None:
@@ -228,7 +257,8 @@ class Culprit:
 
     def json(self) -> dict[str, object]:
         return {"rank": self.rank, "host": self.host, "ranks": list(self.ranks),
-                "hosts": sorted(set(self.hosts)), "place": self.place, "why": self.why}
+                "hosts": sorted(set(self.hosts)), "place": self.place, "why": self.why,
+                "where": self.where, "rule": self.rule}
 
 
 @dataclass(frozen=True)
@@ -255,8 +285,10 @@ class Folded:
                             for f in g.stack.main]} for g in self.groups]
 
 
-def fold(stacks: Iterable[RankStack], expected: Iterable[int] = ()) -> Folded:
-    """Group ranks by their main thread's frames and name the group that differs."""
+def fold(stacks: Iterable[RankStack], expected: Iterable[int] = (),
+         positions: Mapping[int, RankFlight] | None = None) -> Folded:
+    """Group ranks by their main thread's frames and name the culprits (module doc);
+    ``positions``: the flight recorder's per-rank sequence numbers, where known."""
     by_key: dict[tuple[object, ...], list[RankStack]] = {}
     for s in sorted(stacks, key=lambda s: s.rank):
         by_key.setdefault(s.key(), []).append(s)
@@ -267,10 +299,59 @@ def fold(stacks: Iterable[RankStack], expected: Iterable[int] = ()) -> Folded:
     groups.sort(key=lambda g: (-len(g.ranks), not g.in_collective, g.ranks[0]))
     seen = {r for g in groups for r in g.ranks}
     missing = tuple(sorted(set(expected) - seen))
-    return Folded(tuple(groups), _culprit(groups), missing)
+    culprit = _behind(groups, positions or {}) or _not_arrived(groups) or _differs(groups)
+    return Folded(tuple(groups), culprit, missing)
 
 
-def _culprit(groups: Sequence[Group]) -> Culprit | None:
+def _make(groups: Sequence[Group], ranks: Iterable[int], why: str, rule: str) -> Culprit:
+    """The culprit of these ranks (their groups' places, their hosts, where they stand)."""
+    want = set(ranks)
+    by_rank = {r: (g, h) for g in groups for r, h in zip(g.ranks, g.hosts, strict=True)}
+    chosen = sorted(want)
+    hosts = tuple(by_rank[r][1] if r in by_rank else "?" for r in chosen)
+    places = list(dict.fromkeys(by_rank[r][0].place for r in chosen if r in by_rank))
+    wheres = {_where(by_rank[r][0].stack) for r in chosen if r in by_rank}
+    where = SCRIPT if wheres == {SCRIPT} else (NATIVE if NATIVE in wheres else COLLECTIVE)
+    return Culprit(tuple(chosen), hosts, "; ".join(places) or "no stack", why, where, rule)
+
+
+def _who(n: int) -> str:
+    return f"the other {n} ranks wait" if n > 1 else "the other rank waits"
+
+
+def _behind(groups: Sequence[Group], positions: Mapping[int, RankFlight]) -> Culprit | None:
+    """The flight recorder's wavefront: the ranks below the highest sequence number."""
+    known = {r: p for r, p in positions.items() if any(r in g.ranks for g in groups)}
+    if not known:
+        return None
+    front = max(p.enqueued for p in known.values())
+    behind = [r for r, p in known.items() if p.enqueued < front]
+    if not behind:
+        return None
+    ahead = len(known) - len(behind)
+    op = next((p.last_op for p in known.values() if p.enqueued == front and p.last_op), None)
+    what = f"collective #{front}" + (f" ({op})" if op else "")
+    low = min(known[r].enqueued for r in behind)
+    why = (f"{'it has' if len(behind) == 1 else 'they have'} not entered {what}, which "
+           f"{_who(ahead)} in (flight recorder: at #{low})")
+    return _make(groups, behind, why, "flight")
+
+
+def _not_arrived(groups: Sequence[Group]) -> Culprit | None:
+    """Without sequence numbers: every rank not inside a collective, while others are."""
+    waiting = [g for g in groups if g.in_collective]
+    others = [g for g in groups if not g.in_collective]
+    if not waiting or not others:
+        return None
+    n = sum(len(g.ranks) for g in waiting)
+    ranks = [r for g in others for r in g.ranks]
+    why = (f"{'it has' if len(ranks) == 1 else 'they have'} not reached the collective "
+           f"{_who(n)} in, at {waiting[0].place}")
+    return _make(groups, ranks, why, "wavefront")
+
+
+def _differs(groups: Sequence[Group]) -> Culprit | None:
+    """The fallback, when nothing else tells: the group that differs from the largest."""
     if not groups:
         return None
     majority, others = groups[0], list(groups[1:])
@@ -278,12 +359,9 @@ def _culprit(groups: Sequence[Group]) -> Culprit | None:
         return None  # every rank stands at the same place: nobody differs
     if len(majority.ranks) == len(others[0].ranks) and not majority.in_collective:
         return None  # no majority to differ from
-    # the stuck ones: every rank that is not where the majority waits
     ranks = tuple(r for g in others for r in g.ranks)
-    hosts = tuple(h for g in others for h in g.hosts)
-    place = others[0].place if len(others) == 1 else "; ".join(g.place for g in others)
     n = len(majority.ranks)
     others_ = f"the other {n} ranks', which wait" if n > 1 else "the other rank's, which waits"
     why = f"{'its stack differs' if len(ranks) == 1 else 'their stacks differ'} from " \
           f"{others_} at {majority.place}"
-    return Culprit(ranks, hosts, place, why)
+    return _make(groups, ranks, why, "differs")

@@ -187,7 +187,8 @@ class HangWatch:
         record = {"t": now, "attempt": self.attempt, "stalled_s": round(stalled, 1),
                   "culprit": {"rank": culprit.rank, "host": culprit.host,
                               "ranks": list(culprit.ranks), "place": culprit.place,
-                              "why": culprit.why} if culprit else None,
+                              "why": culprit.why, "where": culprit.where}
+                  if culprit else None,
                   "folded": dump.folded.json() if dump.folded else [], "dump": dump.id,
                   "dir": str(dump.path) if dump.path else None,
                   "action": self.policy.on_hang}
@@ -256,7 +257,7 @@ class HangWatch:
                 except Exception as exc:  # what no supervisor sends: that rank's error
                     dump.flight_errors[rank] = f"unreadable answer ({type(exc).__name__})"
                     self.trouble(f"r{rank}'s stacks from {host}", exc)
-        dump.folded = fold(dump.stacks, expected)
+        dump.folded = fold(dump.stacks, expected, dump.positions)
         dump.flight_summary = summarize(dump.positions)
         with contextlib.suppress(OSError):
             write_stack(self.run_dir, dump.id, "folded.txt", "\n".join(

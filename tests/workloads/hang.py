@@ -2,7 +2,7 @@
 
 Configured by environment variables (dtrain passes them with -e):
 
-  WL_HANG_RANK   the global rank that blocks (default 4; -1: none)
+  WL_HANG_RANK   the global rank that blocks (default 4; -1: none; "0,1,2,3": several)
   WL_HANG_STEP   before which step's all_reduce it blocks (default 3)
   WL_HANG_MODE   sleep (time.sleep inside load_batch, default), segv (ctypes reads address
                  0: a segmentation fault), raise (a ValueError), sigkill (kills itself)
@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 
 def load_batch(rank: int, step: int) -> torch.Tensor:
-    if rank == int(os.environ.get("WL_HANG_RANK", "4")) and \
+    if rank in {int(r) for r in os.environ.get("WL_HANG_RANK", "4").split(",")} and \
             step == int(os.environ.get("WL_HANG_STEP", "3")):
         mode = os.environ.get("WL_HANG_MODE", "sleep")
         print(f"rank {rank}: blocking before the all_reduce ({mode})", file=sys.stderr,
