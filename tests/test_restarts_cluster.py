@@ -198,6 +198,71 @@ def test_a_rank_that_crashes_once_is_restarted_on_the_same_nodes(
     assert cases["attempt 2"].find("failure") is None
 
 
+HANG = "tests/workloads/hang.py"
+
+
+def _hang_run(six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain], run_id: str, mode: str,
+              restarts: int) -> tuple[Dtrain, int]:
+    """node1-2 run hang.py (1 rank each), node3 is the spare; rank 1 blocks at step 2 of
+    every attempt, in ``mode``."""
+    args = _args(six, tmp_path, run_id, "node[1-3]", "--nnodes", "2", "--restarts",
+                 str(restarts), "--restart-backoff", "0.2", "--hang-timeout", "4",
+                 "--grace", "2", script=HANG,
+                 env={"WL_HANG_RANK": "1", "WL_HANG_STEP": "2", "WL_HANG_MODE": mode,
+                      "WL_QUIET": "1"})
+    job = Dtrain(six, args, env=_state(tmp_path))
+    jobs.append(job)
+    with JobWatch(six, [1, 2, 3], run_id=run_id) as watch:
+        rc = job.wait(200)
+        watch.wait_clean(30)
+        watch.assert_clean(1.0)
+    return job, rc
+
+
+def test_a_hang_in_the_script_s_own_code_never_fences_the_node(
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
+    """Rank 1 sleeps in load_batch in every attempt: the same nodes again, then a stop;
+    nothing fenced, nothing on the lemon list (it fenced the node for 24 h)."""
+    run_id = new_id("restart-hang-user")
+    job, rc = _hang_run(six, tmp_path, jobs, run_id, "sleep", restarts=2)
+    out = job.output
+    assert rc == 125, out[-4000:]
+    assert re.search(r"node2: hang culprit blocked in the script's own code, not a node fault "
+                     r"\(.*\); attempt 2 on the same nodes from the last checkpoint", out), out
+    assert re.search(r"node2: hang culprit blocked in the script's own code at the same place "
+                     r"as the attempt before, not a node fault .*: not restarted", out), out
+    assert not re.search(r": fenced", out), out
+    m = meta(tmp_path, run_id)
+    assert [a["hosts"] for a in m["attempts"]] == [["node1", "node2"]] * 2
+    assert [a["cause"] for a in m["attempts"]] == ["process", "user"]
+    assert all(a["fenced"] == [] and a["suspect"] == [] for a in m["attempts"])
+    assert m.get("fenced", []) == [] and _lemons(tmp_path) == []
+    assert m["hangs"][-1]["culprit"]["where"] == "script"
+
+
+def test_a_culprit_outside_the_script_named_again_after_a_restart_is_fenced(
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
+    """Rank 1 stops itself (no Python stack answers, as a rank in uninterruptible sleep):
+    a suspect the first time (the same nodes again), fenced the second (the spare in)."""
+    run_id = new_id("restart-hang-node")
+    job, rc = _hang_run(six, tmp_path, jobs, run_id, "stop", restarts=1)
+    out = job.output
+    assert rc == 125, out[-4000:]
+    assert re.search(r"node2: hang culprit outside Python, once \(.*\): a suspect, fenced if "
+                     r"named again; attempt 2 on the same nodes", out), out
+    assert re.search(r"node2: hang culprit again after a restart, outside Python \(.*\): "
+                     r"fenced, spare node3 in; no restart left \(--restarts 1\)", out), out
+    m = meta(tmp_path, run_id)
+    assert [a["hosts"] for a in m["attempts"]] == [["node1", "node2"]] * 2
+    assert [a["cause"] for a in m["attempts"]] == ["process", "node"]
+    assert [x["host"] for x in m["attempts"][0]["suspect"]] == ["node2"]
+    assert [x["host"] for x in m["attempts"][1]["fenced"]] == ["node2"]
+    (lemon,) = _lemons(tmp_path)
+    assert (lemon["host"], lemon["tier"], lemon["count"]) == ("node2", "isolate", 2), lemon
+    assert lemon["until"] - lemon["t"] == pytest.approx(24 * 3600, abs=1)
+    assert m["hangs"][-1]["culprit"]["where"] == "native"
+
+
 def test_a_syntax_error_gets_exactly_one_attempt(six: tc.Cluster, tmp_path: Path,
                                                  jobs: list[Dtrain]) -> None:
     run_id = new_id("restart-syntax")

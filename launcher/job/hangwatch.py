@@ -187,7 +187,8 @@ class HangWatch:
         record = {"t": now, "attempt": self.attempt, "stalled_s": round(stalled, 1),
                   "culprit": {"rank": culprit.rank, "host": culprit.host,
                               "ranks": list(culprit.ranks), "place": culprit.place,
-                              "why": culprit.why, "where": culprit.where}
+                              "why": culprit.why, "where": culprit.where,
+                              "rule": culprit.rule}
                   if culprit else None,
                   "folded": dump.folded.json() if dump.folded else [], "dump": dump.id,
                   "dir": str(dump.path) if dump.path else None,

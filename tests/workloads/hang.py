@@ -5,7 +5,8 @@ Configured by environment variables (dtrain passes them with -e):
   WL_HANG_RANK   the global rank that blocks (default 4; -1: none; "0,1,2,3": several)
   WL_HANG_STEP   before which step's all_reduce it blocks (default 3)
   WL_HANG_MODE   sleep (time.sleep inside load_batch, default), segv (ctypes reads address
-                 0: a segmentation fault), raise (a ValueError), sigkill (kills itself)
+                 0: a segmentation fault), raise (a ValueError), sigkill (kills itself), stop
+                 (SIGSTOP to itself: no Python stack answers, as in uninterruptible sleep)
   WL_STEPS       steps to run (default 1000000)
   WL_STEP_SLEEP  seconds per step (default 0.2)
   WL_QUIET       1 = print nothing but the "it N" progress lines
@@ -39,6 +40,8 @@ def load_batch(rank: int, step: int) -> torch.Tensor:
             raise ValueError(f"bad batch at step {step}")
         elif mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(3600)
     return torch.ones(4) * (rank + 1)
 
