@@ -228,7 +228,7 @@ def test_the_ranks_that_have_not_reached_the_collective_are_the_culprits_however
     assert c.why == ("they have not reached the collective the other 2 ranks wait in, at "
                      "all_reduce <- step_once() hang.py:47")
     assert folded.lines() == [
-        "ranks 0-3 (4): time.sleep <- load_batch() hang.py:42   <- likely culprit",
+        "ranks 0-3 (4 ranks on 2 nodes): time.sleep <- load_batch() hang.py:42   <- likely culprit",
         "ranks 4-5 (node3): all_reduce <- step_once() hang.py:47"]
     # one rank stuck, one waiting: the one waiting is the victim either way round
     pair = stacks.fold([_stack(0, "n1", "allreduce.txt"), _stack(1, "n2", "sleep.txt")])

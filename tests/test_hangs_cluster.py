@@ -52,7 +52,8 @@ def test_hang_names_rank_and_node_folds_the_rest_and_stop_cleans(
     assert rc == 125, out[-4000:]
     # the console: rank 4 on node3, its blocking call; the other five folded in all_reduce
     assert re.search(r"^dtrain: HANG: no rank made progress for \d+ s", out, re.M), out
-    assert re.search(r"^dtrain:   ranks 0-3,5 \(5\): all_reduce <- step_once\(\) hang\.py:\d+$",
+    assert re.search(r"^dtrain:   ranks 0-3,5 \(5 ranks on 3 nodes\): all_reduce <- "
+                     r"step_once\(\) hang\.py:\d+$",
                      out, re.M), out
     assert re.search(r"^dtrain:   rank 4 \(node3\): time\.sleep <- load_batch\(\) hang\.py:\d+"
                      r"   <- likely culprit$", out, re.M), out
@@ -102,7 +103,8 @@ def test_the_ranks_that_have_not_reached_the_collective_are_named_not_the_few_th
     rc = job.wait(150)
     out = job.output
     assert rc == 125, out[-4000:]
-    assert re.search(r"^dtrain:   ranks 0-3 \(4\): time\.sleep <- load_batch\(\) hang\.py:\d+"
+    assert re.search(r"^dtrain:   ranks 0-3 \(4 ranks on 2 nodes\): time\.sleep <- "
+                     r"load_batch\(\) hang\.py:\d+"
                      r"   <- likely culprit$", out, re.M), out
     assert re.search(r"^dtrain:   ranks 4-5 \(node3\): all_reduce <- step_once\(\) "
                      r"hang\.py:\d+$", out, re.M), out
@@ -133,7 +135,7 @@ def test_dtrain_stacks_on_a_detached_run_from_another_shell(
                 assert time.monotonic() < deadline, "rank 4 never blocked"
                 time.sleep(0.2)
             # the others reach the all_reduce: asked until every one of them is in it
-            waiting = re.compile(r"^  ranks 0-3,5 \(5\): all_reduce <- ", re.M)
+            waiting = re.compile(r"^  ranks 0-3,5 \(5 ranks on 3 nodes\): all_reduce <- ", re.M)
             while True:
                 got = dtrain(["stacks", run_id, "--archive-dir", str(archive)],
                              env=cluster.client_env(), timeout=60)
@@ -141,7 +143,8 @@ def test_dtrain_stacks_on_a_detached_run_from_another_shell(
                 if waiting.search(got.stdout) or time.monotonic() > deadline:
                     break
             out = got.stdout
-            assert re.search(r"^  ranks 0-3,5 \(5\): all_reduce <- step_once\(\) hang\.py:\d+$",
+            assert re.search(r"^  ranks 0-3,5 \(5 ranks on 3 nodes\): all_reduce <- "
+                             r"step_once\(\) hang\.py:\d+$",
                              out, re.M), out
             assert re.search(r"^  rank 4 \(node3\): time\.sleep <- load_batch\(\) hang\.py:\d+",
                              out, re.M), out
