@@ -533,6 +533,7 @@ def test_interactive_confirm_and_hidden_password(keys_env: KeysEnv) -> None:
     code, raw = on_pty(argv, keys_env.env(), stdin=True, answers=[
         (b"[y/N]", b"y\n"),
         (b"(asked once): ", cluster.password.encode() + b"\n"),
+        (b".ssh/config? [y/N]", b"\n"),  # issue 40.7: asked first; the default is no
     ])
     out = raw.decode(errors="replace")
     keys_env.outputs.append(out)
@@ -540,6 +541,8 @@ def test_interactive_confirm_and_hidden_password(keys_env: KeysEnv) -> None:
     assert "4 host key(s) not in" in out and out.count("SHA256:") >= 4
     assert "Password for dtuser@198.18.0.[11-14]" in out
     assert "4 installed" in out
+    assert "Add a Host block for 198.18.0.[11-14] with IdentityFile" in out
+    assert not (keys_env.ssh / "config").exists()  # no consent, no file
     known = keys_env.known_hosts.read_text()
     for node in cluster.nodes:
         host_key = (node.dir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
@@ -574,3 +577,33 @@ def test_check_json_and_junit_name_the_unreachable_node(cluster: Cluster, tmp_pa
     error = cases[far].find("error")
     assert error is not None and "timed out" in error.get("message")
     assert cases["node1"].find("error") is None and cases["node1"].find("failure") is None
+
+
+@pytest.mark.ssh
+def test_setup_says_how_plain_ssh_uses_the_key_and_adds_it_only_when_asked(
+        keys_env: KeysEnv) -> None:
+    """Issue 40.7: keys setup names its key for plain ssh/pdsh/rsync; --ssh-config adds a
+    Host block with IdentityFile to ~/.ssh/config (never without consent), once."""
+    cluster = keys_env.cluster
+    config = keys_env.ssh / "config"
+    first = keys_env.dtrain("keys", "setup", "--password-stdin", "--accept-new",
+                            stdin=cluster.password + "\n")
+    assert first.returncode == 0, first.stderr
+    assert f"ssh -i {keys_env.key_path}" in first.stderr and "--ssh-config" in first.stderr
+    assert not config.exists()  # not asked (no terminal), so not added
+    added = keys_env.dtrain("keys", "setup", "--ssh-config")
+    assert added.returncode == 0, added.stderr
+    assert f"added to {config}" in added.stderr
+    assert mode(config) == 0o600 and mode(keys_env.ssh) == 0o700
+    text = config.read_text()
+    assert "Host 198.18.0.11 198.18.0.12 198.18.0.13 198.18.0.14\n" in text
+    assert f"    IdentityFile {keys_env.key_path}\n" in text
+    # plain OpenSSH with that config (and nothing else) now logs in with the key
+    ssh = subprocess.run(
+        ["ssh", "-F", str(config), "-o", "BatchMode=yes", "-o",
+         f"UserKnownHostsFile={keys_env.known_hosts}", f"{cluster.user}@198.18.0.12", "true"],
+        capture_output=True, text=True, timeout=30, env=keys_env.env(), check=False)
+    assert ssh.returncode == 0, ssh.stderr
+    again = keys_env.dtrain("keys", "setup", "--ssh-config")
+    assert "already gives plain ssh this key" in again.stderr
+    assert config.read_text() == text  # not twice

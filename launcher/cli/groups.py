@@ -22,6 +22,7 @@ tests/test_cli_lean.py); the checks import what they need when called.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -109,6 +110,23 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
     found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
                           group=group, exclude_group=exclude_group, genders=genders)
     return with_user(found, login_user(user))
+
+
+def warn_secret_env(items: Sequence[str] | None, option: str = "--env") -> list[str]:
+    """Warn (never failing, never echoing the value) for each secret-looking name given as
+    ``--env NAME=VALUE``: the value is on dtrain's command line, which every user of the
+    machine sees in ``ps`` and the shell keeps in its history. The names warned about."""
+    from launcher.output import render
+    from launcher.output.redact import is_secret_name
+
+    names = list(dict.fromkeys(name for name, sep, _ in (i.partition("=") for i in items or [])
+                               if sep and is_secret_name(name)))
+    for name in names:
+        render.note(f"warning: {option} {name}=... puts a secret on the command line, where "
+                    f"every user of this machine sees it (ps) and your shell keeps it: "
+                    f"export {name}=... and give {option} {name} (the value is then read "
+                    "from the environment), or use --env-file")
+    return names
 
 
 def login_user(user: str | None) -> str | None:

@@ -198,6 +198,37 @@ def _keypair(identity: Path | None, *, create: bool) -> KeyPair:
     return keypair
 
 
+def _plain_ssh(hosts: Sequence[Host], results: Sequence[KeyResult], keypair: KeyPair,
+               consent: bool | None, *, ask: bool) -> None:
+    """Say how plain ssh/pdsh/rsync use the key; add the ~/.ssh/config block only with
+    consent (--ssh-config, or yes on a terminal)."""
+    from launcher.commands.sshconfig import add_block, has_block, usage_lines
+    from launcher.hosts.hostfile import fold
+    from launcher.output import render
+
+    ok = {r.host for r in results if r.ok}
+    names = list(dict.fromkeys(h.name for h in hosts if h.label in ok or h.name in ok))
+    if not names:
+        return
+    config = Path.home() / ".ssh" / "config"
+    key = keypair.private.expanduser().absolute()
+    try:
+        text = config.read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    if has_block(text, names, key):
+        render.note(f"{config} already gives plain ssh this key for {fold(names)}")
+        return
+    for line in usage_lines(key, names):
+        render.note(line)
+    if consent is None and ask:
+        consent = typer.confirm(f"Add a Host block for {fold(names)} with IdentityFile {key} "
+                                f"to {config}?", default=False, err=True)
+    if consent:
+        add_block(config, names, key)
+        render.note(f"added to {config}: Host {fold(names)} / IdentityFile {key}")
+
+
 def _identities(identity: Path | None) -> tuple[str, ...]:
     """--identity for the transport (the default dtrain key it offers by itself)."""
     return (str(identity.expanduser()),) if identity is not None else ()
@@ -224,6 +255,10 @@ def setup_cmd(
     accept_new: AcceptNewOpt = False,
     as_json: JsonOpt = False,
     junit: JunitOpt = None,
+    ssh_config: Annotated[bool | None, typer.Option(
+        "--ssh-config/--no-ssh-config",
+        help="Add a Host block with IdentityFile to ~/.ssh/config so plain ssh, pdsh and "
+             "rsync use the key too (default: ask on a terminal, else only say how).")] = None,
 ) -> None:
     """Install the dtrain key on every node (password asked once, only where needed).
 
@@ -244,7 +279,10 @@ def setup_cmd(
         settings = groups.connection(connect_timeout, accept_new, ssh_option)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
         results = setup_keys(host_list, settings, keypair, prompts, fanout=fanout)
-        return _report("setup", results, keypair, started, as_json, junit)
+        code = _report("setup", results, keypair, started, as_json, junit)
+        _plain_ssh(host_list, results, keypair, ssh_config,
+                   ask=not password_stdin and sys.stdin.isatty())
+        return code
 
     run_body(body)
 

@@ -227,6 +227,7 @@ def run_cmd(
         sources.update((name, f"--env-file {env_file}") for name, _ in from_file)
         pairs += from_file
         given = parse_env_args(env or [])
+        groups.warn_secret_env(env)
         sources.update((name, "--env") for name, _ in given)
         pairs += given
         hidden = from_environment(env or [])

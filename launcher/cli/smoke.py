@@ -101,6 +101,7 @@ def smoke_cmd(
         size = parse_size(max_size) if max_size else None
         host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
                                  group=group, exclude_group=exclude_group, genders=genders)
+        groups.warn_secret_env(env)
         req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
                            backend=backend, max_size=size, min_busbw=min_busbw,
                            pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,
