@@ -254,6 +254,15 @@ def test_the_flight_recorder_s_sequence_numbers_say_who_is_behind() -> None:
     pos = {r: at(r, 5 if r < 5 else 6, 5, None) for r in range(6)}
     c = stacks.fold(coll, range(6), pos).culprit
     assert c is not None and c.ranks == (0, 1, 2, 3, 4)
+    # every rank at the same number, one in a different op (a desync): that op decides
+    pos = {r: at(r, 7, 6, "gloo:broadcast" if r == 2 else "gloo:all_reduce") for r in range(6)}
+    c = stacks.fold(coll, range(6), pos).culprit
+    assert c is not None and (c.ranks, c.rule) == ((2,), "flight-op")
+    assert c.why == ("it waits in gloo:broadcast as collective #7, where the other 5 ranks "
+                     "wait in gloo:all_reduce")
+    # half and half: no op most ranks wait in, nothing from the numbers
+    pos = {r: at(r, 7, 6, "gloo:broadcast" if r < 3 else "gloo:all_reduce") for r in range(6)}
+    assert stacks.fold(coll, range(6), pos).culprit is None
     # numbers that do not tell (all alike): the stacks decide; ranks with no stack ignored
     same = {r: at(r, 4, 3, None) for r in range(6)} | {9: at(9, 1, 1, None)}
     c = stacks.fold(six, range(6), same).culprit

@@ -14,7 +14,8 @@ The culprit comes from the wavefront, never from a vote (docs/hangs.md): a rank 
 inside a collective is a victim; the culprits are the ranks that have not reached the
 collective the others wait in, however many or few they are. The flight recorder's
 collective sequence numbers (``decide.flight``), where the dumps came, say which ranks are
-behind: the ranks below the highest sequence number any rank has enqueued. Without them,
+behind: the ranks below the highest sequence number any rank has enqueued (at the same
+number everywhere, the ranks in an op other than the one most ranks wait in). Without them,
 the stacks do: every rank not inside a collective while others are. Only when neither
 tells (no rank waits in a collective, or all wait in some collective and no sequence
 number is known) is the group that differs from the largest one named. A rank that did
@@ -327,7 +328,7 @@ def _behind(groups: Sequence[Group], positions: Mapping[int, RankFlight]) -> Cul
     front = max(p.enqueued for p in known.values())
     behind = [r for r, p in known.items() if p.enqueued < front]
     if not behind:
-        return None
+        return _other_op(groups, known, front)
     ahead = len(known) - len(behind)
     op = next((p.last_op for p in known.values() if p.enqueued == front and p.last_op), None)
     what = f"collective #{front}" + (f" ({op})" if op else "")
@@ -335,6 +336,26 @@ def _behind(groups: Sequence[Group], positions: Mapping[int, RankFlight]) -> Cul
     why = (f"{'it has' if len(behind) == 1 else 'they have'} not entered {what}, which "
            f"{_who(ahead)} in (flight recorder: at #{low})")
     return _make(groups, behind, why, "flight")
+
+
+def _other_op(groups: Sequence[Group], known: Mapping[int, RankFlight],
+              front: int) -> Culprit | None:
+    """Every rank at the same sequence number, in different collectives (a desync): the
+    ranks whose op differs from the one most ranks wait in (None when all ops agree)."""
+    ops: dict[str, list[int]] = {}
+    for r, p in sorted(known.items()):
+        if p.last_op:
+            ops.setdefault(p.last_op, []).append(r)
+    if len(ops) < 2:
+        return None
+    main_op, waiting = max(ops.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+    if sum(len(v) for v in ops.values()) - len(waiting) >= len(waiting):
+        return None  # no op most ranks wait in: the stacks, or nothing, tell
+    other = [r for op, rs in ops.items() if op != main_op for r in rs]
+    names = ", ".join(sorted(op for op in ops if op != main_op))
+    why = (f"{'it waits' if len(other) == 1 else 'they wait'} in {names} as collective "
+           f"#{front}, where {_who(len(waiting))} in {main_op}")
+    return _make(groups, other, why, "flight-op")
 
 
 def _not_arrived(groups: Sequence[Group]) -> Culprit | None:
