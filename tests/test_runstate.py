@@ -115,16 +115,18 @@ def test_the_ps_table_whole() -> None:
         RunStatus("r4", Path("/a/r4"), "finished", False, exit_code=1, pid=13,
                   last_line_t=0.0),
     ]
+    runs[3] = RunStatus("r4", Path("/a/r4"), "finished", False, exit_code=1, pid=13,
+                        last_line_t=0.0, goodput=0.874)
     assert render_table(runs, now=1100.0) == (
-        "RUN ID   KIND   STATE          NODES  RANKS  AGE     LAST LINE  LAUNCHER\n"
-        "r1       run    running        2      4      1m40s   10s ago    pid 10\n"
-        "r2       smoke  running        -      -      11m40s  -          pid 11 detached on "
-        "elsewhere\n"
-        "r3^[[2J  run    launcher lost  -      0      -       -          -\n"
-        "r4       run    finished (1)   -      -      -       -          -\n"
+        "RUN ID   KIND   STATE          NODES  RANKS  AGE     LAST LINE  GOODPUT  LAUNCHER\n"
+        "r1       run    running        2      4      1m40s   10s ago    -        pid 10\n"
+        "r2       smoke  running        -      -      11m40s  -          -        pid 11 "
+        "detached on elsewhere\n"
+        "r3^[[2J  run    launcher lost  -      0      -       -          -        -\n"
+        "r4       run    finished (1)   -      -      -       -          87%      -\n"
         "r3^[[2J: launcher lost: " + LOST_NOTE.format("5 s)") + "\n")
     assert render_table([], now=0.0) == (
-        "RUN ID  KIND  STATE  NODES  RANKS  AGE  LAST LINE  LAUNCHER\n")
+        "RUN ID  KIND  STATE  NODES  RANKS  AGE  LAST LINE  GOODPUT  LAUNCHER\n")
 
 
 def test_ps_json_lists_every_field() -> None:
@@ -137,7 +139,8 @@ def test_ps_json_lists_every_field() -> None:
         "run_id": "r1", "path": "/a/r1", "state": "running", "alive": True,
         "exit_code": None, "outcome": None, "launcher_pid": 10, "launcher_host": "h",
         "detached": False, "hosts": ["n1"], "nodes": 1, "world_size": 2, "created": 1.0,
-        "ended": None, "last_line_t": None, "note": None, "attempt": 2, "kind": "smoke"}]
+        "ended": None, "last_line_t": None, "note": None, "attempt": 2, "kind": "smoke",
+        "goodput": None}]
 
 
 def test_ps_shows_every_live_run_and_the_newest_of_the_others() -> None:

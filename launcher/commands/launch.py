@@ -162,10 +162,11 @@ def run_extra(result: RunResult | None) -> dict[str, Any]:
     connecting)."""
     if result is None:
         return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None,
-                "hangs": [], "attempts": [], "fabric": None}
+                "hangs": [], "attempts": [], "fabric": None, "goodput": None}
     return {"run_id": result.run_id, "world_size": result.world_size,
             "master": result.master, "stop_reason": result.outcome.stop_reason,
-            "hangs": result.hangs, "attempts": result.attempts, "fabric": result.fabric}
+            "hangs": result.hangs, "attempts": result.attempts, "fabric": result.fabric,
+            "goodput": result.archive.meta.get("goodput")}
 
 
 class NodeBoard:
@@ -238,6 +239,10 @@ def held_run(req: RunRequest, opts: RunOptions,
                     "ps` will show this run as 'launcher lost' while it runs")
     try:
         yield archive
+        if archive.meta.get("state") == "finished":
+            from launcher.commands.goodput import record
+
+            record(archive)  # meta.json's goodput ledger (docs/goodput.md)
     except BaseException as exc:  # a launcher crash or a Ctrl-C before the job ran: say so
         if "exit_code" not in archive.meta:
             archive.update_meta(end=time.time(), state="finished", exit_code=None,

@@ -23,7 +23,14 @@ from launcher.job.orchestrate import KILL_MARGIN, STOP_MARGIN
 from launcher.output import render
 from launcher.output.archive import read_meta, resolve_run
 from launcher.output.logview import replay
-from launcher.output.runstate import age, list_status, ps_json, render_table, run_status
+from launcher.output.runstate import (
+    RunStatus,
+    age,
+    list_status,
+    ps_json,
+    render_table,
+    run_status,
+)
 
 STATUS_EVERY_S = 1.0
 _WAIT_EXTRA_S = 10.0  # beyond grace + the launcher's own margins, before giving up waiting
@@ -38,6 +45,7 @@ def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False,
     runs = list_status(archive_dir)
     if active:
         runs = [r for r in runs if r.alive]
+    runs = [live_goodput(r) for r in runs]
     if as_json:
         sys.stdout.write(json.dumps(ps_json(runs, archive_dir), indent=2) + "\n")
     elif not runs:
@@ -50,6 +58,22 @@ def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False,
                         "`dtrain logs --prune --older-than 30d` deletes old ones)")
     sys.stdout.flush()
     return 0
+
+
+def live_goodput(run: RunStatus) -> RunStatus:
+    """A live run's goodput so far (its ledger up to now, from the archive); a finished
+    run's is in its meta.json already."""
+    if not run.alive or run.kind != "run":
+        return run
+    from dataclasses import replace
+
+    from launcher.commands.goodput import archive_ledger
+
+    try:
+        ledger = archive_ledger(run.path, read_meta(run.path), now=time.time())
+    except (OSError, ValueError):
+        return run
+    return replace(run, goodput=ledger.goodput)
 
 
 def prune(archive_dir: Path, older_than: float, *, dry_run: bool = False) -> int:

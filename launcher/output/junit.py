@@ -111,6 +111,8 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
     ET.SubElement(props, "property", name="summary", value=report.summary)
     if report.archive:
         ET.SubElement(props, "property", name="archive", value=report.archive)
+    for prop, shown in goodput_properties(report):
+        ET.SubElement(props, "property", name=prop, value=shown)
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
 
     def count(status: str) -> None:
@@ -132,6 +134,21 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
     _xml_safe(suites)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def goodput_properties(report: CommandReport) -> list[tuple[str, str]]:
+    """`run`: the goodput ledger (docs/goodput.md) as ``goodput`` (a fraction, or "not
+    measured") and ``goodput.<cause>_s`` per cause."""
+    g = report.extra.get("goodput") if isinstance(report.extra, Mapping) else None
+    if not isinstance(g, Mapping):
+        return []
+    value = _number(g.get("goodput"))
+    out = [("goodput", "not measured" if value is None else f"{value:.4f}")]
+    seconds = g.get("seconds")
+    for cause, secs in (seconds.items() if isinstance(seconds, Mapping) else ()):
+        v = _number(secs)
+        out.append((f"goodput.{cause}_s", "not measured" if v is None else f"{v:.3f}"))
+    return out
 
 
 def attempt_cases(report: CommandReport) -> list[ExtraCase]:

@@ -56,6 +56,7 @@ class RunStatus:
     launcher_timeout: float | None = None
     attempt: int | None = None  # run --restarts: the attempt running (or the last one)
     kind: str = "run"  # the command that made it: run or smoke
+    goodput: float | None = None  # productive / wall time (docs/goodput.md); None: unknown
 
     @property
     def label(self) -> str:
@@ -110,7 +111,18 @@ def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
         launcher_timeout=_float(launcher.get("launcher_timeout")),
         attempt=_attempt(meta),
         kind=_kind(meta),
+        goodput=_goodput(meta),
     )
+
+
+def _goodput(meta: dict[str, Any]) -> float | None:
+    """meta.json's recorded goodput (a finished run's ledger, docs/goodput.md)."""
+    g = meta.get("goodput")
+    return _float(g.get("goodput")) if isinstance(g, dict) else None
+
+
+def goodput_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
 
 
 def _kind(meta: dict[str, Any]) -> str:
@@ -180,7 +192,7 @@ def ps_json(runs: list[RunStatus], archive_dir: Path) -> dict[str, Any]:
             "launcher_host": r.launcher_host, "detached": r.detached, "hosts": list(r.hosts),
             "nodes": len(r.hosts), "world_size": r.world_size, "created": r.created,
             "ended": r.ended, "last_line_t": r.last_line_t, "note": r.note,
-            "attempt": r.attempt, "kind": r.kind,
+            "attempt": r.attempt, "kind": r.kind, "goodput": r.goodput,
         } for r in runs],
     }
 
@@ -189,7 +201,8 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
     """The `dtrain ps` table, with a note under it for each lost launcher."""
     now = time.time() if now is None else now
     here = socket.gethostname()
-    rows = [("RUN ID", "KIND", "STATE", "NODES", "RANKS", "AGE", "LAST LINE", "LAUNCHER")]
+    rows = [("RUN ID", "KIND", "STATE", "NODES", "RANKS", "AGE", "LAST LINE", "GOODPUT",
+             "LAUNCHER")]
     for r in runs:
         who = f"pid {r.pid}" if r.pid is not None and r.alive else "-"
         if r.alive and r.detached:
@@ -199,7 +212,8 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
         last = f"{age(now - r.last_line_t)} ago" if r.last_line_t else "-"
         rows.append((r.run_id, r.kind, r.label, str(len(r.hosts)) if r.hosts else "-",
                      str(r.world_size) if r.world_size is not None else "-",
-                     age(now - r.created) if r.created else "-", last, who))
+                     age(now - r.created) if r.created else "-", last,
+                     goodput_cell(r.goodput), who))
     cells = [[inert(cell) for cell in row] for row in rows]  # archive text: no controls
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
