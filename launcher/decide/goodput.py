@@ -39,7 +39,7 @@ from launcher.decide.steprate import STEP_NUMBER
 SCHEMA = 1
 CAUSES = ("startup", "productive", "lost", "checkpoint_save", "checkpoint_restore", "hang",
           "detection", "restart", "backoff", "winddown")
-CARVED = frozenset({"startup", "productive", "lost"})  # checkpoint time is taken out of these
+CARVED = frozenset({"startup", "productive", "lost", "winddown"})  # checkpoint time comes out
 # a save: "saved checkpoint", "saving checkpoint to ...", "checkpoint saved", "checkpoint
 # step 40" (a line that starts with "checkpoint"); a restore: "loaded/restored/resumed ...
 # checkpoint/step" (docs/goodput.md)
