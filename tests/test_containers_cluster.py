@@ -234,3 +234,15 @@ def test_the_probe_runs_inside_the_image_with_the_images_python(pcluster: tc.Clu
     finally:
         (pydir / "python3").unlink()
         pydir.rmdir()
+
+
+def test_smoke_inside_the_image(pcluster: tc.Cluster, tmp_path: Path) -> None:
+    run_id = f"ctr-smoke-{uuid.uuid4().hex[:8]}"
+    res = dtrain(["smoke", "-H", "node[1-2]", "--python", pcluster.python, "--archive-dir",
+                  str(tmp_path / "runs"), "--run-id", run_id, "--max-size", "1M", "--image",
+                  IMAGE, *podman.run_mounts()], env=pcluster.client_env(), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "smoke: PASS: 2 nodes" in res.stdout + res.stderr
+    _no_containers(pcluster, run_id, range(1, 3))
+    plan = meta(tmp_path, run_id)["plan"]["nodes"]
+    assert [n["container"][:2] for n in plan] == [["podman", "run"]] * 2
