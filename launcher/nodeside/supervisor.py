@@ -1860,8 +1860,10 @@ def shim_main(argv):
     of its worker reaches only us), and the first SIGTERM/SIGINT/SIGHUP we get, from the
     supervisor or from torchrun, is sent on to the rank's group; later ones are the same
     stop arriving by another road (the supervisor, torchrun and the user each send one) and
-    are not repeated. The KILL after the grace comes from the supervisor; if we are KILLed
-    ourselves, the rank is too (PR_SET_PDEATHSIG), as torchrun's killpg would have done.
+    are not repeated. A first one from anyone else is passed on too, and reported as what
+    killed the rank (``signal_from``), not as a stop. The KILL after the grace comes from
+    the supervisor; if we are KILLed ourselves, the rank is too (PR_SET_PDEATHSIG), as
+    torchrun's killpg would have done.
     """
     import json  # the shim runs once per rank under torchrun: not on the exec path
     import socket
@@ -1882,62 +1884,72 @@ def shim_main(argv):
                   + b"\n")
         return s
 
+    # The stop signals (and SIGCHLD) are taken with sigwaitinfo, which says who sent each:
+    # a stop from torchrun (our parent) or the supervisor (the sockets' peer) is a stop; a
+    # signal from anyone else (a stray `kill`, a watchdog) kills the rank as it would have
+    # killed it, and the report carries no stop_signal: the rank's death is a root cause,
+    # as it is when the signal hits the rank itself (issue 40)
+    waited = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+    signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     out, err, ctl = connect("out"), connect("err"), connect("ctl")
     set_title(rank_title(argv, shim=True), "dtrain-shim")
-    stop = {"sig": None, "pending": None, "pid": None}  # type: dict[str, int | None]
-
-    def on_stop(signum, frame):
-        if stop["sig"] is not None:
-            return  # the same stop again: the rank has its one signal
-        if stop["pid"] is None:
-            stop["pending"] = signum  # before the rank exists: sent once it does
-            return
-        stop["sig"] = signum
-        try:
-            os.killpg(stop["pid"], signum)
-        except OSError:
-            pass
-
-    for forwarded in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(forwarded, on_stop)
+    ours = {0, os.getpid(), os.getppid()}  # 0: the kernel, or a sender in another pid namespace
+    try:
+        ours.add(struct.unpack("3i", ctl.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0])
+    except (OSError, AttributeError, struct.error):
+        pass
     child = subprocess.Popen(rank_argv(argv, path), stdout=out.fileno(), stderr=err.fileno(),
                              env=rank_env(path), start_new_session=True,
-                             preexec_fn=_die_with_parent(os.getpid()))
-    stop["pid"] = child.pid
-    if stop["pending"] is not None:
-        on_stop(stop["pending"], None)
+                             preexec_fn=_die_with_parent(os.getpid(), waited))
     out.close()
     err.close()
     started = now()
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:
-            continue
+    stop = None
+    outside = None
+    code = child.poll()
+    while code is None:
+        info = signal.sigwaitinfo(waited)
+        if info.si_signo != signal.SIGCHLD and stop is None:
+            stop = info.si_signo  # one stop, one signal: later ones are the same stop
+            if info.si_pid not in ours:
+                outside = info.si_pid
+            try:
+                os.killpg(child.pid, stop)
+            except OSError:
+                pass
+        code = child.poll()
     sig = -code if code < 0 else None
     msg = {"code": 128 + sig if sig else code, "signal": sig, "t": now(),
            "duration": now() - started, "pid": child.pid}
-    if stop["sig"] is not None:
-        msg["stop_signal"] = stop["sig"]  # it was asked to stop: whatever it exited with
+    if stop is not None and outside is None:
+        msg["stop_signal"] = stop  # it was asked to stop: whatever it exited with
+    elif outside is not None:
+        msg["signal_from"] = outside  # someone else's signal, passed on to the rank
     try:
         ctl.sendall(json.dumps(msg).encode() + b"\n")
         ctl.close()
     except OSError:
         pass
+    # later stop signals are the same stop: dropped; then die the same way as the rank, so
+    # torchrun sees the worker's signal (SIGKILL/SIGSTOP cannot have a handler: setting
+    # SIG_DFL for them raises)
+    for other in waited[:3]:
+        signal.signal(other, signal.SIG_IGN)
     if sig:
-        # die the same way, so torchrun sees the worker's signal (SIGKILL/SIGSTOP cannot
-        # have a handler: setting SIG_DFL for them raises)
         try:
             signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
+    if sig:
         os.kill(os.getpid(), sig)
     return code
 
 
-def _die_with_parent(parent):
-    """A preexec_fn: the rank gets SIGKILL when the shim dies (PR_SET_PDEATHSIG)."""
+def _die_with_parent(parent, blocked=()):
+    """A preexec_fn: the rank gets SIGKILL when the shim dies (PR_SET_PDEATHSIG), and the
+    signals the shim blocked (to wait for them) unblocked."""
     PR_SET_PDEATHSIG = 1
     try:
         prctl = _prctl()
@@ -1945,6 +1957,8 @@ def _die_with_parent(parent):
         prctl = None
 
     def preexec():
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the shim died before that took effect
