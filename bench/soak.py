@@ -84,6 +84,8 @@ FAULTS = {f.kind: f for f in [
     Fault("ctrl-c-run", (130, -2), "interrupted", False),
     Fault("stop-twice", (130,), "interrupted", False),
     Fault("two-runs", (137,), "rank", True),
+    Fault("archive-full", (0,), None, False, survives=True,
+          note="a 64 KiB tmpfs as the archive: lines checked on the console"),
 ]}
 
 
@@ -256,6 +258,16 @@ class Run:
         except (OSError, ValueError):
             return {}
 
+    def shown(self) -> Counter[tuple[int, int]]:
+        """(rank, n) of every ``soak R N`` line dtrain printed (``nodeK rR: soak R N``)."""
+        seen: Counter[tuple[int, int]] = Counter()
+        for line in self.out:
+            words = line.split(": ", 1)[-1].split()
+            if len(words) == 3 and words[0] == "soak" and words[1].isdigit() \
+                    and words[2].isdigit():
+                seen[(int(words[1]), int(words[2]))] += 1
+        return seen
+
     def archived(self) -> Counter[tuple[int, int]]:
         """(rank, n) of every ``soak R N`` line in the archive, counted."""
         seen: Counter[tuple[int, int]] = Counter()
@@ -326,8 +338,9 @@ class Campaign:
         out.secs = time.monotonic() - t0
         return out
 
-    def _start(self, run_id: str, gloo: bool, extra: Sequence[str] = ()) -> Run:
-        return Run(self.cluster, self.hosts, run_id, self.work / "runs",
+    def _start(self, run_id: str, gloo: bool, extra: Sequence[str] = (),
+               archive: Path | None = None) -> Run:
+        return Run(self.cluster, self.hosts, run_id, archive or self.work / "runs",
                    self.truth_root / run_id, gloo=gloo, extra=extra)
 
     def _wait_printing(self, run: Run, at_least: int = 10, limit: float = 90) -> bool:
@@ -341,7 +354,15 @@ class Campaign:
     def _inject(self, fault: Fault, k: int, rank: int, out: Outcome,
                 undo: list[Callable[[], None]]) -> None:
         kind = fault.kind
-        run = self._start(out.run_id, out.gloo)
+        small = None
+        if kind == "archive-full":  # the archive's filesystem fills during the run
+            small = self.work / "full" / out.run_id
+            small.mkdir(parents=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs",
+                            str(small)], check=True)
+        run = self._start(out.run_id, out.gloo, archive=small)
+        if small is not None:
+            undo.append(lambda: subprocess.run(["umount", str(small)], check=False) and None)  # type: ignore[func-returns-value]
         undo.append(lambda: run.proc.poll() is None and run.kill())  # type: ignore[func-returns-value]
         other: Run | None = None
         if kind == "two-runs":
@@ -423,6 +444,8 @@ class Campaign:
         if kind == "launcher-kill":
             os.killpg(run.proc.pid, signal.SIGKILL)
             return True
+        if kind == "archive-full":
+            return True  # it fills by itself
         if kind == "ctrl-c-run":
             os.kill(run.proc.pid, signal.SIGINT)
             return True
@@ -439,10 +462,12 @@ class Campaign:
             return True
         raise ValueError(kind)
 
-    def _lines(self, run: Run, t_fault: float | None, n_ranks: int) -> tuple[int, int, int]:
+    def _lines(self, run: Run, t_fault: float | None, n_ranks: int,
+               console: bool = False) -> tuple[int, int, int]:
         """(lost, doubled, checked): printed lines before t_fault - MARGIN (all when None)
-        missing from the archive; lines archived more than once."""
-        archived = run.archived()
+        missing from the archive (``console``: from what dtrain printed); lines there more
+        than once."""
+        archived = run.shown() if console else run.archived()
         lost = checked = 0
         for r in range(n_ranks):
             for n, t in run.truth_lines(r):
@@ -484,7 +509,7 @@ class Campaign:
                               + " | ".join(run.out[-4:]))
         out.orphans += self._orphans(run, fault.orphan_bound, out)
         lost, doubled, checked = self._lines(run, None if fault.survives else t_fault,
-                                             len(self.nodes))
+                                             len(self.nodes), console=fault.kind == "archive-full")
         if fault.kind == "ctrl-c-start":
             lost = 0  # nothing printed before it (what was, may be lost with the stop)
         out.lost += lost

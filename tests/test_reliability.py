@@ -28,3 +28,41 @@ def test_ctrl_c_while_the_cli_imports_is_exit_130_without_a_traceback() -> None:
                          capture_output=True, text=True, timeout=60)
     assert not TRACEBACK.search(res.stderr), res.stderr[-2000:]
     assert res.returncode == 130, (res.returncode, res.stderr[-2000:])
+
+
+class _FullDisk:
+    """A file whose every write and flush fails as on a full disk."""
+
+    def write(self, data: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        self.flush()
+
+
+def test_a_full_archive_disk_is_one_warning_not_the_runs_end(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The archive's filesystem full (the campaign's small tmpfs): every archive write
+    raised ENOSPC up through the job, a traceback that ended the run; now the archive stops
+    with one warning and the run goes on (the console still shows its lines)."""
+    from launcher.models import OutputLine
+    from launcher.output.archive import RunArchive
+
+    archive = RunArchive.create(tmp_path, "full")
+    archive._out = _FullDisk()  # type: ignore[assignment]
+
+    def full(*a: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    archive.dir.replace = full  # type: ignore[method-assign]
+    archive.write_lines([OutputLine("n1", "out", "soak 0 1", 0, 0, 1.0)])
+    archive.flush()
+    archive.write_lines([OutputLine("n1", "out", "soak 0 2", 0, 0, 2.0)])
+    archive.update_meta(end=3.0, exit_code=0)
+    archive.close()
+    assert archive.failed == "No space left on device"
+    assert archive.meta["exit_code"] == 0  # kept in memory for the summary
+    err = capsys.readouterr().err
+    assert err.count("cannot write the archive") == 1, err

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
 from launcher.errors import UsageError
+from launcher.output import render
 from launcher.output.rundir import (
     RunDir,
     has_entry,
@@ -146,6 +147,9 @@ class RunArchive:
         self._sources: dict[_Source, tuple[str, str, list[str] | None]] = {}
         self._dirty = False
         self._last_flush = clock()
+        # why the archive could not be written any more (a full disk): then it is off, the
+        # run goes on and the console still shows every line (docs/reliability.md)
+        self.failed: str | None = None
         self.attempt: int | None = None  # --restarts: every output.jsonl line says its attempt
 
     def begin_attempt(self, attempt: int) -> None:
@@ -197,14 +201,29 @@ class RunArchive:
         self.dir.replace(META, meta_bytes(self._meta))
 
     def update_meta(self, **fields: Any) -> None:
-        """Merge fields into meta.json (e.g. outcome=..., end=... when the job is over)."""
-        self.write_meta({**self._meta, **fields})
+        """Merge fields into meta.json (e.g. outcome=..., end=... when the job is over); a
+        failed write (a full disk) is one warning, not the run's end."""
+        try:
+            self.write_meta({**self._meta, **fields})
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        """The archive cannot be written (ENOSPC, a read-only filesystem): it stops here with
+        one warning; what was written stays, the run goes on."""
+        if self.failed is None:
+            self.failed = exc.strerror or str(exc)
+            render.note(f"warning: cannot write the archive {self.path} ({self.failed}): the "
+                        "rest of this run is not archived (the console still shows it)")
+        self._dirty = False
+        for fh in self._host_buf.values():
+            fh.clear()
 
     def write_lines(self, lines: Sequence[OutputLine]) -> None:
         """Append lines to output.jsonl and the host logs; flush if a second has passed."""
         if self._out is None:
             raise RuntimeError("RunArchive.write_lines() called after close()")
-        if not lines:
+        if not lines or self.failed is not None:
             return
         now = time.time()
         sources, source_of, source_key = self._sources, self._source, _SOURCE_KEY
@@ -221,7 +240,11 @@ class RunArchive:
             if log is not None:
                 log.append(log_prefix + text)
         block = "".join(records)
-        self._out.write(block)
+        try:
+            self._out.write(block)
+        except OSError as exc:
+            self._failed(exc)
+            return
         self._host_chars += len(block)  # a cheap upper bound of what the host logs hold
         self._dirty = True
         if self._host_chars > _HOST_BUFFER_CHARS:
@@ -237,16 +260,20 @@ class RunArchive:
     def flush(self) -> None:
         """Push buffered output to disk (output.jsonl first, then the host logs)."""
         self._last_flush = self._clock()
-        if not self._dirty or self._out is None:
+        if not self._dirty or self._out is None or self.failed is not None:
             return
-        self._out.flush()
-        for host, texts in self._host_buf.items():
-            if texts:
-                hosts = self._hosts_dir = self._hosts_dir or self.dir.subdir(HOSTS_DIR)
-                with open(hosts.append(self._host_file(host)), "a", encoding="utf-8",
-                          errors="backslashreplace") as fh:
-                    fh.write("\n".join(texts) + "\n")
-                texts.clear()  # in place: the per-source cache holds these lists
+        try:
+            self._out.flush()
+            for host, texts in self._host_buf.items():
+                if texts:
+                    hosts = self._hosts_dir = self._hosts_dir or self.dir.subdir(HOSTS_DIR)
+                    with open(hosts.append(self._host_file(host)), "a", encoding="utf-8",
+                              errors="backslashreplace") as fh:
+                        fh.write("\n".join(texts) + "\n")
+                    texts.clear()  # in place: the per-source cache holds these lists
+        except OSError as exc:
+            self._failed(exc)
+            return
         self._host_chars = 0
         self._dirty = False
 
@@ -255,7 +282,8 @@ class RunArchive:
         (the run directory stays held until the process ends)."""
         if self._out is not None:
             self.flush()
-            self._out.close()
+            with contextlib.suppress(OSError):  # a full disk: what it could not write is lost
+                self._out.close()
             self._out = None
         if self._hosts_dir is not None:
             self._hosts_dir.close()
