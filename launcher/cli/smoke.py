@@ -55,6 +55,15 @@ def smoke_cmd(
         "--pair-fraction", min=0, max=1, metavar="FRACTION", rich_help_panel=SMOKE,
         help="A node pair under this fraction of the best "
              "pair's bandwidth is slow.")] = 0.25,
+    pairs: Annotated[bool, typer.Option(
+        "--pairs", rich_help_panel=SMOKE,
+        help="Node pairs in O(log n) rounds (16 nodes: 4) that name "
+             "the slow node or link (docs/fabric.md).")] = False,
+    line_fraction: Annotated[float | None, typer.Option(
+        "--line-fraction", min=0, max=1, metavar="FRACTION", rich_help_panel=SMOKE,
+        help="Fail when busbw is under this fraction of the line "
+             "rate (HCA port rates or NIC speed); default 0.8 on NCCL, off on gloo; 0: off.")
+    ] = None,
     nproc_per_node: Annotated[str | None, typer.Option(
         "--nproc-per-node", metavar="N", rich_help_panel=SMOKE,
         help="Ranks per node (default: one per GPU on NCCL, one per "
@@ -105,6 +114,7 @@ def smoke_cmd(
         req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
                            backend=backend, max_size=size, min_busbw=min_busbw,
                            pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,
+                           pairs=pairs, line_fraction=line_fraction,
                            run_id=run_id or "", as_json=as_json, junit=junit,
                            container=groups.container(image, container_runtime, mount,
                                                       container_arg))

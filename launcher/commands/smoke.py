@@ -23,6 +23,7 @@ from launcher.commands.run import report_nodes
 from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks
 from launcher.decide.container import ContainerRequest
+from launcher.decide.linerate import DEFAULT_LINE_FRACTION, LineRate, fabric_rate, node_rate
 from launcher.decide.plan import RunOptions, RunRequest
 from launcher.decide.smoke import (
     DEFAULT_PAIR_FRACTION,
@@ -33,6 +34,7 @@ from launcher.decide.smoke import (
     evaluate,
     fmt_size,
     make_config,
+    pair_schedule,
 )
 from launcher.errors import DtrainError
 from launcher.job.prepare import prepare
@@ -72,6 +74,8 @@ class SmokeRequest:
     as_json: bool = False
     junit: str | None = None
     container: ContainerRequest | None = None  # --image (docs/containers.md)
+    pairs: bool = False  # --pairs: the O(log n) pair rounds (decide/smoke.py log_rounds)
+    line_fraction: float | None = None  # --line-fraction (None: 0.8 on NCCL, off on gloo)
 
 
 @dataclass
@@ -89,6 +93,9 @@ class SmokeRun:
     launch: RunResult | None = None
     error: DtrainError | None = None
     preflight_failures: tuple[SmokeFailure, ...] = ()
+    line_rate: LineRate | None = None  # the slowest node's rate between nodes (docs/fabric.md)
+    line_fraction: float = 0.0
+    pair_rounds: int = 0
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -131,6 +138,16 @@ def show(run: SmokeRun, human: TextIO) -> None:
     """The table and the verdict line, every control character a node sent inert."""
     if run.results is not None and run.verdict is not None:
         render_table(run.results, run.verdict, human)
+        if run.pair_rounds and run.verdict.pairs:
+            human.write(f"# node pairs measured in {run.pair_rounds} rounds\n")
+        if run.line_rate is not None and run.verdict.busbw is not None \
+                and len(run.hosts) > 1:
+            rate = run.line_rate
+            share = f"{run.verdict.busbw / rate.gbytes:.0%}" if rate.gbytes else "?"
+            human.write(f"# line rate {rate.gbytes or 0:.3g} GB/s ({rate.host}: {rate.how}): "
+                        f"busbw is {share} of it"
+                        + (f", judged at --line-fraction {run.line_fraction:g}\n"
+                           if run.line_fraction else " (not judged on gloo)\n"))
     human.write(inert(verdict_line(run)) + "\n")  # versions, names: what nodes reported
     human.flush()
 
@@ -186,6 +203,10 @@ def command_report(run: SmokeRun, ended: float) -> CommandReport:
                    "gbps": p.gbps, "slow": p.slow} for p in (v.pairs if v else ())],
         "best_pair_gbps": v.best_pair if v else None,
         "busbw": v.busbw if v else None,
+        "line_rate": {"gbytes": run.line_rate.gbytes, "host": run.line_rate.host,
+                      "how": run.line_rate.how, "fraction": run.line_fraction}
+        if run.line_rate is not None else None,
+        "pair_rounds": run.pair_rounds,
         "failures": [{"check": f.check, "hosts": list(f.hosts), "ranks": list(f.ranks),
                       "message": f.message} for f in _failures(run)],
     }
@@ -250,13 +271,21 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
                 for r in bad)
             return run
         run.backend, run.backend_reason = choose_backend(pre.facts, req.backend)
-        cfg = make_config(run.backend, req.max_size)
+        cfg = replace(make_config(run.backend, req.max_size), pairs=req.pairs)
         nproc = req.nproc_per_node or ("gpu" if run.backend == "nccl" else "1")
         rreq = replace(rreq, nproc_per_node=nproc,
                        args=(json.dumps(cfg.to_json(), separators=(",", ":")),))
         plan = prep.plan(rreq, opts)
         run.world_size = plan.world_size
         ranks_of = {r: n.host.label for n in plan.nodes for r in n.ranks}
+        # the line rate: each node's HCAs (or socket NIC) as the plan has NCCL use them
+        rates = {n.host.label: node_rate(n.host.label, pre.facts[n.host.label],
+                                         {v.name: v.value for v in n.env})
+                 for n in plan.nodes if n.host.label in pre.facts}
+        run.line_rate = fabric_rate(rates) if len(rates) == len(plan.nodes) else None
+        run.line_fraction = req.line_fraction if req.line_fraction is not None else \
+            DEFAULT_LINE_FRACTION if run.backend == "nccl" else 0.0
+        run.pair_rounds = len(pair_schedule(len(plan.nodes), req.pairs))
         results = run.results = SmokeResults(layout=ranks_of,
                                              nodes=[n.host.label for n in plan.nodes])
 
@@ -273,7 +302,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
                                world_size=plan.world_size, job_code=launched.code,
                                job_summary=launched.verdict.outcome,
                                min_busbw=req.min_busbw, pair_fraction=req.pair_fraction,
-                               ranks_of=ranks_of)
+                               ranks_of=ranks_of, line_rate=run.line_rate,
+                               line_fraction=run.line_fraction)
     return run
 
 

@@ -66,6 +66,7 @@ class Iface:
     name: str
     operstate: str | None = None
     mtu: int | None = None
+    speed: int | None = None  # Mb/s, /sys/class/net/IF/speed (-1 or None: unknown)
     type: int | None = None
     carrier: int | None = None
     virtual: bool = False
@@ -103,6 +104,7 @@ class Iface:
             name=str(obj.get("name") or ""),
             operstate=_str(obj.get("operstate")),
             mtu=_int(obj.get("mtu")),
+            speed=_int(obj.get("speed")),
             type=_int(obj.get("type")),
             carrier=_int(obj.get("carrier")),
             virtual=bool(obj.get("virtual")),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.decide.facts import NodeFacts
+from launcher.decide.linerate import LineRate, below_line
 from launcher.errors import UsageError
 from launcher.output.render import count
 
@@ -55,12 +56,81 @@ class SmokeConfig:
     # the whole pair schedule runs this many times, each pass after the others, and a pair's
     # best time counts: a burst of load on a shared node slows one pass, a slow link all
     pair_passes: int = 3
+    # --pairs: the O(log n) schedule (pair_schedule), sent to the job; False: the job's own
+    pairs: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "min_size": self.min_size, "max_size": self.max_size,
                 "warmup": self.warmup, "iters": self.iters, "big": self.big,
                 "pair_size": self.pair_size, "pair_warmup": self.pair_warmup,
-                "pair_iters": self.pair_iters, "pair_passes": self.pair_passes}
+                "pair_iters": self.pair_iters, "pair_passes": self.pair_passes,
+                **({"pairs": True} if self.pairs else {})}
+
+
+def log_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """``smoke --pairs``: rounds of disjoint node pairs, O(log n) of them. Round b pairs
+    node i with i XOR 2^b (a hypercube: 16 nodes in 4 rounds, every node meeting 4 others
+    once); a node whose partner does not exist (n not a power of two) is paired with another
+    left-out node it has not met. Rounds are added until every node has met min(2, n-1)
+    others, so a slow node (every pair with it slow) stands apart from a slow link (one pair).
+    The anchor is DLRover's network check (pairs, then the slow ones against good nodes); a
+    fixed schedule needs no second launch and names the node from its own pairs."""
+    if n < 2:
+        return []
+    met: set[tuple[int, int]] = set()
+    degree = [0] * n
+    rounds: list[list[tuple[int, int]]] = []
+
+    def add(rnd: list[tuple[int, int]], i: int, j: int) -> None:
+        pair = (min(i, j), max(i, j))
+        rnd.append(pair)
+        met.add(pair)
+        degree[i] += 1
+        degree[j] += 1
+
+    def fill(rnd: list[tuple[int, int]], used: set[int], want: list[int]) -> None:
+        for i in want:
+            if i in used:
+                continue
+            for j in range(n):
+                if j != i and j not in used and (min(i, j), max(i, j)) not in met:
+                    add(rnd, i, j)
+                    used |= {i, j}
+                    break
+
+    for b in range((n - 1).bit_length()):
+        rnd: list[tuple[int, int]] = []
+        used: set[int] = set()
+        for i in range(n):
+            j = i ^ (1 << b)
+            if i < j < n:
+                add(rnd, i, j)
+                used |= {i, j}
+        fill(rnd, used, [i for i in range(n) if i not in used])
+        rounds.append(sorted(rnd))
+    need = min(2, n - 1)
+    while any(d < need for d in degree):
+        rnd = []
+        used = set()
+        fill(rnd, used, [i for i in range(n) if degree[i] < need])
+        if not rnd:
+            break
+        rounds.append(sorted(rnd))
+    return rounds
+
+
+def default_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """The job's own schedule without --pairs (nodeside/smoke_job.py schedule): every pair
+    (circle method) up to 8 nodes, else the ring in two or three rounds."""
+    if n < 2:
+        return []
+    if n <= 8:
+        return [[(0, 0)]] * (n - 1 if n % 2 == 0 else n)
+    return [[(0, 0)]] * (2 + n % 2)
+
+
+def pair_schedule(n: int, pairs: bool) -> list[list[tuple[int, int]]]:
+    return log_rounds(n) if pairs else default_rounds(n)
 
 
 def parse_size(text: str, option: str = "--max-size") -> int:
@@ -367,7 +437,8 @@ def slow_failures(pairs: Sequence[PairResult], best: float | None,
 def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
              job_code: int, job_summary: str, min_busbw: float | None = None,
              pair_fraction: float = DEFAULT_PAIR_FRACTION,
-             ranks_of: Mapping[int, str] | None = None) -> SmokeVerdict:
+             ranks_of: Mapping[int, str] | None = None, line_rate: LineRate | None = None,
+             line_fraction: float = 0.0) -> SmokeVerdict:
     """Every check over what the job reported; the code: the job's own when it failed
     (the usual codes), else 1 when a check failed, else 0."""
     failures: list[SmokeFailure] = []
@@ -414,6 +485,10 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
         failures.append(SmokeFailure("busbw", named,
                                      f"all-reduce busbw {busbw:.3g} GB/s at {size} is under "
                                      f"--min-busbw {min_busbw:g}{who}"))
+    if line_rate is not None and busbw is not None and len(node_labels) > 1 \
+            and (text := below_line(busbw, line_rate, line_fraction)) is not None:
+        named = _slowest([p for p in pairs if p.slow])
+        failures.append(SmokeFailure("busbw", named, text))
     if job_code != 0:
         code = job_code
         summary = f"the smoke job failed: {job_summary}"

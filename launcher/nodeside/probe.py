@@ -213,6 +213,7 @@ def read_interfaces(sys_: System) -> list[Json]:
             "name": name,
             "operstate": read_text(os.path.join(d, "operstate")),
             "mtu": read_int(os.path.join(d, "mtu")),
+            "speed": read_int(os.path.join(d, "speed")),  # Mb/s (docs/fabric.md: line rate)
             "type": read_int(os.path.join(d, "type")),
             "carrier": read_int(os.path.join(d, "carrier")),
             "virtual": os.path.realpath(d).startswith(virtual_root),

@@ -119,6 +119,52 @@ def schedule(n):
     return [[(min(a, b), max(a, b)) for a, b in r] for r in rounds]
 
 
+def log_rounds(n):
+    """decide/smoke.py log_rounds, here too (a node program imports nothing of dtrain):
+    tests/test_smoke_pairs.py checks both give the same rounds."""
+    if n < 2:
+        return []
+    met = set()  # type: set[tuple[int, int]]
+    degree = [0] * n
+    rounds = []  # type: list[list[tuple[int, int]]]
+
+    def add(rnd, i, j):
+        pair = (min(i, j), max(i, j))
+        rnd.append(pair)
+        met.add(pair)
+        degree[i] += 1
+        degree[j] += 1
+
+    def fill(rnd, used, want):
+        for i in want:
+            if i in used:
+                continue
+            for j in range(n):
+                if j != i and j not in used and (min(i, j), max(i, j)) not in met:
+                    add(rnd, i, j)
+                    used.update((i, j))
+                    break
+
+    for b in range((n - 1).bit_length()):
+        rnd = []  # type: list[tuple[int, int]]
+        used = set()  # type: set[int]
+        for i in range(n):
+            j = i ^ (1 << b)
+            if i < j < n:
+                add(rnd, i, j)
+                used.update((i, j))
+        fill(rnd, used, [i for i in range(n) if i not in used])
+        rounds.append(sorted(rnd))
+    need = min(2, n - 1)
+    while any(d < need for d in degree):
+        rnd, used = [], set()
+        fill(rnd, used, [i for i in range(n) if degree[i] < need])
+        if not rnd:
+            break
+        rounds.append(sorted(rnd))
+    return rounds
+
+
 def pair_test(torch, dist, device, facts, rank, cfg):
     """Each pair of node leaders exchanges ``pair_size`` bytes both ways, several times, in
     ``pair_passes`` passes over the whole schedule; the best time counts (noise only ever
@@ -135,8 +181,11 @@ def pair_test(torch, dist, device, facts, rank, cfg):
     count = max(1, cfg["pair_size"] // 4)
     send = torch.ones(count, dtype=torch.float32, device=device)
     recv = torch.empty(count, dtype=torch.float32, device=device)
+    rounds = schedule(len(order))
+    if cfg.get("pairs"):  # smoke --pairs: the launcher's O(log n) rounds (decide/smoke.py)
+        rounds = log_rounds(len(order))
     for _ in range(max(1, cfg["pair_passes"])):
-        for rnd in schedule(len(order)):
+        for rnd in rounds:
             for a, b in rnd:
                 ra, rb = leaders[order[a]], leaders[order[b]]
                 if rank not in (ra, rb):
