@@ -66,7 +66,6 @@ class Iface:
     name: str
     operstate: str | None = None
     mtu: int | None = None
-    speed: int | None = None  # Mb/s, /sys/class/net/IF/speed (-1 or None: unknown)
     type: int | None = None
     carrier: int | None = None
     virtual: bool = False
@@ -74,6 +73,7 @@ class Iface:
     is_bond: bool = False
     lower: tuple[str, ...] = ()  # the interfaces under a VLAN/macvlan/bond
     addrs: tuple[Addr, ...] = ()
+    speed: int | None = None  # Mb/s, /sys/class/net/IF/speed (-1 or None: unknown)
 
     @property
     def is_loopback(self) -> bool:
