@@ -28,12 +28,13 @@ def output_records(run_dir: Path) -> Iterator[dict[str, Any]]:
     fd = open_output(run_dir)
     if fd is None:
         return
-    with os.fdopen(fd, "rb") as fh:
+    decode = json.JSONDecoder().raw_decode
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as fh:
         for raw in fh:
             if len(raw) > RECORD_CAP:
                 continue
             try:
-                rec = json.loads(raw)
+                rec = decode(raw)[0]
             except ValueError:
                 continue
             if isinstance(rec, dict):

@@ -122,14 +122,16 @@ class Ledger:
         self.checkpoint = re.compile(checkpoint or DEFAULT_CHECKPOINT)
         self.ranks: dict[tuple[int, int], _Rank] = {}  # (attempt, rank)
         self.hosts: dict[int, str] = {}
+        self.lowest: dict[int, int] = {}  # attempt -> the lowest rank with progress so far
 
     def feed(self, rec: Mapping[str, Any]) -> None:
         rank, t, text = rec.get("rank"), rec.get("t"), rec.get("line")
-        if not isinstance(rank, int) or not isinstance(t, int | float) \
-                or not isinstance(text, str) or rec.get("stream") == "dtrain":
+        if type(rank) is not int or type(text) is not str or rec.get("stream") == "dtrain" \
+                or not isinstance(t, int | float):
             return
         attempt = rec.get("attempt")
-        key = (attempt if isinstance(attempt, int) else 1, rank)
+        n = attempt if type(attempt) is int else 1
+        key = (n, rank)
         r = self.ranks.get(key)
         if r is None:
             r = self.ranks[key] = _Rank()
@@ -140,10 +142,17 @@ class Ledger:
         if self.progress.search(text):
             m = STEP_NUMBER.search(text)
             r.points.append((t, int(m.group(1) or m.group(2)) if m else None))
-        restore = RESTORE.search(text)
-        if (restore or self.checkpoint.search(text)) and r.last_t is not None:
-            r.ckpt.append((r.last_t, t, "checkpoint_restore" if restore
-                           else "checkpoint_save"))
+            low = self.lowest.get(n)
+            if low is None or rank < low:
+                self.lowest[n] = rank
+        # checkpoint lines matter on the reference rank only: a rank above the lowest one
+        # that printed progress cannot be it
+        low = self.lowest.get(n)
+        if (low is None or rank <= low) and r.last_t is not None:
+            restore = RESTORE.search(text)
+            if restore or self.checkpoint.search(text):
+                r.ckpt.append((r.last_t, t, "checkpoint_restore" if restore
+                               else "checkpoint_save"))
         r.last_t = t
 
     def _ref(self, n: int) -> _Rank | None:
