@@ -131,7 +131,7 @@ class HangWatch:
         why = f"{type(exc).__name__}: {exc}"
         self.errors[why] = self.errors.get(why, 0) + 1
         if self.errors[why] == 1:
-            self.say(f"dtrain: the hang watch failed on {where} ({why}); it goes on watching")
+            self.say(f"the hang watch failed on {where} ({why}); it goes on watching")
 
     def _event(self, host: Host, msg: Mapping[str, Any]) -> None:
         kind = msg.get("type")
