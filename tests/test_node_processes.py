@@ -175,3 +175,24 @@ def test_node_processes_have_titles(cluster: tc.Cluster, tmp_path: Path, jobs) -
     assert want <= seen, sorted(t for t in seen if t[0].startswith("dtrain"))
     job.signal(signal.SIGINT)
     job.wait(60)
+
+
+def test_zombie_status_reads_a_dead_process_s_status_before_its_parent_reaps_it() -> None:
+    """What the supervisor reads of a shim that died (its parent, torchrun, not yet
+    having reaped it): the raw wait status, as waitpid would return it."""
+    from launcher.nodeside import supervisor
+
+    pid = os.fork()
+    if pid == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        status = supervisor.zombie_status(pid, wait=2.0)
+        assert status is not None and os.WIFSIGNALED(status)
+        assert supervisor.exit_code(status) == (137, signal.SIGKILL)
+        # another process under that pid (its start time differs): not believed
+        fields = supervisor._stat_fields(pid)
+        assert fields is not None
+        assert supervisor.zombie_status(pid, int(fields[19]) + 1, wait=0) is None
+    finally:
+        os.waitpid(pid, 0)
+    assert supervisor.zombie_status(pid, wait=0) is None  # reaped: gone
