@@ -685,3 +685,61 @@ def test_found_yaml_merge_of_a_scalar_is_a_usage_error(text: str) -> None:
     with pytest.raises(HostfileError) as info:
         parse_hostfile_yaml(text, "hosts.yaml")
     _usage(info.value, "hosts.yaml:")
+
+
+# ------------------------------------------------------------------------ NCCL's own lines
+
+NCCL_LINES = [line for path in sorted((ROOT / "tests" / "data" / "nccl").glob("*.log"))
+              for line in path.read_text().splitlines() if not line.startswith("#")]
+NCCL_TOKENS = ["NCCL INFO ", "NCCL WARN ", "NET/IB : Using ", "[0]mlx5_0:1/RoCE", "NET/Socket",
+               "via NET/IB/0/GDRDMA", "via NET/Socket/1", "via P2P/IPC", "Using network IB",
+               "Using network Socket", "NCCL version 2.21.5+cuda12.4", "GID index ", "ens1f0",
+               "<0>", ":", "[", "]", "9" * 5000, "\u00b2", "Init COMPLETE", "NCCL_IB_HCA set by "
+               "environment to ", "=", " "]
+
+
+@st.composite
+def _nccl_lines(draw: Any) -> list[Any]:
+    picked = draw(st.lists(st.sampled_from(NCCL_LINES), max_size=8))
+    out: list[Any] = []
+    for line in picked:
+        cut = draw(st.integers(0, 3))
+        if cut == 0:  # a real line, a token spliced in
+            at = draw(st.integers(0, len(line)))
+            line = line[:at] + draw(tokens(NCCL_TOKENS, 4)) + line[at:]
+        elif cut == 1:
+            line = draw(tokens(NCCL_TOKENS, 12))
+        out.append(line)
+    if draw(st.booleans()):
+        out.append(draw(json_values(["lines"], leaves=4)))  # not a string
+    return out
+
+
+@fuzz_seed
+@FUZZ
+@given(st.lists(st.tuples(st.integers(-1, 4), _nccl_lines()), max_size=4),
+       st.sampled_from([None, "rdma", "gdr", "any"]))
+def test_nccl_lines(messages: list[tuple[int, list[Any]]], require: str | None) -> None:
+    """NCCL's INFO/WARN lines, as the nodes ship them in ``nccl`` messages, through the
+    session's decode, the run's fabric watch (its line, warnings, --require-fabric) and
+    meta.json's ``fabric``."""
+    from launcher.job.fabric import FabricWatch
+
+    env = [SimpleNamespace(name="NCCL_IB_HCA", value="mlx5_0"),
+           SimpleNamespace(name="NCCL_SOCKET_IFNAME", value="ens1f0"),
+           SimpleNamespace(name="NCCL_IB_GID_INDEX", value="3")]
+    plan = SimpleNamespace(nodes=[SimpleNamespace(host=Host(f"n{i + 1}"), ranks=range(2 * i,
+                                                                                       2 * i + 2),
+                                                  env=env) for i in range(2)])
+    said: list[str] = []
+    watch = FabricWatch(plan, require, said.append, lambda host, why: said.append(why))  # type: ignore[arg-type]
+    sessions = [_session((0, 1)), _session((2, 3))]
+    with bounded():
+        for rank, lines_ in messages:
+            node = 0 if rank < 2 else 1
+            msg = _decoded(sessions[node], {"type": "nccl", "rank": rank, "lines": lines_})
+            if msg is not None:
+                watch.event(Host(f"n{node + 1}"), msg)
+        watch.finish()
+        json.dumps(watch.meta())
+        assert all(isinstance(line, str) for line in said)

@@ -66,3 +66,24 @@ def test_a_full_archive_disk_is_one_warning_not_the_runs_end(tmp_path, capsys) -
     assert archive.meta["exit_code"] == 0  # kept in memory for the summary
     err = capsys.readouterr().err
     assert err.count("cannot write the archive") == 1, err
+
+
+def test_ctrl_c_while_the_job_starts_is_recorded_as_interrupted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The campaign's ctrl-c-start: a Ctrl-C after the run's archive exists but before the
+    job ran reaches the run's body as CancelledError (asyncio.run cancels it); meta.json said
+    "launcher ended early: CancelledError", exit_code null, no root cause, while dtrain exited
+    130. Now: exit_code 130 and a root cause that names the interrupt."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    import pytest
+
+    from launcher.commands.launch import held_run
+
+    req, opts = SimpleNamespace(run_id="cc"), SimpleNamespace(archive_dir=tmp_path)
+    with pytest.raises(asyncio.CancelledError), held_run(req, opts, None):  # type: ignore[arg-type]
+        raise asyncio.CancelledError
+    meta = json.loads((tmp_path / "cc" / "meta.json").read_text())
+    assert meta["exit_code"] == 130 and meta["state"] == "finished", meta
+    assert meta["root_cause"]["kind"] == "interrupted", meta

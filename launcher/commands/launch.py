@@ -245,8 +245,17 @@ def held_run(req: RunRequest, opts: RunOptions,
             record(archive)  # meta.json's goodput ledger (docs/goodput.md)
     except BaseException as exc:  # a launcher crash or a Ctrl-C before the job ran: say so
         if "exit_code" not in archive.meta:
-            archive.update_meta(end=time.time(), state="finished", exit_code=None,
-                                outcome=f"launcher ended early: {type(exc).__name__}")
+            if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+                # Ctrl-C while the job starts (asyncio.run cancels the body): exit 130, as
+                # the launcher's own exit says; the verdict names it (docs/reliability.md)
+                how = "interrupted by Ctrl-C before the job ran"
+                archive.update_meta(end=time.time(), state="finished", exit_code=130,
+                                    outcome=how, root_cause={
+                                        "kind": "interrupted", "host": None, "rank": None,
+                                        "exit_code": 130, "summary": how})
+            else:
+                archive.update_meta(end=time.time(), state="finished", exit_code=None,
+                                    outcome=f"launcher ended early: {type(exc).__name__}")
         raise
     finally:
         if lock is not None:
