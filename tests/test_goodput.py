@@ -96,3 +96,34 @@ def test_a_checkpoint_pattern_of_ones_own() -> None:
     led = ledger_of({"start": 0.0, "end": 6.0, "state": "finished"}, lines,
                     checkpoint=r"EXPORT")
     assert led.totals["checkpoint_save"] == pytest.approx(0.9)
+
+
+def test_the_report_draws_a_band_per_cause_the_table_and_compare(tmp_path: Any) -> None:
+    import json
+
+    from launcher.commands.report.load import load
+    from launcher.output.runreport import page
+    from tests.report_archives import write_archive
+
+    a1, a2 = ckpt_run()
+    meta = {"start": 1000.0, "end": 1100.0, "state": "finished", "exit_code": 0,
+            "attempts": [{"n": 1, "start": 999.0, "end": 1040.0, "detected": 1035.0,
+                          "relaunched": 1042.0},
+                         {"n": 2, "start": 1042.0, "end": 1100.0, "detected": None,
+                          "relaunched": None}]}
+    # an archive without a recorded ledger (an older or a live run): the report makes it
+    run = write_archive(tmp_path / "a", meta, [*a1, *a2])
+    s = load(run, []).summary
+    assert s.goodput is not None and s.goodput["goodput"] == round(30 / 101, 4)
+    html = page.render([s])
+    causes = {c for c in CAUSES if (s.goodput["seconds"][c] or 0) > 0}
+    for cause in causes:
+        assert f'class="gp-band" data-cause="{cause}"' in html, cause
+    assert 'class="gp-band" data-cause="hang"' not in html
+    assert "Goodput: 29.7% of" in html and "<th>attempt 2</th>" in html
+    # recorded: drawn as it is; --compare: both ledgers side by side
+    other = write_archive(tmp_path / "b", {**meta, "goodput": {**s.goodput, "goodput": 0.5}},
+                          [*a1, *a2])
+    pair = page.render([s, load(other, []).summary])
+    assert "Goodput, A and B" in pair and "<td>29.7%</td><td>50.0%</td>" in pair
+    assert json.loads(json.dumps(s.goodput))["segments"][0][2] == "startup"

@@ -94,7 +94,8 @@ class GoodputLedger:
                               "lost_steps": a.lost_steps} for a in self.attempts],
                 "not_measured": sorted({c for c, v in self.totals.items() if v is None}),
                 "notes": list(self.notes),
-                "step_time": self.step_time}
+                "step_time": self.step_time,
+                "segments": [[round(a, 3), round(b, 3), c, n] for a, b, c, n in self.segments]}
 
 
 def _r(v: float | None) -> float | None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from launcher.decide.goodput import Ledger
 from launcher.errors import UsageError
 from launcher.output.archive import META, OUTPUT
 from launcher.output.rundir import has_entry, open_regular, open_run_dir
@@ -156,6 +158,15 @@ def read_stacks(dirfd: int, run_dir: Path,
     return out
 
 
+def goodput_ledger(meta: Mapping[str, Any]) -> Ledger:
+    """The ledger (decide/goodput.py) with the run's own progress and checkpoint patterns."""
+    policy = meta.get("hang_policy")
+    progress = policy.get("progress") if isinstance(policy, Mapping) else None
+    ckpt = meta.get("checkpoint_pattern")
+    return Ledger(progress if isinstance(progress, str) else None,
+                  ckpt if isinstance(ckpt, str) else None)
+
+
 def load(run_dir: Path, pats: list[Pattern], *, lanes: str = "auto") -> Loaded:
     """Read one run's archive and summarise it."""
     dirfd = open_run_dir(run_dir)
@@ -166,8 +177,14 @@ def load(run_dir: Path, pats: list[Pattern], *, lanes: str = "auto") -> Loaded:
         warnings: list[str] = []
         meta = read_meta(dirfd, run_dir)
         digest = Digest(pats)
+        # a ledger recorded at the end is drawn as it is; a live or older run's is made here
+        led = None if isinstance(meta.get("goodput"), Mapping) else goodput_ledger(meta)
         for rec in records(dirfd, OUTPUT, run_dir, warnings):
             digest.add(rec)
+            if led is not None and isinstance(rec, Mapping):
+                led.feed(rec)
+        if led is not None:
+            meta["goodput"] = led.result(meta, now=time.time()).json()
         usage = UsageBuilder()
         for rec in records(dirfd, SAMPLES, run_dir, warnings):
             if isinstance(rec, Mapping):

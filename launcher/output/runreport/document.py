@@ -74,6 +74,7 @@ def run_json(s: RunSummary) -> dict[str, Any]:
                           for f in files] for dump, files in s.stacks.items()},
         "counts": {"lines": s.lines, "bad_records": s.bad_records, "samples": s.samples},
         "span": round(s.span, 3),
+        "goodput": s.goodput,
     }
 
 

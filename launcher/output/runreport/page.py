@@ -16,7 +16,7 @@ from functools import cache
 from importlib import resources
 
 from launcher.output.render import count
-from launcher.output.runreport import document, safe, timeline
+from launcher.output.runreport import document, ledger, safe, timeline
 from launcher.output.runreport.digest import Line
 from launcher.output.runreport.safe import text
 from launcher.output.runreport.summary import RunSummary, StackFile
@@ -245,10 +245,11 @@ def render(runs: list[RunSummary], *, generated: float | None = None) -> str:
         body = _compare_body(runs)
     else:
         s = runs[0]
-        body = (header_html(s) + '<nav><a href="#timeline">timeline</a><a href="#curves-sec">'
-                'curves</a><a href="#usage-sec">utilisation</a><a href="#logs">logs</a>'
+        body = (header_html(s) + '<nav><a href="#timeline">timeline</a><a href="#goodput">'
+                'goodput</a><a href="#curves-sec">curves</a><a href="#usage-sec">utilisation'
+                '</a><a href="#logs">logs</a>'
                 + ('<a href="#stacks">stacks</a>' if s.hangs or s.stacks else "") + "</nav>"
-                + timeline_html(s) + _charts_section(s)
+                + timeline_html(s) + ledger.section(s) + _charts_section(s)
                 + f'<section id="logs"><h2>Logs</h2>{logs_html(s)}</section>'
                 + (f'<section id="stacks"><h2>Hangs and stacks</h2>{stacks_html(s)}'
                    f'</section>' if s.hangs or s.stacks else ""))
@@ -291,4 +292,4 @@ def _compare_body(runs: list[RunSummary]) -> str:
                   f'<div class="tl">{timeline.svg(r)}</div></section>'
                   for lab, r in zip("AB", runs, strict=True))
     return ('<div class="pair">' + header_html(a, "A") + header_html(b, "B") + "</div>"
-            + table + curves + legend_html(runs) + tls)
+            + table + ledger.compare(runs) + curves + legend_html(runs) + tls)

@@ -138,6 +138,7 @@ class RunSummary:
     warnings: tuple[str, ...] = field(default=())
     usage_note: str = ""  # why there is no utilisation chart (when there is none)
     chatter: dict[str, int] = field(default_factory=dict)  # host -> shutdown lines folded
+    goodput: dict[str, Any] | None = None  # meta.json's goodput ledger (docs/goodput.md)
 
 
 def _int(v: object) -> int | None:
@@ -376,6 +377,7 @@ def summarize(meta: Mapping[str, Any], digest: Digest, usage: UsageBuilder,
         notes=tuple(digest.notes), stacks=stack_files, lines=digest.lines,
         bad_records=digest.bad, samples=usage.records, span=span,
         usage_note="" if usage_charts else why_none(meta, usage.records, span),
+        goodput=dict(meta["goodput"]) if isinstance(meta.get("goodput"), Mapping) else None,
         chatter=dict(digest.chatter))
 
 
