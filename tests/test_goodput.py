@@ -127,3 +127,39 @@ def test_the_report_draws_a_band_per_cause_the_table_and_compare(tmp_path: Any) 
     pair = page.render([s, load(other, []).summary])
     assert "Goodput, A and B" in pair and "<td>29.7%</td><td>50.0%</td>" in pair
     assert json.loads(json.dumps(s.goodput))["segments"][0][2] == "startup"
+
+
+def test_the_goodput_bands_in_headless_chromium(tmp_path: Any) -> None:
+    from launcher.commands.report.load import load
+    from launcher.output.runreport import page
+    from tests import browser
+    from tests.report_archives import write_archive
+
+    if browser.chromium() is None:
+        pytest.skip("chromium is not installed")
+    a1, a2 = ckpt_run()
+    meta = {"start": 1000.0, "end": 1100.0, "state": "finished", "exit_code": 0,
+            "attempts": [{"n": 1, "start": 999.0, "end": 1040.0, "detected": 1035.0,
+                          "relaunched": 1042.0},
+                         {"n": 2, "start": 1042.0, "end": 1100.0, "detected": None,
+                          "relaunched": None}]}
+    s = load(write_archive(tmp_path / "a", meta, [*a1, *a2]), []).summary
+    path = tmp_path / "report.html"
+    path.write_text(page.render([s]))
+    res = browser.open_page(path, evaluate={"bands": (
+        "JSON.stringify([...document.querySelectorAll('#goodput .gp-band')].map(r => "
+        "[r.dataset.cause, r.getBoundingClientRect().width]))"), "rows": (
+        "document.querySelectorAll('#goodput table.ledger tbody tr').length")})
+    assert res.ready and not res.exceptions, res.exceptions
+    assert not [x for x in res.console if x["type"] == "error"], res.console
+    assert not [x for x in res.log if x["level"] == "error"], res.log
+    import json
+
+    bands = json.loads(res.values["bands"])
+    assert {c for c, _ in bands} == {"startup", "productive", "lost", "checkpoint_save",
+                                     "checkpoint_restore", "detection", "restart", "backoff",
+                                     "winddown"}
+    assert all(w > 0 for _, w in bands)
+    widths = {c: sum(w for k, w in bands if k == c) for c, _ in bands}
+    assert widths["winddown"] > widths["backoff"]  # 30 s against 2 s, on one axis
+    assert res.values["rows"] == len(CAUSES) + 1

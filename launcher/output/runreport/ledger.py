@@ -69,8 +69,9 @@ def table(g: Mapping[str, Any]) -> str:
     for cause in CAUSES:
         cells = "".join(f"<td>{_secs((a.get('seconds') or {}).get(cause))}</td>"
                         for a in attempts) if len(attempts) > 1 else ""
-        rows.append(f'<tr data-cause="{cause}"><th><span class="gp-key" style="background:'
-                    f'{COLOURS[cause]}"></span>{text(LABELS[cause])}</th>{cells}'
+        rows.append(f'<tr data-cause="{cause}"><th><svg class="gp-key" width="10" height="10">'
+                    f'<rect width="10" height="10" fill="{COLOURS[cause]}"/></svg> '
+                    f'{text(LABELS[cause])}</th>{cells}'
                     f'<td>{_secs(total.get(cause))}</td></tr>')
     foot = "".join(f"<td>{percent(a.get('goodput'))}</td>" for a in attempts) \
         if len(attempts) > 1 else ""
