@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -154,13 +155,15 @@ def run_pids(k: int, run_id: str) -> list[int]:
 def ranks_of(k: int, run_id: str) -> list[int]:
     """The workload's processes on node k (the innermost when a shim wraps it)."""
     ours = [p for p in run_pids(k, run_id) if WORKLOAD in _cmdline(p)
+            and not _cmdline(p).startswith("dtrain ")
             and "torchrun" not in _cmdline(p) and "torch.distributed.run" not in _cmdline(p)]
     return [p for p in ours if not any(_ppid(q) == p for q in ours)]
 
 
 def torchrun_of(k: int, run_id: str) -> list[int]:
-    return [p for p in run_pids(k, run_id)
-            if "torchrun" in _cmdline(p) or "torch.distributed.run" in _cmdline(p)]
+    """torchrun (not the supervisor: its titled command line still holds the job's argv)."""
+    return [p for p in run_pids(k, run_id) if not _cmdline(p).startswith("dtrain ")
+            and ("torchrun" in _cmdline(p) or "torch.distributed.run" in _cmdline(p))]
 
 
 def supervisor_of(k: int, run_id: str) -> list[int]:
@@ -411,7 +414,11 @@ class Campaign:
             undo.append(lambda: _signal_on_node(pids, signal.SIGCONT) and None)  # type: ignore[func-returns-value]
             return _signal_on_node(pids, signal.SIGSTOP)
         if kind == "torchrun-kill":
-            return _signal_on_node(torchrun_of(k, rid), signal.SIGKILL)
+            pids = torchrun_of(k, rid)
+            if os.environ.get("SOAK_DEBUG"):
+                print("torchrun-kill:", [(p, _comm(p), _ppid(p), _cmdline(p)[:80]) for p in pids],
+                      flush=True)
+            return _signal_on_node(pids, signal.SIGKILL)
         if kind == "supervisor-kill":
             return _signal_on_node(supervisor_of(k, rid), signal.SIGKILL)
         if kind == "sshd-kill":
@@ -498,10 +505,9 @@ class Campaign:
     def _check(self, fault: Fault, k: int, rank: int, run: Run, t_fault: float,
                out: Outcome) -> None:
         text = "\n".join(run.out)
-        if "Traceback (most recent call last)" in text:
-            tb = text[text.index("Traceback (most recent call last)"):][:600]
-            if f"r{rank}: Traceback" not in text:  # a rank's own is tagged
-                out.broken.append(f"a traceback from dtrain: {tb}")
+        own = re.search(r"^Traceback \(most recent call last\):", text, re.M)
+        if own:  # dtrain's own: a rank's traceback is tagged ("node2 r1 [err]: Traceback")
+            out.broken.append(f"a traceback from dtrain: {text[own.start():][:600]}")
         if out.code is None:
             out.broken.append(f"the run did not end within {RUN_LIMIT:.0f} s")
         elif out.code not in fault.codes:
