@@ -153,3 +153,17 @@ def test_the_node_reads_its_ranks_files_as_they_grow(tmp_path):
     assert files.poll({100}) == {}
     # a pid that is no rank yet is not consumed: read once it is
     assert files.poll({100, 200}) == {200: ["h:200:1 [0] NCCL INFO Using network Socket"]}
+
+
+def test_one_poll_reads_a_bounded_amount_and_the_rest_follows(tmp_path):
+    from launcher.nodeside import supervisor as sv
+
+    line = "h:100:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA\n"
+    n = (sv.NCCL_POLL_BYTES // len(line)) * 2
+    (tmp_path / "nccl.h.100.log").write_text(line * n)
+    files = sv.NcclFiles(str(tmp_path))
+    got = files.poll({100})[100]
+    assert files.more and len(got) < n
+    while files.more:
+        got += files.poll({100}).get(100, [])
+    assert len(got) == min(n, sv.NCCL_MAX_LINES)

@@ -546,6 +546,7 @@ NCCL_KEEP = (b"NCCL version", b"NET/IB", b"NET/Socket", b"Using network", b" via
              b"Bootstrap")
 NCCL_MAX_READ = 256 * 1024  # bytes read from one process's file, in all
 NCCL_MAX_LINES = 400  # lines shipped for one process
+NCCL_POLL_BYTES = 64 * 1024  # read in one poll, all files together (the rest: next poll)
 
 
 def nccl_defaults(env, directory):
@@ -565,15 +566,19 @@ class NcclFiles:
     def __init__(self, directory):
         self.dir = directory
         self.files = {}  # name -> [offset, partial line, lines shipped]
+        self.more = False  # the last poll spent its budget: there may be more to read
 
     def poll(self, pids):
         """{pid: [new kept lines]} since the last poll, from the files of ``pids``."""
         out = {}  # type: dict[int, list[str]]
+        budget = NCCL_POLL_BYTES  # one poll stays a few ms: the main loop forwards output
         try:
-            names = os.listdir(self.dir)
+            names = sorted(os.listdir(self.dir))
         except OSError:
             return out
         for name in names:
+            if budget <= 0:
+                break
             parts = name.split(".")
             if len(parts) < 4 or parts[0] != "nccl" or not parts[-2].isdigit() \
                     or int(parts[-2]) not in pids:
@@ -584,9 +589,10 @@ class NcclFiles:
             try:
                 with open(os.path.join(self.dir, name), "rb") as f:
                     f.seek(st[0])
-                    data = f.read(NCCL_MAX_READ - st[0])
+                    data = f.read(min(budget, NCCL_MAX_READ - st[0]))
             except OSError:
                 continue
+            budget -= len(data)
             if not data:
                 continue
             st[0] += len(data)
@@ -597,6 +603,7 @@ class NcclFiles:
             st[2] += len(keep)
             if keep:
                 out.setdefault(int(parts[-2]), []).extend(keep)
+        self.more = budget <= 0
         return out
 
 
@@ -1689,6 +1696,10 @@ class Supervisor(Evidence):
     def finish(self):
         self.ship_flight()
         self.ship_nccl()
+        for _ in range(64):  # the rest of what a bounded poll left (at most 4 MiB)
+            if self.nccl is None or not self.nccl.more:
+                break
+            self.ship_nccl()
         code, sig = self.exit_code()
         extra = {}
         if self.container is not None:
