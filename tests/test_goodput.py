@@ -163,3 +163,16 @@ def test_the_goodput_bands_in_headless_chromium(tmp_path: Any) -> None:
     widths = {c: sum(w for k, w in bands if k == c) for c, _ in bands}
     assert widths["winddown"] > widths["backoff"]  # 30 s against 2 s, on one axis
     assert res.values["rows"] == len(CAUSES) + 1
+
+
+def test_a_bad_checkpoint_pattern_exits_2_before_anything_connects() -> None:
+    import subprocess
+    import sys
+
+    from tests.util import REPO
+
+    res = subprocess.run([sys.executable, "-m", "launcher", "run", "-H", "198.18.0.99",
+                          "--checkpoint", "(", "train.py"], cwd=REPO, text=True,
+                         capture_output=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert "--checkpoint '('" in res.stderr

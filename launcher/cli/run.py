@@ -129,6 +129,10 @@ def run_cmd(
         "--progress", metavar="REGEX", rich_help_panel=FAILURE,
         help="REGEX: the output lines that show progress (default: step, "
              "iteration, epoch, loss lines and progress bars).")] = None,
+    checkpoint: Annotated[str | None, typer.Option(
+        "--checkpoint", metavar="REGEX", rich_help_panel=FAILURE,
+        help="REGEX: the output lines that say a checkpoint was saved, for the goodput "
+             "ledger (docs/goodput.md).")] = None,
     require_fabric: Annotated[str | None, typer.Option(
         "--require-fabric", metavar="rdma|gdr|any", rich_help_panel=FAILURE,
         help="Stop the run (exit 123) when NCCL's own account shows a rank below this: rdma "
@@ -210,6 +214,10 @@ def run_cmd(
         restart = RestartPolicy(restarts=restarts, count=parse_nnodes(nnodes),
                                 backoff=restart_backoff)
         compile_progress(progress)  # a bad pattern: exit 2 before anything connects
+        if checkpoint is not None:
+            from launcher.decide.goodput import compile_checkpoint
+
+            compile_checkpoint(checkpoint)
         hang = HangPolicy(timeout=hang_timeout, progress=progress,
                           on_hang=on_hang or ("stop" if restarts else "dump"))
         from launcher.decide.devices import selection
@@ -259,7 +267,7 @@ def run_cmd(
                           preflight=preflight, command=tuple(command), offline=offline,
                           transport=transport, junit=junit, timestamps=timestamps,
                           hang=hang, restart=restart, sample_interval=sample_interval,
-                          require_fabric=require_fabric,
+                          require_fabric=require_fabric, checkpoint=checkpoint,
                           stragglers=StragglerSettings(window=straggler_window,
                                                        hold=straggler_hold,
                                                        ratio=straggler_ratio))

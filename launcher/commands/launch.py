@@ -267,6 +267,7 @@ def start_meta(archive: RunArchive, req: RunRequest, opts: RunOptions, plan: Lau
     """meta.json as the job starts (each attempt's plan, with --restarts)."""
     archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, prep.pre),
                         "state": "starting", "transport": prep.choice.kind,
+                        **({"checkpoint_pattern": opts.checkpoint} if opts.checkpoint else {}),
                         "launcher": {"pid": os.getpid(), "uid": os.getuid(),
                                      "host": socket.gethostname(),
                                      "detached": detacher is not None,

@@ -355,6 +355,18 @@ def ledger_of(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]] | An
     return led.result(meta, now)
 
 
+def compile_checkpoint(pattern: str) -> re.Pattern[str]:
+    """--checkpoint REGEX, checked before anything connects (exit 2 on a bad one)."""
+    from launcher.errors import UsageError
+
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"--checkpoint {pattern!r}: {exc}",
+                         hint="a Python regular expression, searched in each output line"
+                         ) from None
+
+
 def _n(v: object, default: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 

@@ -94,6 +94,7 @@ class RunOptions:
     offline: bool = False  # --dry-run --offline: plan from the hostfile, connect nowhere
     # NCCL's account (decide/nccl_account.py, docs/fabric.md): --require-fabric rdma|gdr|any
     require_fabric: str | None = None
+    checkpoint: str | None = None  # --checkpoint REGEX: the save lines (docs/goodput.md)
 
 
 @dataclass(frozen=True)
