@@ -163,6 +163,7 @@ def test_the_goodput_bands_in_headless_chromium(tmp_path: Any) -> None:
     widths = {c: sum(w for k, w in bands if k == c) for c, _ in bands}
     assert widths["winddown"] > widths["backoff"]  # 30 s against 2 s, on one axis
     assert res.values["rows"] == len(CAUSES) + 1
+    assert "seconds per step, per node (slowest first): n1 1 s, n2 1 s" in path.read_text()
 
 
 def test_a_bad_checkpoint_pattern_exits_2_before_anything_connects() -> None:

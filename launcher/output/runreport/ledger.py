@@ -90,7 +90,20 @@ def section(s: RunSummary) -> str:
                     if isinstance(n, str))
     return (f'<section id="goodput"><h2>Goodput: {percent(g.get("goodput"))} of '
             f'{fmt_t(float(g.get("wall_s") or 0.0))}</h2>'
-            f'{bands_svg(g, s.header.started or 0.0, s.span)}{table(g)}{notes}</section>')
+            f'{bands_svg(g, s.header.started or 0.0, s.span)}{table(g)}{notes}'
+            f'{step_times(g)}</section>')
+
+
+def step_times(g: Mapping[str, Any]) -> str:
+    """Seconds per step per node (its slowest rank), slowest first."""
+    st = g.get("step_time")
+    nodes = st.get("nodes") if isinstance(st, Mapping) else None
+    if not isinstance(nodes, Mapping) or not nodes:
+        return ""
+    pairs = sorted(((str(h), float(v)) for h, v in nodes.items()
+                    if isinstance(v, int | float)), key=lambda p: -p[1])[:16]
+    cells = ", ".join(f"{text(h)} {v:.3g} s" for h, v in pairs)
+    return f'<p class="dim step-time">seconds per step, per node (slowest first): {cells}</p>'
 
 
 def compare(runs: Sequence[RunSummary]) -> str:
