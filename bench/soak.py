@@ -155,7 +155,7 @@ def run_pids(k: int, run_id: str) -> list[int]:
 def ranks_of(k: int, run_id: str) -> list[int]:
     """The workload's processes on node k (the innermost when a shim wraps it)."""
     ours = [p for p in run_pids(k, run_id) if WORKLOAD in _cmdline(p)
-            and not _cmdline(p).startswith("dtrain ")
+            and not _cmdline(p).startswith("dtrain supervisor")
             and "torchrun" not in _cmdline(p) and "torch.distributed.run" not in _cmdline(p)]
     return [p for p in ours if not any(_ppid(q) == p for q in ours)]
 
