@@ -69,3 +69,14 @@ def test_the_cpu_chart_s_y_ticks_differ_when_the_values_sit_near_100_percent() -
     assert near == ["99.5%", "100.0%", "100.5%", "101.0%"]
     assert len(set(nearer)) == 4
     assert wide == ["0%", "25%", "50%", "75%", "100%"]
+
+
+def test_a_syntax_error_as_python_prints_it_is_the_exception_it_is() -> None:
+    """No "Traceback" line: the place, the line, the caret, the error (what the rank shim
+    now prints, as plain python does)."""
+    from launcher.decide.failures import python_exception
+
+    lines = ['  File "/x/broken.py", line 2', "    def broken(:", "               ^",
+             "SyntaxError: invalid syntax"]
+    assert python_exception(lines) == ("SyntaxError", "invalid syntax", "broken.py:2")
+    assert python_exception(["SyntaxError: in a message, no place"]) is None

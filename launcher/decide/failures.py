@@ -140,7 +140,7 @@ def python_exception(lines: Iterable[str]) -> tuple[str, str, str | None] | None
         if line.startswith("Traceback (most recent call last)"):
             last = i
     if last is None:
-        return None
+        return _syntax_error(text)
     frame, exc = None, None
     for line in text[last + 1:]:
         f = _FRAME.match(line)
@@ -153,6 +153,25 @@ def python_exception(lines: Iterable[str]) -> tuple[str, str, str | None] | None
     if exc is None:
         return None
     return exc[0], exc[1], frame
+
+
+_SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError): (.*)$")
+_SYNTAX_AT = re.compile(r'^\s*File "([^"]+)", line (\d+)$')
+
+
+def _syntax_error(text: list[str]) -> tuple[str, str, str | None] | None:
+    """A script that does not compile: Python prints no "Traceback" line, only the place
+    (``File "train.py", line 3``), the line, a caret and ``SyntaxError: ...``."""
+    for i in range(len(text) - 1, -1, -1):
+        m = _SYNTAX.match(text[i])
+        if m:
+            for j in range(i - 1, max(-1, i - 8), -1):
+                at = _SYNTAX_AT.match(text[j])
+                if at:
+                    return m.group(1), m.group(2), \
+                        f"{at.group(1).rsplit('/', 1)[-1]}:{at.group(2)}"
+            return None
+    return None
 
 
 def crash_place(text: str) -> tuple[str | None, tuple[Frame, ...]]:
