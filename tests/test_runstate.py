@@ -116,17 +116,28 @@ def test_the_ps_table_whole() -> None:
                   last_line_t=0.0),
     ]
     runs[3] = RunStatus("r4", Path("/a/r4"), "finished", False, exit_code=1, pid=13,
-                        last_line_t=0.0, goodput=0.874)
+                        last_line_t=0.0, goodput=0.874, fabric="socket 2/4")
     assert render_table(runs, now=1100.0) == (
-        "RUN ID   KIND   STATE          NODES  RANKS  AGE     LAST LINE  GOODPUT  LAUNCHER\n"
-        "r1       run    running        2      4      1m40s   10s ago    -        pid 10\n"
-        "r2       smoke  running        -      -      11m40s  -          -        pid 11 "
-        "detached on elsewhere\n"
-        "r3^[[2J  run    launcher lost  -      0      -       -          -        -\n"
-        "r4       run    finished (1)   -      -      -       -          87%      -\n"
+        "RUN ID   KIND   STATE          NODES  RANKS  FABRIC      AGE     LAST LINE  GOODPUT  "
+        "LAUNCHER\n"
+        "r1       run    running        2      4      -           1m40s   10s ago    -        "
+        "pid 10\n"
+        "r2       smoke  running        -      -      -           11m40s  -          -        "
+        "pid 11 detached on elsewhere\n"
+        "r3^[[2J  run    launcher lost  -      0      -           -       -          -        -\n"
+        "r4       run    finished (1)   -      -      socket 2/4  -       -          87%      -\n"
         "r3^[[2J: launcher lost: " + LOST_NOTE.format("5 s)") + "\n")
     assert render_table([], now=0.0) == (
-        "RUN ID  KIND  STATE  NODES  RANKS  AGE  LAST LINE  GOODPUT  LAUNCHER\n")
+        "RUN ID  KIND  STATE  NODES  RANKS  FABRIC  AGE  LAST LINE  GOODPUT  LAUNCHER\n")
+
+
+def test_ps_fabric_cell_from_meta() -> None:
+    from launcher.output.runstate import fabric_cell
+
+    assert fabric_cell(None) is None and fabric_cell({"transports": {}}) is None
+    assert fabric_cell({"transports": {"0": "gdr", "1": "gdr"}}) == "gdr"
+    assert fabric_cell({"transports": {"0": "gdr", "1": "socket", "2": "socket",
+                                       "3": "rdma"}}) == "socket 2/4"
 
 
 def test_ps_json_lists_every_field() -> None:
@@ -140,7 +151,7 @@ def test_ps_json_lists_every_field() -> None:
         "exit_code": None, "outcome": None, "launcher_pid": 10, "launcher_host": "h",
         "detached": False, "hosts": ["n1"], "nodes": 1, "world_size": 2, "created": 1.0,
         "ended": None, "last_line_t": None, "note": None, "attempt": 2, "kind": "smoke",
-        "goodput": None}]
+        "goodput": None, "fabric": None}]
 
 
 def test_ps_shows_every_live_run_and_the_newest_of_the_others() -> None:

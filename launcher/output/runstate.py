@@ -57,6 +57,7 @@ class RunStatus:
     attempt: int | None = None  # run --restarts: the attempt running (or the last one)
     kind: str = "run"  # the command that made it: run or smoke
     goodput: float | None = None  # productive / wall time (docs/goodput.md); None: unknown
+    fabric: str | None = None  # NCCL's transport (docs/fabric.md): gdr, rdma, socket 2/4 ...
 
     @property
     def label(self) -> str:
@@ -112,7 +113,24 @@ def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
         attempt=_attempt(meta),
         kind=_kind(meta),
         goodput=_goodput(meta),
+        fabric=fabric_cell(meta.get("fabric")),
     )
+
+
+def fabric_cell(fabric: object) -> str | None:
+    """meta.json's ``fabric`` as one word: the one transport of every rank (gdr, rdma,
+    socket, plugin), or the worst with its count (``socket 2/4``); None: no account."""
+    if not isinstance(fabric, dict) or not isinstance(fabric.get("transports"), dict):
+        return None
+    kinds = [k for k in fabric["transports"].values() if isinstance(k, str)]
+    if not kinds:
+        return None
+    if len(set(kinds)) == 1:
+        return kinds[0][:12]
+    for worst in ("none", "socket", "plugin", "rdma", "gdr"):
+        if worst in kinds:
+            return f"{worst} {kinds.count(worst)}/{len(kinds)}"
+    return "mixed"
 
 
 def _goodput(meta: dict[str, Any]) -> float | None:
@@ -192,7 +210,7 @@ def ps_json(runs: list[RunStatus], archive_dir: Path) -> dict[str, Any]:
             "launcher_host": r.launcher_host, "detached": r.detached, "hosts": list(r.hosts),
             "nodes": len(r.hosts), "world_size": r.world_size, "created": r.created,
             "ended": r.ended, "last_line_t": r.last_line_t, "note": r.note,
-            "attempt": r.attempt, "kind": r.kind, "goodput": r.goodput,
+            "attempt": r.attempt, "kind": r.kind, "goodput": r.goodput, "fabric": r.fabric,
         } for r in runs],
     }
 
@@ -201,8 +219,8 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
     """The `dtrain ps` table, with a note under it for each lost launcher."""
     now = time.time() if now is None else now
     here = socket.gethostname()
-    rows = [("RUN ID", "KIND", "STATE", "NODES", "RANKS", "AGE", "LAST LINE", "GOODPUT",
-             "LAUNCHER")]
+    rows = [("RUN ID", "KIND", "STATE", "NODES", "RANKS", "FABRIC", "AGE", "LAST LINE",
+             "GOODPUT", "LAUNCHER")]
     for r in runs:
         who = f"pid {r.pid}" if r.pid is not None and r.alive else "-"
         if r.alive and r.detached:
@@ -212,7 +230,7 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
         last = f"{age(now - r.last_line_t)} ago" if r.last_line_t else "-"
         rows.append((r.run_id, r.kind, r.label, str(len(r.hosts)) if r.hosts else "-",
                      str(r.world_size) if r.world_size is not None else "-",
-                     age(now - r.created) if r.created else "-", last,
+                     r.fabric or "-", age(now - r.created) if r.created else "-", last,
                      goodput_cell(r.goodput), who))
     cells = [[inert(cell) for cell in row] for row in rows]  # archive text: no controls
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
