@@ -133,6 +133,11 @@ def run_cmd(
         "--checkpoint", metavar="REGEX", rich_help_panel=FAILURE,
         help="REGEX: the output lines that say a checkpoint was saved, for the goodput "
              "ledger (docs/goodput.md).")] = None,
+    notify: Annotated[str | None, typer.Option(
+        "--notify", metavar="URL|COMMAND", rich_help_panel=FAILURE,
+        help="Tell URL (a JSON POST with a Slack-compatible text) or COMMAND (the event's "
+             "JSON on stdin) when the run starts, hangs, fences a node, relaunches, "
+             "ends.")] = None,
     require_fabric: Annotated[str | None, typer.Option(
         "--require-fabric", metavar="rdma|gdr|any", rich_help_panel=FAILURE,
         help="Stop the run (exit 123) when NCCL's own account shows a rank below this: rdma "
@@ -241,6 +246,10 @@ def run_cmd(
         hidden = from_environment(env or [])
         secrets = [*pairs, *(kv for h in host_list for kv in h.env)]
         command = redact_command(["dtrain", *sys.argv[1:]], env or [], secrets, hidden)
+        if notify:
+            from launcher.job.notify import redact_argv
+
+            command = redact_argv(command)
         profile_env = None
         if profile:
             from launcher.decide.netenv import load_profile
@@ -268,6 +277,7 @@ def run_cmd(
                           transport=transport, junit=junit, timestamps=timestamps,
                           hang=hang, restart=restart, sample_interval=sample_interval,
                           require_fabric=require_fabric, checkpoint=checkpoint,
+                          notify=notify,
                           stragglers=StragglerSettings(window=straggler_window,
                                                        hold=straggler_hold,
                                                        ratio=straggler_ratio))

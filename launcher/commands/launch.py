@@ -237,6 +237,10 @@ def held_run(req: RunRequest, opts: RunOptions,
     except OSError as exc:  # a filesystem without locks: the run goes on, ps cannot tell
         render.note(f"warning: cannot lock {archive.path / LOCK} ({exc.strerror}): `dtrain "
                     "ps` will show this run as 'launcher lost' while it runs")
+    from launcher.job import notify
+
+    if notify.start(opts.notify, req.run_id, render.note):
+        notify.event("started", "started")
     try:
         yield archive
         if archive.meta.get("state") == "finished":
@@ -258,8 +262,22 @@ def held_run(req: RunRequest, opts: RunOptions,
                                     outcome=f"launcher ended early: {type(exc).__name__}")
         raise
     finally:
+        ended(archive.meta)
         if lock is not None:
             lock.release()
+
+
+def ended(meta: dict[str, Any]) -> None:
+    """--notify: the run's end (its verdict and goodput), then the notifier's end (bounded)."""
+    from launcher.job import notify
+
+    g = meta.get("goodput") if isinstance(meta.get("goodput"), dict) else {}
+    value = g.get("goodput") if isinstance(g, dict) else None
+    good = f"{value * 100:.0f}%" if isinstance(value, int | float) else "not measured"
+    notify.event("ended", f"ended: {meta.get('outcome') or 'no verdict'} (exit "
+                 f"{meta.get('exit_code')}); goodput {good}", outcome=meta.get("outcome"),
+                 exit_code=meta.get("exit_code"), goodput=value)
+    notify.stop()
 
 
 def start_meta(archive: RunArchive, req: RunRequest, opts: RunOptions, plan: LaunchPlan,
@@ -452,6 +470,18 @@ def _on_a_terminal() -> bool:
     return any(getattr(s, "isatty", lambda: False)() for s in (sys.stdin, sys.stderr))
 
 
+def hang_recorded(archive: RunArchive, watch: HangWatch) -> None:
+    """A hang declared: into meta.json, and to --notify (with the culprit)."""
+    from launcher.job import notify
+
+    archive.update_meta(**watch.meta())
+    h = watch.hangs[-1] if watch.hangs else {}
+    c = h.get("culprit") or {}
+    who = f"rank {c.get('rank')} on {c.get('host')}" if c else "no culprit named"
+    notify.event("hang", f"hang declared after {h.get('stalled_s')} s without progress: "
+                 f"{who}", culprit=c or None, attempt=h.get("attempt"))
+
+
 def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,
                out: RunPipeline, board: NodeBoard) -> HangWatch:
     """The run's hang watch (docs/hangs.md), fed with every output line."""
@@ -461,6 +491,6 @@ def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive
     watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},
                       archive.dir, lambda text: out.message(text),
                       alive=lambda: job.state is JobState.RUNNING and board.ranks_done == 0,
-                      on_record=lambda: archive.update_meta(**watch.meta()))
+                      on_record=lambda: hang_recorded(archive, watch))
     out.observers.append(watch.observe)
     return watch

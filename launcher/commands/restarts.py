@@ -237,6 +237,10 @@ class Loop:
         self.fenced += [{"host": r.host, "why": r.why, "t": r.t, "attempt": len(self.attempts)
                          or 1} for r in records]
         archive.update_meta(fenced=self.fenced)
+        from launcher.job import notify
+
+        for r in records:
+            notify.event("fenced", f"{r.host} fenced: {r.why}", host=r.host, why=r.why)
         if self.policy.remember and records:
             try:
                 self.store.remember(records)
@@ -315,6 +319,10 @@ class Loop:
                         archive.attempt = n
                         started = time.time()
                         self.attempts[-1]["relaunched"] = started
+                        from launcher.job import notify
+
+                        notify.event("relaunched", f"attempt {n} relaunched on "
+                                     f"{', '.join(self.active)}", attempt=n)
                         archive.update_meta(attempts=self.attempts)
                         relaunched = await self.one(archive, n, between)
                     if relaunched is None:

@@ -95,6 +95,7 @@ class RunOptions:
     # NCCL's account (decide/nccl_account.py, docs/fabric.md): --require-fabric rdma|gdr|any
     require_fabric: str | None = None
     checkpoint: str | None = None  # --checkpoint REGEX: the save lines (docs/goodput.md)
+    notify: str | None = None  # --notify URL|COMMAND (job/notify.py)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,103 @@
+"""`dtrain run --notify` (job/notify.py): a real HTTP server on 127.0.0.1 (stdlib, started
+here) gets the run's events as JSON POSTs with a Slack-compatible ``text``; a command gets
+them on stdin without a shell; a dead endpoint is one console line and the run goes on;
+the URL's secrets never reach meta.json or the console."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.job.notify import redact_url
+from tests.util import REPO
+
+SCRIPT = "import time\nfor i in range(3):\n    print(f'step {i}', flush=True); time.sleep(0.2)\n"
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    got: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append({"path": self.path, **json.loads(body)})
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", got
+    srv.shutdown()
+    srv.server_close()
+
+
+def run(tmp_path: Path, notify: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    return subprocess.run([sys.executable, "-m", "launcher", "run", "-H", "localhost",
+                           "--nproc-per-node", "1", "--archive-dir", str(tmp_path / "runs"),
+                           "--no-color", "--notify", notify, str(script)], cwd=REPO,
+                          text=True, capture_output=True, timeout=180)
+
+
+def meta_of(tmp_path: Path) -> dict[str, Any]:
+    (path,) = (tmp_path / "runs").glob("*/meta.json")
+    return json.loads(path.read_text())
+
+
+def test_a_webhook_gets_started_and_ended_with_the_goodput(
+        tmp_path: Path, server: tuple[str, list[dict[str, Any]]]) -> None:
+    base, got = server
+    url = f"{base}/services/T0123ABCD/B0456EFGH/s3cretTOKENvalue99?token=hush"
+    res = run(tmp_path, url)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [e["event"] for e in got] == ["started", "ended"], got
+    m = meta_of(tmp_path)
+    assert all(e["run_id"] == m["run_id"] and e["text"].startswith("dtrain run ")
+               for e in got)
+    end = got[-1]
+    assert end["exit_code"] == 0 and end["goodput"] == m["goodput"]["goodput"]
+    assert "goodput" in end["text"] and got[0]["path"].startswith("/services/")
+    stored = json.dumps(m) + res.stdout + res.stderr
+    assert "s3cretTOKENvalue99" not in stored and "hush" not in stored
+    assert "T0123ABCD" not in stored
+
+
+def test_a_command_gets_the_event_on_stdin_without_a_shell(tmp_path: Path) -> None:
+    out = tmp_path / "events.jsonl"
+    sink = tmp_path / "sink.py"
+    sink.write_text("import sys\nopen(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')\n")
+    res = run(tmp_path, f"{sys.executable} {sink} {out} ;touch {tmp_path / 'injected'}")
+    assert res.returncode == 0, res.stdout + res.stderr
+    events = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    assert [e["event"] for e in events] == ["started", "ended"]
+    assert not (tmp_path / "injected").exists()
+
+
+def test_a_dead_endpoint_is_one_line_and_the_run_goes_on(tmp_path: Path) -> None:
+    res = run(tmp_path, "http://127.0.0.1:9/hook/abcdef0123456789")
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if "notify " in ln]
+    assert len(lines) == 2 and all("not sent" in ln for ln in lines), lines
+    assert "abcdef0123456789" not in res.stdout + res.stderr
+
+
+def test_redact_url() -> None:
+    assert redact_url("https://u:p@hooks.slack.com/services/T0/B0/XXXXXXXXXXXXXXXXXXXXXXXX") \
+        == "https://***@hooks.slack.com/services/T0/B0/***"
+    assert redact_url("http://h:8080/notify/run42abc?key=v&x=1") == \
+        "http://h:8080/notify/***?key=***&x=***"
