@@ -666,6 +666,23 @@ def test_found_slurm_long_numbers_are_usage_errors(environ: dict[str, str]) -> N
     assert info.value.exit_code == 2 and "SLURM_" in str(info.value)
 
 
+@pytest.mark.parametrize("data", [b"B\x00\x00\x00\x04", b"\x8e" + (2 ** 40).to_bytes(8, "little"),
+                                  b"X\x00\x00\x00\x7f"], ids=["bytes4", "bytes8", "unicode4"])
+def test_found_flight_dump_lengths_are_checked_before_any_allocation(data: bytes) -> None:
+    """A five-byte flight dump declaring a 64 MiB string made the unpickler allocate 64 MiB
+    (BINBYTES8: up to 2**64) before finding it truncated (found by the long run)."""
+    import tracemalloc
+
+    from launcher.decide.flight import load_dump
+
+    tracemalloc.start()
+    try:
+        assert load_dump(data) is None
+        assert tracemalloc.get_traced_memory()[1] < 8 << 20
+    finally:
+        tracemalloc.stop()
+
+
 def test_found_odd_flight_entries() -> None:
     """A flight dump whose entries is a number was a TypeError (not reversible) in the hang
     watch's reading of the dumps."""

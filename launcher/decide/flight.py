@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,11 @@ class _PlainUnpickler(pickle.Unpickler):
 def load_dump(data: bytes) -> dict[str, Any] | None:
     """A flight recorder pickle as plain data, or None when it is not one."""
     try:
+        # every length the pickle declares is checked against the data first: the unpickler
+        # allocates a counted string's declared size before reading it (b"B\0\0\0\4", five
+        # bytes, was 64 MiB; BINBYTES8 up to 2**64)
+        for _ in pickletools.genops(io.BytesIO(data)):
+            pass
         value = _PlainUnpickler(io.BytesIO(data)).load()
     except Exception:  # a truncated file, a class in it, not a pickle
         return None
