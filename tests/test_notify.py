@@ -101,3 +101,21 @@ def test_redact_url() -> None:
         == "https://***@hooks.slack.com/services/T0/B0/***"
     assert redact_url("http://h:8080/notify/run42abc?key=v&x=1") == \
         "http://h:8080/notify/***?key=***&x=***"
+
+
+def test_notify_in_the_user_config_is_the_default(
+        tmp_path: Path, server: tuple[str, list[dict[str, Any]]]) -> None:
+    base, got = server
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'notify = "{base}/from-config"\n')
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    import os
+
+    res = subprocess.run([sys.executable, "-m", "launcher", "run", "-H", "localhost",
+                          "--nproc-per-node", "1", "--archive-dir", str(tmp_path / "runs"),
+                          str(script)], cwd=REPO, text=True, capture_output=True, timeout=180,
+                         env={**os.environ, "DTRAIN_CONFIG": str(cfg)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [(e["path"], e["event"]) for e in got] == [("/from-config", "started"),
+                                                      ("/from-config", "ended")]

@@ -24,7 +24,7 @@ SOURCES = "dtrain.sources"
 CONFIG = "dtrain.config"
 FLAGS = {"python": "--python", "setup": "--setup", "workdir": "--workdir",
          "archive_dir": "--archive-dir", "hostfile": "-f/--hostfile", "image": "--image",
-         "container_runtime": "--container-runtime"}
+         "container_runtime": "--container-runtime", "notify": "--notify"}
 BUILT_IN = "built-in default"
 
 

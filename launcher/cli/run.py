@@ -10,6 +10,7 @@ import typer
 
 from launcher.cli import groups
 from launcher.cli.common import run_body
+from launcher.cli.defaults import from_config
 from launcher.cli.groups import (
     FAILURE,
     LAUNCH,
@@ -135,6 +136,7 @@ def run_cmd(
              "ledger (docs/goodput.md).")] = None,
     notify: Annotated[str | None, typer.Option(
         "--notify", metavar="URL|COMMAND", rich_help_panel=FAILURE,
+        callback=from_config("notify"),
         help="Tell URL (a JSON POST with a Slack-compatible text) or COMMAND (the event's "
              "JSON on stdin) when the run starts, hangs, fences a node, relaunches, "
              "ends.")] = None,

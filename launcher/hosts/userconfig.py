@@ -34,7 +34,7 @@ from launcher.errors import ConfigError
 from launcher.hosts.envfile import check_name, check_value
 
 KEYS = ("hostfile", "python", "setup", "workdir", "archive_dir", "persist", "image",
-        "container_runtime")
+        "container_runtime", "notify")
 MAX_BYTES = 1 << 20
 
 
