@@ -311,8 +311,9 @@ def test_explain_comm_exception_and_exit_whole() -> None:
     assert _why(rank=None, host="n1", code=1, sig=None,
                 stderr=["Traceback (most recent call last):", "KeyError: 'x'"]) == (
         "exception", "n1 raised KeyError: 'x'",
-        "an error in the program: the whole output is in the archive", "user", ("KeyError: 'x'",),
-        {})
+        "an error in the script or its input: with --restarts it is run again from the last "
+        "checkpoint if it came after progress, and stops when it fails the same way at the same "
+        "place; the whole output is in the archive", "user", ("KeyError: 'x'",), {})
     assert _why(rank=2, host="n1", code=3, sig=None, stderr=["[rank2]: bye", " "]) == (
         "exit", "rank 2 on n1 exited 3: bye", "its last output says why (dtrain logs --rank 2)",
         "unknown", ("bye",), {})
