@@ -13,6 +13,7 @@ import pytest
 
 import tests.cluster as tc
 from tests.test_failures import Dtrain, meta, new_id
+from tests.test_notify import server  # noqa: F401
 from tests.test_restarts_cluster import _args, _ckdir, _cut_run, _records, six  # noqa: F401
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timeout(300)]
@@ -63,12 +64,14 @@ def expected(m: dict, records: list[dict]) -> list[dict[str, float]]:
 
 
 def test_the_ledger_of_a_crash_and_a_lost_node_equals_the_archive_cause_by_cause(
-        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:  # noqa: F811
+        six: tc.Cluster, tmp_path: Path, jobs: list[Dtrain],  # noqa: F811
+        server: tuple[str, list[dict]]) -> None:  # noqa: F811
     run_id = new_id("goodput")
     ck = _ckdir(six, run_id)
     junit = tmp_path / "junit.xml"
     args = _args(six, tmp_path, run_id, "node[3-6]", "--nnodes", "3", "--restarts", "3",
                  "--heartbeat-timeout", "5", "--restart-backoff", "0.5", "--junit", str(junit),
+                 "--notify", f"{server[0]}/hook",
                  env={"CK_DIR": str(ck), "CK_STEPS": "40", "CK_STEP_SLEEP": "0.2",
                       "CK_CRASH_RANK": "1"})
     job, rc = _cut_run(six, tmp_path, jobs, run_id, args, [3, 4, 5, 6], 5,
@@ -89,6 +92,11 @@ def test_the_ledger_of_a_crash_and_a_lost_node_equals_the_archive_cause_by_cause
     assert total == pytest.approx(g["wall_s"], abs=0.02)
     assert g["goodput"] == pytest.approx(g["seconds"]["productive"] / g["wall_s"], abs=1e-3)
     assert 0 < g["goodput"] < 1 and g["not_measured"] == []
+    # --notify: every event, in order, with the fenced node and the goodput
+    events = server[1]
+    assert [e["event"] for e in events] == ["started", "relaunched", "fenced", "relaunched",
+                                            "ended"], events
+    assert events[2]["host"] == "node5" and events[-1]["goodput"] == g["goodput"]
     text = junit.read_text()
     assert f'<property name="goodput" value="{g["goodput"]:.4f}"' in text
     assert '<property name="goodput.lost_s"' in text
