@@ -165,7 +165,7 @@ def test_detached_run_survives_logout_then_ps_attach_stop(cluster: tc.Cluster, a
         assert ps(cluster, archive)[run_id]["state"] == "running"
         assert watch.supervisors() == 2 and watch.left(), "the job must still be running"
         table = ps_table(cluster, archive)
-        assert re.search(rf"^{run_id} +run +running +2 +2 .* ago +pid \d+ detached$", table,
+        assert re.search(rf"^{run_id} +run +running +2 +2 .* ago +\S+ +pid \d+ detached$", table,
                          re.M), table
 
         # attach follows the live console; Ctrl-C detaches and leaves the run alone
