@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.output.fold import rank_ranges
+
 REQUIRE = ("rdma", "gdr", "any")
 EXIT_FABRIC = 123  # docs/exit-codes.md: --require-fabric refused NCCL's transport
 MAX_WARNS = 20  # WARN lines kept per rank (folded by text)
@@ -212,17 +214,8 @@ class FabricSummary:
 
 
 def ranges(ranks: Sequence[int]) -> str:
-    """``[8, 9, 10, 12]`` -> ``8-10,12``."""
-    out: list[str] = []
-    nums = sorted(set(ranks))
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(out)
+    """``[8, 9, 10, 12]`` -> ``8-10,12`` (output/fold's folding, the same everywhere)."""
+    return rank_ranges(ranks)
 
 
 def _why_socket(acc: RankAccount) -> str:
