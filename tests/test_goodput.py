@@ -177,3 +177,12 @@ def test_a_bad_checkpoint_pattern_exits_2_before_anything_connects() -> None:
                          capture_output=True, timeout=60)
     assert res.returncode == 2, res.stderr
     assert "--checkpoint '('" in res.stderr
+
+
+def test_a_stepless_line_at_the_same_time_as_a_numbered_one_does_not_break_the_ledger():
+    # examples/train.py's last lines: `step 4 ...` and `done: 5 steps ...` in one clock tick
+    # (sorting the (t, step) points compared None with an int: the run ended in a traceback)
+    lines = [rec(1.0, "step 0 loss 2.0"), rec(2.0, "step 1 loss 1.5"),
+             rec(3.0, "step 2 loss 1.0"), rec(3.0, "done: 3 steps, final loss 1.0")]
+    led = ledger_of({"start": 0.0, "end": 4.0, "state": "finished"}, lines)
+    assert led is not None

@@ -221,7 +221,7 @@ def _build(led: Ledger, meta: Mapping[str, Any], now: float | None) -> GoodputLe
                 mine.append((s, e, "startup"))
         else:
             any_progress = True
-            pts = sorted(ref.points)
+            pts = sorted(ref.points, key=_at)
             f, last = min(max(pts[0][0], s), e), min(max(pts[-1][0], s), e)
             steps = [st for _, st in pts if st is not None]
             numbered = len(steps) == len(pts)
@@ -230,7 +230,7 @@ def _build(led: Ledger, meta: Mapping[str, Any], now: float | None) -> GoodputLe
             boundary = last
             if nxt is not None:
                 nref = led._ref(_n(nxt.get("n"), i + 2))
-                nsteps = [st for _, st in sorted(nref.points)] if nref else []
+                nsteps = [st for _, st in sorted(nref.points, key=_at)] if nref else []
                 if numbered and nsteps and nsteps[0] is not None:
                     r0 = nsteps[0]
                     below = [t for t, st in pts if st is not None and st < r0]
@@ -340,6 +340,12 @@ def step_times(led: Ledger) -> dict[str, dict[str, float]]:
         if host is not None:
             nodes[host] = max(nodes.get(host, 0.0), v)
     return {"ranks": per_rank, "nodes": nodes}
+
+
+def _at(point: tuple[float, int | None]) -> float:
+    """A progress point's time: points sort by time alone (a line without a step number
+    may share its time with a numbered one)."""
+    return point[0]
 
 
 def ledger_of(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]] | Any,
