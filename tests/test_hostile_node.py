@@ -190,11 +190,12 @@ class _Chunks:
 def _read(chunks: list[bytes], max_line: int) -> tuple[str | None, list[dict]]:
     import asyncio
 
-    from launcher.job.sampling import NodeSampler
+    from launcher.job.sampling import NodeSampler, SamplerParams
 
     got: list[dict] = []
     conn = type("C", (), {"host": type("H", (), {"label": "n1"})()})()
-    s = NodeSampler(conn, None, lambda host, msg: got.append(msg), max_line=max_line)  # type: ignore[arg-type]
+    s = NodeSampler(conn, SamplerParams(), lambda host, msg: got.append(msg),  # type: ignore[arg-type]
+                    max_line=max_line)
     s.hello = {"type": "hello"}
     s.proc = _Chunks(chunks)  # type: ignore[assignment]
     return asyncio.run(s._read()), got

@@ -99,7 +99,11 @@ class LocalConnection(Connection):
             if proc.returncode is None:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
-        await asyncio.gather(*waits)
+        # bounded too: asyncio's wait() also waits for the pipes, and a pipe nobody reads any
+        # more (a hostile node's endless stdout, already refused) is paused and never closes
+        _, late = await asyncio.wait(waits, timeout=CLOSE_WAIT_S)
+        for wait in late:
+            wait.cancel()
 
 
 @contextlib.contextmanager
