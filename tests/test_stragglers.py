@@ -287,7 +287,7 @@ def test_a_later_attempt_keeps_the_earlier_attempts_flags_in_meta_json(monkeypat
             self.meta = {**self.meta, **kw}
 
     nodes = [SimpleNamespace(host=SimpleNamespace(label=h), node_rank=i, ranks=list(r),
-                             python="python3", env=[])
+                             python="python3", env=[], container=None)
              for i, (h, r) in enumerate(LAYOUT.items())]
     archive = Archive()
     said: list[str] = []
