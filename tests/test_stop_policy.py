@@ -26,15 +26,27 @@ class _Router:
         self.said.append(text)
 
 
+class _Task:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class _TaskGroup:
-    """Records what the policy starts (stop_all / kill) without running it."""
+    """Records what the policy starts (stop_all / kill / the victim's hold) without running
+    it."""
 
     def __init__(self) -> None:
         self.started: list[str] = []
+        self.tasks: list[_Task] = []
 
-    def create_task(self, coro: Coroutine[Any, Any, Any], name: str = "") -> None:
+    def create_task(self, coro: Coroutine[Any, Any, Any], name: str = "") -> _Task:
         self.started.append(name)
         coro.close()
+        self.tasks.append(_Task())
+        return self.tasks[-1]
 
 
 def _job() -> tuple[Job, _Router, _TaskGroup]:
@@ -134,3 +146,83 @@ def test_the_summary_of_many_nodes_is_folded_and_the_odd_node_comes_first() -> N
     assert lines[2] == ("  gpu[01-04,06-20] (19 nodes): 38 ranks exit 0 after 8.0-8.2s; "
                         "torchrun exit 0 after 10.0s"), lines
     assert len(lines) == 3 + len(v.lines), lines
+
+
+def _held_job(hold: float = 2.0) -> tuple[Job, _Router, _TaskGroup]:
+    """A job with two running nodes whose victims are the aborted ranks, or those whose tail
+    says a peer went away (as commands/launch.py wires ErrorKeeper.victim)."""
+    from launcher.decide.failures import looks_like_victim
+
+    router = _Router()
+    tails = {("b", 2): ["[rank2]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection "
+                        "closed by peer [198.18.0.11]:43210"]}
+    job = Job([], {}, Policy(grace=10.0, peer_hold=hold), router,
+              victim=lambda f: looks_like_victim(f.signal, tails.get((f.host, f.rank), ())))
+    job.sessions = {"a": object(), "b": object()}  # type: ignore[dict-item]
+    return job, router, _TaskGroup()
+
+
+def _exit(job: Job, tg: _TaskGroup, host: str, rank: int, code: int,
+          sig: int | None = None) -> None:
+    from launcher.models import Host
+
+    job._rank_event(Host(host), {"type": "rank_exit", "rank": rank, "code": code,
+                                 "signal": sig, "t": 1.0}, tg)  # type: ignore[arg-type]
+
+
+def test_a_victims_abort_holds_the_stop_and_the_raiser_behind_it_is_the_root_cause() -> None:
+    """The race of docs/failure-semantics.md: rank 0 aborts on "Connection closed by peer" a
+    few milliseconds before rank 1's own exception exit arrives. Rank 1 is the root cause."""
+    job, _, tg = _held_job()
+    _exit(job, tg, "a", 0, 134, signal.SIGABRT)
+    assert tg.started == ["hold"]  # not stopping yet
+    _exit(job, tg, "b", 2, 1)  # says a peer went away: a victim too, still held
+    assert tg.started == ["hold"]
+    _exit(job, tg, "b", 1, 1)  # failed of its own
+    assert tg.started == ["hold", "stop-all"] and tg.tasks[0].cancelled
+    assert [(f.host, f.rank, f.code) for f in job.outcome.failures] == [
+        ("b", 1, 1), ("a", 0, 134), ("b", 2, 1)]
+    assert job.outcome.root is not None and job.outcome.root.rank == 1
+    assert job.outcome.first_failure == "b"
+    _exit(job, tg, "a", 3, 1)  # after the stop: a follower
+    assert len(job.outcome.failures) == 3 and tg.started == ["hold", "stop-all"]
+
+
+def test_a_failure_of_its_own_stops_at_once() -> None:
+    job, _, tg = _held_job()
+    _exit(job, tg, "a", 1, 1)
+    assert tg.started == ["stop-all"]
+    job, _, tg = _held_job(hold=0)  # no hold asked: even a victim stops at once
+    _exit(job, tg, "a", 0, 134, signal.SIGABRT)
+    assert tg.started == ["stop-all"]
+
+
+def test_a_lost_node_ends_the_hold_at_once() -> None:
+    from launcher.job.orchestrate import Failure
+
+    job, _, tg = _held_job()
+    _exit(job, tg, "a", 0, 134, signal.SIGABRT)
+    job._failed(Failure("lost", "b", code=255), tg)  # type: ignore[arg-type]
+    assert tg.started == ["hold", "stop-all"] and tg.tasks[0].cancelled
+    assert job.outcome.root is not None and job.outcome.root.rank == 0
+
+
+def test_the_hold_ends_in_a_stop_with_the_victim_as_root_cause() -> None:
+    import asyncio
+
+    async def main() -> list[str]:
+        job, _, _ = _held_job(hold=0.05)
+        stops: list[str] = []
+
+        async def stop_all(reason: str, **kw: object) -> None:
+            stops.append(reason)
+
+        job.stop_all = stop_all  # type: ignore[method-assign]
+        async with asyncio.TaskGroup() as tg:
+            _exit(job, tg, "a", 0, 134, signal.SIGABRT)  # type: ignore[arg-type]
+            await asyncio.sleep(0.01)
+            assert stops == []
+        assert job.outcome.root is not None and job.outcome.root.rank == 0
+        return stops
+
+    assert asyncio.run(main()) == ["a rank 0 exited 134"]

@@ -392,7 +392,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                 sampling.event(host.label, msg)
 
         job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
-                  on_state=on_state)
+                  on_state=on_state,
+                  victim=lambda f: errors.victim(f.host, f.rank, f.signal))
         watch = hang_watch(job, plan, opts, archive, out, board)
         watch.attempt = req.attempt
         if earlier is not None:

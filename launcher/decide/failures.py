@@ -38,6 +38,9 @@ _COMM = re.compile(
     r"ncclInvalidUsage|Watchdog caught collective operation timeout|NCCL error|"
     r"gloo/transport|Connection closed by peer|Timed out waiting \d+ms|"
     r"ProcessGroupGloo|DistBackendError|Connection reset by peer", re.I)
+# a rank's own words that a peer went away under it: it is a victim, not the cause
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|ncclRemoteError|"
+                        r"remote process exited|peer .{0,40}(?:closed|went away|died)", re.I)
 _XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)(?:, (.*))?")
 _OOM_PID = re.compile(r"(?:Killed process|oom-kill:.*?\bpid=)\s*(\d+)")
 _ANON_RSS = re.compile(r"anon-rss:(\d+)kB")
@@ -122,9 +125,22 @@ class ErrorKeeper:
             if isinstance(rank, int):
                 self.evidence[(host, rank)] = msg["evidence"]
 
+    def victim(self, host: str, rank: int | None, signal: int | None) -> bool:
+        """Does this rank's failure look like a peer's victim (``looks_like_victim``)?"""
+        return looks_like_victim(signal, self.tails.get((host, rank), ()))
+
     def comm_lines(self) -> list[tuple[str, int | None, str]]:
         """Every communication error line kept, as (host, rank, line)."""
         return [(h, r, text) for (h, r), lines in self.comm.items() for text in lines]
+
+
+def looks_like_victim(signal: int | None, tail: Iterable[str]) -> bool:
+    """A failed rank that probably died of another's failure: aborted (SIGABRT: the C++
+    exception a broken gloo/NCCL connection throws ends in ``terminate``), or its last stderr
+    lines say a peer went away ("Connection closed by peer"). The launcher then holds its
+    stop for a moment, in case the culprit's own exit is still on its way
+    (job/orchestrate.py ``Policy.peer_hold``)."""
+    return signal == _signal.SIGABRT or any(_PEER_GONE.search(line) for line in tail)
 
 
 def _strip(line: str) -> str:

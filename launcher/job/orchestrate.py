@@ -76,6 +76,10 @@ class Policy:
     fanout: int = 64
     fanout_whole_job: bool = False  # exec: bound running commands too, like pdsh
     hangup_stops: bool = True  # SIGHUP stops the job (a detached launcher ignores it)
+    # a first failure that looks like a victim (its rank saw a peer go away, or aborted) holds
+    # the stop this long: a rank failing of its own meanwhile is the root cause instead
+    # (docs/failure-semantics.md, "a victim's failure holds the stop")
+    peer_hold: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -200,8 +204,11 @@ class Job:
     def __init__(self, hosts: Sequence[Host], launches: dict[str, NodeLaunch],
                  policy: Policy, router: Output,
                  on_event: Callable[[Host, dict[str, object]], None] | None = None,
-                 on_state: Callable[[JobState], None] | None = None) -> None:
+                 on_state: Callable[[JobState], None] | None = None,
+                 victim: Callable[[Failure], bool] | None = None) -> None:
         self.hosts = list(hosts)
+        self.victim = victim  # does this rank failure look like a peer's victim?
+        self._hold: asyncio.Task[None] | None = None
         self.on_state = on_state
         self.launches = launches
         self.policy = policy
@@ -332,22 +339,43 @@ class Job:
                                       "Ctrl-C to kill now)")
 
     def _failed(self, failure: Failure, tg: asyncio.TaskGroup) -> None:
-        """Record a failure; the first one before any stop is the root cause."""
+        """Record a failure; the first one before any stop is the root cause. A first failure
+        that looks like a victim (``self.victim``) holds the stop for ``policy.peer_hold``
+        seconds: a rank failing of its own meanwhile becomes the root cause."""
         if self._stopping:
             return  # a follower: the job is being stopped already
+        if self._hold is not None and failure.kind == "rank" and not self._is_victim(failure):
+            # the culprit, a few milliseconds behind its victim: the root cause after all
+            self.outcome.failures.insert(0, failure)
+            self.outcome.first_failure = failure.host
+            self._hold.cancel()
+            self._hold = None
+            self._stopping_now(_why(failure), tg)
+            return
         self.outcome.failures.append(failure)
         if self.outcome.first_failure is None:
             self.outcome.first_failure = failure.host
         if self.policy.fail_fast and any(label not in self.outcome.nodes
                                          for label in self.sessions):
-            if failure.kind == "rank":
-                why = f"{failure.host} rank {failure.rank} exited {failure.code}"
-            elif failure.kind == "lost":
-                why = f"{failure.host} lost"
-            elif failure.kind == "hang":
-                why = failure.error or "hang"
-            else:
-                why = f"{failure.host} failed ({failure.error or f'exit {failure.code}'})"
+            if self._hold is not None and failure.kind != "lost":
+                return  # a victim's failure holds the stop: this one follows it
+            if self._hold is None and len(self.outcome.failures) == 1 \
+                    and failure.kind == "rank" and self.policy.peer_hold > 0 \
+                    and self._is_victim(failure):
+                self._hold = tg.create_task(self._hold_stop(_why(failure), tg), name="hold")
+                return
+            if self._hold is not None:
+                self._hold.cancel()
+                self._hold = None
+            self._stopping_now(_why(failure), tg)
+
+    def _is_victim(self, failure: Failure) -> bool:
+        return self.victim is not None and self.victim(failure)
+
+    async def _hold_stop(self, why: str, tg: asyncio.TaskGroup) -> None:
+        await asyncio.sleep(self.policy.peer_hold)
+        self._hold = None
+        if not self._stopping and self.state is not JobState.DONE:
             self._stopping_now(why, tg)
 
     def _node_done(self, label: str, outcome: NodeOutcome, tg: asyncio.TaskGroup) -> None:
@@ -406,6 +434,9 @@ class Job:
                 deadlines = tg.create_task(self._deadlines(nodes, tg), name="deadlines")
                 await asyncio.wait(nodes)
                 deadlines.cancel()
+                if self._hold is not None:  # every node ended on its own meanwhile
+                    self._hold.cancel()
+                    self._hold = None
         finally:
             if self._bound is not None:
                 self._bound.cancel()
@@ -497,6 +528,17 @@ class Job:
                 self.router.say("dtrain", f"--timeout {self.policy.timeout:g} s reached: "
                                           "stopping every node")
                 await self.stop_all("timeout")
+
+
+def _why(failure: Failure) -> str:
+    """The stop's reason for a failure."""
+    if failure.kind == "rank":
+        return f"{failure.host} rank {failure.rank} exited {failure.code}"
+    if failure.kind == "lost":
+        return f"{failure.host} lost"
+    if failure.kind == "hang":
+        return failure.error or "hang"
+    return f"{failure.host} failed ({failure.error or f'exit {failure.code}'})"
 
 
 def _int(value: object) -> int | None:
