@@ -27,7 +27,7 @@ async def _run(cluster: tc.Cluster, host: str, command: str, *, via_config: bool
     """
     opts: dict[str, object] = {"client_keys": [str(cluster.identity)],
                                "known_hosts": str(cluster.known_hosts), "agent_path": None,
-                               "connect_timeout": 10}
+                               "connect_timeout": 30}  # a loaded CI machine
     if via_config:
         opts["config"] = [str(cluster.ssh_config)]
     else:
