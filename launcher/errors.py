@@ -20,6 +20,19 @@ Messages say what failed, on which host, and what to try (``hint``).
 from __future__ import annotations
 
 
+def interrupt_handled() -> None:
+    """Say that a caught KeyboardInterrupt was handled (dtrain exits 130 for it).
+
+    CPython (3.11 to 3.13 at least) marks a KeyboardInterrupt raised inside ``exec`` or
+    ``eval`` of a string (a dataclass's generated methods at import, typer evaluating an
+    option's annotation) as *unhandled* even when its caller catches it, and after its
+    finalization kills itself with SIGINT (bpo-1054041's exit for an uncaught Ctrl-C): dtrain
+    caught the Ctrl-C, meant to exit 130, and its parent saw death by SIGINT, silently
+    (docs/reliability.md). Each exec of a string resets that mark first: this one does only
+    that."""
+    exec("")
+
+
 class DtrainError(Exception):
     """Base of every user-facing failure."""
 

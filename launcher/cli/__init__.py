@@ -8,13 +8,13 @@ tables, the orchestrator) are imported inside the commands so `dtrain --help` st
 
 from __future__ import annotations
 
-import copy
-import gc
-import os
-import sys
-from typing import Annotated
-
 try:  # Ctrl-C while the CLI still imports (seconds on a loaded box): 130, no traceback
+    import copy
+    import gc
+    import os
+    import sys
+    from typing import Annotated
+
     import typer
 
     from launcher import __version__
@@ -38,7 +38,11 @@ try:  # Ctrl-C while the CLI still imports (seconds on a loaded box): 130, no tr
         stop,
         top,
     )
+    from launcher.errors import interrupt_handled
 except KeyboardInterrupt:
+    from launcher.errors import interrupt_handled  # imported already, by launcher itself
+
+    interrupt_handled()
     raise SystemExit(130) from None
 
 app = typer.Typer(
@@ -105,17 +109,25 @@ def only(name: str) -> typer.Typer:
 def main() -> None:
     """Console-script entry point (``_DTRAIN_COMPLETE`` set: the shell asks for completions,
     also under `python -m launcher`)."""
-    completing = bool(os.environ.get(completion.COMPLETE_VAR))
-    if completing:
-        completion.init()
-    name = sys.argv[1] if len(sys.argv) > 1 else ""
-    names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-    # a command's name first: only that one is built; anything else (--help, --version, a
-    # typo that wants "did you mean", completion) gets the whole app
-    target = only(name) if name in names and not completing else app
     try:
+        completing = bool(os.environ.get(completion.COMPLETE_VAR))
+        if completing:
+            completion.init()
+        name = sys.argv[1] if len(sys.argv) > 1 else ""
+        names = {c.name for c in app.registered_commands} | {
+            g.name for g in app.registered_groups}
+        # a command's name first: only that one is built; anything else (--help, --version,
+        # a typo that wants "did you mean", completion) gets the whole app
+        target = only(name) if name in names and not completing else app
         target(complete_var=completion.COMPLETE_VAR)
+    except KeyboardInterrupt:
+        # Ctrl-C while typer builds the command (it evaluates every option's annotation),
+        # before its own Ctrl-C handling (typer's Exit(130)) is in place: 130, no traceback
+        raise SystemExit(130) from None
     finally:
+        # a Ctrl-C caught anywhere (here, by typer, by a command's body) may have left the
+        # interpreter's "unhandled" mark: it would turn the exit code into death by SIGINT
+        interrupt_handled()
         # the process ends here: the interpreter's last garbage collections would walk
         # every object the command made (0.08-0.14 s of each command's wall on the test box,
         # more than pdsh's whole run: issue 26). Frozen objects are skipped by them; atexit
