@@ -87,7 +87,19 @@ FAULTS = {f.kind: f for f in [
     Fault("two-runs", (137,), "rank", True),
     Fault("archive-full", (0,), None, False, survives=True,
           note="a 64 KiB tmpfs as the archive: lines checked on the console"),
+    Fault("torchrun-term", (143,), "node", True),
+    Fault("torchrun-stop", (125,), "hang", True),
+    Fault("supervisor-term", (255,), "lost", True),
+    Fault("supervisor-stop", (255,), "lost", True,
+          note="orphan bound from the SIGCONT: a frozen supervisor cleans up when it runs"),
+    Fault("launcher-kill-detached", (0,), None, False,
+          note="`run --detach` (its foreground exits 0), then the detached launcher SIGKILLed;"
+               " `dtrain ps` must say launcher lost"),
+    Fault("restarts-fence", (0,), None, False, survives=True,
+          note="--restarts 2 on the nodes plus one spare; the node's sshd killed: exactly that"
+               " node fenced (the run's own lemon list), the spare in, the run ends 0"),
 ]}
+RESTART_KINDS = ("restarts-fence",)
 
 
 @dataclass
@@ -194,7 +206,8 @@ class Run:
     """One `dtrain run` (its own process group), its output collected."""
 
     def __init__(self, cluster: tc.Cluster, hosts: str, run_id: str, archive: Path,
-                 truth: Path, *, gloo: bool, extra: Sequence[str] = ()) -> None:
+                 truth: Path, *, gloo: bool, extra: Sequence[str] = (),
+                 client_env: dict[str, str] | None = None) -> None:
         self.run_id, self.archive, self.truth = run_id, archive, truth
         truth.mkdir(mode=0o777, parents=True, exist_ok=True)
         os.chmod(truth, 0o777)
@@ -211,7 +224,8 @@ class Run:
         self.out: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "launcher", *args, WORKLOAD], cwd=REPO,
-            env=cluster.client_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+            env=cluster.client_env(PYTHONUNBUFFERED="1", **(client_env or {})),
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -227,9 +241,10 @@ class Run:
         counts = [len(self.truth_lines(r)) for r in range(n_ranks)]
         return all(c >= at_least for c in counts)
 
-    def truth_lines(self, rank: int) -> list[tuple[int, float]]:
+    def truth_lines(self, rank: int, attempt: int = 1) -> list[tuple[int, float]]:
         try:
-            text = (self.truth / f"r{rank}").read_text()
+            text = (self.truth / (f"r{rank}" if attempt == 1 else f"r{rank}.a{attempt}")
+                    ).read_text()
         except OSError:
             return []
         out = []
@@ -271,8 +286,8 @@ class Run:
                 seen[(int(words[1]), int(words[2]))] += 1
         return seen
 
-    def archived(self) -> Counter[tuple[int, int]]:
-        """(rank, n) of every ``soak R N`` line in the archive, counted."""
+    def archived(self, attempt: int | None = None) -> Counter[tuple[int, int]]:
+        """(rank, n) of every ``soak R N`` line in the archive (of that attempt), counted."""
         seen: Counter[tuple[int, int]] = Counter()
         path = self.archive / self.run_id / "output.jsonl"
         with contextlib.suppress(OSError):
@@ -280,6 +295,8 @@ class Run:
                 try:
                     rec = json.loads(raw)
                 except ValueError:
+                    continue
+                if attempt is not None and (rec.get("attempt") or 1) != attempt:
                     continue
                 words = str(rec.get("line") or "").split()
                 if len(words) == 3 and words[0] == "soak" and words[1].isdigit() \
@@ -342,13 +359,19 @@ class Campaign:
         return out
 
     def _start(self, run_id: str, gloo: bool, extra: Sequence[str] = (),
-               archive: Path | None = None) -> Run:
-        return Run(self.cluster, self.hosts, run_id, archive or self.work / "runs",
-                   self.truth_root / run_id, gloo=gloo, extra=extra)
+               archive: Path | None = None, hosts: str = "",
+               client_env: dict[str, str] | None = None) -> Run:
+        return Run(self.cluster, hosts or self.hosts, run_id, archive or self.work / "runs",
+                   self.truth_root / run_id, gloo=gloo, extra=extra, client_env=client_env)
 
-    def _wait_printing(self, run: Run, at_least: int = 10, limit: float = 90) -> bool:
+    def spare(self) -> int:
+        """The node a `--restarts` run keeps as its spare: the one after the campaign's."""
+        return max(self.nodes) + 1
+
+    def _wait_printing(self, run: Run, at_least: int = 10, limit: float = 90,
+                       detached: bool = False) -> bool:
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and run.proc.poll() is None:
+        while time.monotonic() < deadline and (detached or run.proc.poll() is None):
             if run.printed(len(self.nodes), at_least):
                 return True
             time.sleep(0.1)
@@ -363,7 +386,18 @@ class Campaign:
             small.mkdir(parents=True)
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs",
                             str(small)], check=True)
-        run = self._start(out.run_id, out.gloo, archive=small)
+        extra: list[str] = []
+        hosts = ""
+        client_env: dict[str, str] = {}
+        if kind == "launcher-kill-detached":
+            extra = ["--detach"]
+        if kind in RESTART_KINDS:  # its own lemon list: fencing here touches no other run
+            hosts = f"{self.hosts},node{self.spare()}"
+            extra = ["--nnodes", str(len(self.nodes)), "--restarts", "2",
+                     "--restart-backoff", "1"]
+            client_env["DTRAIN_STATE_DIR"] = str(self.work / "state" / out.run_id)
+        run = self._start(out.run_id, out.gloo, archive=small, extra=extra, hosts=hosts,
+                          client_env=client_env)
         if small is not None:
             undo.append(lambda: subprocess.run(["umount", str(small)], check=False) and None)  # type: ignore[func-returns-value]
         undo.append(lambda: run.proc.poll() is None and run.kill())  # type: ignore[func-returns-value]
@@ -377,7 +411,9 @@ class Campaign:
             os.kill(run.proc.pid, signal.SIGINT)
         else:
             at = self.rng.randint(40, 90)  # the fault strikes after this many lines
-            if not self._wait_printing(run, at) or (other and not self._wait_printing(other, at)):
+            detached = kind == "launcher-kill-detached"
+            if not self._wait_printing(run, at, detached=detached) or (
+                    other and not self._wait_printing(other, at)):
                 out.broken.append("the run never printed (start failed): "
                                   + " | ".join(run.out[-3:]))
                 run.kill()
@@ -386,6 +422,8 @@ class Campaign:
             if not self._fault(kind, k, rank, run, undo):
                 out.broken.append(f"no target process for {kind} on node{k}")
         out.code = run.wait()
+        if kind == "launcher-kill-detached":
+            run.ended = t_fault  # the launcher's end: its kill
         if other is not None:
             other_code = other.wait()
             if other_code != 0:
@@ -421,7 +459,22 @@ class Campaign:
             return _signal_on_node(pids, signal.SIGKILL)
         if kind == "supervisor-kill":
             return _signal_on_node(supervisor_of(k, rid), signal.SIGKILL)
-        if kind == "sshd-kill":
+        if kind == "torchrun-term":
+            return _signal_on_node(torchrun_of(k, rid), signal.SIGTERM)
+        if kind in ("torchrun-stop", "supervisor-stop"):
+            pids = torchrun_of(k, rid) if kind == "torchrun-stop" else supervisor_of(k, rid)
+            undo.append(lambda: _signal_on_node(pids, signal.SIGCONT) and None)  # type: ignore[func-returns-value]
+            return _signal_on_node(pids, signal.SIGSTOP)
+        if kind == "supervisor-term":
+            return _signal_on_node(supervisor_of(k, rid), signal.SIGTERM)
+        if kind == "launcher-kill-detached":
+            pid = (run.meta().get("launcher") or {}).get("pid")
+            if not isinstance(pid, int) or pid <= 1:
+                return False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            return True
+        if kind in ("sshd-kill", *RESTART_KINDS):
             listener = tc.sshd_pid(k)
             undo.append(lambda: restart_sshd(k))
             sessions = sshd_sessions(k, rid)
@@ -470,14 +523,14 @@ class Campaign:
         raise ValueError(kind)
 
     def _lines(self, run: Run, t_fault: float | None, n_ranks: int,
-               console: bool = False) -> tuple[int, int, int]:
+               console: bool = False, attempt: int | None = None) -> tuple[int, int, int]:
         """(lost, doubled, checked): printed lines before t_fault - MARGIN (all when None)
         missing from the archive (``console``: from what dtrain printed); lines there more
         than once."""
-        archived = run.shown() if console else run.archived()
+        archived = run.shown() if console else run.archived(attempt)
         lost = checked = 0
         for r in range(n_ranks):
-            for n, t in run.truth_lines(r):
+            for n, t in run.truth_lines(r, attempt or 1):
                 if t_fault is not None and t >= t_fault - MARGIN:
                     continue
                 checked += 1
@@ -485,10 +538,11 @@ class Campaign:
         doubled = sum(1 for c in archived.values() if c > 1)
         return lost, doubled, checked
 
-    def _orphans(self, run: Run, bound: float, out: Outcome) -> int:
+    def _orphans(self, run: Run, bound: float, out: Outcome,
+                 nodes: Sequence[int] = ()) -> int:
         deadline = (run.ended or time.time()) + bound
         while True:
-            left = {k: run_pids(k, run.run_id) for k in self.nodes}
+            left = {k: run_pids(k, run.run_id) for k in (nodes or self.nodes)}
             left = {k: p for k, p in left.items() if p}
             if not left or time.time() > deadline:
                 break
@@ -513,9 +567,20 @@ class Campaign:
         elif out.code not in fault.codes:
             out.broken.append(f"exit {out.code}, expected {fault.codes}: "
                               + " | ".join(run.out[-4:]))
-        out.orphans += self._orphans(run, fault.orphan_bound, out)
-        lost, doubled, checked = self._lines(run, None if fault.survives else t_fault,
-                                             len(self.nodes), console=fault.kind == "archive-full")
+        restarts = fault.kind in RESTART_KINDS
+        out.orphans += self._orphans(run, fault.orphan_bound, out,
+                                     [*self.nodes, self.spare()] if restarts else ())
+        last = 1
+        if restarts:  # attempt 1 up to the fault, the last attempt whole
+            while run.truth_lines(0, last + 1) or run.truth_lines(rank, last + 1):
+                last += 1
+            counts = [self._lines(run, t_fault, len(self.nodes), attempt=1),
+                      self._lines(run, None, len(self.nodes), attempt=last)]
+            lost, doubled, checked = (sum(c[i] for c in counts) for i in range(3))
+        else:
+            lost, doubled, checked = self._lines(run, None if fault.survives else t_fault,
+                                                 len(self.nodes),
+                                                 console=fault.kind == "archive-full")
         if fault.kind == "ctrl-c-start":
             lost = 0  # nothing printed before it (what was, may be lost with the stop)
         out.lost += lost
@@ -537,6 +602,23 @@ class Campaign:
         if not meta and fault.kind == "ctrl-c-start" and out.code in fault.codes:
             out.verdict_ok = None  # stopped before the run existed: no run, no verdict
             return
+        if restarts:
+            fenced = self._fenced(out.run_id)
+            out.root = {"kind": "fenced", "host": ",".join(sorted(fenced)) or None}
+            out.verdict_ok = out.code == 0 and fenced == {f"node{k}"} and last >= 2
+            if fenced != {f"node{k}"}:
+                out.broken.append(f"fenced {sorted(fenced) or 'nothing'}, expected node{k} "
+                                  "alone")
+            if last < 2:
+                out.broken.append("no relaunch on the spare")
+            return
+        if fault.kind == "launcher-kill-detached":
+            state = self._ps_state(run)
+            out.root = {"kind": state}
+            out.verdict_ok = state == "launcher lost"
+            if not out.verdict_ok:
+                out.broken.append(f"`dtrain ps` says {state!r}, expected 'launcher lost'")
+            return
         if fault.root is None and not fault.names_node:
             out.verdict_ok = None if fault.kind == "launcher-kill" else \
                 (out.code == 0 or not fault.survives)
@@ -553,6 +635,29 @@ class Campaign:
             out.broken.append(f"verdict {root.get('kind')} {root.get('host')} "
                               f"r{root.get('rank')}: {root.get('summary')}; expected "
                               f"{fault.root} node{k}")
+
+
+    def _fenced(self, run_id: str) -> set[str]:
+        """The nodes the run put on its own lemon list to be left out (tier isolate)."""
+        path = self.work / "state" / run_id / "lemons.json"
+        try:
+            records = json.loads(path.read_text()).get("lemons") or []
+        except (OSError, ValueError):
+            return set()
+        return {str(r.get("host")) for r in records
+                if isinstance(r, dict) and r.get("tier", "isolate") == "isolate"}
+
+    def _ps_state(self, run: Run) -> str:
+        """What `dtrain ps` says of the run now."""
+        res = subprocess.run([sys.executable, "-m", "launcher", "ps", "--json", "--all",
+                              "--archive-dir", str(run.archive)], cwd=REPO,
+                             env=self.cluster.client_env(), capture_output=True, text=True,
+                             timeout=60)
+        with contextlib.suppress(ValueError):
+            for row in json.loads(res.stdout).get("runs") or []:
+                if row.get("run_id") == run.run_id:
+                    return str(row.get("state"))
+        return f"no row (exit {res.returncode}: {res.stderr.strip()[-200:]})"
 
 
 # ------------------------------------------------------------------------------- report
@@ -601,10 +706,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = [k for k in kinds if k not in skip]
     if unknown:
         ap.error(f"unknown fault kinds: {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
+    need = [*nodes, max(nodes) + 1] if set(kinds) & set(RESTART_KINDS) else nodes
     cluster = tc.load()
-    if cluster is None or len(cluster.nodes) < max(nodes) or not all(
-            tc.sshd_pid(k) for k in nodes):
-        cluster = tc.up(max(len(cluster.nodes) if cluster else 0, max(nodes)))
+    if cluster is None or len(cluster.nodes) < max(need) or not all(
+            tc.sshd_pid(k) for k in need):
+        cluster = tc.up(max(len(cluster.nodes) if cluster else 0, max(need)))
     import tempfile
 
     work = Path(args.work or tempfile.mkdtemp(prefix="dtrain-soak-"))

@@ -3,6 +3,7 @@
 Every SOAK_EVERY seconds (0.05) rank R prints ``soak R N`` and then appends ``N T`` to
 ``$SOAK_DIR/r<R>`` (T: the wall time it was printed), SOAK_LINES lines (0: until stopped).
 SOAK_GLOO=1: a gloo process group, an all_reduce before each line (torchrun's env).
+Under `dtrain run --restarts`, attempt A > 1 records to ``r<R>.a<A>`` (DTRAIN_ATTEMPT).
 """
 
 import os
@@ -14,7 +15,9 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     every = float(os.environ.get("SOAK_EVERY", "0.05"))
     last = int(os.environ.get("SOAK_LINES", "0")) or None
-    truth = open(os.path.join(os.environ["SOAK_DIR"], f"r{rank}"), "a", buffering=1)
+    attempt = os.environ.get("DTRAIN_ATTEMPT", "1")
+    name = f"r{rank}" if attempt in ("", "1") else f"r{rank}.a{attempt}"
+    truth = open(os.path.join(os.environ["SOAK_DIR"], name), "a", buffering=1)
     reduce = None
     if os.environ.get("SOAK_GLOO") == "1":
         import torch

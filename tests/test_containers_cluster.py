@@ -11,10 +11,12 @@ again (skipped), and a node with another digest named by doctor and fixed by a p
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -246,3 +248,81 @@ def test_smoke_inside_the_image(pcluster: tc.Cluster, tmp_path: Path) -> None:
     _no_containers(pcluster, run_id, range(1, 3))
     plan = meta(tmp_path, run_id)["plan"]["nodes"]
     assert [n["container"][:2] for n in plan] == [["podman", "run"]] * 2
+
+
+def _sshd_session(pid: int) -> int:
+    """The per-connection sshd above a supervisor (its parent)."""
+    stat = tc.proc_stat(pid)
+    assert stat is not None, pid
+    return stat[0]
+
+
+@pytest.mark.parametrize("how", ["supervisor-kill", "sshd-kill"])
+def test_a_lost_node_leaves_no_container_and_no_process(pcluster: tc.Cluster, tmp_path: Path,
+                                                        jobs: list, how: str) -> None:
+    """node3's supervisor SIGKILLed, or the sshd of its connection: the launcher names node3
+    lost (255) and stops the others; node3 itself has nobody left to run `podman stop`, yet
+    its container and every process of the run end (the shim inside sees its socket close,
+    or the supervisor its stdin end) and the container is removed (--rm)."""
+    from tests.test_failures import _supervisor_pid
+
+    run_id = f"ctr-{how}-{uuid.uuid4().hex[:8]}"
+    extra = ["--grace", "3", "--heartbeat-timeout", "5"]
+    with JobWatch(pcluster, [1, 2, 3], run_id=run_id) as watch:
+        job = Dtrain(pcluster, _args(pcluster, tmp_path, run_id, "tests/workloads/tick.py",
+                                     *extra))
+        jobs.append(job)
+        job.wait_line(r"r\d: tick \d 2", timeout=120, count=3)
+        assert podman.containers(pcluster, 3, run_id) == [f"dtrain-{run_id}-node3-a1"]
+        sup = _supervisor_pid(watch, 3)
+        os.kill(_sshd_session(sup) if how == "sshd-kill" else sup, signal.SIGKILL)
+        rc = job.wait(60)
+        # the others are stopped by dtrain; node3 by itself (3 heartbeat timeouts at most)
+        watch.assert_clean(3 * 5 + 3 + 10, since=job.ended)
+    assert rc == 255, job.output
+    assert re.search(r"node node3 lost", job.output), job.output[-3000:]
+    m = meta(tmp_path, run_id)
+    assert (m["root_cause"]["kind"], m["root_cause"]["host"]) == ("lost", "node3"), m
+    deadline = time.monotonic() + 30
+    while any(podman.containers(pcluster, k, run_id) for k in (1, 2, 3)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    _no_containers(pcluster, run_id)
+
+
+def test_restarts_fence_a_lost_node_and_the_spare_runs_in_its_container(
+        pcluster: tc.Cluster, tmp_path: Path, jobs: list) -> None:
+    """--restarts inside podman: node2's supervisor SIGKILLed in attempt 1, node2 fenced
+    (the run's own lemon list: exactly node2), spare node4 in with its own container
+    (attempt 2's name), the run ends 0; nothing of either attempt is left anywhere."""
+    run_id = f"ctr-restart-{uuid.uuid4().hex[:8]}"
+    state = tmp_path / "state"
+    extra = ["--grace", "3", "--heartbeat-timeout", "5", "--nnodes", "3", "--restarts", "2",
+             "--restart-backoff", "0.5"]
+    args = run_args(pcluster, tmp_path, run_id, "tests/workloads/tick.py", "--image", IMAGE,
+                    *podman.run_mounts(), *extra, hosts="node[1-4]",
+                    env={"TICK_S": "0.2", "TICK_N": "40"})
+    with JobWatch(pcluster, [1, 2, 3, 4], run_id=run_id) as watch:
+        job = Dtrain(pcluster, args, env={"DTRAIN_STATE_DIR": str(state)})
+        jobs.append(job)
+        job.wait_line(r"r\d: tick \d 2$", timeout=120, count=3)
+        assert podman.containers(pcluster, 2, run_id) == [f"dtrain-{run_id}-node2-a1"]
+        watch.wait_saw(3)  # node4, the spare, has nothing yet
+        with watch._lock:
+            (sup,) = [key[0] for key in watch.known[2] if key in watch.sup_keys]
+        os.kill(sup, signal.SIGKILL)
+        job.wait_line(r"spare node4 in", timeout=60)
+        rc = job.wait(150)
+        watch.assert_clean(3 * 5 + 3 + 10, since=job.ended)
+    assert rc == 0, job.output[-4000:]
+    lemons = json.loads((state / "lemons.json").read_text())["lemons"]
+    assert [(r["host"], r.get("tier", "isolate")) for r in lemons] == [("node2", "isolate")]
+    m = meta(tmp_path, run_id)
+    assert [a["cause"] for a in m["attempts"]] == ["node", "ok"], m["attempts"]
+    hosts = [n["host"] for n in m["plan"]["nodes"]]
+    assert hosts == ["node1", "node4", "node3"], hosts  # the spare in node2's place
+    names = [n["container"][n["container"].index("--name") + 1] for n in m["plan"]["nodes"]]
+    assert names == [f"dtrain-{run_id}-{h}-a2" for h in hosts], names
+    ticks = [ln for ln in job.output.splitlines() if re.search(r"r1: tick 1 39$", ln)]
+    assert ticks, job.output[-3000:]  # attempt 2's rank 1 (node4) ran to its end
+    _no_containers(pcluster, run_id, range(1, 5))
