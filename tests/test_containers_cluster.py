@@ -326,3 +326,59 @@ def test_restarts_fence_a_lost_node_and_the_spare_runs_in_its_container(
     ticks = [ln for ln in job.output.splitlines() if re.search(r"r1: tick 1 39$", ln)]
     assert ticks, job.output[-3000:]  # attempt 2's rank 1 (node4) ran to its end
     _no_containers(pcluster, run_id, range(1, 5))
+
+
+def test_hang_stacks_top_and_the_report_of_a_run_inside_containers(
+        pcluster: tc.Cluster, tmp_path: Path, jobs: list) -> None:
+    """3 nodes x 2 ranks of tests/workloads/hang.py inside podman, sampled every second: while
+    it runs, `dtrain top RUN --once --json` shows every rank's process state and CPU found
+    inside the containers (the sampler scans the host's /proc; the container's processes
+    carry the run's id); the hang is named with rank 4's stack (faulthandler inside the
+    image), every rank's stack and flight dump archived; `dtrain report` draws the run: its
+    hang marker, the culprit's stack, each node's CPU chart."""
+    run_id = f"ctr-hang-{uuid.uuid4().hex[:8]}"
+    archive = tmp_path / "runs"
+    args = _args(pcluster, tmp_path, run_id, "tests/workloads/hang.py", "--hang-timeout", "8",
+                 "--on-hang", "stop", "--grace", "3", "--sample-interval", "1", nproc=2,
+                 env={"WL_HANG_RANK": "4", "WL_HANG_STEP": "25"})
+    with JobWatch(pcluster, [1, 2, 3], run_id=run_id) as watch:
+        job = Dtrain(pcluster, args)
+        jobs.append(job)
+        job.wait_line(r"r0: step 5 ", timeout=150)
+        top = dtrain(["top", run_id, "--archive-dir", str(archive), "--once", "--json",
+                      "--no-gpu"], env=pcluster.client_env(), timeout=60)
+        rc = job.wait(150)
+        watch.assert_clean(5.0, since=job.ended)
+    assert top.returncode == 0, top.stdout[-2000:] + top.stderr[-2000:]
+    view = json.loads(top.stdout)
+    info = {n["host"]: n.get("rank_info") or {} for n in view["nodes"]}
+    assert {h: sorted(info[h]) for h in info} == {
+        "node1": ["0", "1"], "node2": ["2", "3"], "node3": ["4", "5"]}, info
+    assert all(r["state"] for ranks in info.values() for r in ranks.values()), info
+    assert rc == 125, job.output[-4000:]
+    run = archive / run_id
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    cpu: dict[str, float] = {}
+    for rec in samples:
+        for rank, r in (rec.get("ranks") or {}).items():
+            cpu[rank] = max(cpu.get(rank, 0.0), r["cpu"])
+    assert sorted(cpu) == [str(r) for r in range(6)], cpu
+    assert all(v > 0 for v in cpu.values()), cpu  # importing torch alone costs CPU seconds
+    out = tmp_path / "page.html"
+    res = dtrain(["report", str(run), "-o", str(out)])
+    assert res.returncode == 0, res.stderr
+    page = out.read_text()
+    assert 'data-kind="hang"' in page
+    doc = json.loads(dtrain(["report", str(run), "--json"]).stdout)
+    (drawn,) = doc["runs"]
+    assert "cpu" in {u["name"] for u in drawn["usage"]}, drawn["usage"]
+    _no_containers(pcluster, run_id)
+    if "stacks of 0 ranks" in job.output:
+        # open (docs/containers.md): a rank registers its own pid, the container's pid
+        # namespace's; the supervisor on the host signals that pid for faulthandler's dump
+        pytest.xfail("hang stacks inside containers: the ranks' pids are the container's")
+    assert re.search(r"^dtrain:   rank 4 \(node3\): time\.sleep <- load_batch\(\) hang\.py:\d+",
+                     job.output, re.M), job.output[-4000:]
+    for rank in range(6):
+        assert "(most recent call first)" in (run / "stacks" / "h1" / f"r{rank}.txt").read_text()
+    assert "load_batch" in page

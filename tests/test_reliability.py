@@ -153,3 +153,68 @@ def test_ctrl_c_while_the_job_starts_is_recorded_as_interrupted(tmp_path) -> Non
     meta = json.loads((tmp_path / "cc" / "meta.json").read_text())
     assert meta["exit_code"] == 130 and meta["state"] == "finished", meta
     assert meta["root_cause"]["kind"] == "interrupted", meta
+
+
+def _torchrun_case(first: str, node_code: int, node_signal: int | None,
+                   tail: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """node a's torchrun ended (``node_code``/``node_signal``); its rank 0 was asked to stop
+    by its node (stop_signal 15: the supervisor's teardown after torchrun's death, or
+    torchrun passing its own SIGTERM on) and died of it; node b's rank was stopped by dtrain.
+    ``first``: which failure the launcher learned of first (node or rank)."""
+    from launcher.job.orchestrate import Failure
+    from tests.test_failures import _node, _outcome, _verdict
+
+    stopped = {"code": 143, "signal": 15, "t": 5.1, "duration": 5.0, "stop_signal": 15}
+    failure = Failure("node", "a", code=node_code, signal=node_signal, t=5.2, seen=5.2) \
+        if first == "node" else Failure("rank", "a", rank=0, code=143, signal=15, t=5.1,
+                                        seen=5.1)
+    out = _outcome(
+        nodes={"a": _node("a", node_code, {"0": stopped}, signal=node_signal,
+                          stderr_tail=tuple(tail)),
+               "b": _node("b", 1, {"1": {**stopped, "t": 5.4}}, stopped="a failed")},
+        failures=[failure], stop_reason="a failed", stop_t=5.3)
+    return _verdict(out, "a", "b")
+
+
+def test_a_sigkilled_torchrun_is_the_root_cause_not_its_stopped_rank() -> None:
+    """The campaign's torchrun-kill (3 of 3): torchrun SIGKILLed, the supervisor stopped
+    what was left (the rank's shim: a stop, stop_signal 15), the node's exit (137) came
+    first; the verdict took that node's "first failed rank" and said "rank 0 on a was
+    killed by SIGTERM (not by dtrain)", exit 143."""
+    v, lines = _torchrun_case("node", 137, 9)
+    assert (v.code, v.root_kind, v.root_host, v.root_rank) == (137, "node", "a", None), v
+    assert lines[0] == "FAILED: torchrun on a was killed by SIGKILL (exit 137)", lines
+    assert "r0 SIGTERM (143) after 5.0s (stopped by dtrain)" in lines[1], lines
+
+
+def test_a_sigtermed_torchrun_is_the_root_cause_with_the_signals_code() -> None:
+    """The campaign's torchrun-term: torchrun passes its SIGTERM on to its workers, the rank's
+    exit (stop_signal 15) arrives first, torchrun then exits 1 with its SignalException; the
+    verdict said "rank 3 on node12 was killed by SIGTERM"."""
+    tail = ("Traceback (most recent call last):",
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 28347 "
+            "got signal: 15")
+    v, lines = _torchrun_case("rank", 1, None, tail)
+    assert (v.code, v.root_kind, v.root_host, v.root_rank) == (143, "node", "a", None), v
+    assert lines[0].startswith("FAILED: torchrun on a got SIGTERM and ended"), lines
+    v, lines = _torchrun_case("node", 1, None, tail)  # the node's exit first: the same story
+    assert (v.code, v.root_kind, v.root_host) == (143, "node", "a"), v
+
+
+def test_a_rank_killed_from_outside_is_still_the_root_cause() -> None:
+    """Not every SIGTERMed rank is a follower: one its shim got from outside (no
+    stop_signal) stays the root cause, its node's torchrun failing after it."""
+    from launcher.job.orchestrate import Failure
+    from tests.test_failures import _node, _outcome, _verdict
+
+    out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 5.1,
+                                                    "duration": 5.0}})},
+                   failures=[Failure("rank", "a", rank=0, code=143, signal=15, t=5.1,
+                                     seen=5.1)])
+    v, _ = _verdict(out, "a")
+    assert (v.code, v.root_kind, v.root_rank) == (143, "rank", 0), v
+    out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 5.1,
+                                                    "duration": 5.0}})},
+                   failures=[Failure("node", "a", code=1, t=5.2, seen=5.2)])
+    v, _ = _verdict(out, "a")
+    assert (v.code, v.root_kind, v.root_rank) == (143, "rank", 0), v

@@ -143,6 +143,21 @@ def looks_like_victim(signal: int | None, tail: Iterable[str]) -> bool:
     return signal == _signal.SIGABRT or any(_PEER_GONE.search(line) for line in tail)
 
 
+# torchrun's agent turns a SIGTERM/SIGINT/SIGHUP it gets into this exception, then exits 1
+_AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d{1,2})\s*$")
+
+
+def agent_signal(tail: Iterable[str]) -> int | None:
+    """The signal torchrun's elastic agent says it got (its last ``SignalException`` line in
+    its stderr), or None: torchrun then exits 1, though a signal ended it."""
+    found = None
+    for line in tail:
+        m = _AGENT_SIGNAL.search(line)
+        if m:
+            found = int(m.group(1))
+    return found if found and 0 < found < 65 else None
+
+
 def _strip(line: str) -> str:
     return _PREFIX.sub("", line)
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.decide.failures import ErrorKeeper, FailureReason, explain
+from launcher.decide.failures import ErrorKeeper, FailureReason, agent_signal, explain
 from launcher.decide.plan import LaunchPlan
 from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
@@ -112,6 +112,17 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
     elif root is not None and root.kind == "start":
         late = fold(outcome.start_timed_out) or root.host
         v = Verdict(124, f"{late} {root.error}", root.host, root_kind="start")
+    elif root is not None and root.kind == "rank" and _stopped_by_its_node(outcome, root) \
+            and _self_failed_rank(outcome, root.host) is None:
+        # its shim passed on a stop from torchrun (or from the supervisor once torchrun had
+        # ended) before dtrain stopped anything, and no rank there failed of its own: that
+        # torchrun's end is the root cause
+        node = outcome.nodes[root.host]
+        v, tail = _torchrun_verdict(root.host, node.exit_code, node.signal,
+                                    _node_tail(outcome, tails, root.host))
+        if tail:
+            lines.append(f"last stderr lines of {root.host}:")
+            lines += [f"  {t}" for t in tail]
     elif root is not None and root.kind == "rank":
         v = Verdict(root.code or 1,
                     f"rank {root.rank} on {root.host} {_how(root.code, root.signal)}",
@@ -139,15 +150,12 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
             lines.append(f"last stderr lines of rank {first.rank} on {first.host}:")
             lines += [f"  {t}" for t in tail]
     elif root is not None:
+        tail = _node_tail(outcome, tails, root.host)
         if root.code is None:
             v = Verdict(255, f"node {root.host} failed: {root.error}", root.host,
                         root_kind="node")
         else:
-            v = Verdict(root.code, f"torchrun on {root.host} {_how(root.code, root.signal)}",
-                        root.host, root_kind="node")
-        node = outcome.nodes.get(root.host)
-        tail = list(tails.tails.get((root.host, None), ())) or list(
-            node.stderr_tail if node else ())
+            v, tail = _torchrun_verdict(root.host, root.code, root.signal, tail)
         if tail:
             lines.append(f"last stderr lines of {root.host}:")
             lines += [f"  {t}" for t in tail]
@@ -169,11 +177,50 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
 
 
 def _first_failed_rank(outcome: JobOutcome, host: str) -> RankExit | None:
-    """The earliest failing rank of a node that failed as a whole (its own clock)."""
+    """The earliest rank of a node that failed as a whole (its own clock) that failed of its
+    own: a rank asked to stop (its shim passed on a stop: torchrun's, or the supervisor's
+    once torchrun had ended) followed its node's end and does not tell why."""
     if outcome.root is None or outcome.root.kind != "node":
         return None
-    failed = [e for e in rank_exits(outcome) if e.host == host and e.code != 0]
+    return _self_failed_rank(outcome, host)
+
+
+def _self_failed_rank(outcome: JobOutcome, host: str) -> RankExit | None:
+    failed = [e for e in rank_exits(outcome) if e.host == host and e.code != 0
+              and e.stop_signal is None]
     return failed[0] if failed else None
+
+
+def _stopped_by_its_node(outcome: JobOutcome, root: Any) -> bool:
+    """The first failure is a rank its own node asked to stop before dtrain stopped
+    anything, and that node's torchrun then ended badly: a SIGKILLed torchrun (the
+    supervisor stops what is left of its tree), a SIGTERMed one (it passes the signal on to
+    its workers). Found by the fault campaign (docs/reliability.md)."""
+    node = outcome.nodes.get(root.host)
+    if node is None or not node.exit_code:
+        return False
+    return any(e.host == root.host and e.rank == root.rank and e.stop_signal is not None
+               for e in rank_exits(outcome))
+
+
+def _node_tail(outcome: JobOutcome, tails: TailKeeper, host: str) -> list[str]:
+    """torchrun's last stderr lines on a node (the supervisor's copy when none came)."""
+    node = outcome.nodes.get(host)
+    return list(tails.tails.get((host, None), ())) or list(node.stderr_tail if node else ())
+
+
+def _torchrun_verdict(host: str, code: int | None, sig: int | None,
+                      tail: list[str]) -> tuple[Verdict, list[str]]:
+    """torchrun's end on ``host`` as the root cause. torchrun's agent that got a signal
+    raises SignalException and exits 1: its code is then the signal's (128+N), as for a
+    process killed by it, and the signal named."""
+    got = agent_signal(tail) if not sig else None
+    if got is not None:
+        return Verdict(128 + got, f"torchrun on {host} got {_signame(got)} and ended (a "
+                                  "signal not from dtrain: a scheduler, a user, a watchdog)",
+                       host, root_kind="node"), tail
+    return Verdict(code or 1, f"torchrun on {host} {_how(code, sig)}", host,
+                   root_kind="node"), tail
 
 
 def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
