@@ -218,3 +218,41 @@ def test_a_rank_killed_from_outside_is_still_the_root_cause() -> None:
                    failures=[Failure("node", "a", code=1, t=5.2, seen=5.2)])
     v, _ = _verdict(out, "a")
     assert (v.code, v.root_kind, v.root_rank) == (143, "rank", 0), v
+
+
+async def test_a_supervisor_that_stopped_its_job_by_itself_is_the_root_cause_not_its_victim(
+        ) -> None:
+    """The campaign's supervisor-term: node a's supervisor got SIGTERM (from outside) and
+    tore its job down; over gloo, rank 1 on b saw "Connection reset by peer" and its exit 1
+    came first: a victim, whose failure holds the stop (Policy.peer_hold). Node a's exit
+    (stopped: "supervisor got signal 15", though dtrain asked no one to stop) then only
+    followed: the verdict said "rank 1 on b exited 1". Now that node is the root cause, 143."""
+    import asyncio
+
+    from launcher.job.orchestrate import Failure, Job, Policy
+    from launcher.models import Host
+    from tests.test_failures import _node, _outcome, _verdict
+
+    class Router:
+        def flush(self, label: str) -> None:
+            pass
+
+    job = Job([Host("a"), Host("b")], {}, Policy(peer_hold=30.0), Router(),  # type: ignore[arg-type]
+              victim=lambda f: f.host == "b")
+    job.sessions = {"a": None, "b": None}  # type: ignore[dict-item]
+    stops: list[str] = []
+    job._stopping_now = lambda why, tg: stops.append(why)  # type: ignore[method-assign]
+    async with asyncio.timeout(10), asyncio.TaskGroup() as tg:
+        job._failed(Failure("rank", "b", rank=1, code=1, t=5.0, seen=5.0), tg)
+        assert job._hold is not None and not stops  # the victim holds the stop
+        node_a = _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 4.9, "duration": 4.0,
+                                      "stop_signal": 15}}, stopped="supervisor got signal 15")
+        job._node_done("a", node_a, tg)
+    assert job._hold is None and len(stops) == 1, stops
+    assert [(f.kind, f.host) for f in job.outcome.failures][0] == ("node", "a")
+    out = _outcome(nodes={"a": node_a, "b": _node("b", 1, {"1": {"code": 1, "t": 5.0}})},
+                   failures=job.outcome.failures)
+    v, lines = _verdict(out, "a", "b")
+    assert (v.code, v.root_kind, v.root_host) == (143, "node", "a"), v
+    assert lines[0] == ("FAILED: dtrain's supervisor on a got SIGTERM (not from dtrain) and "
+                        "stopped its job (exit 143)"), lines

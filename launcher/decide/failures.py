@@ -158,6 +158,16 @@ def agent_signal(tail: Iterable[str]) -> int | None:
     return found if found and 0 < found < 65 else None
 
 
+# the supervisor's stop reason when a signal reached it (nodeside/supervisor.py on_signal)
+_SUPERVISOR_SIGNAL = re.compile(r"^supervisor got signal (\d{1,2})$")
+
+
+def supervisor_signal(stopped: str | None) -> int | None:
+    """The signal a node's supervisor says it got and stopped its job for, or None."""
+    m = _SUPERVISOR_SIGNAL.match(stopped or "")
+    return int(m.group(1)) if m and 0 < int(m.group(1)) < 65 else None
+
+
 def _strip(line: str) -> str:
     return _PREFIX.sub("", line)
 

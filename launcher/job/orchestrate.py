@@ -96,6 +96,7 @@ class Failure:
     t: float = 0.0  # when it happened (a rank's own clock), else when it was seen
     seen: float = 0.0  # when the launcher learned of it (launcher clock)
     error: str | None = None
+    own_stop: str | None = None  # a node that stopped its job by itself: its supervisor's why
 
 
 @dataclass
@@ -344,8 +345,10 @@ class Job:
         seconds: a rank failing of its own meanwhile becomes the root cause."""
         if self._stopping:
             return  # a follower: the job is being stopped already
-        if self._hold is not None and failure.kind == "rank" and not self._is_victim(failure):
-            # the culprit, a few milliseconds behind its victim: the root cause after all
+        if self._hold is not None and (failure.own_stop or failure.kind == "rank"
+                                       and not self._is_victim(failure)):
+            # the culprit, a few milliseconds behind its victim: the root cause after all (a
+            # node whose supervisor stopped the job by itself: a signal from outside)
             self.outcome.failures.insert(0, failure)
             self.outcome.first_failure = failure.host
             self._hold.cancel()
@@ -386,8 +389,11 @@ class Job:
             self._failed(Failure("lost", label, code=255, t=now, seen=now,
                                  error=outcome.error), tg)
         elif outcome.exit_code not in (0, None) or outcome.error:
+            # stopped though dtrain asked no one to stop: by itself (its supervisor got a
+            # signal, or gave up on the launcher)
+            own = outcome.stopped if outcome.stopped and not self._stopping else None
             self._failed(Failure("node", label, code=outcome.exit_code, signal=outcome.signal,
-                                 t=now, seen=now, error=outcome.error), tg)
+                                 t=now, seen=now, error=outcome.error, own_stop=own), tg)
 
     def _rank_event(self, host: Host, msg: dict[str, object], tg: asyncio.TaskGroup) -> None:
         """A rank that fails is the first failure, before its agent even notices."""

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.decide.failures import ErrorKeeper, FailureReason, agent_signal, explain
+from launcher.decide.failures import (
+    ErrorKeeper,
+    FailureReason,
+    agent_signal,
+    explain,
+    supervisor_signal,
+)
 from launcher.decide.plan import LaunchPlan
 from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
@@ -151,7 +157,14 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
             lines += [f"  {t}" for t in tail]
     elif root is not None:
         tail = _node_tail(outcome, tails, root.host)
-        if root.code is None:
+        if (sup := supervisor_signal(root.own_stop)) is not None:
+            v = Verdict(128 + sup, f"dtrain's supervisor on {root.host} got {_signame(sup)} "
+                                   "(not from dtrain) and stopped its job", root.host,
+                        root_kind="node")
+        elif root.own_stop:
+            v = Verdict(root.code or 1, f"node {root.host} stopped its job by itself: "
+                                        f"{root.own_stop}", root.host, root_kind="node")
+        elif root.code is None:
             v = Verdict(255, f"node {root.host} failed: {root.error}", root.host,
                         root_kind="node")
         else:
