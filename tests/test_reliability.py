@@ -256,3 +256,43 @@ async def test_a_supervisor_that_stopped_its_job_by_itself_is_the_root_cause_not
     assert (v.code, v.root_kind, v.root_host) == (143, "node", "a"), v
     assert lines[0] == ("FAILED: dtrain's supervisor on a got SIGTERM (not from dtrain) and "
                         "stopped its job (exit 143)"), lines
+
+
+async def test_a_torchrun_that_ended_first_is_the_root_cause_not_a_peers_abort() -> None:
+    """The campaign's torchrun-term over gloo: node a's torchrun got SIGTERM and passed it on
+    to its rank (a stop: no failure), rank 2 on b aborted in its broken all_reduce (SIGABRT:
+    a victim, holding the stop), then node a's exit came (torchrun exit 1, SignalException):
+    it only followed and the verdict said "rank 2 on b was killed by SIGABRT", 134."""
+    import asyncio
+
+    from launcher.job.orchestrate import Failure, Job, Policy
+    from launcher.job.verdict import TailKeeper, summary_lines, verdict
+    from launcher.models import Host, OutputLine
+    from tests.test_failures import _node, _outcome, _plan
+
+    class Router:
+        def flush(self, label: str) -> None:
+            pass
+
+    job = Job([Host("a"), Host("b")], {}, Policy(peer_hold=30.0), Router(),  # type: ignore[arg-type]
+              victim=lambda f: f.host == "b")
+    job.sessions = {"a": None, "b": None}  # type: ignore[dict-item]
+    stops: list[str] = []
+    job._stopping_now = lambda why, tg: stops.append(why)  # type: ignore[method-assign]
+    node_a = _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 4.9, "duration": 4.0,
+                                  "stop_signal": 15}})
+    async with asyncio.timeout(10), asyncio.TaskGroup() as tg:
+        job._failed(Failure("rank", "b", rank=2, code=134, signal=6, t=5.0, seen=5.0), tg)
+        assert job._hold is not None and not stops
+        job._node_done("a", node_a, tg)
+    assert job._hold is None and len(stops) == 1, stops
+    out = _outcome(nodes={"a": node_a, "b": _node("b", 1, {"2": {"code": 134, "signal": 6,
+                                                                 "t": 5.0}})},
+                   failures=job.outcome.failures)
+    tails = TailKeeper()
+    tails.add([OutputLine("a", "err", "torch.distributed.elastic.multiprocessing.api."
+                                      "SignalException: Process 9 got signal: 15", None, 0, 5.1)])
+    v = verdict(out, _plan("a", "b"), tails)  # type: ignore[arg-type]
+    assert (v.code, v.root_kind, v.root_host) == (143, "node", "a"), v
+    assert summary_lines(out, _plan("a", "b"), v)[0].startswith(  # type: ignore[arg-type]
+        "FAILED: torchrun on a got SIGTERM"), v

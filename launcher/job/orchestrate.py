@@ -97,6 +97,7 @@ class Failure:
     seen: float = 0.0  # when the launcher learned of it (launcher clock)
     error: str | None = None
     own_stop: str | None = None  # a node that stopped its job by itself: its supervisor's why
+    led: bool = False  # a node whose torchrun ended first: its ranks only followed (stopped)
 
 
 @dataclass
@@ -345,10 +346,11 @@ class Job:
         seconds: a rank failing of its own meanwhile becomes the root cause."""
         if self._stopping:
             return  # a follower: the job is being stopped already
-        if self._hold is not None and (failure.own_stop or failure.kind == "rank"
+        if self._hold is not None and (failure.own_stop or failure.led or failure.kind == "rank"
                                        and not self._is_victim(failure)):
             # the culprit, a few milliseconds behind its victim: the root cause after all (a
-            # node whose supervisor stopped the job by itself: a signal from outside)
+            # node whose supervisor stopped the job by itself, a signal from outside; a node
+            # whose torchrun ended first, SIGKILLed or SIGTERMed, its ranks stopped by it)
             self.outcome.failures.insert(0, failure)
             self.outcome.first_failure = failure.host
             self._hold.cancel()
@@ -392,8 +394,12 @@ class Job:
             # stopped though dtrain asked no one to stop: by itself (its supervisor got a
             # signal, or gave up on the launcher)
             own = outcome.stopped if outcome.stopped and not self._stopping else None
+            led = not self._stopping and bool(outcome.ranks) and all(
+                isinstance(r, dict) and (r.get("stop_signal") is not None or r.get("code") == 0)
+                for r in outcome.ranks.values())
             self._failed(Failure("node", label, code=outcome.exit_code, signal=outcome.signal,
-                                 t=now, seen=now, error=outcome.error, own_stop=own), tg)
+                                 t=now, seen=now, error=outcome.error, own_stop=own, led=led),
+                         tg)
 
     def _rank_event(self, host: Host, msg: dict[str, object], tg: asyncio.TaskGroup) -> None:
         """A rank that fails is the first failure, before its agent even notices."""
