@@ -12,10 +12,10 @@ def test_gpu_fields_tiered():
            "2, [N/A], 0, 1, 0, Not Active, 40\n")
     f = h.gpu_findings(csv)
     assert [(x.tier, x.where) for x in f] == [
-        ("reset", "GPU 1"), ("reset", "GPU 1"), ("monitor", "GPU 1"), ("monitor", "GPU 1"),
+        ("reset", "GPU 1"), ("isolate", "GPU 1"), ("monitor", "GPU 1"), ("monitor", "GPU 1"),
         ("isolate", "GPU 2")]
-    assert "row remapping pending (1): a GPU reset applies it" in f[1].message
-    assert h.verdict(f) == "isolate" and h.verdict(f[:2]) == "reset" and h.verdict([]) == "ok"
+    assert "row remapping pending (1): out until a GPU reset applies it" in f[1].message
+    assert h.verdict(f) == "isolate" and h.verdict(f[:1]) == "reset" and h.verdict([]) == "ok"
 
 
 def test_xids_counted_and_application_ones_left_out():
@@ -38,3 +38,52 @@ def test_port_counters_that_grow_between_two_readings():
         ("reset", "mlx5_0:1: link_downed grew by 1 (1 -> 2)"),
         ("monitor", "mlx5_0:1: port_rcv_errors grew by 7 (0 -> 7)")]
     assert h.port_findings(before, before) == []  # an absolute count alone is no finding
+
+
+DCGM_DOC = {"DCGM GPU Diagnostic": {"version": "3.3.5", "test_categories": [
+    {"category": "Deployment", "tests": [
+        {"name": "Denylist", "results": [{"gpu_ids": "0,1", "status": "PASS"}]}, None]},
+    {"category": "Hardware", "tests": [
+        {"name": "GPU Memory", "results": [
+            {"gpu_ids": "0", "status": "PASS"},
+            {"gpu_ids": "1", "status": "FAIL",
+             "warnings": [{"warning": "Error using CUDA API cudaMalloc", "error_id": 68}]}]}]},
+    {"category": "Integration", "tests": [
+        {"name": "PCIe", "results": [{"gpu_ids": "0", "status": "Warn"}]}]}]}}
+
+
+def test_dcgm_diag_json():
+    f = h.dcgm_findings(DCGM_DOC, 1)
+    assert [(x.tier, x.where) for x in f] == [("isolate", "GPU 1"), ("monitor", "GPU 0")]
+    assert "Hardware/GPU Memory FAIL on GPU 1: Error using CUDA API cudaMalloc" in f[0].message
+    assert h.dcgm_findings({"nonsense": 1}, 1) == [] and h.dcgm_findings([], 1) == []
+
+
+def test_node_findings_and_document():
+    raw = {"gpu_csv": "0, 0, Yes, No, 0, Not Active, 40\n", "xid_lines": [],
+           "dcgm": {"available": True, "level": 1, "json": DCGM_DOC},
+           "ports": {"mlx5_0:1": {"state": "4: ACTIVE", "before": {"symbol_error": 1},
+                                  "after": {"symbol_error": 4}}},
+           "memlock": 65536, "shm_bytes": 64 << 20}
+    f = h.node_findings(raw)
+    msgs = [x.message for x in f]
+    assert "GPU 0: row remapping pending (1): out until a GPU reset applies it" in msgs
+    assert "mlx5_0:1: symbol_error grew by 3 (1 -> 4)" in msgs
+    assert any("memlock 65536" in m for m in msgs) and any("/dev/shm is 64 MiB" in m
+                                                            for m in msgs)
+    node = h.node_json("node4", f, raw)
+    doc = h.document([node, h.node_json("node5", [], None, "ssh: refused")], 0.5)
+    assert doc["schema"] == "dtrain.health/1" and doc["isolated"] == ["node4"]
+    assert doc["counts"]["unreachable"] == 1 and node["ports"] == ["mlx5_0:1"]
+    assert h.isolate_reason(f).startswith("health gate: GPU 0: row remapping pending")
+
+
+def test_node_collector_fields_match():
+    import ast
+    from pathlib import Path
+
+    src = Path(h.__file__).parents[1] / "nodeside" / "health.py"
+    tree = ast.parse(src.read_text())
+    fields = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and getattr(n.targets[0], "id", "") == "GPU_FIELDS")
+    assert fields == h.GPU_FIELDS

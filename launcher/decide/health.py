@@ -2,8 +2,9 @@
 
 The pure half of the health gate (issue 36 item 3): from what a node reports (nvidia-smi's
 query fields, the kernel log's Xid lines, two readings of the IB/RoCE port counters) to
-findings, each with a tier, and the node's verdict (its worst tier). Not yet wired to
-`doctor --health` / `run --health-check`: docs/fabric.md says what is missing.
+findings, each with a tier, and the node's verdict (its worst tier), and the gate's
+versioned document (dtrain.health/1). The collector is nodeside/health.py, the I/O
+commands/health.py (`doctor --health`, `run --health-check`).
 
 Tiers (the health-check suites' vocabulary): ``isolate`` (the hardware: keep the node out,
 feed the lemon list), ``reset`` (a GPU reset or reboot clears it), ``monitor`` (watch it).
@@ -61,8 +62,10 @@ def gpu_findings(csv_text: str) -> list[Finding]:
         checks = (("ecc.errors.uncorrected.volatile.total", "reset",
                    "uncorrected ECC errors (volatile): {v:g}"),
                   ("remapped_rows.failure", "isolate", "row remapping failed ({v:g})"),
-                  ("remapped_rows.pending", "reset",
-                   "row remapping pending ({v:g}): a GPU reset applies it"),
+                  # pending: the bad row is still mapped in until a reset; keep the node out
+                  # of jobs until then (isolate; `dtrain nodes unfence` after the reset)
+                  ("remapped_rows.pending", "isolate",
+                   "row remapping pending ({v:g}): out until a GPU reset applies it"),
                   ("retired_pages.pending", "reset", "page retirement pending ({v:g})"))
         for field, tier, text in checks:
             v = _num(row[field])
@@ -121,3 +124,107 @@ def verdict(findings: Sequence[Finding]) -> str:
         if any(f.tier == tier for f in findings):
             return tier
     return "ok"
+
+
+# --------------------------------------------------------------------------- the gate
+
+SCHEMA = "dtrain.health/1"  # `doctor --health --json` (docs/fabric.md)
+SHM_MIN = 1 << 30  # /dev/shm below 1 GiB: monitor (Docker's default 64 MiB breaks NCCL)
+# the DCGM diag categories whose failure is the hardware (isolate); others: reset
+DCGM_HARDWARE = ("hardware", "stress", "integration")
+
+
+def dcgm_findings(doc: object, level: int) -> list[Finding]:
+    """``dcgmi diag -r N -j`` (``{"DCGM GPU Diagnostic": {"test_categories": [{"category",
+    "tests": [{"name", "results": [{"gpu_ids", "status", "warnings"}]}]}]}}``) -> a finding
+    per failed (isolate in Hardware/Stress/Integration, else reset) or warned (monitor)
+    test."""
+    root = doc.get("DCGM GPU Diagnostic", doc) if isinstance(doc, dict) else {}
+    cats = root.get("test_categories") if isinstance(root, dict) else None
+    out: list[Finding] = []
+    for cat in cats if isinstance(cats, list) else []:
+        if not isinstance(cat, dict):
+            continue
+        cname = str(cat.get("category", "?"))
+        for test in cat.get("tests") or []:
+            if not isinstance(test, dict):
+                continue
+            for res in test.get("results") or []:
+                if not isinstance(res, dict):
+                    continue
+                status = str(res.get("status", "")).lower()
+                if status not in ("fail", "warn"):
+                    continue
+                tier = ("monitor" if status == "warn" else
+                        "isolate" if cname.lower() in DCGM_HARDWARE else "reset")
+                gpus = res.get("gpu_ids", "")
+                warn = res.get("warnings") or []
+                text = "; ".join(str(w.get("warning", w) if isinstance(w, dict) else w)
+                                 for w in warn)[:300] if isinstance(warn, list) else ""
+                out.append(Finding(tier, "dcgm", f"GPU {gpus}",
+                                   f"dcgmi diag -r {level}: {cname}/{test.get('name')} "
+                                   f"{status.upper()} on GPU {gpus}"
+                                   + (f": {text}" if text else "")))
+    return out
+
+
+def node_findings(raw: Mapping[str, object]) -> list[Finding]:
+    """The collector's JSON line (nodeside/health.py) -> every finding of the node."""
+    out: list[Finding] = []
+    csv = raw.get("gpu_csv")
+    if isinstance(csv, str):
+        out += gpu_findings(csv)
+    xids = raw.get("xid_lines")
+    if isinstance(xids, list):
+        out += xid_findings(str(x) for x in xids)
+    dcgm = raw.get("dcgm")
+    if isinstance(dcgm, dict) and dcgm.get("available"):
+        if "json" in dcgm:
+            out += dcgm_findings(dcgm["json"], int(dcgm.get("level") or 0))
+        else:
+            out.append(Finding("monitor", "dcgm", "dcgmi", "dcgmi diag gave no JSON: "
+                               f"{str(dcgm.get('text', ''))[-200:]}"))
+    ports = raw.get("ports")
+    if isinstance(ports, dict):
+        before = {p: v.get("before") or {} for p, v in ports.items() if isinstance(v, dict)}
+        after = {p: v.get("after") or {} for p, v in ports.items() if isinstance(v, dict)}
+        states = {p: str(v.get("state")) for p, v in ports.items()
+                  if isinstance(v, dict) and v.get("state")}
+        out += port_findings(before, after, states)
+    memlock = raw.get("memlock")
+    if isinstance(memlock, int) and memlock != -1 and ports:
+        out.append(Finding("monitor", "limits", "memlock",
+                           f"memlock {memlock} bytes, not unlimited (RDMA needs it)"))
+    shm = raw.get("shm_bytes")
+    if isinstance(shm, int) and shm < SHM_MIN:
+        out.append(Finding("monitor", "limits", "/dev/shm",
+                           f"/dev/shm is {shm >> 20} MiB (< {SHM_MIN >> 20} MiB)"))
+    return out
+
+
+def node_json(host: str, findings: Sequence[Finding], raw: Mapping[str, object] | None,
+              error: str | None = None) -> dict[str, object]:
+    """One node's entry in the dtrain.health/1 document."""
+    ports = raw.get("ports") if raw else None
+    return {"host": host, "verdict": "unreachable" if error else verdict(findings),
+            "error": error,
+            "findings": [{"tier": f.tier, "what": f.what, "where": f.where,
+                          "message": f.message} for f in findings],
+            "gpus": bool(raw and isinstance(raw.get("gpu_csv"), str)),
+            "dcgm": bool(raw and isinstance(raw.get("dcgm"), dict)
+                         and raw["dcgm"].get("available")),
+            "ports": sorted(ports) if isinstance(ports, dict) else []}
+
+
+def document(nodes: Sequence[Mapping[str, object]], elapsed_s: float) -> dict[str, object]:
+    """``dtrain.health/1``: every node's verdict and findings."""
+    counts = {t: sum(1 for n in nodes if n["verdict"] == t)
+              for t in (*TIERS, "ok", "unreachable")}
+    return {"schema": SCHEMA, "nodes": list(nodes), "counts": counts,
+            "isolated": [n["host"] for n in nodes if n["verdict"] == "isolate"],
+            "elapsed_s": round(elapsed_s, 3)}
+
+
+def isolate_reason(findings: Sequence[Finding]) -> str:
+    """The lemon record's why: the isolate findings, joined."""
+    return "health gate: " + "; ".join(f.message for f in findings if f.tier == "isolate")

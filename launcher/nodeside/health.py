@@ -1,0 +1,158 @@
+"""dtrain's health collector: what one node reports for the health gate (docs/fabric.md).
+
+Shipped like the probe (nodeside/wire.py: the bootstrap runs it as __main__ with its spec,
+JSON, in ``DTRAIN_SPEC``); standard library only, Python >= 3.8. It judges nothing: it
+prints one JSON line of raw readings, ``decide/health.py`` turns them into findings.
+
+Spec: ``{"interval": s, "dcgm": 0|1|2|3}``. Readings:
+
+* ``gpu_csv``: ``nvidia-smi --query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits``
+  (None without nvidia-smi), ``gpu_q``: ``nvidia-smi -q`` (its text, capped);
+* ``xid_lines``: the kernel log's ``NVRM: Xid`` lines (``dmesg``; none when not readable);
+* ``dcgm``: ``dcgmi diag -r N -j`` parsed, when asked and dcgmi exists;
+* ``ports``: every ``/sys/class/infiniband/HCA/ports/P`` (``$DTRAIN_IB_SYSFS`` for a test
+  tree): state, phys_state, rate and two readings of its error counters ``interval`` apart;
+* ``memlock`` (soft RLIMIT_MEMLOCK, -1 unlimited) and ``shm_bytes`` (/dev/shm's size).
+"""
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+# twin of launcher/decide/health.py GPU_FIELDS (tests/test_health.py checks they agree)
+GPU_FIELDS = ("index", "ecc.errors.uncorrected.volatile.total", "remapped_rows.pending",
+              "remapped_rows.failure", "retired_pages.pending",
+              "clocks_event_reasons.hw_slowdown", "temperature.gpu")
+# counters/ (IB port counters) and hw_counters/ (RoCE) read twice
+COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
+            "port_xmit_discards")
+HW_COUNTERS = ("rx_pause", "out_of_buffer")
+MAX_TEXT = 256 * 1024
+
+
+def _run(argv, timeout):
+    """(exit status, stdout) of a command; (None, why) when it cannot run."""
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=timeout, universal_newlines=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, "%s: %s" % (argv[0], exc)
+    return p.returncode, (p.stdout or p.stderr)[:MAX_TEXT]
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _ib_root():
+    return os.environ.get("DTRAIN_IB_SYSFS") or "/sys/class/infiniband"
+
+
+def _ports():
+    """{"mlx5_0:1": port directory}"""
+    root = _ib_root()
+    out = {}
+    try:
+        hcas = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for hca in hcas:
+        try:
+            ports = sorted(os.listdir(os.path.join(root, hca, "ports")))
+        except OSError:
+            continue
+        for p in ports:
+            out["%s:%s" % (hca, p)] = os.path.join(root, hca, "ports", p)
+    return out
+
+
+def _counters(path):
+    out = {}
+    for sub, names in (("counters", COUNTERS), ("hw_counters", HW_COUNTERS)):
+        for name in names:
+            text = _read(os.path.join(path, sub, name))
+            if text is not None:
+                try:
+                    out[name] = int(text)
+                except ValueError:
+                    pass
+    return out
+
+
+def dcgm(level, timeout):
+    if not shutil.which("dcgmi"):
+        return {"available": False}
+    status, text = _run(["dcgmi", "diag", "-r", str(level), "-j"], timeout)
+    out = {"available": True, "level": level, "status": status}
+    try:
+        out["json"] = json.loads(text)
+    except ValueError:
+        out["text"] = text[-4000:]
+    return out
+
+
+def collect(spec):
+    interval = float(spec.get("interval", 1.0))
+    ports = _ports()
+    before = {name: _counters(path) for name, path in ports.items()}
+    started = time.monotonic()
+    out = {"ok": True, "host": os.uname()[1], "python": sys.version.split()[0]}
+    if shutil.which("nvidia-smi"):
+        status, text = _run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS),
+                             "--format=csv,noheader,nounits"], 20)
+        out["gpu_csv"] = text if status == 0 else None
+        if status != 0:
+            out["gpu_error"] = text.strip()[-500:]
+        status, text = _run(["nvidia-smi", "-q"], 20)
+        out["gpu_q"] = text if status == 0 else None
+    else:
+        out["gpu_csv"] = None
+    status, text = _run(["dmesg"], 10)
+    out["xid_lines"] = ([ln for ln in text.splitlines() if "NVRM: Xid" in ln][-200:]
+                        if status == 0 else [])
+    out["kernel_log"] = status == 0
+    level = int(spec.get("dcgm") or 0)
+    if level:
+        out["dcgm"] = dcgm(level, {1: 120, 2: 600, 3: 3600}.get(level, 600))
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+        out["memlock"] = -1 if soft == resource.RLIM_INFINITY else soft
+    except (OSError, ValueError):
+        out["memlock"] = None
+    try:
+        st = os.statvfs("/dev/shm")
+        out["shm_bytes"] = st.f_blocks * st.f_frsize
+    except OSError:
+        out["shm_bytes"] = None
+    # the second reading: at least `interval` after the first
+    time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    out["ports"] = {name: {"state": _read(os.path.join(path, "state")),
+                           "phys_state": _read(os.path.join(path, "phys_state")),
+                           "rate": _read(os.path.join(path, "rate")),
+                           "before": before.get(name, {}), "after": _counters(path)}
+                    for name, path in ports.items()}
+    out["interval"] = interval
+    return out
+
+
+def main():
+    raw = globals().get("DTRAIN_SPEC") or b"{}"
+    try:
+        spec = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        out = collect(spec if isinstance(spec, dict) else {})
+    except Exception as exc:  # the launcher reports it, naming the node
+        out = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
