@@ -211,8 +211,7 @@ def node_json(host: str, findings: Sequence[Finding], raw: Mapping[str, object] 
             "findings": [{"tier": f.tier, "what": f.what, "where": f.where,
                           "message": f.message} for f in findings],
             "gpus": bool(raw and isinstance(raw.get("gpu_csv"), str)),
-            "dcgm": bool(raw and isinstance(raw.get("dcgm"), dict)
-                         and raw["dcgm"].get("available")),
+            "dcgm": bool(raw and isinstance(d := raw.get("dcgm"), dict) and d.get("available")),
             "ports": sorted(ports) if isinstance(ports, dict) else []}
 
 

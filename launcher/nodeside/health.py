@@ -15,6 +15,8 @@ Spec: ``{"interval": s, "dcgm": 0|1|2|3}``. Readings:
 * ``memlock`` (soft RLIMIT_MEMLOCK, -1 unlimited) and ``shm_bytes`` (/dev/shm's size).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import resource
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 # twin of launcher/decide/health.py GPU_FIELDS (tests/test_health.py checks they agree)
 GPU_FIELDS = ("index", "ecc.errors.uncorrected.volatile.total", "remapped_rows.pending",
@@ -34,17 +37,17 @@ HW_COUNTERS = ("rx_pause", "out_of_buffer")
 MAX_TEXT = 256 * 1024
 
 
-def _run(argv, timeout):
+def _run(argv: list[str], timeout: float) -> tuple[int | None, str]:
     """(exit status, stdout) of a command; (None, why) when it cannot run."""
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=timeout, universal_newlines=True)
+        p = subprocess.run(argv, capture_output=True, timeout=timeout, text=True,
+                           check=False)
     except (OSError, subprocess.SubprocessError) as exc:
-        return None, "%s: %s" % (argv[0], exc)
+        return None, f"{argv[0]}: {exc}"
     return p.returncode, (p.stdout or p.stderr)[:MAX_TEXT]
 
 
-def _read(path):
+def _read(path: str) -> str | None:
     try:
         with open(path) as f:
             return f.read().strip()
@@ -52,14 +55,14 @@ def _read(path):
         return None
 
 
-def _ib_root():
+def _ib_root() -> str:
     return os.environ.get("DTRAIN_IB_SYSFS") or "/sys/class/infiniband"
 
 
-def _ports():
+def _ports() -> dict[str, str]:
     """{"mlx5_0:1": port directory}"""
     root = _ib_root()
-    out = {}
+    out: dict[str, str] = {}
     try:
         hcas = sorted(os.listdir(root))
     except OSError:
@@ -70,11 +73,11 @@ def _ports():
         except OSError:
             continue
         for p in ports:
-            out["%s:%s" % (hca, p)] = os.path.join(root, hca, "ports", p)
+            out[f"{hca}:{p}"] = os.path.join(root, hca, "ports", p)
     return out
 
 
-def _counters(path):
+def _counters(path: str) -> dict[str, int]:
     out = {}
     for sub, names in (("counters", COUNTERS), ("hw_counters", HW_COUNTERS)):
         for name in names:
@@ -87,11 +90,11 @@ def _counters(path):
     return out
 
 
-def dcgm(level, timeout):
+def dcgm(level: int, timeout: float) -> dict[str, Any]:
     if not shutil.which("dcgmi"):
         return {"available": False}
     status, text = _run(["dcgmi", "diag", "-r", str(level), "-j"], timeout)
-    out = {"available": True, "level": level, "status": status}
+    out: dict[str, Any] = {"available": True, "level": level, "status": status}
     try:
         out["json"] = json.loads(text)
     except ValueError:
@@ -99,12 +102,12 @@ def dcgm(level, timeout):
     return out
 
 
-def collect(spec):
+def collect(spec: dict[str, Any]) -> dict[str, Any]:
     interval = float(spec.get("interval", 1.0))
     ports = _ports()
     before = {name: _counters(path) for name, path in ports.items()}
     started = time.monotonic()
-    out = {"ok": True, "host": os.uname()[1], "python": sys.version.split()[0]}
+    out: dict[str, Any] = {"ok": True, "host": os.uname()[1], "python": sys.version.split()[0]}
     if shutil.which("nvidia-smi"):
         status, text = _run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS),
                              "--format=csv,noheader,nounits"], 20)
@@ -143,13 +146,13 @@ def collect(spec):
     return out
 
 
-def main():
+def main() -> None:
     raw = globals().get("DTRAIN_SPEC") or b"{}"
     try:
         spec = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
         out = collect(spec if isinstance(spec, dict) else {})
     except Exception as exc:  # the launcher reports it, naming the node
-        out = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
 
