@@ -54,7 +54,8 @@ def test_podman_on_a_cpu_node_host_network_shm_mounts_labels() -> None:
     c = cmd("podman")
     assert c.name == "dtrain-r1-n1-a2"
     assert c.head == (
-        "podman", "run", "--rm", "--init", "--name", "dtrain-r1-n1-a2", *LABELS,
+        "podman", "run", "--rm", "--init", "--sig-proxy=false", "--name", "dtrain-r1-n1-a2",
+        *LABELS,
         "--network", "host", "--shm-size", str(1 << 30),
         "-v", f"{DIR_PLACEHOLDER}:{DIR_PLACEHOLDER}", "-v", "/home/u/proj:/home/u/proj",
         "-v", "/data:/data:ro", "-w", "/home/u/proj", "--security-opt", "seccomp=unconfined")
@@ -158,8 +159,8 @@ def test_the_plan_carries_each_nodes_runtime_command_and_the_dry_run_shows_it() 
     n0, n1 = plan.nodes
     assert n0.container is not None and n1.container is not None
     assert (n0.container.runtime, n1.container.runtime) == ("docker", "podman")
-    assert n0.container.head[:6] == ("docker", "run", "--rm", "--init", "--name",
-                                     "dtrain-r1-node0-a1")
+    assert n0.container.head[:7] == ("docker", "run", "--rm", "--init", "--sig-proxy=false",
+                                     "--name", "dtrain-r1-node0-a1")
     assert "--gpus" in n0.container.head  # N0 has 4 GPUs
     assert n1.container.name == "dtrain-r1-node1-a1"
     shown = plan_json(plan)["nodes"][0]["container"]  # type: ignore[index]

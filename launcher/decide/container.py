@@ -252,7 +252,10 @@ def command_for(req: ContainerRequest, runtime: str, node: NodeContainerFacts, *
     stop_after = str(max(0, int(round(grace))))
     prefix = container_name(run_id, "", 0)[:-len("-a0")]  # dtrain-<run id>-
     if runtime in ("podman", "docker"):
-        head = [runtime, "run", "--rm", "--init", "--name", name]
+        # --sig-proxy=false: the supervisor stops the container by name (`stop -t GRACE`); the
+        # client's proxy of the supervisor's TERM ran `crun kill` that the same TERM cut
+        # short ("forwarding signal 15 to container ... failed", on every stop)
+        head = [runtime, "run", "--rm", "--init", "--sig-proxy=false", "--name", name]
         for k, v in labels:
             head += ["--label", f"{k}={v}"]
         if interactive:
