@@ -87,3 +87,57 @@ def test_node_collector_fields_match():
     fields = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                   and getattr(n.targets[0], "id", "") == "GPU_FIELDS")
     assert fields == h.GPU_FIELDS
+
+
+def test_document_matches_its_schema():
+    from tests.reports import validate_json
+
+    raw = {"gpu_csv": "0, 1, No, Yes, 0, Active, 95\n",
+           "xid_lines": ["NVRM: Xid (PCI:0000:18:00): 79, pid=1, off the bus"],
+           "dcgm": {"available": True, "level": 2, "json": DCGM_DOC},
+           "ports": {"mlx5_0:1": {"state": "1: DOWN", "before": {"link_downed": 0},
+                                  "after": {"link_downed": 1}}},
+           "memlock": 1, "shm_bytes": 1}
+    f = h.node_findings(raw)
+    assert {x.what for x in f} == {"gpu", "xid", "dcgm", "port", "limits"}
+    validate_json(h.document([h.node_json("a", f, raw), h.node_json("b", [], None, "x")],
+                             1.0), "health")
+
+
+def test_collector_runs_for_real(tmp_path):
+    """The node program, run as the bootstrap runs it, over a fake sysfs tree whose counter
+    a second process bumps between the two readings."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from launcher.nodeside import wire
+
+    port = tmp_path / "ib" / "mlx5_0" / "ports" / "1"
+    (port / "counters").mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("400 Gb/sec (4X NDR)\n")
+    (port / "counters" / "symbol_error").write_text("3\n")
+    (port / "counters" / "link_downed").write_text("0\n")
+    env = {"PATH": "/usr/bin:/bin", "DTRAIN_IB_SYSFS": str(tmp_path / "ib"),
+           "HOME": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", wire.BOOTSTRAP], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env)
+    assert proc.stdin is not None
+    proc.stdin.write(wire.payload(wire.program_source("health"), {"interval": 2.0}))
+    proc.stdin.close()
+    bump = threading.Timer(1.0, lambda: (port / "counters" / "symbol_error").write_text("8\n"))
+    bump.start()
+    t0 = time.monotonic()
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    proc.wait(timeout=60)
+    bump.join()
+    raw = json.loads(out)
+    assert raw["ok"] and time.monotonic() - t0 >= 2.0
+    assert raw["ports"]["mlx5_0:1"]["before"] == {"symbol_error": 3, "link_downed": 0}
+    msgs = [x.message for x in h.node_findings(raw)]
+    assert "mlx5_0:1: symbol_error grew by 5 (3 -> 8)" in msgs
+    assert raw["gpu_csv"] is None and isinstance(raw["shm_bytes"], int)

@@ -80,6 +80,19 @@ def doctor_cmd(
                                                     "with NO_COLOR).")] = None,
     image: groups.ImageOpt = None,
     container_runtime: groups.ContainerRuntimeOpt = None,
+    health: Annotated[bool, typer.Option(
+        "--health", rich_help_panel=CHECKS,
+        help="The health gate instead (docs/fabric.md): GPU ECC, row remaps, retired pages, "
+             "Xids, slowdown, temperature; IB/RoCE port state and error counters read twice; "
+             "memlock, /dev/shm. Findings tiered isolate/reset/monitor; isolated nodes go on "
+             "the lemon list. --json: dtrain.health/1. Exit 1: a node isolated.")] = False,
+    dcgm: Annotated[int, typer.Option(
+        "--dcgm", min=0, max=3, metavar="LEVEL", rich_help_panel=CHECKS,
+        help="With --health: also `dcgmi diag -r LEVEL` where dcgmi exists (1: seconds, "
+             "2: ~2 min, 3: ~15 min).")] = 0,
+    health_interval: Annotated[float, typer.Option(
+        "--health-interval", min=0, max=600, metavar="SECONDS", rich_help_panel=CHECKS,
+        help="With --health: seconds between the two readings of the port counters.")] = 1.0,
 ) -> None:
     """Check every node before a launch: ssh, python, torch, GPUs, network, RDMA, limits.
 
@@ -98,6 +111,15 @@ def doctor_cmd(
         groups.node(python)
         host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
                                  group=group, exclude_group=exclude_group, genders=genders)
+        if health or dcgm:
+            from launcher.commands.health import HealthOptions, run_health
+
+            return run_health(host_list, HealthOptions(
+                python=python, setup=setup, interval=health_interval, dcgm=dcgm,
+                fanout=fanout, timeout=probe_timeout + health_interval,
+                transport=transport), groups.connection(connect_timeout, accept_new,
+                                                        ssh_option, persist=persist,
+                                                        verbose=verbose), as_json=as_json)
         opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
                              master_port=master_port, fanout=fanout,
                              probe_timeout=probe_timeout, transport=transport,

@@ -118,6 +118,14 @@ def run_cmd(
                                             rich_help_panel=NODE, help="Run doctor's "
                                             "fast checks first (torch, python, hostnames, "
                                             "shm, memlock).")] = True,
+    health_check: Annotated[bool, typer.Option(
+        "--health-check", rich_help_panel=NODE,
+        help="The health gate before the job (`doctor --health`, docs/fabric.md): "
+             "isolate-tier nodes go on the lemon list and are left out while --nnodes "
+             "leaves hosts to spare, else the run is refused naming them.")] = False,
+    dcgm: Annotated[int, typer.Option(
+        "--dcgm", min=0, max=3, metavar="LEVEL", rich_help_panel=NODE,
+        help="With --health-check: also `dcgmi diag -r LEVEL` where dcgmi exists.")] = 0,
     grace: groups.GraceOpt = 10.0,
     timeout: TimeoutOpt = None,
     start_timeout: StartTimeoutOpt = 120.0,
@@ -280,6 +288,7 @@ def run_cmd(
                           hang=hang, restart=restart, sample_interval=sample_interval,
                           require_fabric=require_fabric, checkpoint=checkpoint,
                           notify=notify,
+                          health_check=health_check or bool(dcgm), health_dcgm=dcgm,
                           stragglers=StragglerSettings(window=straggler_window,
                                                        hold=straggler_hold,
                                                        ratio=straggler_ratio))

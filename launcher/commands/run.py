@@ -159,6 +159,10 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                   restarts=opts.restart.restarts)
     if not opts.dry_run:
         check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
+    if opts.health_check and not opts.dry_run:
+        from launcher.commands.health import gate
+
+        await gate(hosts, req, opts, settings)
     hosts, count, spares = choose_gang(hosts, opts)
     if opts.restart.restarts and not opts.dry_run:
         return await run_restarting(hosts, spares, count, req, opts, settings, detacher)

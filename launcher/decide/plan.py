@@ -96,6 +96,8 @@ class RunOptions:
     require_fabric: str | None = None
     checkpoint: str | None = None  # --checkpoint REGEX: the save lines (docs/goodput.md)
     notify: str | None = None  # --notify URL|COMMAND (job/notify.py)
+    health_check: bool = False  # --health-check: the health gate first (commands/health.py)
+    health_dcgm: int = 0  # --dcgm N with it: dcgmi diag -r N too
 
 
 @dataclass(frozen=True)

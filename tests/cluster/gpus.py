@@ -9,6 +9,9 @@ tests expect ``nvidia-smi: command not found`` there), so a view must show them 
 The fake answers what dtrain's sampler asks (``--query-gpu=F,... --format=csv,noheader,
 nounits [-lms N | -l N]``) and ``-L``, field by field from ``FAKE_GPUS``, and refuses an
 unknown field as the real one does (``Field "x" is not a valid field to query.``, exit 2).
+It also prints ``-q`` (the health sections), and a test changes one node's readings with
+``~/.fake-nvidia-smi.json`` in its home (``{"1": {"remapped_rows.pending": "Yes"}}``). A
+fake ``dcgmi`` sits beside it (``_DCGMI``: DCGM's diag JSON).
 """
 
 from __future__ import annotations
@@ -26,18 +29,51 @@ FAKE_GPUS: tuple[dict[str, object], ...] = (
     {"index": 0, "name": "NVIDIA H100 80GB HBM3",
      "uuid": "GPU-00000000-0000-0000-0000-0000000000a0",
      "utilization.gpu": 37, "memory.used": 1024, "memory.total": 81559, "temperature.gpu": 41,
-     "power.draw": 123.45, "power.limit": 700.00},
+     "power.draw": 123.45, "power.limit": 700.00,
+     "ecc.errors.uncorrected.volatile.total": 0, "remapped_rows.pending": "No",
+     "remapped_rows.failure": "No", "retired_pages.pending": "No",
+     "clocks_event_reasons.hw_slowdown": "Not Active"},
     {"index": 1, "name": "NVIDIA H100 80GB HBM3",
      "uuid": "GPU-00000000-0000-0000-0000-0000000000a1",
      "utilization.gpu": 81, "memory.used": 40960, "memory.total": 81559, "temperature.gpu": 45,
-     "power.draw": 456.70, "power.limit": 700.00},
+     "power.draw": 456.70, "power.limit": 700.00,
+     "ecc.errors.uncorrected.volatile.total": 0, "remapped_rows.pending": "No",
+     "remapped_rows.failure": "No", "retired_pages.pending": "No",
+     "clocks_event_reasons.hw_slowdown": "Not Active"},
 )
 
 _SCRIPT = '''#!/usr/bin/python3 -I
 """Fake nvidia-smi of the dtrain test cluster (tests/cluster/gpus.py): fixed readings."""
-import sys, time
+import json, os, sys, time
 GPUS = {gpus}
+# a test's readings for this node: ~/.fake-nvidia-smi.json {{"1": {{"remapped_rows.pending": "Yes"}}}}
+try:
+    with open(os.path.expanduser("~/.fake-nvidia-smi.json")) as f:
+        OVERRIDE = json.load(f)
+except (OSError, ValueError):
+    OVERRIDE = {{}}
+for g in GPUS:
+    g.update(OVERRIDE.get(str(g["index"]), {{}}))
 args = sys.argv[1:]
+if args == ["-q"]:
+    print("==============NVSMI LOG==============")
+    print("Attached GPUs                             : %d" % len(GPUS))
+    for g in GPUS:
+        print("GPU 00000000:%02X:00.0" % (0x18 + g["index"]))
+        print("    Product Name                          : %s" % g["name"])
+        print("    Clocks Event Reasons")
+        print("        HW Slowdown                       : %s" % g["clocks_event_reasons.hw_slowdown"])
+        print("    ECC Errors")
+        print("        Volatile")
+        print("            DRAM Uncorrectable            : %s" % g["ecc.errors.uncorrected.volatile.total"])
+        print("    Retired Pages")
+        print("        Pending Page Blacklist            : %s" % g["retired_pages.pending"])
+        print("    Remapped Rows")
+        print("        Pending                           : %s" % g["remapped_rows.pending"])
+        print("        Remapping Failure Occurred        : %s" % g["remapped_rows.failure"])
+        print("    Temperature")
+        print("        GPU Current Temp                  : %s C" % g["temperature.gpu"])
+    sys.exit(0)
 query, fmt, loop = None, "csv", None
 i = 0
 while i < len(args):
@@ -88,6 +124,43 @@ except (BrokenPipeError, KeyboardInterrupt):
 '''
 
 
+# the fake dcgmi (same directory): `dcgmi diag -r N -j` prints DCGM's diag JSON (the
+# "DCGM GPU Diagnostic" document of DCGM 3.x); every test PASS unless ~/.fake-dcgmi.json
+# names failures: {"Hardware/GPU Memory": {"1": "FAIL"}}
+_DCGMI = '''#!/usr/bin/python3 -I
+"""Fake dcgmi of the dtrain test cluster (tests/cluster/gpus.py)."""
+import json, os, sys
+args = sys.argv[1:]
+if args[:1] != ["diag"] or "-r" not in args:
+    print("fake dcgmi: only `diag -r N [-j]` is answered")
+    sys.exit(1)
+try:
+    with open(os.path.expanduser("~/.fake-dcgmi.json")) as f:
+        FAIL = json.load(f)
+except (OSError, ValueError):
+    FAIL = {}
+TESTS = [("Deployment", "Denylist"), ("Deployment", "NVML Library"),
+         ("Deployment", "CUDA Main Library"), ("Hardware", "GPU Memory"),
+         ("Integration", "PCIe"), ("Stress", "SM Stress")]
+level = int(args[args.index("-r") + 1])
+cats = {}
+for cat, name in TESTS[:3 + level]:
+    bad = FAIL.get(cat + "/" + name, {})
+    if cat == "Deployment":
+        results = [{"gpu_ids": "0,1", "status": "PASS"}]
+    else:
+        results = [dict({"gpu_ids": str(i), "status": bad.get(str(i), "PASS")},
+                        **({"warnings": [{"warning": "fake %s failure on GPU %d" % (name, i),
+                                          "error_id": 68}]} if str(i) in bad else {}))
+                   for i in (0, 1)]
+    cats.setdefault(cat, []).append({"name": name, "results": results})
+doc = {"DCGM GPU Diagnostic": {"version": "3.3.5", "test_categories": [
+    {"category": c, "tests": t} for c, t in cats.items()]}}
+print(json.dumps(doc, indent=1) if "-j" in args else doc)
+sys.exit(226 if FAIL else 0)
+'''
+
+
 def is_gpu_node(k: int) -> bool:
     """Nodes 4, 6, 8, ...: the ones with the fake nvidia-smi."""
     return k >= 4 and k % 2 == 0
@@ -122,6 +195,12 @@ def ensure(nodes: Iterable[tuple[int, Path, int | None]]) -> None:
             tmp.write_text(text)
             os.chmod(tmp, 0o755)
             os.replace(tmp, fake)
+        dcgmi = gpubin / "dcgmi"
+        if not dcgmi.exists() or dcgmi.read_text() != _DCGMI:
+            tmp = gpubin / ".dcgmi.tmp"
+            tmp.write_text(_DCGMI)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, dcgmi)
         if not _mounted(pid):
             subprocess.run(["nsenter", "-t", str(pid), "-m", "mount", "--bind", str(gpubin),
                             MOUNT_POINT], check=True, capture_output=True)
