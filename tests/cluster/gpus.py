@@ -46,7 +46,7 @@ _SCRIPT = '''#!/usr/bin/python3 -I
 """Fake nvidia-smi of the dtrain test cluster (tests/cluster/gpus.py): fixed readings."""
 import json, os, sys, time
 GPUS = {gpus}
-# a test's readings for this node: ~/.fake-nvidia-smi.json {{"1": {{"remapped_rows.pending": "Yes"}}}}
+# a test's readings for this node (~/.fake-nvidia-smi.json): per GPU index, fields
 try:
     with open(os.path.expanduser("~/.fake-nvidia-smi.json")) as f:
         OVERRIDE = json.load(f)
@@ -62,10 +62,12 @@ if args == ["-q"]:
         print("GPU 00000000:%02X:00.0" % (0x18 + g["index"]))
         print("    Product Name                          : %s" % g["name"])
         print("    Clocks Event Reasons")
-        print("        HW Slowdown                       : %s" % g["clocks_event_reasons.hw_slowdown"])
+        print("        HW Slowdown                       : %s"
+              % g["clocks_event_reasons.hw_slowdown"])
         print("    ECC Errors")
         print("        Volatile")
-        print("            DRAM Uncorrectable            : %s" % g["ecc.errors.uncorrected.volatile.total"])
+        print("            DRAM Uncorrectable            : %s"
+              % g["ecc.errors.uncorrected.volatile.total"])
         print("    Retired Pages")
         print("        Pending Page Blacklist            : %s" % g["retired_pages.pending"])
         print("    Remapped Rows")
