@@ -6,9 +6,12 @@
   each; and the 256 KiB cap), in ms per poll (it runs every 0.5 s, after the ranks start);
 * first-line (the cluster): the time from `dtrain run` to the first rank line with NCCL's
   account asked for (the default) against without it (the user's own NCCL_DEBUG=WARN),
-  interleaved rounds, medians (the goal: <= 0.1 s added).
+  interleaved rounds, medians (the goal: <= 0.1 s added);
+* health (the cluster): `doctor --health` at 16 nodes without DCGM (the goal: <= 2 s), the
+  wall time of the command and the document's elapsed_s, medians; --health-interval 1 (the
+  default: the port counters' two readings 1 s apart) and 0.2.
 
-    python bench/bench_fabric.py [--reps 5] [--only pairs,poll,first-line]
+    python bench/bench_fabric.py [--reps 5] [--only pairs,poll,first-line,health]
 """
 
 from __future__ import annotations
@@ -109,10 +112,37 @@ def bench_first_line(reps: int) -> None:
           f"(medians of {reps}, interleaved): {a - b:+.3f} s")
 
 
+def bench_health(reps: int) -> None:
+    import json
+
+    from tests import cluster as test_cluster
+
+    c = test_cluster.up(16)
+    state = tempfile.mkdtemp(prefix="bench-health-")
+    for interval in ("1", "0.2"):
+        walls, inner = [], []
+        for r in range(reps + 1):
+            argv = [sys.executable, "-m", "launcher", "doctor", "--health", "--json",
+                    "-H", "node[1-16]", "--python", c.python, "--health-interval", interval]
+            t0 = time.monotonic()
+            res = subprocess.run(argv, cwd=REPO, env=c.client_env(DTRAIN_STATE_DIR=state),
+                                 capture_output=True, text=True, check=False)
+            wall = time.monotonic() - t0
+            if res.returncode not in (0, 1):
+                raise SystemExit(f"doctor --health: exit {res.returncode}: {res.stderr[-800:]}")
+            doc = json.loads(res.stdout)
+            if r:  # round 0: warm-up (the nodes' compiled-code cache)
+                walls.append(wall)
+                inner.append(doc["elapsed_s"])
+        print(f"doctor --health, 16 nodes, --health-interval {interval}: wall "
+              f"{statistics.median(walls):.2f} s (runs {' '.join(f'{w:.2f}' for w in walls)}), "
+              f"connect to verdict {statistics.median(inner):.2f} s; counts {doc['counts']}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--only", default="pairs,poll,first-line")
+    ap.add_argument("--only", default="pairs,poll,first-line,health")
     args = ap.parse_args()
     only = args.only.split(",")
     if "pairs" in only:
@@ -121,6 +151,8 @@ def main() -> int:
         bench_poll(args.reps)
     if "first-line" in only:
         bench_first_line(args.reps)
+    if "health" in only:
+        bench_health(args.reps)
     return 0
 
 

@@ -76,6 +76,9 @@ def test_node_findings_and_document():
     assert doc["schema"] == "dtrain.health/1" and doc["isolated"] == ["node4"]
     assert doc["counts"]["unreachable"] == 1 and node["ports"] == ["mlx5_0:1"]
     assert h.isolate_reason(f).startswith("health gate: GPU 0: row remapping pending")
+    older = h.node_findings({"gpu_csv": None, "gpu_error": 'Field "x" is not a valid field'})
+    assert [(x.tier, x.message) for x in older] == [
+        ("monitor", 'nvidia-smi --query-gpu failed: Field "x" is not a valid field')]
 
 
 def test_node_collector_fields_match():

@@ -174,6 +174,9 @@ def node_findings(raw: Mapping[str, object]) -> list[Finding]:
     csv = raw.get("gpu_csv")
     if isinstance(csv, str):
         out += gpu_findings(csv)
+    elif raw.get("gpu_error"):  # nvidia-smi there, the query refused (an older driver)
+        out.append(Finding("monitor", "gpu", "nvidia-smi", "nvidia-smi --query-gpu failed: "
+                           f"{str(raw['gpu_error'])[-200:]}"))
     xids = raw.get("xid_lines")
     if isinstance(xids, list):
         out += xid_findings(str(x) for x in xids)
