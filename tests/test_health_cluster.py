@@ -91,3 +91,28 @@ def test_run_health_check_refuses_without_a_spare(cluster, sick, tmp_path):
     assert "health check: node4 isolated: health gate: GPU 1: row remapping pending" in out
     assert "the run needs 2 node(s) and has no spare" in out, out
     assert "REPORT" not in res.stdout  # nothing started
+
+
+def test_doctor_health_dcgm(cluster, tmp_path):
+    """--dcgm 1 on node4's fake dcgmi (DCGM's diag JSON) with GPU 1 failing GPU Memory:
+    isolated, quoting DCGM; node3 has no dcgmi: nothing run there."""
+    node4 = cluster.node(4)
+    fail = node4.home / ".fake-dcgmi.json"
+    fail.write_text(json.dumps({"Hardware/GPU Memory": {"1": "FAIL"}}))
+    _own(fail, node4.home)
+    try:
+        env = cluster.client_env(DTRAIN_STATE_DIR=str(tmp_path / "state"))
+        res = dtrain(["doctor", "--health", "--dcgm", "1", "--json", "-H", "node[3-4]",
+                      "--health-interval", "0.1", "--python", cluster.python], env=env,
+                     timeout=120)
+        assert_exit(res, 1)
+        doc = json.loads(res.stdout)
+        validate_json(doc, "health")
+        nodes = {n["host"]: n for n in doc["nodes"]}
+        assert nodes["node4"]["dcgm"] and not nodes["node3"]["dcgm"]
+        assert [f["message"] for f in nodes["node4"]["findings"]] == [
+            "dcgmi diag -r 1: Hardware/GPU Memory FAIL on GPU 1: fake GPU Memory failure "
+            "on GPU 1"]
+        assert doc["isolated"] == ["node4"]
+    finally:
+        fail.unlink(missing_ok=True)
