@@ -144,3 +144,25 @@ def test_collector_runs_for_real(tmp_path):
     msgs = [x.message for x in h.node_findings(raw)]
     assert "mlx5_0:1: symbol_error grew by 5 (3 -> 8)" in msgs
     assert raw["gpu_csv"] is None and isinstance(raw["shm_bytes"], int)
+
+
+def test_xids_since_boot_and_since_the_last_check():
+    old = ["[ 12.3] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus."]
+    now = [*old, "[ 99.0] NVRM: Xid (PCI:0000:18:00): 79, pid=2, GPU has fallen off the bus.",
+           "[ 99.5] NVRM: Xid (PCI:0000:3b:00): 48, pid=2, DBE"]
+    assert h.new_lines(old, now) == now[1:] and h.new_lines(now, old) == []
+    assert [x.message for x in h.xid_findings(now, old)] == [
+        "Xid 79 (GPU fallen off the bus) on PCI:0000:18:00 x2 (1 new since the last check)",
+        "Xid 48 (double-bit ECC error) on PCI:0000:3b:00 (1 new since the last check)"]
+    assert [x.message for x in h.xid_findings(old, old)] == [
+        "Xid 79 (GPU fallen off the bus) on PCI:0000:18:00 (none new since the last check)"]
+
+
+def test_xid_lines_kept_between_checks(tmp_path):
+    from launcher.commands.health import load_xids, save_xids
+
+    assert load_xids(tmp_path) == {}
+    save_xids({"node1": ["a"], "node2": ["b"]}, tmp_path / "state")
+    save_xids({"node2": ["c"]}, tmp_path / "state")
+    assert load_xids(tmp_path / "state") == {"node1": ["a"], "node2": ["c"]}
+    assert (tmp_path / "state" / "health-xids.json").stat().st_mode & 0o777 == 0o600

@@ -116,3 +116,27 @@ def test_doctor_health_dcgm(cluster, tmp_path):
         assert doc["isolated"] == ["node4"]
     finally:
         fail.unlink(missing_ok=True)
+
+
+def test_xids_since_boot_and_since_the_last_check(cluster, tmp_path):
+    node3 = cluster.node(3)
+    log = node3.home / "fake-kmsg"
+    line = "[ {t}.0] NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n"
+    log.write_text(line.format(t=12))
+    _own(log, node3.home)
+    env = cluster.client_env(DTRAIN_STATE_DIR=str(tmp_path / "state"))
+    args = ["doctor", "--health", "--json", "-H", "node3", "--health-interval", "0.1",
+            "--python", cluster.python, "--setup", 'export DTRAIN_KERNEL_LOG="$HOME/fake-kmsg"']
+    try:
+        res = dtrain(args, env=env, timeout=120)
+        assert_exit(res, 1)
+        assert [f["message"] for f in json.loads(res.stdout)["nodes"][0]["findings"]] == [
+            "Xid 79 (GPU fallen off the bus) on PCI:0000:18:00"]
+        with log.open("a") as f:
+            f.write(line.format(t=99))
+        res = dtrain(args, env=env, timeout=120)
+        assert [f["message"] for f in json.loads(res.stdout)["nodes"][0]["findings"]] == [
+            "Xid 79 (GPU fallen off the bus) on PCI:0000:18:00 x2 (1 new since the last "
+            "check)"]
+    finally:
+        log.unlink(missing_ok=True)

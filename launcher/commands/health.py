@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from launcher.decide import health as hd
@@ -31,6 +32,38 @@ class HealthOptions:
     fanout: int = 64
     timeout: float = 60.0  # one node's collector (more with --dcgm: the diag's own time)
     transport: str = "auto"
+
+
+XIDS_FILE = "health-xids.json"  # in dtrain's state directory, beside lemons.json
+
+
+def load_xids(directory: Path | None = None) -> dict[str, list[str]]:
+    """The Xid lines the last check saw, per host ({} when none or unreadable)."""
+    from launcher.job.lemons import state_dir
+
+    try:
+        data = json.loads(((directory or state_dir()) / XIDS_FILE).read_text())
+        hosts = data["hosts"]
+        return {str(h): [str(x) for x in v] for h, v in hosts.items() if isinstance(v, list)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def save_xids(xids: Mapping[str, Sequence[str]], directory: Path | None = None) -> None:
+    """Keep this check's Xid lines (merged over the earlier hosts'); best effort."""
+    import os
+
+    from launcher.job.lemons import state_dir
+
+    d = directory or state_dir()
+    with contextlib.suppress(OSError):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        merged = {**load_xids(d), **{h: list(v) for h, v in xids.items()}}
+        tmp = d / f".{XIDS_FILE}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as f:
+            json.dump({"version": 1, "hosts": merged}, f)
+        os.replace(tmp, d / XIDS_FILE)
 
 
 async def _collect(conn: Any, opts: HealthOptions) -> dict[str, Any]:
@@ -91,11 +124,14 @@ async def gather_with(transport: Any, hosts: Sequence[Host], opts: HealthOptions
                 await conn.aclose()
     nodes: list[dict[str, object]] = []
     found: dict[str, list[hd.Finding]] = {}
+    previous = load_xids()
     for h in hosts:
         raw = raws.get(h.label)
-        findings = hd.node_findings(raw) if raw is not None else []
+        findings = hd.node_findings(raw, previous.get(h.label)) if raw is not None else []
         found[h.label] = findings
         nodes.append(hd.node_json(h.label, findings, raw, errors.get(h.label)))
+    save_xids({h: [str(x) for x in r.get("xid_lines") or []] for h, r in raws.items()
+               if r.get("kernel_log")})
     return nodes, found
 
 

@@ -81,21 +81,50 @@ def gpu_findings(csv_text: str) -> list[Finding]:
     return out
 
 
-def xid_findings(kernel_lines: Iterable[str]) -> list[Finding]:
-    """Xid lines of the kernel log (``NVRM: Xid (PCI:0000:18:00): 79, ...``) -> findings,
-    one per (device, Xid) with its count; Xids of the application (13, 31, 43) are left out."""
+def _xid_counts(kernel_lines: Iterable[str]) -> dict[tuple[str, int], int]:
     seen: dict[tuple[str, int], int] = {}
     for line in kernel_lines:
         m = _XID.search(line)
         if m is not None and int(m.group(2)) in XIDS:
             key = (m.group(1), int(m.group(2)))
             seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+def new_lines(previous: Sequence[str], now: Sequence[str]) -> list[str]:
+    """The lines of ``now`` not in ``previous`` (as multisets: the kernel log's timestamps
+    make a repeated Xid a new line; after a reboot every line is new)."""
+    left: dict[str, int] = {}
+    for line in previous:
+        left[line] = left.get(line, 0) + 1
+    out = []
+    for line in now:
+        if left.get(line, 0) > 0:
+            left[line] -= 1
+        else:
+            out.append(line)
+    return out
+
+
+def xid_findings(kernel_lines: Iterable[str],
+                 previous: Sequence[str] | None = None) -> list[Finding]:
+    """Xid lines of the kernel log (``NVRM: Xid (PCI:0000:18:00): 79, ...``) -> findings,
+    one per (device, Xid) with its count since boot; Xids of the application (13, 31, 43)
+    are left out. ``previous``: the lines the last check saw on this node: each finding
+    also says how many are new since then."""
+    lines = list(kernel_lines)
+    seen = _xid_counts(lines)
+    fresh = _xid_counts(new_lines(previous, lines)) if previous is not None else None
     out = []
     for (pci, xid), n in sorted(seen.items()):
         tier, meaning = XIDS[xid]
         times = f" x{n}" if n > 1 else ""
+        since = ""
+        if fresh is not None:
+            k = fresh.get((pci, xid), 0)
+            since = f" ({k} new since the last check)" if k else " (none new since the last check)"
         out.append(Finding(tier, "xid", f"PCI:{pci}", f"Xid {xid} ({meaning}) on PCI:{pci}"
-                                                       f"{times}"))
+                                                       f"{times}{since}"))
     return out
 
 
@@ -168,8 +197,10 @@ def dcgm_findings(doc: object, level: int) -> list[Finding]:
     return out
 
 
-def node_findings(raw: Mapping[str, object]) -> list[Finding]:
-    """The collector's JSON line (nodeside/health.py) -> every finding of the node."""
+def node_findings(raw: Mapping[str, object],
+                  previous_xids: Sequence[str] | None = None) -> list[Finding]:
+    """The collector's JSON line (nodeside/health.py) -> every finding of the node
+    (``previous_xids``: the Xid lines the last check kept for it)."""
     out: list[Finding] = []
     csv = raw.get("gpu_csv")
     if isinstance(csv, str):
@@ -179,7 +210,7 @@ def node_findings(raw: Mapping[str, object]) -> list[Finding]:
                            f"{str(raw['gpu_error'])[-200:]}"))
     xids = raw.get("xid_lines")
     if isinstance(xids, list):
-        out += xid_findings(str(x) for x in xids)
+        out += xid_findings((str(x) for x in xids), previous_xids)
     dcgm = raw.get("dcgm")
     if isinstance(dcgm, dict) and dcgm.get("available"):
         if "json" in dcgm:
