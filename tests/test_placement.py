@@ -1,0 +1,62 @@
+"""Placement (issue 36 item 4, decide/placement.py, pure): topology.conf parsed, rank order
+keeping switch/segment/NVLink-domain neighbours together with the reason, the spare from the
+fenced node's switch or segment."""
+
+from __future__ import annotations
+
+from launcher.decide import placement as pl
+
+TOPO = """
+# a two-level tree
+SwitchName=s0 Nodes=node[1-2]
+SwitchName=s1 Nodes=node[3-4]
+SwitchName=s2 Nodes=node[5-6]
+SwitchName=spine0 Switches=s[0-1]
+switchname=spine1 switches=s2  # keys in any case, as Slurm reads them
+SwitchName=broken Nodes=node[9-
+"""
+
+
+def test_topology_conf():
+    t = pl.parse_topology_conf(TOPO)
+    assert t["node1"] == pl.Place("s0", "spine0", None, "topology.conf")
+    assert t["node4"].segment == "spine0" and t["node6"] == pl.Place("s2", "spine1", None,
+                                                                     "topology.conf")
+    assert "node9" not in t and len(t) == 6
+
+
+def test_order_keeps_neighbours_together_and_says_why():
+    t = pl.parse_topology_conf(TOPO)
+    hosts = ["node1", "node5", "node3", "node2", "node7", "node6", "node4"]
+    ordered, why = pl.order(hosts, t)
+    assert ordered == ["node1", "node2", "node3", "node4", "node5", "node6", "node7"]
+    assert why == ["node1, node2: switch s0, segment spine0 (topology.conf)",
+                   "node3, node4: switch s1, segment spine0 (topology.conf)",
+                   "node5, node6: switch s2, segment spine1 (topology.conf)",
+                   "node7: no topology known (last, in the given order)"]
+    assert pl.order(["b", "a"], {}) == (["b", "a"], [])  # nothing known: the given order
+
+
+def test_hostfile_keys_win_and_nvlink_domains_group_first():
+    t = pl.parse_topology_conf(TOPO)
+    hostfile = {"node1": pl.Place("x9", "segB", None, "hostfile")}
+    nvl = {h: pl.Place(nvlink="uuid-A" if h in ("node2", "node4") else "uuid-B",
+                       source="nvlink") for h in ("node2", "node3", "node4")}
+    m = pl.merge(hostfile, t, nvl)
+    assert m["node1"] == pl.Place("x9", "segB", None, "hostfile")
+    assert m["node2"] == pl.Place("s0", "spine0", "uuid-A", "topology.conf")
+    ordered, _ = pl.order(["node2", "node3", "node4", "node1"], m)
+    # node2 and node4 differ in switch, so they are not one group; segment spine0 first
+    assert ordered == ["node2", "node3", "node4", "node1"]
+    same = {h: pl.Place(nvlink="A" if h in "ac" else "B", source="nvlink") for h in "abcd"}
+    assert pl.order(list("abcd"), same)[0] == list("acbd")
+
+
+def test_spare_from_the_same_switch_then_segment():
+    t = pl.parse_topology_conf(TOPO)
+    assert pl.spare_for("node1", ["node5", "node2"], t) == (
+        "node2", "node2 shares node1's switch s0")
+    assert pl.spare_for("node1", ["node5", "node3"], t) == (
+        "node3", "node3 shares node1's segment spine0")
+    assert pl.spare_for("node1", ["node5"], t)[0] == "node5"
+    assert pl.spare_for("node1", [], t) == (None, "no spare")
