@@ -113,7 +113,7 @@ def test_hash_starts_a_comment_anywhere() -> None:
 BAD_TEXT = [
     pytest.param("node1 slot=2",
                  "h.txt:1: unknown key 'slot' (did you mean slots?); known keys: port, python, "
-                 "slots, user",
+                 "segment, slots, switch, user",
                  id="unknown-key"),
     pytest.param("node1 slots=two",
                  "h.txt:1: slots must be a positive integer, got 'two'", id="slots-word"),
@@ -344,11 +344,13 @@ BAD_YAML = [
                  id="slots-bool"),
     pytest.param("hosts:\n  - host: node2\n    slot: 2\n",
                  "c.yaml:3: hosts[0].slot: unknown key 'slot' (did you mean slots?); "
-                 "known keys: env, groups, host, image, port, python, slots, user",
+                 "known keys: env, groups, host, image, port, python, segment, slots, switch, "
+                 "user",
                  id="unknown-host-key"),
     pytest.param("defaults:\n  slots: 1\n  host: a\nhosts: [a]\n",
                  "c.yaml:3: defaults.host: unknown key 'host'; "
-                 "known keys: env, groups, image, port, python, slots, user",
+                 "known keys: env, groups, image, port, python, segment, slots, switch, "
+                 "user",
                  id="unknown-default-key"),
     pytest.param("hostz: [a]\n",
                  "c.yaml:1: hostz: unknown key 'hostz' (did you mean hosts?); known keys: "

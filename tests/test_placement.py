@@ -60,3 +60,24 @@ def test_spare_from_the_same_switch_then_segment():
         "node3", "node3 shares node1's segment spine0")
     assert pl.spare_for("node1", ["node5"], t)[0] == "node5"
     assert pl.spare_for("node1", [], t) == (None, "no spare")
+
+
+def test_hostfile_keys_order_the_dry_run(tmp_path):
+    """`run --dry-run --offline` with switch=/segment= in the hostfile: node ranks follow
+    the switches, and the why is printed."""
+    from launcher.hosts.hostfile import parse_hostfile_text
+    from tests.util import dtrain
+
+    text = ("node1 switch=s1 segment=p1\nnode2 switch=s2 segment=p2\n"
+            "node3 switch=s1 segment=p1\nnode4 switch=s2 segment=p2\nnode5\n")
+    hosts = parse_hostfile_text(text, "h.txt")
+    assert (hosts[0].switch, hosts[0].segment, hosts[4].switch) == ("s1", "p1", None)
+    hf = tmp_path / "hosts"
+    hf.write_text(text)
+    res = dtrain(["run", "--dry-run", "--offline", "-f", str(hf), "--nproc-per-node", "1",
+                  "train.py"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "placement: node1, node3: switch s1, segment p1 (hostfile)" in res.stdout
+    assert "placement: node5: no topology known (last, in the given order)" in res.stdout
+    order = [ln.split()[2] for ln in res.stdout.splitlines() if ln.startswith("node ")]
+    assert order == ["node1", "node3", "node2", "node4", "node5"]

@@ -164,9 +164,27 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
 
         await gate(hosts, req, opts, settings)
     hosts, count, spares = choose_gang(hosts, opts)
+    hosts = place(hosts, opts)
     if opts.restart.restarts and not opts.dry_run:
         return await run_restarting(hosts, spares, count, req, opts, settings, detacher)
     return await launch_plain(hosts, req, opts, settings, detacher)
+
+
+def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:
+    """The hostfile's switch=/segment=: ranks ordered so neighbours share a switch, then a
+    segment (decide/placement.py); one line of why per group (also under --dry-run)."""
+    from launcher.decide import placement as pl
+    from launcher.output import render
+
+    places = {h.label: pl.Place(h.switch, h.segment, None, "hostfile")
+              for h in hosts if h.switch or h.segment}
+    if not places:
+        return list(hosts)
+    order, why = pl.order([h.label for h in hosts], places)
+    by_label = {h.label: h for h in hosts}
+    for line in why:
+        render.note(f"placement: {line}", sys.stderr if opts.as_json else sys.stdout)
+    return [by_label[h] for h in order]
 
 
 async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,

@@ -8,7 +8,8 @@ of s0 and s1), the ClusterUUID. ``order`` keeps nodes that share a domain, then 
 then a segment next to each other (groups in order of first appearance, nodes in the given
 order inside a group; nodes with no topology last), so that ring neighbours share the
 closest link; ``spare_for`` picks a spare from the fenced node's switch, else its segment.
-Not wired yet: docs/fabric.md says what is missing.
+`run` orders by the hostfile's keys (commands/run.py ``place``); topology.conf, the
+ClusterUUID and ``spare_for`` are not wired yet (docs/fabric.md).
 """
 
 from __future__ import annotations

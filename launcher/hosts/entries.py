@@ -23,11 +23,13 @@ from launcher.errors import HostfileError
 from launcher.models import Host
 
 ENV_HOSTFILE = "DTRAIN_HOSTFILE"
-TEXT_KEYS = ("port", "python", "slots", "user")
+TEXT_KEYS = ("port", "python", "segment", "slots", "switch", "user")
 IGNORED_KEYS = ("max_slots", "max-slots")  # OpenMPI's; accepted so MPI hostfiles load unchanged
 YAML_TOP_KEYS = ("defaults", "hosts")
-YAML_DEFAULT_KEYS = ("env", "groups", "image", "port", "python", "slots", "user")
-YAML_HOST_KEYS = ("env", "groups", "host", "image", "port", "python", "slots", "user")
+YAML_DEFAULT_KEYS = ("env", "groups", "image", "port", "python", "segment", "slots", "switch",
+                     "user")
+YAML_HOST_KEYS = ("env", "groups", "host", "image", "port", "python", "segment", "slots",
+                  "switch", "user")
 # the cap on the hosts of one job, after all expansion (every entry of a hostfile, -H,
 # --include/--exclude, `dtrain logs --host`): checked before each range is built, so a typo
 # like node[1-100000000] fails at once instead of eating seconds and memory
@@ -97,6 +99,8 @@ class _Spec:
     env: dict[str, str] = field(default_factory=dict)
     image: str | None = None  # YAML only: the container image for these hosts
     groups: tuple[str, ...] = ()  # YAML only: pdsh-style groups (-g/-X)
+    switch: str | None = None  # the leaf switch (decide/placement.py)
+    segment: str | None = None  # the segment above it
 
     def over(self, defaults: _Spec) -> _Spec:
         """This entry's values win over the defaults; env is merged, the entry's keys winning."""
@@ -106,6 +110,8 @@ class _Spec:
             slots=_first(self.slots, defaults.slots), python=_first(self.python, defaults.python),
             env={**defaults.env, **self.env}, image=_first(self.image, defaults.image),
             groups=tuple(dict.fromkeys(defaults.groups + self.groups)),
+            switch=_first(self.switch, defaults.switch),
+            segment=_first(self.segment, defaults.segment),
         )
 
 
@@ -218,8 +224,19 @@ def yaml_groups(value: object, ctx: _Ctx) -> tuple[str, ...]:
 
 
 _GROUP = re.compile(r"[A-Za-z0-9_.:+-]+")
+
+
+def _topology(value: object, ctx: _Ctx) -> str:
+    """A switch or segment name (decide/placement.py): letters, digits and _ . : + -."""
+    text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    if _GROUP.fullmatch(text) and len(text) <= 128:
+        return text
+    raise ctx.error(f"invalid switch/segment name {value!r}",
+                    hint="letters, digits and _ . : + - only, e.g. switch=leaf3 segment=pod1")
+
+
 _SETTERS = {"port": _port, "python": _python, "slots": _slots, "user": _user,
-            "image": _image}
+            "image": _image, "switch": _topology, "segment": _topology}
 
 
 def _set(spec: _Spec, key: str, value: object, ctx: _Ctx) -> None:
@@ -391,7 +408,7 @@ def _hosts(spec: _Spec, ctx: _Ctx) -> list[Host]:
     env = tuple(sorted(spec.env.items()))
     return [Host(name=name, user=spec.user, port=spec.port, slots=spec.slots,
                  python=spec.python, env=env, source=ctx.label, image=spec.image,
-                 groups=spec.groups)
+                 groups=spec.groups, switch=spec.switch, segment=spec.segment)
             for name in spec.names]
 
 
