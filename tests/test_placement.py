@@ -81,3 +81,22 @@ def test_hostfile_keys_order_the_dry_run(tmp_path):
     assert "placement: node5: no topology known (last, in the given order)" in res.stdout
     order = [ln.split()[2] for ln in res.stdout.splitlines() if ln.startswith("node ")]
     assert order == ["node1", "node3", "node2", "node4", "node5"]
+
+
+def test_topology_conf_orders_the_dry_run(tmp_path):
+    from tests.util import dtrain
+
+    topo = tmp_path / "topology.conf"
+    topo.write_text(TOPO)
+    res = dtrain(["run", "--dry-run", "--offline", "-H", "node[1-6]", "--topology", str(topo),
+                  "--nproc-per-node", "1", "train.py"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "placement: node5, node6: switch s2, segment spine1 (topology.conf)" in res.stdout
+    topo.write_text("SwitchName=a Nodes=node[1,3]\nSwitchName=b Nodes=node[2,4]\n")
+    res = dtrain(["run", "--dry-run", "--offline", "-H", "node[1-5]", "--topology",
+                  str(topo), "--nproc-per-node", "1", "train.py"], timeout=60)
+    order = [ln.split()[2] for ln in res.stdout.splitlines() if ln.startswith("node ")]
+    assert order == ["node1", "node3", "node2", "node4", "node5"], res.stdout
+    res = dtrain(["run", "--dry-run", "--offline", "-H", "node1", "--topology",
+                  str(tmp_path / "missing"), "train.py"], timeout=60)
+    assert res.returncode == 2 and "--topology" in res.stderr

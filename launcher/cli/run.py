@@ -52,6 +52,19 @@ JsonOpt = Annotated[bool, groups.json_opt(
     "One JSON document on stdout: the plan with --dry-run, else the result "
     "(dtrain.run/1); human output to stderr.")]
 
+def _topology(path: str | None) -> str | None:
+    """--topology FILE's text (read here: a missing file is bad input, exit 2)."""
+    if path is None:
+        return None
+    from launcher.errors import UsageError
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(4 << 20)
+    except OSError as exc:
+        raise UsageError(f"--topology {path}: {exc.strerror or exc}") from None
+
+
 def run_cmd(
     script: Annotated[str, typer.Argument(metavar="SCRIPT",
                                           help="Training script (or module with -m).")],
@@ -118,6 +131,10 @@ def run_cmd(
                                             rich_help_panel=NODE, help="Run doctor's "
                                             "fast checks first (torch, python, hostnames, "
                                             "shm, memlock).")] = True,
+    topology: Annotated[str | None, typer.Option(
+        "--topology", metavar="FILE", rich_help_panel=NODE,
+        help="Slurm's topology.conf: node ranks ordered so neighbours share a switch, then "
+             "a segment (the hostfile's switch=/segment= win; docs/fabric.md).")] = None,
     health_check: Annotated[bool, typer.Option(
         "--health-check", rich_help_panel=NODE,
         help="The health gate before the job (`doctor --health`, docs/fabric.md): "
@@ -289,6 +306,7 @@ def run_cmd(
                           require_fabric=require_fabric, checkpoint=checkpoint,
                           notify=notify,
                           health_check=health_check or bool(dcgm), health_dcgm=dcgm,
+                          topology=_topology(topology),
                           stragglers=StragglerSettings(window=straggler_window,
                                                        hold=straggler_hold,
                                                        ratio=straggler_ratio))

@@ -171,13 +171,17 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
 
 
 def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:
-    """The hostfile's switch=/segment=: ranks ordered so neighbours share a switch, then a
-    segment (decide/placement.py); one line of why per group (also under --dry-run)."""
+    """The hostfile's switch=/segment=, then --topology's topology.conf: ranks ordered so
+    neighbours share a switch, then a segment (decide/placement.py); one line of why per
+    group (also under --dry-run)."""
     from launcher.decide import placement as pl
     from launcher.output import render
 
-    places = {h.label: pl.Place(h.switch, h.segment, None, "hostfile")
-              for h in hosts if h.switch or h.segment}
+    conf = pl.parse_topology_conf(opts.topology) if opts.topology else {}
+    names = {h.name: h.label for h in hosts}  # topology.conf names hosts, not labels
+    places = pl.merge({h.label: pl.Place(h.switch, h.segment, None, "hostfile")
+                       for h in hosts if h.switch or h.segment},
+                      {names[k]: v for k, v in conf.items() if k in names})
     if not places:
         return list(hosts)
     order, why = pl.order([h.label for h in hosts], places)

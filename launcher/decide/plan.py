@@ -98,6 +98,7 @@ class RunOptions:
     notify: str | None = None  # --notify URL|COMMAND (job/notify.py)
     health_check: bool = False  # --health-check: the health gate first (commands/health.py)
     health_dcgm: int = 0  # --dcgm N with it: dcgmi diag -r N too
+    topology: str | None = None  # --topology FILE's text (Slurm's topology.conf)
 
 
 @dataclass(frozen=True)
