@@ -100,3 +100,15 @@ def test_topology_conf_orders_the_dry_run(tmp_path):
     res = dtrain(["run", "--dry-run", "--offline", "-H", "node1", "--topology",
                   str(tmp_path / "missing"), "train.py"], timeout=60)
     assert res.returncode == 2 and "--topology" in res.stderr
+
+
+def test_next_gang_takes_the_spare_from_the_fenced_nodes_switch():
+    from launcher.decide.restarts import NodeCount, next_gang
+
+    t = pl.parse_topology_conf(TOPO)
+    count = NodeCount(2, 2)
+    gang = next_gang(["node1", "node5"], ["node6", "node3", "node2"], ["node1"], count, t)
+    assert gang.active == ("node2", "node5") and gang.replaced == (("node1", "node2"),)
+    assert gang.spares == ("node6", "node3")
+    plain = next_gang(["node1", "node5"], ["node6", "node3", "node2"], ["node1"], count)
+    assert plain.active == ("node6", "node5")  # no places: the first spare, as before

@@ -208,6 +208,11 @@ class Loop:
                  detacher: Detacher | None, count: NodeCount, active: Sequence[str],
                  spares: Sequence[str]) -> None:
         self.by_label = {h.label: h for h in hosts}
+        from launcher.decide.placement import Place
+
+        # the hostfile's switch=/segment=: a spare from the fenced node's switch or segment
+        self.places = {h.label: Place(h.switch, h.segment, None, "hostfile")
+                       for h in hosts if h.switch or h.segment}
         self.req, self.opts, self.settings = req, opts, settings
         self.policy, self.store, self.detacher = policy, store, detacher
         self.count = count
@@ -276,7 +281,7 @@ class Loop:
                     raise
                 what = "unreachable" if isinstance(exc, ConnectError) else "preflight fails"
                 pairs = [(h, f"{what}: {exc.message}"[:300]) for h in bad]
-                gang = _next_gang(self.active, self.spares, bad, self.count)
+                gang = _next_gang(self.active, self.spares, bad, self.count, self.places)
                 if gang.stop:
                     raise
                 self.fence(archive, pairs)
@@ -339,7 +344,7 @@ class Loop:
         """Classify attempt ``n``'s end, fence, record it in meta.json, say the decision."""
         self.watch = result.watch
         d = decide(attempt_end(result), self.faults, n, self.policy, self.active,
-                   self.spares, self.count)
+                   self.spares, self.count, self.places)
         self.faults.append(d.fault)
         if d.fenced:
             self.fence(archive, d.fenced)

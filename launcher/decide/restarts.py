@@ -30,10 +30,11 @@ is the bounded exponential wait before a relaunch.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.decide.failures import DETERMINISTIC, NODE_XIDS, FailureReason
+from launcher.decide.placement import Place, spare_for
 from launcher.errors import UsageError
 
 USER, NODE, PROCESS, FINAL = "user", "node", "process", "final"
@@ -220,9 +221,10 @@ class Gang:
 
 
 def next_gang(active: Sequence[str], spares: Sequence[str], fenced: Sequence[str],
-              count: NodeCount) -> Gang:
-    """Fenced nodes out; each replaced, in its place, by the first spare; without a spare
-    the run shrinks down to ``count.min``, below it the run stops."""
+              count: NodeCount, places: Mapping[str, Place] | None = None) -> Gang:
+    """Fenced nodes out; each replaced, in its place, by a spare (``places``: one from its
+    NVLink domain, switch or segment first, decide/placement.py; else the first); without
+    a spare the run shrinks down to ``count.min``, below it the run stops."""
     out = set(fenced)
     pool = [s for s in spares if s not in out]
     slots: list[str] = []
@@ -232,7 +234,9 @@ def next_gang(active: Sequence[str], spares: Sequence[str], fenced: Sequence[str
         if host not in out:
             slots.append(host)
         elif pool:
-            spare = pool.pop(0)
+            spare = spare_for(host, pool, places)[0] if places else pool[0]
+            assert spare is not None
+            pool.remove(spare)
             slots.append(spare)
             replaced.append((host, spare))
         else:
@@ -293,7 +297,8 @@ class Decision:
 
 
 def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: RestartPolicy,
-           active: Sequence[str], spares: Sequence[str], count: NodeCount) -> Decision:
+           active: Sequence[str], spares: Sequence[str], count: NodeCount,
+           places: Mapping[str, Place] | None = None) -> Decision:
     """The whole decision after attempt ``attempt`` ended."""
     fault = classify(end, before)
     if fault.kind == FINAL:
@@ -301,12 +306,12 @@ def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: Resta
     if fault.kind == USER:
         return Decision(False, f"{fault.why}: not restarted", fault)
     left = policy.restarts - (attempt - 1)
-    gang = next_gang(active, spares, [h for h, _ in fault.fence], count)
+    gang = next_gang(active, spares, [h for h, _ in fault.fence], count, places)
     parts = [fenced_line(fault.why, gang) if fault.fence else fault.why]
     if fault.fence and not gang.active:  # a run never fences its last usable node
         last = [h for h, _ in fault.fence]
         fault = Fault(fault.kind, fault.why, (), fault.signature, fault.suspect)
-        gang = next_gang(active, spares, [], count)
+        gang = next_gang(active, spares, [], count, places)
         parts = [f"{fault.why}: not fenced ({', '.join(last)}: the run's last usable "
                  f"node{'s' if len(last) > 1 else ''})"]
     if gang.stop:
