@@ -166,3 +166,69 @@ def test_xid_lines_kept_between_checks(tmp_path):
     save_xids({"node2": ["c"]}, tmp_path / "state")
     assert load_xids(tmp_path / "state") == {"node1": ["a"], "node2": ["c"]}
     assert (tmp_path / "state" / "health-xids.json").stat().st_mode & 0o777 == 0o600
+
+
+Q_OLD_DRIVER = """
+==============NVSMI LOG==============
+Attached GPUs                             : 2
+GPU 00000000:18:00.0
+    Product Name                          : NVIDIA A100-SXM4-80GB
+    Clocks Throttle Reasons
+        Idle                              : Active
+        HW Slowdown                       : Not Active
+    ECC Errors
+        Volatile
+            SRAM Correctable              : 0
+            SRAM Uncorrectable            : 0
+            DRAM Correctable              : 3
+            DRAM Uncorrectable            : 2
+        Aggregate
+            DRAM Uncorrectable            : 9
+    Retired Pages
+        Pending Page Blacklist            : No
+    Remapped Rows
+        Correctable Error                 : 0
+        Pending                           : Yes
+        Remapping Failure Occurred        : No
+    Temperature
+        GPU Current Temp                  : 93 C
+GPU 00000000:3B:00.0
+    Clocks Throttle Reasons
+        HW Slowdown                       : Active
+    Remapped Rows
+        Pending                           : No
+"""
+
+
+def test_nvidia_smi_q_when_the_query_is_refused():
+    assert h.q_to_csv(Q_OLD_DRIVER) == ("0, 2, Yes, No, No, Not Active, 93\n"
+                                        "1, [N/A], No, [N/A], [N/A], Active, [N/A]\n")
+    f = h.node_findings({"gpu_csv": None, "gpu_error": "Field ... is not a valid field",
+                         "gpu_q": Q_OLD_DRIVER})
+    assert [(x.tier, x.message) for x in f] == [
+        ("reset", "GPU 0: uncorrected ECC errors (volatile): 2"),
+        ("isolate", "GPU 0: row remapping pending (1): out until a GPU reset applies it"),
+        ("monitor", "GPU 0: 93 C (>= 90 C)"),
+        ("monitor", "GPU 1: hardware slowdown active")]
+
+
+def test_the_cluster_fakes_q_agrees_with_its_query_fields(tmp_path):
+    """tests/cluster/gpus.py's fake nvidia-smi, run here: -q and the query give the same
+    rows."""
+    import subprocess
+    import sys
+
+    from tests.cluster import gpus
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(gpus.script_text())
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    (tmp_path / ".fake-nvidia-smi.json").write_text('{"1": {"remapped_rows.pending": "Yes"}}')
+
+    def run(*args: str) -> str:
+        return subprocess.run([sys.executable, str(fake), *args], capture_output=True,
+                              text=True, env=env, check=True).stdout
+
+    csv = run("--query-gpu=" + ",".join(h.GPU_FIELDS), "--format=csv,noheader,nounits")
+    assert h.q_to_csv(run("-q")) == csv
+    assert "1, 0, Yes, No, No, Not Active, 45" in csv

@@ -106,6 +106,54 @@ def new_lines(previous: Sequence[str], now: Sequence[str]) -> list[str]:
     return out
 
 
+# nvidia-smi -q: (section, key) -> the query field it answers (older drivers name the
+# clocks section "Clocks Throttle Reasons" and the page line "Pending Page Blacklist")
+_Q_FIELDS = {("Remapped Rows", "Pending"): "remapped_rows.pending",
+             ("Remapped Rows", "Remapping Failure Occurred"): "remapped_rows.failure",
+             ("Retired Pages", "Pending Page Blacklist"): "retired_pages.pending",
+             ("Retired Pages", "Pending Page Retirement"): "retired_pages.pending",
+             ("Clocks Event Reasons", "HW Slowdown"): "clocks_event_reasons.hw_slowdown",
+             ("Clocks Throttle Reasons", "HW Slowdown"): "clocks_event_reasons.hw_slowdown",
+             ("Temperature", "GPU Current Temp"): "temperature.gpu"}
+_Q_GPU = re.compile(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*$")
+
+
+def q_to_csv(text: str) -> str:
+    """``nvidia-smi -q``'s sections -> the rows ``gpu_findings`` reads (GPU_FIELDS order):
+    the fallback when the query fields are refused (an older driver). Uncorrected volatile
+    ECC is the sum of the Volatile section's "Uncorrectable" / "Double Bit" lines."""
+    gpus: list[dict[str, str]] = []
+    stack: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        if _Q_GPU.match(line):
+            gpus.append({"index": str(len(gpus))})
+            stack = []
+            continue
+        if not gpus or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key, colon, value = line.strip().partition(":")
+        key, value = key.strip(), value.strip()
+        if not colon or not value:  # a section heading
+            stack.append((indent, key))
+            continue
+        sections = [name for _, name in stack]
+        gpu = gpus[-1]
+        if sections and sections[-1] == "Volatile" and "ECC Errors" in sections and (
+                "Uncorrectable" in key or "Double Bit" in key) and "Total" not in key:
+            n = _num(value)
+            if n is not None:
+                old = _num(gpu.get("ecc.errors.uncorrected.volatile.total", "0")) or 0.0
+                gpu["ecc.errors.uncorrected.volatile.total"] = f"{old + n:g}"
+            continue
+        field = _Q_FIELDS.get((sections[-1], key)) if sections else None
+        if field is not None:
+            gpu[field] = value.split()[0] if field == "temperature.gpu" else value
+    return "".join(", ".join(g.get(f, "[N/A]") for f in GPU_FIELDS) + "\n" for g in gpus)
+
+
 def xid_findings(kernel_lines: Iterable[str],
                  previous: Sequence[str] | None = None) -> list[Finding]:
     """Xid lines of the kernel log (``NVRM: Xid (PCI:0000:18:00): 79, ...``) -> findings,
@@ -206,8 +254,12 @@ def node_findings(raw: Mapping[str, object],
     if isinstance(csv, str):
         out += gpu_findings(csv)
     elif raw.get("gpu_error"):  # nvidia-smi there, the query refused (an older driver)
-        out.append(Finding("monitor", "gpu", "nvidia-smi", "nvidia-smi --query-gpu failed: "
-                           f"{str(raw['gpu_error'])[-200:]}"))
+        q = raw.get("gpu_q")
+        if isinstance(q, str) and (rows := q_to_csv(q)):
+            out += gpu_findings(rows)  # -q's sections answer the same questions
+        else:
+            out.append(Finding("monitor", "gpu", "nvidia-smi", "nvidia-smi --query-gpu "
+                               f"failed: {str(raw['gpu_error'])[-200:]}"))
     xids = raw.get("xid_lines")
     if isinstance(xids, list):
         out += xid_findings((str(x) for x in xids), previous_xids)
