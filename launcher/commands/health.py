@@ -163,6 +163,8 @@ def lines(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for n in nodes:
         what = [w for w, ok in (("GPUs", n["gpus"]), ("DCGM", n["dcgm"])) if ok]
+        if n["gpus"] and not n["kernel_log"]:
+            what.append("kernel log not readable: Xids unchecked")
         if n["ports"]:
             what.append(f"{len(n['ports'])} port(s)")
         checked = f" ({', '.join(what)})" if what else " (no GPU, no RDMA port)"

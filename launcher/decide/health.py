@@ -298,7 +298,8 @@ def node_json(host: str, findings: Sequence[Finding], raw: Mapping[str, object] 
                           "message": f.message} for f in findings],
             "gpus": bool(raw and isinstance(raw.get("gpu_csv"), str)),
             "dcgm": bool(raw and isinstance(d := raw.get("dcgm"), dict) and d.get("available")),
-            "ports": sorted(ports) if isinstance(ports, dict) else []}
+            "ports": sorted(ports) if isinstance(ports, dict) else [],
+            "kernel_log": bool(raw and raw.get("kernel_log"))}
 
 
 def document(nodes: Sequence[Mapping[str, object]], elapsed_s: float) -> dict[str, object]:
