@@ -9,7 +9,7 @@ try:  # Ctrl-C as the CLI starts: exit 130 without a traceback (docs/reliability
     from launcher.errors import DtrainError
 except KeyboardInterrupt:
     exec("")  # launcher.errors.interrupt_handled(), which may not be imported yet
-    raise SystemExit(130) from None
+    raise SystemExit(130) from None  # launcher.exitcodes.EXIT_INTERRUPTED, maybe not imported yet
 
 _quiet_import.install()  # before anything imports asyncssh (see the module)
 

@@ -4,8 +4,9 @@ try:  # Ctrl-C between runpy and the CLI's own guards: 130, no traceback (docs/r
     from launcher.cli import main
 except KeyboardInterrupt:
     from launcher.errors import interrupt_handled
+    from launcher.exitcodes import EXIT_INTERRUPTED
 
     interrupt_handled()
-    raise SystemExit(130) from None
+    raise SystemExit(EXIT_INTERRUPTED) from None
 
 main()

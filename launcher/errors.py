@@ -19,6 +19,8 @@ Messages say what failed, on which host, and what to try (``hint``).
 
 from __future__ import annotations
 
+from launcher.exitcodes import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE
+
 
 def interrupt_handled() -> None:
     """Say that a caught KeyboardInterrupt was handled (dtrain exits 130 for it).
@@ -36,7 +38,7 @@ def interrupt_handled() -> None:
 class DtrainError(Exception):
     """Base of every user-facing failure."""
 
-    exit_code: int = 1
+    exit_code: int = EXIT_FAILED
     hosts: tuple[str, ...] = ()  # the nodes it is about, when a caller can act on them
     #                              (a restarting run fences them: docs/restarts.md)
 
@@ -54,7 +56,7 @@ class DtrainError(Exception):
 class UsageError(DtrainError):
     """Bad input: exit 2 before anything starts."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class HostfileError(UsageError):
@@ -77,7 +79,7 @@ class ConfigError(UsageError):
 class ConnectError(DtrainError):
     """A node could not be reached (exit 255, as ssh and pdsh)."""
 
-    exit_code = 255
+    exit_code = EXIT_UNREACHABLE
 
 
 class AuthError(ConnectError):

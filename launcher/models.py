@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from launcher.exitcodes import EXIT_UNREACHABLE
+
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -75,7 +77,7 @@ class CopyResult:
     def exit_code(self) -> int:
         """0 done, 1 some file failed, 255 unreachable or lost (as exec)."""
         if self.unreachable is not None:
-            return 255
+            return EXIT_UNREACHABLE
         return 1 if self.errors else 0
 
 

@@ -39,11 +39,13 @@ try:  # Ctrl-C while the CLI still imports (seconds on a loaded box): 130, no tr
         top,
     )
     from launcher.errors import interrupt_handled
+    from launcher.exitcodes import EXIT_INTERRUPTED
 except KeyboardInterrupt:
     from launcher.errors import interrupt_handled  # imported already, by launcher itself
+    from launcher.exitcodes import EXIT_INTERRUPTED  # imported already, by launcher.errors
 
     interrupt_handled()
-    raise SystemExit(130) from None
+    raise SystemExit(EXIT_INTERRUPTED) from None
 
 app = typer.Typer(
     name="dtrain", cls=common.DtrainGroup, no_args_is_help=True,
@@ -123,7 +125,7 @@ def main() -> None:
     except KeyboardInterrupt:
         # Ctrl-C while typer builds the command (it evaluates every option's annotation),
         # before its own Ctrl-C handling (typer's Exit(130)) is in place: 130, no traceback
-        raise SystemExit(130) from None
+        raise SystemExit(EXIT_INTERRUPTED) from None
     finally:
         # a Ctrl-C caught anywhere (here, by typer, by a command's body) may have left the
         # interpreter's "unhandled" mark: it would turn the exit code into death by SIGINT

@@ -16,6 +16,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from launcher.cli import coerce
 from launcher.errors import DtrainError
+from launcher.exitcodes import EXIT_INTERRUPTED
 
 # Everything after the first positional (the script, the remote command) belongs to it; an
 # unknown option *before* it is a typo and an error (never the script's name).
@@ -120,5 +121,5 @@ def run_body(fn: Callable[[], int]) -> None:
         render.error(exc)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     raise typer.Exit(code)

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from launcher.exitcodes import exit_for_signal
 from launcher.output import render
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def run_detached(argv: list[str], attach_hint: str) -> int:
         os.close(r)
     if started is None:
         rc = proc.wait()
-        return rc if rc >= 0 else 128 - rc
+        return rc if rc >= 0 else exit_for_signal(-rc)
     run_id, path, pid = started.get("run_id"), started.get("path"), started.get("pid")
     render.note(f"run {run_id} started; detached (launcher pid {pid}): closing this shell "
                 "does not stop it")

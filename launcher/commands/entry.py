@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar
 
 from launcher.errors import DtrainError
+from launcher.exitcodes import EXIT_INTERRUPTED
 from launcher.models import Host
 from launcher.output import render
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # the report code is imported when a report is made (issue 26
     from launcher.output.report import CommandReport
 
 R = TypeVar("R")
-INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+INTERRUPTED = EXIT_INTERRUPTED  # 128 + SIGINT, as a shell reports Ctrl-C (its users' name)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.decide.container import ContainerRequest
+from launcher.exitcodes import EXIT_TIMEOUT, EXIT_UNREACHABLE, exit_for_signal
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
 from launcher.job.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
@@ -63,13 +64,13 @@ def exec_spec(command: Sequence[str], *, grace: float = EXEC_GRACE,
 def exit_code(outcome: JobOutcome) -> int:
     """124 timeout, 128+N interrupted, 255 unreachable, else the largest remote code."""
     if outcome.timed_out:
-        return 124
+        return EXIT_TIMEOUT
     if outcome.interrupted:
-        return 128 + outcome.interrupted
+        return exit_for_signal(outcome.interrupted)
     codes = [n.exit_code for n in outcome.nodes.values() if n.exit_code is not None]
     worst = max(codes, default=0)
     if any(n.exit_code is None for n in outcome.nodes.values()):
-        return 255
+        return EXIT_UNREACHABLE
     return worst
 
 

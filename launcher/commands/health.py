@@ -20,6 +20,7 @@ from typing import Any
 
 from launcher.decide import health as hd
 from launcher.errors import DtrainError
+from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.models import Host
 
 
@@ -205,7 +206,7 @@ def run_health(hosts: Sequence[Host], opts: HealthOptions, settings: Any, *,
         if as_json:
             sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         if counts.get("unreachable"):
-            return 255
+            return EXIT_UNREACHABLE
         return 1 if isolated else 0
 
     return run_command("doctor", hosts, lambda: gather(hosts, opts, settings), conclude)

@@ -23,8 +23,9 @@ from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
 from launcher.decide.liveness import launcher_timeout
-from launcher.decide.nccl_account import EXIT_FABRIC, wants_account
+from launcher.decide.nccl_account import wants_account
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
+from launcher.exitcodes import EXIT_FABRIC, EXIT_INTERRUPTED
 from launcher.hosts.hostfile import fold
 from launcher.job.fabric import FabricWatch
 from launcher.job.hangwatch import HangWatch
@@ -253,10 +254,10 @@ def held_run(req: RunRequest, opts: RunOptions,
                 # Ctrl-C while the job starts (asyncio.run cancels the body): exit 130, as
                 # the launcher's own exit says; the verdict names it (docs/reliability.md)
                 how = "interrupted by Ctrl-C before the job ran"
-                archive.update_meta(end=time.time(), state="finished", exit_code=130,
+                archive.update_meta(end=time.time(), state="finished", exit_code=EXIT_INTERRUPTED,
                                     outcome=how, root_cause={
                                         "kind": "interrupted", "host": None, "rank": None,
-                                        "exit_code": 130, "summary": how})
+                                        "exit_code": EXIT_INTERRUPTED, "summary": how})
             else:
                 archive.update_meta(end=time.time(), state="finished", exit_code=None,
                                     outcome=f"launcher ended early: {type(exc).__name__}")

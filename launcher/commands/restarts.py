@@ -36,6 +36,7 @@ from launcher.decide.restarts import (
 )
 from launcher.decide.restarts import next_gang as _next_gang
 from launcher.errors import ConnectError, PreflightFailed
+from launcher.exitcodes import EXIT_INTERRUPTED, exit_for_signal
 from launcher.job.prepare import prepare
 from launcher.models import Host, OutputLine
 from launcher.output import render
@@ -110,7 +111,7 @@ class Between:
         self.archive = archive
         self.detached = detached
         self.who: str | None = None
-        self.code = 130
+        self.code = EXIT_INTERRUPTED
         self.stop = asyncio.Event()
         self._control: Any = None
         self._signals: list[int] = []
@@ -119,7 +120,7 @@ class Between:
         from launcher.job.control import ControlServer, StopRequest
 
         def on_stop(req: StopRequest) -> str:
-            self._stopped(f"`dtrain stop` (pid {req.pid})", 130)
+            self._stopped(f"`dtrain stop` (pid {req.pid})", EXIT_INTERRUPTED)
             return "stopping"
 
         self._control = ControlServer(self.archive.dir, on_stop)
@@ -132,7 +133,7 @@ class Between:
                                                           (signal.SIGHUP,)):
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, self._stopped, name, 128 + signum)
+                loop.add_signal_handler(signum, self._stopped, name, exit_for_signal(signum))
                 self._signals.append(signum)
         return self
 

@@ -18,6 +18,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from launcher.decide.filters import select_hosts
+from launcher.exitcodes import EXIT_INTERRUPTED, EXIT_UNREACHABLE
 from launcher.job.control import request_stop
 from launcher.job.orchestrate import KILL_MARGIN, STOP_MARGIN
 from launcher.output import render
@@ -168,7 +169,7 @@ def attach(archive_dir: Path, run: str | None, *, ranks: Collection[int] | None 
     code = replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, follow=True,
                   tail=lines, status=status.render, ended=lambda: not run_status(run_dir).alive,
                   fold=True)
-    if code == 130:
+    if code == EXIT_INTERRUPTED:
         render.note(f"detached from run {st.run_id}; it is still running. Come back with "
                     f"`dtrain attach {st.run_id}{hint}`, end it with `dtrain stop "
                     f"{st.run_id}{hint}`")
@@ -183,7 +184,7 @@ def _ended(run_dir: Path) -> int:
                     f" (exit {st.exit_code})")
         return st.exit_code if st.exit_code is not None else 1
     render.note(f"run {st.run_id}: {st.label}: {st.note or ''}")
-    return 255
+    return EXIT_UNREACHABLE
 
 
 class _StatusLine:

@@ -37,6 +37,7 @@ from launcher.decide.smoke import (
     pair_schedule,
 )
 from launcher.errors import DtrainError
+from launcher.exitcodes import EXIT_INTERRUPTED
 from launcher.job.prepare import prepare
 from launcher.models import Host, OutputLine
 from launcher.nodeside.wire import program_source
@@ -55,7 +56,7 @@ JOB_FILE = "dtrain_smoke.py"
 class Interrupted(DtrainError):
     """Ctrl-C before the job had a verdict."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
 @dataclass(frozen=True)

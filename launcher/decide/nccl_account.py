@@ -30,7 +30,6 @@ from typing import Any
 from launcher.output.fold import rank_ranges
 
 REQUIRE = ("rdma", "gdr", "any")
-EXIT_FABRIC = 123  # docs/exit-codes.md: --require-fabric refused NCCL's transport
 MAX_WARNS = 20  # WARN lines kept per rank (folded by text)
 
 # host:pid:tid [dev] [file.cc:N ]NCCL INFO|WARN message

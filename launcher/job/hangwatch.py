@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.decide.flight import FlightSummary, RankFlight, load_dump, rank_flight, summarize
 from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
 from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
+from launcher.exitcodes import EXIT_HANG
 from launcher.job.nodemsg import rank_of
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
@@ -32,7 +33,6 @@ from launcher.output.rundir import RunDir
 if TYPE_CHECKING:
     from launcher.job.orchestrate import Job
 
-HANG_EXIT = 125  # docs/exit-codes.md
 TICK_S = 0.5
 REPLY_WAIT_S = 8.0  # the supervisors' own waits (2 s dump, 2 s flight recorder) + margin
 NATIVE_WAIT_S = 10.0  # py-spy's dumps (bounded by 8 s on the node) before --on-hang stop
@@ -208,7 +208,7 @@ class HangWatch:
             host = culprit.host if culprit and culprit.host else next(iter(self.ranks), "")
             self.say("--on-hang stop: stopping every node")
             self.job.declare_failure(Failure("hang", host, rank=culprit.rank if culprit
-                                             else None, code=HANG_EXIT, t=now, seen=now,
+                                             else None, code=EXIT_HANG, t=now, seen=now,
                                              error=error))
         else:
             self.say("--on-hang dump: the run goes on (`dtrain stacks` dumps again, Ctrl-C "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from launcher.decide.liveness import Silence, launcher_timeout
 from launcher.errors import ConnectError
+from launcher.exitcodes import EXIT_NOT_FOUND
 from launcher.job import nodemsg
 from launcher.models import Host
 from launcher.nodeside import wire
@@ -306,7 +307,7 @@ class NodeSession:
                                error=self._abandoned, stderr_tail=tail)
         if self.hello is not None and self.hello.get("error"):
             code = self.hello.get("code")
-            return NodeOutcome(self.host, code if isinstance(code, int) else 127,
+            return NodeOutcome(self.host, code if isinstance(code, int) else EXIT_NOT_FOUND,
                                error=str(self.hello["error"]), ended=time.time())
         if self.exit_msg is None:
             if self.hello is None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from launcher.errors import ConnectError
+from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.job.limits import ensure_nofile
 from launcher.job.node import JobSpec, NodeOutcome, NodeSession
 from launcher.models import Host
@@ -388,7 +389,7 @@ class Job:
         self.router.flush(label)
         now = time.time()
         if outcome.lost:
-            self._failed(Failure("lost", label, code=255, t=now, seen=now,
+            self._failed(Failure("lost", label, code=EXIT_UNREACHABLE, t=now, seen=now,
                                  error=outcome.error), tg)
         elif outcome.exit_code not in (0, None) or outcome.error:
             # stopped though dtrain asked no one to stop: by itself (its supervisor got a

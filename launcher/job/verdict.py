@@ -20,6 +20,13 @@ from launcher.decide.failures import (
     supervisor_signal,
 )
 from launcher.decide.plan import LaunchPlan
+from launcher.exitcodes import (
+    EXIT_FABRIC,
+    EXIT_HANG,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    exit_for_signal,
+)
 from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
@@ -112,12 +119,12 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
             how = f"stopped by {outcome.stopped_by}"
         if outcome.killed:
             how += ", then killed"
-        v = Verdict(128 + outcome.interrupted, how, root_kind="interrupted")
+        v = Verdict(exit_for_signal(outcome.interrupted), how, root_kind="interrupted")
     elif outcome.timed_out and root is None:
-        v = Verdict(124, "timed out (--timeout): every node stopped", root_kind="timeout")
+        v = Verdict(EXIT_TIMEOUT, "timed out (--timeout): every node stopped", root_kind="timeout")
     elif root is not None and root.kind == "start":
         late = fold(outcome.start_timed_out) or root.host
-        v = Verdict(124, f"{late} {root.error}", root.host, root_kind="start")
+        v = Verdict(EXIT_TIMEOUT, f"{late} {root.error}", root.host, root_kind="start")
     elif root is not None and root.kind == "rank" and _stopped_by_its_node(outcome, root) \
             and _self_failed_rank(outcome, root.host) is None:
         # its shim passed on a stop from torchrun (or from the supervisor once torchrun had
@@ -138,13 +145,14 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
             lines.append(f"last stderr lines of rank {root.rank} on {root.host}:")
             lines += [f"  {t}" for t in tail]
     elif root is not None and root.kind == "hang":
-        v = Verdict(root.code or 125, root.error or "hang", root.host or None, root.rank,
+        v = Verdict(root.code or EXIT_HANG, root.error or "hang", root.host or None, root.rank,
                     root_kind="hang")
     elif root is not None and root.kind == "fabric":  # --require-fabric (docs/fabric.md)
-        v = Verdict(root.code or 123, root.error or "fabric refused", root.host or None,
+        v = Verdict(root.code or EXIT_FABRIC, root.error or "fabric refused", root.host or None,
                     root_kind="fabric")
     elif root is not None and root.kind == "lost":
-        v = Verdict(255, f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
+        v = Verdict(EXIT_UNREACHABLE,
+                    f"node {root.host} lost: {root.error or 'connection lost'}", root.host,
                     root_kind="lost")
     elif root is not None and (first := _first_failed_rank(outcome, root.host)) is not None:
         # torchrun gave up on this node (say after --max-restarts): its ranks tell why
@@ -158,14 +166,15 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
     elif root is not None:
         tail = _node_tail(outcome, tails, root.host)
         if (sup := supervisor_signal(root.own_stop)) is not None:
-            v = Verdict(128 + sup, f"dtrain's supervisor on {root.host} got {_signame(sup)} "
-                                   "(not from dtrain) and stopped its job", root.host,
+            v = Verdict(exit_for_signal(sup),
+                        f"dtrain's supervisor on {root.host} got {_signame(sup)} "
+                        "(not from dtrain) and stopped its job", root.host,
                         root_kind="node")
         elif root.own_stop:
             v = Verdict(root.code or 1, f"node {root.host} stopped its job by itself: "
                                         f"{root.own_stop}", root.host, root_kind="node")
         elif root.code is None:
-            v = Verdict(255, f"node {root.host} failed: {root.error}", root.host,
+            v = Verdict(EXIT_UNREACHABLE, f"node {root.host} failed: {root.error}", root.host,
                         root_kind="node")
         else:
             v, tail = _torchrun_verdict(root.host, root.code, root.signal, tail)
@@ -177,7 +186,7 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
                    if h.label not in outcome.nodes or outcome.nodes[h.label].exit_code is None]
         bad = {label: n.exit_code for label, n in outcome.nodes.items() if n.exit_code}
         if missing:
-            v = Verdict(255, f"{fold(missing)} never reported an end", missing[0],
+            v = Verdict(EXIT_UNREACHABLE, f"{fold(missing)} never reported an end", missing[0],
                         root_kind="lost")
         elif bad:
             label = next(iter(bad))
@@ -229,7 +238,7 @@ def _torchrun_verdict(host: str, code: int | None, sig: int | None,
     process killed by it, and the signal named."""
     got = agent_signal(tail) if not sig else None
     if got is not None:
-        return Verdict(128 + got, f"torchrun on {host} got {_signame(got)} and ended (a "
+        return Verdict(exit_for_signal(got), f"torchrun on {host} got {_signame(got)} and ended (a "
                                   "signal not from dtrain: a scheduler, a user, a watchdog)",
                        host, root_kind="node"), tail
     return Verdict(code or 1, f"torchrun on {host} {_how(code, sig)}", host,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ClusterShell.NodeSet import NodeSetException
 
 from launcher.errors import UsageError
+from launcher.exitcodes import EXIT_INTERRUPTED
 from launcher.hosts.entries import check_expr_size, nodeset
 from launcher.models import OutputLine
 from launcher.output.archive import open_output, read_meta
@@ -108,7 +109,7 @@ def replay(
             raise
         console.clear_status()
         console.flush()
-        return 130
+        return EXIT_INTERRUPTED
     if folder is not None:
         console.write(folder.flush())
     console.clear_status()

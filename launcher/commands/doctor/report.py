@@ -41,6 +41,7 @@ from launcher.decide.fabric_checks import (
     check_socket,
     socket_choices,
 )
+from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.hosts.hostfile import fold
 from launcher.output.hostgroups import folded
 from launcher.output.junit import ExtraCase
@@ -79,7 +80,7 @@ def evaluate(g: Gathered) -> list[CheckResult]:
 def exit_code(results: Sequence[CheckResult], *, strict: bool = False) -> int:
     """255 if a node was unreachable (as exec/run), 1 on any FAIL (or warn with --strict)."""
     if any(r.check == "ssh" and r.failed for r in results):
-        return 255
+        return EXIT_UNREACHABLE
     bad = {FAIL, WARN} if strict else {FAIL}
     return 1 if any(r.status in bad for r in results) else 0
 

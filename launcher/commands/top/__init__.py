@@ -21,6 +21,7 @@ from launcher.commands.top.runwatch import RunWatch
 from launcher.commands.top.view import ViewOptions, plain
 from launcher.decide.hang import compile_progress
 from launcher.decide.stragglers import StragglerSettings
+from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.hosts.hostfile import filter_hosts, with_user
 from launcher.job.sampling import OK, FollowPolicy, SamplerParams, follow
 from launcher.models import Host
@@ -28,8 +29,6 @@ from launcher.output.archive import list_runs, read_meta, resolve_run
 from launcher.output.runstate import run_status
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
-
-UNREACHABLE_CODE = 255
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ async def _stream(state: TopState, req: TopRequest) -> int:
         next_at += req.interval
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     if req.once:
-        return 0 if all(nd.state == OK for nd in state.nodes.values()) else UNREACHABLE_CODE
+        return 0 if all(nd.state == OK for nd in state.nodes.values()) else EXIT_UNREACHABLE
     return 0
 
 
