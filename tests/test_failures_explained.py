@@ -194,10 +194,8 @@ def test_error_keeper_keeps_bounded_stderr_tails_and_comm_lines_per_rank() -> No
     assert list(keeper.tails[("n1", 1)]) == ["NCCL WARN 0", "NCCL WARN 1", "NCCL WARN 2"]
     assert keeper.comm_lines() == [("n1", 1, "NCCL WARN 1"), ("n1", 1, "NCCL WARN 2"),
                                    ("n2", 0, "NCCL error: unhandled system error")]
-    keeper.event("n1", {"type": "rank_exit", "rank": 0, "evidence": {"oom": True}})
-    keeper.event("n1", {"type": "rank_exit", "rank": "1", "evidence": {"x": 1}})
-    keeper.event("n1", {"type": "rank_exit", "rank": 2, "evidence": "not a dict"})
-    keeper.event("n1", {"type": "log", "rank": 3, "evidence": {"x": 1}})
+    keeper.rank_exit("n1", 0, {"oom": True})
+    keeper.rank_exit("n1", 2, None)  # job/events.py: evidence that is not a map is none
     assert keeper.evidence == {("n1", 0): {"oom": True}}
     fresh = failures.ErrorKeeper()
     assert (fresh.size, fresh.errors, fresh.tails, fresh.comm, fresh.evidence) == (

@@ -313,9 +313,9 @@ def _session(ranks: tuple[int, ...] = (0, 1)) -> Any:
                        on_event=lambda *a: None, ranks=ranks)
 
 
-def _decoded(session: Any, msg: Any) -> dict[str, Any] | None:
-    """``msg`` as the session decodes a control frame (job/nodemsg.py checks it against the
-    plan): the message believed, None (dropped), or FrameError (that node's error)."""
+def _decoded(session: Any, msg: Any) -> Any:
+    """``msg`` as the session decodes a control frame (job/events.py checks it against the
+    plan): the event believed, None (dropped, or FrameError: that node's error)."""
     from launcher.nodeside import wire
 
     frame = wire.Frame(wire.KIND_CTL, -1, json.dumps(msg).encode())
@@ -378,29 +378,32 @@ RANK_EXIT = {"type": "rank_exit", "rank": 1, "code": 7, "signal": None, "t": 5.0
                           mutated(EXIT_MSG, SUPERVISOR_KEYS), json_values(SUPERVISOR_KEYS)),
                 max_size=6))
 def test_supervisor_events(messages: list[Any]) -> None:
-    """Every handler of a supervisor's control messages (the job's first-failure rule, the
-    status line, the failure evidence, the samplers' end) takes any JSON object."""
-    from launcher.commands.launch import NodeBoard
+    """Every observer of a supervisor's events (the job's first-failure rule, the exit
+    barrier's fold, the status line, the failure evidence, the samplers' end) takes whatever
+    any JSON object decodes to."""
+    from launcher.commands.launch import Evidence, NodeBoard, RunPipeline
     from launcher.commands.run_sampling import RunSampling
     from launcher.decide.failures import ErrorKeeper
     from launcher.job.orchestrate import Job, Policy
+    from launcher.output.fold import ExitBarrierNoise
 
-    job = Job([Host("n1")], {}, Policy(), SimpleNamespace(), on_event=None)  # type: ignore[arg-type]
+    job = Job([Host("n1")], {}, Policy(), SimpleNamespace())  # type: ignore[arg-type]
     job._failed = lambda *a: None  # type: ignore[method-assign]
     board, keeper = NodeBoard(["n1"], 2), ErrorKeeper()
     sampling = RunSampling.__new__(RunSampling)
     sampling.ended = set()
+    pipeline = RunPipeline.__new__(RunPipeline)
+    pipeline.barrier = ExitBarrierNoise({"n1": 2})
+    for observer in (pipeline, board, Evidence(keeper), sampling):
+        job.observe(observer)
     session = _session()
     with bounded():
         for raw in messages:
-            msg = _decoded(session, raw)
-            if msg is None:
+            ev = _decoded(session, raw)
+            if ev is None:
                 continue
-            job._rank_event(Host("n1"), msg, None)  # type: ignore[arg-type]
-            board.event(Host("n1"), msg)
+            job._event(Host("n1"), ev, None)  # type: ignore[arg-type]
             board.render()
-            keeper.event("n1", msg)
-            sampling.event("n1", msg)
 
 
 STACKS_MSG = {"type": "stacks", "id": "h1", "ranks": {
@@ -417,6 +420,7 @@ STACKS_MSG = {"type": "stacks", "id": "h1", "ranks": {
                                    json_values(SUPERVISOR_KEYS)), max_size=3))
 def test_stacks_answers(messages: list[Any], tmp_path_factory: pytest.TempPathFactory) -> None:
     """The hang watch's reading of every node's ``stacks`` answer (folded, archived)."""
+    from launcher.job.events import Flight, Stacks
     from launcher.job.hangwatch import HangWatch, StackDump
     from launcher.output.rundir import RunDir
 
@@ -433,13 +437,16 @@ def test_stacks_answers(messages: list[Any], tmp_path_factory: pytest.TempPathFa
                        for i, m in enumerate(messages)]
             msgs = {host: m for host, m in decoded if m is not None}
             dump = StackDump("h1", "fuzz", 0.0)
-            watch._collect(dump, msgs)
+            watch._collect(dump, {host: m.ranks for host, m in msgs.items()
+                                  if isinstance(m, Stacks)})
             assert dump.folded is not None
             dump.folded.lines()
             json.dumps(dump.json())
             for m in msgs.values():
-                watch._native("h1", m.get("ranks"))
-                watch._flight_files("end", m.get("files"))
+                if isinstance(m, Stacks):
+                    watch._native("h1", m.ranks)
+                if isinstance(m, Flight):
+                    watch._flight_files("end", m.files)
     finally:
         import os
 
@@ -754,9 +761,9 @@ def test_nccl_lines(messages: list[tuple[int, list[Any]]], require: str | None) 
     with bounded():
         for rank, lines_ in messages:
             node = 0 if rank < 2 else 1
-            msg = _decoded(sessions[node], {"type": "nccl", "rank": rank, "lines": lines_})
-            if msg is not None:
-                watch.event(Host(f"n{node + 1}"), msg)
+            ev = _decoded(sessions[node], {"type": "nccl", "rank": rank, "lines": lines_})
+            if ev is not None:
+                watch.on_nccl(Host(f"n{node + 1}"), ev)
         watch.finish()
         json.dumps(watch.meta())
         assert all(isinstance(line, str) for line in said)

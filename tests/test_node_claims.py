@@ -112,10 +112,12 @@ def test_the_session_hands_on_only_checked_messages_and_output() -> None:
         (wire.KIND_OUT, 0, b"step 5\n"), (wire.KIND_OUT, 3, b"step 4\n"),
         _ctl({"type": "exit", "code": 0, "t": "late", "ranks": {"1": {}}}),
     ])
+    from launcher.job.events import Exit, RankStart, Stacks
+
     asyncio.run(s._frames())
-    assert events == [{"type": "rank_start", "rank": 2},
-                      {"type": "stacks", "id": "h1", "ranks": {"3": {"text": "mine"}}},
-                      {"type": "exit", "code": 0, "ranks": {}}]
+    assert events == [RankStart(None, rank=2),
+                      Stacks(None, id="h1", ranks={"3": {"text": "mine"}}),
+                      Exit(None, code=0, ranks={})]
     assert [(c[1], c[3]) for c in chunks] == [(None, b"step 5\n"), (3, b"step 4\n")]
     outcome = s._outcome(0)  # a bad t in the exit message: the launcher's clock instead
     assert outcome.exit_code == 0 and outcome.ended > 0
@@ -154,14 +156,15 @@ def test_odd_keys_and_an_unreadable_flight_dump_leave_the_dump_whole(tmp_path: P
     bad_fr = base64.b64encode(pickle.dumps({"pg_status": {"0": {
         "last_enqueued_collective": 3, "last_completed_collective": 2}}, "entries": 5})).decode()
     dump = StackDump("h1", "test", 0.0)
-    w._collect(dump, {"n1": {"ranks": {"\u00b2": {"text": STACK}, "0": {"text": STACK},
-                                       "1": {"text": STACK, "fr": {"ok": True,
-                                                                   "data": bad_fr}}}},
-                      "n2": {"ranks": {"2": {"text": STACK}, "3": {"text": STACK}}}})
+    from launcher.job.events import Flight, Stacks
+
+    w._collect(dump, {"n1": {"\u00b2": {"text": STACK}, "0": {"text": STACK},
+                             "1": {"text": STACK, "fr": {"ok": True, "data": bad_fr}}},
+                      "n2": {"2": {"text": STACK}, "3": {"text": STACK}}})
     assert sorted(s.rank for s in dump.stacks) == [0, 1, 2, 3]
-    w.event(SimpleNamespace(label="n2"), {"type": "stacks", "id": "h1", "native": True,  # type: ignore[arg-type]
-                                          "ranks": {"\u00b2": {"pyspy": {"text": "x"}}}})
-    w.event(SimpleNamespace(label="n2"), {"type": "flight", "files": {"\u00b2": "AAAA"}})  # type: ignore[arg-type]
+    w.on_stacks(SimpleNamespace(label="n2"), Stacks(None, id="h1", native=True,  # type: ignore[arg-type]
+                                                    ranks={"\u00b2": {"pyspy": {"text": "x"}}}))
+    w.on_flight(SimpleNamespace(label="n2"), Flight(None, files={"\u00b2": "AAAA"}))  # type: ignore[arg-type]
 
 
 def test_an_exception_in_the_watch_is_told_and_the_watch_goes_on(tmp_path: Path) -> None:

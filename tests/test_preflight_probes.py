@@ -211,7 +211,7 @@ def test_a_run_starts_one_program_per_node(monkeypatch: pytest.MonkeyPatch) -> N
                                   python=sys.executable, workdir=str(REPO),
                                   on_chunk=lambda *a: None,
                                   on_event=lambda h, m: events.setdefault(
-                                      h.label, []).append(str(m.get("type"))),
+                                      h.label, []).append(type(m).__name__),
                                   adopt=functools.partial(probes.become, label, str(REPO)))
             out[label] = await session.run()
         await probes.aclose()
@@ -219,7 +219,7 @@ def test_a_run_starts_one_program_per_node(monkeypatch: pytest.MonkeyPatch) -> N
 
     outcomes = asyncio.run(go())
     assert all(o.exit_code == 0 for o in outcomes.values()), outcomes
-    assert all("hello" in events[label] for label in conns), events
+    assert all("Hello" in events[label] for label in conns), events
     assert [len(c.started) for c in conns.values()] == [1, 1, 1]
 
 

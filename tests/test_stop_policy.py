@@ -87,14 +87,13 @@ def test_first_ctrl_c_is_graceful() -> None:
 def test_a_rank_asked_to_stop_is_not_a_failure() -> None:
     """Its shim forwarded a stop (dtrain's or torchrun's): whatever it exits with, it is
     a follower, never a root-cause candidate."""
+    from launcher.job.events import RankExit
     from launcher.models import Host
 
     job, _, tg = _job()
-    job._rank_event(Host("a"), {"type": "rank_exit", "rank": 1, "code": 143, "signal": None,
-                                "stop_signal": 15, "t": 1.0}, tg)  # type: ignore[arg-type]
+    job._event(Host("a"), RankExit(1.0, rank=1, code=143, stop_signal=15), tg)  # type: ignore[arg-type]
     assert job.outcome.failures == [] and tg.started == []
-    job._rank_event(Host("a"), {"type": "rank_exit", "rank": 0, "code": 7, "signal": None,
-                                "t": 1.0}, tg)  # type: ignore[arg-type]
+    job._event(Host("a"), RankExit(1.0, rank=0, code=7), tg)  # type: ignore[arg-type]
     assert [(f.host, f.rank) for f in job.outcome.failures] == [("a", 0)]
 
 
@@ -164,10 +163,10 @@ def _held_job(hold: float = 2.0) -> tuple[Job, _Router, _TaskGroup]:
 
 def _exit(job: Job, tg: _TaskGroup, host: str, rank: int, code: int,
           sig: int | None = None) -> None:
+    from launcher.job.events import RankExit
     from launcher.models import Host
 
-    job._rank_event(Host(host), {"type": "rank_exit", "rank": rank, "code": code,
-                                 "signal": sig, "t": 1.0}, tg)  # type: ignore[arg-type]
+    job._event(Host(host), RankExit(1.0, rank=rank, code=code, signal=sig), tg)  # type: ignore[arg-type]
 
 
 def test_a_victims_abort_holds_the_stop_and_the_raiser_behind_it_is_the_root_cause() -> None:

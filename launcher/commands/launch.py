@@ -27,6 +27,7 @@ from launcher.decide.nccl_account import wants_account
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
 from launcher.exitcodes import EXIT_FABRIC, EXIT_INTERRUPTED
 from launcher.hosts.hostfile import fold
+from launcher.job.events import Exit, Hello, Observer, Observers, RankExit, Stopping
 from launcher.job.fabric import FabricWatch
 from launcher.job.hangwatch import HangWatch
 from launcher.job.node import JobSpec
@@ -64,9 +65,11 @@ if TYPE_CHECKING:
     from launcher.output.archive import RunArchive
 
 
-class RunPipeline(OutputPipeline):
+class RunPipeline(OutputPipeline, Observer):
     """The output pipeline, keeping stderr tails on the way; ``take`` may claim lines
-    (dtrain smoke's reports), which then go neither to the console nor to the archive."""
+    (dtrain smoke's reports), which then go neither to the console nor to the archive. It
+    hands every line to the job's observers (``observers``), and observes the job itself:
+    a node's ranks' exits fold torchrun's exit-barrier trace (output/fold.py)."""
 
     def __init__(self, *args: Any, tails: TailKeeper,
                  take: Callable[[OutputLine], bool] | None = None, **kwargs: Any) -> None:
@@ -77,7 +80,10 @@ class RunPipeline(OutputPipeline):
         # torchrun's exit-barrier trace on a node whose ranks all finished (fold.py): the
         # launch sets its ranks per host and feeds it the rank_exit messages
         self.barrier = ExitBarrierNoise({})
-        self.observers: list[Callable[[Sequence[OutputLine]], None]] = []  # the hang watch
+        self.observers: Observers | None = None  # the job's (the hang watch, the errors)
+
+    def on_rank_exit(self, host: Host, ev: RankExit) -> None:
+        self.barrier.rank_exit(host.label, ev.code)
 
     def stopping(self) -> None:
         """dtrain began stopping the job: torchrun's shutdown chatter leaves the console."""
@@ -112,8 +118,8 @@ class RunPipeline(OutputPipeline):
             if len(kept) != len(lines):
                 lines, kwargs["size"] = kept, None
         self.tails.add(lines)
-        for observe in self.observers:
-            observe(lines)
+        if self.observers is not None:
+            self.observers.lines(lines)
         super().emit(lines, **kwargs)
 
 
@@ -170,8 +176,9 @@ def run_extra(result: RunResult | None) -> dict[str, Any]:
             "goodput": result.archive.meta.get("goodput")}
 
 
-class NodeBoard:
-    """The live status line on a terminal: per-node state from the supervisors' messages."""
+class NodeBoard(Observer):
+    """The live status line on a terminal: per-node state from the supervisors' messages
+    (an observer of the job, job/events.py)."""
 
     def __init__(self, labels: Sequence[str], world_size: int) -> None:
         self.state = dict.fromkeys(labels, "starting")
@@ -180,17 +187,18 @@ class NodeBoard:
         self.ranks_failed = 0
         self.start = time.monotonic()
 
-    def event(self, host: Host, msg: Mapping[str, object]) -> None:
-        kind = msg.get("type")
-        if kind == "hello":
-            self.state[host.label] = "running"
-        elif kind == "stopping":
-            self.state[host.label] = "stopping"
-        elif kind == "exit":
-            self.state[host.label] = f"exit {msg.get('code')}"
-        elif kind == "rank_exit":
-            self.ranks_done += 1
-            self.ranks_failed += msg.get("code") not in (0, None)
+    def on_hello(self, host: Host, ev: Hello) -> None:
+        self.state[host.label] = "running"
+
+    def on_stopping(self, host: Host, ev: Stopping) -> None:
+        self.state[host.label] = "stopping"
+
+    def on_exit(self, host: Host, ev: Exit) -> None:
+        self.state[host.label] = f"exit {ev.code}"
+
+    def on_rank_exit(self, host: Host, ev: RankExit) -> None:
+        self.ranks_done += 1
+        self.ranks_failed += ev.failed
 
     def render(self) -> str:
         counts: dict[str, int] = {}
@@ -202,6 +210,20 @@ class NodeBoard:
         return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | "
                 f"{render.count(len(self.state), 'node')}: "
                 f"{nodes} | ranks finished {self.ranks_done}/{self.world_size}{failed}")
+
+
+class Evidence(Observer):
+    """decide/failures.py's ErrorKeeper (below job/), fed as an observer: each rank's stderr
+    lines and the node's evidence of its death."""
+
+    def __init__(self, keeper: ErrorKeeper) -> None:
+        self.keeper = keeper
+
+    def on_lines(self, lines: Sequence[OutputLine]) -> None:
+        self.keeper.observe(lines)
+
+    def on_rank_exit(self, host: Host, ev: RankExit) -> None:
+        self.keeper.rank_exit(host.label, ev.rank, ev.evidence)
 
 
 def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
@@ -381,25 +403,18 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             if opts.sample_interval > 0 else None
 
         out.barrier.ranks = {n.host.label: len(n.ranks) for n in plan.nodes}
-
-        def on_event(host: Host, msg: dict[str, object]) -> None:
-            if msg.get("type") == "rank_exit":
-                out.barrier.rank_exit(host.label, msg.get("code"))
-            board.event(host, msg)
-            watch.event(host, msg)
-            fabric.event(host, msg)
-            errors.event(host.label, msg)
-            if sampling is not None:
-                sampling.event(host.label, msg)
-
-        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_event=on_event,
-                  on_state=on_state,
+        errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
+        job = Job(hosts, launches, policy, LineRouter(out, node_ranks), on_state=on_state,
                   victim=lambda f: errors.victim(f.host, f.rank, f.signal))
+        out.observers = job.observers
+        # the job's observers (job/events.py), called in this order: the exit-barrier fold,
+        # the status line, the hang watch, NCCL's account, the failure evidence, the samplers
+        job.observe(out)
+        job.observe(board)
         watch = hang_watch(job, plan, opts, archive, out, board)
         watch.attempt = req.attempt
         if earlier is not None:
             watch.continue_from(earlier)
-        errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
 
         def fabric_failed(host: str, why: str) -> None:
             now = time.time()
@@ -409,7 +424,10 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
 
         fabric = FabricWatch(plan, opts.require_fabric, out.message, fabric_failed,
                              on_record=lambda: archive.update_meta(**fabric.meta()))
-        out.observers.append(errors.observe)
+        job.observe(fabric)
+        job.observe(Evidence(errors))
+        if sampling is not None:
+            job.observe(sampling)
 
         def on_stop(stop: StopRequest) -> str:
             who = f"`dtrain stop` (pid {stop.pid})"
@@ -486,7 +504,8 @@ def hang_recorded(archive: RunArchive, watch: HangWatch) -> None:
 
 def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,
                out: RunPipeline, board: NodeBoard) -> HangWatch:
-    """The run's hang watch (docs/hangs.md), fed with every output line."""
+    """The run's hang watch (docs/hangs.md), an observer of the job: every output line,
+    the ranks' starts, the nodes' stacks and flight recorder dumps."""
     policy = opts.hang
     progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
                              time.time())
@@ -494,5 +513,5 @@ def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive
                       archive.dir, lambda text: out.message(text),
                       alive=lambda: job.state is JobState.RUNNING and board.ranks_done == 0,
                       on_record=lambda: hang_recorded(archive, watch))
-    out.observers.append(watch.observe)
+    job.observe(watch)  # the output lines (progress), rank_start, stacks, flight
     return watch

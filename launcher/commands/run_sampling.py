@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher.decide.liveness import launcher_timeout
 from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+from launcher.job.events import Exit, Observer, sample_cpu
 from launcher.job.sampling import NodeSampler, SamplerParams
 from launcher.output import render
 from launcher.output.samplelog import SAMPLES, SampleLog, sample_fields
 
 if TYPE_CHECKING:
     from launcher.decide.plan import LaunchPlan
+    from launcher.models import Host
     from launcher.output.archive import RunArchive
     from launcher.transports.base import Connection
 
@@ -44,8 +46,9 @@ def node_ifaces(plan: LaunchPlan) -> dict[str, str]:
     return out
 
 
-class RunSampling:
-    """One run's samplers, sample log and straggler detector."""
+class RunSampling(Observer):
+    """One run's samplers, sample log and straggler detector; an observer of the job
+    (job/events.py) for the nodes' ends."""
 
     def __init__(self, archive: RunArchive, plan: LaunchPlan, interval: float,
                  settings: StragglerSettings, say: Callable[[str], None], *,
@@ -116,11 +119,10 @@ class RunSampling:
         if why and label not in self.ended:  # after the node's job: its channel closes
             self.errors[label] = why
 
-    def event(self, host: str, msg: Mapping[str, object]) -> None:
-        """A supervisor's control message: after a node's exit its connection closes, and
-        with it the sampler's channel; that is the end, not a problem."""
-        if msg.get("type") == "exit":
-            self.ended.add(host)
+    def on_exit(self, host: Host, ev: Exit) -> None:
+        """After a node's exit its connection closes, and with it the sampler's channel;
+        that is the end, not a problem."""
+        self.ended.add(host.label)
 
     def problems(self) -> list[str]:
         """One line per distinct reason a node's sampler ended early (hosts folded)."""
@@ -136,15 +138,10 @@ class RunSampling:
                   **{k: v for k, v in sample_fields(msg).items() if k != "t"}}
         if self.log is not None:
             self.log.write(record)
-        ranks, t = msg.get("ranks"), msg.get("t")
-        if not isinstance(ranks, dict) or not isinstance(t, (int, float)):
+        found = sample_cpu(msg)
+        if found is None:
             return
-        cpu = {int(r): float(v["cpu"]) for r, v in ranks.items()
-               if str(r).isdigit() and isinstance(v, dict)
-               and isinstance(v.get("cpu"), (int, float))}
-        if not cpu:
-            return
-        self.detector.add(host, float(t), cpu)
+        self.detector.add(host, *found)
         flagged = self.detector.evaluate(time.time())
         for flag in flagged:
             self.say(flag.line())

@@ -119,11 +119,10 @@ class ErrorKeeper:
                     comm = self.comm[key] = deque(maxlen=self.errors)
                 comm.append(line.text)
 
-    def event(self, host: str, msg: Mapping[str, Any]) -> None:
-        if msg.get("type") == "rank_exit" and isinstance(msg.get("evidence"), dict):
-            rank = msg.get("rank")
-            if isinstance(rank, int):
-                self.evidence[(host, rank)] = msg["evidence"]
+    def rank_exit(self, host: str, rank: int, evidence: Mapping[str, Any] | None) -> None:
+        """A rank's exit report (job/events.py ``RankExit``): the node's evidence of it."""
+        if evidence is not None:
+            self.evidence[(host, rank)] = evidence
 
     def victim(self, host: str, rank: int | None, signal: int | None) -> bool:
         """Does this rank's failure look like a peer's victim (``looks_like_victim``)?"""

@@ -11,16 +11,18 @@ What it found goes into meta.json (``fabric``) and the run's JSON report.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from launcher.decide import nccl_account as na
 from launcher.decide.plan import LaunchPlan
+from launcher.job.events import Nccl, Observer
 from launcher.models import Host
 
 
-class FabricWatch:
-    """The run's NCCL accounts (one per rank), from the nodes' ``nccl`` messages."""
+class FabricWatch(Observer):
+    """The run's NCCL accounts (one per rank), from the nodes' ``nccl`` messages (an
+    observer of the job, job/events.py)."""
 
     def __init__(self, plan: LaunchPlan, require: str | None, say: Callable[[str], None],
                  fail: Callable[[str, str], None],
@@ -39,17 +41,13 @@ class FabricWatch:
         self.refused = False
         self.first_line_t: float | None = None
 
-    def event(self, host: Host, msg: Mapping[str, Any]) -> None:
-        if msg.get("type") != "nccl":
+    def on_nccl(self, host: Host, ev: Nccl) -> None:
+        if ev.rank not in self.hosts:
             return
-        rank = msg.get("rank")
-        lines = msg.get("lines")
-        if not isinstance(rank, int) or rank not in self.hosts or not isinstance(lines, list):
-            return
-        # job/nodemsg.py let this host speak for the rank (the plan's, or with --rdzv c10d
+        # job/events.py let this host speak for the rank (the plan's, or with --rdzv c10d
         # one it claimed): the account is that host's
-        self.hosts[rank] = host.label
-        na.feed(self.accounts.setdefault(rank, na.RankAccount()), lines)
+        self.hosts[ev.rank] = host.label
+        na.feed(self.accounts.setdefault(ev.rank, na.RankAccount()), ev.lines)
         self._judge()
 
     def _judge(self) -> None:

@@ -24,6 +24,7 @@ from launcher.decide.flight import FlightSummary, RankFlight, load_dump, rank_fl
 from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
 from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
 from launcher.exitcodes import EXIT_HANG
+from launcher.job.events import Event, Flight, Observer, RankStart, Stacks
 from launcher.job.nodemsg import rank_of
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
@@ -73,20 +74,21 @@ class StackDump:
 class _Pending:
     def __init__(self, hosts: Sequence[str]) -> None:
         self.waiting = set(hosts)
-        self.messages: dict[str, Mapping[str, Any]] = {}
+        self.answers: dict[str, Mapping[str, Any]] = {}  # host -> its ranks' dumps
         self.done = asyncio.Event()
         if not self.waiting:
             self.done.set()
 
-    def add(self, host: str, msg: Mapping[str, Any]) -> None:
-        self.messages[host] = msg
+    def add(self, host: str, ranks: Mapping[str, Any]) -> None:
+        self.answers[host] = ranks
         self.waiting.discard(host)
         if not self.waiting:
             self.done.set()
 
 
-class HangWatch:
-    """Progress, hang verdicts and stack dumps for one run (see module doc)."""
+class HangWatch(Observer):
+    """Progress, hang verdicts and stack dumps for one run (see module doc); an observer of
+    the job (job/events.py): the output lines, ``rank_start``, ``stacks``, ``flight``."""
 
     def __init__(self, job: Job, policy: HangPolicy, watch: ProgressWatch,
                  ranks: Mapping[str, Sequence[int]], run_dir: RunDir,
@@ -115,16 +117,26 @@ class HangWatch:
         self.errors: dict[str, int] = {}  # the watch's own exceptions (told, then counted)
 
     # -- fed by the run ----------------------------------------------------------------------
-    def observe(self, lines: Sequence[OutputLine]) -> None:
+    def on_lines(self, lines: Sequence[OutputLine]) -> None:
         self.watch.observe(lines)
 
-    def event(self, host: Host, msg: Mapping[str, Any]) -> None:
-        """Supervisor messages: ``stacks`` answers a dump; ``flight`` carries the flight
-        recorder's dumps a node had at the end. Never raises: an error is told, once."""
+    def on_rank_start(self, host: Host, ev: RankStart) -> None:
+        self._guarded("rank_start", host, ev)
+
+    def on_stacks(self, host: Host, ev: Stacks) -> None:
+        """The answer to a dump (py-spy's dumps follow it, ``native``)."""
+        self._guarded("stacks", host, ev)
+
+    def on_flight(self, host: Host, ev: Flight) -> None:
+        """The flight recorder's dumps a node had at the end."""
+        self._guarded("flight", host, ev)
+
+    def _guarded(self, kind: str, host: Host, ev: Event) -> None:
+        """Never raises: an error is told, once, and the watch goes on."""
         try:
-            self._event(host, msg)
+            self._event(host, ev)
         except Exception as exc:  # a bug of ours: told, and the watch goes on
-            self.trouble(f"a {msg.get('type')!r} message from {host.label}", exc)
+            self.trouble(f"a {kind!r} message from {host.label}", exc)
 
     def trouble(self, where: str, exc: BaseException) -> None:
         """An exception inside the watch: said once per kind, counted, the watch goes on."""
@@ -133,25 +145,23 @@ class HangWatch:
         if self.errors[why] == 1:
             self.say(f"the hang watch failed on {where} ({why}); it goes on watching")
 
-    def _event(self, host: Host, msg: Mapping[str, Any]) -> None:
-        kind = msg.get("type")
-        if kind == "rank_start":
-            rank = msg.get("rank")
-            if isinstance(rank, int) and rank not in self.started:
-                self.started.add(rank)
+    def _event(self, host: Host, ev: Event) -> None:
+        if isinstance(ev, RankStart):
+            if ev.rank not in self.started:
+                self.started.add(ev.rank)
                 if len(self.started) == self.world:  # the hang clock starts now
                     self.watch.start = max(self.watch.start, self.clock())
-        elif kind == "stacks" and msg.get("native"):
-            self._native(str(msg.get("id")), msg.get("ranks"))
-            self._natives.get(str(msg.get("id")), set()).discard(host.label)
-        elif kind == "stacks":
-            pending = self._pending.get(str(msg.get("id")))
+        elif isinstance(ev, Stacks) and ev.native:
+            self._native(ev.id, ev.ranks)
+            self._natives.get(ev.id, set()).discard(host.label)
+        elif isinstance(ev, Stacks):
+            pending = self._pending.get(ev.id)
             if pending is not None:
-                pending.add(host.label, msg)
-                if msg.get("pyspy"):  # its py-spy dumps follow
-                    self._natives.setdefault(str(msg.get("id")), set()).add(host.label)
-        elif kind == "flight":
-            self._flight_files("end", msg.get("files"))
+                pending.add(host.label, ev.ranks)
+                if ev.pyspy:  # its py-spy dumps follow
+                    self._natives.setdefault(ev.id, set()).add(host.label)
+        elif isinstance(ev, Flight):
+            self._flight_files("end", ev.files)
 
     # -- the watch ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -233,20 +243,18 @@ class HangWatch:
             del self._pending[dump_id]
             dump.took = time.monotonic() - t0
             dump.hosts_missing = tuple(sorted(pending.waiting))
-            self._collect(dump, pending.messages)
+            self._collect(dump, pending.answers)
             self.dumps.append(dump)
             self._tell(dump)
             return dump
 
-    def _collect(self, dump: StackDump, messages: Mapping[str, Mapping[str, Any]]) -> None:
+    def _collect(self, dump: StackDump, answers: Mapping[str, Mapping[str, Any]]) -> None:
+        """Fold the answers (host -> its ranks' dumps, job/events.py kept its own only)."""
         expected = [r for host in self.job.sessions for r in self.ranks.get(host, ())
                     if host not in self.job.outcome.nodes]
-        for host, msg in messages.items():
-            entries = msg.get("ranks")
-            if not isinstance(entries, dict):
-                continue
+        for host, entries in answers.items():
             for rank_s, entry in entries.items():
-                rank = rank_of(rank_s)  # job/nodemsg.py kept only this host's own
+                rank = rank_of(rank_s)  # job/events.py kept only this host's own
                 if rank is None or not isinstance(entry, dict):
                     continue
                 if entry.get("error") == "exited":

@@ -13,17 +13,19 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from launcher.decide.liveness import Silence, launcher_timeout
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_NOT_FOUND
-from launcher.job import nodemsg
+from launcher.job import events
+from launcher.job.events import Event, Exit, Heartbeat, Hello
 from launcher.models import Host
 from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
 
 ChunkSink = Callable[[Host, int | None, str, bytes], None]
-EventSink = Callable[[Host, dict[str, object]], None]
+EventSink = Callable[[Host, Event], None]
 READ_SIZE = 1 << 18
 
 
@@ -96,7 +98,7 @@ class NodeSession:
                  ranks: Container[int] | None = None) -> None:
         self.conn = conn
         # the plan's ranks on this node: the only ones its messages may speak for
-        # (job/nodemsg.py); None: any (exec, where no ranks are planned)
+        # (job/events.py decodes them against it); None: any (exec, where no ranks are planned)
         self.ranks = ranks
         # a process already running the supervisor's interpreter there (the preflight's
         # probe, turned into it: job/probes.py become); None from it: started as usual
@@ -114,9 +116,9 @@ class NodeSession:
         self.on_event = on_event
         self.proc: Process | None = None
         self._shipped = False
-        self.hello: dict[str, object] | None = None
+        self.hello: Hello | None = None
         self.started = asyncio.Event()  # hello received (or start failed)
-        self.exit_msg: dict[str, object] | None = None
+        self.exit_msg: Exit | None = None
         # the node's silence in the launcher's own running time (decide/liveness.py)
         self._silence = Silence(spec.heartbeat_timeout, time.monotonic())
         self._lost = False
@@ -243,27 +245,21 @@ class NodeSession:
                 # time spent waiting for our own console is not the node's silence
                 self._silence.heard(time.monotonic())
 
-    def _message(self, frame: wire.Frame) -> dict[str, object] | None:
-        """A control frame's message, checked against the plan (None: dropped)."""
+    def _message(self, frame: wire.Frame) -> Event | None:
+        """A control frame's event, checked against the plan (None: dropped)."""
         try:
-            msg = nodemsg.loads(frame.data)
-        except nodemsg.BadMessage as exc:
+            return events.decode(frame.data, self.ranks)
+        except events.BadMessage as exc:  # what no supervisor sends: that node's error
             raise wire.FrameError(str(exc)) from None
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
-            raise wire.FrameError("a control message that is not a JSON object")
-        return nodemsg.checked(msg, self.ranks)
 
-    def _control(self, msg: dict[str, object]) -> None:
-        kind = msg.get("type")
-        if kind == "hello":
-            self.hello = msg
+    def _control(self, ev: Event) -> None:
+        if isinstance(ev, Hello):
+            self.hello = ev
             self.started.set()
-        elif kind == "exit":
-            self.exit_msg = msg
-        if kind != "hb":
-            self.on_event(self.host, msg)
+        elif isinstance(ev, Exit):
+            self.exit_msg = ev
+        if not isinstance(ev, Heartbeat):
+            self.on_event(self.host, ev)
 
     async def _stderr(self) -> None:
         assert self.proc is not None
@@ -292,41 +288,29 @@ class NodeSession:
     def _outcome(self, status: int | None) -> NodeOutcome:
         raw = b"".join(self._raw_err).decode(errors="replace").strip()
         tail = tuple(raw.splitlines()[-5:])
-        hello = self.hello or {}
-        pids = {"supervisor_pid": _int(hello.get("supervisor_pid")), "pid": _int(hello.get("pid")),
-                "started": float(hello["t"]) if isinstance(hello.get("t"), (int, float))  # type: ignore[arg-type]
-                else None}
+        hello = self.hello
+        pids: dict[str, Any] = {
+            "supervisor_pid": hello.supervisor_pid if hello else None,
+            "pid": hello.pid if hello else None, "started": hello.t if hello else None}
         if self._bad:
-            return NodeOutcome(self.host, None, ended=time.time(), error=self._bad, **pids)  # type: ignore[arg-type]
+            return NodeOutcome(self.host, None, ended=time.time(), error=self._bad, **pids)
         if self._lost:
-            return NodeOutcome(self.host, None, lost=True, ended=time.time(), **pids,  # type: ignore[arg-type]
+            return NodeOutcome(self.host, None, lost=True, ended=time.time(), **pids,
                                error=f"no heartbeat for {self.spec.heartbeat_timeout:g} s "
                                      "(node or network down)")
         if self._abandoned and self.exit_msg is None:
-            return NodeOutcome(self.host, None, ended=time.time(), abandoned=True, **pids,  # type: ignore[arg-type]
+            return NodeOutcome(self.host, None, ended=time.time(), abandoned=True, **pids,
                                error=self._abandoned, stderr_tail=tail)
-        if self.hello is not None and self.hello.get("error"):
-            code = self.hello.get("code")
-            return NodeOutcome(self.host, code if isinstance(code, int) else EXIT_NOT_FOUND,
-                               error=str(self.hello["error"]), ended=time.time())
+        if hello is not None and hello.error:
+            code = hello.code if hello.code is not None else EXIT_NOT_FOUND
+            return NodeOutcome(self.host, code, error=hello.error, ended=time.time())
         if self.exit_msg is None:
             if self.hello is None:
                 why = tail[-1] if tail else f"remote shell exited with status {status}"
                 return NodeOutcome(self.host, None, error=why, stderr_tail=tail,
                                    ended=time.time())
-            return NodeOutcome(self.host, None, lost=True, ended=time.time(), **pids,  # type: ignore[arg-type]
+            return NodeOutcome(self.host, None, lost=True, ended=time.time(), **pids,
                                error="connection lost before the job ended")
-        msg = self.exit_msg
-        code = msg.get("code")
-        return NodeOutcome(
-            self.host, int(code) if isinstance(code, int) else None,
-            signal=msg.get("signal") if isinstance(msg.get("signal"), int) else None,  # type: ignore[arg-type]
-            stopped=str(msg["stopped"]) if msg.get("stopped") else None,
-            ranks=msg.get("ranks") or {},  # type: ignore[arg-type]
-            ended=float(msg.get("t") or time.time()),  # type: ignore[arg-type]
-            stderr_tail=tail, **pids,  # type: ignore[arg-type]
-        )
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+        ev = self.exit_msg
+        return NodeOutcome(self.host, ev.code, signal=ev.signal, stopped=ev.stopped,
+                           ranks=ev.ranks, ended=ev.t or time.time(), stderr_tail=tail, **pids)

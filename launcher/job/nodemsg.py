@@ -1,8 +1,8 @@
 """What a node sends, checked against the plan before anything believes it (docs/security.md).
 
 A node's supervisor and sampler are programs on a machine someone else may control: their
-messages are claims. Every control message (job/node.py) and every sample (job/sampling.py)
-passes through here once, where it is decoded, so every consumer (the hang watch, the
+messages are claims. Every control message and every sample passes through here once, where
+job/events.py decodes it into its typed event, so every consumer (the hang watch, the
 verdict, the failure reasons, the stragglers, samples.jsonl) gets checked data:
 
 * JSON is decoded without NaN/Infinity (``NaN``, ``1e999``: null) and without a nesting

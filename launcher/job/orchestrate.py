@@ -29,6 +29,7 @@ from typing import Protocol
 
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_UNREACHABLE
+from launcher.job.events import Event, Hello, Observer, Observers, RankExit
 from launcher.job.limits import ensure_nofile
 from launcher.job.node import JobSpec, NodeOutcome, NodeSession
 from launcher.models import Host
@@ -206,7 +207,6 @@ class Job:
 
     def __init__(self, hosts: Sequence[Host], launches: dict[str, NodeLaunch],
                  policy: Policy, router: Output,
-                 on_event: Callable[[Host, dict[str, object]], None] | None = None,
                  on_state: Callable[[JobState], None] | None = None,
                  victim: Callable[[Failure], bool] | None = None) -> None:
         self.hosts = list(hosts)
@@ -216,7 +216,8 @@ class Job:
         self.launches = launches
         self.policy = policy
         self.router = router
-        self.on_event = on_event
+        # who listens to the nodes' events (job/events.py), in the order they registered
+        self.observers = Observers()
         self.state = JobState.PLANNED
         self.outcome = JobOutcome()
         self.sessions: dict[str, NodeSession] = {}
@@ -228,6 +229,10 @@ class Job:
         self._bound_s = 0.0
         self._tg: asyncio.TaskGroup | None = None
         self._pending_stop: tuple[str, float | None, bool] | None = None
+
+    def observe(self, observer: Observer) -> None:
+        """Register an observer of the nodes' events (called after the job's own rules)."""
+        self.observers.add(observer)
 
     def _advance(self, state: JobState) -> None:
         if state.value < self.state.value:
@@ -402,24 +407,23 @@ class Job:
                                  t=now, seen=now, error=outcome.error, own_stop=own, led=led),
                          tg)
 
-    def _rank_event(self, host: Host, msg: dict[str, object], tg: asyncio.TaskGroup) -> None:
-        """A rank that fails is the first failure, before its agent even notices."""
+    def _event(self, host: Host, ev: Event, tg: asyncio.TaskGroup) -> None:
+        """A node's event: the job's own rules first (a rank that fails is the first failure,
+        before its agent even notices; every node said hello: running), then the
+        observers, in the order they registered."""
         # a rank that was asked to stop (its shim forwarded a stop from dtrain or torchrun)
         # and then exited is a follower whatever its code, never a root-cause candidate
-        if msg.get("type") == "rank_exit" and msg.get("code") not in (0, None) \
-                and msg.get("stop_signal") is None and self.policy.rank_fail_fast:
+        if isinstance(ev, RankExit) and ev.failed and ev.stop_signal is None \
+                and self.policy.rank_fail_fast:
             now = time.time()
-            sig = msg.get("signal")
-            self._failed(Failure("rank", host.label, rank=_int(msg.get("rank")),
-                                 code=_int(msg.get("code")),
-                                 signal=sig if isinstance(sig, int) else None,
-                                 t=_float(msg.get("t"), now), seen=now), tg)
-        if msg.get("type") == "hello" and self.state is JobState.LAUNCHING and all(
+            self._failed(Failure("rank", host.label, rank=ev.rank, code=ev.code,
+                                 signal=ev.signal, t=now if ev.t is None else ev.t, seen=now),
+                         tg)
+        if isinstance(ev, Hello) and self.state is JobState.LAUNCHING and all(
                 label in self.sessions and self.sessions[label].hello is not None
                 for label in (h.label for h in self.hosts)):
             self._advance(JobState.RUNNING)  # every node's job has started
-        if self.on_event is not None:
-            self.on_event(host, msg)
+        self.observers.event(host, ev)
 
     # -- run --------------------------------------------------------------------------------
     async def run(self, transport: Transport, conns: dict[str, Connection] | None = None,
@@ -490,7 +494,7 @@ class Job:
             session = NodeSession(conn, launch.spec, python=launch.python,
                                   workdir=launch.workdir, setup=launch.setup,
                                   on_chunk=self.router.chunk,
-                                  on_event=lambda h, m: self._rank_event(h, m, tg),
+                                  on_event=lambda h, ev: self._event(h, ev, tg),
                                   backpressure=getattr(self.router, "backpressure", None),
                                   adopt=launch.adopt, ranks=launch.ranks)
             self.sessions[label] = session
@@ -552,11 +556,3 @@ def _why(failure: Failure) -> str:
     if failure.kind == "hang":
         return failure.error or "hang"
     return f"{failure.host} failed ({failure.error or f'exit {failure.code}'})"
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: object, default: float) -> float:
-    return float(value) if isinstance(value, (int, float)) else default

@@ -24,7 +24,7 @@ from typing import Any
 from launcher.decide.liveness import LOST as LIVENESS_LOST
 from launcher.decide.liveness import RECONNECT, Silence, sampler_verdict
 from launcher.errors import DtrainError
-from launcher.job import nodemsg
+from launcher.job import events
 from launcher.job.orchestrate import connect_one
 from launcher.job.remote import start_program
 from launcher.models import Host
@@ -70,7 +70,7 @@ class NodeSampler:
         self.on_sample = on_sample
         self.python = python
         self.proc: Process | None = None
-        self.hello: dict[str, Any] | None = None
+        self.hello: events.SamplerHello | None = None
         self.last_sample = 0.0  # monotonic time of the last sample (0: none yet)
         self.error: str | None = None
         self.max_line = max_line
@@ -145,20 +145,14 @@ class NodeSampler:
                 parts, size, start = [], 0, nl + 1
 
     def _line(self, line: bytes) -> None:
-        if not line.lstrip().startswith(b"{"):
-            return  # what a chatty login shell printed before the sampler started
-        try:
-            msg = nodemsg.loads(line)  # no NaN/Infinity, no RecursionError
-        except ValueError:
-            return
-        if not isinstance(msg, dict):
-            return
-        if msg.get("type") == "hello":
-            self.hello = msg
-        elif msg.get("type") == "sample":
+        # decoded once (job/events.py): only the ranks the plan put on this node, each with
+        # a plausible cpu; a login shell's chatter, or a line nested too deeply: skipped
+        ev = events.decode_sample(line, self.params.ranks)
+        if isinstance(ev, events.SamplerHello):
+            self.hello = ev
+        elif isinstance(ev, events.Sample):
             self.last_sample = time.monotonic()
-            # only the ranks the plan put on this node, each with a plausible cpu
-            self.on_sample(self.label, nodemsg.checked_sample(msg, self.params.ranks))
+            self.on_sample(self.label, ev.data)
 
     async def _ended(self) -> str:
         err = b""

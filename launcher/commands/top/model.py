@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
 from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+from launcher.job.events import sample_cpu
 from launcher.job.sampling import CONNECTING, OK
 from launcher.output.samplelog import sample_fields
 
@@ -55,15 +56,10 @@ class TopState:
         node.samples += 1
         if node.state != OK:
             node.state, node.error, node.since = OK, None, time.time()
-        ranks = msg.get("ranks")
-        t = msg.get("t")
-        if isinstance(ranks, dict) and isinstance(t, (int, float)):
-            cpu = {int(r): float(v["cpu"]) for r, v in ranks.items()
-                   if str(r).lstrip("-").isdigit() and isinstance(v, dict)
-                   and isinstance(v.get("cpu"), (int, float))}
-            if cpu:
-                self.detector.add(host, float(t), cpu)
-                self.detector.evaluate(time.time())
+        found = sample_cpu(msg)  # job/events.py decoded and checked it
+        if found is not None:
+            self.detector.add(host, *found)
+            self.detector.evaluate(time.time())
         self.changed += 1
 
     def poll_run(self) -> None:
