@@ -21,7 +21,7 @@ from launcher.output.archive import (
     read_meta,
     resolve_run,
 )
-from launcher.output.redact import REDACTED, is_secret_name, redact_env
+from launcher.text.redact import REDACTED, is_secret_name, redact_env
 
 
 def line(host: str, text: str, rank: int | None = None, stream: str = "out") -> OutputLine:

@@ -125,7 +125,7 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
     import io
 
     from launcher.commands.run import render_plan
-    from launcher.output.render import count
+    from launcher.text.words import count
 
     assert (count(1, "node"), count(3, "node")) == ("1 node", "3 nodes")
 

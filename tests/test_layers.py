@@ -2,13 +2,14 @@
 
 Layers, top to bottom (docs/architecture.md "Where does my change go"):
 
-    cli → commands → job → transports → decide → output → nodeside → hosts → base
+    cli → commands → job → transports → decide → output → nodeside → hosts → text → base
 
 A module may import its own layer or any layer below it, never one above. Lazy imports inside
 functions count too: they are still a dependency. The node programs (``nodeside/supervisor``
 and ``nodeside/probe``) run on nodes with nothing but a Python >= 3.8 standard library, so they
 import nothing else at all. No modules import each other in a loop, lazy imports included.
-asyncssh is imported under ``transports/ssh/`` only.
+asyncssh is imported under ``transports/ssh/`` only. decide/ and transports/ never import
+output/ (their text helpers are in text/).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "launcher"
 
 LAYERS = ("cli", "commands", "job", "transports", "decide", "output", "nodeside", "hosts",
-          "base")
+          "text", "base")
 NODE_PROGRAMS = ("launcher.nodeside.supervisor", "launcher.nodeside.probe",
                  "launcher.nodeside.cpnode", "launcher.nodeside.sampler")
 
@@ -90,6 +91,36 @@ def layering_violations(mods: dict[str, Path]) -> list[str]:
 
 def test_imports_go_down_the_layers() -> None:
     assert layering_violations(modules()) == []
+
+
+# Below the order, pairs of layers that may not meet (issue 35 item 5): the pure decisions and
+# the transports take their text helpers (count, rank_ranges, redact, termsafe) from text/,
+# never from output/, which is the edges (console, archive, reports).
+APART = {("decide", "output"), ("transports", "output")}
+
+
+def apart_violations(mods: dict[str, Path]) -> list[str]:
+    bad = []
+    for name, path in mods.items():
+        for target, line in imports(path):
+            if target in mods and (layer_of(name), layer_of(target)) in APART:
+                bad.append(f"{name}:{line}: {layer_of(name)} imports {target} "
+                           f"({layer_of(target)}: its text helpers are in launcher.text)")
+    return bad
+
+
+def test_decide_and_transports_do_not_import_output() -> None:
+    assert apart_violations(modules()) == []
+
+
+def test_the_apart_check_catches_a_lazy_import(tmp_path: Path) -> None:
+    mods = modules()
+    rogue = tmp_path / "rogue.py"
+    rogue.write_text("def f():\n    from launcher.output.render import note\n    return note\n")
+    mods["launcher.transports.rogue"] = rogue
+    assert [v for v in apart_violations(mods) if v.startswith("launcher.transports.rogue:")] == [
+        "launcher.transports.rogue:2: transports imports launcher.output.render "
+        "(output: its text helpers are in launcher.text)"]
 
 
 def test_the_layering_check_catches_an_upward_import(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from launcher.errors import DtrainError, UsageError
 from launcher.output import render
+from launcher.text.words import count
 
 
 class TTY(io.StringIO):
@@ -82,7 +83,7 @@ def test_github_annotations_name_hosts_and_ranks_escaped() -> None:
 
 
 def test_counts_take_a_plural_except_for_one() -> None:
-    assert [render.count(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
+    assert [count(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
 
 
 def test_a_hint_keeps_its_lines_and_tabs_and_a_stream_without_isatty_is_plain(plain: None

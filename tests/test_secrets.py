@@ -21,7 +21,7 @@ from launcher.hosts.envfile import (
 from launcher.hosts.hostfile import parse_hostfile_yaml
 from launcher.models import OutputLine
 from launcher.output.archive import RunArchive
-from launcher.output.redact import REDACTED, redact_command, redact_env
+from launcher.text.redact import REDACTED, redact_command, redact_env
 from tests.util import dtrain
 
 SECRET = "hf_s3cr3t-VALUE"
@@ -216,7 +216,7 @@ def test_secrets_never_shown_in_meta_dry_run_or_messages(cluster, tmp_path):
 
 # -- each promise of output/redact.py, one by one (docs/security.md, "Secrets") --------------
 
-from launcher.output.redact import (  # noqa: E402
+from launcher.text.redact import (  # noqa: E402
     is_secret_name,
     redact_value,
     redact_words,

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from launcher.models import Host, OutputLine
-from launcher.output import termsafe
 from launcher.output.archive import RunArchive
 from launcher.output.console import Console
 from launcher.output.fastout import ExecOutput
 from launcher.output.pipeline import OutputPipeline
-from launcher.output.termsafe import clean_bytes, clean_text, inert, needs_cleaning
+from launcher.text import termsafe
+from launcher.text.termsafe import clean_bytes, clean_text, inert, needs_cleaning
 
 OSC52 = b"\x1b]52;c;cm0gLXJmIH4K\x07"  # "write `rm -rf ~` to the clipboard"
 

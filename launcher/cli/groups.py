@@ -117,7 +117,7 @@ def warn_secret_env(items: Sequence[str] | None, option: str = "--env") -> list[
     ``--env NAME=VALUE``: the value is on dtrain's command line, which every user of the
     machine sees in ``ps`` and the shell keeps in its history. The names warned about."""
     from launcher.output import render
-    from launcher.output.redact import is_secret_name
+    from launcher.text.redact import is_secret_name
 
     names = list(dict.fromkeys(name for name, sep, _ in (i.partition("=") for i in items or [])
                                if sep and is_secret_name(name)))

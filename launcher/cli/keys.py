@@ -29,6 +29,7 @@ from launcher.cli.groups import (
     IncludeOpt,
 )
 from launcher.errors import UsageError
+from launcher.text.words import count
 
 if TYPE_CHECKING:
     from launcher.commands.keypair import KeyPair, Secret
@@ -174,7 +175,7 @@ def _report(action: str, results: Sequence[KeyResult], keypair: KeyPair, started
     for r in results:
         counts[LABELS.get(r.status, r.status)] = counts.get(LABELS.get(r.status, r.status), 0) + 1
     tally = ", ".join(f"{n} {s}" for s, n in counts.items())
-    summary = f"{render.count(len(results), 'node')}: {tally} (key {keypair.private})"
+    summary = f"{count(len(results), 'node')}: {tally} (key {keypair.private})"
     render.note(summary)
     for r in results:
         if r.status == "failed" and "HOST KEY CHANGED" in r.detail:

@@ -228,7 +228,7 @@ def run_cmd(
         from launcher.decide.plan import RunOptions, RunRequest
         from launcher.decide.stragglers import StragglerSettings
         from launcher.hosts.envfile import from_environment, load_env_file, parse_env_args
-        from launcher.output.redact import redact_command
+        from launcher.text.redact import redact_command
 
         remote_dir = groups.node(python, workdir, default_workdir=default_workdir())
         if offline and not dry_run:

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from launcher.output import render
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
 from launcher.transports.keeper.client import KeeperUnavailable, call
 from launcher.transports.keeper.frames import keeper_dir, private_dir, socket_path
 

@@ -19,7 +19,7 @@ from launcher.output import render
 from launcher.output.console import Console, Gatherer, fold_hosts
 from launcher.output.fastout import ExecOutput
 from launcher.output.pipeline import OutputPipeline
-from launcher.output.termsafe import clean_text
+from launcher.text.termsafe import clean_text
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
@@ -115,7 +115,7 @@ async def exec_async(hosts: Sequence[Host], req: ExecRequest,
                 for h in hosts}
     policy = Policy(grace=req.grace, timeout=req.timeout, fail_fast=False, fanout=req.fanout,
                     fanout_whole_job=True)
-    probe = AutoTransport(settings, req.transport)
+    probe = AutoTransport(settings, req.transport, say=render.note)
     probe.choose(hosts)  # a forced srun that cannot work: exit 2 before anything starts
     if req.gather:
         gatherer = Gatherer(h.label for h in hosts)
@@ -155,7 +155,7 @@ async def container_specs(hosts: Sequence[Host], req: ExecRequest, spec: JobSpec
     from launcher.output.archive import new_run_id
 
     reqs = {h.label: c for h in hosts if (c := for_host(req.container, h.image))}
-    async with AutoTransport(settings, req.transport) as transport:
+    async with AutoTransport(settings, req.transport, say=render.note) as transport:
         facts, homes, errors = await probe_containers(
             transport, hosts, reqs, fanout=req.fanout,
             connect_timeout=settings.connect_timeout, python=req.python)

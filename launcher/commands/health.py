@@ -138,9 +138,10 @@ async def gather_with(transport: Any, hosts: Sequence[Host], opts: HealthOptions
 
 async def gather(hosts: Sequence[Host], opts: HealthOptions, settings: Any
                  ) -> tuple[list[dict[str, object]], dict[str, list[hd.Finding]]]:
+    from launcher.output import render
     from launcher.transports import AutoTransport
 
-    transport = AutoTransport(settings, opts.transport)
+    transport = AutoTransport(settings, opts.transport, say=render.note)
     transport.choose(hosts)
     async with transport:
         return await gather_with(transport, hosts, opts, settings.connect_timeout)

@@ -25,6 +25,7 @@ from launcher.decide.container import ContainerRequest, short_id
 from launcher.errors import DtrainError, PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.output import render
+from launcher.text.words import count
 from launcher.transports import AutoTransport
 from launcher.transports.base import Transport
 from launcher.transports.ssh import SSHSettings
@@ -115,7 +116,7 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
 
     runtime, want = local_runtime(req)
     ctr = ContainerRequest(req.image, runtime=req.runtime)
-    async with AutoTransport(settings, req.transport) as transport:
+    async with AutoTransport(settings, req.transport, say=render.note) as transport:
         facts, _, errors = await probe_containers(
             transport, hosts, {h.label: ctr for h in hosts}, fanout=req.fanout,
             connect_timeout=settings.connect_timeout, python=req.python)
@@ -134,7 +135,7 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         else:
             need.append(h)
     if result.skipped:
-        render.note(f"{render.count(len(result.skipped), 'node')} already have {req.image} "
+        render.note(f"{count(len(result.skipped), 'node')} already have {req.image} "
                     f"({short_id(want)}): skipped")
     if not need:
         return result
@@ -154,7 +155,7 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         render.note(f"the copy failed on some node (exit {code}): loading where it landed")
     remote = f"{REMOTE_DIR}/{name}"
 
-    async with AutoTransport(settings, req.transport) as transport:
+    async with AutoTransport(settings, req.transport, say=render.note) as transport:
         async def one(h: Host) -> None:
             rt = facts[h.label].runtime or runtime
             try:
@@ -192,7 +193,7 @@ def run_push(hosts: Sequence[Host], req: PushRequest, settings: SSHSettings) -> 
             return INTERRUPTED
         order = [h.label for h in hosts]
         if res.loaded:
-            render.note(f"{render.count(len(res.loaded), 'node')} loaded {req.image}")
+            render.note(f"{count(len(res.loaded), 'node')} loaded {req.image}")
         for label in sorted(res.failed, key=lambda k: order.index(k) if k in order else 0):
             render.note(f"{label}: {res.failed[label]}")
         return res.exit_code

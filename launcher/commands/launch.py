@@ -58,7 +58,8 @@ from launcher.models import Host, OutputLine
 from launcher.output import render
 from launcher.output.fold import ExitBarrierNoise, ShutdownChatter, StderrFolder
 from launcher.output.pipeline import OutputPipeline
-from launcher.output.redact import redact_command
+from launcher.text.redact import redact_command
+from launcher.text.words import count
 
 if TYPE_CHECKING:
     from launcher.commands.detach import Detacher
@@ -208,7 +209,7 @@ class NodeBoard(Observer):
         nodes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         failed = f" ({self.ranks_failed} failed)" if self.ranks_failed else ""
         return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | "
-                f"{render.count(len(self.state), 'node')}: "
+                f"{count(len(self.state), 'node')}: "
                 f"{nodes} | ranks finished {self.ranks_done}/{self.world_size}{failed}")
 
 
@@ -375,7 +376,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
     folder = StderrFolder(plan.world_size, len(plan.nodes), fold_hosts=fold)
     async with RunPipeline(console, archive, tails=tails, take=payload.take,
                            folder=folder) as out:
-        nodes = render.count(len(hosts), "node")
+        nodes = count(len(hosts), "node")
         attempt = f" attempt {req.attempt}" if req.restarts or req.attempt > 1 else ""
         if attempt:
             archive.begin_attempt(req.attempt)

@@ -14,7 +14,8 @@ from launcher.decide import lemons as lm
 from launcher.errors import UsageError
 from launcher.job.lemons import LemonStore
 from launcher.output import render
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
+from launcher.text.words import count
 
 NODES_SCHEMA = "dtrain.nodes/1"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
@@ -101,7 +102,7 @@ def expire(older_than: str | None, store: LemonStore | None = None) -> int:
     age = parse_duration(older_than) if older_than is not None else None
     now = time.time()
     dropped = store.change(lambda old: lm.expire(old, now, age))
-    render.note(f"expired {render.count(len(dropped), 'record')}"
+    render.note(f"expired {count(len(dropped), 'record')}"
                 + (f": {', '.join(x.host for x in dropped)}" if dropped else ""), sys.stdout)
     return 0
 

@@ -29,7 +29,7 @@ from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
 from launcher.nodeside.wire import DIR_PLACEHOLDER, SHIM_PLACEHOLDER
-from launcher.output.render import count
+from launcher.text.words import count
 from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def _fold_nodes(blocks: list[tuple[Any, list[str]]]) -> list[tuple[list[Any], li
 
 
 def _ranges(numbers: Iterable[int]) -> str:
-    from launcher.output.fold import rank_ranges
+    from launcher.text.words import rank_ranges
 
     return rank_ranges(numbers)
 

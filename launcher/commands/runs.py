@@ -32,6 +32,7 @@ from launcher.output.runstate import (
     render_table,
     run_status,
 )
+from launcher.text.words import count
 
 STATUS_EVERY_S = 1.0
 _WAIT_EXTRA_S = 10.0  # beyond grace + the launcher's own margins, before giving up waiting
@@ -55,7 +56,7 @@ def ps(archive_dir: Path, *, as_json: bool = False, active: bool = False,
         shown, older = shown_runs(runs, show_all=show_all)
         sys.stdout.write(render_table(shown))
         if older:
-            render.note(f"{render.count(older, 'older run')} not shown (`dtrain ps --all`; "
+            render.note(f"{count(older, 'older run')} not shown (`dtrain ps --all`; "
                         "`dtrain logs --prune --older-than 30d` deletes old ones)")
     sys.stdout.flush()
     return 0
@@ -102,9 +103,9 @@ def prune(archive_dir: Path, older_than: float, *, dry_run: bool = False) -> int
     from launcher.commands.cp.view import human
 
     verb = "would delete" if dry_run else "deleted"
-    render.note(f"{verb} {render.count(len(doomed), 'run')} ({human(size)}) that ended more "
+    render.note(f"{verb} {count(len(doomed), 'run')} ({human(size)}) that ended more "
                 f"than {age(older_than)} ago in {archive_dir}; "
-                f"{render.count(len(runs) - len(doomed), 'run')} kept")
+                f"{count(len(runs) - len(doomed), 'run')} kept")
     return 0
 
 
@@ -162,7 +163,7 @@ def attach(archive_dir: Path, run: str | None, *, ranks: Collection[int] | None 
         replay(run_dir, ranks=ranks, hosts=hosts, grep=grep, color=color, tail=lines,
                fold=True)
         return _ended(run_dir)
-    size = f"{render.count(len(st.hosts), 'node')}, {render.count(st.world_size or 0, 'rank')}"
+    size = f"{count(len(st.hosts), 'node')}, {count(st.world_size or 0, 'rank')}"
     render.note(f"attached to run {st.run_id} ({st.label}, {size}); Ctrl-C detaches and "
                 "leaves the run running")
     status = _StatusLine(run_dir)
@@ -203,8 +204,8 @@ class _StatusLine:
             wall = time.time()
             up = age(wall - st.created) if st.created else "-"
             last = f"last line {age(wall - st.last_line_t)} ago" if st.last_line_t else "no output"
-            size = (f"{render.count(len(st.hosts), 'node')}, "
-                    f"{render.count(st.world_size or 0, 'rank')}")
+            size = (f"{count(len(st.hosts), 'node')}, "
+                    f"{count(st.world_size or 0, 'rank')}")
             self._text = (f"dtrain attach {st.run_id} | {st.label} | {size} | up {up} | {last} "
                           "| Ctrl-C detaches "
                           "(the run goes on)")

@@ -44,7 +44,8 @@ from launcher.nodeside.wire import program_source
 from launcher.output import render
 from launcher.output.junit import ExtraCase
 from launcher.output.report import ERROR, FAILED, PASSED, CommandReport, NodeResult
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
+from launcher.text.words import count
 from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def render_table(res: SmokeResults, v: SmokeVerdict, out: TextIO) -> None:
     w = out.write
     if res.sweep:
         w(f"# all_reduce sum float32, {inert(res.backend or '?')}, "
-          f"{render.count(len(res.ranks), 'rank')}\n")
+          f"{count(len(res.ranks), 'rank')}\n")
         w(f"#{'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'time(us)':>10} "
           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}\n")
         wrong = _wrong_by_size(res)
@@ -293,7 +294,7 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
         def take(line: OutputLine) -> bool:
             return line.stream == "out" and results.add_line(line.host, line.rank, line.text)
 
-        render.note(f"smoke: {render.count(len(hosts), 'node')}, "
+        render.note(f"smoke: {count(len(hosts), 'node')}, "
                     f"world size {plan.world_size}, {run.backend} ({run.backend_reason}), "
                     f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
         payload = Payload({JOB_FILE: program_source("smoke_job").decode()}, take, judged=True,

@@ -17,7 +17,8 @@ from launcher.output import render
 from launcher.output.archive import read_meta, resolve_run
 from launcher.output.evidence import STACKS_DIR, read_stack
 from launcher.output.runstate import run_status
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
+from launcher.text.words import count
 
 
 def stacks(archive_dir: Path, run: str | None) -> int:
@@ -26,7 +27,7 @@ def stacks(archive_dir: Path, run: str | None) -> int:
     st = run_status(run_dir)
     if st.state != "finished" and st.alive:
         reply = request_stacks(run_dir)
-        ranks = render.count(int(reply.get("ranks") or 0), "rank")
+        ranks = count(int(reply.get("ranks") or 0), "rank")
         _print(f"run {st.run_id}: stacks of {ranks} in "
                f"{float(reply.get('took') or 0):.1f} s")
         for line in reply.get("lines") or []:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.output.fold import rank_ranges
+from launcher.text.words import rank_ranges
 
 
 def flight_names(torch_version: str | None) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.output.fold import rank_ranges
+from launcher.text.words import rank_ranges
 
 REQUIRE = ("rdma", "gdr", "any")
 MAX_WARNS = 20  # WARN lines kept per rank (folded by text)

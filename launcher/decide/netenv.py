@@ -26,7 +26,7 @@ from launcher.decide.facts import Iface, NodeFacts, Route
 from launcher.decide.rdma import HcaChoice, check_gid_index, plan_gids, select_hcas
 from launcher.errors import ConfigError, PreflightFailed
 from launcher.hosts.envfile import name_problem
-from launcher.output.redact import redact_value
+from launcher.text.redact import redact_value
 
 OVERLAY_PREFIXES = ("docker", "br-", "veth", "virbr", "cni", "flannel", "cali", "cilium", "lxc",
                     "tun", "wg", "tailscale")

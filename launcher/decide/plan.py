@@ -28,7 +28,7 @@ from launcher.decide.stragglers import StragglerSettings
 from launcher.errors import PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
-from launcher.output.redact import redact_env, redact_words, secret_values
+from launcher.text.redact import redact_env, redact_words, secret_values
 
 
 @dataclass(frozen=True)

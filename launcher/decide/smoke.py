@@ -26,7 +26,7 @@ from typing import Any
 from launcher.decide.facts import NodeFacts
 from launcher.decide.linerate import LineRate, below_line
 from launcher.errors import UsageError
-from launcher.output.render import count
+from launcher.text.words import count
 
 MARK = "DTRAIN-SMOKE "
 _MAX_TEXT = 200  # a version, device or host name: longer is no report of ours

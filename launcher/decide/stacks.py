@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.decide.flight import RankFlight
-from launcher.output.fold import rank_ranges
+from launcher.text.words import rank_ranges
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')

@@ -28,8 +28,8 @@ from launcher.job.events import Event, Flight, Observer, RankStart, Stacks
 from launcher.job.nodemsg import rank_of
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
-from launcher.output.render import count
 from launcher.output.rundir import RunDir
+from launcher.text.words import count
 
 if TYPE_CHECKING:
     from launcher.job.orchestrate import Job

@@ -19,6 +19,7 @@ from launcher.job.orchestrate import connect_all
 from launcher.job.preflight import Preflight, preflight
 from launcher.models import Host
 from launcher.output import render
+from launcher.text.words import count
 from launcher.transports import AutoTransport, Choice
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
@@ -50,7 +51,7 @@ def unreachable_error(hosts: Sequence[Host], errors: Mapping[str, str]) -> Conne
     lines = failed_hosts_lines(hosts, errors)
     failed = [h for h in hosts if h.label in errors]
     text = (f"cannot reach {lines[0]}; nothing was started" if len(lines) == 1 else
-            f"cannot reach {render.count(len(failed), 'node')}; nothing was started:\n  "
+            f"cannot reach {count(len(failed), 'node')}; nothing was started:\n  "
             + "\n  ".join(lines))
     error = ConnectError(text, hint=leave_out_hint(failed))
     error.hosts = tuple(h.label for h in failed)

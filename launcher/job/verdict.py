@@ -31,7 +31,7 @@ from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
 from launcher.output.hostgroups import FOLD_AT
-from launcher.output.render import count
+from launcher.text.words import count
 
 # how dtrain's stop ends a rank: a rank that ended any other way failed on its own
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP})

@@ -12,7 +12,7 @@ a user-chosen ``--run-id`` must be a safe directory name. output.jsonl is buffer
 flushed at least once a second (``write_lines`` checks the clock, and ``OutputPipeline``
 calls ``flush_if_due`` on a timer), so ``dtrain logs --follow`` sees a live run.
 The archive never stores secrets: callers pass the job's environment through
-``launcher.output.redact.redact_env`` before putting it into meta.json. It is private all
+``launcher.text.redact.redact_env`` before putting it into meta.json. It is private all
 the same (training output can hold anything): run directories are 0700 and files 0600
 whatever the umask; an archive directory dtrain creates is 0700 too.
 

@@ -35,7 +35,7 @@ from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from launcher.output.fold import FOLDED, SUMMARY
 from launcher.output.render import should_color
-from launcher.output.termsafe import clean_text, inert
+from launcher.text.termsafe import clean_text, inert
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Sequence

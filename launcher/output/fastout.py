@@ -27,7 +27,7 @@ from typing import BinaryIO
 from launcher.models import Host
 from launcher.output.console import wall_clock
 from launcher.output.render import should_color
-from launcher.output.termsafe import clean_bytes, inert, needs_cleaning
+from launcher.text.termsafe import clean_bytes, inert, needs_cleaning
 
 HIGH_WATER = 16 * 1024 * 1024
 LOW_WATER = 4 * 1024 * 1024

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from launcher.models import OutputLine
-from launcher.output.render import count
+from launcher.text.words import count, rank_ranges
 
 DEFAULT_WINDOW_S = 0.75
 MAX_HELD = 5_000  # held groups beyond this are let go at once (a rank spamming stderr)
@@ -46,20 +46,6 @@ def fold_key(text: str) -> str:
     if text[:2].lstrip("[")[:1] in ("I", "W", "E", "F"):
         return _STAMP.sub(r"\1", text, count=1)
     return text
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """``0-3,6,8-9``: sorted ranks with runs folded."""
-    out: list[str] = []
-    nums = sorted(set(ranks))
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def folded_tag(members: Sequence[Member], fold_hosts: HostFolder | None = None) -> str:

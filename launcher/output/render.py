@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from launcher.errors import DtrainError
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
 
 _KEEP = "\n\t"  # a message may span lines; every other control is shown, inert
 
@@ -34,11 +34,6 @@ def should_color(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
 
 def _color(stream: TextIO) -> bool:
     return should_color(stream)
-
-
-def count(n: int, noun: str) -> str:
-    """``1 node``, ``3 nodes``: a number with its noun (regular plurals only)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def error(exc: DtrainError, stream: TextIO | None = None) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from launcher.output.archive import list_runs, open_output, read_meta
 from launcher.output.runlock import probe
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
 
 PS_VERSION = 1
 LIVE_STATES = ("starting", "running", "stopping", "restarting")  # restarting: --restarts

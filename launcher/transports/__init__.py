@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from launcher.models import Host
@@ -24,13 +24,17 @@ class AutoTransport(Transport):
     """Local subprocesses for localhost entries; SSH (imported lazily) or srun for the rest.
 
     ``mode`` is ``--transport`` (auto, ssh, srun); ``choose(hosts)`` resolves it before
-    anything connects (a forced srun that cannot work is a UsageError, exit 2).
+    anything connects (a forced srun that cannot work is a UsageError, exit 2). ``say``
+    prints a line of dtrain's own (the command's ``render.note``: transports print nothing
+    themselves); with ``--verbose`` it says when the connection keeper is not used.
     """
 
     def __init__(self, settings: SSHSettings | None = None, mode: str = "auto",
-                 environ: Mapping[str, str] | None = None, *, keeper: bool = True) -> None:
+                 environ: Mapping[str, str] | None = None, *, keeper: bool = True,
+                 say: Callable[[str], None] | None = None) -> None:
         self._settings = settings
         self._keeper = keeper  # False: never through the connection keeper (run, smoke)
+        self._say = say
         self._mode = mode
         self._environ = dict(os.environ if environ is None else environ)
         self._local = LocalTransport()
@@ -53,7 +57,7 @@ class AutoTransport(Transport):
                 self._remote = SrunTransport(self._environ)
             elif self._keeper and self._settings is not None and self._settings.persist \
                     and self._settings.password is None:
-                self._remote = _keeper_transport(self._settings)
+                self._remote = _keeper_transport(self._settings, self._say)
             else:
                 from launcher.transports.ssh import SSHTransport
 
@@ -73,7 +77,7 @@ class AutoTransport(Transport):
             await self._remote.aclose()
 
 
-def _keeper_transport(settings: SSHSettings) -> Transport:
+def _keeper_transport(settings: SSHSettings, say: Callable[[str], None] | None) -> Transport:
     """Channels through the user's connection keeper, direct SSH when it cannot serve
     (docs/connections.md); no asyncssh import unless it falls back."""
     from launcher.transports.keeper.client import KeeperTransport
@@ -82,11 +86,6 @@ def _keeper_transport(settings: SSHSettings) -> Transport:
         from launcher.transports.ssh import SSHTransport
 
         return SSHTransport(settings)
-
-    def say(text: str) -> None:
-        from launcher.output import render
-
-        render.note(text)
 
     assert settings.persist is not None
     return KeeperTransport(settings, settings.persist, direct=direct,

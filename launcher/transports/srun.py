@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from launcher.errors import ConnectError, UsageError
 from launcher.hosts.slurm import Allocation, allocation, in_allocation
 from launcher.models import Host
-from launcher.output.render import count
+from launcher.text.words import count
 from launcher.transports.base import Connection, Process, Transport
 from launcher.transports.local import LocalProcess
 

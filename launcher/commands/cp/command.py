@@ -20,6 +20,7 @@ from launcher.decide import copyplan as cpl
 from launcher.errors import ConnectError, DtrainError, RemoteCommandError
 from launcher.models import CopyResult, Host
 from launcher.output import render
+from launcher.text.words import count
 from launcher.transports import AutoTransport
 from launcher.transports.base import Connection, Transport
 from launcher.transports.ssh import SSHSettings
@@ -81,7 +82,7 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
                     bcast.leave(host.label)
         view.node_done(result)
 
-    auto = AutoTransport(settings, req.transport)
+    auto = AutoTransport(settings, req.transport, say=render.note)
     try:
         auto.choose(hosts)  # a forced srun that cannot work: exit 2 before anything connects
         async with auto as transport, asyncio.TaskGroup() as tg:
@@ -98,7 +99,7 @@ async def cp_async(hosts: Sequence[Host], req: CopyRequest, settings: SSHSetting
 def _report(results: Iterable[CopyResult]) -> None:
     failed = [r for r in results if r.exit_code]
     if failed:
-        render.note(f"{render.count(len(failed), 'node')} failed: "
+        render.note(f"{count(len(failed), 'node')} failed: "
                     + ", ".join(r.label for r in failed))
 
 

@@ -25,7 +25,8 @@ from typing import TextIO
 from launcher.models import CopyResult
 from launcher.output import render
 from launcher.output.hostgroups import FOLD_AT, folded
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
+from launcher.text.words import count
 
 REDRAW_S = 0.2
 
@@ -49,9 +50,9 @@ def _counts(r: CopyResult, verb: str) -> str:
         return f"not reached: {r.unreachable}"
     text = f"{verb} {r.sent} ({human(r.sent_bytes)}), skipped {r.skipped}, deleted {r.deleted}"
     if r.stale:
-        text += f", {render.count(r.stale, 'stale temp')} removed"
+        text += f", {count(r.stale, 'stale temp')} removed"
     if r.errors:
-        text += f", {render.count(len(r.errors), 'error')}"
+        text += f", {count(len(r.errors), 'error')}"
     return text
 
 
@@ -61,13 +62,13 @@ def total_line(results: list[CopyResult], seconds: float, verb: str = "sent") ->
     reached = [r for r in results if r.unreachable is None]
     files = sum(r.sent for r in reached)
     size = sum(r.sent_bytes for r in reached)
-    text = (f"total {render.count(len(results), 'node')}: {verb} {files} ({human(size)}), "
+    text = (f"total {count(len(results), 'node')}: {verb} {files} ({human(size)}), "
             f"skipped {sum(r.skipped for r in reached)}, "
             f"deleted {sum(r.deleted for r in reached)} in {seconds:.1f} s, "
             f"{human(size / max(seconds, 1e-3))}/s")
     bad = [r for r in results if r.unreachable is not None or r.errors]
     if bad:
-        text += f"; {render.count(len(bad), 'node')} failed"
+        text += f"; {count(len(bad), 'node')} failed"
     return text
 
 

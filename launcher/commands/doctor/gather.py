@@ -18,6 +18,7 @@ from launcher.decide.fabric_checks import master_candidates, pick_master
 from launcher.decide.facts import NodeFacts
 from launcher.errors import DtrainError, PreflightFailed
 from launcher.models import Host
+from launcher.output import render
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ async def gather(hosts: Sequence[Host], opts: DoctorOptions, settings: Any) -> G
     """``gather_with`` over dtrain's normal transport (SSH, local for localhost)."""
     from launcher.transports import AutoTransport
 
-    transport = AutoTransport(settings, opts.transport)
+    transport = AutoTransport(settings, opts.transport, say=render.note)
     transport.choose(hosts)
     async with transport:
         return await gather_with(transport, hosts, opts, settings.connect_timeout)

@@ -45,9 +45,10 @@ from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.hosts.hostfile import fold
 from launcher.output.hostgroups import folded
 from launcher.output.junit import ExtraCase
-from launcher.output.render import count, should_color
+from launcher.output.render import should_color
 from launcher.output.report import ERROR, FAILED, PASSED, SKIPPED, CommandReport, NodeResult
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
+from launcher.text.words import count
 
 
 def evaluate(g: Gathered) -> list[CheckResult]:

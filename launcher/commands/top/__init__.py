@@ -25,6 +25,7 @@ from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.hosts.hostfile import filter_hosts, with_user
 from launcher.job.sampling import OK, FollowPolicy, SamplerParams, follow
 from launcher.models import Host
+from launcher.output import render
 from launcher.output.archive import list_runs, read_meta, resolve_run
 from launcher.output.runstate import run_status
 from launcher.transports import AutoTransport
@@ -109,7 +110,7 @@ async def top_async(hosts: Sequence[Host], req: TopRequest, settings: SSHSetting
                     state: TopState | None = None,
                     per_host: Mapping[str, SamplerParams] | None = None) -> int:
     """Sample every host until the view is done; returns the exit code."""
-    transport = AutoTransport(settings, req.transport)
+    transport = AutoTransport(settings, req.transport, say=render.note)
     transport.choose(hosts)  # a forced srun that cannot work: exit 2 before anything starts
     state = state or TopState([h.label for h in hosts], req.interval,
                               settings=req.stragglers)

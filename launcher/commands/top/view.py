@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.hosts.hostfile import fold
-from launcher.output.termsafe import inert
+from launcher.text.termsafe import inert
 
 # (key, header, plain width); RUN_COLUMNS only when the view follows a run
 COLUMNS = (("node", "NODE", 0), ("state", "STATE", 7), ("cpu", "CPU%", 4), ("load", "LOAD", 5),

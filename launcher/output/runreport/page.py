@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 
-from launcher.output.render import count
 from launcher.output.runreport import document, ledger, safe, timeline
 from launcher.output.runreport.digest import Line
 from launcher.output.runreport.safe import text
 from launcher.output.runreport.summary import RunSummary, StackFile
 from launcher.output.runreport.timeline import fmt_t, how
+from launcher.text.words import count
 
 NODE_TAILS_OPEN = 4  # nodes whose last lines are unfolded at first
 

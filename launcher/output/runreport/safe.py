@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any
 
-from launcher.output.termsafe import clean_text
+from launcher.text.termsafe import clean_text
 
 _SGR = re.compile("\x1b\\[[0-9;:]*m")
 _NONCHAR = re.compile("[\ufdd0-\ufdef\ufffe\uffff\U0001fffe\U0001ffff\U0002fffe\U0002ffff"

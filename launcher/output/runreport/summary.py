@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.output.console import fold_hosts
-from launcher.output.fold import rank_ranges
 from launcher.output.runreport.curves import Curve, curves
 from launcher.output.runreport.digest import Digest, Line
 from launcher.output.runreport.usage import UsageBuilder, UsageChart, charts, why_none
+from launcher.text.words import rank_ranges
 
 RANK_LANES_MAX = 64  # above this many ranks, one lane per node (``--lanes rank`` overrides)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 import signal as _signal
 
-from launcher.output.fold import rank_ranges
 from launcher.output.runreport.safe import ident, text
 from launcher.output.runreport.summary import NodeLane, RankLane, RunSummary
+from launcher.text.words import rank_ranges
 
 WIDTH = 1000
 LABEL_W = 150
