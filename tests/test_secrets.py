@@ -214,7 +214,7 @@ def test_secrets_never_shown_in_meta_dry_run_or_messages(cluster, tmp_path):
     assert "FROM_ENV" in command
 
 
-# -- each promise of output/redact.py, one by one (docs/security.md, "Secrets") --------------
+# -- each promise of text/redact.py, one by one (docs/security.md, "Secrets") --------------
 
 from launcher.text.redact import (  # noqa: E402
     is_secret_name,
