@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from launcher.nodeside import wire  # noqa: E402
 from tests import cluster as tc  # noqa: E402
 
 PYTHON = sys.executable
@@ -190,7 +191,8 @@ def armcost(reps: int) -> dict[str, list[float]]:
             held.append(listener.accept())
 
     threading.Thread(target=accept, daemon=True).start()
-    shim = str(REPO / "launcher/nodeside/supervisor.py")
+    shim = str(folder / "supervisor.py")  # the bundle the nodes get (wire.PROGRAMS)
+    Path(shim).write_bytes(wire.program_source("supervisor"))
     armed = {"DTRAIN_ARM_SOCK": sock_path, "RANK": "0"}
     variants = {
         "plain, FR off": ([PYTHON, "-u", str(script)], {"TORCH_FR_BUFFER_SIZE": "0"}),

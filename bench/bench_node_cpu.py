@@ -10,8 +10,8 @@ the supervisor exits, as the launcher's channel does. The compiled-code cache on
 (~/.cache/dtrain) is warmed first. Variants, interleaved run by run (a disturbance from
 another session on this shared box hits them alike):
 
-* ``new``: this working tree's wire.py and supervisor.py;
-* ``old``: the same two files at ``--ref`` (default ``main``), run the same way;
+* ``new``: this working tree's wire.py and the supervisor's modules (one bundle);
+* ``old``: the same files at ``--ref`` (default ``main``), run the same way;
 * floors: ``bash -c true`` (pdsh's node side) and ``python -I -S -c pass`` (the interpreter).
 
 Reports the median and the minimum of each (ms). On the test cluster, run it inside a node
@@ -55,7 +55,11 @@ def old_variant(ref: str, python: str, spec: dict[str, object]) -> tuple[str, by
         sys.modules["wire_old"] = module  # dataclasses look their module up there
         loaded.loader.exec_module(module)
     cmd = module.remote_command(python, stdlib_only=True)
-    source = git_show(ref, "launcher/nodeside/supervisor.py")
+    # since issue 35 the supervisor is several modules shipped as one bundle
+    mods = getattr(module, "PROGRAMS", {}).get("supervisor", ("supervisor",))
+    source = b"\n".join(
+        (module.strip_sibling_imports(part) if len(mods) > 1 else part)
+        for part in (git_show(ref, f"launcher/nodeside/{m}.py") for m in mods))
     payload = module.payload(source, spec)
     assert isinstance(cmd, str) and isinstance(payload, bytes)
     return cmd, payload

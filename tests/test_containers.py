@@ -240,7 +240,7 @@ def test_exec_through_a_standin_runtime(runtime: str, standin: tuple[Path, dict[
 def test_the_supervisor_passes_env_by_name_or_in_a_private_file(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch
                                                                 ) -> None:
-    from launcher.nodeside.supervisor import Container
+    from launcher.nodeside.nodecontainer import Container
 
     monkeypatch.setenv("HOST_ONLY", "x")
     env = {**os.environ, "TOKEN": "it's s3cr3t", "HOST_ONLY": "x"}

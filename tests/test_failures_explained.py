@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher.decide import failures
 from launcher.models import OutputLine
-from launcher.nodeside import supervisor
+from launcher.nodeside import kernlog
 
 DATA = Path(__file__).parent / "data" / "hangs"
 
@@ -61,7 +61,7 @@ def test_oom_killer_from_the_cgroup_counter() -> None:
                                        "memory": {"rss_kb": 3 * 1024 * 1024, "hwm_kb": 1}})
         assert r.kind == "oom", r
         assert "(3.0 GiB resident at its last sample)" in r.summary
-    assert supervisor.oom_kills(EVENTS_V2) == 1 and supervisor.oom_kills(OOM_CONTROL_V1) == 2
+    assert kernlog.oom_kills(EVENTS_V2) == 1 and kernlog.oom_kills(OOM_CONTROL_V1) == 2
 
 
 def test_a_sigkill_without_an_oom_record_is_a_signal_from_outside() -> None:
@@ -153,7 +153,7 @@ KMSG = [
 def test_kernel_lines_filter_by_time_and_words(tmp_path: Path) -> None:
     """Real kmsg records: the time window (since - 1 s), the words, Xid and OOM lines; a log
     that cannot be opened is said as such."""
-    got = supervisor.kmsg_matches(KMSG, since=6.5)
+    got = kernlog.kmsg_matches(KMSG, since=6.5)
     assert got == [
         "[7.250000] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0",
         "[7.250500] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
@@ -161,15 +161,15 @@ def test_kernel_lines_filter_by_time_and_words(tmp_path: Path) -> None:
         "[7.251000] Memory cgroup out of memory: Killed process 4242 (python) "
         "total-vm:9000000kB, anon-rss:204800kB, file-rss:0kB",
         "[7.300000] python[4242]: segfault at 0 ip 00007f0 sp 00007ff error 4"]
-    xid = supervisor.kmsg_matches(KMSG, since=6.0)  # 5.1 s is within the 1 s before
+    xid = kernlog.kmsg_matches(KMSG, since=6.0)  # 5.1 s is within the 1 s before
     assert xid[0].startswith("[5.100000] NVRM: Xid (PCI:0000:3b:00): 48, pid=771") \
         and "SUBSYSTEM" not in xid[0]
-    assert supervisor.kmsg_matches(KMSG, since=0.0, limit=2) == got[-2:]
-    assert supervisor.kmsg_matches(KMSG, since=0.0, words=("link up",)) == \
+    assert kernlog.kmsg_matches(KMSG, since=0.0, limit=2) == got[-2:]
+    assert kernlog.kmsg_matches(KMSG, since=0.0, words=("link up",)) == \
         ["[4.999000] eth0: link up"]
-    assert supervisor.kernel_lines(0.0, path=str(tmp_path / "none")) == \
+    assert kernlog.kernel_lines(0.0, path=str(tmp_path / "none")) == \
         f"{tmp_path / 'none'}: No such file or directory"
-    live = supervisor.kernel_lines(0.0)
+    live = kernlog.kernel_lines(0.0)
     assert isinstance(live, str) and live.startswith("/dev/kmsg: ") or isinstance(live, list)
 
 

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pickle
+import runpy
 import subprocess
 import sys
 import time
@@ -20,10 +21,11 @@ import pytest
 
 from launcher.decide import flight, hang, stacks
 from launcher.models import OutputLine
-from launcher.nodeside import supervisor
+from launcher.nodeside import rankshim
+from tests.util import node_program
 
 DATA = Path(__file__).parent / "data" / "hangs"
-SHIM = Path(supervisor.__file__)
+SHIM = node_program()  # the bundle torchrun starts as each worker
 
 
 def _stack(rank: int, host: str, name: str, **sources: str) -> stacks.RankStack:
@@ -543,11 +545,11 @@ def test_flight_names_follow_torch(version: str | None, names: str) -> None:
 
 def test_flight_defaults_leave_a_users_settings_alone() -> None:
     d = "/tmp/dtrain-x/flight"
-    assert supervisor.flight_defaults({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}, d) == {}
-    assert supervisor.flight_defaults({}, d) == {
+    assert rankshim.flight_defaults({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}, d) == {}
+    assert rankshim.flight_defaults({}, d) == {
         "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": d + "/rank_"}
-    mine = supervisor.flight_defaults({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    mine = rankshim.flight_defaults({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
                                        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/"}, d, "both")
     assert mine == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
 
@@ -593,12 +595,14 @@ def test_rank_wrapper_runs_a_module(tmp_path: Path) -> None:
 
 
 def test_the_shim_starts_workers_through_the_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
-    argv = supervisor.rank_argv(["train.py", "--lr", "1"], "/tmp/d/ranks.sock")
+    # in the bundle the nodes run, the wrapper is the bundle's own file
+    bundled = runpy.run_path(str(SHIM), run_name="dtrain_bundle")
+    argv = bundled["rank_argv"](["train.py", "--lr", "1"], "/tmp/d/ranks.sock")
     assert argv[1:] == ["-u", str(SHIM), "train.py", "--lr", "1"]
-    assert supervisor.rank_env("/tmp/d/ranks.sock")["DTRAIN_ARM_SOCK"] == "/tmp/d/ranks.sock"
+    assert rankshim.rank_env("/tmp/d/ranks.sock")["DTRAIN_ARM_SOCK"] == "/tmp/d/ranks.sock"
     monkeypatch.setenv("DTRAIN_STACKS", "0")  # the escape hatch: plain python -u SCRIPT
-    assert supervisor.rank_argv(["train.py"], "s")[1:] == ["-u", "train.py"]
-    assert "DTRAIN_ARM_SOCK" not in supervisor.rank_env("s")
+    assert rankshim.rank_argv(["train.py"], "s")[1:] == ["-u", "train.py"]
+    assert "DTRAIN_ARM_SOCK" not in rankshim.rank_env("s")
 
 
 @pytest.mark.torch

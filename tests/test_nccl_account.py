@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.decide import nccl_account as na
+from launcher.nodeside import nodeevidence
 
 DATA = Path(__file__).parent / "data" / "nccl"
 
@@ -127,20 +128,18 @@ def test_other_lines_are_ignored_and_ranges():
 
 
 def test_the_node_asks_only_when_nobody_set_nccl_debug(tmp_path):
-    from launcher.nodeside import supervisor as sv
 
-    add = sv.nccl_defaults({}, str(tmp_path))
+    add = nodeevidence.nccl_defaults({}, str(tmp_path))
     assert add == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
                    "NCCL_DEBUG_FILE": str(tmp_path / "nccl.%h.%p.log")}
-    assert sv.nccl_defaults({"NCCL_DEBUG": "WARN"}, str(tmp_path)) == {}
-    assert sv.nccl_defaults({"NCCL_DEBUG_FILE": "/x"}, str(tmp_path)) == {}
-    assert "NCCL_DEBUG_SUBSYS" not in sv.nccl_defaults({"NCCL_DEBUG_SUBSYS": "ALL"}, "/d")
+    assert nodeevidence.nccl_defaults({"NCCL_DEBUG": "WARN"}, str(tmp_path)) == {}
+    assert nodeevidence.nccl_defaults({"NCCL_DEBUG_FILE": "/x"}, str(tmp_path)) == {}
+    assert "NCCL_DEBUG_SUBSYS" not in nodeevidence.nccl_defaults({"NCCL_DEBUG_SUBSYS": "ALL"}, "/d")
 
 
 def test_the_node_reads_its_ranks_files_as_they_grow(tmp_path):
-    from launcher.nodeside import supervisor as sv
 
-    files = sv.NcclFiles(str(tmp_path))
+    files = nodeevidence.NcclFiles(str(tmp_path))
     mine, other = tmp_path / "nccl.h.100.log", tmp_path / "nccl.h.200.log"
     mine.write_text("h:100:1 [0] NCCL INFO cudaDriverVersion 12040\n"
                     "h:100:1 [0] NCCL INFO Using network IB\nh:100:1 [0] NCCL INFO NET/IB : Us")
@@ -156,14 +155,13 @@ def test_the_node_reads_its_ranks_files_as_they_grow(tmp_path):
 
 
 def test_one_poll_reads_a_bounded_amount_and_the_rest_follows(tmp_path):
-    from launcher.nodeside import supervisor as sv
 
     line = "h:100:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA\n"
-    n = (sv.NCCL_POLL_BYTES // len(line)) * 2
+    n = (nodeevidence.NCCL_POLL_BYTES // len(line)) * 2
     (tmp_path / "nccl.h.100.log").write_text(line * n)
-    files = sv.NcclFiles(str(tmp_path))
+    files = nodeevidence.NcclFiles(str(tmp_path))
     got = files.poll({100})[100]
     assert files.more and len(got) < n
     while files.more:
         got += files.poll({100}).get(100, [])
-    assert len(got) == min(n, sv.NCCL_MAX_LINES)
+    assert len(got) == min(n, nodeevidence.NCCL_MAX_LINES)

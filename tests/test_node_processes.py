@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.nodeside import nodecommon, nodeprocs
 from tests import cluster as tc
 from tests.test_failures import TRAIN, Dtrain, JobWatch, meta, new_id, run_args
 
@@ -116,8 +117,8 @@ def _set_title_source(name: str) -> str:
 
 
 def test_every_node_program_has_the_same_set_title() -> None:
-    """One file each: the copies of supervisor.set_title must not drift apart."""
-    first = _set_title_source("supervisor")
+    """One file each: the copies of nodecommon.set_title must not drift apart."""
+    first = _set_title_source("nodecommon")
     for name in PROGRAMS[1:]:
         assert _set_title_source(name) == first, name
 
@@ -137,7 +138,7 @@ def test_set_title_in_ps(tmp_path: Path, python: str) -> None:
     script = tmp_path / "t.py"
     script.write_text(
         "import sys\nsys.path.insert(0, sys.argv[1])\n"
-        "from launcher.nodeside.supervisor import set_title\n"
+        "from launcher.nodeside.nodecommon import set_title\n"
         "set_title('dtrain rank 3 train.py --lr 1', 'dtrain-r3')\n"
         "print(open('/proc/self/comm').read().strip())\n"
         "print(open('/proc/self/cmdline', 'rb').read())\n")
@@ -180,19 +181,18 @@ def test_node_processes_have_titles(cluster: tc.Cluster, tmp_path: Path, jobs) -
 def test_zombie_status_reads_a_dead_process_s_status_before_its_parent_reaps_it() -> None:
     """What the supervisor reads of a shim that died (its parent, torchrun, not yet
     having reaped it): the raw wait status, as waitpid would return it."""
-    from launcher.nodeside import supervisor
 
     pid = os.fork()
     if pid == 0:
         os.kill(os.getpid(), signal.SIGKILL)
     try:
-        status = supervisor.zombie_status(pid, wait=2.0)
+        status = nodeprocs.zombie_status(pid, wait=2.0)
         assert status is not None and os.WIFSIGNALED(status)
-        assert supervisor.exit_code(status) == (137, signal.SIGKILL)
+        assert nodeprocs.exit_code(status) == (137, signal.SIGKILL)
         # another process under that pid (its start time differs): not believed
-        fields = supervisor._stat_fields(pid)
+        fields = nodecommon._stat_fields(pid)
         assert fields is not None
-        assert supervisor.zombie_status(pid, int(fields[19]) + 1, wait=0) is None
+        assert nodeprocs.zombie_status(pid, int(fields[19]) + 1, wait=0) is None
     finally:
         os.waitpid(pid, 0)
-    assert supervisor.zombie_status(pid, wait=0) is None  # reaped: gone
+    assert nodeprocs.zombie_status(pid, wait=0) is None  # reaped: gone

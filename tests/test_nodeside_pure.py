@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.nodeside import sampler, smoke_job, supervisor
+from launcher.nodeside import (
+    kernlog,
+    nodecommon,
+    nodeevidence,
+    nodeprocs,
+    rankshim,
+    sampler,
+    smoke_job,
+)
 from tests.util import write_under as put
 
 
@@ -61,9 +69,9 @@ def test_the_pair_schedule_exactly() -> None:
 ])
 def test_json_parts_writes_json_dumps_text(value: object) -> None:
     parts: list[str] = []
-    assert supervisor._json_parts(value, parts) is True
+    assert nodecommon._json_parts(value, parts) is True
     assert "".join(parts) == json.dumps(value, separators=(",", ":"))
-    assert supervisor.to_json(value) == json.dumps(value, separators=(",", ":"))
+    assert nodecommon.to_json(value) == json.dumps(value, separators=(",", ":"))
 
 
 class _Int(int):
@@ -84,24 +92,24 @@ class _Str(str):
     _Int(3), _Float(1.0), _Str("s"), [1, [2, object()]], {"x": [float("inf")]},
 ])
 def test_json_parts_leaves_what_json_writes_otherwise_to_json(value: object) -> None:
-    assert supervisor._json_parts(value, []) is False
+    assert nodecommon._json_parts(value, []) is False
 
 
 def test_to_json_of_the_odd_cases_is_json_dumps_text() -> None:
     for value in ({"x": [1, float("nan")]}, {"x": float("-inf")}, _Int(3), {2: 1, "a": 2},
                   [_Str("s")]):
-        assert supervisor.to_json(value) == json.dumps(value, separators=(",", ":"))
+        assert nodecommon.to_json(value) == json.dumps(value, separators=(",", ":"))
 
 
 def test_from_json_and_load_spec() -> None:
-    assert supervisor.from_json(b'{"a": [1, 2]}') == {"a": [1, 2]}
-    assert supervisor.from_json('"x"') == "x"
+    assert nodecommon.from_json(b'{"a": [1, 2]}') == {"a": [1, 2]}
+    assert nodecommon.from_json('"x"') == "x"
     spec = {"argv": ["true"], "env": {"A": "1"}, "n": 3}
-    assert supervisor.load_spec(b"M" + marshal.dumps(spec)) == spec
-    assert supervisor.load_spec(json.dumps(spec).encode()) == spec
-    assert supervisor.load_spec(b"[1]") == [1]
+    assert nodecommon.load_spec(b"M" + marshal.dumps(spec)) == spec
+    assert nodecommon.load_spec(json.dumps(spec).encode()) == spec
+    assert nodecommon.load_spec(b"[1]") == [1]
     with pytest.raises(ValueError):  # not marshal after the marker: marshal's own error
-        supervisor.load_spec(b"M{}")
+        nodecommon.load_spec(b"M{}")
 
 
 D = "/tmp/dtrain-x/flight"
@@ -132,27 +140,27 @@ D = "/tmp/dtrain-x/flight"
 ])
 def test_flight_defaults_per_name_set(env: dict[str, str], names: str,
                                       added: dict[str, str]) -> None:
-    assert supervisor.flight_defaults(env, D, names) == added
+    assert rankshim.flight_defaults(env, D, names) == added
     if names == "current":  # the default
-        assert supervisor.flight_defaults(env, D) == added
+        assert rankshim.flight_defaults(env, D) == added
 
 
 def test_rank_argv_wraps_the_script_unless_stacks_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DTRAIN_STACKS", raising=False)
-    argv = supervisor.rank_argv(["t.py", "-x"], "s")
+    argv = rankshim.rank_argv(["t.py", "-x"], "s")
     assert argv[:2] == [sys.executable, "-u"] and argv[3:] == ["t.py", "-x"] and len(argv) == 5
     monkeypatch.setenv("DTRAIN_STACKS", "1")
-    argv = supervisor.rank_argv(["t.py"], "s")
+    argv = rankshim.rank_argv(["t.py"], "s")
     assert argv[:2] == [sys.executable, "-u"] and argv[3:] == ["t.py"] and len(argv) == 4
     monkeypatch.setenv("DTRAIN_STACKS", "0")
-    assert supervisor.rank_argv(["t.py", "-x"], "s") == [sys.executable, "-u", "t.py", "-x"]
+    assert rankshim.rank_argv(["t.py", "-x"], "s") == [sys.executable, "-u", "t.py", "-x"]
 
 
 def test_rank_argv_s_wrapper_is_this_file(monkeypatch: pytest.MonkeyPatch) -> None:
     # (not under mutmut: its trampoline, not supervisor.py, is the function's code there)
     monkeypatch.delenv("DTRAIN_STACKS", raising=False)
-    shim = os.path.abspath(supervisor.__file__)
-    assert supervisor.rank_argv(["t.py"], "s") == [sys.executable, "-u", shim, "t.py"]
+    shim = os.path.abspath(rankshim.__file__)  # in the bundle: the bundle's file
+    assert rankshim.rank_argv(["t.py"], "s") == [sys.executable, "-u", shim, "t.py"]
 
 
 @pytest.mark.parametrize(("attempt", "own", "count"), [
@@ -170,7 +178,7 @@ def test_rank_env_counts_dtrain_s_relaunches_into_torchrun_s_restart_count(
             monkeypatch.setenv(name, value)
     monkeypatch.delenv("DTRAIN_STACKS", raising=False)
     monkeypatch.setenv("DTRAIN_KEEP", "k")
-    env = supervisor.rank_env("/run/s.sock")
+    env = rankshim.rank_env("/run/s.sock")
     assert env.get("TORCHELASTIC_RESTART_COUNT") == count
     assert env["DTRAIN_ARM_SOCK"] == "/run/s.sock" and env["DTRAIN_KEEP"] == "k"
     assert os.environ.get("TORCHELASTIC_RESTART_COUNT") == own  # a copy: ours is untouched
@@ -179,9 +187,9 @@ def test_rank_env_counts_dtrain_s_relaunches_into_torchrun_s_restart_count(
 
 def test_rank_env_arms_the_dumper_unless_stacks_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DTRAIN_STACKS", "1")
-    assert supervisor.rank_env("s")["DTRAIN_ARM_SOCK"] == "s"
+    assert rankshim.rank_env("s")["DTRAIN_ARM_SOCK"] == "s"
     monkeypatch.setenv("DTRAIN_STACKS", "0")
-    assert "DTRAIN_ARM_SOCK" not in supervisor.rank_env("s")
+    assert "DTRAIN_ARM_SOCK" not in rankshim.rank_env("s")
 
 
 @pytest.mark.parametrize(("text", "kills"), [
@@ -193,7 +201,7 @@ def test_rank_env_arms_the_dumper_unless_stacks_are_off(monkeypatch: pytest.Monk
     ("oom_kill -1\n", None), ("  oom_kill   7  \n", 7),
 ])
 def test_oom_kills_reads_the_counter(text: str | None, kills: int | None) -> None:
-    assert supervisor.oom_kills(text) == kills
+    assert kernlog.oom_kills(text) == kills
 
 
 def test_which_finds_the_first_executable_file_on_the_path(
@@ -206,15 +214,15 @@ def test_which_finds_the_first_executable_file_on_the_path(
     (c / "tool").write_text("#!/bin/sh\n")
     (c / "tool").chmod(0o755)
     path = os.pathsep.join([str(a), str(b), str(c)])
-    assert supervisor.which("tool", path) == str(c / "tool")
+    assert nodecommon.which("tool", path) == str(c / "tool")
     (b / "tool").rmdir()
     (b / "tool").write_text("#!/bin/sh\n")
     (b / "tool").chmod(0o700)
-    assert supervisor.which("tool", path) == str(b / "tool")
-    assert supervisor.which("tool", str(a)) is None
-    assert supervisor.which("tool", "") is None and supervisor.which("tool", None) is None
+    assert nodecommon.which("tool", path) == str(b / "tool")
+    assert nodecommon.which("tool", str(a)) is None
+    assert nodecommon.which("tool", "") is None and nodecommon.which("tool", None) is None
     monkeypatch.chdir(c)  # an empty entry is the working directory, as a shell reads it
-    assert supervisor.which("tool", os.pathsep + str(a)) == os.path.join(".", "tool")
+    assert nodecommon.which("tool", os.pathsep + str(a)) == os.path.join(".", "tool")
 
 
 def test_frame_sources_reads_the_two_innermost_frames_of_each_thread(tmp_path: Path) -> None:
@@ -240,26 +248,26 @@ def test_frame_sources_reads_the_two_innermost_frames_of_each_thread(tmp_path: P
         '  File "/nonexistent/m.py", line 4 in gone',
         f'  File "{f}", line 3 in again',
     ])
-    assert supervisor.frame_sources(dump) == {
+    assert nodeevidence.frame_sources(dump) == {
         f + ":3": "line_3 = 3", f + ":5": "line_5 = 5", f + ":10": "x = '" + "y" * 195,
         f + ":2": "line_2 = 2", "/nonexistent/m.py:4": ""}
-    assert supervisor.frame_sources(dump, limit=2) == {f + ":3": "line_3 = 3",
+    assert nodeevidence.frame_sources(dump, limit=2) == {f + ":3": "line_3 = 3",
                                                        f + ":5": "line_5 = 5"}
-    assert supervisor.frame_sources(dump, limit=0) == {}
-    assert supervisor.frame_sources("") == {}
+    assert nodeevidence.frame_sources(dump, limit=0) == {}
+    assert nodeevidence.frame_sources("") == {}
 
 
 def test_start_error_is_worded_as_a_shell_says_it() -> None:
     enoent = OSError(errno.ENOENT, "No such file or directory")
-    assert supervisor.start_error("nvidia-smi", enoent) == ("nvidia-smi: command not found", 127)
-    assert supervisor.start_error("./run.sh", enoent) == (
+    assert nodeprocs.start_error("nvidia-smi", enoent) == ("nvidia-smi: command not found", 127)
+    assert nodeprocs.start_error("./run.sh", enoent) == (
         "./run.sh: No such file or directory", 127)
     eacces = OSError(errno.EACCES, "Permission denied")
-    assert supervisor.start_error("./run.sh", eacces) == ("./run.sh: Permission denied", 126)
-    assert supervisor.start_error("run.sh", eacces) == ("run.sh: Permission denied", 126)
-    assert supervisor.start_error("x", OSError(errno.ENOEXEC, "Exec format error")) == (
+    assert nodeprocs.start_error("./run.sh", eacces) == ("./run.sh: Permission denied", 126)
+    assert nodeprocs.start_error("run.sh", eacces) == ("run.sh: Permission denied", 126)
+    assert nodeprocs.start_error("x", OSError(errno.ENOEXEC, "Exec format error")) == (
         "x: Exec format error", 126)
-    assert supervisor.start_error("x", OSError("odd")) == ("x: odd", 126)
+    assert nodeprocs.start_error("x", OSError("odd")) == ("x: odd", 126)
 
 
 @pytest.mark.parametrize(("status", "expected"), [
@@ -267,7 +275,7 @@ def test_start_error_is_worded_as_a_shell_says_it() -> None:
     (signal.SIGSEGV | 0x80, (139, 11)),  # with a core dump
 ])
 def test_exit_code_of_a_wait_status(status: int, expected: tuple[int, int | None]) -> None:
-    assert supervisor.exit_code(status) == expected
+    assert nodeprocs.exit_code(status) == expected
 
 
 # -- sampler (readers on a fake root directory) -------------------------------------------------
@@ -493,9 +501,9 @@ def test_to_json_writes_plain_values_without_json(monkeypatch: pytest.MonkeyPatc
     value = {"type": "exit", "code": 0, "ranks": [1, 2.5, None, True], "s": "\u00e9\n"}
     expected = json.dumps(value, separators=(",", ":"))
     monkeypatch.setitem(sys.modules, "json", None)  # `import json` fails: not needed here
-    assert supervisor.to_json(value) == expected
+    assert nodecommon.to_json(value) == expected
     with pytest.raises(ImportError):  # what only json writes needs it
-        supervisor.to_json({"x": float("nan")})
+        nodecommon.to_json({"x": float("nan")})
 
 
 def test_frame_sources_of_a_dump_that_starts_with_a_frame_and_its_cap(tmp_path: Path) -> None:
@@ -503,12 +511,12 @@ def test_frame_sources_of_a_dump_that_starts_with_a_frame_and_its_cap(tmp_path: 
     src.write_text("a = 1\nb = 2\nc = 3\n")
     f = str(src)
     lines = [f'  File "{f}", line {n} in f' for n in (1, 2, 3)]
-    assert supervisor.frame_sources("\n".join(lines)) == {f + ":1": "a = 1", f + ":2": "b = 2"}
+    assert nodeevidence.frame_sources("\n".join(lines)) == {f + ":1": "a = 1", f + ":2": "b = 2"}
     many = []  # 201 threads of two frames each: 402 frames, 400 kept by default
     for t in range(201):
         many += [f"Thread 0x{t:016x} (most recent call first):",
                  f'  File "/x/t{t}.py", line 1 in f', f'  File "/x/t{t}.py", line 2 in g']
-    got = supervisor.frame_sources("\n".join(many))
+    got = nodeevidence.frame_sources("\n".join(many))
     assert len(got) == 400 and "/x/t199.py:2" in got and "/x/t200.py:1" not in got
 
 
@@ -518,7 +526,7 @@ def test_frame_sources_of_a_path_that_holds_the_separator(tmp_path: Path) -> Non
     src = odd / "m.py"
     src.write_text("first = 1\nsecond = 2\n")
     dump = f'Stack (most recent call first):\n  File "{src}", line 2 in <module>\n'
-    assert supervisor.frame_sources(dump) == {f"{src}:2": "second = 2"}
+    assert nodeevidence.frame_sources(dump) == {f"{src}:2": "second = 2"}
 
 
 def test_the_readers_read_this_machine_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

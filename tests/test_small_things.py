@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.nodeside import supervisor
+from tests.util import node_program
 
-SHIM = Path(supervisor.__file__)
+SHIM = node_program()  # the bundle torchrun starts as each worker
 
 
 def test_a_syntax_error_is_placed_at_the_user_s_file_and_line(tmp_path: Path) -> None:

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.nodeside import supervisor, wire
+from launcher.nodeside import nodecommon, nodeprocs, rankshim, wire
+from tests.util import node_program
 
-SOURCE = Path(supervisor.__file__).read_text()
+SOURCE = node_program().read_text()  # the bundle the nodes get
 
 
 def alive(pid: int) -> bool:
@@ -181,9 +182,9 @@ def sleeper():
 
 
 def test_descendants_carry_the_start_time(sleeper) -> None:
-    started = supervisor.start_time(sleeper.pid)
+    started = nodecommon.start_time(sleeper.pid)
     assert started is not None and started > 0
-    assert (sleeper.pid, started) in supervisor.descendants(os.getpid())
+    assert (sleeper.pid, started) in nodeprocs.descendants(os.getpid())
 
 
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "kill"])
@@ -192,27 +193,27 @@ def test_a_recycled_pid_is_never_signalled(sleeper, monkeypatch, pidfd: bool) ->
         monkeypatch.delattr(os, "pidfd_open", raising=False)
     # The scan saw pid P start at time T; by the kill, P is another process (a later start).
     # That other process must survive: here the "newcomer" is our sleeper.
-    started = supervisor.start_time(sleeper.pid)
+    started = nodecommon.start_time(sleeper.pid)
     assert started is not None
     stale = [(sleeper.pid, started - 1)]
-    monkeypatch.setattr(supervisor, "descendants", lambda root, prune=None: stale)
-    assert supervisor.signal_tree(signal.SIGKILL) == 0
+    monkeypatch.setattr(nodeprocs, "descendants", lambda root, prune=None: stale)
+    assert nodeprocs.signal_tree(signal.SIGKILL) == 0
     time.sleep(0.1)
     assert sleeper.poll() is None and alive(sleeper.pid)
-    assert not supervisor.signal_pid(sleeper.pid, started + 1, signal.SIGKILL)
+    assert not nodeprocs.signal_pid(sleeper.pid, started + 1, signal.SIGKILL)
     assert sleeper.poll() is None
     # the process the scan really saw is signalled
-    monkeypatch.setattr(supervisor, "descendants",
+    monkeypatch.setattr(nodeprocs, "descendants",
                         lambda root, prune=None: [(sleeper.pid, started)])
-    assert supervisor.signal_tree(signal.SIGKILL) == 1
+    assert nodeprocs.signal_tree(signal.SIGKILL) == 1
     assert sleeper.wait(5) == -signal.SIGKILL
 
 
 def test_a_gone_pid_is_not_signalled() -> None:
     proc = subprocess.Popen(["true"])
-    started = supervisor.start_time(proc.pid)
+    started = nodecommon.start_time(proc.pid)
     proc.wait()
-    assert started is None or not supervisor.signal_pid(proc.pid, started, signal.SIGKILL)
+    assert started is None or not nodeprocs.signal_pid(proc.pid, started, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("status", "expected"), [
@@ -220,7 +221,7 @@ def test_a_gone_pid_is_not_signalled() -> None:
     (signal.SIGKILL, (137, 9)), (signal.SIGTERM, (143, 15)), (signal.SIGINT, (130, 2)),
 ])
 def test_exit_code_mapping(status: int, expected: tuple[int, int | None]) -> None:
-    assert supervisor.exit_code(status) == expected
+    assert nodeprocs.exit_code(status) == expected
 
 
 # -- exit codes end to end ---------------------------------------------------------------------
@@ -462,7 +463,7 @@ def test_rank_shim_attributes_output_and_reports_exit(sups, tmp_path: Path) -> N
         procs = [subprocess.Popen([sys.executable, '-u', sys.argv[1], {str(script)!r}],
                                   env={{**os.environ, 'RANK': str(r)}}) for r in (4, 5)]
         sys.exit(max(p.wait() for p in procs) and 1)
-    """) + [supervisor.SHIM_PLACEHOLDER]
+    """) + [rankshim.SHIM_PLACEHOLDER]
     s = sups({"argv": launcher, "rank_shim": True})
     assert s.wait() == 1
     for rank in (4, 5):
@@ -482,7 +483,7 @@ def test_rank_shim_reports_a_signal(sups, tmp_path: Path) -> None:
         p = subprocess.Popen([sys.executable, '-u', sys.argv[1], sys.argv[2]],
                              env={**os.environ, 'RANK': '0'})
         sys.exit(0 if p.wait() == -9 else 1)
-    """) + [supervisor.SHIM_PLACEHOLDER, str(script)]
+    """) + [rankshim.SHIM_PLACEHOLDER, str(script)]
     s = sups({"argv": launcher, "rank_shim": True})
     assert s.wait() == 0  # the shim dies by the same signal: its parent sees -9
     (m,) = [m for m in s.msgs if m.get("type") == "rank_exit"]
@@ -533,7 +534,7 @@ def test_one_stop_is_one_term_per_rank_however_it_arrives(sups, tmp_path: Path) 
     """stop, stop again, SIGHUP to the supervisor, and the agent's own killpg: each rank
     gets exactly one SIGTERM, and its exit report says it was asked to stop."""
     script = _counting_worker(tmp_path)
-    s = sups({"argv": py(TORCHRUN_LIKE) + [supervisor.SHIM_PLACEHOLDER, str(script)],
+    s = sups({"argv": py(TORCHRUN_LIKE) + [rankshim.SHIM_PLACEHOLDER, str(script)],
               "rank_shim": True, "grace": 20})
     s.wait_output(b"up", rank=0)
     s.wait_output(b"up", rank=1)
@@ -553,7 +554,7 @@ def test_a_rank_dies_with_its_shim(sups, tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text("import os, time\nprint('up', os.getpid(), os.getppid(), flush=True)\n"
                       "time.sleep(100)\n")
-    s = sups({"argv": py(TORCHRUN_LIKE) + [supervisor.SHIM_PLACEHOLDER, str(script)],
+    s = sups({"argv": py(TORCHRUN_LIKE) + [rankshim.SHIM_PLACEHOLDER, str(script)],
               "rank_shim": True, "grace": 20})
     s.wait_output(b"\n", rank=0)  # the whole line: "up <pid> <ppid>"
     _, pid, shim = s.output(0).split()[:3]
@@ -576,7 +577,7 @@ def test_stop_kills_the_agent_once_every_rank_is_gone(sups, tmp_path: Path) -> N
         procs = [subprocess.Popen([sys.executable, '-u', sys.argv[1], {str(script)!r}],
                                   env={{**os.environ, 'RANK': str(r)}}) for r in (0, 1)]
         time.sleep(100)
-    """) + [supervisor.SHIM_PLACEHOLDER]
+    """) + [rankshim.SHIM_PLACEHOLDER]
     s = sups({"argv": agent, "rank_shim": True, "grace": 20, "agent_grace": 0.5})
     s.wait_output(b"up", rank=0)
     s.wait_output(b"up", rank=1)
@@ -605,7 +606,7 @@ def test_the_agent_s_last_words_after_its_ranks_exited_reach_the_launcher(
         time.sleep(0.5)  # torchrun's own shutdown (its rendezvous, its log handlers)
         sys.stderr.write('agent: Received 15 death signal, shutting down workers\\n')
         sys.exit(0)
-    """) + [supervisor.SHIM_PLACEHOLDER]
+    """) + [rankshim.SHIM_PLACEHOLDER]
     s = sups({"argv": agent, "rank_shim": True, "grace": 20})
     s.wait_output(b"up", rank=0)
     s.wait_output(b"up", rank=1)

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from launcher.commands.exec import exec_spec
-from launcher.nodeside import supervisor, wire
-from tests.util import cannot_run
+from launcher.nodeside import nodecommon, nodeprocs, wire
+from tests.util import cannot_run, node_program
 
 # never on the exec path: each costs milliseconds of CPU per node per command
 HEAVY = {"re", "subprocess", "json", "threading", "selectors", "socket", "signal", "enum",
@@ -153,12 +153,12 @@ def test_spawn_reports_the_first_real_exec_error_like_popen(tmp_path: Path) -> N
         with pytest.raises(OSError) as popen:
             subprocess.Popen(argv, env=env)
         with pytest.raises(OSError) as ours:
-            supervisor.spawn(argv, env)
+            nodeprocs.spawn(argv, env)
         assert (ours.value.errno, ours.value.strerror) == \
             (popen.value.errno, popen.value.strerror)
     (second / "tool").write_text("#!/bin/sh\necho from b\n")
     (second / "tool").chmod(0o755)
-    pid, out, err = supervisor.spawn(["tool"], env)
+    pid, out, err = nodeprocs.spawn(["tool"], env)
     try:
         assert os.waitpid(pid, 0)[1] == 0
         assert os.read(out, 100) == b"from b\n"
@@ -170,8 +170,8 @@ def test_spawn_reports_the_first_real_exec_error_like_popen(tmp_path: Path) -> N
 def test_spawn_leaves_no_descriptor_behind() -> None:
     before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(OSError):
-        supervisor.spawn(["/nonexistent/x"], dict(os.environ))
-    pid, out, err = supervisor.spawn(["true"], dict(os.environ))
+        nodeprocs.spawn(["/nonexistent/x"], dict(os.environ))
+    pid, out, err = nodeprocs.spawn(["true"], dict(os.environ))
     os.waitpid(pid, 0)
     os.close(out)
     os.close(err)
@@ -183,7 +183,7 @@ def test_subreaper_through_ctypes_internals_adopts_orphans() -> None:
     code = (
         "import os, sys\n"
         "s = {'__name__': 'supervisor'}\n"
-        f"exec(open({supervisor.__file__!r}).read(), s)\n"
+        f"exec(open({str(node_program())!r}).read(), s)\n"
         "assert s['_prctl']()(s['PR_SET_CHILD_SUBREAPER'], 1, 0, 0, 0) == 0\n"
         "assert 'ctypes' not in sys.modules\n"
         "r, w = os.pipe()\n"
@@ -211,7 +211,7 @@ def test_subreaper_through_ctypes_internals_adopts_orphans() -> None:
      "neg": -0.0, "tiny": 5e-324, "e": 1e300},
 ])
 def test_to_json_writes_what_json_dumps_writes(value: object) -> None:
-    text = supervisor.to_json(value)
+    text = nodecommon.to_json(value)
     assert text == json.dumps(value, separators=(",", ":"))
     assert json.loads(text) == json.loads(json.dumps(value))
 
@@ -224,17 +224,17 @@ def test_to_json_leaves_the_odd_cases_to_json(value: object) -> None:
         expected = json.dumps(value, separators=(",", ":"))
     except TypeError:
         with pytest.raises(TypeError):
-            supervisor.to_json(value)
+            nodecommon.to_json(value)
         return
-    assert supervisor.to_json(value) == expected
+    assert nodecommon.to_json(value) == expected
 
 
 def test_the_spec_travels_as_marshal_and_json_stays_readable() -> None:
     spec = exec_spec(["true"]).wire()
     body = wire.supervisor_payload(spec).split(wire.program_source("supervisor"), 1)[1]
-    assert body[:1] == wire.SPEC_MARSHAL == supervisor.SPEC_MARSHAL
-    assert supervisor.load_spec(body) == spec == marshal.loads(body[1:])
-    assert supervisor.load_spec(json.dumps(spec).encode()) == spec
+    assert body[:1] == wire.SPEC_MARSHAL == nodecommon.SPEC_MARSHAL
+    assert nodecommon.load_spec(body) == spec == marshal.loads(body[1:])
+    assert nodecommon.load_spec(json.dumps(spec).encode()) == spec
 
 
 def test_python38_runs_the_exec_path(tmp_path: Path) -> None:

@@ -26,6 +26,26 @@ REPO = Path(__file__).resolve().parent.parent
 REQUIRE_CLUSTER = os.environ.get("DTRAIN_REQUIRE_CLUSTER") == "1"
 
 
+def node_program(name: str = "supervisor") -> Path:
+    """Node program ``name`` as the nodes get it (launcher/nodeside/wire.py bundles the
+    supervisor's modules into one source), in a file: what a test runs as a script, and
+    the rank shim torchrun starts. One file per source, in this process's temp dir."""
+    import hashlib
+    import tempfile
+
+    from launcher.nodeside import wire
+
+    source = wire.program_source(name)
+    root = Path(tempfile.gettempdir()) / f"dtrain-tests-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    path = root / f"{name}-{hashlib.sha256(source).hexdigest()[:16]}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(source)
+        tmp.replace(path)
+    return path
+
+
 def write_under(root: Path, rel: str, text: str | bytes) -> None:
     """Write ``text`` at the absolute path ``rel`` under a fake root directory (a node's
     /proc or /sys as the sampler and probe tests build it), its directories made."""

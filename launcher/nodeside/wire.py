@@ -104,10 +104,50 @@ BOOTSTRAP = (
 )
 
 
+# A node program is one source on the wire, but may be several modules here: its modules,
+# concatenated in this order, each one's imports of the earlier ones (top-level
+# ``from launcher.nodeside.X import ...`` lines) left out, so their names are globals of the
+# one namespace. The last module is the one that runs (its ``if __name__ == "__main__"``).
+# A program not listed is its one file. tests/test_node_bundles.py keeps the rules: stdlib
+# and earlier modules only, no top-level name defined twice, the bundle compiles under 3.8.
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "supervisor": ("nodecommon", "nodeprocs", "rankshim", "kernlog", "nodeevidence",
+                   "nodecontainer", "supervisor"),
+}
+SIBLING_IMPORT = b"from launcher.nodeside."
+
+
+def program_modules(name: str) -> tuple[str, ...]:
+    """The modules of node program ``name``, in the order they are shipped."""
+    return PROGRAMS.get(name, (name,))
+
+
+def strip_sibling_imports(source: bytes) -> bytes:
+    """A bundle module's source without its top-level imports of its bundle's siblings
+    (``from launcher.nodeside.X import a`` or ``... import (`` up to the line ``)``)."""
+    out: list[bytes] = []
+    skipping = False
+    for line in source.splitlines(keepends=True):
+        if skipping:
+            skipping = line.strip() != b")"
+            continue
+        if line.startswith(SIBLING_IMPORT):
+            skipping = line.rstrip().endswith(b"(")
+            continue
+        out.append(line)
+    return b"".join(out)
+
+
 @cache
 def program_source(name: str) -> bytes:
-    """The source of a node program shipped from this package (supervisor, probe)."""
-    return resources.files("launcher.nodeside").joinpath(f"{name}.py").read_bytes()
+    """The source of a node program shipped from this package (supervisor, probe ...): its
+    one file, or its modules bundled (``PROGRAMS``)."""
+    files = resources.files("launcher.nodeside")
+    mods = program_modules(name)
+    if len(mods) == 1:
+        return files.joinpath(f"{mods[0]}.py").read_bytes()
+    return b"\n".join(strip_sibling_imports(files.joinpath(f"{m}.py").read_bytes())
+                      for m in mods)
 
 
 SETUP_FAILED = 95  # the remote shell's exit status when the user's --setup ended non-zero

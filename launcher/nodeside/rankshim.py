@@ -1,0 +1,400 @@
+"""The rank shim and the rank itself: how each worker torchrun starts is wired to the node.
+
+Part of the supervisor program (launcher/nodeside/wire.py ``PROGRAMS``); runs on the nodes,
+standard library only, Python >= 3.8. The shipped bundle is written to the supervisor's
+private directory and torchrun starts it as each worker: in *shim* mode (``shim_main``) it
+connects the rank's stdout/stderr to the supervisor and reports its exit; in *rank* mode
+(``rank_main``) it arms the stack dumper and the flight recorder, then runs the user's
+script as ``__main__``.
+"""
+
+# signal.py only wraps _signal in enums, and importing enum costs ~3.5 ms of CPU per node
+import _signal as signal  # type: ignore[import-not-found]  # (no stub: typeshed lacks it)
+import _thread
+import os
+import struct
+import sys
+
+from launcher.nodeside.nodecommon import (
+    _prctl,
+    now,
+    set_title,
+)
+
+SHIM_ENV = "DTRAIN_SHIM_SOCK"
+# torchrun's temp dir (its /tmp/torchelastic_* log dirs) goes into our private dir, which
+# teardown removes; the shim gives each worker the TMPDIR it would have had
+TMPDIR_ENV = "DTRAIN_WORKER_TMPDIR"
+SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
+# `python -m torch.distributed.run` puts the working directory first on sys.path, where a
+# project's random.py would shadow torchrun's own imports (the `torchrun` script does not
+# see it): the same agent, without that entry. The ranks get their script's directory
+# from the rank shim, as under plain torchrun.
+TORCHRUN_ISOLATED = ("import sys\nif sys.path and sys.path[0] in ('', '.'):\n    del sys.path[0]\n"
+                     "import runpy\nrunpy.run_module('torch.distributed.run', "
+                     "run_name='__main__', alter_sys=True)\n")
+# the titles of the rank's two processes in ps (set_title): the shim torchrun started, and
+# the rank; is_shim knows a shim by its title
+RANK_TITLE = b"dtrain rank "
+
+
+# -- evidence: stacks on demand, why a rank died (docs/hangs.md) -------------------------------
+# The rank shim starts each worker through this same file in *rank* mode (``rank_main``):
+# before the user's script runs, faulthandler is armed on STACK_SIGNAL (all threads, into a
+# per-rank file of the supervisor's private directory) and on fatal signals (into a crash
+# file), and one more unix socket tells the supervisor the worker's pid. A ``stacks`` control
+# line makes the supervisor signal every armed worker and ship the new text back as a
+# ``stacks`` message. Nothing here ever raises into the user's job: arming that fails leaves
+# the worker exactly as it would have run.
+ARM_ENV = "DTRAIN_ARM_SOCK"
+STACKS_OFF_ENV = "DTRAIN_STACKS"  # "0": no wrapper, no dumper (docs/hangs.md)
+PTRACER_ENV = "DTRAIN_PTRACER"
+# a real-time signal: no library we know uses it, and its default action (terminate) never
+# applies: the supervisor signals only workers that reported the handler armed
+STACK_SIGNAL = getattr(signal, "SIGRTMAX", 64) - 4
+PR_SET_PTRACER = 0x59616D61
+# PyTorch's flight recorder: every variable a user may have set for it (one set = hands off)
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_DUMP_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+FR_ENTRIES = "2000"  # the flight recorder tutorial's advice
+FR_PREFIX = "rank_"
+
+
+def flight_defaults(env, directory, names="current"):
+    """The flight recorder's variables dtrain adds to a rank's environment: none when the
+    user set any of its buffer variables; otherwise a 2000-entry buffer, dump on timeout,
+    and the dumps into ``directory`` (``<directory>/rank_<N>``, the analyzer's layout).
+    ``names``: "current" (TORCH_FR_*, torch >= 2.9), "legacy" (TORCH_NCCL_*), "both"."""
+    if any(env.get(name) for name in FR_BUFFER_VARS):
+        return {}
+    pick = {"current": (0,), "legacy": (1,)}.get(names, (0, 1))
+    add = {FR_BUFFER_VARS[i]: FR_ENTRIES for i in pick}
+    if not env.get(FR_DUMP_VAR):
+        add[FR_DUMP_VAR] = "1"
+    if not any(env.get(name) for name in FR_FILE_VARS):
+        for i in pick:
+            add[FR_FILE_VARS[i]] = os.path.join(directory, FR_PREFIX)
+    return add
+
+
+ATTEMPT_ENV = "DTRAIN_ATTEMPT"  # dtrain run --restarts: 1, 2, ... (decide/restarts.py)
+
+
+def rank_argv(argv, sock_path):
+    """The worker's command line: the user's script through this file's rank mode."""
+    if os.environ.get(STACKS_OFF_ENV) == "0":
+        return [sys.executable, "-u"] + argv
+    return [sys.executable, "-u", os.path.abspath(rank_argv.__code__.co_filename)] + argv
+
+
+def rank_env(sock_path):
+    env = dict(os.environ)
+    attempt = env.get(ATTEMPT_ENV, "")
+    if attempt.isdigit() and int(attempt) > 1:
+        # torchrun sets its own restart count (0 on a fresh agent): dtrain's relaunches of
+        # the whole gang count too, as the snapshot convention expects (docs/restarts.md)
+        own = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        own_n = int(own) if own.isdigit() else 0
+        env["TORCHELASTIC_RESTART_COUNT"] = str(own_n + int(attempt) - 1)
+    if env.get(STACKS_OFF_ENV) != "0":
+        env[ARM_ENV] = sock_path
+    return env
+
+
+def rank_title(argv, shim=False):
+    """``dtrain rank 3 train.py --lr 1`` (the rank), ``dtrain rank 3 shim: train.py ...``."""
+    rank = os.environ.get("RANK", "?")
+    return "dtrain rank %s %s%s" % (rank, "shim: " if shim else "", " ".join(argv))
+
+
+def rank_main(argv):
+    """Rank mode: arm the dumpers, then become the user's script (as ``python SCRIPT``)."""
+    set_title(rank_title(argv), "dtrain-r" + os.environ.get("RANK", "?"))
+    keep = _arm(os.environ.pop(ARM_ENV, ""))
+    os.environ.pop(PTRACER_ENV, None)
+    _run_user(argv)
+    del keep
+
+
+def _arm(sock_path):
+    """faulthandler on STACK_SIGNAL and fatal signals, and the supervisor told; the open
+    files and the socket are returned to be kept alive. Never raises."""
+    keep = []  # type: list[object]
+    try:
+        import faulthandler
+        import json
+        import socket
+
+        rank = int(os.environ.get("RANK", "-1"))
+        folder = os.path.join(os.path.dirname(sock_path), "stacks")
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        stack_path = os.path.join(folder, "r%d.txt" % rank)
+        dump = open(stack_path, "a")
+        keep.append(dump)
+        faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+        crash_path = None
+        if not faulthandler.is_enabled():  # PYTHONFAULTHANDLER / -X faulthandler: theirs
+            crash_path = os.path.join(folder, "r%d.crash" % rank)
+            crash = open(crash_path, "a")
+            keep.append(crash)
+            faulthandler.enable(file=crash, all_threads=True)
+        tracer = os.environ.get(PTRACER_ENV)
+        if tracer:  # Yama ptrace_scope 1: let the supervisor's py-spy read this process
+            try:
+                import ctypes
+
+                ctypes.CDLL(None).prctl(PR_SET_PTRACER, int(tracer), 0, 0, 0)
+            except Exception:
+                pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(sock_path)
+        sock.sendall(json.dumps({
+            "rank": rank, "stream": "arm", "pid": os.getpid(), "stacks": stack_path,
+            "crash": crash_path, "signal": STACK_SIGNAL}).encode() + b"\n")
+        keep.append(sock)
+        _thread.start_new_thread(_arm_helper, (sock, json))
+    except Exception:
+        pass
+    return keep
+
+
+def _arm_helper(sock, json):
+    """In the worker, idle until asked: a flight recorder dump (``fr``) into a file.
+
+    Started with _thread (threading.enumerate() does not list it). It runs only on a
+    request, and takes the GIL only then: a main thread holding the GIL in C leaves the
+    request unanswered (the supervisor's wait is bounded), never stuck.
+    """
+    buf = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except OSError:
+            return
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+                reply = {"op": req.get("op"), "ok": False}
+                if req.get("op") == "fr":
+                    reply.update(_flight_dump(req.get("path")))
+                sock.sendall(json.dumps(reply).encode() + b"\n")
+            except Exception:
+                pass
+
+
+def _flight_dump(path):
+    """The flight recorder's pickle (fr_trace's format) into ``path``, when torch.distributed
+    is in use in this process (never imports torch itself)."""
+    dist = sys.modules.get("torch.distributed")
+    torch = sys.modules.get("torch")
+    if dist is None or torch is None or not dist.is_initialized():
+        return {"error": "torch.distributed not initialized"}
+    dump = torch._C._distributed_c10d._dump_fr_trace
+    try:
+        try:
+            # without the call sites' stacks: their first symbolization takes seconds, and
+            # the rank's own stacks come from faulthandler anyway
+            data = dump(includeStackTraces=False)
+        except TypeError:  # an older torch without the keyword
+            data = dump()
+    except Exception as exc:
+        return {"error": "flight recorder: %s" % (exc,)}
+    with open(path, "wb") as f:
+        f.write(data)
+    return {"ok": True, "size": len(data)}
+
+
+def _run_user(argv):
+    """Run the user's script (or ``-m module``) as ``python -u SCRIPT ARGS`` would: a fresh
+    ``__main__``, sys.argv, sys.path[0]; an uncaught exception prints the same traceback
+    (our own frames left out) and exits 1."""
+    import types
+
+    if argv[0] == "-m" and len(argv) > 1:
+        import runpy
+
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        _guarded(lambda: runpy._run_module_as_main(argv[1], True))  # type: ignore[attr-defined]  # what -m does
+        return
+    path = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    if os.path.isdir(path) or not path.endswith(".py") and _is_zip(path):
+        import runpy
+
+        _guarded(lambda: runpy.run_path(path, run_name="__main__"))
+        return
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (
+            sys.executable, path, exc.errno or 0, exc.strerror))
+        sys.exit(2)
+    import builtins
+    from importlib.machinery import SourceFileLoader
+
+    filename = os.path.abspath(path)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=filename, __builtins__=builtins, __cached__=None,
+                         __loader__=SourceFileLoader("__main__", filename))
+    sys.modules["__main__"] = main
+    # compiled inside the guard: a SyntaxError is shown at the user's file:line, not here
+    _guarded(lambda: exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__))
+
+
+def _is_zip(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _guarded(run):
+    """An uncaught exception is printed as Python prints it, without this file's frames."""
+    try:
+        run()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        own = _guarded.__code__.co_filename
+        tb = exc.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename == own
+                                  or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
+                                  or tb.tb_frame.f_code.co_filename == "<frozen runpy>"):
+            tb = tb.tb_next
+        exc.__traceback__ = tb  # hooks that format exc itself (torch's) see the same
+        sys.excepthook(type(exc), exc, tb)
+        del exc, tb
+        sys.exit(1)
+
+
+def shim_main(argv):
+    """Rank shim: run one worker with stdout/stderr wired straight to the supervisor.
+
+    torchrun starts ``python -u dtrain_shim.py [-m] script args`` as each worker; we connect
+    three unix sockets (out, err, ctl), start the real worker with the first two as its
+    stdout/stderr, forward a stop, report its exit status and exit the same way.
+
+    One stop, one signal: the rank runs in a process group of its own (so torchrun's killpg
+    of its worker reaches only us), and the first SIGTERM/SIGINT/SIGHUP we get, from the
+    supervisor or from torchrun, is sent on to the rank's group; later ones are the same
+    stop arriving by another road (the supervisor, torchrun and the user each send one) and
+    are not repeated. A first one from anyone else is passed on too, and reported as what
+    killed the rank (``signal_from``), not as a stop. The KILL after the grace comes from
+    the supervisor; if we are KILLed ourselves, the rank is too (PR_SET_PDEATHSIG), as
+    torchrun's killpg would have done.
+    """
+    import json  # the shim runs once per rank under torchrun: not on the exec path
+    import socket
+    import subprocess
+
+    path = os.environ.pop(SHIM_ENV)
+    rank = int(os.environ.get("RANK", "-1"))
+    tmpdir = os.environ.pop(TMPDIR_ENV, None)
+    if tmpdir:
+        os.environ["TMPDIR"] = tmpdir
+    elif tmpdir is not None:
+        os.environ.pop("TMPDIR", None)
+
+    def connect(stream):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall(json.dumps({"rank": rank, "stream": stream, "pid": os.getpid()}).encode()
+                  + b"\n")
+        return s
+
+    # The stop signals (and SIGCHLD) are taken with sigwaitinfo, which says who sent each:
+    # a stop from torchrun (our parent) or the supervisor (the sockets' peer) is a stop; a
+    # signal from anyone else (a stray `kill`, a watchdog) kills the rank as it would have
+    # killed it, and the report carries no stop_signal: the rank's death is a root cause,
+    # as it is when the signal hits the rank itself (issue 40)
+    waited = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+    signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    out, err, ctl = connect("out"), connect("err"), connect("ctl")
+    set_title(rank_title(argv, shim=True), "dtrain-shim")
+    ours = {0, os.getpid(), os.getppid()}  # 0: the kernel, or a sender in another pid namespace
+    try:
+        ours.add(struct.unpack("3i", ctl.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0])
+    except (OSError, AttributeError, struct.error):
+        pass
+    child = subprocess.Popen(rank_argv(argv, path), stdout=out.fileno(), stderr=err.fileno(),
+                             env=rank_env(path), start_new_session=True,
+                             preexec_fn=_die_with_parent(os.getpid(), waited))
+    out.close()
+    err.close()
+    started = now()
+    stop = None
+    outside = None
+    code = child.poll()
+    while code is None:
+        info = signal.sigwaitinfo(waited)
+        if info.si_signo != signal.SIGCHLD and stop is None:
+            stop = info.si_signo  # one stop, one signal: later ones are the same stop
+            if info.si_pid not in ours:
+                outside = info.si_pid
+            try:
+                os.killpg(child.pid, stop)
+            except OSError:
+                pass
+        code = child.poll()
+    sig = -code if code < 0 else None
+    msg = {"code": 128 + sig if sig else code, "signal": sig, "t": now(),
+           "duration": now() - started, "pid": child.pid}
+    if stop is not None and outside is None:
+        msg["stop_signal"] = stop  # it was asked to stop: whatever it exited with
+    elif outside is not None:
+        msg["signal_from"] = outside  # someone else's signal, passed on to the rank
+    try:
+        ctl.sendall(json.dumps(msg).encode() + b"\n")
+        ctl.close()
+    except OSError:
+        pass
+    # later stop signals are the same stop: dropped; then die the same way as the rank, so
+    # torchrun sees the worker's signal (SIGKILL/SIGSTOP cannot have a handler: setting
+    # SIG_DFL for them raises)
+    for other in waited[:3]:
+        signal.signal(other, signal.SIG_IGN)
+    if sig:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
+    if sig:
+        os.kill(os.getpid(), sig)
+    return code
+
+
+def _die_with_parent(parent, blocked=()):
+    """A preexec_fn: the rank gets SIGKILL when the shim dies (PR_SET_PDEATHSIG), and the
+    signals the shim blocked (to wait for them) unblocked."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        prctl = _prctl()
+    except Exception:
+        prctl = None
+
+    def preexec():
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the shim died before that took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
