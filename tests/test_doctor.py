@@ -26,13 +26,12 @@ from launcher.decide.facts import (
     SiteVar,
 )
 from launcher.models import Host
-from launcher.nodeside import probe
 from launcher.output.junit import to_junit
 from launcher.output.report import to_json
 from tests.reports import one_json_document, validate_json, validate_junit
-from tests.util import assert_exit, dtrain
+from tests.util import assert_exit, dtrain, node_program
 
-PROBE = Path(probe.__file__)
+PROBE = node_program("probe")  # the bundle the nodes get
 TREE = Path(__file__).parent / "data" / "sysfs" / "roce-vlan" / "infiniband"
 GIB = 1 << 30
 MASTER = "10.0.0.1"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.nodeside import nodecommon, nodeprocs
+from launcher.nodeside import nodecommon, nodeprocs, wire
 from tests import cluster as tc
 from tests.test_failures import TRAIN, Dtrain, JobWatch, meta, new_id, run_args
 
@@ -107,20 +107,13 @@ def test_killing_the_rank_shim_is_the_rank_killed(cluster: tc.Cluster, tmp_path:
 PROGRAMS = ("supervisor", "probe", "sampler", "cpnode")
 
 
-def _set_title_source(name: str) -> str:
-    text = (Path(__file__).resolve().parents[1] / "launcher" / "nodeside" / f"{name}.py"
-            ).read_text()
-    start = text.index("\ndef set_title(")
-    body = text[start:text.index("\n\n\n", start)]
-    body = body.replace("title: str, comm: str) -> None:", "title, comm):")
-    return re.sub(r'""".*?"""', "", body, flags=re.S)  # the code, not its docstring
-
-
-def test_every_node_program_has_the_same_set_title() -> None:
-    """One file each: the copies of nodecommon.set_title must not drift apart."""
-    first = _set_title_source("nodecommon")
-    for name in PROGRAMS[1:]:
-        assert _set_title_source(name) == first, name
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_every_node_program_ships_the_one_set_title(name: str) -> None:
+    """One copy: nodetitle.set_title, first in every program's bundle (wire.PROGRAMS), and
+    no program defines its own (each used to carry a copy that could drift)."""
+    source = wire.program_source(name).decode()
+    assert source.count("\ndef set_title(") == 1
+    assert wire.program_modules(name)[0] == "nodetitle"
 
 
 @pytest.mark.parametrize("python", ["python3", "python3.8"])
@@ -138,7 +131,7 @@ def test_set_title_in_ps(tmp_path: Path, python: str) -> None:
     script = tmp_path / "t.py"
     script.write_text(
         "import sys\nsys.path.insert(0, sys.argv[1])\n"
-        "from launcher.nodeside.nodecommon import set_title\n"
+        "from launcher.nodeside.nodetitle import set_title\n"
         "set_title('dtrain rank 3 train.py --lr 1', 'dtrain-r3')\n"
         "print(open('/proc/self/comm').read().strip())\n"
         "print(open('/proc/self/cmdline', 'rb').read())\n")

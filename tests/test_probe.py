@@ -26,10 +26,10 @@ from launcher.decide.facts import (
     SiteVar,
     parse_version,
 )
-from launcher.nodeside import probe
-from tests.util import assert_exit, cannot_run
+from launcher.nodeside import probe, probenet
+from tests.util import assert_exit, cannot_run, node_program
 
-PROBE = Path(probe.__file__)
+PROBE = node_program("probe")  # the bundle the nodes get
 DATA = Path(__file__).parent / "data" / "sysfs"
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 FE80 = "fe80:0000:0000:0000:0ac0:ebff:fe3d:ca54"
@@ -110,14 +110,14 @@ def make_net(root: Path, name: str, *, operstate: str = "up", mtu: int = 1500,
 
 def fake_system(root: Path, *, environ: dict[str, str] | None = None,
                 addrs: dict[str, list[dict[str, Any]]] | None = None,
-                sources: dict[str, str] | None = None) -> probe.System:
+                sources: dict[str, str] | None = None) -> probenet.System:
     """A System on a fake tree: no iproute2, ioctl and UDP answers from tables."""
     addrs = addrs or {}
 
     def ipv4_of(name: str) -> list[dict[str, Any]]:
         return [a for a in addrs.get(name, []) if a["family"] == "inet"]
 
-    return probe.System(root=str(root), environ=environ or {}, ip="", ipv4_of=ipv4_of,
+    return probenet.System(root=str(root), environ=environ or {}, ip="", ipv4_of=ipv4_of,
                         source_for=lambda t: (sources or {}).get(t), home="/home/u")
 
 
@@ -226,7 +226,7 @@ def test_site_env_from_files_and_environment(tmp_path: Path) -> None:
     (tmp_path / "home/u/.nccl.conf").write_text("NCCL_IB_TC=106\n")
     sys_ = fake_system(tmp_path, environ={"NCCL_DEBUG": "WARN", "PATH": "/bin",
                                           "FI_PROVIDER": "efa", "TORCH_NCCL_X": "1"})
-    rows = probe.read_site_env(sys_)
+    rows = probenet.read_site_env(sys_)
     assert [(r["key"], r["value"], r["source"]) for r in rows] == [
         ("FI_PROVIDER", "efa", "env"),
         ("NCCL_DEBUG", "WARN", "env"),
@@ -244,7 +244,7 @@ def test_nccl_conf_file_replaces_the_user_file(tmp_path: Path) -> None:
     (tmp_path / "home/u/.nccl.conf").write_text("NCCL_IB_TC=106\n")
     (tmp_path / "site.conf").write_text("NCCL_IB_SL=3\n")
     sys_ = fake_system(tmp_path, environ={"NCCL_CONF_FILE": "/site.conf"})
-    keys = [(r["key"], r["source"]) for r in probe.read_site_env(sys_)]
+    keys = [(r["key"], r["source"]) for r in probenet.read_site_env(sys_)]
     assert keys == [("NCCL_CONF_FILE", "env"), ("NCCL_IB_SL", "/site.conf")]
 
 
@@ -326,7 +326,7 @@ def test_ip_route_get_local_answer_names_the_owning_interface(tmp_path: Path) ->
         return answers[tuple(argv[2:])]
 
     make_net(tmp_path, "eth0")
-    sys_ = probe.System(root=str(tmp_path), environ={}, run=run, ip="/fake/ip", home="/h")
+    sys_ = probenet.System(root=str(tmp_path), environ={}, run=run, ip="/fake/ip", home="/h")
     out = probe.collect_facts({"targets": ["198.18.0.11", "198.18.0.12", "203.0.113.1"],
                                "python_check": False}, sys_)
     assert out["addr_method"] == "ip"
@@ -345,7 +345,7 @@ def test_gid_table_skips_zero_rows_and_unreadable_attributes_are_absent(tmp_path
     dev = make_ib_device(tmp_path, "mlx5_0", gids=gids)
     (dev / "ports/1/gid_attrs/ndevs/2").unlink()
     (dev / "ports/1/gid_attrs/ndevs/2").mkdir()  # EISDIR: another OSError, same answer
-    rows = probe.read_gids(str(dev / "ports/1"))
+    rows = probenet.read_gids(str(dev / "ports/1"))
     assert [(g["index"], g["type"], g["ndev"]) for g in rows] == [
         (0, "IB/RoCE v1", "ens1f0"), (1, "RoCE v2", "ens1f0"), (2, "IB/RoCE v1", None),
         (3, None, "ens1f0")]
@@ -355,7 +355,7 @@ def test_rdma_devices_driver_netdevs_and_ports(tmp_path: Path) -> None:
     make_ib_device(tmp_path, "mlx5_1", netdevs=("ens2f0",), state="1: DOWN",
                    phys_state="3: Disabled", gids=roce_basic_gids(ndev="ens2f0"))
     make_ib_device(tmp_path, "efa_0", driver="efa", netdevs=(), link_layer="Unspecified")
-    devices = probe.read_rdma(str(tmp_path))
+    devices = probenet.read_rdma(str(tmp_path))
     assert [(d["name"], d["driver"], d["netdevs"]) for d in devices] == [
         ("efa_0", "efa", []), ("mlx5_1", "mlx5_core", ["ens2f0"])]
     port = devices[1]["ports"][0]
@@ -669,7 +669,7 @@ def test_gid_rows_come_in_numeric_order_and_stray_names_are_skipped(tmp_path: Pa
     for idx in (0, 2, 10, 11, 1):
         (gids / str(idx)).write_text(f"fe80:0000:0000:0000:0000:0000:0000:00{idx:02d}\n")
     (gids / "README").write_text("not a gid\n")
-    rows = probe.read_gids(str(tmp_path / "port"))
+    rows = probenet.read_gids(str(tmp_path / "port"))
     assert [g["index"] for g in rows] == [0, 1, 2, 10, 11]
 
 
@@ -685,7 +685,7 @@ def test_ip_addr_json_keeps_each_interface_s_inet_and_inet6_addresses() -> None:
         {"ifname": "eth1", "addr_info": None},  # an interface without addresses
         {"addr_info": [{"family": "inet", "local": "10.0.0.1"}]},  # no name
     ]
-    assert probe.parse_ip_addr(data) == {
+    assert probenet.parse_ip_addr(data) == {
         "lo": [{"family": "inet", "addr": "127.0.0.1", "prefixlen": 8, "scope": "host"}],
         "eth0": [
             {"family": "inet", "addr": "198.18.0.11", "prefixlen": 24, "scope": "global"},
@@ -693,7 +693,7 @@ def test_ip_addr_json_keeps_each_interface_s_inet_and_inet6_addresses() -> None:
         "eth1": [],
         "": [{"family": "inet", "addr": "10.0.0.1", "prefixlen": None, "scope": None}],
     }
-    assert probe.parse_ip_addr(None) == {}
+    assert probenet.parse_ip_addr(None) == {}
 
 
 def test_if_inet6_gives_address_prefix_and_scope_by_name() -> None:
@@ -707,7 +707,7 @@ def test_if_inet6_gives_address_prefix_and_scope_by_name() -> None:
         "fd000000000000000000000000000001 03 7f 05 00     eth1\n"  # a scope without a name
         "fd0000000000000000000000000001 03 40 00 00 00    eth9\n"  # 30 hex digits: skipped
     )
-    assert probe.parse_if_inet6(text) == {
+    assert probenet.parse_if_inet6(text) == {
         "lo": [{"family": "inet6", "addr": "::1", "prefixlen": 128, "scope": "host"}],
         "eth0": [{"family": "inet6", "addr": "fe80::1", "prefixlen": 64, "scope": "link"},
                  {"family": "inet6", "addr": "2001:db8::11", "prefixlen": 48,
@@ -715,7 +715,7 @@ def test_if_inet6_gives_address_prefix_and_scope_by_name() -> None:
         "eth1": [{"family": "inet6", "addr": "fec0::1", "prefixlen": 64, "scope": "site"},
                  {"family": "inet6", "addr": "fd00::1", "prefixlen": 127, "scope": "05"}],
     }
-    assert probe.parse_if_inet6(None) == {}
+    assert probenet.parse_if_inet6(None) == {}
 
 
 ROUTE_HEADER = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
@@ -729,7 +729,7 @@ def test_proc_route_reads_little_endian_hex_with_the_high_bit_set() -> None:
         "eth1\tZZZZZZZZ\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"  # not hex: skipped
         "eth1\t0000A8C0\t00000000\t0011\t0\t0\t7\t0000FFFF\n"  # 192.168.0.0/16: 8 fields do
     )
-    assert probe.parse_proc_route(text) == [
+    assert probenet.parse_proc_route(text) == [
         {"dev": "eth0", "dst": "0.0.0.0", "gateway": "198.18.0.254", "flags": 3,
          "metric": 100, "prefixlen": 0},
         {"dev": "eth0", "dst": "198.18.0.0", "gateway": "0.0.0.0", "flags": 1, "metric": 0,
@@ -737,25 +737,25 @@ def test_proc_route_reads_little_endian_hex_with_the_high_bit_set() -> None:
         {"dev": "eth1", "dst": "192.168.0.0", "gateway": "0.0.0.0", "flags": 0x11,
          "metric": 7, "prefixlen": 16},
     ]
-    assert probe.parse_proc_route(None) == []
+    assert probenet.parse_proc_route(None) == []
 
 
 def test_in_prefix_compares_only_the_prefix_bits() -> None:
-    assert probe._in_prefix("198.18.0.11", "0.0.0.0", 0)
-    assert probe._in_prefix("198.18.0.11", "198.18.0.0", 24)
-    assert not probe._in_prefix("198.18.1.11", "198.18.0.0", 24)
-    assert probe._in_prefix("10.0.0.1", "10.0.0.1", 32)
-    assert not probe._in_prefix("10.0.0.1", "10.0.0.0", 32)  # a host route is that host only
-    assert probe._in_prefix("10.0.0.1", "10.0.0.0", 31)
-    assert not probe._in_prefix("200.0.0.1", "10.0.0.0", 1)
-    assert probe._in_prefix("100.0.0.1", "10.0.0.0", 1)
+    assert probenet._in_prefix("198.18.0.11", "0.0.0.0", 0)
+    assert probenet._in_prefix("198.18.0.11", "198.18.0.0", 24)
+    assert not probenet._in_prefix("198.18.1.11", "198.18.0.0", 24)
+    assert probenet._in_prefix("10.0.0.1", "10.0.0.1", 32)
+    assert not probenet._in_prefix("10.0.0.1", "10.0.0.0", 32)  # a host route is that host only
+    assert probenet._in_prefix("10.0.0.1", "10.0.0.0", 31)
+    assert not probenet._in_prefix("200.0.0.1", "10.0.0.0", 1)
+    assert probenet._in_prefix("100.0.0.1", "10.0.0.0", 1)
 
 
 def test_nccl_conf_skips_commented_out_settings() -> None:
     text = ("# NCCL_DEBUG=INFO\n#NCCL_IB_HCA=mlx5\n\n  NCCL_SOCKET_IFNAME = eth0 \njunk\n"
             "=novalue\nNCCL_A=x=y\n")
-    assert probe.parse_nccl_conf(text, "/etc/nccl.conf") == [
+    assert probenet.parse_nccl_conf(text, "/etc/nccl.conf") == [
         {"key": "NCCL_SOCKET_IFNAME", "value": "eth0", "source": "/etc/nccl.conf"},
         {"key": "NCCL_A", "value": "x=y", "source": "/etc/nccl.conf"},
     ]
-    assert probe.parse_nccl_conf(None, "x") == []
+    assert probenet.parse_nccl_conf(None, "x") == []

@@ -18,7 +18,7 @@ from launcher.decide.rdma import (
     roce_gid,
     select_hcas,
 )
-from launcher.nodeside import probe
+from launcher.nodeside import probenet
 
 TREE = Path(__file__).parent / "data" / "sysfs" / "roce-vlan" / "infiniband"
 FE80 = "fe80:0000:0000:0000:0ac0:ebff:fe3d:ca54"
@@ -242,7 +242,7 @@ def test_check_gid_index_names_bad_ports() -> None:
 
 
 def test_checked_in_tree_end_to_end() -> None:
-    facts = NodeFacts.from_json({"rdma": {"devices": probe.read_rdma(str(TREE))}})
+    facts = NodeFacts.from_json({"rdma": {"devices": probenet.read_rdma(str(TREE))}})
     choice = select_hcas(facts.rdma, "eth0")
     assert choice.hcas == ("mlx5_1:1",)
     assert dict(choice.excluded) == {

@@ -16,9 +16,10 @@ from typing import Any
 
 from launcher.nodeside import sampler
 from tests.cluster import gpus as fake_gpus
+from tests.util import node_program
 from tests.util import write_under as write
 
-SAMPLER = Path(sampler.__file__)
+SAMPLER = node_program("sampler")  # the bundle the nodes get
 
 STAT = """cpu  100 0 50 800 50 0 0 0 0 0
 cpu0 50 0 25 400 25 0 0 0 0 0

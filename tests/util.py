@@ -38,9 +38,11 @@ def node_program(name: str = "supervisor") -> Path:
     source = wire.program_source(name)
     root = Path(tempfile.gettempdir()) / f"dtrain-tests-{os.getuid()}"
     root.mkdir(mode=0o700, exist_ok=True)
-    path = root / f"{name}-{hashlib.sha256(source).hexdigest()[:16]}.py"
+    folder = root / f"{name}-{hashlib.sha256(source).hexdigest()[:16]}"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}.py"  # its own name: a test may import it from there
     if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
         tmp.write_bytes(source)
         tmp.replace(path)
     return path

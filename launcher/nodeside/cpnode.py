@@ -22,6 +22,8 @@ import json
 import os
 import sys
 
+from launcher.nodeside.nodetitle import set_title
+
 # hashlib, hmac and socket are imported where a hash or a relay needs them: the unpack mode
 # of a re-push needs neither, and each node pays every import of this program (~6 ms)
 
@@ -646,36 +648,6 @@ def unpack(params):
         float(params.get("timeout", 3600.0)))
 
 
-def set_title(title, comm):
-    """What a node's admin sees of this process: ``comm`` (15 bytes: top, ps -e) and
-    ``title`` as its command line (ps -ef, ps aux). The title is written over the argv area
-    that /proc/PID/cmdline reads, as setproctitle(3) does: the title, a NUL, and a last
-    byte that is not NUL, which makes the kernel read up to the first NUL. Through /proc
-    files; best effort, never raises. A copy of supervisor.set_title (one file each:
-    tests/test_node_processes.py checks that the copies are the same)."""
-    try:
-        with open("/proc/self/comm", "wb", 0) as f:
-            f.write(comm.encode("utf-8", "replace")[:15])
-    except OSError:
-        pass
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
-        fields = stat[stat.rfind(b")") + 2:].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (Linux >= 3.5)
-        size = end - start
-        if size < 2:
-            return
-        data = title.encode("utf-8", "replace")[:size - 1] + b"\0"
-        if len(data) < size:
-            data += b"\0" * (size - len(data) - 1) + b" "
-        fd = os.open("/proc/self/mem", os.O_RDWR)
-        try:
-            os.pwrite(fd, data, start)
-        finally:
-            os.close(fd)
-    except (OSError, ValueError, IndexError):
-        pass
 
 
 def main():

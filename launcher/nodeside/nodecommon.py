@@ -4,8 +4,8 @@ Part of the supervisor program (launcher/nodeside/wire.py ``PROGRAMS``): the mod
 shipped as one source, concatenated in order, each one's imports of the earlier ones left
 out. Standard library only, Python >= 3.8, unannotated (launcher/nodeside/README.md).
 
-Here: the frame format, JSON without importing json (``to_json``), the spec, the process
-title (``set_title``) and small helpers to run a command and read /proc.
+Here: the frame format, JSON without importing json (``to_json``), the spec and small
+helpers to run a command and read /proc.
 """
 
 import _thread
@@ -184,37 +184,6 @@ def start_time(pid):
     return int(fields[19])
 
 
-def set_title(title, comm):
-    """What a node's admin sees of this process: ``comm`` (15 bytes: top, ps -e) and
-    ``title`` as its command line (ps -ef, ps aux). The title is written over the argv area
-    that /proc/PID/cmdline reads, as setproctitle(3) does: the title, a NUL, and a last
-    byte that is not NUL, which makes the kernel read up to the first NUL. Through /proc
-    files, without ctypes (~1.5 ms per node); best effort, never raises. The probe, the
-    sampler and cpnode carry a copy (one file each: tests/test_node_processes.py checks
-    that the copies are the same)."""
-    try:
-        with open("/proc/self/comm", "wb", 0) as f:
-            f.write(comm.encode("utf-8", "replace")[:15])
-    except OSError:
-        pass
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
-        fields = stat[stat.rfind(b")") + 2:].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (Linux >= 3.5)
-        size = end - start
-        if size < 2:
-            return
-        data = title.encode("utf-8", "replace")[:size - 1] + b"\0"
-        if len(data) < size:
-            data += b"\0" * (size - len(data) - 1) + b" "
-        fd = os.open("/proc/self/mem", os.O_RDWR)
-        try:
-            os.pwrite(fd, data, start)
-        finally:
-            os.close(fd)
-    except (OSError, ValueError, IndexError):
-        pass
 
 
 def which(name, path):

@@ -18,8 +18,8 @@ import sys
 from launcher.nodeside.nodecommon import (
     _prctl,
     now,
-    set_title,
 )
+from launcher.nodeside.nodetitle import set_title
 
 SHIM_ENV = "DTRAIN_SHIM_SOCK"
 # torchrun's temp dir (its /tmp/torchelastic_* log dirs) goes into our private dir, which

@@ -62,7 +62,6 @@ from launcher.nodeside.nodecommon import (
     hostname,
     load_spec,
     now,
-    set_title,
     start_time,
 )
 from launcher.nodeside.nodecontainer import (
@@ -82,6 +81,7 @@ from launcher.nodeside.nodeprocs import (
     start_error,
     zombie_status,
 )
+from launcher.nodeside.nodetitle import set_title
 from launcher.nodeside.rankshim import (
     ARM_ENV,
     RANK_TITLE,

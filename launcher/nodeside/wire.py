@@ -111,10 +111,14 @@ BOOTSTRAP = (
 # A program not listed is its one file. tests/test_node_bundles.py keeps the rules: stdlib
 # and earlier modules only, no top-level name defined twice, the bundle compiles under 3.8.
 PROGRAMS: dict[str, tuple[str, ...]] = {
-    "supervisor": ("nodecommon", "nodeprocs", "rankshim", "kernlog", "nodeevidence",
-                   "nodecontainer", "supervisor"),
+    "supervisor": ("nodetitle", "nodecommon", "nodeprocs", "rankshim", "kernlog",
+                   "nodeevidence", "nodecontainer", "supervisor"),
+    "probe": ("nodetitle", "probenet", "probe"),
+    "sampler": ("nodetitle", "sampler"),
+    "cpnode": ("nodetitle", "cpnode"),
 }
 SIBLING_IMPORT = b"from launcher.nodeside."
+FUTURE = b"from __future__ import annotations\n"  # first in the bundle when a module has it
 
 
 def program_modules(name: str) -> tuple[str, ...]:
@@ -124,7 +128,8 @@ def program_modules(name: str) -> tuple[str, ...]:
 
 def strip_sibling_imports(source: bytes) -> bytes:
     """A bundle module's source without its top-level imports of its bundle's siblings
-    (``from launcher.nodeside.X import a`` or ``... import (`` up to the line ``)``)."""
+    (``from launcher.nodeside.X import a`` or ``... import (`` up to the line ``)``) and
+    without ``from __future__ import annotations`` (``program_source`` puts it first)."""
     out: list[bytes] = []
     skipping = False
     for line in source.splitlines(keepends=True):
@@ -133,6 +138,8 @@ def strip_sibling_imports(source: bytes) -> bytes:
             continue
         if line.startswith(SIBLING_IMPORT):
             skipping = line.rstrip().endswith(b"(")
+            continue
+        if line == FUTURE:
             continue
         out.append(line)
     return b"".join(out)
@@ -146,8 +153,15 @@ def program_source(name: str) -> bytes:
     mods = program_modules(name)
     if len(mods) == 1:
         return files.joinpath(f"{mods[0]}.py").read_bytes()
-    return b"\n".join(strip_sibling_imports(files.joinpath(f"{m}.py").read_bytes())
-                      for m in mods)
+    parts = [files.joinpath(f"{m}.py").read_bytes() for m in mods]
+    source = b"\n".join(strip_sibling_imports(p) for p in parts)
+    if any(FUTURE in p for p in parts):
+        # a __future__ import must open the file (after its docstring): one for the bundle,
+        # annotations unevaluated there as in the module that asked (the unannotated
+        # modules do not notice)
+        doc = source.index(b'"""\n', 3) + 4 if source.startswith(b'"""') else 0
+        source = source[:doc] + FUTURE + source[doc:]
+    return source
 
 
 SETUP_FAILED = 95  # the remote shell's exit status when the user's --setup ended non-zero
