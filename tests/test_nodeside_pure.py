@@ -570,3 +570,13 @@ def test_amdgpu_watts_and_mib_are_rounded_to_a_tenth_after_the_exact_scale(
     got = sampler.read_amdgpus(str(tmp_path))
     assert [(g["mem_used_mib"], g["mem_total_mib"], g["power_w"], g["power_limit_w"])
             for g in got] == [(150000.1, 150000.1, 700.1, 750.1), (None, None, 690.1, None)]
+
+
+def test_peer_pid_is_the_kernels_word_not_the_claim() -> None:
+    """A rank inside a container claims its namespace's pid; SO_PEERCRED says ours."""
+    import socket
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        assert nodecommon.peer_pid(a, 12345) == os.getpid()
+    assert nodecommon.peer_pid(object(), 12345) == 12345  # no socket: the claim stands

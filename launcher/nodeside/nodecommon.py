@@ -186,6 +186,23 @@ def start_time(pid):
 
 
 
+def peer_pid(sock, claimed):
+    """The pid of a unix socket's peer as this process sees it, else what the peer claimed.
+
+    SO_PEERCRED is the kernel's word, translated into our pid namespace: a rank inside a
+    container (--image) knows itself by the container's pid, which names another process
+    (or none) here, so signalling the claimed pid for a stack dump reached nobody. It is
+    also a claim checked (docs/security.md): a process cannot name another as itself.
+    ``socket`` is imported only when a rank connects (run mode), never on exec's path."""
+    try:
+        import socket
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                  struct.calcsize("3i")))[0]
+    except (OSError, AttributeError, ValueError, struct.error):
+        pid = 0
+    return pid if pid > 0 else claimed
+
+
 def which(name, path):
     for folder in (path or "").split(os.pathsep):
         candidate = os.path.join(folder or ".", name)

@@ -23,6 +23,7 @@ from launcher.nodeside.nodecommon import (
     from_json,
     hostname,
     now,
+    peer_pid,
     start_time,
     to_json,
     which,
@@ -234,6 +235,7 @@ class Evidence:
             rank, pid = int(hdr["rank"]), int(hdr["pid"])
         except (KeyError, TypeError, ValueError):
             return
+        pid = peer_pid(sock, pid)  # the kernel's word: a rank in a container claims its own
         events = memory_events_path(pid)
         self.armed[rank] = {
             "pid": pid, "start": start_time(pid), "stacks": hdr.get("stacks"),

@@ -62,6 +62,7 @@ from launcher.nodeside.nodecommon import (
     hostname,
     load_spec,
     now,
+    peer_pid,
     start_time,
 )
 from launcher.nodeside.nodecontainer import (
@@ -411,6 +412,8 @@ class Supervisor(Evidence):
                 self.ctl_seen = True
                 st["t0"] = now()
                 pid = st["hdr"].get("pid")  # type: ignore[attr-defined]
+                if type(pid) is int and pid > 0:
+                    pid = st["hdr"]["pid"] = peer_pid(sock, pid)  # type: ignore[index]
                 st["start"] = start_time(pid) if type(pid) is int and pid > 0 else None
                 self.rank_started(st["hdr"])
             if st["hdr"].get("stream") == "arm":  # type: ignore[attr-defined]
