@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import marshal
 import os
 import resource
 import statistics
@@ -60,7 +61,12 @@ def old_variant(ref: str, python: str, spec: dict[str, object]) -> tuple[str, by
     source = b"\n".join(
         (module.strip_sibling_imports(part) if len(mods) > 1 else part)
         for part in (git_show(ref, f"launcher/nodeside/{m}.py") for m in mods))
-    payload = module.payload(source, spec)
+    if hasattr(module, "supervisor_payload"):  # the spec as marshal data, as new_variant sends
+        body = module.SPEC_MARSHAL + marshal.dumps(dict(spec), module.MARSHAL_VERSION)
+        payload = (f"{len(source)} {len(body)} {module.source_key(source)}\n".encode()
+                   + source + body)
+    else:
+        payload = module.payload(source, spec)
     assert isinstance(cmd, str) and isinstance(payload, bytes)
     return cmd, payload
 
