@@ -58,6 +58,7 @@ from launcher.models import Host, OutputLine
 from launcher.output import render
 from launcher.output.fold import ExitBarrierNoise, ShutdownChatter, StderrFolder
 from launcher.output.pipeline import OutputPipeline
+from launcher.runrecord import Attempt, NodeResult, RootCause, RunMeta
 from launcher.text.redact import redact_command
 from launcher.text.words import count
 
@@ -152,8 +153,8 @@ class RunResult:
     tails: TailKeeper
     archive_path: Path
     archive: RunArchive  # still holding the run directory (smoke adds to it)
-    nodes: list[dict[str, Any]]  # meta.json's per-node results
-    root_cause: dict[str, Any]
+    nodes: list[NodeResult]  # meta.json's per-node results
+    root_cause: RootCause
     run_id: str
     world_size: int
     master: str
@@ -161,7 +162,7 @@ class RunResult:
     failure: FailureReason | None = None  # why the root-cause rank died
     progressed: bool = False  # a progress line was seen (--restarts: decide.restarts)
     watch: HangWatch | None = None  # the attempt's hang watch (its records go on)
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # meta.json's, --restarts
+    attempts: list[Attempt] = field(default_factory=list)  # meta.json's, --restarts
     fabric: dict[str, Any] | None = None  # NCCL's account (docs/fabric.md), None: none
 
 
@@ -228,7 +229,7 @@ class Evidence(Observer):
 
 
 def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
-                pre: Preflight) -> dict[str, Any]:
+                pre: Preflight) -> RunMeta:
     torch_versions = {label: f.torch_version for label, f in pre.facts.items()}
     return {
         "run_id": req.run_id, "dtrain_version": __version__,
@@ -291,7 +292,7 @@ def held_run(req: RunRequest, opts: RunOptions,
             lock.release()
 
 
-def ended(meta: dict[str, Any]) -> None:
+def ended(meta: RunMeta) -> None:
     """--notify: the run's end (its verdict and goodput), then the notifier's end (bounded)."""
     from launcher.job import notify
 

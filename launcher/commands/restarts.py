@@ -40,6 +40,7 @@ from launcher.exitcodes import EXIT_INTERRUPTED, exit_for_signal
 from launcher.job.prepare import prepare
 from launcher.models import Host, OutputLine
 from launcher.output import render
+from launcher.runrecord import Attempt
 
 if TYPE_CHECKING:
     from launcher.commands.detach import Detacher
@@ -218,7 +219,7 @@ class Loop:
         self.policy, self.store, self.detacher = policy, store, detacher
         self.count = count
         self.active, self.spares = list(active), list(spares)
-        self.attempts: list[dict[str, Any]] = []
+        self.attempts: list[Attempt] = []
         self.faults: list[Fault] = []
         self.fenced: list[dict[str, Any]] = []
         self.watch: HangWatch | None = None
@@ -290,7 +291,7 @@ class Loop:
                     self.opts)
                 self.active, self.spares = list(gang.active), list(gang.spares)
 
-    def _record(self, n: int, hosts: Sequence[Host]) -> dict[str, Any]:
+    def _record(self, n: int, hosts: Sequence[Host]) -> Attempt:
         return {"n": n, "start": time.time(), "end": None, "exit_code": None, "cause": None,
                 "hosts": [h.label for h in hosts], "fenced": [], "detected": None,
                 "stopping": None, "relaunched": None}
@@ -311,8 +312,10 @@ class Loop:
                         return result
                     # live again: ps, attach and stop see a running run (the last attempt's
                     # end is in attempts[])
-                    meta = {k: v for k, v in archive.meta.items()
-                            if k not in ("end", "exit_code", "outcome")}
+                    meta = archive.meta
+                    meta.pop("end", None)
+                    meta.pop("exit_code", None)
+                    meta.pop("outcome", None)
                     archive.write_meta({**meta, "state": "restarting",
                                         "next_attempt": {"n": n + 1,
                                                          "at": time.time() + d.wait}})

@@ -213,7 +213,7 @@ def command_report(run: SmokeRun, ended: float) -> CommandReport:
                       "message": f.message} for f in _failures(run)],
     }
     fails = _failures(run)
-    root = None
+    root: dict[str, Any] | None = None
     if code:
         first = fails[0] if fails else None
         root = {"kind": first.check if first else "job",

@@ -10,7 +10,7 @@ import signal
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from launcher.decide.failures import (
     ErrorKeeper,
@@ -31,6 +31,7 @@ from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
 from launcher.output.hostgroups import FOLD_AT
+from launcher.runrecord import NodeResult, RootCause, RootKind
 from launcher.text.words import count
 
 # how dtrain's stop ends a rank: a rank that ended any other way failed on its own
@@ -73,7 +74,7 @@ class Verdict:
     root_host: str | None = None
     root_rank: int | None = None
     lines: list[str] = field(default_factory=list)
-    root_kind: str | None = None  # rank, node, lost, start, hang, interrupted, timeout
+    root_kind: RootKind | None = None  # rank, node, lost, start, hang, interrupted, timeout
     why: list[str] = field(default_factory=list)  # the failure's explanation, after the head
 
 
@@ -381,7 +382,7 @@ def _folded_row(group: Sequence[tuple[str, int, str, tuple[Any, ...]]]) -> str:
 
 
 def node_results(outcome: JobOutcome, plan: LaunchPlan,
-                 v: Verdict | None = None) -> list[dict[str, Any]]:
+                 v: Verdict | None = None) -> list[NodeResult]:
     """meta.json ``nodes``: per node and rank, how it ended."""
     exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
     results = []
@@ -413,7 +414,7 @@ def node_results(outcome: JobOutcome, plan: LaunchPlan,
             "pid": res.pid if res else None,
             "ranks": ranks,
         })
-    return results
+    return cast(list[NodeResult], results)  # built as dicts: the rank times spread in
 
 
 def _rank_times(e: RankExit | None) -> dict[str, float]:
@@ -427,13 +428,13 @@ def _rank_times(e: RankExit | None) -> dict[str, float]:
     return times
 
 
-def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> dict[str, Any]:
+def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> RootCause:
     """meta.json ``root_cause``."""
     root = outcome.root
-    data: dict[str, Any] = {"kind": v.root_kind, "host": v.root_host, "rank": v.root_rank,
-                            "exit_code": v.code, "summary": v.outcome}
+    data: RootCause = {"kind": v.root_kind, "host": v.root_host, "rank": v.root_rank,
+                       "exit_code": v.code, "summary": v.outcome}
     if root is not None and v.root_kind in ("rank", "node", "lost", "start", "hang", "fabric"):
-        data.update(signal=root.signal, error=root.error, t=root.t)
+        data["signal"], data["error"], data["t"] = root.signal, root.error, root.t
         data["stderr_tail"] = list(tails.tails.get((root.host, root.rank), ()))
     if outcome.stop_reason:
         data["stop_reason"] = outcome.stop_reason

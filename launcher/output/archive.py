@@ -34,7 +34,7 @@ import time
 from datetime import UTC, datetime
 from json.encoder import encode_basestring  # the C-accelerated string quoter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TextIO
+from typing import TYPE_CHECKING, Self, TextIO, Unpack, cast
 
 from launcher.errors import UsageError
 from launcher.output import render
@@ -47,6 +47,7 @@ from launcher.output.rundir import (
     owner_of,
     read_capped,
 )
+from launcher.runrecord import ARCHIVE_VERSION, RunMeta
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
     from launcher.models import OutputLine
 
-ARCHIVE_VERSION = 1
 META = "meta.json"
 OUTPUT = "output.jsonl"
 HOSTS_DIR = "hosts"
@@ -87,24 +87,26 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def meta_bytes(data: dict[str, Any]) -> bytes:
+def meta_bytes(data: RunMeta) -> bytes:
     """meta.json's text."""
     return (json.dumps(data, indent=2, sort_keys=False, default=str) + "\n").encode()
 
 
-def parse_meta(raw: bytes | None) -> dict[str, Any]:
-    """meta.json's dict; {} for missing, torn or non-object data."""
+def parse_meta(raw: bytes | None) -> RunMeta:
+    """meta.json's record; {} for missing, torn or non-object data. Its values are not
+    checked here: a reader checks each one it uses (the file is outside input)."""
     if raw is None:
         return {}
     try:
         data = json.loads(raw)
     except ValueError:
         return {}
-    return data if isinstance(data, dict) else {}
+    return cast(RunMeta, data) if isinstance(data, dict) else {}
 
 
-def read_meta(run_dir: Path, owner: int | None = None) -> dict[str, Any]:
-    """meta.json as a dict; {} when it is missing, being replaced mid-read, not a regular
+def read_meta(run_dir: Path, owner: int | None = None) -> RunMeta:
+    """meta.json (launcher/runrecord.py: RunMeta), the one reader of report, ps, top, logs and
+    run; {} when it is missing, being replaced mid-read, not a regular
     file of the run's owner (``owner``: this user by default), or over the size cap."""
     dirfd = open_run_dir(run_dir, owner)
     if dirfd is None:
@@ -132,7 +134,7 @@ class RunArchive:
         self.run_id = run_id
         self._clock = clock  # tests pass a fake one to check the flush interval
         # continue an existing run's meta
-        self._meta: dict[str, Any] = parse_meta(read_capped(self.dir.fd, META, MAX_META_BYTES))
+        self._meta: RunMeta = parse_meta(read_capped(self.dir.fd, META, MAX_META_BYTES))
         self._out: TextIO | None = open(  # closed by close()
             self.dir.append(OUTPUT),
             "a",
@@ -190,17 +192,18 @@ class RunArchive:
         return archive
 
     @property
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> RunMeta:
         """A copy of the metadata last written."""
-        return dict(self._meta)
+        return self._meta.copy()
 
-    def write_meta(self, meta: dict[str, Any]) -> None:
-        """Replace meta.json's fields (archive_version and run_id are always kept)."""
+    def write_meta(self, meta: RunMeta) -> None:
+        """Replace meta.json's fields (archive_version and run_id are always kept): the one
+        writer of the run record (launcher/runrecord.py)."""
         self._meta = {"archive_version": ARCHIVE_VERSION, "run_id": self.run_id, **meta}
         self._meta["archive_version"] = ARCHIVE_VERSION
         self.dir.replace(META, meta_bytes(self._meta))
 
-    def update_meta(self, **fields: Any) -> None:
+    def update_meta(self, **fields: Unpack[RunMeta]) -> None:
         """Merge fields into meta.json (e.g. outcome=..., end=... when the job is over); a
         failed write (a full disk) is one warning, not the run's end."""
         try:
@@ -397,7 +400,7 @@ def _has_meta(run_dir: Path) -> bool:
         os.close(dirfd)
 
 
-def _run_meta(dirfd: int) -> dict[str, Any]:
+def _run_meta(dirfd: int) -> RunMeta:
     """A run's meta.json ({} when it is not a readable run: no meta.json, not a regular file
     of the directory's owner, over the cap, not a JSON object)."""
     if not has_entry(dirfd, META):

@@ -20,12 +20,14 @@ import os
 import re
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from launcher.output.archive import list_runs, open_output, read_meta
 from launcher.output.runlock import probe
+from launcher.runrecord import Launcher, RunMeta
 from launcher.text.termsafe import inert
 
 PS_VERSION = 1
@@ -80,11 +82,11 @@ class RunStatus:
                 f"launcher for {hb})")
 
 
-def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
+def status_of(run_dir: Path, meta: RunMeta, lock: dict[str, Any] | None,
               last_line_t: float | None = None) -> RunStatus:
     """Pure: a run's state from its meta.json and its lock (None: no live launcher)."""
     recorded_launcher = meta.get("launcher")
-    launcher: dict[str, Any] = recorded_launcher if isinstance(recorded_launcher, dict) else {}
+    launcher: Launcher = recorded_launcher if isinstance(recorded_launcher, dict) else {}
     finished = "exit_code" in meta or bool(meta.get("end"))
     if finished:
         state = "finished"
@@ -93,7 +95,7 @@ def status_of(run_dir: Path, meta: dict[str, Any], lock: dict[str, Any] | None,
         state = recorded if recorded in LIVE_STATES else "starting"
     else:
         state = "launcher lost"
-    info: dict[str, Any] = lock if lock is not None else launcher
+    info: Mapping[str, Any] = lock if lock is not None else launcher
     hosts = meta.get("hosts")
     return RunStatus(
         run_id=str(meta.get("run_id") or run_dir.name), path=run_dir, state=state,
@@ -133,7 +135,7 @@ def fabric_cell(fabric: object) -> str | None:
     return "mixed"
 
 
-def _goodput(meta: dict[str, Any]) -> float | None:
+def _goodput(meta: RunMeta) -> float | None:
     """meta.json's recorded goodput (a finished run's ledger, docs/goodput.md)."""
     g = meta.get("goodput")
     return _float(g.get("goodput")) if isinstance(g, dict) else None
@@ -143,7 +145,7 @@ def goodput_cell(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
 
-def _kind(meta: dict[str, Any]) -> str:
+def _kind(meta: RunMeta) -> str:
     """run or smoke: meta's ``kind``, else the recorded command line's subcommand."""
     kind = meta.get("kind")
     if isinstance(kind, str) and kind:
@@ -191,7 +193,7 @@ def last_line_time(run_dir: Path) -> float | None:
     return mtime
 
 
-def _attempt(meta: dict[str, Any]) -> int | None:
+def _attempt(meta: RunMeta) -> int | None:
     """The attempt a run with --restarts is at: the one due next between attempts."""
     nxt = meta.get("next_attempt")
     if meta.get("state") == "restarting" and isinstance(nxt, dict):

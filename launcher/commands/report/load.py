@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from launcher.decide.goodput import Ledger
 from launcher.errors import UsageError
@@ -28,6 +28,7 @@ from launcher.output.runreport.curves import Pattern
 from launcher.output.runreport.digest import Digest
 from launcher.output.runreport.summary import RunSummary, summarize
 from launcher.output.runreport.usage import UsageBuilder
+from launcher.runrecord import RunMeta
 
 SAMPLES = "samples.jsonl"
 STACKS = "stacks"
@@ -95,7 +96,9 @@ def _exists(dirfd: int, name: str) -> bool:
     return True
 
 
-def read_meta(dirfd: int, run_dir: Path) -> dict[str, Any]:
+def read_meta(dirfd: int, run_dir: Path) -> RunMeta:
+    """meta.json as report reads it (launcher/runrecord.py's RunMeta): what
+    output.archive.read_meta would return as {} is a UsageError naming the file here."""
     got = read_head(dirfd, META, META_CAP)
     if got is None:
         if _exists(dirfd, META):
@@ -110,7 +113,7 @@ def read_meta(dirfd: int, run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{run_dir / META}: not JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise UsageError(f"{run_dir / META}: not a JSON object")
-    return meta
+    return cast(RunMeta, meta)
 
 
 def _subdir(dirfd: int, name: str) -> int | None:

@@ -23,6 +23,7 @@ from launcher.output.archive import read_meta
 from launcher.output.rundir import open_in_run
 from launcher.output.runstate import run_status
 from launcher.output.samplelog import SAMPLES
+from launcher.runrecord import RunMeta
 
 TAIL_BYTES = 4 << 20  # the first read of output.jsonl starts at most this far before its end
 READ_BYTES = 8 << 20  # at most this much per poll (a chatty run cannot stall the view)
@@ -95,7 +96,7 @@ class RunWatch:
     def __init__(self, run_dir: Path, pattern: re.Pattern[str] | None = None) -> None:
         self.run_dir = run_dir
         self.pattern = pattern or compile_progress(None)
-        self.meta: dict[str, Any] = {}
+        self.meta: RunMeta = {}
         self._meta_stamp: tuple[int, int] | None = None
         self._output = Tail(run_dir / OUTPUT)
         self._samples = Tail(run_dir / SAMPLES)
