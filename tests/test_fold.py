@@ -335,6 +335,34 @@ async def test_a_run_s_console_shows_the_exit_barrier_trace_as_one_line_the_arch
     assert [ln.text for ln in archived if ln.host == "node2" and ln.stream == "err"] == BARRIER
 
 
+async def test_torchrun_s_block_printed_just_before_the_stop_is_folded_too() -> None:
+    """The shim SIGKILLed: torchrun prints its ChildFailedError block while the supervisor
+    reports the death, and the block may reach the launcher first. The folder holds an
+    agent's stderr a moment; the chatter is told as the lines leave it, so a stop that
+    began meanwhile folds the block (it was shown whole when told on arrival)."""
+    from launcher.commands.launch import RunPipeline
+    from launcher.job.verdict import TailKeeper
+
+    block = ["E1203 23:20:57.163000 20278 site-packages/torch/distributed/elastic/"
+             "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 20350) "
+             "of binary: python3",
+             "Traceback (most recent call last):", '  File "run.py", line 5, in <module>',
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+             "=" * 54, "/tmp/d/dtrain_shim.py FAILED", "-" * 54, "Failures:",
+             "  <NO_OTHER_FAILURES>", "Root Cause (first observed failure):", "[0]:",
+             "  exitcode  : -9 (pid: 20350)  (SIGKILL)", "=" * 54]
+    stream = io.StringIO()
+    async with RunPipeline(Console(stream, color=False), MemoryArchive(),
+                           tails=TailKeeper(), folder=StderrFolder(2, 2)) as pipe:
+        pipe.feed("node2", None, "err", ("\n".join(block) + "\n").encode())
+        pipe.stopping()  # the rank's death reached the launcher a moment later
+        pipe.feed("node1", 0, "out", b"after\n")
+        pipe.job_over(["node1", "node2"])
+    console = stream.getvalue().splitlines()
+    assert console == ["node1 r0: after",
+                       "dtrain: node2: torchrun shutting down (13 lines in the archive)"], console
+
+
 def test_an_exit_barrier_trace_without_torch_s_log_prefix_ends_at_its_exception() -> None:
     b = ExitBarrierNoise({"node2": 1})
     b.rank_exit("node2", 0)

@@ -91,6 +91,17 @@ class RunPipeline(OutputPipeline, Observer):
         """dtrain began stopping the job: torchrun's shutdown chatter leaves the console."""
         self.chatter.stopping = True
 
+    def leaving_fold(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
+        """torchrun's chatter leaves the console once the stop began, told when a line
+        leaves the folder: an agent's stderr is held there a moment, so its block printed
+        just before dtrain knew of the failure it reports (the shim SIGKILLed: torchrun
+        and the supervisor race to say so) is folded too."""
+        if not self.chatter.stopping or not lines:
+            return lines
+        keep = self.chatter.keep
+        kept = [line for line in lines if keep(line)]
+        return kept if len(kept) != len(lines) else lines
+
     def job_over(self, order: Sequence[str]) -> None:
         """The job ended: show the lines held for folding, then one line per node whose
         torchrun shutdown chatter was kept off the console."""
@@ -106,11 +117,8 @@ class RunPipeline(OutputPipeline, Observer):
             kept = [line for line in lines if keep(line)]
             if len(kept) != len(lines):
                 lines = kept
-        if self.chatter.stopping:
-            keep = self.chatter.keep
-            kept = [line for line in lines if keep(line)]
-            if len(kept) != len(lines):
-                lines = kept
+        if self.folder is None:  # nothing held: the chatter is told now
+            lines = self.leaving_fold(lines)
         return super().for_console(lines) if lines else lines
 
     def emit(self, lines: Sequence[OutputLine], **kwargs: Any) -> None:

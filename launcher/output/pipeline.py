@@ -345,14 +345,20 @@ class OutputPipeline:
         folder = self.folder
         if folder is None or all(line.stream != "err" for line in lines):
             return lines
-        shown = folder.feed(lines, time.time())
+        shown = self.leaving_fold(folder.feed(lines, time.time()))
         self._arm_fold_timer()
         return shown
+
+    def leaving_fold(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
+        """The console's last word on lines the folder lets go, which may be up to its
+        window after they came: a subclass filters here what it learns about meanwhile
+        (run's torchrun chatter once the stop began)."""
+        return lines
 
     def flush_console(self) -> None:
         """Let go of every line held for folding (the job's output is over)."""
         if self.folder is not None and self.sink is not None:
-            held = self.folder.flush()
+            held = self.leaving_fold(self.folder.flush())
             if held:
                 self.sink.put(held)
 
@@ -368,7 +374,7 @@ class OutputPipeline:
         self._fold_timer = None
         if self._state != "open" or self.folder is None or self.sink is None:
             return
-        released = self.folder.release(time.time())
+        released = self.leaving_fold(self.folder.release(time.time()))
         if released:
             self.sink.put(released)
         self._arm_fold_timer()
