@@ -15,9 +15,9 @@ build. Every field is optional (``total=False``): runs from before a field exist
 ended early, and hand-edited archives all load; a reader still checks each value it uses,
 since the file is outside input.
 
-The vocabulary (``RunState``, ``RootKind``, ``FailureKind``, ``RankRole``, ``AttemptCause``)
-is Literal types, the strings meta.json has always held. This module imports nothing of
-dtrain, so every layer may name them (base layer, tests/test_layers.py).
+The vocabulary (``RunState``, ``RootKind``, ``FailureKind``, ``RankRole``) is Literal
+types, the strings meta.json has always held. This module imports nothing of dtrain, so
+every layer may name them (base layer, tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ RootKind = Literal["rank", "node", "lost", "start", "hang", "fabric", "interrupt
 FailureKind = Literal["rank", "node", "lost", "start", "hang", "fabric"]
 # how a rank ended, judged against the root cause (meta.json nodes[].ranks[].role)
 RankRole = Literal["root cause", "failed", "stopped", "ok", "unknown"]
-# an attempt's end under --restarts (docs/restarts.md): the fault, or how it ended
-AttemptCause = Literal["node", "process", "user", "ok", "interrupted", "timeout"]
 
 
 class RootCause(TypedDict, total=False):
@@ -113,7 +111,7 @@ class Attempt(TypedDict, total=False):
     stopping: float | None
     relaunched: float | None
     exit_code: int | None
-    cause: AttemptCause | str | None  # a final attempt's root kind, or "final"
+    cause: str | None  # the fault (node, process, user), or a final attempt's ok or RootKind
     hosts: list[str]
     fenced: list[dict[str, Any]]  # {host, why}
     suspect: list[dict[str, Any]]  # {host, why}

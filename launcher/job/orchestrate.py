@@ -34,6 +34,7 @@ from launcher.job.limits import ensure_nofile
 from launcher.job.node import JobSpec, NodeOutcome, NodeSession
 from launcher.models import Host
 from launcher.output.pipeline import OutputPipeline
+from launcher.runrecord import FailureKind
 from launcher.transports.base import Connection, Process, Transport
 
 STOP_MARGIN = 5.0  # beyond the grace period, for the supervisors to report the end
@@ -88,7 +89,7 @@ class Policy:
 class Failure:
     """One failure, as the launcher learned of it."""
 
-    kind: str  # rank (a rank exited non-zero), node (the node's program failed or never
+    kind: FailureKind  # rank (a rank exited non-zero), node (the node's program failed or never
     #            started), lost (heartbeats stopped / connection dropped), start (did not
     #            start within --start-timeout), hang (no progress: --on-hang stop)
     host: str

@@ -31,7 +31,7 @@ from launcher.hosts.hostfile import fold
 from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
 from launcher.output.hostgroups import FOLD_AT
-from launcher.runrecord import NodeResult, RootCause, RootKind
+from launcher.runrecord import NodeResult, RankRole, RootCause, RootKind
 from launcher.text.words import count
 
 # how dtrain's stop ends a rank: a rank that ended any other way failed on its own
@@ -247,7 +247,7 @@ def _torchrun_verdict(host: str, code: int | None, sig: int | None,
 
 
 def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
-               e: RankExit | None) -> str:
+               e: RankExit | None) -> RankRole:
     """root cause, failed (on its own, before the stop), stopped (by dtrain or as collateral
     of the root cause), ok, or unknown (no exit report: killed along with its node)."""
     if e is None:
