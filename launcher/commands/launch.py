@@ -482,10 +482,11 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
     root_cause = root_cause_json(outcome, v, tails)
     if failure is not None:
         root_cause["failure"] = failure.json()
-    archive.update_meta(end=time.time(), exit_code=v.code, outcome=v.outcome, state="finished",
-                        root_cause=root_cause, nodes=results, console_skipped=out.skipped,
-                        **watch.meta(), **(sampling.meta() if sampling is not None else {}),
-                        **fabric.meta())
+    end: RunMeta = {"end": time.time(), "exit_code": v.code, "outcome": v.outcome,
+                    "state": "finished", "root_cause": root_cause, "nodes": results,
+                    "console_skipped": out.skipped, **watch.meta(),
+                    **(sampling.meta() if sampling is not None else {}), **fabric.meta()}
+    archive.update_meta(**end)
     return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
                      req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
                      watch.hangs, failure, watch.watch.any_progress, watch,

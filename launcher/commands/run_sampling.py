@@ -23,6 +23,7 @@ from launcher.job.events import Exit, Observer, sample_cpu
 from launcher.job.sampling import NodeSampler, SamplerParams
 from launcher.output import render
 from launcher.output.samplelog import SAMPLES, SampleLog, sample_fields
+from launcher.runrecord import RunMeta
 
 if TYPE_CHECKING:
     from launcher.decide.plan import LaunchPlan
@@ -79,7 +80,7 @@ class RunSampling(Observer):
         self.errors: dict[str, str] = {}
         self.ended: set[str] = set()
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> RunMeta:
         """What meta.json records about sampling (docs/output-and-archive.md)."""
         s = self.settings
         return {"samples": {"interval": self.interval, "file": SAMPLES,

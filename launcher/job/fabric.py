@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from launcher.decide import nccl_account as na
 from launcher.decide.plan import LaunchPlan
 from launcher.job.events import Nccl, Observer
 from launcher.models import Host
+from launcher.runrecord import RunMeta
 
 
 class FabricWatch(Observer):
@@ -89,7 +89,7 @@ class FabricWatch(Observer):
         if not self.said and self.accounts:
             self._say(self.summary())
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> RunMeta:
         """meta.json's ``fabric`` (None when NCCL said nothing)."""
         if not self.accounts:
             return {"fabric": None}

@@ -29,6 +29,7 @@ from launcher.job.nodemsg import rank_of
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
 from launcher.output.rundir import RunDir
+from launcher.runrecord import RunMeta
 from launcher.text.words import count
 
 if TYPE_CHECKING:
@@ -341,7 +342,7 @@ class HangWatch(Observer):
         self.dumps = list(earlier.dumps)
         self._count = dict(earlier._count)
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> RunMeta:
         """meta.json's ``hangs``, ``stacks`` and ``progress``."""
         return {"hangs": self.hangs, "stacks": [d.json() for d in self.dumps],
                 "progress": self.watch.json(),
