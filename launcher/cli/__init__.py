@@ -39,7 +39,7 @@ try:  # Ctrl-C while the CLI still imports (seconds on a loaded box): 130, no tr
         top,
     )
     from launcher.errors import interrupt_handled
-    from launcher.exitcodes import EXIT_INTERRUPTED
+    from launcher.exitcodes import EXIT_INTERRUPTED, EXIT_OK
 except KeyboardInterrupt:
     from launcher.errors import interrupt_handled  # imported already, by launcher itself
     from launcher.exitcodes import EXIT_INTERRUPTED  # imported already, by launcher.errors
@@ -58,7 +58,7 @@ app = typer.Typer(
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"dtrain {__version__}")
-        raise typer.Exit(0)
+        raise typer.Exit(EXIT_OK)
 
 
 @app.callback()

@@ -16,7 +16,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from launcher.cli import coerce
 from launcher.errors import DtrainError
-from launcher.exitcodes import EXIT_INTERRUPTED
+from launcher.exitcodes import EXIT_INTERRUPTED, EXIT_USAGE
 
 # Everything after the first positional (the script, the remote command) belongs to it; an
 # unknown option *before* it is a typo and an error (never the script's name).
@@ -72,7 +72,7 @@ class DtrainGroup(TyperGroup):
             typer.echo(f"{ctx.command_path}: a command is needed: {ctx.command_path} "
                        f"COMMAND [ARGS]... (`{ctx.command_path} COMMAND -h` shows one "
                        "command's options)", err=True)
-            ctx.exit(2)
+            ctx.exit(EXIT_USAGE)
         return super().parse_args(ctx, args)
 
 

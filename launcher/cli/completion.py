@@ -16,6 +16,8 @@ from typing import Annotated
 
 import typer
 
+from launcher.exitcodes import EXIT_USAGE
+
 COMPLETE_VAR = "_DTRAIN_COMPLETE"
 PROG = "dtrain"
 SHELLS = ("bash", "zsh", "fish")
@@ -99,7 +101,7 @@ def completion_cmd(
     if shell not in SHELLS:
         typer.echo(f"dtrain: error: no completion for {shell!r}; one of: {', '.join(SHELLS)}",
                    err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_USAGE)
     from typer._completion_shared import get_completion_script
 
     init()

@@ -36,6 +36,7 @@ from launcher.commands.keypair import (
     Secret,
 )
 from launcher.errors import AuthError, ConnectError, DtrainError, HostKeyError
+from launcher.exitcodes import EXIT_FAILED, EXIT_OK
 from launcher.models import Host
 from launcher.output.report import ERROR, PASSED, CommandReport, NodeResult
 from launcher.output.report import FAILED as FAILED_STATUS
@@ -360,7 +361,7 @@ def keys_report(action: str, results: Sequence[KeyResult], keypair: KeyPair, sum
                 started: float, ended: float) -> CommandReport:
     """``dtrain.keys/1`` (docs/schemas.md): one node per host. Only hosts, states and
     messages go in: the password never reaches a KeyResult."""
-    code = 0 if all(r.ok for r in results) else 1
+    code = EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
     bad = next((r for r in results if not r.ok), None)
     root = None if bad is None else {
         "kind": "unreachable" if bad.reachable is False else "node", "host": bad.host,

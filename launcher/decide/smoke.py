@@ -26,6 +26,7 @@ from typing import Any
 from launcher.decide.facts import NodeFacts
 from launcher.decide.linerate import LineRate, below_line
 from launcher.errors import UsageError
+from launcher.exitcodes import EXIT_FAILED, EXIT_OK
 from launcher.text.words import count
 
 MARK = "DTRAIN-SMOKE "
@@ -493,10 +494,10 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
         code = job_code
         summary = f"the smoke job failed: {job_summary}"
     elif failures:
-        code = 1
+        code = EXIT_FAILED
         summary = "; ".join(f.message for f in failures)
     else:
-        code = 0
+        code = EXIT_OK
         bw = f"; busbw {busbw:.3g} GB/s at {fmt_size(int(res.sweep[-1]['size']))}" \
             if res.sweep and busbw is not None else ""
         if alone:
