@@ -23,15 +23,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from launcher.output.archive import list_runs, open_output, read_meta
 from launcher.output.runlock import probe
-from launcher.runrecord import Launcher, RunMeta
+from launcher.runrecord import Launcher, RunMeta, RunState
 from launcher.text.termsafe import inert
 
 PS_VERSION = 1
-LIVE_STATES = ("starting", "running", "stopping", "restarting")  # restarting: --restarts
+LIVE_STATES: tuple[RunState, ...] = ("starting", "running", "stopping",
+                                     "restarting")  # restarting: --restarts
+# a run as ps shows it: its recorded state, or its launcher gone without recording an end
+PsState = RunState | Literal["launcher lost"]
 _TAIL_BYTES = 64 * 1024
 
 
@@ -41,7 +44,7 @@ class RunStatus:
 
     run_id: str
     path: Path
-    state: str  # starting | running | stopping | finished | launcher lost
+    state: PsState
     alive: bool  # a launcher holds the run's lock
     exit_code: int | None = None
     outcome: str | None = None
@@ -88,6 +91,7 @@ def status_of(run_dir: Path, meta: RunMeta, lock: dict[str, Any] | None,
     recorded_launcher = meta.get("launcher")
     launcher: Launcher = recorded_launcher if isinstance(recorded_launcher, dict) else {}
     finished = "exit_code" in meta or bool(meta.get("end"))
+    state: PsState
     if finished:
         state = "finished"
     elif lock is not None:
