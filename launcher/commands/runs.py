@@ -117,7 +117,7 @@ def is_dtrain_run(top: int, name: str) -> bool:
     """Whether ``name`` in the directory ``top`` is a run dtrain made: a directory (not a
     symlink) of this user named like a run id, whose meta.json has dtrain's own keys and
     names it, beside dtrain's output.jsonl (a project directory with a meta.json is not)."""
-    from launcher.output.archive import META, OUTPUT, is_run_id, parse_meta
+    from launcher.output.archive import MAX_META_BYTES, META, OUTPUT, is_run_id, parse_meta
     from launcher.output.rundir import has_entry, read_capped
 
     if not is_run_id(name):
@@ -129,7 +129,7 @@ def is_dtrain_run(top: int, name: str) -> bool:
     try:
         if os.fstat(fd).st_uid != os.getuid() or not has_entry(fd, OUTPUT):
             return False
-        meta = parse_meta(read_capped(fd, META, 16 << 20))
+        meta = parse_meta(read_capped(fd, META, MAX_META_BYTES))
     finally:
         os.close(fd)
     return all(k in meta for k in _OWN_KEYS) and meta.get("run_id") == name \
