@@ -88,7 +88,7 @@ FAULTS = {f.kind: f for f in [
           note="a 64 KiB tmpfs as the archive: lines checked on the console"),
     Fault("torchrun-term", (143,), "node", True),
     Fault("torchrun-stop", (125,), "hang", True,
-          note="open: the ranks end, torchrun cannot: --timeout (124), unnamed"),
+          note="the ranks end, torchrun cannot: its supervisor ends the job after 5 s"),
     Fault("supervisor-term", (143,), "node", True),
     Fault("supervisor-stop", (255,), "lost", True,
           note="orphan bound from the SIGCONT: a frozen supervisor cleans up when it runs"),

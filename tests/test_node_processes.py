@@ -102,6 +102,50 @@ def test_killing_the_rank_shim_is_the_rank_killed(cluster: tc.Cluster, tmp_path:
     assert m["root_cause"]["signal"] == sig
 
 
+def _torchrun_pid(k: int, run_id: str, timeout: float = 30.0) -> int:
+    """torchrun of the run on node k (not the supervisor: its title starts with dtrain)."""
+    tag = f"DTRAIN_RUN_ID={run_id}".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in tc.node_pids(k):
+            try:
+                line = _cmdline(p)
+            except OSError:
+                continue
+            if tag in _environ(p) and not line.startswith("dtrain ") and (
+                    "torchrun" in line or "torch.distributed.run" in line):
+                return p
+        time.sleep(0.1)
+    raise AssertionError(f"no torchrun of {run_id} on node{k}")
+
+
+@pytest.mark.ssh
+@pytest.mark.torch
+def test_a_stopped_torchrun_is_a_hang_on_its_node_not_a_timeout(
+        cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
+    """SIGSTOP of torchrun on node2 (issue 39's torchrun-stop): the ranks run to their end,
+    torchrun cannot; its supervisor sees it stopped after its ranks ended and ends the job:
+    exit 125, the hang on node2 named, nothing left on the nodes; before, the run waited
+    for --timeout (124) and named nothing."""
+    run_id = new_id("agentstop")
+    job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, TRAIN, "--timeout", "90",
+                                   hosts="node[1-2]", env={"WL_STEPS": "15"}))
+    jobs.append(job)
+    with JobWatch(cluster, [1, 2], run_id=run_id) as watch:
+        job.wait_line(r"step 2", timeout=60)
+        agent = _torchrun_pid(2, run_id)
+        os.kill(agent, signal.SIGSTOP)
+        rc = job.wait(80)
+        watch.assert_clean(5.0, since=job.ended)
+    out = job.output
+    assert rc == 125, out
+    assert "FAILED: torchrun on node2 was stopped (SIGSTOP or SIGTSTP, not from dtrain)" \
+        in out, out
+    m = meta(tmp_path, run_id)
+    assert (m["exit_code"], m["root_cause"]["kind"], m["root_cause"]["host"]) == (
+        125, "hang", "node2"), m["root_cause"]
+
+
 # -- titles (issue 40, item 5) ----------------------------------------------------------------
 
 PROGRAMS = ("supervisor", "probe", "sampler", "cpnode")

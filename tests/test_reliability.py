@@ -296,3 +296,23 @@ async def test_a_torchrun_that_ended_first_is_the_root_cause_not_a_peers_abort()
     assert (v.code, v.root_kind, v.root_host) == (143, "node", "a"), v
     assert summary_lines(out, _plan("a", "b"), v)[0].startswith(  # type: ignore[arg-type]
         "FAILED: torchrun on a got SIGTERM"), v
+
+
+def test_a_torchrun_stopped_after_its_ranks_ended_is_a_hang_on_that_node() -> None:
+    """The campaign's torchrun-stop: node a's torchrun got SIGSTOP; its rank ran to its end
+    (exit 0) and torchrun could not: its supervisor saw it stopped 5 s and ended the job
+    (stopped: AGENT_STOPPED_REASON). The verdict is a hang on node a (125), not "node a
+    stopped its job by itself" with torchrun's exit code."""
+    from launcher.job.orchestrate import Failure
+    from launcher.nodeside.supervisor import AGENT_STOPPED_REASON
+    from tests.test_failures import _node, _outcome, _verdict
+
+    node_a = _node("a", 143, {"0": {"code": 0, "t": 4.0, "duration": 4.0}},
+                   stopped=AGENT_STOPPED_REASON % 5)
+    out = _outcome(nodes={"a": node_a, "b": _node("b", 143, {"1": {"code": 0, "t": 4.0}})},
+                   failures=[Failure("node", "a", code=143, t=9.5, seen=9.5,
+                                     own_stop=AGENT_STOPPED_REASON % 5, led=True)])
+    v, lines = _verdict(out, "a", "b")
+    assert (v.code, v.root_kind, v.root_host) == (125, "hang", "a"), v
+    assert lines[0].startswith("FAILED: torchrun on a was stopped (SIGSTOP or SIGTSTP, not "
+                               "from dtrain) after every rank there ended"), lines

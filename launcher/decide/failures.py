@@ -167,6 +167,18 @@ def supervisor_signal(stopped: str | None) -> int | None:
     return int(m.group(1)) if m and 0 < int(m.group(1)) < 65 else None
 
 
+# the supervisor's stop reason when its torchrun stayed stopped after every rank there ended
+# (nodeside/supervisor.py AGENT_STOPPED_REASON)
+_AGENT_STOPPED = re.compile(r"^torchrun stopped \(state T\) for (\d{1,6}) s after its ranks ended$")
+
+
+def agent_stopped(stopped: str | None) -> int | None:
+    """How long (s) a node's supervisor saw its torchrun stopped before it ended the job
+    itself (every rank there had ended; a stopped agent never can), or None."""
+    m = _AGENT_STOPPED.match(stopped or "")
+    return int(m.group(1)) if m else None
+
+
 def _strip(line: str) -> str:
     return _PREFIX.sub("", line)
 

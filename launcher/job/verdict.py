@@ -16,6 +16,7 @@ from launcher.decide.failures import (
     ErrorKeeper,
     FailureReason,
     agent_signal,
+    agent_stopped,
     explain,
     supervisor_signal,
 )
@@ -171,6 +172,11 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
                         f"dtrain's supervisor on {root.host} got {_signame(sup)} "
                         "(not from dtrain) and stopped its job", root.host,
                         root_kind="node")
+        elif (frozen := agent_stopped(root.own_stop)) is not None:
+            v = Verdict(EXIT_HANG, f"torchrun on {root.host} was stopped (SIGSTOP or SIGTSTP, "
+                                   f"not from dtrain) after every rank there ended, and stayed "
+                                   f"so {frozen} s: it could never end, so its supervisor "
+                                   "ended the job", root.host, root_kind="hang")
         elif root.own_stop:
             v = Verdict(root.code or 1, f"node {root.host} stopped its job by itself: "
                                         f"{root.own_stop}", root.host, root_kind="node")

@@ -58,6 +58,7 @@ from launcher.nodeside.nodecommon import (
     OUT,
     PROTOCOL,
     Writer,
+    _stat_fields,
     from_json,
     hostname,
     load_spec,
@@ -97,6 +98,11 @@ from launcher.nodeside.rankshim import (
 # run mode, during a stop: how long torchrun's agent may take to exit by itself once every
 # rank has exited (it normally needs well under a second; its last log lines come then)
 AGENT_GRACE = 3.0
+# run mode, no stop under way, every rank here ended: a job root (torchrun) stopped this long
+# (state T: SIGSTOP/SIGTSTP from someone) can never end; the supervisor stops the job and
+# says so in these words (decide/failures.py agent_stopped reads them: the verdict's hang)
+AGENT_STOPPED_S = 5.0
+AGENT_STOPPED_REASON = "torchrun stopped (state T) for %d s after its ranks ended"
 
 
 class Supervisor(Evidence):
@@ -133,6 +139,8 @@ class Supervisor(Evidence):
         self.agent_grace = float(spec.get("agent_grace", AGENT_GRACE))
         self.ranks_gone_at = None
         self.agent_termed = False
+        self.frozen_since = None  # when the job's root was first seen stopped (agent_frozen)
+        self.frozen_check = 0.0
         self.open_streams = 0
         self.tmpdir = None
         self.container = None  # --image: the runtime around the job (Container)
@@ -506,6 +514,9 @@ class Supervisor(Evidence):
             if self.stopping is not None and self.ctl_seen and self.ctl_open <= 0 \
                     and self.job_status is None:
                 self.agent_left()
+            elif self.stopping is None and self.ctl_seen and self.ctl_open <= 0 \
+                    and self.job_status is None and self.job is not None:
+                self.agent_frozen()
             if self.nccl is not None and now() >= next_nccl:
                 self.ship_nccl()
                 next_nccl = now() + 0.5
@@ -545,6 +556,31 @@ class Supervisor(Evidence):
             with self.lock:
                 if self.kill_at is None or t + 1.0 < self.kill_at:
                     self.kill_at = t + 1.0
+
+    def agent_frozen(self):
+        """Every rank here has ended and no stop is under way, but the job's root (torchrun)
+        is still there. Stopped (state T: a SIGSTOP or SIGTSTP from someone else) it can
+        never end, and the run would wait for ``--timeout``: after ``AGENT_STOPPED_S`` in
+        that state the supervisor stops the job itself, saying why, and continues the root
+        so that it takes the TERM. (A torchrun waiting in its exit barrier sleeps: state S.)"""
+        t = now()
+        if t < self.frozen_check:
+            return
+        self.frozen_check = t + 0.5
+        fields = _stat_fields(self.job)
+        if not fields or fields[0] != b"T":
+            self.frozen_since = None
+            return
+        if self.frozen_since is None:
+            self.frozen_since = t
+        elif t - self.frozen_since >= AGENT_STOPPED_S:
+            self.teardown(AGENT_STOPPED_REASON % round(t - self.frozen_since), self.agent_grace)
+            job = self.job
+            try:  # our own unreaped child: its pid cannot have been reused
+                if job:
+                    os.kill(job, signal.SIGCONT)
+            except OSError:
+                pass
 
     def teardown_leftovers(self):
         self.term_tree()
