@@ -64,3 +64,24 @@ def test_only_the_rdma_node_gets_nccl_ib_hca(cluster, tmp_path):
         assert reports["node1"]["NCCL_IB_DISABLE"] is None
     finally:
         shutil.rmtree(node2.home / "fake-sys", ignore_errors=True)
+
+
+def test_a_run_orders_node_ranks_by_the_hostfiles_switches(cluster, tmp_path):
+    """Placement end to end (issue 36 item 4): switch= keys in the hostfile put the nodes
+    that share a switch next to each other in the node ranks (node1 and node3 on s2, then
+    node2 on s1), said in one `placement:` line per group, and the ranks torchrun starts
+    follow it (each rank reports where it ran)."""
+    hf = tmp_path / "hosts.txt"
+    hf.write_text("node1 switch=s2\nnode2 switch=s1\nnode3 switch=s2\n")
+    res = dtrain(["run", "-f", str(hf), "--python", cluster.python, "--nproc-per-node", "1",
+                  "--archive-dir", str(tmp_path / "runs"), "--no-color",
+                  "tests/workloads/env_report.py", "GROUP_RANK"],
+                 env=cluster.client_env(), timeout=180)
+    assert_exit(res, 0)
+    out = res.stdout + res.stderr
+    assert "placement: node1, node3: switch s2 (hostfile)" in out, out[-3000:]
+    assert "placement: node2: switch s1 (hostfile)" in out, out[-3000:]
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in res.stdout.splitlines()
+               if "REPORT " in line]
+    where = {r["host"]: (r["rank"], r["env"]["GROUP_RANK"]) for r in reports}
+    assert where == {"node1": (0, "0"), "node3": (1, "1"), "node2": (2, "2")}, where
