@@ -112,3 +112,24 @@ def test_next_gang_takes_the_spare_from_the_fenced_nodes_switch():
     assert gang.spares == ("node6", "node3")
     plain = next_gang(["node1", "node5"], ["node6", "node3", "node2"], ["node1"], count)
     assert plain.active == ("node6", "node5")  # no places: the first spare, as before
+
+
+def test_host_places_merge_the_hostfile_over_topology_conf_by_host_name():
+    """What run orders by and a restart picks spares by: labels as keys (topology.conf
+    names hosts), the hostfile's switch= winning for node3, topology.conf for the rest."""
+    from launcher.decide.restarts import NodeCount, next_gang
+    from launcher.models import Host
+
+    hosts = [Host("node1", port=2201), Host("node3", port=2203, switch="s0"),
+             Host("node2", port=2202), Host("node6", port=2206)]
+    places = pl.host_places(hosts, TOPO)
+    assert {k: (p.switch, p.source) for k, p in places.items()} == {
+        "node1:2201": ("s0", "topology.conf"), "node2:2202": ("s0", "topology.conf"),
+        "node3:2203": ("s0", "hostfile"), "node6:2206": ("s2", "topology.conf")}
+    assert pl.host_places(hosts, None) == {"node3:2203": pl.Place("s0", None, None, "hostfile")}
+    gang = next_gang(["node1:2201", "node6:2206"], ["node2:2202", "node3:2203"],
+                     ["node6:2206"], NodeCount(2, 2), places)
+    assert gang.replaced == (("node6:2206", "node2:2202"),)  # no s2 spare: the first
+    gang = next_gang(["node1:2201", "node6:2206"], ["node6:2206", "node3:2203"],
+                     ["node1:2201"], NodeCount(2, 2), places)
+    assert gang.replaced == (("node1:2201", "node3:2203"),)  # s0, as node1

@@ -210,11 +210,11 @@ class Loop:
                  detacher: Detacher | None, count: NodeCount, active: Sequence[str],
                  spares: Sequence[str]) -> None:
         self.by_label = {h.label: h for h in hosts}
-        from launcher.decide.placement import Place
+        from launcher.decide.placement import host_places
 
-        # the hostfile's switch=/segment=: a spare from the fenced node's switch or segment
-        self.places = {h.label: Place(h.switch, h.segment, None, "hostfile")
-                       for h in hosts if h.switch or h.segment}
+        # the hostfile's switch=/segment=, then --topology's: a spare from the fenced node's
+        # switch or segment
+        self.places = host_places(hosts, opts.topology)
         self.req, self.opts, self.settings = req, opts, settings
         self.policy, self.store, self.detacher = policy, store, detacher
         self.count = count

@@ -177,11 +177,7 @@ def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:
     from launcher.decide import placement as pl
     from launcher.output import render
 
-    conf = pl.parse_topology_conf(opts.topology) if opts.topology else {}
-    names = {h.name: h.label for h in hosts}  # topology.conf names hosts, not labels
-    places = pl.merge({h.label: pl.Place(h.switch, h.segment, None, "hostfile")
-                       for h in hosts if h.switch or h.segment},
-                      {names[k]: v for k, v in conf.items() if k in names})
+    places = pl.host_places(hosts, opts.topology)
     if not places:
         return list(hosts)
     order, why = pl.order([h.label for h in hosts], places)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.hosts.slurm_hostlist import expand
+from launcher.models import Host
 
 MAX_NODES = 65536
 
@@ -80,6 +81,17 @@ def merge(*sources: Mapping[str, Place]) -> dict[str, Place]:
             out[host] = Place(old.switch or p.switch, old.segment or p.segment,
                               old.nvlink or p.nvlink, old.source or p.source)
     return out
+
+
+def host_places(hosts: Sequence[Host], topology: str | None) -> dict[str, Place]:
+    """Each host's place by its label: the hostfile's switch=/segment=, then ``topology``
+    (topology.conf's text, which names hosts, not labels), the hostfile winning per host.
+    What ``run`` orders the ranks by and what a restart picks a fenced node's spare by."""
+    conf = parse_topology_conf(topology) if topology else {}
+    names = {h.name: h.label for h in hosts}
+    return merge({h.label: Place(h.switch, h.segment, None, "hostfile")
+                  for h in hosts if h.switch or h.segment},
+                 {names[k]: v for k, v in conf.items() if k in names})
 
 
 def order(hosts: Sequence[str], places: Mapping[str, Place]
