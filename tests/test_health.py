@@ -59,6 +59,29 @@ def test_dcgm_diag_json():
     assert h.dcgm_findings({"nonsense": 1}, 1) == [] and h.dcgm_findings([], 1) == []
 
 
+# DCGM 4.x's shape (its release notes' breaking changes: the root renamed, results per
+# entity, a per-test summary); modelled, not captured from a real DCGM 4 here
+DCGM4_DOC = {"DCGM Diagnostic": {"version": "4.4.1", "test_categories": [
+    {"category": "Hardware", "tests": [
+        {"name": "memory", "test_summary": {"status": "Fail"}, "results": [
+            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"},
+            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 3, "status": "Fail",
+             "warnings": [{"warning": "DBE pending page retirement", "error_id": 95}]}]},
+        {"name": "pcie", "test_summary": {"status": "Fail"}, "results": []},
+        {"name": "software", "test_summary": {"status": "Pass"}}]},
+    {"category": "Deployment", "tests": [
+        {"name": "nvswitch", "results": [
+            {"entity_group": "NvSwitch", "entity_id": 2, "status": "Warn"}]}]}]}}
+
+
+def test_dcgm_4_diag_json():
+    f = h.dcgm_findings(DCGM4_DOC, 2)
+    assert [(x.tier, x.where) for x in f] == [
+        ("isolate", "GPU 3"), ("isolate", "GPU ?"), ("monitor", "NvSwitch 2")], f
+    assert "Hardware/memory FAIL on GPU 3: DBE pending page retirement" in f[0].message
+    assert "Hardware/pcie FAIL on GPU ?" in f[1].message  # the summary alone failed
+
+
 def test_node_findings_and_document():
     raw = {"gpu_csv": "0, 0, Yes, No, 0, Not Active, 40\n", "xid_lines": [],
            "dcgm": {"available": True, "level": 1, "json": DCGM_DOC},

@@ -212,11 +212,17 @@ DCGM_HARDWARE = ("hardware", "stress", "integration")
 
 
 def dcgm_findings(doc: object, level: int) -> list[Finding]:
-    """``dcgmi diag -r N -j`` (``{"DCGM GPU Diagnostic": {"test_categories": [{"category",
-    "tests": [{"name", "results": [{"gpu_ids", "status", "warnings"}]}]}]}}``) -> a finding
-    per failed (isolate in Hardware/Stress/Integration, else reset) or warned (monitor)
-    test."""
-    root = doc.get("DCGM GPU Diagnostic", doc) if isinstance(doc, dict) else {}
+    """``dcgmi diag -r N -j`` -> a finding per failed (isolate in Hardware/Stress/
+    Integration, else reset) or warned (monitor) test and GPU.
+
+    DCGM 3.x: ``{"DCGM GPU Diagnostic": {"test_categories": [{"category", "tests": [{"name",
+    "results": [{"gpu_ids", "status", "warnings"}]}]}]}}``. DCGM 4.x renamed the root
+    ``"DCGM Diagnostic"``, names each result's GPU by ``entity_id`` (``entity_group``
+    "GPU"; a non-GPU entity is named by its group) and sums the test up in
+    ``test_summary.status``: a failed summary with no failed result still counts."""
+    root: object = {}
+    if isinstance(doc, dict):
+        root = doc.get("DCGM GPU Diagnostic", doc.get("DCGM Diagnostic", doc))
     cats = root.get("test_categories") if isinstance(root, dict) else None
     out: list[Finding] = []
     for cat in cats if isinstance(cats, list) else []:
@@ -226,23 +232,43 @@ def dcgm_findings(doc: object, level: int) -> list[Finding]:
         for test in cat.get("tests") or []:
             if not isinstance(test, dict):
                 continue
+            found = 0
             for res in test.get("results") or []:
                 if not isinstance(res, dict):
                     continue
-                status = str(res.get("status", "")).lower()
-                if status not in ("fail", "warn"):
-                    continue
-                tier = ("monitor" if status == "warn" else
-                        "isolate" if cname.lower() in DCGM_HARDWARE else "reset")
-                gpus = res.get("gpu_ids", "")
-                warn = res.get("warnings") or []
-                text = "; ".join(str(w.get("warning", w) if isinstance(w, dict) else w)
-                                 for w in warn)[:300] if isinstance(warn, list) else ""
-                out.append(Finding(tier, "dcgm", f"GPU {gpus}",
-                                   f"dcgmi diag -r {level}: {cname}/{test.get('name')} "
-                                   f"{status.upper()} on GPU {gpus}"
-                                   + (f": {text}" if text else "")))
+                finding = _dcgm_finding(cname, test, res, level)
+                if finding is not None:
+                    out.append(finding)
+                    found += 1
+            summary = test.get("test_summary")
+            if not found and isinstance(summary, dict):
+                finding = _dcgm_finding(cname, test, summary, level)
+                if finding is not None:
+                    out.append(finding)
     return out
+
+
+def _dcgm_finding(cname: str, test: Mapping[str, object], res: Mapping[str, object],
+                  level: int) -> Finding | None:
+    """One result (or a 4.x test summary) of a DCGM test as a finding, None when it passed."""
+    status = str(res.get("status", "")).lower()
+    if status not in ("fail", "warn"):
+        return None
+    tier = ("monitor" if status == "warn" else
+            "isolate" if cname.lower() in DCGM_HARDWARE else "reset")
+    if "gpu_ids" in res:
+        where = f"GPU {res.get('gpu_ids')}"
+    elif "entity_id" in res:
+        group = str(res.get("entity_group") or "GPU")
+        where = f"{'GPU' if group.upper() == 'GPU' else group} {res.get('entity_id')}"
+    else:
+        where = "GPU ?"  # a 4.x summary: which GPU is in the results it did not give
+    warn = res.get("warnings") or []
+    text = "; ".join(str(w.get("warning", w) if isinstance(w, dict) else w)
+                     for w in warn)[:300] if isinstance(warn, list) else ""
+    return Finding(tier, "dcgm", where, f"dcgmi diag -r {level}: {cname}/{test.get('name')} "
+                                        f"{status.upper()} on {where}"
+                   + (f": {text}" if text else ""))
 
 
 def node_findings(raw: Mapping[str, object],
