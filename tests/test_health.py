@@ -147,14 +147,26 @@ def test_collector_runs_for_real(tmp_path):
     (port / "rate").write_text("400 Gb/sec (4X NDR)\n")
     (port / "counters" / "symbol_error").write_text("3\n")
     (port / "counters" / "link_downed").write_text("0\n")
-    env = {"PATH": "/usr/bin:/bin", "DTRAIN_IB_SYSFS": str(tmp_path / "ib"),
+    # a RoCE port: its netdev, and an ethtool whose pause counters grow between readings
+    (port / "gid_attrs" / "ndevs").mkdir(parents=True)
+    (port / "gid_attrs" / "ndevs" / "0").write_text("enp1s0f0\n")
+    (tmp_path / "bin").mkdir()
+    stats = tmp_path / "ethtool-S"
+    stats.write_text("NIC statistics:\n     rx_prio3_pause: 10\n     tx_prio3_pause: 0\n"
+                     "     rx_bytes: 99\n")
+    fake = tmp_path / "bin" / "ethtool"
+    fake.write_text(f"#!/bin/sh\n[ \"$1 $2\" = \"-S enp1s0f0\" ] || exit 1\ncat {stats}\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "DTRAIN_IB_SYSFS": str(tmp_path / "ib"),
            "HOME": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-c", wire.BOOTSTRAP], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)
     assert proc.stdin is not None
     proc.stdin.write(wire.payload(wire.program_source("health"), {"interval": 2.0}))
     proc.stdin.close()
-    bump = threading.Timer(1.0, lambda: (port / "counters" / "symbol_error").write_text("8\n"))
+    bump = threading.Timer(1.0, lambda: (
+        (port / "counters" / "symbol_error").write_text("8\n"),
+        stats.write_text("     rx_prio3_pause: 15\n     tx_prio3_pause: 7\n")))
     bump.start()
     t0 = time.monotonic()
     assert proc.stdout is not None
@@ -166,7 +178,29 @@ def test_collector_runs_for_real(tmp_path):
     assert raw["ports"]["mlx5_0:1"]["before"] == {"symbol_error": 3, "link_downed": 0}
     msgs = [x.message for x in h.node_findings(raw)]
     assert "mlx5_0:1: symbol_error grew by 5 (3 -> 8)" in msgs
+    assert raw["ports"]["mlx5_0:1"]["netdev"] == "enp1s0f0"
+    assert raw["ports"]["mlx5_0:1"]["pfc_before"] == {"rx_prio3_pause": 10, "tx_prio3_pause": 0}
+    assert [m for m in msgs if "pause" in m] == [  # rx grew by 5 only: below PFC_RX_MIN
+        "mlx5_0:1 (enp1s0f0): tx_prio3_pause grew by 7 between two readings (the node paused "
+        "the switch: it cannot take what arrives)"]
     assert raw["gpu_csv"] is None and isinstance(raw["shm_bytes"], int)
+
+
+def test_pfc_pauses_growing_between_the_readings():
+    from launcher.nodeside.health import pause_counters
+
+    assert pause_counters("NIC statistics:\n     rx_prio3_pause: 12\n     rx_pause_ctrl_phy: 4\n"
+                          "     rx_prio3_pause_duration: 9\n     tx_bytes: 1\n") == {
+        "rx_prio3_pause": 12, "rx_pause_ctrl_phy": 4}
+    ports = {"mlx5_0:1": {"netdev": "eth2", "pfc_before": {"rx_prio3_pause": 0,
+                                                           "tx_prio3_pause": 5},
+                          "pfc_after": {"rx_prio3_pause": h.PFC_RX_MIN, "tx_prio3_pause": 5}},
+             "mlx5_1:1": {"netdev": "eth3", "pfc_before": {"rx_prio3_pause": 0},
+                          "pfc_after": {"rx_prio3_pause": h.PFC_RX_MIN - 1}},
+             "mlx5_2:1": {"before": {}}}
+    f = h.pfc_findings(ports)
+    assert [(x.tier, x.where) for x in f] == [("monitor", "mlx5_0:1")]
+    assert f[0].message.startswith(f"mlx5_0:1 (eth2): rx_prio3_pause grew by {h.PFC_RX_MIN} ")
 
 
 def test_xids_since_boot_and_since_the_last_check():

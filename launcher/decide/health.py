@@ -195,6 +195,36 @@ def port_findings(before: Mapping[str, Mapping[str, int]],
     return out
 
 
+# PFC pause frames between the gate's two readings (nothing of ours runs yet): the node asking
+# the switch to pause (tx) means it cannot take what arrives; the switch asking the node
+# (rx) beyond this many is congestion or a pause storm reaching it. Both: monitor.
+PFC_RX_MIN = 100
+
+
+def pfc_findings(ports: Mapping[str, Mapping[str, object]]) -> list[Finding]:
+    """Each RoCE port's ``pfc_before``/``pfc_after`` (ethtool -S's pause counters) -> a
+    monitor finding per counter that grew (tx at all, rx by ``PFC_RX_MIN`` or more)."""
+    out = []
+    for port in sorted(ports):
+        v = ports[port]
+        a, b = v.get("pfc_before"), v.get("pfc_after")
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            continue
+        dev = v.get("netdev")
+        for name in sorted(b):
+            x, y = a.get(name), b.get(name)
+            if not isinstance(x, int) or not isinstance(y, int) or y <= x:
+                continue
+            if name.startswith("rx") and y - x < PFC_RX_MIN:
+                continue
+            who = ("the node paused the switch: it cannot take what arrives" if
+                   name.startswith("tx") else "the switch paused the node: congestion or a "
+                   "pause storm")
+            out.append(Finding("monitor", "pfc", port, f"{port} ({dev}): {name} grew by "
+                                                      f"{y - x} between two readings ({who})"))
+    return out
+
+
 def verdict(findings: Sequence[Finding]) -> str:
     """The node's tier: its worst finding's, or "ok"."""
     for tier in TIERS:
@@ -303,6 +333,7 @@ def node_findings(raw: Mapping[str, object],
         states = {p: str(v.get("state")) for p, v in ports.items()
                   if isinstance(v, dict) and v.get("state")}
         out += port_findings(before, after, states)
+        out += pfc_findings({p: v for p, v in ports.items() if isinstance(v, dict)})
     memlock = raw.get("memlock")
     if isinstance(memlock, int) and memlock != -1 and ports:
         out.append(Finding("monitor", "limits", "memlock",

@@ -13,6 +13,8 @@ Spec: ``{"interval": s, "dcgm": 0|1|2|3}``. Readings:
 * ``dcgm``: ``dcgmi diag -r N -j`` parsed, when asked and dcgmi exists;
 * ``ports``: every ``/sys/class/infiniband/HCA/ports/P`` (``$DTRAIN_IB_SYSFS`` for a test
   tree): state, phys_state, rate and two readings of its error counters ``interval`` apart;
+  for a RoCE port (a netdev under ``gid_attrs/ndevs``) also two readings of its PFC pause
+  counters from ``ethtool -S`` (``pfc_before``/``pfc_after``, where ethtool exists);
 * ``memlock`` (soft RLIMIT_MEMLOCK, -1 unlimited) and ``shm_bytes`` (/dev/shm's size).
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -36,6 +39,8 @@ COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recove
             "port_xmit_discards")
 HW_COUNTERS = ("rx_pause", "out_of_buffer")
 MAX_TEXT = 256 * 1024
+# ethtool -S's pause counters (mlx5: rx_prio3_pause, tx_prio3_pause, rx_pause_ctrl_phy ...)
+PAUSE = re.compile(r"^\s*((?:rx|tx)_(?:prio\d_)?pause(?:_ctrl_phy)?):\s*(\d+)\s*$")
 
 
 def _run(argv: list[str], timeout: float) -> tuple[int | None, str]:
@@ -91,6 +96,42 @@ def _counters(path: str) -> dict[str, int]:
     return out
 
 
+def _netdev(path: str) -> str | None:
+    """The netdev of a RoCE port (its first GID's, ``gid_attrs/ndevs/N``), None for IB."""
+    try:
+        names = sorted(os.listdir(os.path.join(path, "gid_attrs", "ndevs")),
+                       key=lambda n: int(n) if n.isdigit() else 1 << 30)
+    except OSError:
+        return None
+    for n in names:
+        dev = _read(os.path.join(path, "gid_attrs", "ndevs", n))
+        if dev and re.match(r"^[\w.:-]{1,15}$", dev):
+            return dev
+    return None
+
+
+def pause_counters(text: str) -> dict[str, int]:
+    """``ethtool -S`` output -> its PFC/global pause counters."""
+    out = {}
+    for line in text.splitlines():
+        m = PAUSE.match(line)
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def _pauses(netdevs: dict[str, str]) -> dict[str, dict[str, int]]:
+    """{port: pause counters} for the ports with a netdev, when ethtool is there."""
+    if not netdevs or not shutil.which("ethtool"):
+        return {}
+    out = {}
+    for port, dev in netdevs.items():
+        status, text = _run(["ethtool", "-S", dev], 10)
+        if status == 0:
+            out[port] = pause_counters(text)
+    return out
+
+
 def dcgm(level: int, timeout: float) -> dict[str, Any]:
     if not shutil.which("dcgmi"):
         return {"available": False}
@@ -107,6 +148,8 @@ def collect(spec: dict[str, Any]) -> dict[str, Any]:
     interval = float(spec.get("interval", 1.0))
     ports = _ports()
     before = {name: _counters(path) for name, path in ports.items()}
+    netdevs = {name: dev for name, path in ports.items() if (dev := _netdev(path))}
+    pfc_before = _pauses(netdevs)
     started = time.monotonic()
     out: dict[str, Any] = {"ok": True, "host": os.uname()[1], "python": sys.version.split()[0]}
     if shutil.which("nvidia-smi"):
@@ -149,6 +192,12 @@ def collect(spec: dict[str, Any]) -> dict[str, Any]:
                            "rate": _read(os.path.join(path, "rate")),
                            "before": before.get(name, {}), "after": _counters(path)}
                     for name, path in ports.items()}
+    pfc_after = _pauses({p: d for p, d in netdevs.items() if p in pfc_before})
+    for name, dev in netdevs.items():
+        out["ports"][name]["netdev"] = dev
+        if name in pfc_before and name in pfc_after:
+            out["ports"][name]["pfc_before"] = pfc_before[name]
+            out["ports"][name]["pfc_after"] = pfc_after[name]
     out["interval"] = interval
     return out
 
