@@ -363,6 +363,27 @@ async def test_torchrun_s_block_printed_just_before_the_stop_is_folded_too() -> 
                        "dtrain: node2: torchrun shutting down (13 lines in the archive)"], console
 
 
+async def test_chatter_after_the_stop_is_counted_per_node_never_folded_across_nodes() -> None:
+    """Every stopped agent says the same ("Received 15 death signal"): judged on arrival,
+    each node's line is its own node's chatter, not one line folded across the nodes that
+    the console would count under "node[2-3]" (and `dtrain logs` could not replay)."""
+    from launcher.commands.launch import RunPipeline
+    from launcher.job.verdict import TailKeeper
+
+    said = ("W1204 00:02:29.6{} 93{} site-packages/torch/distributed/elastic/agent/server/"
+            "api.py:753] Received 15 death signal, shutting down workers\n")
+    stream = io.StringIO()
+    async with RunPipeline(Console(stream, color=False), MemoryArchive(),
+                           tails=TailKeeper(), folder=StderrFolder(6, 3)) as pipe:
+        pipe.stopping()
+        for k in (2, 3):
+            pipe.feed(f"node{k}", None, "err", said.format(k, k).encode())
+        pipe.job_over(["node1", "node2", "node3"])
+    assert stream.getvalue().splitlines() == [
+        "dtrain: node2: torchrun shutting down (1 line in the archive)",
+        "dtrain: node3: torchrun shutting down (1 line in the archive)"]
+
+
 def test_an_exit_barrier_trace_without_torch_s_log_prefix_ends_at_its_exception() -> None:
     b = ExitBarrierNoise({"node2": 1})
     b.rank_exit("node2", 0)

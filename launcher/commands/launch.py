@@ -82,30 +82,40 @@ class RunPipeline(OutputPipeline, Observer):
         # torchrun's exit-barrier trace on a node whose ranks all finished (fold.py): the
         # launch sets its ranks per host and feeds it the rank_exit messages
         self.barrier = ExitBarrierNoise({})
+        self._held_at_stop: dict[int, OutputLine] = {}  # stopping(): the agent lines held
         self.observers: Observers | None = None  # the job's (the hang watch, the errors)
 
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
         self.barrier.rank_exit(host.label, ev.code)
 
     def stopping(self) -> None:
-        """dtrain began stopping the job: torchrun's shutdown chatter leaves the console."""
+        """dtrain began stopping the job: torchrun's shutdown chatter leaves the console,
+        the lines the folder holds now included (``leaving_fold``)."""
+        if not self.chatter.stopping and self.folder is not None:
+            # by identity: the objects stay referenced here until they leave
+            self._held_at_stop = {id(line): line for line in self.folder.held_lines()
+                                  if line.rank is None and line.stream == "err"}
         self.chatter.stopping = True
 
     def leaving_fold(self, lines: Sequence[OutputLine]) -> Sequence[OutputLine]:
-        """torchrun's chatter leaves the console once the stop began, told when a line
-        leaves the folder: an agent's stderr is held there a moment, so its block printed
-        just before dtrain knew of the failure it reports (the shim SIGKILLed: torchrun
-        and the supervisor race to say so) is folded too."""
-        if not self.chatter.stopping or not lines:
+        """The lines the folder still held when the stop began are judged as they leave
+        it: an agent's stderr is held a moment, so its block printed just before dtrain
+        knew of the failure it reports (the shim SIGKILLed: torchrun and the supervisor
+        race to say so) is folded too. Lines that came after were judged on arrival (and
+        so never fold across nodes); a line folded across nodes is not chatter's."""
+        held = self._held_at_stop
+        if not held or not lines:
             return lines
         keep = self.chatter.keep
-        kept = [line for line in lines if keep(line)]
+        kept = [line for line in lines
+                if held.pop(id(line), None) is not line or keep(line)]
         return kept if len(kept) != len(lines) else lines
 
     def job_over(self, order: Sequence[str]) -> None:
         """The job ended: show the lines held for folding, then one line per node whose
         torchrun shutdown chatter was kept off the console."""
         self.flush_console()
+        self._held_at_stop = {}
         for host, text in self.chatter.summary(order):
             self.message(text, host=host)
         for host, text in self.barrier.summary(order):
@@ -117,8 +127,11 @@ class RunPipeline(OutputPipeline, Observer):
             kept = [line for line in lines if keep(line)]
             if len(kept) != len(lines):
                 lines = kept
-        if self.folder is None:  # nothing held: the chatter is told now
-            lines = self.leaving_fold(lines)
+        if self.chatter.stopping:
+            keep = self.chatter.keep
+            kept = [line for line in lines if keep(line)]
+            if len(kept) != len(lines):
+                lines = kept
         return super().for_console(lines) if lines else lines
 
     def emit(self, lines: Sequence[OutputLine], **kwargs: Any) -> None:

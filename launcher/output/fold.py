@@ -90,6 +90,11 @@ class StderrFolder:
         self._open: dict[tuple[bool, str], _Group] = {}  # newest group per (is_rank, key)
         self._pending: dict[Member, deque[int]] = {}  # per member: its held groups' seqs
 
+    def held_lines(self) -> list[OutputLine]:
+        """The lines held now, one per group (its first), oldest first: what a caller may
+        still judge before they leave (a run's shutdown chatter, once the stop began)."""
+        return [g.first for g in self._groups.values()]
+
     @property
     def held(self) -> int:
         """Groups held now."""
