@@ -860,8 +860,8 @@ def _plan(*hosts: str, ranks: int = 1):  # type: ignore[no-untyped-def]
 
 
 async def test_first_failure_stops_every_other_node_local() -> None:
+    from launcher.decide.verdict import TailKeeper, verdict
     from launcher.job.orchestrate import Policy
-    from launcher.job.verdict import TailKeeper, verdict
     from launcher.transports import LocalTransport
 
     job, _ = _local_job({"a": "sleep 0.3; exit 3", "b": "sleep 300", "c": "sleep 300"},
@@ -879,8 +879,8 @@ async def test_first_failure_stops_every_other_node_local() -> None:
 
 
 async def test_start_timeout_names_the_node_local() -> None:
+    from launcher.decide.verdict import TailKeeper, verdict
     from launcher.job.orchestrate import Policy
-    from launcher.job.verdict import TailKeeper, verdict
     from launcher.transports import LocalTransport
 
     job, router = _local_job({"a": "sleep 300", "b": "sleep 300"},
@@ -984,27 +984,27 @@ async def test_stop_asked_before_the_job_was_sent_is_not_lost() -> None:
 
 
 def _outcome(**kw):  # type: ignore[no-untyped-def]
-    from launcher.job.orchestrate import JobOutcome
+    from launcher.decide.outcomes import JobOutcome
 
     return JobOutcome(**kw)
 
 
 def _node(host: str, code: int | None, ranks: dict | None = None, **kw):  # type: ignore[no-untyped-def]
-    from launcher.job.node import NodeOutcome
+    from launcher.decide.outcomes import NodeOutcome
     from launcher.models import Host
 
     return NodeOutcome(Host(host), code, ranks=ranks or {}, started=100.0, ended=110.0, **kw)
 
 
 def _verdict(out, *hosts: str):  # type: ignore[no-untyped-def]
-    from launcher.job.verdict import TailKeeper, summary_lines, verdict
+    from launcher.decide.verdict import TailKeeper, summary_lines, verdict
 
     v = verdict(out, _plan(*hosts), TailKeeper())  # type: ignore[arg-type]
     return v, summary_lines(out, _plan(*hosts), v)  # type: ignore[arg-type]
 
 
 def test_verdict_root_rank_code_and_followers() -> None:
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
 
     out = _outcome(
         nodes={"a": _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 5.2, "duration": 5.0}},
@@ -1031,7 +1031,7 @@ def test_verdict_interrupt_and_timeout(kw: dict, code: int, text: str) -> None:
 
 
 def test_verdict_failure_before_ctrl_c_wins() -> None:
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 139, "signal": 11, "t": 1.0}})},
                    failures=[Failure("rank", "a", rank=0, code=139, signal=11, seen=1.0)],
@@ -1041,7 +1041,7 @@ def test_verdict_failure_before_ctrl_c_wins() -> None:
 
 
 def test_verdict_lost_unreachable_and_success() -> None:
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
 
     lost = _outcome(nodes={"a": _node("a", None, lost=True, error="no heartbeat for 5 s"),
                            "b": _node("b", 143)},
@@ -1061,7 +1061,7 @@ def test_verdict_lost_unreachable_and_success() -> None:
 def test_verdict_node_root_reports_its_failing_rank() -> None:
     """With --max-restarts, rank failures do not stop the job; when torchrun finally gives up
     (exit 1), the exit code is still its first failing rank's."""
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 0, "t": 2.0},
                                               "1": {"code": 9, "t": 1.5, "duration": 1.0}})},

@@ -92,7 +92,7 @@ def test_gather_groups_come_in_hostfile_order() -> None:
 def test_summary_labels_say_what_happened() -> None:
     """A rank that exited on its own is a failure; every torchrun dtrain stopped is labelled
     alike (the root cause's node too)."""
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
     from tests.test_failures import _node, _outcome, _verdict
 
     stop = "b rank 1 exited 7"

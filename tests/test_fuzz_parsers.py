@@ -339,8 +339,8 @@ HELLO_MSG = {"type": "hello", "supervisor_pid": 10, "pid": 11, "t": 100.0}
 def test_supervisor_hello_and_exit(hello: Any, exit_msg: Any, status: int | None) -> None:
     """The node's hello and exit messages, through the outcome, the verdict, the summary,
     meta.json's node results and the root cause."""
-    from launcher.job.orchestrate import JobOutcome
-    from launcher.job.verdict import (
+    from launcher.decide.outcomes import JobOutcome
+    from launcher.decide.verdict import (
         TailKeeper,
         node_results,
         root_cause_json,

@@ -161,7 +161,7 @@ def _torchrun_case(first: str, node_code: int, node_signal: int | None,
     by its node (stop_signal 15: the supervisor's teardown after torchrun's death, or
     torchrun passing its own SIGTERM on) and died of it; node b's rank was stopped by dtrain.
     ``first``: which failure the launcher learned of first (node or rank)."""
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
     from tests.test_failures import _node, _outcome, _verdict
 
     stopped = {"code": 143, "signal": 15, "t": 5.1, "duration": 5.0, "stop_signal": 15}
@@ -204,7 +204,7 @@ def test_a_sigtermed_torchrun_is_the_root_cause_with_the_signals_code() -> None:
 def test_a_rank_killed_from_outside_is_still_the_root_cause() -> None:
     """Not every SIGTERMed rank is a follower: one its shim got from outside (no
     stop_signal) stays the root cause, its node's torchrun failing after it."""
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
     from tests.test_failures import _node, _outcome, _verdict
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 5.1,
@@ -229,7 +229,8 @@ async def test_a_supervisor_that_stopped_its_job_by_itself_is_the_root_cause_not
     followed: the verdict said "rank 1 on b exited 1". Now that node is the root cause, 143."""
     import asyncio
 
-    from launcher.job.orchestrate import Failure, Job, Policy
+    from launcher.decide.outcomes import Failure
+    from launcher.job.orchestrate import Job, Policy
     from launcher.models import Host
     from tests.test_failures import _node, _outcome, _verdict
 
@@ -265,8 +266,9 @@ async def test_a_torchrun_that_ended_first_is_the_root_cause_not_a_peers_abort()
     it only followed and the verdict said "rank 2 on b was killed by SIGABRT", 134."""
     import asyncio
 
-    from launcher.job.orchestrate import Failure, Job, Policy
-    from launcher.job.verdict import TailKeeper, summary_lines, verdict
+    from launcher.decide.outcomes import Failure
+    from launcher.decide.verdict import TailKeeper, summary_lines, verdict
+    from launcher.job.orchestrate import Job, Policy
     from launcher.models import Host, OutputLine
     from tests.test_failures import _node, _outcome, _plan
 

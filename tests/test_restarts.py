@@ -22,6 +22,7 @@ from launcher.decide.restarts import (
     NodeCount,
     RestartPolicy,
     backoff,
+    choose_gang,
     classify,
     decide,
     fenced_line,
@@ -65,6 +66,30 @@ def test_policy_splits_hosts_into_the_gang_and_spares() -> None:
     assert RestartPolicy(count=NodeCount(3, 3)).split(hosts) == (NodeCount(3, 3),
                                                                  ["n1", "n2", "n3"], ["n4"])
     assert RestartPolicy().split(hosts) == (NodeCount(4, 4), hosts, [])
+
+
+def test_every_run_s_first_gang_leaves_lemons_out_while_enough_hosts_remain() -> None:
+    """decide.restarts.choose_gang (every run, not only --restarts): a host on the lemon list
+    is left out while --nnodes MIN still fits, used with a warning when it does not; MAX
+    hosts run, the rest are spares, said in one line."""
+    now = 1000.0
+    bad = {"n2": lm.Lemon("n2", "lost", "r1", now - 60, now + 3600)}
+    hosts = ["n1", "n2", "n3", "n4"]
+    gang = choose_gang(hosts, RestartPolicy(restarts=2, count=NodeCount(2, 2)), bad, now)
+    assert (gang.active, gang.count, gang.spares) == (("n1", "n3"), NodeCount(2, 2), ("n4",))
+    assert len(gang.lemon_lines) == 1 and gang.lemon_lines[0].startswith("n2 skipped: ")
+    assert gang.spares_line == "n4: spare for a fenced node (--nnodes 2)"
+    # every host needed: n2 is used, with a warning
+    gang = choose_gang(hosts, RestartPolicy(), bad, now)
+    assert (gang.active, gang.count, gang.spares) == (tuple(hosts), NodeCount(4, 4), ())
+    assert gang.lemon_lines[0].startswith("warning: n2 was fenced by run r1")
+    assert gang.spares_line is None
+    # without --restarts the hosts beyond MAX are not used
+    gang = choose_gang(hosts, RestartPolicy(count=NodeCount(1, 2)), {}, now)
+    assert (gang.active, gang.spares, gang.lemon_lines) == (("n1", "n2"), ("n3", "n4"), ())
+    assert gang.spares_line == "n[3-4] not used (--nnodes 1:2)"
+    with pytest.raises(UsageError, match=r"--nnodes 5: only 4 host\(s\) given \(n\[1-4\]\)"):
+        choose_gang(hosts, RestartPolicy(count=NodeCount(5, 5)), {}, now)
 
 
 # -- classification ---------------------------------------------------------------------------

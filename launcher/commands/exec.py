@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.decide.container import ContainerRequest
+from launcher.decide.outcomes import JobOutcome
 from launcher.exitcodes import EXIT_TIMEOUT, EXIT_UNREACHABLE, exit_for_signal
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
-from launcher.job.orchestrate import Job, JobOutcome, LineRouter, NodeLaunch, Policy
+from launcher.job.orchestrate import Job, LineRouter, NodeLaunch, Policy
 from launcher.models import Host
 from launcher.output import render
 from launcher.output.console import Console, Gatherer, fold_hosts

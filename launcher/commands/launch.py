@@ -24,27 +24,9 @@ from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
 from launcher.decide.liveness import launcher_timeout
 from launcher.decide.nccl_account import wants_account
+from launcher.decide.outcomes import Failure, JobOutcome
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
-from launcher.exitcodes import EXIT_FABRIC, EXIT_INTERRUPTED
-from launcher.hosts.hostfile import fold
-from launcher.job.events import Exit, Hello, Observer, Observers, RankExit, Stopping
-from launcher.job.fabric import FabricWatch
-from launcher.job.hangwatch import HangWatch
-from launcher.job.node import JobSpec
-from launcher.job.nodemsg import rank_owners
-from launcher.job.orchestrate import (
-    Failure,
-    Job,
-    JobOutcome,
-    JobState,
-    LineRouter,
-    NodeLaunch,
-    Policy,
-)
-from launcher.job.preflight import Preflight
-from launcher.job.prepare import Prepared
-from launcher.job.probes import HOST_PYTHON
-from launcher.job.verdict import (
+from launcher.decide.verdict import (
     TailKeeper,
     Verdict,
     failure_lines,
@@ -54,6 +36,17 @@ from launcher.job.verdict import (
     summary_lines,
     verdict,
 )
+from launcher.exitcodes import EXIT_FABRIC, EXIT_INTERRUPTED
+from launcher.hosts.hostfile import fold
+from launcher.job.events import Exit, Hello, Observer, Observers, RankExit, Stopping
+from launcher.job.fabric import FabricWatch
+from launcher.job.hangwatch import HangWatch
+from launcher.job.node import JobSpec
+from launcher.job.nodemsg import rank_owners
+from launcher.job.orchestrate import Job, JobState, LineRouter, NodeLaunch, Policy
+from launcher.job.preflight import Preflight
+from launcher.job.prepare import Prepared
+from launcher.job.probes import HOST_PYTHON
 from launcher.models import Host, OutputLine
 from launcher.output import render
 from launcher.output.fold import ExitBarrierNoise, ShutdownChatter, StderrFolder

@@ -59,22 +59,6 @@ def say(archive: RunArchive | None, text: str, opts: RunOptions) -> None:
         archive.flush()
 
 
-def skip_lemons(labels: Sequence[str], need: int, store: LemonStore,
-                opts: RunOptions) -> list[str]:
-    """Hosts on the lemon list left out while enough remain (one line each), or used with a
-    warning when the run needs every host."""
-    now = time.time()
-    current = lm.current(store.load(), now)
-    if not current:
-        return list(labels)
-    chosen = lm.skip(labels, current, need)
-    for lemon in chosen.skipped:
-        say(None, lm.skip_line(lemon, now), opts)
-    for lemon in chosen.kept:
-        say(None, lm.kept_line(lemon, now), opts)
-    return list(chosen.hosts)
-
-
 def attempt_end(result: RunResult) -> AttemptEnd:
     """What decide.restarts needs of an attempt's result."""
     v, outcome = result.verdict, result.outcome
@@ -162,33 +146,6 @@ class Between:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def choose_gang(hosts: Sequence[Host], opts: RunOptions
-                ) -> tuple[list[Host], NodeCount, list[Host]]:
-    """(the first attempt's hosts, the node count, the spares): remembered bad nodes left
-    out while enough remain, --nnodes MAX hosts, the rest spares (said once)."""
-    from launcher.errors import UsageError
-    from launcher.hosts.hostfile import fold
-    from launcher.job.lemons import LemonStore
-
-    policy = opts.restart
-    labels = [h.label for h in hosts]
-    if policy.count is not None and policy.count.min > len(labels):
-        raise UsageError(f"--nnodes {policy.count}: only {len(labels)} host(s) given "
-                         f"({fold(labels)})")
-    need = policy.count.min if policy.count else len(labels)
-    usable = skip_lemons(labels, need, LemonStore(), opts)
-    count, active, spares = policy.split(usable)
-    if policy.count is None:
-        count = NodeCount(len(active), len(active))
-    if spares and not opts.dry_run:
-        names = fold(spares)
-        say(None, f"{names}: spare{'s' if len(spares) > 1 else ''} for a fenced node "
-                  f"(--nnodes {count})" if policy.restarts else
-                  f"{names} not used (--nnodes {count})", opts)
-    by_label = {h.label: h for h in hosts}
-    return [by_label[h] for h in active], count, [by_label[h] for h in spares]
 
 
 async def run_restarting(hosts: Sequence[Host], spares: Sequence[Host], count: NodeCount,

@@ -34,6 +34,7 @@ from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
     from launcher.commands.detach import Detacher
+    from launcher.decide.restarts import NodeCount
     from launcher.output.report import CommandReport, NodeResult
 # -- rendering -------------------------------------------------------------------------------
 
@@ -151,7 +152,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     plan, launch (None: a dry run, printed); --restarts relaunches (commands/restarts.py)."""
     from dataclasses import replace
 
-    from launcher.commands.restarts import choose_gang, run_restarting
+    from launcher.commands.restarts import run_restarting
     from launcher.output.archive import check_run_id, new_run_id
     from launcher.output.rundir import check_archive_dir
 
@@ -163,11 +164,33 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         from launcher.commands.health import gate
 
         await gate(hosts, req, opts, settings)
-    hosts, count, spares = choose_gang(hosts, opts)
+    hosts, count, spares = first_gang(hosts, opts)
     hosts = place(hosts, opts)
     if opts.restart.restarts and not opts.dry_run:
         return await run_restarting(hosts, spares, count, req, opts, settings, detacher)
     return await launch_plain(hosts, req, opts, settings, detacher)
+
+
+def first_gang(hosts: Sequence[Host], opts: RunOptions
+               ) -> tuple[list[Host], NodeCount, list[Host]]:
+    """(the first attempt's hosts, the node count, the spares), as ``decide.restarts.
+    choose_gang`` chose them from the lemon list in force; its lines said once."""
+    from launcher.decide import lemons as lm
+    from launcher.decide.restarts import choose_gang
+    from launcher.job.lemons import LemonStore
+    from launcher.output import render
+
+    now = time.time()
+    gang = choose_gang([h.label for h in hosts], opts.restart,
+                       lm.current(LemonStore().load(), now), now)
+    to = sys.stderr if opts.as_json else sys.stdout
+    for line in gang.lemon_lines:
+        render.note(line, to)
+    if gang.spares_line and not opts.dry_run:
+        render.note(gang.spares_line, to)
+    by_label = {h.label: h for h in hosts}
+    return ([by_label[h] for h in gang.active], gang.count,
+            [by_label[h] for h in gang.spares])
 
 
 def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:

@@ -22,9 +22,11 @@ cause, hangs' ``FailureReason``, whether any rank made progress, which nodes wer
   forgiven after a cooldown), and fenced if it is named again.
 * ``final``: success, Ctrl-C / `dtrain stop`, --timeout: no restart.
 
-``next_gang`` replaces fenced nodes by spares (in the fenced node's place, so node ranks
-stay), or shrinks within ``--nnodes MIN:MAX``, or says the run cannot go on. ``backoff``
-is the bounded exponential wait before a relaunch.
+``choose_gang`` picks every run's first gang (the lemon list's hosts left out while enough
+remain, ``--nnodes MAX`` hosts, the rest spares). ``next_gang`` replaces fenced nodes by
+spares (in the fenced node's place, so node ranks stay), or shrinks within ``--nnodes
+MIN:MAX``, or says the run cannot go on. ``backoff`` is the bounded exponential wait
+before a relaunch.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launcher.decide import lemons as lm
 from launcher.decide.failures import DETERMINISTIC, NODE_XIDS, FailureReason
+from launcher.decide.lemons import Lemon
 from launcher.decide.placement import Place, spare_for
 from launcher.errors import UsageError
+from launcher.hosts.hostfile import fold
 
 USER, NODE, PROCESS, FINAL = "user", "node", "process", "final"
 RESTART_ENV = "DTRAIN_ATTEMPT"  # 1 for the first attempt; the shim adds attempt-1 to
@@ -280,6 +285,46 @@ class RestartPolicy:
         """(the node count, the first attempt's nodes, the spares) of a host list."""
         count = self.count or NodeCount(len(hosts), len(hosts))
         return count, list(hosts[:count.max]), list(hosts[count.max:])
+
+
+@dataclass(frozen=True)
+class FirstGang:
+    """Every run's first gang (``choose_gang``): its nodes, the node count, the spares, and
+    the lines that say so (the lemon list's skips and warnings, then the spares' line)."""
+
+    active: tuple[str, ...]
+    count: NodeCount
+    spares: tuple[str, ...]
+    lemon_lines: tuple[str, ...] = ()
+    spares_line: str | None = None  # None: no spare (said only for a run, not a dry run)
+
+
+def choose_gang(labels: Sequence[str], policy: RestartPolicy, lemons: Mapping[str, Lemon],
+                now: float) -> FirstGang:
+    """(the first attempt's hosts, the node count, the spares) of every run: the hosts on
+    the lemon list (``lemons``: those in force, ``decide.lemons.current``) left out while
+    enough remain, else used with a warning; ``--nnodes MAX`` hosts; the rest spares."""
+    if policy.count is not None and policy.count.min > len(labels):
+        raise UsageError(f"--nnodes {policy.count}: only {len(labels)} host(s) given "
+                         f"({fold(labels)})")
+    need = policy.count.min if policy.count else len(labels)
+    lines: list[str] = []
+    usable = list(labels)
+    if lemons:
+        chosen = lm.skip(labels, lemons, need)
+        lines = [lm.skip_line(lemon, now) for lemon in chosen.skipped]
+        lines += [lm.kept_line(lemon, now) for lemon in chosen.kept]
+        usable = list(chosen.hosts)
+    count, active, spares = policy.split(usable)
+    if policy.count is None:
+        count = NodeCount(len(active), len(active))
+    said = None
+    if spares:
+        names = fold(spares)
+        said = (f"{names}: spare{'s' if len(spares) > 1 else ''} for a fenced node "
+                f"(--nnodes {count})" if policy.restarts else
+                f"{names} not used (--nnodes {count})")
+    return FirstGang(tuple(active), count, tuple(spares), tuple(lines), said)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.decide.flight import FlightSummary, RankFlight, load_dump, rank_flight, summarize
 from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
+from launcher.decide.outcomes import Failure
 from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
 from launcher.exitcodes import EXIT_HANG
 from launcher.job.events import Event, Flight, Observer, RankStart, Stacks
@@ -208,8 +209,6 @@ class HangWatch(Observer):
         if self.on_record is not None:
             self.on_record()
         if self.policy.on_hang == "stop":
-            from launcher.job.orchestrate import Failure
-
             deadline = time.monotonic() + NATIVE_WAIT_S  # py-spy's dumps, before the stop
             while self._natives.get(dump.id) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)

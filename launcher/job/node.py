@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.decide.liveness import Silence, launcher_timeout
+from launcher.decide.outcomes import NodeOutcome
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_NOT_FOUND
 from launcher.job import events
@@ -62,29 +63,6 @@ class JobSpec:
             **({"container": dict(self.container)} if self.container else {}),
             **({"nccl_account": True} if self.nccl_account else {}),
         }
-
-
-@dataclass(frozen=True)
-class NodeOutcome:
-    """How the node's job ended, as far as the launcher knows."""
-
-    host: Host
-    exit_code: int | None  # the job's code (128+N for signal N); None if it never ran/ended
-    error: str | None = None  # why the node failed outside the job (start-up, lost)
-    lost: bool = False
-    signal: int | None = None
-    stopped: str | None = None  # the supervisor's stop reason, if it was stopped
-    ranks: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
-    started: float | None = None
-    ended: float = 0.0
-    stderr_tail: tuple[str, ...] = ()
-    supervisor_pid: int | None = None  # on the node, from the supervisor's hello
-    pid: int | None = None  # the job's pid (= its pgid and session id)
-    abandoned: bool = False  # cut off by the launcher (did not start/stop in time)
-
-    @property
-    def duration(self) -> float | None:
-        return self.ended - self.started if self.started is not None and self.ended else None
 
 
 class NodeSession:

@@ -24,17 +24,17 @@ import enum
 import signal
 import time
 from collections.abc import Awaitable, Callable, Container, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
+from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.job.events import Event, Hello, Observer, Observers, RankExit
 from launcher.job.limits import ensure_nofile
-from launcher.job.node import JobSpec, NodeOutcome, NodeSession
+from launcher.job.node import JobSpec, NodeSession
 from launcher.models import Host
 from launcher.output.pipeline import OutputPipeline
-from launcher.runrecord import FailureKind
 from launcher.transports.base import Connection, Process, Transport
 
 STOP_MARGIN = 5.0  # beyond the grace period, for the supervisors to report the end
@@ -83,50 +83,6 @@ class Policy:
     # the stop this long: a rank failing of its own meanwhile is the root cause instead
     # (docs/failure-semantics.md, "a victim's failure holds the stop")
     peer_hold: float = 2.0
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One failure, as the launcher learned of it."""
-
-    kind: FailureKind  # rank (a rank exited non-zero), node (the node's program failed or never
-    #            started), lost (heartbeats stopped / connection dropped), start (did not
-    #            start within --start-timeout), hang (no progress: --on-hang stop)
-    host: str
-    rank: int | None = None
-    code: int | None = None  # the exit code (128+N for signal N)
-    signal: int | None = None
-    t: float = 0.0  # when it happened (a rank's own clock), else when it was seen
-    seen: float = 0.0  # when the launcher learned of it (launcher clock)
-    error: str | None = None
-    own_stop: str | None = None  # a node that stopped its job by itself: its supervisor's why
-    led: bool = False  # a node whose torchrun ended first: its ranks only followed (stopped)
-
-
-@dataclass
-class JobOutcome:
-    """Everything the summary, the archive and the exit code need."""
-
-    nodes: dict[str, NodeOutcome] = field(default_factory=dict)
-    connect_errors: dict[str, str] = field(default_factory=dict)
-    interrupted: int | None = None  # the signal that stopped us (SIGINT/SIGTERM/SIGHUP)
-    stopped_by: str | None = None  # a stop asked from outside (`dtrain stop`): recorded as SIGINT
-    interrupted_t: float | None = None
-    killed: bool = False  # a second interrupt: KILL now
-    timed_out: bool = False
-    start_timed_out: tuple[str, ...] = ()
-    first_failure: str | None = None  # host label of the root cause
-    failures: list[Failure] = field(default_factory=list)  # before the stop, in order seen
-    stop_reason: str | None = None
-    stop_t: float | None = None  # when dtrain started stopping the job
-    abandoned: tuple[str, ...] = ()  # nodes cut off because they did not stop in time
-    started: float = field(default_factory=time.time)
-    ended: float = 0.0
-
-    @property
-    def root(self) -> Failure | None:
-        """The root cause: the first failure seen before dtrain started stopping."""
-        return self.failures[0] if self.failures else None
 
 
 class Output(Protocol):

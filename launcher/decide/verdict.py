@@ -20,6 +20,7 @@ from launcher.decide.failures import (
     explain,
     supervisor_signal,
 )
+from launcher.decide.outcomes import JobOutcome
 from launcher.decide.plan import LaunchPlan
 from launcher.exitcodes import (
     EXIT_FABRIC,
@@ -29,7 +30,6 @@ from launcher.exitcodes import (
     exit_for_signal,
 )
 from launcher.hosts.hostfile import fold
-from launcher.job.orchestrate import JobOutcome
 from launcher.models import OutputLine
 from launcher.output.hostgroups import FOLD_AT
 from launcher.runrecord import NodeResult, RankRole, RootCause, RootKind
