@@ -31,9 +31,8 @@ from launcher.exitcodes import (
 )
 from launcher.hosts.hostfile import fold
 from launcher.models import OutputLine
-from launcher.output.hostgroups import FOLD_AT
 from launcher.runrecord import NodeResult, RankRole, RootCause, RootKind
-from launcher.text.words import count
+from launcher.text.words import FOLD_AT, count
 
 # how dtrain's stop ends a rank: a rank that ended any other way failed on its own
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP})

@@ -11,8 +11,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
 from launcher.hosts.hostfile import fold
-
-FOLD_AT = 16  # from this many nodes on, identical per-node rows are folded
+from launcher.text.words import FOLD_AT as FOLD_AT  # its home: the verdict (decide/) folds too
 
 K = TypeVar("K", bound=Hashable)
 

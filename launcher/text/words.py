@@ -1,8 +1,12 @@
-"""Numbers in words: a count with its noun, ranks folded into ranges."""
+"""Numbers in words: a count with its noun, ranks folded into ranges; from how many nodes
+on identical rows fold."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+FOLD_AT = 16  # from this many nodes on, identical per-node rows are folded (output/hostgroups,
+#               the verdict's summary)
 
 
 def count(n: int, noun: str) -> str:
