@@ -82,3 +82,72 @@ def test_cleanup_is_bounded_and_its_errors_are_dropped() -> None:
         await cleanup(fails(), 60)
 
     asyncio.run(main())
+
+
+def test_a_helper_task_is_cancelled_and_awaited_when_its_owner_fails() -> None:
+    """The hang watch, the stop bound, cp's broadcast: a helper started beside the body is
+    cancelled and has ended (its own cleanup done) before the body's error goes up, and a
+    cancel of the owner meanwhile is raised again once it has."""
+    from launcher.aio import cancel_and_wait
+
+    async def main(cancel: bool) -> tuple[list[str], BaseException]:
+        log: list[str] = []
+        release = asyncio.Event()
+
+        async def helper() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await release.wait()  # a slow cleanup of its own
+                log.append("helper ended")
+
+        async def owner() -> None:
+            watching = asyncio.get_running_loop().create_task(helper())
+            try:
+                await asyncio.sleep(0.01)
+                raise RuntimeError("the job failed")
+            finally:
+                await cancel_and_wait(watching)
+                log.append("owner went on")
+
+        task = asyncio.create_task(owner())
+        await asyncio.sleep(0.05)
+        if cancel:
+            task.cancel()  # the owner is cancelled while it waits for the helper
+            await asyncio.sleep(0.01)
+        assert not task.done()  # still waiting for the helper
+        release.set()
+        try:
+            await task
+        except BaseException as exc:  # noqa: BLE001 - what the owner raised is the answer
+            return log, exc
+        raise AssertionError("the owner's error was lost")
+
+    log, exc = asyncio.run(main(cancel=False))
+    assert log == ["helper ended", "owner went on"] and isinstance(exc, RuntimeError)
+    log, exc = asyncio.run(main(cancel=True))
+    assert log == ["helper ended"] and isinstance(exc, asyncio.CancelledError)
+
+
+def test_a_helper_task_s_own_error_stays_for_its_owner_to_read() -> None:
+    from launcher.aio import cancel_and_wait
+
+    async def main() -> BaseException | None:
+        async def broken() -> None:
+            raise ValueError("the watch's bug")
+
+        task = asyncio.get_running_loop().create_task(broken())
+        await asyncio.sleep(0)
+        await cancel_and_wait(task)
+        return task.exception()
+
+    assert isinstance(asyncio.run(main()), ValueError)
+
+
+def test_a_synchronous_cleanup_drops_its_error() -> None:
+    from launcher.aio import cleanup_now
+
+    def gone() -> None:
+        raise BrokenPipeError("the channel is gone")
+
+    cleanup_now(gone)  # nothing raised: nobody to report to

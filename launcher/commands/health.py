@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.aio import CLOSE_S, cleanup
 from launcher.decide import health as hd
 from launcher.errors import DtrainError
 from launcher.exitcodes import EXIT_UNREACHABLE
@@ -121,8 +122,7 @@ async def gather_with(transport: Any, hosts: Sequence[Host], opts: HealthOptions
                 tg.create_task(one(label, conn), name=f"health:{label}")
     finally:
         for conn in conns.values():
-            with contextlib.suppress(Exception):
-                await conn.aclose()
+            await cleanup(conn.aclose(), CLOSE_S)
     nodes: list[dict[str, object]] = []
     found: dict[str, list[hd.Finding]] = {}
     previous = load_xids()

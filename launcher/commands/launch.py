@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
+from launcher.aio import cancel_and_wait
 from launcher.commands.run_sampling import RunSampling, alongside
 from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
@@ -349,7 +350,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                     *, earlier: HangWatch | None = None) -> RunResult:
     """One job over the plan's nodes, followed to its verdict (with --restarts: one attempt,
     ``req.attempt``; ``earlier``: the attempt before's hang watch, whose records go on)."""
-    from launcher.job.control import ControlServer, StopRequest
+    from launcher.job.control import StopRequest
+    from launcher.job.stoppable import ControlSocket
     from launcher.output.console import Console
 
     # with --json, stdout holds the one JSON document: the human output goes to stderr
@@ -456,24 +458,26 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             return {**dump.json(), "lines": dump.folded.lines() if dump.folded else [],
                     "ranks": len(dump.stacks)}
 
-        control = ControlServer(archive.dir, on_stop, on_stacks=on_stacks)
+        control = ControlSocket(archive.dir, on_stop, on_stacks=on_stacks)
+        refused = await control.open()
+        if refused is not None:  # e.g. a filesystem without unix sockets
+            render.note(f"warning: no control socket in {archive.path} ({refused}): `dtrain "
+                        "stop` cannot reach this run; stop it with Ctrl-C or SIGTERM")
+        watching: asyncio.Task[None] | None = None
         try:
-            await control.start()
-        except OSError as exc:  # e.g. a filesystem without unix sockets
-            render.note(f"warning: no control socket in {archive.path} ({exc}): `dtrain stop` "
-                        "cannot reach this run; stop it with Ctrl-C or SIGTERM")
-        watching = asyncio.get_running_loop().create_task(watch.run(), name="hang-watch")
-        if sampling is not None:
-            archive.update_meta(**sampling.meta())
-        try:
+            if sampling is not None:
+                archive.update_meta(**sampling.meta())
+            watching = asyncio.get_running_loop().create_task(watch.run(), name="hang-watch")
             outcome = await alongside(job.run(prep.transport, prep.conns), sampling,
                                       prep.conns)
         finally:
-            watching.cancel()  # and awaited: a task is never left behind
-            await asyncio.wait([watching])
-            if not watching.cancelled() and watching.exception() is not None:
-                watch.trouble("its end", watching.exception())  # type: ignore[arg-type]
-            await control.aclose()
+            try:
+                if watching is not None:  # cancelled and awaited on every way out
+                    await cancel_and_wait(watching)
+                    if not watching.cancelled() and watching.exception() is not None:
+                        watch.trouble("its end", watching.exception())  # type: ignore[arg-type]
+            finally:
+                await control.aclose()
         fabric.finish()
         out.job_over([h.label for h in hosts])
         for line in sampling.problems() if sampling is not None else ():

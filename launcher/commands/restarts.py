@@ -6,15 +6,13 @@ carry ``"attempt": n``; meta.json ``attempts[]``). After an attempt ends, ``deci
 (pure) names the fault and the next gang: a node fault fences the node (remembered on the
 lemon list) and brings in a spare or shrinks, a process fault reruns on the same nodes, a
 deterministic user error stops. Between attempts (the back-off, the next prepare) Ctrl-C,
-SIGTERM and `dtrain stop` end the run at once: the loop serves the control socket then.
+SIGTERM and `dtrain stop` end the run at once: the loop serves the control socket then
+(job/stoppable.Stoppable).
 A node that fails to connect or its preflight at a relaunch is fenced like a lost one.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -36,8 +34,8 @@ from launcher.decide.restarts import (
 )
 from launcher.decide.restarts import next_gang as _next_gang
 from launcher.errors import ConnectError, PreflightFailed
-from launcher.exitcodes import EXIT_INTERRUPTED, exit_for_signal
 from launcher.job.prepare import prepare
+from launcher.job.stoppable import Stoppable
 from launcher.models import Host, OutputLine
 from launcher.output import render
 from launcher.runrecord import Attempt
@@ -87,65 +85,6 @@ def detected(result: RunResult) -> float | None:
     if root is not None and root.seen:
         return root.seen
     return result.outcome.interrupted_t
-
-
-class Between:
-    """Between two attempts: the control socket and the signals stop the run at once."""
-
-    def __init__(self, archive: RunArchive, detached: bool) -> None:
-        self.archive = archive
-        self.detached = detached
-        self.who: str | None = None
-        self.code = EXIT_INTERRUPTED
-        self.stop = asyncio.Event()
-        self._control: Any = None
-        self._signals: list[int] = []
-
-    async def __aenter__(self) -> Between:
-        from launcher.job.control import ControlServer, StopRequest
-
-        def on_stop(req: StopRequest) -> str:
-            self._stopped(f"`dtrain stop` (pid {req.pid})", EXIT_INTERRUPTED)
-            return "stopping"
-
-        self._control = ControlServer(self.archive.dir, on_stop)
-        try:
-            await self._control.start()
-        except OSError:
-            self._control = None
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM) + (() if self.detached else
-                                                          (signal.SIGHUP,)):
-            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, self._stopped, name, exit_for_signal(signum))
-                self._signals.append(signum)
-        return self
-
-    def _stopped(self, who: str, code: int) -> None:
-        if self.who is None:
-            self.who, self.code = who, code
-        self.stop.set()
-
-    async def wait(self, seconds: float) -> bool:
-        """The back-off; True when the run was stopped meanwhile."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self.stop.wait()
-        return self.stop.is_set()
-
-    async def close(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in self._signals:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signum)
-        self._signals = []
-        if self._control is not None:
-            control, self._control = self._control, None
-            await control.aclose()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 async def run_restarting(hosts: Sequence[Host], spares: Sequence[Host], count: NodeCount,
@@ -212,7 +151,7 @@ class Loop:
                 say(archive, f"warning: cannot remember the fenced node(s) in "
                              f"{self.store.path} ({exc.strerror})", self.opts)
 
-    async def one(self, archive: RunArchive, n: int, between: Between | None
+    async def one(self, archive: RunArchive, n: int, between: Stoppable | None
                   ) -> RunResult | None:
         """Attempt ``n`` on the current nodes (None: stopped before it started); a node that
         cannot be reached or fails its preflight is fenced and replaced first."""
@@ -223,7 +162,7 @@ class Loop:
                 async with prepare(hosts, req, self.opts, self.settings) as prep:
                     plan = prep.plan(req, self.opts)
                     if between is not None:
-                        await between.close()
+                        await between.aclose()
                         if between.who is not None:
                             return None
                     first = archive.meta.get("start")  # the run's start stays
@@ -277,7 +216,7 @@ class Loop:
                                         "next_attempt": {"n": n + 1,
                                                          "at": time.time() + d.wait}})
                     self.active, self.spares = list(d.gang.active), list(d.gang.spares)
-                    async with Between(archive, self.detacher is not None) as between:
+                    async with Stoppable(archive.dir, hangup=self.detacher is None) as between:
                         say(archive, d.line, self.opts)  # stoppable from here on
                         if await between.wait(d.wait):
                             return self._stopped(archive, between, n + 1, result)
@@ -330,7 +269,7 @@ class Loop:
             return fault.kind
         return "ok" if result.code == 0 else result.verdict.root_kind or "final"
 
-    def _stopped(self, archive: RunArchive, between: Between, n: int,
+    def _stopped(self, archive: RunArchive, between: Stoppable, n: int,
                  last: RunResult) -> RunResult:
         text = f"stopped by {between.who} before attempt {n}: nothing more is started"
         say(archive, text, self.opts)

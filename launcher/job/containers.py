@@ -4,10 +4,10 @@ facts from every node, over connections that are closed again (docs/containers.m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from launcher.aio import CLOSE_S, cleanup
 from launcher.decide.container import ContainerFacts, ContainerRequest
 from launcher.errors import DtrainError
 from launcher.job.orchestrate import connect_all
@@ -72,6 +72,5 @@ async def probe_containers(transport: Transport, hosts: Sequence[Host],
         facts, homes = await container_facts_on(conns, reqs, python=python)
     finally:
         for conn in conns.values():
-            with contextlib.suppress(Exception):
-                await conn.aclose()
+            await cleanup(conn.aclose(), CLOSE_S)
     return facts, homes, errors

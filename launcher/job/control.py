@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.aio import cleanup
 from launcher.errors import DtrainError
 from launcher.output.rundir import RunDir, has_entry, open_run_dir
 
@@ -101,8 +102,7 @@ class ControlServer:
         """Stop listening and remove the socket file."""
         if self._server is not None:
             self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            await cleanup(self._server.wait_closed(), 1.0)
             self._server = None
         with contextlib.suppress(OSError):
             self.run_dir.unlink(CONTROL)

@@ -27,12 +27,14 @@ from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.job.events import Event, Hello, Observer, Observers, RankExit
 from launcher.job.limits import ensure_nofile
 from launcher.job.node import JobSpec, NodeSession
+from launcher.job.stoppable import Signals, signal_name
 from launcher.models import Host
 from launcher.output.pipeline import OutputPipeline
 from launcher.transports.base import Connection, Process, Transport
@@ -277,6 +279,11 @@ class Job:
             with contextlib.suppress(RuntimeError):  # the task group is finishing
                 self._failed(failure, self._tg)
 
+    def _signal(self, signum: int) -> None:
+        """A stop signal (job/stoppable.Signals, installed once the task group runs)."""
+        if self._tg is not None:
+            self._interrupt(signum, self._tg)
+
     def _interrupt(self, signum: int, tg: asyncio.TaskGroup) -> None:
         """Ctrl-C, SIGTERM, SIGHUP: the first starts a graceful stop. Only a Ctrl-C once a
         stop is under way escalates to KILL: a closing terminal delivers several SIGHUPs
@@ -287,7 +294,7 @@ class Job:
         if self.outcome.interrupted is None:
             self.outcome.interrupted = signum
             self.outcome.interrupted_t = time.time()
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        name = signal_name(signum)
         if first:
             why = " (the terminal closed)" if signum == signal.SIGHUP else ""
             again = "again " if signum == signal.SIGINT else ""
@@ -389,17 +396,13 @@ class Job:
         if conns is None:  # given connections were opened by connect_all, which raised it
             ensure_nofile(len(self.hosts))
         self._advance(JobState.LAUNCHING)
-        loop = asyncio.get_running_loop()
         conns = dict(conns or {})
         sem = asyncio.Semaphore(self.policy.fanout)
-        signals = (signal.SIGINT, signal.SIGTERM) + \
-            ((signal.SIGHUP,) if self.policy.hangup_stops else ())
+        signals = Signals(self._signal, hangup=self.policy.hangup_stops)
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                for signum in signals:
-                    with contextlib.suppress(NotImplementedError, RuntimeError):
-                        loop.add_signal_handler(signum, self._interrupt, signum, tg)
+                signals.install()
                 if self._pending_stop is not None:
                     who, grace, kill = self._pending_stop
                     self.request_stop(who, grace=grace, kill=kill)
@@ -415,15 +418,12 @@ class Job:
             if self._bound is not None:
                 self._bound.cancel()
                 self._bounds.append(self._bound)
-            if self._bounds:  # every task started is awaited
-                await asyncio.wait(self._bounds)
-                self._bounds.clear()
-            for signum in signals:
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(signum)
+            if self._bounds:  # every task started is awaited, even through a cancel
+                bounds, self._bounds = self._bounds, []
+                await cancel_and_wait(*bounds)
+            signals.remove()
             for conn in conns.values():
-                with contextlib.suppress(Exception):
-                    await conn.aclose()
+                await cleanup(conn.aclose(), CLOSE_S)
         self.outcome.ended = time.time()
         self._advance(JobState.DONE)
         return self.outcome
@@ -461,8 +461,7 @@ class Job:
             elif outcome.lost:
                 self.router.say(label, f"node lost: {outcome.error}")
             self._node_done(label, outcome, tg)
-            with contextlib.suppress(Exception):
-                await conn.aclose()
+            await cleanup(conn.aclose(), CLOSE_S)
 
     async def _deadlines(self, nodes: list[asyncio.Task[None]], tg: asyncio.TaskGroup) -> None:
         """--start-timeout and --timeout (cancelled when every node task is done)."""

@@ -12,11 +12,13 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from launcher.aio import CLOSE_S, cleanup
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan
 from launcher.errors import ConnectError
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.orchestrate import connect_all
 from launcher.job.preflight import Preflight, preflight
+from launcher.job.probes import CLOSE_S as PROBES_CLOSE_S
 from launcher.models import Host
 from launcher.output import render
 from launcher.text.words import count
@@ -80,8 +82,7 @@ async def prepare(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
             yield Prepared(hosts, auto, choice, conns, pre)
         finally:
             if pre is not None and pre.probes is not None:
-                with contextlib.suppress(Exception):
-                    await pre.probes.aclose()  # the probes no supervisor was made of
+                # the probes no supervisor was made of (bounded by their own aclose)
+                await cleanup(pre.probes.aclose(), PROBES_CLOSE_S + CLOSE_S)
             for conn in conns.values():
-                with contextlib.suppress(Exception):
-                    await conn.aclose()
+                await cleanup(conn.aclose(), CLOSE_S)

@@ -84,6 +84,7 @@ async def start_error(proc: Process, label: str, what: str) -> StartError:
     a second each (wire.start_failure decides what they mean)."""
     err = b""
     status = None
+    # not cleanups (aio.cleanup drops what they read): reads, what came in a second is it
     with contextlib.suppress(Exception):
         async with asyncio.timeout(1):
             while len(err) < MAX_STDERR and (chunk := await proc.read_stderr(65536)):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.aio import cleanup
 from launcher.decide.liveness import LOST as LIVENESS_LOST
 from launcher.decide.liveness import RECONNECT, Silence, sampler_verdict
 from launcher.errors import DtrainError
@@ -157,7 +158,7 @@ class NodeSampler:
     async def _ended(self) -> str:
         err = b""
         assert self.proc is not None
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # not a cleanup: a read, what came in 1 s is it
             async with asyncio.timeout(1):
                 while chunk := await self.proc.read_stderr(65536):
                     err += chunk
@@ -217,9 +218,7 @@ async def _follow_one(transport: Transport, host: Host, params: SamplerParams,
         try:
             why = await _watch(conn, params, on_sample, on_state, policy, python)
         finally:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2):
-                    await conn.aclose()
+            await cleanup(conn.aclose(), 2)
         on_state(label, LOST, why)
         await asyncio.sleep(policy.retry)
 

@@ -215,8 +215,7 @@ async def push_sftp(conn: Connection, copy: Copy, result: CopyResult) -> None:
         if copy.bcast is not None:
             copy.bcast.leave(result.label)  # the sources it never reached: nothing to wait for
         await syncer.cleanup()
-        with contextlib.suppress(Exception):
-            await fs.aclose()
+        await cleanup(fs.aclose(), CLEANUP_S)
 
 
 async def pull_node(conn: Connection, copy: Copy, result: CopyResult) -> None:
@@ -246,8 +245,7 @@ async def pull_node(conn: Connection, copy: Copy, result: CopyResult) -> None:
                 await _pull_one(syncer, fs, m, seen)
     finally:
         await syncer.cleanup()
-        with contextlib.suppress(Exception):
-            await fs.aclose()
+        await cleanup(fs.aclose(), CLEANUP_S)
 
 
 async def _pull_one(syncer: Syncer, fs: FileSystem, path: str, seen: set[str]) -> None:

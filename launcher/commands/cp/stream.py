@@ -21,7 +21,7 @@ import posixpath
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from launcher.aio import cleanup
+from launcher.aio import cancel_and_wait, cleanup
 from launcher.commands.cp.relay import RELAY_IDLE_S, RELAY_START_S
 from launcher.commands.cp.request import CLEANUP_S, Source
 from launcher.commands.cp.shared import Copy, Target, hand_off
@@ -142,7 +142,7 @@ class NodeFiles:
             chunk = await self._proc.read_stdout(1 << 20)
             if not chunk:
                 err = b""
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # not a cleanup: a read, 1 s of it
                     async with asyncio.timeout(1):
                         while part := await self._proc.read_stderr(65536):
                             err += part
@@ -350,8 +350,6 @@ class StreamPush:
                  asyncio.ensure_future(self._apply(rest, direct, src_root, root))]
         try:
             await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:  # the other one, after the first error: cancelled and awaited, always
+            await cancel_and_wait(*tasks)
         await self._apply(last, [], src_root, root)

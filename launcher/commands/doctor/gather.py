@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.aio import CLOSE_S, cleanup, cleanup_now
 from launcher.decide.checks import Gathered, MasterPick, PortProbe
 from launcher.decide.container import ContainerRequest, for_host
 from launcher.decide.fabric_checks import master_candidates, pick_master
@@ -138,8 +139,7 @@ async def _port_test(conns: Mapping[str, Any], pick: MasterPick, port: int,
         return PortProbe(addr, port, _why(exc))
     finally:
         if proc is not None:
-            with contextlib.suppress(Exception):
-                proc.write_eof()
+            cleanup_now(proc.write_eof)
             proc.abort()
 
 
@@ -183,8 +183,7 @@ async def gather_with(transport: Any, hosts: Sequence[Host], opts: DoctorOptions
                         opts.setup, setup_errors, images)
     finally:
         for conn in conns.values():
-            with contextlib.suppress(Exception):
-                await conn.aclose()
+            await cleanup(conn.aclose(), CLOSE_S)
 
 
 async def gather(hosts: Sequence[Host], opts: DoctorOptions, settings: Any) -> Gathered:

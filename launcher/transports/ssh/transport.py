@@ -18,6 +18,7 @@ from typing import Any, cast
 import asyncssh
 from asyncssh.config import SSHClientConfig
 
+from launcher.aio import cleanup
 from launcher.errors import ConnectError
 from launcher.models import Host
 from launcher.transports.base import Connection, FileSystem, Process, Transport
@@ -125,9 +126,7 @@ class SSHConnection(Connection):
 
     async def aclose(self) -> None:
         self._conn.close()
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(2):
-                await self._conn.wait_closed()
+        await cleanup(self._conn.wait_closed(), 2)
 
 
 
