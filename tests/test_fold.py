@@ -340,9 +340,8 @@ async def test_torchrun_s_block_printed_just_before_the_stop_is_folded_too() -> 
     reports the death, and the block may reach the launcher first. The folder holds an
     agent's stderr a moment; the chatter is told as the lines leave it, so a stop that
     began meanwhile folds the block (it was shown whole when told on arrival)."""
-    from launcher.job.verdict import TailKeeper
-
     from launcher.commands.launch import RunPipeline
+    from launcher.decide.verdict import TailKeeper
 
     block = ["E1203 23:20:57.163000 20278 site-packages/torch/distributed/elastic/"
              "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 20350) "
@@ -368,9 +367,8 @@ async def test_chatter_after_the_stop_is_counted_per_node_never_folded_across_no
     """Every stopped agent says the same ("Received 15 death signal"): judged on arrival,
     each node's line is its own node's chatter, not one line folded across the nodes that
     the console would count under "node[2-3]" (and `dtrain logs` could not replay)."""
-    from launcher.job.verdict import TailKeeper
-
     from launcher.commands.launch import RunPipeline
+    from launcher.decide.verdict import TailKeeper
 
     said = ("W1204 00:02:29.6{} 93{} site-packages/torch/distributed/elastic/agent/server/"
             "api.py:753] Received 15 death signal, shutting down workers\n")

@@ -305,7 +305,7 @@ def test_a_torchrun_stopped_after_its_ranks_ended_is_a_hang_on_that_node() -> No
     (exit 0) and torchrun could not: its supervisor saw it stopped 5 s and ended the job
     (stopped: AGENT_STOPPED_REASON). The verdict is a hang on node a (125), not "node a
     stopped its job by itself" with torchrun's exit code."""
-    from launcher.job.orchestrate import Failure
+    from launcher.decide.outcomes import Failure
     from launcher.nodeside.supervisor import AGENT_STOPPED_REASON
     from tests.test_failures import _node, _outcome, _verdict
 
