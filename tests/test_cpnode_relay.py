@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from tests.util import REPO
+from tests.util import node_program
 
-CPNODE = REPO / "launcher" / "nodeside" / "cpnode.py"
+CPNODE = node_program("cpnode")  # the bundle the nodes get (wire.PROGRAMS)
 TOKEN = bytes(range(32))
 
 

@@ -503,7 +503,9 @@ PROBE_KEYS = ["hostname", "python", "version", "executable", "packages", "torch"
 
 
 def _real_facts() -> dict[str, Any]:
-    probe = ROOT / "launcher" / "nodeside" / "probe.py"
+    from tests.util import node_program
+
+    probe = node_program("probe")  # the bundle the nodes get (wire.PROGRAMS)
     proc = subprocess.run([sys.executable, str(probe)], input='{"targets": ["127.0.0.1"]}\n',
                           capture_output=True, text=True, timeout=60, check=True)
     facts: dict[str, Any] = json.loads(proc.stdout)

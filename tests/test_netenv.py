@@ -774,3 +774,20 @@ def test_a_bad_profile_file_is_named_in_the_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_profile(bad)
     assert err.value.message == f"{bad}: unknown key(s) envs"
+
+
+def test_the_user_layer_orders_gpu_selection_then_hostfile_then_the_run_s_own() -> None:
+    """Lowest first: --include's CUDA_VISIBLE_DEVICES < the hostfile's env < --env (and
+    what hosts/envfile merged under it); each value says where it came from. The online
+    and the offline plan both take it from here."""
+    from launcher.decide.netenv import GPU_SELECTION, user_layer
+
+    user, sources = user_layer([0, 1], [("CUDA_VISIBLE_DEVICES", "3"), ("A", "h"), ("B", "h")],
+                               "h.txt:2", {"A": "cli"}, {"A": "--env"})
+    assert user == {"CUDA_VISIBLE_DEVICES": "3", "A": "cli", "B": "h"}
+    assert sources == {"CUDA_VISIBLE_DEVICES": "hostfile h.txt:2", "A": "--env",
+                       "B": "hostfile h.txt:2"}
+    user, sources = user_layer([2], [], None, {}, {})
+    assert (user, sources) == ({"CUDA_VISIBLE_DEVICES": "2"},
+                               {"CUDA_VISIBLE_DEVICES": GPU_SELECTION})
+    assert user_layer(None, [("X", "1")], None, {}, {}) == ({"X": "1"}, {"X": "hostfile env:"})

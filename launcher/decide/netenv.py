@@ -279,6 +279,26 @@ def _vendor_vars(facts: NodeFacts) -> tuple[list[EnvVar], list[str]]:
 # --------------------------------------------------------------------------- merge
 
 
+GPU_SELECTION = "--include/--exclude (GPU selection)"
+
+
+def user_layer(gpus: Sequence[int] | None, host_env: Iterable[tuple[str, str]],
+               host_source: str | None, env: Mapping[str, str],
+               env_sources: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The user's layer of a node's environment and where each value came from, lowest
+    first: the GPU selection (``CUDA_VISIBLE_DEVICES`` from ``--include``/``--exclude``) <
+    the hostfile's ``env`` < the run's own (``env``: config ``[env]`` < ``.deepspeed_env`` <
+    ``--env-file`` < ``--env``, merged so by ``hosts/envfile``). What ``merge_env`` takes
+    as ``user``/``user_sources``, for the online and the offline plan alike."""
+    devices = {} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    host_env = list(host_env)
+    user = {**devices, **dict(host_env), **dict(env)}
+    sources = {**dict.fromkeys(devices, GPU_SELECTION),
+               **{k: f"hostfile {host_source or 'env:'}" for k, _ in host_env},
+               **dict(env_sources)}
+    return user, sources
+
+
 def merge_env(detected: Iterable[EnvVar], *, profile: Mapping[str, str] | None,
               user_sources: Mapping[str, str] | None = None,
               site: Mapping[str, tuple[str, str]], user: Mapping[str, str],

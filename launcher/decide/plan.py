@@ -22,7 +22,7 @@ from launcher.decide.container import (
 from launcher.decide.devices import DeviceSelection
 from launcher.decide.facts import NodeFacts
 from launcher.decide.hang import HangPolicy
-from launcher.decide.netenv import EnvDecision, EnvVar, decide_env, merge_env
+from launcher.decide.netenv import EnvDecision, EnvVar, decide_env, merge_env, user_layer
 from launcher.decide.restarts import RestartPolicy
 from launcher.decide.stragglers import StragglerSettings
 from launcher.errors import PreflightFailed, UsageError
@@ -238,16 +238,10 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
     gpus = {h.label: req.devices.gpus(h.name, facts[h.label].gpus) if req.devices else None
             for h in hosts}
     for node_rank, host in enumerate(hosts):
-        chosen = gpus[host.label]
-        devices = {} if chosen is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
+        user, sources = user_layer(gpus[host.label], host.env, host.source, dict(req.env),
+                                   dict(req.env_sources))
         decision = decide_env(facts[host.label], master_addr=master_addr,
-                              is_master=node_rank == 0,
-                              user_env={**devices, **dict(host.env), **dict(req.env)},
-                              user_sources={**dict.fromkeys(
-                                                devices, "--include/--exclude (GPU selection)"),
-                                            **{k: f"hostfile {host.source or 'env:'}"
-                                               for k, _ in host.env},
-                                            **dict(req.env_sources)},
+                              is_master=node_rank == 0, user_env=user, user_sources=sources,
                               profile=opts.profile, nnodes=len(hosts),
                               profile_name=opts.profile_name, no_auto=opts.no_auto,
                               dtrain=dtrain_env(req, node_rank, len(hosts)))
@@ -319,14 +313,11 @@ def offline_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host]) -> La
                              f"unknown without connecting (--nproc-per-node "
                              f"{value or 'gpu'})",
                              hint="give slots=N in the hostfile or --nproc-per-node N")
-        devices = {} if chosen is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
+        user, sources = user_layer(chosen, host.env, host.source, dict(req.env),
+                                   dict(req.env_sources))
         final, _ = merge_env(
             [EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node")],
-            profile=opts.profile, site={},
-            user={**devices, **dict(host.env), **dict(req.env)},
-            user_sources={**dict.fromkeys(devices, "--include/--exclude (GPU selection)"),
-                          **{k: f"hostfile {host.source or 'env:'}" for k, _ in host.env},
-                          **dict(req.env_sources)},
+            profile=opts.profile, site={}, user=user, user_sources=sources,
             profile_name=opts.profile_name,
             dtrain=dtrain_env(req, node_rank, len(hosts)))
         own = [v.name for v in dtrain_env(req, node_rank, len(hosts))]
