@@ -18,6 +18,7 @@ from typing import Any
 
 from launcher.decide.hang import compile_progress
 from launcher.decide.steprate import StepRate
+from launcher.job.events import sample_cpu
 from launcher.models import Host
 from launcher.output.archive import read_meta
 from launcher.output.rundir import open_in_run
@@ -179,16 +180,11 @@ class RunWatch:
                 rec = json.loads(raw)
             except ValueError:
                 continue
-            if not isinstance(rec, dict) or not isinstance(rec.get("t"), (int, float)):
+            if not isinstance(rec, dict) or not isinstance(rec.get("host"), str):
                 continue
-            ranks = rec.get("ranks")
-            if not isinstance(ranks, dict) or not isinstance(rec.get("host"), str):
-                continue
-            cpu = {int(r): float(v["cpu"]) for r, v in ranks.items()
-                   if str(r).isdigit() and isinstance(v, dict)
-                   and isinstance(v.get("cpu"), (int, float))}
-            if cpu:
-                out.append((rec["host"], float(rec["t"]), cpu))
+            found = sample_cpu(rec)  # job/events.py's reading of a sample
+            if found is not None:
+                out.append((rec["host"], *found))
         return out
 
     def _record(self, raw: bytes) -> None:

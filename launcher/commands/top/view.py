@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.hosts.hostfile import fold
+from launcher.job.events import number
 from launcher.text.termsafe import inert
 
 # (key, header, plain width); RUN_COLUMNS only when the view follows a run
@@ -65,11 +66,6 @@ def human(n: float | None, suffix: str = "") -> str:
     raise AssertionError("unreachable")
 
 
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
-
-
 def _fmt(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -115,18 +111,18 @@ def node_row(node: Mapping[str, Any], *, coarse: bool = False) -> Row:
     s = node.get("sample") or {}
     state = str(node.get("state", "?"))
     gpus = [g for g in s.get("gpus") or [] if isinstance(g, dict)]
-    cpu = _num(s.get("cpu_pct"))
+    cpu = number(s.get("cpu_pct"))
     load = s.get("load") or [None]
-    load1 = _num(load[0]) if load else None
-    mem_used, mem_total = _num(s.get("mem_used")), _num(s.get("mem_total"))
+    load1 = number(load[0]) if load else None
+    mem_used, mem_total = number(s.get("mem_used")), number(s.get("mem_total"))
     net = s.get("net") or {}
-    rx, tx = _num(net.get("rx_bps")), _num(net.get("tx_bps"))
-    utils = [_num(g.get("util_pct")) for g in gpus]
-    gm_used = sum(_num(g.get("mem_used_mib")) or 0 for g in gpus)
-    gm_total = sum(_num(g.get("mem_total_mib")) or 0 for g in gpus)
-    temps = [t for t in (_num(g.get("temp_c")) for g in gpus) if t is not None]
-    power = [p for p in (_num(g.get("power_w")) for g in gpus) if p is not None]
-    plimit = [p for p in (_num(g.get("power_limit_w")) for g in gpus) if p is not None]
+    rx, tx = number(net.get("rx_bps")), number(net.get("tx_bps"))
+    utils = [number(g.get("util_pct")) for g in gpus]
+    gm_used = sum(number(g.get("mem_used_mib")) or 0 for g in gpus)
+    gm_total = sum(number(g.get("mem_total_mib")) or 0 for g in gpus)
+    temps = [t for t in (number(g.get("temp_c")) for g in gpus) if t is not None]
+    power = [p for p in (number(g.get("power_w")) for g in gpus) if p is not None]
+    plimit = [p for p in (number(g.get("power_limit_w")) for g in gpus) if p is not None]
     live = state == "ok"
     if coarse:  # folding compares these: near-equal nodes fold together
         cpu = None if cpu is None else round(cpu / 10) * 10
@@ -151,8 +147,8 @@ def node_row(node: Mapping[str, Any], *, coarse: bool = False) -> Row:
     }
     ranks = [int(r) for r in node.get("ranks") or []]
     info = node.get("rank_info") or {}
-    ages = [_num(v.get("age")) for v in info.values() if isinstance(v, dict)]
-    busies = [_num(v.get("busy")) for v in info.values() if isinstance(v, dict)]
+    ages = [number(v.get("age")) for v in info.values() if isinstance(v, dict)]
+    busies = [number(v.get("busy")) for v in info.values() if isinstance(v, dict)]
     last = max((a for a in ages if a is not None), default=None)
     busy = max((b for b in busies if b is not None), default=None)
     cells["ranks"] = ranks_text(ranks) if ranks else "-"
@@ -184,12 +180,12 @@ def node_row(node: Mapping[str, Any], *, coarse: bool = False) -> Row:
 def _gpu_row(host: str, i: int, g: Mapping[str, Any]) -> Row:
     """One GPU of a node as its own row (``node4 gpu1``): its utilisation, memory,
     temperature and power; the node's columns are blank."""
-    used, total = _num(g.get("mem_used_mib")), _num(g.get("mem_total_mib"))
-    power, limit = _num(g.get("power_w")), _num(g.get("power_limit_w"))
+    used, total = number(g.get("mem_used_mib")), number(g.get("mem_total_mib"))
+    power, limit = number(g.get("power_w")), number(g.get("power_limit_w"))
     index = g.get("index") if isinstance(g.get("index"), int) else i
-    cells = {"node": f"{host} gpu{index}", "util": _fmt(_num(g.get("util_pct"))),
+    cells = {"node": f"{host} gpu{index}", "util": _fmt(number(g.get("util_pct"))),
              "gmem": f"{(used or 0) / 1024:.1f}/{total / 1024:.1f}G" if total else "-",
-             "temp": _fmt(_num(g.get("temp_c"))),
+             "temp": _fmt(number(g.get("temp_c"))),
              "power": (f"{power:.0f}/{limit:.0f}" if power is not None and limit else
                        _fmt(power))}
     return Row([host], cells)
