@@ -759,3 +759,14 @@ def test_nccl_conf_skips_commented_out_settings() -> None:
         {"key": "NCCL_A", "value": "x=y", "source": "/etc/nccl.conf"},
     ]
     assert probenet.parse_nccl_conf(None, "x") == []
+
+
+def test_a_node_s_infinity_in_its_facts_reads_as_absent() -> None:
+    """JSON from a node may say Infinity (Python's json reads it): int() of it raised
+    OverflowError, a traceback instead of a fact left out (found by the fuzz run)."""
+    from launcher.decide.facts import NodeFacts
+
+    raw = json.loads('{"uid": Infinity, "shm_bytes": -Infinity, "limits": {"memlock": NaN},'
+                     ' "gpus": {"count": Infinity}}')
+    facts = NodeFacts.from_json(raw)
+    assert (facts.uid, facts.shm_bytes, facts.memlock, facts.gpus) == (None, None, None, 0)

@@ -26,7 +26,7 @@ def _str(value: Any) -> str | None:
 def _int(value: Any, default: int | None = None) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a node's Infinity
         return default
 
 
