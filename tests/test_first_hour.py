@@ -140,6 +140,9 @@ def test_counts_and_the_dry_run_explains_itself() -> None:
         class host:  # noqa: N801
             label, source = "node1", "hosts.txt:1"
 
+        def node_added(self) -> tuple[()]:  # what the supervisor adds: nothing here
+            return ()
+
     class Plan:
         master_addr, master_port, master_reason = "198.18.0.11", 29500, "single"
         world_size, rdzv, nodes = 1, "static", [Node()]

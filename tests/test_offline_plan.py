@@ -44,6 +44,25 @@ def test_offline_dry_run_plans_without_connecting(tmp_path: Path) -> None:
     assert "NCCL_SOCKET_IFNAME" not in out  # detection needs the node: not guessed
 
 
+def test_the_dry_run_shows_what_the_supervisor_adds_on_the_node(tmp_path: Path) -> None:
+    """The variables the node adds by itself (the flight recorder's, NCCL's account) are in
+    the dry run with why; a user's NCCL_DEBUG turns NCCL's off, as on the node."""
+    res, _ = _run(["--dry-run", "--offline"], tmp_path)
+    assert_exit(res, 0)
+    added = [ln.split("=")[0].strip() for ln in res.stdout.splitlines()
+             if ln.startswith("  + ")]
+    # torch unknown offline: both names of the flight recorder's variables
+    assert added[:7] == ["+ TORCH_FR_BUFFER_SIZE", "+ TORCH_NCCL_TRACE_BUFFER_SIZE",
+                         "+ TORCH_NCCL_DUMP_ON_TIMEOUT", "+ TORCH_FR_DUMP_TEMP_FILE",
+                         "+ TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "+ NCCL_DEBUG",
+                         "+ NCCL_DEBUG_FILE"], added
+    assert "  + NCCL_DEBUG=INFO  [node: added on the node unless its own environment sets " \
+           "NCCL_DEBUG or NCCL_DEBUG_FILE: NCCL's own account of the fabric]" in res.stdout
+    res, _ = _run(["--dry-run", "--offline", "-e", "NCCL_DEBUG=WARN"], tmp_path)
+    assert_exit(res, 0)
+    assert "+ NCCL_DEBUG" not in res.stdout and "+ TORCH_FR_BUFFER_SIZE" in res.stdout
+
+
 def test_offline_json_marks_the_facts_unknown(tmp_path: Path) -> None:
     res, dials = _run(["--dry-run", "--offline", "--json"], tmp_path)
     assert_exit(res, 0)

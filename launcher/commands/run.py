@@ -105,6 +105,8 @@ def _node_lines(plan: LaunchPlan, node: Any) -> list[str]:
         value = shown[var.name]
         value = value if value == "***" else shlex.quote(value)
         out.append(f"  {var.name}={value}  [{var.source}: {var.reason}]{state}\n")
+    for var in node.node_added():
+        out.append(f"  + {var.name}={shlex.quote(var.value)}  [{var.source}: {var.reason}]\n")
     out += [f"  warning: {warning}\n" for warning in node.warnings]
     return out
 

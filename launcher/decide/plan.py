@@ -114,6 +114,12 @@ class NodePlan:
     env: tuple[EnvVar, ...]
     warnings: tuple[str, ...] = ()
     container: ContainerCommand | None = None  # --image: the runtime around argv
+    torch_version: str | None = None  # the node's torch (its probe), None when unknown
+
+    def node_added(self) -> tuple[EnvVar, ...]:
+        """What the supervisor adds to each rank's environment on this node (``node_added``
+        below), as the plan knows that environment."""
+        return node_added({v.name: v.value for v in self.env}, self.torch_version)
 
     @property
     def ranks(self) -> range:
@@ -266,10 +272,44 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
         decision = decisions[host.label]
         nodes.append(NodePlan(host, node_rank, nproc, first, python, argv, decision.env,
                               tuple(decision.warnings),
-                              container_for(req, opts, host, facts[host.label])))
+                              container_for(req, opts, host, facts[host.label]),
+                              facts[host.label].torch_version))
         first += nproc
     return LaunchPlan(tuple(nodes), master_addr, master_port, master_reason, first, req.rdzv,
                       req.hidden_env)
+
+
+NODE_DIR = "<the supervisor's private dir>"  # made on the node at start: its path is unknown
+ADDED_REASON = "added on the node unless its own environment sets {what}: {why}"
+
+
+def node_added(env: Mapping[str, str], torch_version: str | None) -> tuple[EnvVar, ...]:
+    """The variables the node's supervisor adds to each rank by itself, with why: the flight
+    recorder's (hang evidence; the names the node's torch reads) and NCCL's own account
+    (INFO lines into per-process files: docs/fabric.md). The node decides them with the
+    same functions (``rankshim.flight_defaults``, ``nodeevidence.nccl_defaults``) against
+    its real environment, which only it knows (a variable its shell exports wins there);
+    this is what they give for the plan's. ``TORCHELASTIC_RESTART_COUNT`` is raised there
+    by the attempt number under --restarts (docs/restarts.md)."""
+    from launcher.decide.flight import flight_names
+    from launcher.decide.nccl_account import wants_account
+    from launcher.nodeside.nodeevidence import nccl_defaults
+    from launcher.nodeside.rankshim import flight_defaults
+
+    out = []
+    # (the node programs are unannotated: stdlib Python 3.8, shipped as source)
+    flight: dict[str, str] = flight_defaults(  # type: ignore[no-untyped-call]
+        dict(env), f"{NODE_DIR}/flight", flight_names(torch_version))
+    for name, value in flight.items():
+        out.append(EnvVar(name, value, "node", ADDED_REASON.format(
+            what="a flight recorder buffer", why="a hang's evidence")))
+    if wants_account(env):
+        nccl: dict[str, str] = nccl_defaults(  # type: ignore[no-untyped-call]
+            dict(env), f"{NODE_DIR}/nccl")
+        for name, value in nccl.items():
+            out.append(EnvVar(name, value, "node", ADDED_REASON.format(
+                what="NCCL_DEBUG or NCCL_DEBUG_FILE", why="NCCL's own account of the fabric")))
+    return tuple(out)
 
 
 def container_for(req: RunRequest, opts: RunOptions, host: Host, facts: NodeFacts
