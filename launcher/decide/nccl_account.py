@@ -370,7 +370,7 @@ _KIND_WORD = {"gdr": "RDMA+GPUDirect", "rdma": "RDMA", "socket": "NET/Socket (TC
               "plugin": "net plugin", "none": "no network"}
 
 
-# -- what the node program keeps (nodeside/supervisor.py filters with the same words) -----
+# -- what the node program keeps (nodeside/nodeevidence.py filters with the same words) ---
 KEEP_WORDS = ("NCCL version", "NET/IB", "NET/Socket", "Using network", " via ",
               "set by environment", "Init COMPLETE", "GPU Direct RDMA", "NCCL WARN",
               "Bootstrap")
