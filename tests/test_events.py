@@ -24,6 +24,7 @@ from launcher.job.events import (
     Observer,
     Other,
     RankExit,
+    RankRaised,
     RankStart,
     Sample,
     SamplerHello,
@@ -50,6 +51,8 @@ def test_every_message_type_is_its_event() -> None:
                     "hostname": "n2"}) == Hello(None, hostname="n2", error="no such file: x",
                                                 code=127)
     assert _decode({"type": "rank_start", "rank": 2, "t": 5.0}) == RankStart(5.0, rank=2)
+    assert _decode({"type": "rank_raised", "rank": 2, "exc": "ValueError", "t": 5.5}) == \
+        RankRaised(5.5, rank=2, exc="ValueError")
     assert _decode({"type": "rank_exit", "rank": "3", "code": 137, "signal": 9, "t": 6.0,
                     "duration": 1.5, "pid": 77, "stop_signal": None,
                     "evidence": {"oom": True}}) == \
@@ -82,6 +85,9 @@ def test_a_type_it_does_not_know_is_handed_on_as_other() -> None:
 
 def test_bad_fields_are_read_as_absent_and_claims_on_other_ranks_dropped() -> None:
     assert _decode({"type": "rank_start", "rank": 0}) is None  # another host's rank
+    assert _decode({"type": "rank_raised", "rank": 0, "exc": "E"}) is None
+    assert _decode({"type": "rank_raised", "rank": 3, "exc": ["x"] * 99}) == \
+        RankRaised(None, rank=3, exc=str(["x"] * 99)[:120])
     assert _decode({"type": "rank_exit", "rank": "02", "code": 1}) is None
     assert _decode({"type": "nccl", "rank": 2, "lines": "not a list"}) is None
     ev = _decode({"type": "rank_exit", "rank": 2, "code": "1", "signal": True,

@@ -225,3 +225,63 @@ def test_the_hold_ends_in_a_stop_with_the_victim_as_root_cause() -> None:
         return stops
 
     assert asyncio.run(main()) == ["a rank 0 exited 134"]
+
+
+def test_a_rank_that_said_it_raised_holds_a_victims_stop_until_its_exit() -> None:
+    """The CI race of docs/failure-semantics.md on a loaded machine: rank 1 raised (its shim
+    said so before its connections closed), rank 0 aborted on the closed connection, and
+    rank 1's interpreter took longer than ``peer_hold`` to end. Its exit, when it comes, is
+    the root cause; without the raised note the victim would have been."""
+    import asyncio
+
+    from launcher.job.events import RankRaised
+    from launcher.models import Host
+
+    async def main(raised: bool) -> tuple[list[str], int | None]:
+        job, _, _ = _held_job(hold=0.05)
+        stops: list[str] = []
+
+        async def stop_all(reason: str, **kw: object) -> None:
+            stops.append(reason)
+
+        job.stop_all = stop_all  # type: ignore[method-assign]
+        async with asyncio.TaskGroup() as tg:
+            if raised:
+                job._event(Host("b"), RankRaised(1.0, rank=1, exc="RuntimeError"), tg)  # type: ignore[arg-type]
+            _exit(job, tg, "a", 0, 134, signal.SIGABRT)  # type: ignore[arg-type]
+            await asyncio.sleep(0.3)  # six holds long: the raiser is still on its way out
+            _exit(job, tg, "b", 1, 1)  # type: ignore[arg-type]
+        assert job.outcome.root is not None
+        return stops, job.outcome.root.rank
+
+    assert asyncio.run(main(True)) == (["b rank 1 exited 1"], 1)
+    assert asyncio.run(main(False)) == (["a rank 0 exited 134"], 0)
+
+
+def test_a_raised_note_bounds_its_hold_and_a_rank_that_ended_is_not_waited_for() -> None:
+    import asyncio
+
+    from launcher.job.events import RankRaised
+    from launcher.job.orchestrate import Policy
+    from launcher.models import Host
+
+    async def main(exited_first: bool) -> float:
+        job, _, _ = _held_job(hold=0.05)
+        job.policy = Policy(grace=10.0, peer_hold=0.05, raise_hold=0.3)
+        stops: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        async def stop_all(reason: str, **kw: object) -> None:
+            stops.append(loop.time())
+
+        job.stop_all = stop_all  # type: ignore[method-assign]
+        t0 = loop.time()
+        async with asyncio.TaskGroup() as tg:
+            if exited_first:  # its exit (a victim's, say) came before a late note: no wait
+                _exit(job, tg, "b", 2, 1)  # type: ignore[arg-type]
+            job._event(Host("b"), RankRaised(1.0, rank=2, exc="RuntimeError"), tg)  # type: ignore[arg-type]
+            _exit(job, tg, "a", 0, 134, signal.SIGABRT)  # type: ignore[arg-type]
+        return stops[0] - t0
+
+    assert 0.3 <= asyncio.run(main(False)) < 2.0  # the raiser never ended: bounded
+    assert asyncio.run(main(True)) < 0.25

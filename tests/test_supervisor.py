@@ -475,6 +475,38 @@ def test_rank_shim_attributes_output_and_reports_exit(sups, tmp_path: Path) -> N
     assert json.loads(json.dumps(s.message("exit")["ranks"]))["4"]["code"] == 6
 
 
+def test_a_rank_failing_of_its_own_says_so_before_its_slow_end(sups, tmp_path: Path) -> None:
+    """An uncaught exception and a non-zero sys.exit are told (``rank_raised``) before the
+    interpreter's end (here an atexit hook 0.6 s long, as a loaded torch's teardown): the
+    launcher then holds a peer's abort for the raiser's exit. A clean exit says nothing."""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, os, sys, time
+        atexit.register(time.sleep, 0.6)
+        rank = int(os.environ['RANK'])
+        if rank == 4:
+            raise ValueError('bad batch')
+        sys.exit(3 if rank == 5 else 0)
+    """))
+    launcher = py(f"""
+        import os, subprocess, sys
+        procs = [subprocess.Popen([sys.executable, '-u', sys.argv[1], {str(script)!r}],
+                                  env={{**os.environ, 'RANK': str(r)}}) for r in (4, 5, 6)]
+        sys.exit(max(p.wait() for p in procs) and 1)
+    """) + [rankshim.SHIM_PLACEHOLDER]
+    s = sups({"argv": launcher, "rank_shim": True})
+    assert s.wait() == 1
+    told = [m for m in s.msgs if m.get("type") in ("rank_raised", "rank_exit")]
+    raised = {m["rank"]: m for m in told if m["type"] == "rank_raised"}
+    exits = {m["rank"]: m for m in told if m["type"] == "rank_exit"}
+    assert {r: m["exc"] for r, m in raised.items()} == {4: "ValueError", 5: "SystemExit"}
+    assert {r: m["code"] for r, m in exits.items()} == {4: 1, 5: 3, 6: 0}
+    for rank in (4, 5):
+        assert told.index(raised[rank]) < told.index(exits[rank])
+        assert exits[rank]["t"] - raised[rank]["t"] >= 0.5
+    assert b"ValueError: bad batch" in s.err[4]
+
+
 def test_rank_shim_reports_a_signal(sups, tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")

@@ -87,6 +87,19 @@ class RankStart(Event):
 
 
 @dataclass(frozen=True)
+class RankRaised(Event):
+    """A rank is failing of its own (an uncaught exception, a non-zero ``sys.exit``; its
+    exit report follows): told before its connections close, so a peer's abort on them is
+    known for a victim (docs/failure-semantics.md)."""
+
+    rank: int = -1
+    exc: str | None = None  # the exception's class name
+
+    def send(self, to: Observer, host: Host) -> None:
+        to.on_rank_raised(host, self)
+
+
+@dataclass(frozen=True)
 class RankExit(Event):
     """A rank ended: its exit report (code, 128+N for signal N), the stop its shim passed on
     (``stop_signal``: it was asked to stop), and what the node knows of its death."""
@@ -210,6 +223,9 @@ def typed(msg: Mapping[str, Any]) -> Event:
                      code=integer(msg.get("code")))
     if kind == "rank_start":
         return RankStart(t, rank=msg["rank"])
+    if kind == "rank_raised":
+        exc = text(msg.get("exc"))
+        return RankRaised(t, rank=msg["rank"], exc=exc[:120] if exc else None)
     if kind == "rank_exit":
         return RankExit(t, rank=msg["rank"], code=integer(msg.get("code")),
                         signal=integer(msg.get("signal")),
@@ -302,6 +318,9 @@ class Observer:
 
     def on_rank_start(self, host: Host, ev: RankStart) -> None:
         """A rank's shim is up."""
+
+    def on_rank_raised(self, host: Host, ev: RankRaised) -> None:
+        """A rank is failing of its own; its exit follows."""
 
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
         """A rank ended."""

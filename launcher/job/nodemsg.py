@@ -10,7 +10,8 @@ verdict, the failure reasons, the stragglers, samples.jsonl) gets checked data:
 * a rank is accepted from a host only when the plan put it there, and only once: a rank key
   is an int or the canonical decimal text of one (``"3"``; not ``"03"``, ``"+3"``, ``"²"``),
   and per-rank maps (``stacks``, ``flight``, ``exit``, a sample's ``ranks``) keep only the
-  host's own ranks; a ``rank_start``/``rank_exit`` of another host's rank is dropped;
+  host's own ranks; a ``rank_start``/``rank_raised``/``rank_exit`` of another host's rank is
+  dropped;
 * a time ``t`` is a finite number or is left out.
 """
 
@@ -95,7 +96,7 @@ def checked(msg: Mapping[str, Any], ranks: Container[int] | None) -> dict[str, A
     if "t" in out and finite(out["t"], 0.0, 1e11) is None:
         del out["t"]
     kind = out.get("type")
-    if kind in ("rank_start", "rank_exit"):
+    if kind in ("rank_start", "rank_exit", "rank_raised"):
         rank = owned(out.get("rank"), ranks)
         if rank is None:
             return None

@@ -31,7 +31,7 @@ from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_UNREACHABLE
-from launcher.job.events import Event, Hello, Observer, Observers, RankExit
+from launcher.job.events import Event, Hello, Observer, Observers, RankExit, RankRaised
 from launcher.job.limits import ensure_nofile
 from launcher.job.node import JobSpec, NodeSession
 from launcher.job.stoppable import Signals, signal_name
@@ -85,6 +85,9 @@ class Policy:
     # the stop this long: a rank failing of its own meanwhile is the root cause instead
     # (docs/failure-semantics.md, "a victim's failure holds the stop")
     peer_hold: float = 2.0
+    # ... and while a rank that said it raised (job/events.py ``RankRaised``) has not ended,
+    # up to this long: its exit, however slow its interpreter's end, is the root cause
+    raise_hold: float = 20.0
 
 
 class Output(Protocol):
@@ -171,6 +174,9 @@ class Job:
         self.hosts = list(hosts)
         self.victim = victim  # does this rank failure look like a peer's victim?
         self._hold: asyncio.Task[None] | None = None
+        # ranks that said they raised and have not ended yet, and those that ended
+        self._raising: set[tuple[str, int]] = set()
+        self._ended: set[tuple[str, int]] = set()
         self.on_state = on_state
         self.launches = launches
         self.policy = policy
@@ -349,6 +355,12 @@ class Job:
 
     async def _hold_stop(self, why: str, tg: asyncio.TaskGroup) -> None:
         await asyncio.sleep(self.policy.peer_hold)
+        # a rank that raised is on its way out (a loaded machine's interpreter can take
+        # seconds to end after its connections closed): its exit ends the hold in _failed
+        waited = 0.0
+        while self._raising and waited < self.policy.raise_hold:
+            await asyncio.sleep(0.05)
+            waited += 0.05
         self._hold = None
         if not self._stopping and self.state is not JobState.DONE:
             self._stopping_now(why, tg)
@@ -377,6 +389,11 @@ class Job:
         observers, in the order they registered."""
         # a rank that was asked to stop (its shim forwarded a stop from dtrain or torchrun)
         # and then exited is a follower whatever its code, never a root-cause candidate
+        if isinstance(ev, RankRaised) and (host.label, ev.rank) not in self._ended:
+            self._raising.add((host.label, ev.rank))
+        if isinstance(ev, RankExit):
+            self._raising.discard((host.label, ev.rank))
+            self._ended.add((host.label, ev.rank))
         if isinstance(ev, RankExit) and ev.failed and ev.stop_signal is None \
                 and self.policy.rank_fail_fast:
             now = time.time()

@@ -254,9 +254,18 @@ class Evidence:
         while b"\n" in info["buf"]:
             line, info["buf"] = info["buf"].split(b"\n", 1)
             try:
-                info["replies"].append(from_json(line))
+                reply = from_json(line)
             except ValueError:
-                pass
+                continue
+            if isinstance(reply, dict) and reply.get("op") == "raised":
+                # unasked: the rank is failing of its own (rankshim._tell_raised), told
+                # once, at once (the launcher holds a peer's abort for it)
+                if not info.get("raised"):
+                    info["raised"] = True
+                    self.out.control({"type": "rank_raised", "rank": rank,
+                                      "exc": str(reply.get("exc"))[:120], "t": now()})
+                continue
+            info["replies"].append(reply)
 
     def sample_ranks(self):
         """Each armed rank's memory, at the heartbeat: the last value is what it had when

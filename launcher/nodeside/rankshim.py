@@ -59,6 +59,9 @@ FR_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 FR_DUMP_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
 FR_ENTRIES = "2000"  # the flight recorder tutorial's advice
 FR_PREFIX = "rank_"
+# the arm socket, once armed, and the lock its two writers share (the helper thread's
+# replies, the main thread's ``raised`` note)
+_ARMED = []  # type: list[object]
 
 
 def flight_defaults(env, directory, names="current"):
@@ -156,13 +159,15 @@ def _arm(sock_path):
             "rank": rank, "stream": "arm", "pid": os.getpid(), "stacks": stack_path,
             "crash": crash_path, "signal": STACK_SIGNAL}).encode() + b"\n")
         keep.append(sock)
-        _thread.start_new_thread(_arm_helper, (sock, json))
+        lock = _thread.allocate_lock()
+        _ARMED[:] = [sock, lock]
+        _thread.start_new_thread(_arm_helper, (sock, json, lock))
     except Exception:
         pass
     return keep
 
 
-def _arm_helper(sock, json):
+def _arm_helper(sock, json, lock):
     """In the worker, idle until asked: a flight recorder dump (``fr``) into a file.
 
     Started with _thread (threading.enumerate() does not list it). It runs only on a
@@ -185,9 +190,28 @@ def _arm_helper(sock, json):
                 reply = {"op": req.get("op"), "ok": False}
                 if req.get("op") == "fr":
                     reply.update(_flight_dump(req.get("path")))
-                sock.sendall(json.dumps(reply).encode() + b"\n")
+                with lock:
+                    sock.sendall(json.dumps(reply).encode() + b"\n")
             except Exception:
                 pass
+
+
+def _tell_raised(name):
+    """Tell the supervisor this rank is failing of its own (an uncaught exception, a
+    non-zero sys.exit), before the interpreter's exit closes its gloo/NCCL connections: a
+    peer that aborts on the closed connection is then known for a victim, however long this
+    process takes to end (docs/failure-semantics.md). Never raises."""
+    if not _ARMED:
+        return
+    sock, lock = _ARMED
+    try:
+        import json
+
+        with lock:  # type: ignore[attr-defined]
+            sock.sendall(json.dumps({"op": "raised", "exc": str(name)[:120]}).encode()  # type: ignore[attr-defined]
+                         + b"\n")
+    except Exception:
+        pass
 
 
 def _flight_dump(path):
@@ -265,11 +289,14 @@ def _guarded(run):
     """An uncaught exception is printed as Python prints it, without this file's frames."""
     try:
         run()
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _tell_raised("SystemExit")
         raise
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
+        _tell_raised(type(exc).__name__)
         own = _guarded.__code__.co_filename
         tb = exc.__traceback__
         while tb is not None and (tb.tb_frame.f_code.co_filename == own
