@@ -105,9 +105,15 @@ def test_a_static_plan_whole() -> None:
                          "nodes"]
     assert [doc[k] for k in list(doc)[:5]] == [MASTER_IP, 29400, "the reason", 10, "static"]
     first = doc["nodes"][0]  # type: ignore[index]
-    assert {k: v for k, v in first.items() if k not in ("command", "env")} == {
+    assert {k: v for k, v in first.items() if k not in ("command", "env", "node_added")} == {
         "host": "node0", "source": "hosts.txt:1", "node_rank": 0, "nproc": 2, "ranks": [0, 1],
         "warnings": []}
+    # the `+` lines of --dry-run: what the supervisor adds by itself, each with why
+    assert first["node_added"] == [
+        {"name": v.name, "value": v.value, "source": v.source, "reason": v.reason}
+        for v in node0.node_added()]
+    assert any(a["name"] == "TORCHELASTIC_RESTART_COUNT" or a["name"].startswith("TORCH_")
+               for a in first["node_added"]), first["node_added"]
     assert first["command"] == [*node0.argv[:-2], "--token=***", "***"]
     assert first["env"][-1] == {"name": "TOKEN", "value": "***", "source": "user",
                                 "reason": "--env-file secrets.env", "exported": True}

@@ -386,6 +386,9 @@ def plan_json(plan: LaunchPlan) -> dict[str, object]:
             "env": [{"name": v.name, "value": plan.shown_env(n)[v.name],
                      "source": v.source, "reason": v.reason, "exported": v.exported}
                     for v in n.env],
+            # what the node's supervisor adds to every rank by itself (--dry-run's `+` lines)
+            "node_added": [{"name": v.name, "value": v.value, "source": v.source,
+                            "reason": v.reason} for v in n.node_added()],
             "warnings": list(n.warnings),
         } for n in plan.nodes],
     }
