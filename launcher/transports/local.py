@@ -11,6 +11,7 @@ import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO
 
+from launcher.aio import cancel_and_wait
 from launcher.errors import TransferError
 from launcher.models import Host
 from launcher.transports.base import (
@@ -102,8 +103,8 @@ class LocalConnection(Connection):
         # bounded too: asyncio's wait() also waits for the pipes, and a pipe nobody reads any
         # more (a hostile node's endless stdout, already refused) is paused and never closes
         _, late = await asyncio.wait(waits, timeout=CLOSE_WAIT_S)
-        for wait in late:
-            wait.cancel()
+        if late:
+            await cancel_and_wait(*late)  # none left behind
 
 
 @contextlib.contextmanager

@@ -402,7 +402,9 @@ class KeeperProcess(Process):
         return await self._err.read(n)
 
     async def wait(self) -> int | None:
-        return await asyncio.shield(self._status)
+        status = await asyncio.shield(self._status)
+        await asyncio.shield(self._pump)  # its end follows the status at once: no task left
+        return status
 
     def abort(self) -> None:
         if not self._writer.is_closing():

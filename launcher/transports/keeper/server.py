@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.aio import cancel_and_wait, cleanup
 from launcher.errors import DtrainError
 from launcher.models import Host
 from launcher.transports.base import Process
@@ -105,6 +106,8 @@ class Keeper:
         self.sock = frames.socket_path(directory)
         self.idle = idle
         self.entries: dict[str, Entry] = {}
+        # connections being closed (close() does not wait): kept, and awaited at the end
+        self.closing: set[asyncio.Task[None]] = set()
         self.transports: dict[str, SSHTransport] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.clients = 0
@@ -151,7 +154,9 @@ class Keeper:
         if self.entries.get(entry.key) is entry:
             del self.entries[entry.key]
         entry.stale = entry.stale or why
-        asyncio.ensure_future(entry.conn.aclose())
+        task = asyncio.ensure_future(entry.conn.aclose())
+        self.closing.add(task)
+        task.add_done_callback(self.closing.discard)
 
     async def housekeeping(self) -> None:
         while not self.stopped.is_set():
@@ -338,12 +343,13 @@ async def main_async(directory: Path, idle: float) -> int:
         server.close()
         with contextlib.suppress(FileNotFoundError):
             keeper.sock.unlink()
-        house.cancel()
+        await cancel_and_wait(house)
         for e in list(keeper.entries.values()):
             keeper.close(e, "keeper exiting")
         for t in keeper.transports.values():
             await t.aclose()
-        await asyncio.sleep(0.1)
+        if keeper.closing:  # every connection's close, bounded
+            await cleanup(asyncio.gather(*keeper.closing, return_exceptions=True), 5.0)
         os.close(lock)
     print(f"dtrain keeper {os.getpid()}: exit", flush=True)
     return 0
