@@ -85,3 +85,50 @@ def test_a_run_orders_node_ranks_by_the_hostfiles_switches(cluster, tmp_path):
                if "REPORT " in line]
     where = {r["host"]: (r["rank"], r["env"]["GROUP_RANK"]) for r in reports}
     assert where == {"node1": (0, "0"), "node3": (1, "1"), "node2": (2, "2")}, where
+
+
+def test_a_run_orders_node_ranks_by_the_nvlink_domains_the_probe_found(big_cluster, tmp_path):
+    """NVLink domains end to end (issue 36 item 4): four fake-GPU nodes made IMEX machines
+    (/etc/nvidia-imex/nodes_config.cfg), their nvidia-smi reporting two ClusterUUIDs; the
+    probe asks each for its fabric, and the plan keeps each domain's nodes together (node4,
+    node8, then node6, node10), said in one `placement:` line per domain, the ranks torchrun
+    starts following it. Without the IMEX mark nothing is asked and the given order stands."""
+    from tests.cluster import gpus
+
+    a, b = "6a130f54-faaa-4b8f-847f-be44ab70f917", "dc6e40c4-d722-4357-9ba6-5291dd461278"
+    domain = {4: a, 6: b, 8: a, 10: b}
+    nodes = [big_cluster.node(k) for k in domain]
+    hf = tmp_path / "hosts.txt"
+    hf.write_text("".join(f"node{k}\n" for k in domain))
+    args = ["run", "-f", str(hf), "--python", big_cluster.python, "--nproc-per-node", "1",
+            "--archive-dir", str(tmp_path / "runs"), "--no-color",
+            "tests/workloads/env_report.py", "GROUP_RANK"]
+
+    def where(res):
+        reports = [json.loads(line.split("REPORT ", 1)[1]) for line in res.stdout.splitlines()
+                   if "REPORT " in line]
+        return {r["host"]: r["rank"] for r in reports}
+
+    try:
+        for k, node in zip(domain, nodes, strict=True):
+            (node.home / ".fake-nvidia-smi.json").write_text(json.dumps({
+                str(i): {"fabric.state": "Completed", "fabric.status": "Success",
+                         "fabric.clusterUuid": domain[k], "fabric.cliqueId": "7"}
+                for i in (0, 1)}))
+        # the fabric is there, but no IMEX mark: the probe does not ask, the order stands
+        res = dtrain(args, env=big_cluster.client_env(), timeout=180)
+        assert_exit(res, 0)
+        assert "placement:" not in res.stdout + res.stderr
+        assert where(res) == {"node4": 0, "node6": 1, "node8": 2, "node10": 3}
+        for node in nodes:
+            gpus.imex_config(node.dir).write_text("198.18.0.14\n")
+        res = dtrain(args, env=big_cluster.client_env(), timeout=180)
+        assert_exit(res, 0)
+        out = res.stdout + res.stderr
+        assert f"placement: node4, node8: NVLink domain {a}/7 (nvidia-smi)" in out, out[-3000:]
+        assert f"placement: node6, node10: NVLink domain {b}/7 (nvidia-smi)" in out, out[-3000:]
+        assert where(res) == {"node4": 0, "node8": 1, "node6": 2, "node10": 3}
+    finally:
+        for node in nodes:
+            gpus.imex_config(node.dir).unlink(missing_ok=True)
+            (node.home / ".fake-nvidia-smi.json").unlink(missing_ok=True)

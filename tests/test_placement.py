@@ -5,6 +5,7 @@ fenced node's switch or segment."""
 from __future__ import annotations
 
 from launcher.decide import placement as pl
+from launcher.models import Host
 
 TOPO = """
 # a two-level tree
@@ -133,3 +134,39 @@ def test_host_places_merge_the_hostfile_over_topology_conf_by_host_name():
     gang = next_gang(["node1:2201", "node6:2206"], ["node6:2206", "node3:2203"],
                      ["node1:2201"], NodeCount(2, 2), places)
     assert gang.replaced == (("node1:2201", "node3:2203"),)  # s0, as node1
+
+
+UUID = "6a130f54-faaa-4b8f-847f-be44ab70f917"
+
+
+def _fab(uuid: str = UUID, clique: str = "3", state: str = "Completed",
+         status: str = "Success") -> dict[str, str]:
+    return {"state": state, "status": status, "cluster_uuid": uuid, "clique_id": clique}
+
+
+def test_an_nvlink_domain_is_a_completed_fabrics_nonzero_uuid_and_clique():
+    assert pl.nvlink_domain(_fab()) == f"{UUID}/3"
+    assert pl.nvlink_domain(_fab(uuid=UUID.upper(), clique="03")) == f"{UUID}/3"
+    zero = "00000000-0000-0000-0000-000000000000"  # a non-MNNVL H100's "Completed"
+    for bad in (_fab(uuid=zero), _fab(state="In Progress"), _fab(status="Failure"),
+                _fab(uuid="N/A", clique="N/A", state="N/A", status="N/A"),
+                _fab(clique="-1"), _fab(uuid="not-a-uuid"), {}):
+        assert pl.nvlink_domain(bad) is None, bad
+
+
+def test_after_the_probe_nvlink_domains_order_the_ranks_and_node_0_stays():
+    hosts = [Host(f"node{i}") for i in (1, 2, 3, 4)]
+    other = "1b2c0000-0000-4000-8000-000000000001"
+    fabrics = {"node1": _fab(), "node2": _fab(uuid=other), "node3": _fab(),
+               "node4": _fab(uuid=other)}
+    assert pl.after_probe(hosts, fabrics, None) == (
+        ["node1", "node3", "node2", "node4"],
+        [f"node1, node3: NVLink domain {UUID}/3 (nvidia-smi)",
+         f"node2, node4: NVLink domain {other}/3 (nvidia-smi)"])
+    # node1 in no domain: it stays node 0 all the same (its address is the checked master)
+    fabrics["node1"] = _fab(state="N/A")
+    ordered, why = pl.after_probe(hosts, fabrics, None)  # type: ignore[misc]
+    assert ordered == ["node1", "node2", "node4", "node3"]
+    assert why[-1] == "node1 stays node 0 (the master address was checked there)"
+    assert pl.after_probe(hosts, {h.label: _fab(state="N/A") for h in hosts}, None) is None
+    assert pl.after_probe(hosts, {}, None) is None

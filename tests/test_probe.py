@@ -770,3 +770,30 @@ def test_a_node_s_infinity_in_its_facts_reads_as_absent() -> None:
                      ' "gpus": {"count": Infinity}}')
     facts = NodeFacts.from_json(raw)
     assert (facts.uid, facts.shm_bytes, facts.memlock, facts.gpus) == (None, None, None, 0)
+
+
+# --------------------------------------------------------------------------- NVLink fabric
+
+def test_the_nvlink_fabric_is_asked_only_on_an_imex_machine(tmp_path: Path) -> None:
+    """nvidia-smi's fabric fields of GPU 0, only where IMEX marks a multi-node NVLink machine
+    (elsewhere nvidia-smi is never started); an older driver refusing the fields: None."""
+    asked: list[list[str]] = []
+    answer = (0, "Completed, Success, 6A130F54-FAAA-4B8F-847F-BE44AB70F917, 32766\n", "")
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        asked.append(argv)
+        return answer
+
+    sys_ = probenet.System(root=str(tmp_path), environ={}, run=run, ip="", home="/h")
+    assert probe.read_fabric(sys_) is None and asked == []
+    (tmp_path / "dev" / "nvidia-caps-imex-channels").mkdir(parents=True)
+    fabric = probe.read_fabric(sys_)
+    assert fabric == {"state": "Completed", "status": "Success",
+                      "cluster_uuid": "6A130F54-FAAA-4B8F-847F-BE44AB70F917",
+                      "clique_id": "32766"}
+    assert asked == [["nvidia-smi", "--query-gpu=" + probe.FABRIC_FIELDS,
+                      "--format=csv,noheader", "-i", "0"]]
+    facts = NodeFacts.from_json({"fabric": fabric})
+    assert facts.fabric["clique_id"] == "32766"
+    answer = (2, "", 'Field "fabric.state" is not a valid field to query.\n')
+    assert probe.read_fabric(sys_) is None

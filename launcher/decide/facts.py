@@ -265,6 +265,9 @@ class NodeFacts:
     netns: str | None = None
     errors: Mapping[str, str] = field(default_factory=dict)  # probe sections that failed
     container: ContainerFacts | None = None  # --image: the node's runtime and image
+    # nvidia-smi's NVLink fabric on an IMEX machine (nodeside/probe.read_fabric), raw text:
+    # state, status, cluster_uuid, clique_id; empty elsewhere (decide/placement.nvlink_domain)
+    fabric: Mapping[str, str] = field(default_factory=dict)
 
     def iface(self, name: str | None) -> Iface | None:
         """The interface called ``name``, if the probe saw it."""
@@ -331,6 +334,8 @@ class NodeFacts:
             netns=_str(obj.get("netns")),
             errors={str(k): str(v) for k, v in _dict(obj.get("errors")).items()},
             container=ContainerFacts.from_json(obj.get("container")),
+            fabric={k: str(v)[:80] for k, v in _dict(obj.get("fabric")).items()
+                    if k in ("state", "status", "cluster_uuid", "clique_id")},
         )
 
 

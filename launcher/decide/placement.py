@@ -8,8 +8,10 @@ of s0 and s1), the ClusterUUID. ``order`` keeps nodes that share a domain, then 
 then a segment next to each other (groups in order of first appearance, nodes in the given
 order inside a group; nodes with no topology last), so that ring neighbours share the
 closest link; ``spare_for`` picks a spare from the fenced node's switch, else its segment.
-`run` orders by the hostfile's keys (commands/run.py ``place``); topology.conf, the
-ClusterUUID and ``spare_for`` are not wired yet (docs/fabric.md).
+`run` orders by the hostfile's keys and ``--topology``'s topology.conf before connecting
+(commands/run.py ``place``), and again once the probe said each node's NVLink domain
+(``after_probe``, job/prepare.py ``Prepared.plan``); a restart's spare comes from
+``spare_for`` (docs/fabric.md).
 """
 
 from __future__ import annotations
@@ -92,6 +94,43 @@ def host_places(hosts: Sequence[Host], topology: str | None) -> dict[str, Place]
     return merge({h.label: Place(h.switch, h.segment, None, "hostfile")
                   for h in hosts if h.switch or h.segment},
                  {names[k]: v for k, v in conf.items() if k in names})
+
+
+def nvlink_domain(fabric: Mapping[str, str]) -> str | None:
+    """A node's NVLink domain from nvidia-smi's fabric fields (nodeside/probe.read_fabric):
+    ``ClusterUUID/CliqueId`` (the clique alone is not unique: NVIDIA/nccl#1301), only when
+    the fabric's registration is complete and succeeded and the UUID is not all zeros (a
+    non-MNNVL H100 can say "Completed" with a zero UUID: every such node would seem to share
+    one domain)."""
+    state, status = fabric.get("state", ""), fabric.get("status", "")
+    uuid, clique = fabric.get("cluster_uuid", "").strip(), fabric.get("clique_id", "").strip()
+    if state.lower() != "completed" or status.lower() != "success" or not clique.isdigit():
+        return None
+    hexdigits = uuid.replace("-", "").lower()
+    if len(hexdigits) != 32 or any(c not in "0123456789abcdef" for c in hexdigits) \
+            or set(hexdigits) == {"0"}:
+        return None
+    return f"{uuid.lower()}/{int(clique)}"
+
+
+def after_probe(hosts: Sequence[Host], fabrics: Mapping[str, Mapping[str, str]],
+                topology: str | None) -> tuple[list[str], list[str]] | None:
+    """The rank order once the probe said each node's NVLink domain (``fabrics``: label ->
+    its fabric fields), with the hostfile's and topology.conf's places: (labels in order,
+    why), or None when no node is in a domain (the order stands). The first host stays
+    node 0: the master address was checked on it."""
+    domains = {label: d for label, fab in fabrics.items() if (d := nvlink_domain(fab))}
+    if not domains:
+        return None
+    places = merge(host_places(hosts, topology),
+                   {label: Place(nvlink=d, source="nvidia-smi") for label, d in domains.items()})
+    labels = [h.label for h in hosts]
+    ordered, why = order(labels, places)
+    if ordered and ordered[0] != labels[0]:
+        ordered.remove(labels[0])
+        ordered.insert(0, labels[0])
+        why.append(f"{labels[0]} stays node 0 (the master address was checked there)")
+    return ordered, why
 
 
 def order(hosts: Sequence[str], places: Mapping[str, Place]

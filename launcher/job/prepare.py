@@ -9,10 +9,12 @@ master (``preflight``: facts only), and yields a ``Prepared``; ``Prepared.plan``
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.aio import CLOSE_S, cleanup
+from launcher.decide.placement import after_probe
 from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan
 from launcher.errors import ConnectError
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
@@ -41,7 +43,15 @@ class Prepared:
         """Decide every node's argv and environment (pure); the preflight's warnings are
         shown once the plan stands."""
         pre = self.pre
-        plan = build_plan(req, opts, self.hosts, pre.facts, master_addr=pre.master_addr,
+        hosts = list(self.hosts)
+        placed = after_probe(hosts, {label: f.fabric for label, f in pre.facts.items()},
+                             opts.topology)
+        if placed is not None:  # NVLink domains: ranks ordered by them (decide/placement)
+            by_label = {h.label: h for h in hosts}
+            hosts = [by_label[label] for label in placed[0]]
+            for line in placed[1]:
+                render.note(f"placement: {line}", sys.stderr if opts.as_json else sys.stdout)
+        plan = build_plan(req, opts, hosts, pre.facts, master_addr=pre.master_addr,
                           master_port=pre.master_port, master_reason=pre.master_reason)
         for warning in pre.warnings:
             render.note(f"warning: {warning}")

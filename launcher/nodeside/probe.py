@@ -177,6 +177,31 @@ def read_gpus(sys_: System) -> Json:
     return {"count": count, "driver": m.group(1) if m else None}
 
 
+# a multi-node NVLink machine (GB200 NVL72 and the like): its IMEX channel device or its IMEX
+# daemon's node list; elsewhere NVLink stops at the node and nvidia-smi is not asked at all
+IMEX_MARKS = ("/dev/nvidia-caps-imex-channels", "/etc/nvidia-imex/nodes_config.cfg")
+FABRIC_FIELDS = "fabric.state,fabric.status,fabric.clusterUuid,fabric.cliqueId"
+
+
+def read_fabric(sys_: System) -> "Json | None":
+    """GPU 0's NVLink fabric as nvidia-smi says it (the values are the machine's), only on
+    a machine with IMEX (``IMEX_MARKS``): {state, status, cluster_uuid, clique_id}, raw
+    text; None elsewhere or when nvidia-smi cannot say (an older driver refuses the fields).
+    What counts as a domain is the launcher's decision (decide/placement.nvlink_domain)."""
+    if not any(os.path.exists(sys_.path(p)) for p in IMEX_MARKS):
+        return None
+    res = sys_.run(["nvidia-smi", "--query-gpu=" + FABRIC_FIELDS, "--format=csv,noheader",
+                    "-i", "0"])  # (3 s at most: run_command's bound)
+    if res is None or res[0] != 0:
+        return None
+    line = (res[1].strip().splitlines() or [""])[0]
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 4:
+        return None
+    names = ("state", "status", "cluster_uuid", "clique_id")
+    return {names[i]: parts[i] for i in range(4)}
+
+
 def read_limits() -> Json:
     """Soft RLIMIT_MEMLOCK/NOFILE/STACK (-1 = unlimited): NCCL IB needs unlimited memlock."""
     try:
@@ -311,6 +336,7 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
         sys_, params.get("targets"), ifaces, proc_routes), {})
     out["site_env"] = _section(errors, "site_env", lambda: read_site_env(sys_), [])
     out["gpus"] = _section(errors, "gpus", lambda: read_gpus(sys_), {"count": 0})
+    out["fabric"] = _section(errors, "fabric", lambda: read_fabric(sys_), None)
     base = ib_dir(sys_)
     out["rdma"] = {"dir": base, "devices": _section(errors, "rdma", lambda: read_rdma(base), [])}
     out["shm_bytes"] = _section(errors, "shm", lambda: read_shm(sys_), None)

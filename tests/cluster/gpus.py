@@ -24,6 +24,12 @@ from pathlib import Path
 
 MOUNT_POINT = "/usr/games"
 
+# the NVLink fabric fields of a GPU that has none (an H100 HGX): a test gives a node an
+# NVLink domain with ~/.fake-nvidia-smi.json, and the IMEX mark that makes the probe ask
+# (imex_config)
+NO_FABRIC = {"fabric.state": "N/A", "fabric.status": "N/A", "fabric.clusterUuid": "N/A",
+             "fabric.cliqueId": "N/A"}
+
 # what every GPU node's fake prints: two GPUs, fixed readings (tests compare them exactly)
 FAKE_GPUS: tuple[dict[str, object], ...] = (
     {"index": 0, "name": "NVIDIA H100 80GB HBM3",
@@ -32,14 +38,14 @@ FAKE_GPUS: tuple[dict[str, object], ...] = (
      "power.draw": 123.45, "power.limit": 700.00,
      "ecc.errors.uncorrected.volatile.total": 0, "remapped_rows.pending": "No",
      "remapped_rows.failure": "No", "retired_pages.pending": "No",
-     "clocks_event_reasons.hw_slowdown": "Not Active"},
+     "clocks_event_reasons.hw_slowdown": "Not Active", **NO_FABRIC},
     {"index": 1, "name": "NVIDIA H100 80GB HBM3",
      "uuid": "GPU-00000000-0000-0000-0000-0000000000a1",
      "utilization.gpu": 81, "memory.used": 40960, "memory.total": 81559, "temperature.gpu": 45,
      "power.draw": 456.70, "power.limit": 700.00,
      "ecc.errors.uncorrected.volatile.total": 0, "remapped_rows.pending": "No",
      "remapped_rows.failure": "No", "retired_pages.pending": "No",
-     "clocks_event_reasons.hw_slowdown": "Not Active"},
+     "clocks_event_reasons.hw_slowdown": "Not Active", **NO_FABRIC},
 )
 
 _SCRIPT = '''#!/usr/bin/python3 -I
@@ -80,7 +86,13 @@ query, fmt, loop = None, "csv", None
 i = 0
 while i < len(args):
     a = args[i]
-    if a.startswith("--query-gpu="):
+    if a in ("-i", "--id") and i + 1 < len(args):
+        GPUS = [g for g in GPUS if str(g["index"]) == args[i + 1]]
+        if not GPUS:
+            print("No devices were found")
+            sys.exit(6)
+        i += 1
+    elif a.startswith("--query-gpu="):
         query = a.split("=", 1)[1].split(",")
     elif a.startswith("--format="):
         fmt = a.split("=", 1)[1]
@@ -173,13 +185,26 @@ def script_text() -> str:
     return _SCRIPT.format(gpus=json.dumps(list(FAKE_GPUS)))
 
 
-def _mounted(pid: int) -> bool:
+def _mounted(pid: int, where: str = MOUNT_POINT) -> bool:
     try:
         text = Path(f"/proc/{pid}/mountinfo").read_text()
     except OSError:
         return False
-    return any(line.split()[4] == MOUNT_POINT for line in text.splitlines()
+    return any(line.split()[4] == where for line in text.splitlines()
                if len(line.split()) > 4)
+
+
+# the IMEX daemon's directory (nodeside/probe.IMEX_MARKS): on every GPU node its own
+# ``<node dir>/imex`` is bind-mounted there, empty; a test writes nodes_config.cfg into it
+# (``imex_config``) to make that node a multi-node NVLink machine, whose probe then asks
+# nvidia-smi for its fabric. The mount point is made on this machine once, empty: this
+# machine itself stays no IMEX machine.
+IMEX_DIR = "/etc/nvidia-imex"
+
+
+def imex_config(node_dir: Path) -> Path:
+    """The host path of a GPU node's /etc/nvidia-imex/nodes_config.cfg."""
+    return node_dir / "imex" / "nodes_config.cfg"
 
 
 def ensure(nodes: Iterable[tuple[int, Path, int | None]]) -> None:
@@ -206,3 +231,9 @@ def ensure(nodes: Iterable[tuple[int, Path, int | None]]) -> None:
         if not _mounted(pid):
             subprocess.run(["nsenter", "-t", str(pid), "-m", "mount", "--bind", str(gpubin),
                             MOUNT_POINT], check=True, capture_output=True)
+        imex = node_dir / "imex"
+        imex.mkdir(mode=0o755, exist_ok=True)
+        os.makedirs(IMEX_DIR, mode=0o755, exist_ok=True)
+        if not _mounted(pid, IMEX_DIR):
+            subprocess.run(["nsenter", "-t", str(pid), "-m", "mount", "--bind", str(imex),
+                            IMEX_DIR], check=True, capture_output=True)
