@@ -731,6 +731,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{i + 1}/{len(plan)}] {kind} on {o.node}{' (gloo)' if o.gloo else ''}: "
               f"exit {o.code}, root {o.root.get('kind')} {o.root.get('host')} "
               f"r{o.root.get('rank')}, {o.secs:.0f} s: {status}", flush=True)
+        if args.json:  # after every run: a campaign cut short keeps what it measured
+            Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=1,
+                                                  default=str))
     print()
     print(f"seed {args.seed}, {len(outcomes)} faults on node{nodes[0]}..node{nodes[-1]}")
     print(table(outcomes))
