@@ -132,16 +132,19 @@ class Tmux:
         if subprocess.run(["which", "tmux"], capture_output=True).returncode:
             cannot_run("tmux is not installed")
         self.name = f"dtrain-top-{os.getpid()}-{time.monotonic_ns()}"
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width),
+        # a tmux server of its own (-L): another test's server ending meanwhile (its last
+        # session closed) made new-session fail (exit 1) on the shared default one
+        self.tmux = ["tmux", "-L", self.name, "-f", "/dev/null"]
+        subprocess.run([*self.tmux, "new-session", "-d", "-s", self.name, "-x", str(width),
                         "-y", str(height), command], check=True)
 
     def screen(self, *, escapes: bool = False) -> str:
-        res = subprocess.run(["tmux", "capture-pane", "-p", *(["-e"] if escapes else []),
+        res = subprocess.run([*self.tmux, "capture-pane", "-p", *(["-e"] if escapes else []),
                               "-t", self.name], capture_output=True, text=True)
         return res.stdout
 
     def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
 
     def wait(self, cond: Callable[[str], bool], timeout: float = 120) -> str:
         deadline = time.monotonic() + timeout
@@ -153,7 +156,7 @@ class Tmux:
             time.sleep(0.2)
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
 def live_command(cluster: tc.Cluster, args: str, *, sub: str = "top", **extra: str) -> str:
