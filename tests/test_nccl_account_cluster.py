@@ -39,6 +39,13 @@ def test_socket_fallback_is_warned_with_the_ranks_and_node(cluster, tmp_path):
     assert fabric["version"] == "2.21.5"
     doc = json.loads(res.stdout)
     assert doc["run"]["fabric"]["transports"]["2"] == "socket"
+    # the report shows what the console said: the line, then the warning
+    run_dir = next((tmp_path / "runs").glob("*/meta.json")).parent
+    rep = dtrain(["report", str(run_dir), "--json"], env=cluster.client_env(), timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    shown = json.loads(rep.stdout)["runs"][0]["fabric"]
+    assert shown[0] == fabric["line"] and shown[0] in res.stderr
+    assert any("ranks 2-3 (node2) use NET/Socket" in x for x in shown[1:]), shown
 
 
 def test_require_fabric_rdma_refuses_at_once(cluster, tmp_path):

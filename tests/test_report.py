@@ -101,6 +101,11 @@ def test_the_mean_is_taken_over_ranks_at_each_step() -> None:
     assert loss.ranks[(3, 1)].v == [3.0, 4.0, 5.0]
 
 
+FABRIC_LINE = "NCCL 2.21.5: IB/RoCE on ranks 0-1 (mlx5_0); intra-node P2P"
+FABRIC_WARN = ("WARNING: ranks 2-3 (node3) use NET/Socket (TCP): NET/IB found no device "
+               "<script>x</script>")
+
+
 def restarted_archive(tmp: Path) -> Path:
     """2 nodes x 2 ranks, two attempts (node2 fenced after the first, spare node3 in), a hang
     with stacks, samples with a straggler, and a hostile stderr line."""
@@ -140,6 +145,9 @@ def restarted_archive(tmp: Path) -> Path:
                               "rank 3 (node2): time.sleep ← load_batch() data.py:41"],
                    "dump": "d1"}],
         "stragglers": [{"host": "node3", "t": T0 + 35.0, "reason": "rarely waits"}],
+        "fabric": {"version": "2.21.5", "line": FABRIC_LINE, "warnings": [FABRIC_WARN],
+                   "differences": ["node3: NCCL_SOCKET_IFNAME eth1, the plan eth0"],
+                   "refusal": None, "ranks": {}, "require": None, "transports": {}},
     }
     samples = [{"t": T0 + k, "host": h, "cpu": {"busy": 10.0 + k}, "mem": {"used": 1, "total": 4},
                 "gpus": [{"util": 50.0 + j, "mem_used": 10, "mem_total": 40} for j in (0, 10)],
@@ -182,6 +190,27 @@ def test_summary_of_a_restarted_run_with_a_hang(tmp_path: Path) -> None:
     assert usage["gpu_util"].hosts["node1"].v[0] == 55.0
     assert usage["gpu_mem"].hosts["node1"].v[0] == 25.0
     assert usage["nic"].hosts["node3"].v[2] == 1e7 + 5e5
+
+
+def test_the_report_shows_nccls_account_of_the_fabric(tmp_path: Path) -> None:
+    """meta.json's fabric (docs/fabric.md): its line in the page's header, then its warnings
+    and differences (escaped), and in --json; a run where NCCL said nothing shows none."""
+    run = restarted_archive(tmp_path)
+    s = load(run, patterns(None)).summary
+    assert s.fabric == (FABRIC_LINE, FABRIC_WARN,
+                        "NCCL differs from the plan: node3: NCCL_SOCKET_IFNAME eth1, the plan "
+                        "eth0")
+    html = page.render([s])
+    root = parse_html(html)
+    (dd,) = [dd for dd in root.iter("dd")
+             if any(x.get("id") == "fabric" for x in dd.iter("span"))]
+    shown = "".join(dd.itertext())
+    assert shown.startswith(FABRIC_LINE) and FABRIC_WARN in shown
+    assert "<script>x</script>" not in html and "&lt;script&gt;x" in html
+    assert document.run_json(s)["fabric"] == list(s.fabric)
+    empty = write_archive(tmp_path / "e", {"start": T0}, [])
+    s = load(empty, patterns(None)).summary
+    assert s.fabric == () and 'id="fabric"' not in page.render([s])
 
 
 def test_the_curves_keep_attempts_apart(tmp_path: Path) -> None:

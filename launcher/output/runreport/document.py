@@ -75,6 +75,7 @@ def run_json(s: RunSummary) -> dict[str, Any]:
         "counts": {"lines": s.lines, "bad_records": s.bad_records, "samples": s.samples},
         "span": round(s.span, 3),
         "goodput": s.goodput,
+        "fabric": list(s.fabric),
     }
 
 

@@ -69,6 +69,9 @@ def header_html(s: RunSummary, label: str = "") -> str:
         ("started", _when(h.started)),
         ("output", f"{s.lines:,} lines" + (f", {s.samples:,} samples" if s.samples else "")),
     ]
+    if s.fabric:  # NCCL's own account of the fabric (docs/fabric.md)
+        facts.append(("fabric", f'<span id="fabric">{text(s.fabric[0])}</span>' + "".join(
+            f'<br><span class="warn">{text(w)}</span>' for w in s.fabric[1:])))
     rows = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     tag = f'<span class="runtag">{text(label)}</span>' if label else ""
     return (f'<header class="run {cls}"><div class="title">{tag}<h1>{text(h.run_id)}</h1>'

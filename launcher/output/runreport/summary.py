@@ -139,6 +139,9 @@ class RunSummary:
     usage_note: str = ""  # why there is no utilisation chart (when there is none)
     chatter: dict[str, int] = field(default_factory=dict)  # host -> shutdown lines folded
     goodput: dict[str, Any] | None = None  # meta.json's goodput ledger (docs/goodput.md)
+    # NCCL's account (meta.json's fabric, docs/fabric.md): its one line, then its warnings
+    # and the differences from the plan; empty when NCCL said nothing (gloo, no NCCL_DEBUG)
+    fabric: tuple[str, ...] = field(default=())
 
 
 def _int(v: object) -> int | None:
@@ -378,6 +381,7 @@ def summarize(meta: Mapping[str, Any], digest: Digest, usage: UsageBuilder,
         bad_records=digest.bad, samples=usage.records, span=span,
         usage_note="" if usage_charts else why_none(meta, usage.records, span),
         goodput=dict(meta["goodput"]) if isinstance(meta.get("goodput"), Mapping) else None,
+        fabric=_fabric(meta.get("fabric")),
         chatter=dict(digest.chatter))
 
 
@@ -448,6 +452,15 @@ def _events(root: Mapping[str, Any], t0: float, hangs: list[Hang], attempts: lis
             why = _str(s.get("summary")) or strag.get(slow, "straggler")
             out.append(Event(t - t0, "straggler", f"{slow}: {why}", slow, rank, "#usage-sec"))
     return sorted(out, key=lambda e: e.t)
+
+
+def _fabric(fabric: object) -> tuple[str, ...]:
+    """meta.json's ``fabric``: NCCL's line, its warnings, the differences from the plan."""
+    if not isinstance(fabric, Mapping) or not _str(fabric.get("line")):
+        return ()
+    more = [*(fabric.get("warnings") or ()), *(
+        f"NCCL differs from the plan: {d}" for d in fabric.get("differences") or ())]
+    return (str(fabric["line"]), *(str(x) for x in more if isinstance(x, str)))
 
 
 def _header(meta: Mapping[str, Any], run_id: str, nodes: list[NodeLane], world: int | None,
