@@ -222,7 +222,7 @@ def test_a_pair_slowed_in_one_pass_is_judged_by_its_best_pass(monkeypatch):
     job = _job()
 
     class Req:
-        def wait(self):
+        def wait(self, timeout=None):
             pass
 
     class Dist:
@@ -253,7 +253,8 @@ def test_a_pair_slowed_in_one_pass_is_judged_by_its_best_pass(monkeypatch):
     monkeypatch.setattr(job.time, "perf_counter", perf_counter)
     facts = [{"rank": 0, "local_rank": 0, "node_rank": 0},
              {"rank": 1, "local_rank": 0, "node_rank": 1}]
-    cfg = {"pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5, "pair_passes": 3}
+    cfg = {"pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5, "pair_passes": 3,
+           "pair_timeout": 30.0}
     device = type("D", (), {"type": "cpu"})()
     rows = job.pair_test(Torch(), Dist(), device, facts, 0, cfg)
     assert [(r["a"], r["b"]) for r in rows] == [(0, 1)]
@@ -261,6 +262,90 @@ def test_a_pair_slowed_in_one_pass_is_judged_by_its_best_pass(monkeypatch):
     clock.update(t=0.0, calls=0)
     one = job.pair_test(Torch(), Dist(), device, facts, 0, dict(cfg, pair_passes=1))
     assert one[0]["time_us"] == pytest.approx(100_000)
+
+
+def test_an_exchange_that_times_out_is_reported_and_ends_the_job(monkeypatch, capsys):
+    """A pair whose send/recv is not done within pair_timeout: the leader says which pair
+    (DTRAIN-SMOKE pair_failed) and ends at once; its peers would wait on it forever."""
+    job = _job()
+    waits: list[object] = []
+
+    class Req:
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                               "7000ms for recv operation to complete")
+
+    class Dist:
+        def isend(self, t, peer):
+            return Req()
+
+        irecv = isend
+
+        def barrier(self):
+            raise AssertionError("no barrier after a failed pair")
+
+    class Torch:
+        float32 = "f32"
+
+        def ones(self, n, **kw):
+            return [1.0] * n
+
+        empty = ones
+
+    class Ended(Exception):
+        pass
+
+    def _exit(code):
+        raise Ended(code)
+
+    monkeypatch.setattr(job.os, "_exit", _exit)
+    facts = [{"rank": r, "local_rank": 0, "node_rank": r} for r in range(3)]
+    cfg = {"pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5, "pair_passes": 3,
+           "pair_timeout": 7.0}
+    with pytest.raises(Ended) as ended:
+        job.pair_test(Torch(), Dist(), type("D", (), {"type": "cpu"})(), facts, 2, cfg)
+    from launcher.decide.smoke import PAIR_FAILED_EXIT
+
+    assert ended.value.args == (job.PAIR_FAILED_EXIT,) == (PAIR_FAILED_EXIT,)
+    assert [w.total_seconds() for w in waits] == [7.0]  # type: ignore[attr-defined]
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(MARK)]
+    msg = json.loads(line[len(MARK):])
+    assert {k: msg[k] for k in ("kind", "rank", "size", "timeout")} == {
+        "kind": "pair_failed", "rank": 2, "size": 1 << 20, "timeout": 7.0}
+    assert 2 in (msg["a"], msg["b"]) and "Timed out waiting" in msg["error"]
+
+
+def test_a_failed_pair_names_its_link_or_the_node_in_every_failed_pair():
+    from launcher.decide.smoke import PAIR_FAILED_EXIT
+
+    def failed(pairs: list[tuple[int, int]], views: dict[int, list[dict[str, object]]]
+               | None = None) -> SmokeResults:
+        res = SmokeResults(layout=LAYOUT, nodes=HOSTS)
+        done = {(a, b) for a in range(4) for b in range(a + 1, 4)} - set(pairs)
+        _fill(res, views=views if views is not None else {
+            i: [_pair(a, b, 10.0) for a, b in sorted(done) if i in (a, b)] for i in range(4)})
+        for a, b in pairs:
+            _line(res, a, kind="pair_failed", rank=a, a=a, b=b, size=1 << 20, timeout=30.0,
+                  error="Timed out")
+        return res
+
+    v = _eval(failed([(1, 3)]), job_code=PAIR_FAILED_EXIT)
+    assert v.code == 1 and [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n2", "n4"))]
+    assert v.failures[0].message == ("link n2 <-> n4 failed: no exchange of 1M within 30 s "
+                                     "(--pair-timeout)")
+    assert v.summary == v.failures[0].message
+    # n3 (index 2) failed with every partner it met, and finished none: the node is named
+    v = _eval(failed([(0, 2), (1, 2), (2, 3)]), job_code=PAIR_FAILED_EXIT)
+    assert [(f.check, f.hosts) for f in v.failures] == [("pairs", ("n3",))]
+    assert v.failures[0].message.startswith("n3 is unreachable for the pair test: no exchange "
+                                            "of 1M with n1, n2, n4 within 30 s")
+    # a report on a pair the node is no end of is refused, not believed
+    res = failed([])
+    _line(res, 0, kind="pair_failed", rank=0, a=1, b=2, size=1, timeout=1.0, error="")
+    assert not res.failed_pairs and "no end of" in res.refused[0][1]
+    # the job's own crash, without a failed pair, keeps its code
+    assert _eval(failed([]), job_code=PAIR_FAILED_EXIT).code == PAIR_FAILED_EXIT
 
 
 @pytest.mark.parametrize("n", range(1, 13))
@@ -323,14 +408,14 @@ def test_the_job_reads_every_key_the_config_sends_and_nothing_else():
     assert set(sent) == read
     assert sent == {"backend": "nccl", "min_size": 1024, "max_size": 64 << 20, "warmup": 5,
                     "iters": 20, "big": 16 << 20, "pair_size": 16 << 20, "pair_warmup": 2,
-                    "pair_iters": 5, "pair_passes": 3}
+                    "pair_iters": 5, "pair_passes": 3, "pair_timeout": 30.0}
 
 
 def test_gloo_config_and_a_cap_below_the_smallest_size():
     assert make_config("gloo", None).to_json() == {
         "backend": "gloo", "min_size": 1024, "max_size": 4 << 20, "warmup": 2, "iters": 5,
         "big": 1 << 20, "pair_size": 1 << 20, "pair_warmup": 1, "pair_iters": 5,
-        "pair_passes": 3}
+        "pair_passes": 3, "pair_timeout": 30.0}
     assert (make_config("gloo", 256).min_size, make_config("gloo", 256).max_size) == (256, 256)
     assert (make_config("nccl", 512).min_size, make_config("nccl", 512).max_size) == (512, 512)
 

@@ -61,3 +61,35 @@ def test_busbw_under_the_line_rate_fails_with_the_numbers(eight, tmp_path):
     res, doc, root = _smoke(eight, tmp_path / "2", "--max-size", "4K", hosts="node[5-6]")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "(not judged on gloo)" in res.stderr
+
+
+@pytest.fixture
+def failing_node5(eight):
+    """Everything into node5 at 200 kbit/s: the job's start and its 1 KiB sweep get through,
+    a 1 MiB pair exchange would take ~40 s (a link that has as good as failed)."""
+    dev = eight.node(5).veth
+    subprocess.run(["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "200kbit",
+                    "burst", "16kb", "latency", "400ms"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
+
+
+def test_a_failing_link_is_named_at_once_not_at_the_timeout(eight, tmp_path, failing_node5):
+    """A pair exchange not done within --pair-timeout: the job says which pair and ends;
+    the verdict names the link (exit 1), long before --timeout (before: the job hung in the
+    exchange until --timeout, 124, with no pair named)."""
+    import time
+
+    t0 = time.monotonic()
+    res, doc, root = _smoke(eight, tmp_path, "--pairs", "--max-size", "1K", "--pair-timeout",
+                            "5", "--timeout", "160", hosts="node[5-8]")
+    took = time.monotonic() - t0
+    assert res.returncode == 1, res.stderr[-3000:]
+    fails = doc["smoke"]["failures"]
+    assert [(f["check"], f["hosts"]) for f in fails] == [("pairs", ["node5", "node6"])], fails
+    assert fails[0]["message"] == ("link node5 <-> node6 failed: no exchange of 1M within "
+                                   "5 s (--pair-timeout)")
+    assert "smoke: FAIL: link node5 <-> node6 failed" in res.stderr, res.stderr[-3000:]
+    assert took < 120, took  # not --timeout's 160 s

@@ -55,6 +55,10 @@ def smoke_cmd(
         "--pair-fraction", min=0, max=1, metavar="FRACTION", rich_help_panel=SMOKE,
         help="A node pair under this fraction of the best "
              "pair's bandwidth is slow.")] = 0.25,
+    pair_timeout: Annotated[float, typer.Option(
+        "--pair-timeout", min=0.1, metavar="SECONDS", rich_help_panel=SMOKE,
+        help="A pair exchange not done in this many seconds is a failed link: named, "
+             "and the job ends at once.")] = 30.0,
     pairs: Annotated[bool, typer.Option(
         "--pairs", rich_help_panel=SMOKE,
         help="Node pairs in O(log n) rounds (16 nodes: 4) that name "
@@ -114,7 +118,8 @@ def smoke_cmd(
         req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
                            backend=backend, max_size=size, min_busbw=min_busbw,
                            pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,
-                           pairs=pairs, line_fraction=line_fraction,
+                           pairs=pairs, pair_timeout=pair_timeout,
+                           line_fraction=line_fraction,
                            run_id=run_id or "", as_json=as_json, junit=junit,
                            container=groups.container(image, container_runtime, mount,
                                                       container_arg))

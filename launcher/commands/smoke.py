@@ -27,6 +27,7 @@ from launcher.decide.linerate import DEFAULT_LINE_FRACTION, LineRate, fabric_rat
 from launcher.decide.plan import RunOptions, RunRequest
 from launcher.decide.smoke import (
     DEFAULT_PAIR_FRACTION,
+    DEFAULT_PAIR_TIMEOUT,
     SmokeFailure,
     SmokeResults,
     SmokeVerdict,
@@ -77,6 +78,7 @@ class SmokeRequest:
     junit: str | None = None
     container: ContainerRequest | None = None  # --image (docs/containers.md)
     pairs: bool = False  # --pairs: the O(log n) pair rounds (decide/smoke.py log_rounds)
+    pair_timeout: float = DEFAULT_PAIR_TIMEOUT  # --pair-timeout: a failed link after it
     line_fraction: float | None = None  # --line-fraction (None: 0.8 on NCCL, off on gloo)
 
 
@@ -273,7 +275,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
                 for r in bad)
             return run
         run.backend, run.backend_reason = choose_backend(pre.facts, req.backend)
-        cfg = replace(make_config(run.backend, req.max_size), pairs=req.pairs)
+        cfg = replace(make_config(run.backend, req.max_size), pairs=req.pairs,
+                      pair_timeout=req.pair_timeout)
         nproc = req.nproc_per_node or ("gpu" if run.backend == "nccl" else "1")
         rreq = replace(rreq, nproc_per_node=nproc,
                        args=(json.dumps(cfg.to_json(), separators=(",", ":")),))

@@ -39,6 +39,11 @@ NCCL_MAX_SIZE = 64 * MIB
 # gloo on CPUs moves ~0.1-1 GB/s: 64 MiB x iterations would take minutes on a small cluster
 GLOO_MAX_SIZE = 4 * MIB
 DEFAULT_PAIR_FRACTION = 0.25
+# 16 MiB one way in 30 s is ~4.5 Mbit/s: no working link of a training cluster is that slow
+DEFAULT_PAIR_TIMEOUT = 30.0
+# the exit code of a smoke job whose pair exchange timed out (nodeside/smoke_job.py): it
+# reported the pair and ended; the verdict is the failed link, not the job's crash
+PAIR_FAILED_EXIT = 3
 
 
 @dataclass(frozen=True)
@@ -59,13 +64,16 @@ class SmokeConfig:
     pair_passes: int = 3
     # --pairs: the O(log n) schedule (pair_schedule), sent to the job; False: the job's own
     pairs: bool = False
+    # --pair-timeout: one exchange of a pair not done in this many seconds is a failed link
+    # (the job reports it and ends: no waiting for --timeout)
+    pair_timeout: float = DEFAULT_PAIR_TIMEOUT
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "min_size": self.min_size, "max_size": self.max_size,
                 "warmup": self.warmup, "iters": self.iters, "big": self.big,
                 "pair_size": self.pair_size, "pair_warmup": self.pair_warmup,
                 "pair_iters": self.pair_iters, "pair_passes": self.pair_passes,
-                **({"pairs": True} if self.pairs else {})}
+                "pair_timeout": self.pair_timeout, **({"pairs": True} if self.pairs else {})}
 
 
 def log_rounds(n: int) -> list[list[tuple[int, int]]]:
@@ -230,6 +238,8 @@ class SmokeResults:
     checks: dict[int, dict[str, int]] = field(default_factory=dict)
     sweep: list[dict[str, Any]] = field(default_factory=list)
     pairs: list[dict[str, Any]] = field(default_factory=list)
+    # pairs whose exchange timed out: (a, b) node indexes -> (size, seconds), from an end
+    failed_pairs: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
     backend: str | None = None
     refused: list[tuple[str, str]] = field(default_factory=list)  # (node, why)
     _pairs_from: set[int] = field(default_factory=set)
@@ -271,6 +281,12 @@ class SmokeResults:
             backend = _text(msg.get("backend"), "backend")
             self.sweep = [self._sweep_row(r) for r in _rows(msg)]
             self.backend = backend
+        elif kind == "pair_failed":
+            a, b = _int(msg.get("a"), "a"), _int(msg.get("b"), "b")
+            self._ends(host, a, b)
+            if len(self.failed_pairs) < _MAX_ROWS:
+                self.failed_pairs.setdefault((min(a, b), max(a, b)), (
+                    _int(msg.get("size"), "size"), _num(msg.get("timeout"), "timeout")))
         elif kind == "pairs":
             if rank in self._pairs_from:
                 raise _Refused(f"a second pairs report from rank {rank}")
@@ -307,13 +323,18 @@ class SmokeResults:
                 "time_us": _num(row.get("time_us"), "time_us"),
                 "algbw": _num(row.get("algbw"), "algbw"), "busbw": _num(row.get("busbw"), "busbw")}
 
-    def _pair_row(self, host: str, row: dict[str, Any]) -> dict[str, Any]:
-        a, b = _int(row.get("a"), "a"), _int(row.get("b"), "b")
+    def _ends(self, host: str, a: int, b: int) -> None:
+        """The pair (a, b) is a pair of this job's nodes, and ``host`` one of its ends."""
         ends = [self.nodes[i] for i in (a, b) if i < len(self.nodes)]
         if len(ends) != 2 or a == b:
             raise _Refused(f"pair ({a}, {b}) is not a pair of nodes of this job")
         if host not in ends:
-            raise _Refused(f"a time for the pair {ends[0]} <-> {ends[1]}, which it is no end of")
+            raise _Refused(f"a report on the pair {ends[0]} <-> {ends[1]}, which it is no "
+                           "end of")
+
+    def _pair_row(self, host: str, row: dict[str, Any]) -> dict[str, Any]:
+        a, b = _int(row.get("a"), "a"), _int(row.get("b"), "b")
+        self._ends(host, a, b)
         gbps = _num(row.get("gbps"), "gbps")
         if gbps <= 0:
             raise _Refused("gbps is not positive")
@@ -435,6 +456,37 @@ def slow_failures(pairs: Sequence[PairResult], best: float | None,
                          f"{p.gbps:.3g} GB/s ({limit})") for p in slow]
 
 
+def failed_pair_failures(res: SmokeResults, node_labels: Sequence[str]) -> list[SmokeFailure]:
+    """Pairs whose exchange never finished: a node in two or more of them, and in no pair
+    that finished, is named (its link, or the node itself); otherwise each link is."""
+    if not res.failed_pairs:
+        return []
+
+    def label(i: int) -> str:
+        return node_labels[i] if 0 <= i < len(node_labels) else f"node {i}"
+
+    done = {(int(p["a"]), int(p["b"])) for p in res.pairs}
+    count_of: Counter[int] = Counter()
+    for a, b in res.failed_pairs:
+        count_of.update((a, b))
+    named = [i for i, n in count_of.items()
+             if n >= 2 and not any(i in pair for pair in done)]
+    out = []
+    for i in sorted(named):
+        others = sorted(label(b if a == i else a) for a, b in res.failed_pairs if i in (a, b))
+        size, secs = next(v for k, v in res.failed_pairs.items() if i in k)
+        out.append(SmokeFailure("pairs", (label(i),), f"{label(i)} is unreachable for the "
+                                f"pair test: no exchange of {fmt_size(size)} with "
+                                f"{', '.join(others)} within {secs:g} s (--pair-timeout)"))
+    for (a, b), (size, secs) in sorted(res.failed_pairs.items()):
+        if a in named or b in named:
+            continue
+        out.append(SmokeFailure("pairs", (label(a), label(b)), f"link {label(a)} <-> "
+                                f"{label(b)} failed: no exchange of {fmt_size(size)} within "
+                                f"{secs:g} s (--pair-timeout)"))
+    return out
+
+
 def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
              job_code: int, job_summary: str, min_busbw: float | None = None,
              pair_fraction: float = DEFAULT_PAIR_FRACTION,
@@ -457,6 +509,8 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
                                          f"rank {rank} ({host}): {what}", (rank,)))
     pairs, best = pair_results(res, node_labels, pair_fraction)
     failures += slow_failures(pairs, best, pair_fraction)
+    broken = failed_pair_failures(res, node_labels)
+    failures += broken
     busbw = float(res.sweep[-1]["busbw"]) if res.sweep else None
     alone = world_size == 1  # an all-reduce over one rank moves nothing: busbw 0 means nothing
     if alone:
@@ -490,7 +544,7 @@ def evaluate(res: SmokeResults, *, node_labels: Sequence[str], world_size: int,
             and (text := below_line(busbw, line_rate, line_fraction)) is not None:
         named = _slowest([p for p in pairs if p.slow])
         failures.append(SmokeFailure("busbw", named, text))
-    if job_code != 0:
+    if job_code != 0 and not broken:
         code = job_code
         summary = f"the smoke job failed: {job_summary}"
     elif failures:

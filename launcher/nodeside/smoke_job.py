@@ -12,8 +12,13 @@ One argument: a JSON object (backend, sizes, iterations). Results go to stdout a
 - ``check``: every rank: the exact all-reduce sum check (mismatching elements);
 - ``sweep``: rank 0: all-reduce time, algbw and busbw per size (nccl-tests' definitions);
 - ``pairs``: every rank: the pairs of nodes it measured (as its node's local rank 0), the
-  send/recv bandwidth. The launcher takes a pair's time only from a rank on one of its two
-  nodes, the sweep only from rank 0, each rank's facts and check only from that rank.
+  send/recv bandwidth;
+- ``pair_failed``: a leader whose exchange with its pair did not finish within
+  ``pair_timeout`` seconds (a failed link): it says so and ends the job at once
+  (exit ``PAIR_FAILED_EXIT``), instead of leaving it to --timeout.
+
+The launcher takes a pair's time (or failure) only from a rank on one of its two nodes, the
+sweep only from rank 0, each rank's facts and check only from that rank.
 """
 
 import json
@@ -23,6 +28,7 @@ import sys
 import time
 
 MARK = "DTRAIN-SMOKE "
+PAIR_FAILED_EXIT = 3  # decide/smoke.py's
 
 
 def emit(kind, **fields):
@@ -181,6 +187,9 @@ def pair_test(torch, dist, device, facts, rank, cfg):
     count = max(1, cfg["pair_size"] // 4)
     send = torch.ones(count, dtype=torch.float32, device=device)
     recv = torch.empty(count, dtype=torch.float32, device=device)
+    import datetime
+
+    limit = datetime.timedelta(seconds=float(cfg["pair_timeout"]))
     rounds = schedule(len(order))
     if cfg.get("pairs"):  # smoke --pairs: the launcher's O(log n) rounds (decide/smoke.py)
         rounds = log_rounds(len(order))
@@ -196,9 +205,15 @@ def pair_test(torch, dist, device, facts, rank, cfg):
                     sync(torch, device)
                     t0 = time.perf_counter()
                     reqs = [dist.isend(send, peer), dist.irecv(recv, peer)]
-                    for r in reqs:
-                        r.wait()
-                    sync(torch, device)
+                    try:
+                        for r in reqs:
+                            r.wait(limit)
+                        sync(torch, device)
+                    except Exception as exc:  # noqa: BLE001 - gloo's/NCCL's timeout error
+                        emit("pair_failed", rank=rank, a=order[a], b=order[b], size=count * 4,
+                             timeout=limit.total_seconds(), error=str(exc)[:300])
+                        sys.stderr.flush()
+                        os._exit(PAIR_FAILED_EXIT)  # the peers wait on us: end, not hang
                     dt = time.perf_counter() - t0
                     if i >= cfg["pair_warmup"]:
                         best[key] = min(best.get(key, float("inf")), dt)
