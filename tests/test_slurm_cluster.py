@@ -37,10 +37,11 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.timeout(120)]
 class Salloc:
     """``salloc -N n python -m launcher ARGS`` with its output collected line by line."""
 
-    def __init__(self, cluster: tc.Cluster, slurm: Any, n: int, args: list[str]) -> None:
+    def __init__(self, cluster: tc.Cluster, slurm: Any, n: int, args: list[str],
+                 salloc: tuple[str, ...] = ()) -> None:
         env = slurm.env(cluster.client_env(PYTHONUNBUFFERED="1"))
         self.proc = subprocess.Popen(
-            ["salloc", "-N", str(n), "-Q", sys.executable, "-m", "launcher", *args],
+            ["salloc", "-N", str(n), "-Q", *salloc, sys.executable, "-m", "launcher", *args],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)
         self.lines: list[str] = []
@@ -194,6 +195,37 @@ def test_exec_over_srun_tags_hosts(cluster: tc.Cluster, slurm: Any,
     assert sorted(rows) == [f"node{k}" for k in range(1, 5)], job.output
     for k in range(1, 5):
         assert rows[f"node{k}"].startswith(f"node{k} job="), job.output
+
+
+@pytest.mark.torch
+def test_the_allocations_switches_order_the_node_ranks(cluster: tc.Cluster, slurm: Any,
+                                                       tmp_path: Path,
+                                                       allocs: list[Salloc]) -> None:
+    """Placement from Slurm itself (issue 36 item 4): inside an allocation dtrain asks
+    `scontrol show topology`; node1 and node3 share switch s0, node2 and node4 s1, so the
+    node ranks go node1, node3, node2, node4, one `placement:` line per switch."""
+    from tests.cluster import slurm as test_slurm
+
+    rest = [n.name for n in slurm.nodes if n.name not in ("node1", "node2", "node3", "node4")]
+    test_slurm.set_topology(slurm, (
+        "SwitchName=s0 Nodes=node1,node3\nSwitchName=s1 Nodes=node2,node4\n"
+        + (f"SwitchName=s2 Nodes={','.join(rest)}\n" if rest else "")
+        + f"SwitchName=top Switches=s0,s1{',s2' if rest else ''}\n"))
+    try:
+        job = Salloc(cluster, slurm, 4, [*run_args(cluster, tmp_path, "topo", REPORT),
+                                         "GROUP_RANK"],
+                     salloc=("-w", "node[1-4]"))
+        allocs.append(job)
+        assert job.wait(90) == 0, job.output
+    finally:
+        test_slurm.set_topology(slurm, None)
+    out = job.output
+    assert "placement: node1, node3: switch s0, segment top (scontrol show topology)" in out, out
+    assert "placement: node2, node4: switch s1, segment top (scontrol show topology)" in out, out
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines()
+               if "REPORT " in line]
+    assert {r["host"]: r["rank"] for r in reports} == {"node1": 0, "node3": 1, "node2": 2,
+                                                       "node4": 3}, out
 
 
 def test_hosts_from_a_mixed_nodelist_over_ssh(cluster: tc.Cluster) -> None:

@@ -161,3 +161,39 @@ def test_a_gpu_request_counts_wherever_it_is_in_the_environment() -> None:
     env = {"AAA": "1", "PATH": "/bin", **BASE, "ZZZ": "", "SLURM_JOB_GPUS": "0"}
     alloc = allocation(env)
     assert alloc is not None and alloc.slots == (None,) * 4
+
+
+def test_the_allocations_topology_comes_from_scontrol(tmp_path, monkeypatch) -> None:
+    """``scontrol show topology`` only inside an allocation; nothing when it prints no
+    switch (no topology plugin), fails, or hangs past its bound."""
+    import stat
+
+    from launcher.hosts import slurm as sl
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+
+    def scontrol(body: str) -> None:
+        fake.write_text("#!/bin/sh\n" + body + "\n")
+        fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+
+    env = {"PATH": str(bin_dir), "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-4]"}
+    text = ("SwitchName=s0 Level=0 LinkSpeed=1 Nodes=node[1,3]\n"
+            "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=node[2,4]\n"
+            "SwitchName=top Level=1 LinkSpeed=1 Switches=s[0-1]\n")
+    scontrol(f'[ "$1 $2" = "show topology" ] || exit 9\nprintf "%s" "{text}"')
+    assert sl.show_topology(env) == text
+    assert sl.show_topology({k: v for k, v in env.items() if k != "SLURM_JOB_ID"}) is None
+    from launcher.decide.placement import Place, parse_topology_conf
+
+    assert parse_topology_conf(text, "scontrol show topology")["node3"] == Place(
+        "s0", "top", None, "scontrol show topology")
+    scontrol("exit 0")  # no topology plugin: nothing printed
+    assert sl.show_topology(env) is None
+    scontrol("echo 'slurm_load_topo error: Unable to contact slurm controller' >&2; exit 1")
+    assert sl.show_topology(env) is None
+    monkeypatch.setattr(sl, "SCONTROL_TIMEOUT", 0.3)
+    scontrol("exec sleep 5")
+    assert sl.show_topology(env) is None
+    assert sl.show_topology({**env, "PATH": str(tmp_path / "none")}) is None

@@ -110,7 +110,7 @@ class Loop:
 
         # the hostfile's switch=/segment=, then --topology's: a spare from the fenced node's
         # switch or segment
-        self.places = host_places(hosts, opts.topology)
+        self.places = host_places(hosts, opts.topology, opts.topology_from)
         self.req, self.opts, self.settings = req, opts, settings
         self.policy, self.store, self.detacher = policy, store, detacher
         self.count = count

@@ -166,6 +166,13 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         from launcher.commands.health import gate
 
         await gate(hosts, req, opts, settings)
+    if opts.topology is None and not opts.offline:
+        # inside a Slurm allocation: its controller's topology (docs/fabric.md)
+        from launcher.hosts.slurm import show_topology
+
+        found = show_topology(os.environ)
+        if found is not None:
+            opts = replace(opts, topology=found, topology_from="scontrol show topology")
     hosts, count, spares = first_gang(hosts, opts)
     hosts = place(hosts, opts)
     if opts.restart.restarts and not opts.dry_run:
@@ -202,7 +209,7 @@ def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:
     from launcher.decide import placement as pl
     from launcher.output import render
 
-    places = pl.host_places(hosts, opts.topology)
+    places = pl.host_places(hosts, opts.topology, opts.topology_from)
     if not places:
         return list(hosts)
     order, why = pl.order([h.label for h in hosts], places)

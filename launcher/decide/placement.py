@@ -39,9 +39,10 @@ class Place:
         return ", ".join(p for p in parts if p)
 
 
-def parse_topology_conf(text: str) -> dict[str, Place]:
-    """Slurm's topology.conf (tree plugin) -> each node's leaf switch and segment (the
-    first switch that lists its leaf under ``Switches=``). Bad lines are skipped."""
+def parse_topology_conf(text: str, source: str = "topology.conf") -> dict[str, Place]:
+    """Slurm's topology.conf (tree plugin), or ``scontrol show topology``'s lines (the same
+    keys, plus Level= and LinkSpeed=) -> each node's leaf switch and segment (the first
+    switch that lists its leaf under ``Switches=``). Bad lines are skipped."""
     leaves: dict[str, list[str]] = {}
     parents: dict[str, str] = {}
     for raw in text.splitlines():
@@ -66,7 +67,7 @@ def parse_topology_conf(text: str) -> dict[str, Place]:
     out: dict[str, Place] = {}
     for switch, nodes in leaves.items():
         for node in nodes:
-            out.setdefault(node, Place(switch, parents.get(switch), None, "topology.conf"))
+            out.setdefault(node, Place(switch, parents.get(switch), None, source))
     return out
 
 
@@ -85,11 +86,13 @@ def merge(*sources: Mapping[str, Place]) -> dict[str, Place]:
     return out
 
 
-def host_places(hosts: Sequence[Host], topology: str | None) -> dict[str, Place]:
+def host_places(hosts: Sequence[Host], topology: str | None,
+                topology_from: str = "topology.conf") -> dict[str, Place]:
     """Each host's place by its label: the hostfile's switch=/segment=, then ``topology``
-    (topology.conf's text, which names hosts, not labels), the hostfile winning per host.
-    What ``run`` orders the ranks by and what a restart picks a fenced node's spare by."""
-    conf = parse_topology_conf(topology) if topology else {}
+    (topology.conf's text, which names hosts, not labels; ``topology_from`` says where it
+    came from), the hostfile winning per host. What ``run`` orders the ranks by and what a
+    restart picks a fenced node's spare by."""
+    conf = parse_topology_conf(topology, topology_from) if topology else {}
     names = {h.name: h.label for h in hosts}
     return merge({h.label: Place(h.switch, h.segment, None, "hostfile")
                   for h in hosts if h.switch or h.segment},
@@ -114,7 +117,8 @@ def nvlink_domain(fabric: Mapping[str, str]) -> str | None:
 
 
 def after_probe(hosts: Sequence[Host], fabrics: Mapping[str, Mapping[str, str]],
-                topology: str | None) -> tuple[list[str], list[str]] | None:
+                topology: str | None, topology_from: str = "topology.conf"
+                ) -> tuple[list[str], list[str]] | None:
     """The rank order once the probe said each node's NVLink domain (``fabrics``: label ->
     its fabric fields), with the hostfile's and topology.conf's places: (labels in order,
     why), or None when no node is in a domain (the order stands). The first host stays
@@ -122,7 +126,7 @@ def after_probe(hosts: Sequence[Host], fabrics: Mapping[str, Mapping[str, str]],
     domains = {label: d for label, fab in fabrics.items() if (d := nvlink_domain(fab))}
     if not domains:
         return None
-    places = merge(host_places(hosts, topology),
+    places = merge(host_places(hosts, topology, topology_from),
                    {label: Place(nvlink=d, source="nvidia-smi") for label, d in domains.items()})
     labels = [h.label for h in hosts]
     ordered, why = order(labels, places)

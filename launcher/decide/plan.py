@@ -99,6 +99,8 @@ class RunOptions:
     health_check: bool = False  # --health-check: the health gate first (commands/health.py)
     health_dcgm: int = 0  # --dcgm N with it: dcgmi diag -r N too
     topology: str | None = None  # --topology FILE's text (Slurm's topology.conf)
+    # where ``topology`` came from, as the placement lines say it
+    topology_from: str = "topology.conf"
 
 
 @dataclass(frozen=True)

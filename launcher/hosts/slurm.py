@@ -63,6 +63,33 @@ class Allocation:
                 for name, slots in zip(self.nodes, self.slots, strict=True)]
 
 
+SCONTROL_TIMEOUT = 5.0
+
+
+def show_topology(environ: Mapping[str, str]) -> str | None:
+    """``scontrol show topology`` inside an allocation (the controller's switches, in
+    topology.conf's keys: decide/placement.parse_topology_conf), or None: not in an
+    allocation, no scontrol, no topology plugin (nothing printed), or it failed or took
+    longer than SCONTROL_TIMEOUT (the run goes on without it)."""
+    import shutil
+    import subprocess
+
+    if not in_allocation(environ):
+        return None
+    scontrol = shutil.which("scontrol", path=environ.get("PATH"))
+    if scontrol is None:
+        return None
+    try:
+        res = subprocess.run([scontrol, "show", "topology"], capture_output=True, text=True,
+                             timeout=SCONTROL_TIMEOUT, env=dict(environ), check=False,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0 or "SwitchName=" not in res.stdout:
+        return None
+    return res.stdout[:4 << 20]
+
+
 def in_allocation(environ: Mapping[str, str]) -> bool:
     """Inside salloc/sbatch/srun: a job id and a node list are set."""
     return bool(environ.get(NODELIST)) and bool(environ.get("SLURM_JOB_ID")

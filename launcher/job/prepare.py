@@ -45,7 +45,7 @@ class Prepared:
         pre = self.pre
         hosts = list(self.hosts)
         placed = after_probe(hosts, {label: f.fabric for label, f in pre.facts.items()},
-                             opts.topology)
+                             opts.topology, opts.topology_from)
         if placed is not None:  # NVLink domains: ranks ordered by them (decide/placement)
             by_label = {h.label: h for h in hosts}
             hosts = [by_label[label] for label in placed[0]]
