@@ -12,6 +12,7 @@ option that needs it; nothing is read for --help or completion.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from typer import Exit
@@ -114,6 +115,11 @@ NAMES = {"python": "python", "setup": "setup", "workdir": "workdir",
 def setting_sources(**values: object) -> tuple[tuple[str, str, str], ...]:
     """(setting, value, source) for the dry run: the given values with the sources the
     options recorded (a setting without one, e.g. a default never parsed: built-in)."""
-    found = sources()
+    return setting_sources_from(sources(), **values)
+
+
+def setting_sources_from(found: Mapping[str, str], **values: object
+                         ) -> tuple[tuple[str, str, str], ...]:
+    """``setting_sources`` with the recorded sources given (pure)."""
     return tuple((NAMES.get(k, k), str(v), found.get(k, BUILT_IN))
                  for k, v in values.items() if v is not None)

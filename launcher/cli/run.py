@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -51,19 +50,6 @@ from launcher.decide.hang import DEFAULT_HANG_TIMEOUT
 JsonOpt = Annotated[bool, groups.json_opt(
     "One JSON document on stdout: the plan with --dry-run, else the result "
     "(dtrain.run/1); human output to stderr.")]
-
-def _topology(path: str | None) -> str | None:
-    """--topology FILE's text (read here: a missing file is bad input, exit 2)."""
-    if path is None:
-        return None
-    from launcher.errors import UsageError
-
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(4 << 20)
-    except OSError as exc:
-        raise UsageError(f"--topology {path}: {exc.strerror or exc}") from None
-
 
 def run_cmd(
     script: Annotated[str, typer.Argument(metavar="SCRIPT",
@@ -221,103 +207,24 @@ def run_cmd(
 
       dtrain run -f hosts --nproc-per-node gpu train.py --epochs 3
     """
+    values = dict(locals())  # every parameter, as typer parsed it (runconfig.RunArgs)
+
     def body() -> int:
-        from launcher.commands.run import default_workdir, run_sync
-        from launcher.decide.filters import check_choice
-        from launcher.decide.hang import ON_HANG, HangPolicy, compile_progress
-        from launcher.decide.plan import RunOptions, RunRequest
-        from launcher.decide.stragglers import StragglerSettings
-        from launcher.hosts.envfile import from_environment, load_env_file, parse_env_args
-        from launcher.text.redact import redact_command
+        from launcher.cli.runconfig import RunArgs, check_run_args, read_run_inputs, run_config
+        from launcher.commands.run import run_sync
 
-        remote_dir = groups.node(python, workdir, default_workdir=default_workdir())
-        if offline and not dry_run:
-            from launcher.errors import UsageError
-
-            raise UsageError("--offline plans without connecting: it goes with --dry-run",
-                             hint="add --dry-run")
-        check_choice("--rdzv", rdzv, ("static", "c10d"))
-        check_choice("--on-hang", on_hang, tuple(ON_HANG))
-        from launcher.decide.nccl_account import REQUIRE
-
-        check_choice("--require-fabric", require_fabric, REQUIRE)
-        from launcher.decide.restarts import RestartPolicy, parse_nnodes
-
-        restart = RestartPolicy(restarts=restarts, count=parse_nnodes(nnodes),
-                                backoff=restart_backoff)
-        compile_progress(progress)  # a bad pattern: exit 2 before anything connects
-        if checkpoint is not None:
-            from launcher.decide.goodput import compile_checkpoint
-
-            compile_checkpoint(checkpoint)
-        hang = HangPolicy(timeout=hang_timeout, progress=progress,
-                          on_hang=on_hang or ("stop" if restarts else "dump"))
-        from launcher.decide.devices import selection
-
-        include_hosts, exclude_hosts, devices = selection(include, exclude)
-        host_list = groups.hosts(hostfile, hosts, include_hosts, exclude_hosts, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
-        from launcher.cli.defaults import config_env, setting_sources
-
-        pairs, sources = config_env()  # the user config's [env]: the lowest of the user's
-        deepspeed, deepspeed_sources = groups.deepspeed_env()
-        pairs += deepspeed
-        sources.update(deepspeed_sources)
-        from_file = load_env_file(env_file) if env_file else []
-        sources.update((name, f"--env-file {env_file}") for name, _ in from_file)
-        pairs += from_file
-        given = parse_env_args(env or [])
-        groups.warn_secret_env(env)
-        sources.update((name, "--env") for name, _ in given)
-        pairs += given
-        hidden = from_environment(env or [])
-        secrets = [*pairs, *(kv for h in host_list for kv in h.env)]
-        command = redact_command(["dtrain", *sys.argv[1:]], env or [], secrets, hidden)
-        if notify:
-            from launcher.job.notify import redact_argv
-
-            command = redact_argv(command)
-        profile_env = None
-        if profile:
-            from launcher.decide.netenv import load_profile
-
-            profile_env = load_profile(profile)
-        rank_set = groups.rank_filter(rank)
-        host_set = groups.host_filter(host, [h.label for h in host_list])
-        req = RunRequest(script=script, args=tuple(args or ()), module=module,
-                         nproc_per_node=nproc_per_node, python=python, setup=setup,
-                         workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
-                         env_sources=tuple(sources.items()),
-                         master_addr=master_addr, master_port=master_port, rdzv=rdzv,
-                         max_restarts=max_restarts, run_id=run_id or "", devices=devices,
-                         container=groups.container(image, container_runtime, mount,
-                                                    container_arg))
-        opts = RunOptions(fanout=fanout, grace=grace, timeout=timeout,
-                          start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout,
-                          archive_dir=Path(archive_dir), dry_run=dry_run, as_json=as_json,
-                          sources=setting_sources(python=python, setup=setup,
-                                                  workdir=remote_dir, archive_dir=archive_dir),
-                          color=color, raw=raw, ranks=rank_set, hosts_filter=host_set,
-                          profile=profile_env, profile_name=Path(profile).stem if profile
-                          else "profile", no_auto=frozenset(no_auto or ()),
-                          preflight=preflight, command=tuple(command), offline=offline,
-                          transport=transport, junit=junit, timestamps=timestamps,
-                          hang=hang, restart=restart, sample_interval=sample_interval,
-                          require_fabric=require_fabric, checkpoint=checkpoint,
-                          notify=notify,
-                          health_check=health_check or bool(dcgm), health_dcgm=dcgm,
-                          topology=_topology(topology),
-                          stragglers=StragglerSettings(window=straggler_window,
-                                                       hold=straggler_hold,
-                                                       ratio=straggler_ratio))
-        settings = groups.connection(connect_timeout, accept_new, ssh_option)
+        a = RunArgs.of(values)
+        check_run_args(a)  # a bad option before any file is read
+        inputs = read_run_inputs(a)
+        req, opts, settings = run_config(a, inputs)
+        groups.warn_secret_env(a.env)
         if detach and not dry_run:
             from launcher.commands.detach import Detacher, run_detached
 
             detacher = Detacher.from_env()
             if detacher is None:  # the parent: the child does the run (see commands/detach)
                 return run_detached(sys.argv[1:], archive_hint(archive_dir))
-            return run_sync(host_list, req, opts, settings, detacher)
-        return run_sync(host_list, req, opts, settings)
+            return run_sync(list(inputs.hosts), req, opts, settings, detacher)
+        return run_sync(list(inputs.hosts), req, opts, settings)
 
     run_body(body)

@@ -1,0 +1,252 @@
+"""`dtrain run`'s command line turned into its request: read, then decided (issue 35 item 4).
+
+On the model of torch's ``run.py`` ``config_from_args``, in two halves:
+
+* ``read_run_inputs(args)``: the I/O. The host list (hostfile, -H, Slurm), the user
+  config's ``[env]``, ``.deepspeed_env``, ``--env-file``, ``--profile``, ``--topology``,
+  the launcher's environment (``--env NAME`` takes its value there), the command line as
+  typed (for meta.json, redacted), the current directory (the default ``--workdir``) and
+  where each setting came from (the config or the command line).
+* ``run_config(args, inputs)``: pure. Every check of the options (exit 2 naming the option,
+  before anything connects) and the ``RunRequest``, ``RunOptions`` and SSH settings. The
+  environment's layers are stacked here, lowest first: config ``[env]`` <
+  ``.deepspeed_env`` < ``--env-file`` < ``--env`` (decide/netenv.py merges the node's).
+
+``cli/run.py`` ``run_cmd`` is then: read, decide, run (or detach).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.decide.plan import RunOptions, RunRequest
+from launcher.models import Host
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """`dtrain run`'s parsed command line, as typer gives it (``cli/run.py`` ``run_cmd``)."""
+
+    script: str
+    args: list[str] | None = None
+    hostfile: str | None = None
+    hosts: str | None = None
+    include: str | None = None
+    exclude: str | None = None
+    group: str | None = None
+    exclude_group: str | None = None
+    genders: str | None = None
+    nproc_per_node: str | None = None
+    python: str = "python3"
+    setup: str | None = None
+    workdir: str | None = None
+    env: list[str] | None = None
+    env_file: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv: str = "static"
+    max_restarts: int = 0
+    module: bool = False
+    archive_dir: str = "~/.local/state/dtrain/runs"
+    run_id: str | None = None
+    dry_run: bool = False
+    offline: bool = False
+    as_json: bool = False
+    junit: str | None = None
+    timestamps: bool = False
+    rank: list[str] | None = None
+    host: list[str] | None = None
+    profile: str | None = None
+    no_auto: list[str] | None = None
+    preflight: bool = True
+    topology: str | None = None
+    health_check: bool = False
+    dcgm: int = 0
+    grace: float = 10.0
+    timeout: float | None = None
+    start_timeout: float = 120.0
+    hang_timeout: float = 300.0
+    progress: str | None = None
+    checkpoint: str | None = None
+    notify: str | None = None
+    require_fabric: str | None = None
+    on_hang: str | None = None
+    restarts: int = 0
+    nnodes: str | None = None
+    restart_backoff: float = 1.0
+    heartbeat_timeout: float = 30.0
+    fanout: int = 64
+    connect_timeout: float = 10.0
+    accept_new: bool = False
+    user: str | None = None
+    ssh_option: list[str] | None = None
+    transport: str = "auto"
+    color: bool | None = None
+    raw: bool = False
+    detach: bool = False
+    sample_interval: float = 10.0
+    straggler_window: float = 30.0
+    straggler_hold: float = 30.0
+    straggler_ratio: float = 2.0
+    image: str | None = None
+    container_runtime: str | None = None
+    mount: list[str] | None = None
+    container_arg: list[str] | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> RunArgs:
+        """From run_cmd's parameters (its ``locals()``), every one a field."""
+        return cls(**{k: values[k] for k in cls.__dataclass_fields__ if k in values})
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What `run` reads before it decides (``read_run_inputs``)."""
+
+    hosts: tuple[Host, ...]
+    # the user config's [env], then .deepspeed_env, then --env-file: (name, value), lowest
+    # first, and where each name came from
+    env_layers: tuple[tuple[str, str], ...] = ()
+    env_sources: Mapping[str, str] = field(default_factory=dict)
+    environ: Mapping[str, str] = field(default_factory=dict)  # the launcher's environment
+    argv: tuple[str, ...] = ()  # the command line as typed, after `dtrain`
+    profile_env: Any = None  # --profile's settings (decide/netenv.load_profile)
+    topology: str | None = None  # --topology FILE's text
+    default_workdir: str | None = None  # the current directory
+    setting_sources: Mapping[str, str] = field(default_factory=dict)  # config or command line
+
+
+def read_run_inputs(a: RunArgs) -> RunInputs:
+    """Everything `run` reads from files and the environment (a missing or bad file is exit 2
+    with its name, or its file:line)."""
+    import os
+    import sys
+
+    from launcher.cli import groups
+    from launcher.cli.defaults import config_env, sources
+    from launcher.commands.run import default_workdir
+    from launcher.decide.devices import selection
+    from launcher.hosts.envfile import load_env_file
+
+    include_hosts, exclude_hosts, _ = selection(a.include, a.exclude)
+    host_list = groups.hosts(a.hostfile, a.hosts, include_hosts, exclude_hosts, user=a.user,
+                             group=a.group, exclude_group=a.exclude_group, genders=a.genders)
+    pairs, where = config_env()  # the user config's [env]: the lowest of the user's
+    deepspeed, deepspeed_sources = groups.deepspeed_env()
+    pairs += deepspeed
+    where.update(deepspeed_sources)
+    from_file = load_env_file(a.env_file) if a.env_file else []
+    where.update((name, f"--env-file {a.env_file}") for name, _ in from_file)
+    pairs += from_file
+    profile_env = None
+    if a.profile:
+        from launcher.decide.netenv import load_profile
+
+        profile_env = load_profile(a.profile)
+    return RunInputs(hosts=tuple(host_list), env_layers=tuple(pairs), env_sources=where,
+                     environ=dict(os.environ), argv=tuple(sys.argv[1:]),
+                     profile_env=profile_env, topology=read_topology(a.topology),
+                     default_workdir=default_workdir(), setting_sources=dict(sources()))
+
+
+def read_topology(path: str | None) -> str | None:
+    """--topology FILE's text (a missing file is bad input, exit 2)."""
+    if path is None:
+        return None
+    from launcher.errors import UsageError
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(4 << 20)
+    except OSError as exc:
+        raise UsageError(f"--topology {path}: {exc.strerror or exc}") from None
+
+
+def check_run_args(a: RunArgs) -> None:
+    """The checks that need nothing read (pure; ``run_config`` makes them too): run_cmd
+    makes them first, so a bad option is named before a hostfile is even opened."""
+    from launcher.cli import groups
+    from launcher.decide.filters import check_choice
+    from launcher.decide.hang import ON_HANG, compile_progress
+    from launcher.decide.nccl_account import REQUIRE
+    from launcher.decide.restarts import parse_nnodes
+    from launcher.errors import UsageError
+
+    groups.node(a.python, a.workdir)
+    if a.offline and not a.dry_run:
+        raise UsageError("--offline plans without connecting: it goes with --dry-run",
+                         hint="add --dry-run")
+    check_choice("--rdzv", a.rdzv, ("static", "c10d"))
+    check_choice("--on-hang", a.on_hang, tuple(ON_HANG))
+    check_choice("--require-fabric", a.require_fabric, REQUIRE)
+    parse_nnodes(a.nnodes)
+    compile_progress(a.progress)  # a bad pattern: exit 2 before anything connects
+    if a.checkpoint is not None:
+        from launcher.decide.goodput import compile_checkpoint
+
+        compile_checkpoint(a.checkpoint)
+
+
+def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
+    """The request, the options and the SSH settings of one `dtrain run` (pure: every
+    check is exit 2 naming its option; nothing is read)."""
+    from launcher.cli import groups
+    from launcher.cli.defaults import setting_sources_from
+    from launcher.decide.devices import selection
+    from launcher.decide.hang import HangPolicy
+    from launcher.decide.restarts import RestartPolicy, parse_nnodes
+    from launcher.decide.stragglers import StragglerSettings
+    from launcher.hosts.envfile import from_environment, parse_env_args
+    from launcher.text.redact import redact_command
+
+    check_run_args(a)
+    remote_dir = groups.node(a.python, a.workdir, default_workdir=i.default_workdir)
+    restart = RestartPolicy(restarts=a.restarts, count=parse_nnodes(a.nnodes),
+                            backoff=a.restart_backoff)
+    hang = HangPolicy(timeout=a.hang_timeout, progress=a.progress,
+                      on_hang=a.on_hang or ("stop" if a.restarts else "dump"))
+    _, _, devices = selection(a.include, a.exclude)
+    # the environment's layers, lowest first: config [env] < .deepspeed_env < --env-file
+    # (read_run_inputs) < --env
+    pairs = list(i.env_layers)
+    sources = dict(i.env_sources)
+    given = parse_env_args(a.env or [], i.environ)
+    sources.update((name, "--env") for name, _ in given)
+    pairs += given
+    hidden = from_environment(a.env or [])
+    secrets = [*pairs, *(kv for h in i.hosts for kv in h.env)]
+    command = redact_command(["dtrain", *i.argv], a.env or [], secrets, hidden)
+    if a.notify:
+        from launcher.job.notify import redact_argv
+
+        command = redact_argv(command)
+    req = RunRequest(script=a.script, args=tuple(a.args or ()), module=a.module,
+                     nproc_per_node=a.nproc_per_node, python=a.python, setup=a.setup,
+                     workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
+                     env_sources=tuple(sources.items()),
+                     master_addr=a.master_addr, master_port=a.master_port, rdzv=a.rdzv,
+                     max_restarts=a.max_restarts, run_id=a.run_id or "", devices=devices,
+                     container=groups.container(a.image, a.container_runtime, a.mount,
+                                                a.container_arg))
+    opts = RunOptions(
+        fanout=a.fanout, grace=a.grace, timeout=a.timeout, start_timeout=a.start_timeout,
+        heartbeat_timeout=a.heartbeat_timeout, archive_dir=Path(a.archive_dir),
+        dry_run=a.dry_run, as_json=a.as_json,
+        sources=setting_sources_from(i.setting_sources, python=a.python, setup=a.setup,
+                                     workdir=remote_dir, archive_dir=a.archive_dir),
+        color=a.color, raw=a.raw, ranks=groups.rank_filter(a.rank),
+        hosts_filter=groups.host_filter(a.host, [h.label for h in i.hosts]),
+        profile=i.profile_env, profile_name=Path(a.profile).stem if a.profile else "profile",
+        no_auto=frozenset(a.no_auto or ()), preflight=a.preflight, command=tuple(command),
+        offline=a.offline, transport=a.transport, junit=a.junit, timestamps=a.timestamps,
+        hang=hang, restart=restart, sample_interval=a.sample_interval,
+        require_fabric=a.require_fabric, checkpoint=a.checkpoint, notify=a.notify,
+        health_check=a.health_check or bool(a.dcgm), health_dcgm=a.dcgm,
+        topology=i.topology,
+        stragglers=StragglerSettings(window=a.straggler_window, hold=a.straggler_hold,
+                                     ratio=a.straggler_ratio))
+    settings = groups.connection(a.connect_timeout, a.accept_new, a.ssh_option)
+    return req, opts, settings

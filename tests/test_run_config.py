@@ -1,0 +1,83 @@
+"""cli/runconfig.py: `dtrain run`'s command line into its request, without I/O (issue 35
+item 4): the checks (exit 2 naming the option), the environment's layers in their order
+with their sources, the command line redacted, and nothing read by the pure half."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.cli.runconfig import RunArgs, RunInputs, check_run_args, run_config
+from launcher.errors import UsageError
+from launcher.models import Host
+
+HOSTS = (Host("n1"), Host("n2", env=(("HOST_SECRET", "hs-123"),)))
+
+
+def _inputs(**kw: object) -> RunInputs:
+    base: dict[str, object] = {"hosts": HOSTS, "default_workdir": "/work/proj",
+                               "environ": {"FROM_SHELL": "shell-value"}}
+    return RunInputs(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_nothing_is_read_the_inputs_are_given() -> None:
+    """Every path option names a file that does not exist: only read_run_inputs opens
+    them, so run_config decides from what it is given."""
+    a = RunArgs(script="train.py", hostfile="/nonexistent/hosts", env_file="/nonexistent/e",
+                topology="/nonexistent/topo", profile="/nonexistent/site.toml")
+    req, opts, settings = run_config(a, _inputs(topology="SwitchName=s0 Nodes=n[1-2]\n",
+                                                profile_env=None))
+    assert (req.script, req.workdir, req.python) == ("train.py", "/work/proj", "python3")
+    assert opts.topology == "SwitchName=s0 Nodes=n[1-2]\n" and opts.profile_name == "site"
+    assert settings.connect_timeout == 10.0
+
+
+def test_the_environments_layers_stack_in_order_with_their_sources() -> None:
+    """config [env] < .deepspeed_env < --env-file < --env; --env NAME takes its value from
+    the launcher's environment as given (not this process's)."""
+    layers = (("A", "from-config"), ("B", "from-deepspeed"), ("A", "from-file"))
+    where = {"A": "--env-file e.env", "B": ".deepspeed_env (/work/proj)"}
+    a = RunArgs(script="t.py", env=["A=from-cli", "FROM_SHELL"])
+    req, _, _ = run_config(a, _inputs(env_layers=layers, env_sources=where))
+    assert list(req.env) == [*layers, ("A", "from-cli"), ("FROM_SHELL", "shell-value")]
+    assert dict(req.env_sources) == {"A": "--env", "B": ".deepspeed_env (/work/proj)",
+                                     "FROM_SHELL": "--env"}
+    assert req.hidden_env == frozenset({"FROM_SHELL"})
+    with pytest.raises(UsageError, match="NOT_SET is not set"):
+        run_config(RunArgs(script="t.py", env=["NOT_SET"]), _inputs())
+
+
+def test_the_command_is_kept_redacted() -> None:
+    argv = ("run", "-H", "n[1-2]", "-e", "TOKEN=tok-456", "t.py", "--key", "tok-456")
+    a = RunArgs(script="t.py", env=["TOKEN=tok-456"], args=["--key", "tok-456"])
+    _, opts, _ = run_config(a, _inputs(argv=argv))
+    assert opts.command[:3] == ("dtrain", "run", "-H")
+    assert "tok-456" not in " ".join(opts.command), opts.command
+    assert "hs-123" not in " ".join(opts.command)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"offline": True}, "--offline plans without connecting"),
+    ({"on_hang": "explode"}, "--on-hang"),
+    ({"rdzv": "etcd"}, "--rdzv"),
+    ({"require_fabric": "ib"}, "--require-fabric"),
+    ({"progress": "step (\\d+"}, "--progress"),
+    ({"nnodes": "3:1"}, "--nnodes"),
+    ({"python": "python3\nrm -rf ~"}, "--python"),
+])
+def test_a_bad_option_is_named_before_anything_is_read(args: dict[str, object],
+                                                       message: str) -> None:
+    a = RunArgs(script="t.py", **args)  # type: ignore[arg-type]
+    with pytest.raises(UsageError) as found:
+        check_run_args(a)
+    assert message in str(found.value) + (found.value.hint or "")
+    with pytest.raises(UsageError):
+        run_config(a, _inputs())
+
+
+def test_the_hang_and_restart_policies_follow_the_options() -> None:
+    _, opts, _ = run_config(RunArgs(script="t.py", restarts=2, nnodes="2:3",
+                                    restart_backoff=0.5, hang_timeout=60), _inputs())
+    assert opts.hang.on_hang == "stop" and opts.hang.timeout == 60  # --restarts: stop
+    assert opts.restart.restarts == 2 and opts.restart.backoff == 0.5
+    _, opts, _ = run_config(RunArgs(script="t.py"), _inputs())
+    assert opts.hang.on_hang == "dump" and opts.restart.restarts == 0
