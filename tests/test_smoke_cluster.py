@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -99,13 +98,10 @@ def test_smoke_passes_on_a_healthy_cluster(cluster, tmp_path):
 def slow_node3(cluster):
     """Everything into node3 goes at 50 Mbit/s (tbf on its root-side veth; this kernel has
     no netem); restored after."""
-    dev = cluster.node(3).veth
-    subprocess.run(["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "50mbit",
-                    "burst", "16kb", "latency", "200ms"], check=True)
-    try:
+    from tests.util import tbf
+
+    with tbf(cluster.node(3).veth, "50mbit"):
         yield
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
 
 
 def test_smoke_names_the_node_whose_link_is_slow(cluster, tmp_path, slow_node3):

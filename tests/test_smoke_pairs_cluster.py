@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
 from tests import cluster as test_cluster
 from tests.test_smoke_cluster import _failed_cases, _smoke
+from tests.util import tbf
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -24,13 +24,8 @@ def eight(cluster):
 @pytest.fixture
 def slow_node5(eight):
     """Everything into node5 goes at 50 Mbit/s (tbf on its root-side veth); removed after."""
-    dev = eight.node(5).veth
-    subprocess.run(["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "50mbit",
-                    "burst", "16kb", "latency", "200ms"], check=True)
-    try:
+    with tbf(eight.node(5).veth, "50mbit"):
         yield
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
 
 
 def test_pairs_name_the_slow_node_in_log_rounds(eight, tmp_path, slow_node5):
@@ -67,13 +62,8 @@ def test_busbw_under_the_line_rate_fails_with_the_numbers(eight, tmp_path):
 def failing_node5(eight):
     """Everything into node5 at 200 kbit/s: the job's start and its 1 KiB sweep get through,
     a 1 MiB pair exchange would take ~40 s (a link that has as good as failed)."""
-    dev = eight.node(5).veth
-    subprocess.run(["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "200kbit",
-                    "burst", "16kb", "latency", "400ms"], check=True)
-    try:
+    with tbf(eight.node(5).veth, "200kbit", latency="400ms"):
         yield
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
 
 
 def test_a_failing_link_is_named_at_once_not_at_the_timeout(eight, tmp_path, failing_node5):

@@ -206,17 +206,23 @@ def test_a_lost_node_ends_the_hold_at_once() -> None:
     assert job.outcome.root is not None and job.outcome.root.rank == 0
 
 
+def _recorded_stops(job: Job) -> list[str]:
+    """The job's stop_all replaced by one that records its reason (no node to stop)."""
+    stops: list[str] = []
+
+    async def stop_all(reason: str, **kw: object) -> None:
+        stops.append(reason)
+
+    job.stop_all = stop_all  # type: ignore[method-assign]
+    return stops
+
+
 def test_the_hold_ends_in_a_stop_with_the_victim_as_root_cause() -> None:
     import asyncio
 
     async def main() -> list[str]:
         job, _, _ = _held_job(hold=0.05)
-        stops: list[str] = []
-
-        async def stop_all(reason: str, **kw: object) -> None:
-            stops.append(reason)
-
-        job.stop_all = stop_all  # type: ignore[method-assign]
+        stops = _recorded_stops(job)
         async with asyncio.TaskGroup() as tg:
             _exit(job, tg, "a", 0, 134, signal.SIGABRT)  # type: ignore[arg-type]
             await asyncio.sleep(0.01)
@@ -239,12 +245,7 @@ def test_a_rank_that_said_it_raised_holds_a_victims_stop_until_its_exit() -> Non
 
     async def main(raised: bool) -> tuple[list[str], int | None]:
         job, _, _ = _held_job(hold=0.05)
-        stops: list[str] = []
-
-        async def stop_all(reason: str, **kw: object) -> None:
-            stops.append(reason)
-
-        job.stop_all = stop_all  # type: ignore[method-assign]
+        stops = _recorded_stops(job)
         async with asyncio.TaskGroup() as tg:
             if raised:
                 job._event(Host("b"), RankRaised(1.0, rank=1, exc="RuntimeError"), tg)  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import queue
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -24,6 +25,18 @@ REPO = Path(__file__).resolve().parent.parent
 # no ruff, no mypy, no torch) is a failure, not a skip. Read once, at import: the autouse
 # fixture in conftest.py clears DTRAIN_* from each test's environment.
 REQUIRE_CLUSTER = os.environ.get("DTRAIN_REQUIRE_CLUSTER") == "1"
+
+
+@contextlib.contextmanager
+def tbf(dev: str, rate: str, latency: str = "200ms") -> Iterator[None]:
+    """Everything out of ``dev`` (a node's root-side veth: into the node) at ``rate``, with a
+    token bucket (this kernel has no netem); the qdisc removed after."""
+    subprocess.run(["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
+                    "16kb", "latency", latency], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
 
 
 def node_program(name: str = "supervisor") -> Path:
