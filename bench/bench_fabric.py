@@ -119,11 +119,14 @@ def bench_health(reps: int) -> None:
 
     c = test_cluster.up(16)
     state = tempfile.mkdtemp(prefix="bench-health-")
-    for interval in ("1", "0.2"):
+    # cold (a new SSH connection per node, as a first command), then warm: --persist's
+    # connection keeper (docs/connections.md) holds them, as for a second command
+    for interval, persist in (("1", ()), ("0.2", ()), ("1", ("--persist", "10m"))):
         walls, inner = [], []
         for r in range(reps + 1):
             argv = [sys.executable, "-m", "launcher", "doctor", "--health", "--json",
-                    "-H", "node[1-16]", "--python", c.python, "--health-interval", interval]
+                    "-H", "node[1-16]", "--python", c.python, "--health-interval", interval,
+                    *persist]
             t0 = time.monotonic()
             res = subprocess.run(argv, cwd=REPO, env=c.client_env(DTRAIN_STATE_DIR=state),
                                  capture_output=True, text=True, check=False)
@@ -134,7 +137,8 @@ def bench_health(reps: int) -> None:
             if r:  # round 0: warm-up (the nodes' compiled-code cache)
                 walls.append(wall)
                 inner.append(doc["elapsed_s"])
-        print(f"doctor --health, 16 nodes, --health-interval {interval}: wall "
+        print(f"doctor --health, 16 nodes, --health-interval {interval}"
+              f"{' (warm: --persist)' if persist else ''}: wall "
               f"{statistics.median(walls):.2f} s (runs {' '.join(f'{w:.2f}' for w in walls)}), "
               f"connect to verdict {statistics.median(inner):.2f} s; counts {doc['counts']}")
 
