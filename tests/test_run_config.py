@@ -81,3 +81,22 @@ def test_the_hang_and_restart_policies_follow_the_options() -> None:
     assert opts.restart.restarts == 2 and opts.restart.backoff == 0.5
     _, opts, _ = run_config(RunArgs(script="t.py"), _inputs())
     assert opts.hang.on_hang == "dump" and opts.restart.restarts == 0
+
+
+def test_exec_config_checks_and_builds_without_reading() -> None:
+    """`dtrain exec`'s pure half: the hostfile is not opened, the request and SSH settings
+    come from the values alone, and a bad combination is exit 2 naming its options."""
+    from launcher.cli.runconfig import ExecArgs, exec_config
+
+    a = ExecArgs(command=["hostname"], hostfile="/nonexistent/hosts", gather=True,
+                 timeout=5.0, ssh_option=["ServerAliveInterval=5"])
+    req, settings = exec_config(a)
+    assert (req.command, req.gather, req.timeout, req.prefix) == (("hostname",), True, 5.0,
+                                                                  True)
+    assert req.container is None and settings.connect_timeout == 10.0
+    for bad, words in ((ExecArgs(command=["x"], gather=True, no_prefix=True), "-N"),
+                       (ExecArgs(command=["x"], gather=True, timestamps=True), "--timestamps"),
+                       (ExecArgs(command=["x"], container_runtime="docker"), "--image"),
+                       (ExecArgs(command=["x"], ssh_option=["bogus"]), "-o")):
+        with pytest.raises(UsageError, match=words):
+            exec_config(bad)

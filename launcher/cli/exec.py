@@ -86,31 +86,17 @@ def exec_cmd(
 
       dtrain exec -w node[1-4] -- nvidia-smi -L
     """
+    values = dict(locals())  # every parameter, as typer parsed it (runconfig.ExecArgs)
+
     def body() -> int:
-        from launcher.commands.exec import ExecRequest, run_exec
+        from launcher.cli.runconfig import ExecArgs, exec_config
+        from launcher.commands.exec import run_exec
 
-        groups.node(python)
-        if no_prefix and gather:
-            from launcher.errors import UsageError
-
-            raise UsageError("-N does not go with --gather: the gathered outputs are "
-                             "printed under their hosts", hint="use one of them")
-        if timestamps and gather:
-            from launcher.errors import UsageError
-
-            raise UsageError("--timestamps does not go with --gather: the gathered outputs "
-                             "are printed once, grouped across hosts, after the job",
-                             hint="use one of them")
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
-        req = ExecRequest(command=tuple(command), gather=gather, timeout=timeout,
-                          fanout=fanout, python=python, color=color, raw=raw, grace=grace,
-                          heartbeat_timeout=heartbeat_timeout, transport=transport,
-                          as_json=as_json, junit=junit, timestamps=timestamps,
-                          prefix=not no_prefix,
-                          container=groups.container(image, container_runtime, mount,
-                                                     container_arg))
-        return run_exec(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option,
-                                          persist=persist, verbose=verbose))
+        a = ExecArgs.of(values)
+        req, settings = exec_config(a)  # every check before the host list is read
+        host_list = groups.hosts(a.hostfile, a.hosts, a.include, a.exclude, user=a.user,
+                                 group=a.group, exclude_group=a.exclude_group,
+                                 genders=a.genders)
+        return run_exec(host_list, req, settings)
 
     run_body(body)

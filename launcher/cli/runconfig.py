@@ -250,3 +250,76 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
                                      ratio=a.straggler_ratio))
     settings = groups.connection(a.connect_timeout, a.accept_new, a.ssh_option)
     return req, opts, settings
+
+
+# ---------------------------------------------------------------------------------- exec
+
+
+@dataclass(frozen=True)
+class ExecArgs:
+    """`dtrain exec`'s parsed command line, as typer gives it (``cli/exec.py`` ``exec_cmd``).
+    Its only I/O is the host list (``groups.hosts``), read by exec_cmd after exec_config."""
+
+    command: list[str]
+    hostfile: str | None = None
+    hosts: str | None = None
+    include: str | None = None
+    exclude: str | None = None
+    group: str | None = None
+    exclude_group: str | None = None
+    genders: str | None = None
+    gather: bool = False
+    timeout: float | None = None
+    grace: float = 2.0
+    no_prefix: bool = False
+    heartbeat_timeout: float = 30.0
+    fanout: int = 64
+    connect_timeout: float = 10.0
+    accept_new: bool = False
+    user: str | None = None
+    ssh_option: list[str] | None = None
+    persist: str | None = None
+    verbose: bool = False
+    transport: str = "auto"
+    python: str = "python3"
+    color: bool | None = None
+    raw: bool = False
+    as_json: bool = False
+    junit: str | None = None
+    timestamps: bool = False
+    image: str | None = None
+    container_runtime: str | None = None
+    mount: list[str] | None = None
+    container_arg: list[str] | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> ExecArgs:
+        """From exec_cmd's parameters (its ``locals()``), every one a field."""
+        return cls(**{k: values[k] for k in cls.__dataclass_fields__ if k in values})
+
+
+def exec_config(a: ExecArgs) -> tuple[Any, Any]:
+    """Pure: every check of exec's options (exit 2 naming them) and its ``ExecRequest`` and
+    SSH settings; nothing is read."""
+    from launcher.cli import groups
+    from launcher.commands.exec import ExecRequest
+    from launcher.errors import UsageError
+
+    groups.node(a.python)
+    if a.no_prefix and a.gather:
+        raise UsageError("-N does not go with --gather: the gathered outputs are "
+                         "printed under their hosts", hint="use one of them")
+    if a.timestamps and a.gather:
+        raise UsageError("--timestamps does not go with --gather: the gathered outputs "
+                         "are printed once, grouped across hosts, after the job",
+                         hint="use one of them")
+    req = ExecRequest(command=tuple(a.command), gather=a.gather, timeout=a.timeout,
+                      fanout=a.fanout, python=a.python, color=a.color, raw=a.raw,
+                      grace=a.grace, heartbeat_timeout=a.heartbeat_timeout,
+                      transport=a.transport, as_json=a.as_json, junit=a.junit,
+                      timestamps=a.timestamps, prefix=not a.no_prefix,
+                      container=groups.container(a.image, a.container_runtime, a.mount,
+                                                 a.container_arg))
+    settings = groups.connection(a.connect_timeout, a.accept_new, a.ssh_option,
+                                 persist=a.persist, verbose=a.verbose)
+    return req, settings
