@@ -713,6 +713,18 @@ def test_found_yaml_merge_of_a_scalar_is_a_usage_error(text: str) -> None:
     _usage(info.value, "hosts.yaml:")
 
 
+def test_found_config_toml_with_a_huge_integer_is_a_config_error(tmp_path: Path) -> None:
+    """An integer of 5,000 digits: tomllib let int()'s own ValueError out, a traceback
+    (found by the long run, seed 42)."""
+    from launcher.errors import ConfigError
+    from launcher.hosts.userconfig import parse
+
+    with pytest.raises(ConfigError) as info:
+        parse("archive_dir = " + "9" * 5000 + "\n", tmp_path / "config.toml")
+    assert str(tmp_path / "config.toml") in str(info.value)
+    assert "not valid TOML" in str(info.value)
+
+
 # ------------------------------------------------------------------------ NCCL's own lines
 
 NCCL_LINES = [line for path in sorted((ROOT / "tests" / "data" / "nccl").glob("*.log"))
