@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.decide import smoke as sm  # noqa: E402
-from launcher.nodeside.supervisor import NcclFiles  # noqa: E402
+from launcher.nodeside.nodeevidence import NcclFiles  # noqa: E402
 
 
 def bench_pairs() -> None:
