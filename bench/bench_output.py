@@ -12,16 +12,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.models import OutputLine
-from launcher.output.archive import RunArchive
-from launcher.output.console import Console
-from launcher.output.linesplit import LineSplitter
-from launcher.output.pipeline import OutputPipeline
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from launcher.models import OutputLine  # noqa: E402
+from launcher.output.archive import RunArchive  # noqa: E402
+from launcher.output.console import Console  # noqa: E402
+from launcher.output.linesplit import LineSplitter  # noqa: E402
+from launcher.output.pipeline import OutputPipeline  # noqa: E402
 
 
 def make_chunks(lines: int, chunk: int) -> list[bytes]:
