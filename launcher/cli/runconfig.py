@@ -20,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.decide.plan import RunOptions, RunRequest
 from launcher.models import Host
+
+if TYPE_CHECKING:  # exec imports this module too, and must not pay for the run's plan
+    from launcher.decide.plan import RunOptions, RunRequest
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     from launcher.cli.defaults import setting_sources_from
     from launcher.decide.devices import selection
     from launcher.decide.hang import HangPolicy
+    from launcher.decide.plan import RunOptions, RunRequest
     from launcher.decide.restarts import RestartPolicy, parse_nnodes
     from launcher.decide.stragglers import StragglerSettings
     from launcher.hosts.envfile import from_environment, parse_env_args
