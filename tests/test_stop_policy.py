@@ -286,3 +286,21 @@ def test_a_raised_note_bounds_its_hold_and_a_rank_that_ended_is_not_waited_for()
 
     assert 0.3 <= asyncio.run(main(False)) < 2.0  # the raiser never ended: bounded
     assert asyncio.run(main(True)) < 0.25
+
+
+def test_a_raiser_whose_interpreter_then_aborts_is_still_the_root_cause() -> None:
+    """Rank 1 raised (its note came), then gloo aborted its interpreter's end: SIGABRT, 134.
+    Its abort is not a victim's; a peer whose own words say the peer went away still is.
+    (The final CI of 2026-12-04: attempt 1 named a SIGABRT victim, 134.)"""
+    from launcher.job.events import RankRaised
+    from launcher.models import Host
+
+    job, _, tg = _held_job()
+    job._event(Host("a"), RankRaised(1.0, rank=1, exc="RuntimeError"), tg)  # type: ignore[arg-type]
+    job._event(Host("b"), RankRaised(1.0, rank=2, exc="RuntimeError"), tg)  # type: ignore[arg-type]
+    _exit(job, tg, "b", 2, 1)  # raised too, but its tail says a peer went away: a victim
+    assert tg.started == ["hold"]
+    _exit(job, tg, "a", 1, 134, signal.SIGABRT)  # the raiser, aborted at its end
+    assert tg.started == ["hold", "stop-all"] and tg.tasks[0].cancelled
+    assert job.outcome.root is not None and (job.outcome.root.host, job.outcome.root.rank) \
+        == ("a", 1)

@@ -24,7 +24,7 @@ import enum
 import signal
 import time
 from collections.abc import Awaitable, Callable, Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
@@ -177,6 +177,7 @@ class Job:
         # ranks that said they raised and have not ended yet, and those that ended
         self._raising: set[tuple[str, int]] = set()
         self._ended: set[tuple[str, int]] = set()
+        self._raised: set[tuple[str, int]] = set()  # every rank that said it raised
         self.on_state = on_state
         self.launches = launches
         self.policy = policy
@@ -351,7 +352,14 @@ class Job:
             self._stopping_now(_why(failure), tg)
 
     def _is_victim(self, failure: Failure) -> bool:
-        return self.victim is not None and self.victim(failure)
+        if self.victim is None:
+            return False
+        if failure.rank is not None and (failure.host, failure.rank) in self._raised:
+            # it raised of its own: a SIGABRT after that is gloo's abort as its interpreter
+            # ended (torch-facts), not a peer's doing; only its own words (a peer went away)
+            # make it a victim
+            failure = replace(failure, signal=None)
+        return self.victim(failure)
 
     async def _hold_stop(self, why: str, tg: asyncio.TaskGroup) -> None:
         await asyncio.sleep(self.policy.peer_hold)
@@ -389,8 +397,10 @@ class Job:
         observers, in the order they registered."""
         # a rank that was asked to stop (its shim forwarded a stop from dtrain or torchrun)
         # and then exited is a follower whatever its code, never a root-cause candidate
-        if isinstance(ev, RankRaised) and (host.label, ev.rank) not in self._ended:
-            self._raising.add((host.label, ev.rank))
+        if isinstance(ev, RankRaised):
+            self._raised.add((host.label, ev.rank))
+            if (host.label, ev.rank) not in self._ended:
+                self._raising.add((host.label, ev.rank))
         if isinstance(ev, RankExit):
             self._raising.discard((host.label, ev.rank))
             self._ended.add((host.label, ev.rank))
