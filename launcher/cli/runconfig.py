@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from launcher.models import Host
 
@@ -28,8 +28,18 @@ if TYPE_CHECKING:  # exec imports this module too, and must not pay for the run'
     from launcher.decide.plan import RunOptions, RunRequest
 
 
+class _Parsed:
+    """A command's parsed command line (a frozen dataclass of its parameters)."""
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Self:
+        """From the command function's parameters (its ``locals()``), every one a field."""
+        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return cls(**{k: values[k] for k in fields if k in values})
+
+
 @dataclass(frozen=True)
-class RunArgs:
+class RunArgs(_Parsed):
     """`dtrain run`'s parsed command line, as typer gives it (``cli/run.py`` ``run_cmd``)."""
 
     script: str
@@ -97,11 +107,6 @@ class RunArgs:
     container_runtime: str | None = None
     mount: list[str] | None = None
     container_arg: list[str] | None = None
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> RunArgs:
-        """From run_cmd's parameters (its ``locals()``), every one a field."""
-        return cls(**{k: values[k] for k in cls.__dataclass_fields__ if k in values})
 
 
 @dataclass(frozen=True)
@@ -259,7 +264,7 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
 
 
 @dataclass(frozen=True)
-class ExecArgs:
+class ExecArgs(_Parsed):
     """`dtrain exec`'s parsed command line, as typer gives it (``cli/exec.py`` ``exec_cmd``).
     Its only I/O is the host list (``groups.hosts``), read by exec_cmd after exec_config."""
 
@@ -294,11 +299,6 @@ class ExecArgs:
     container_runtime: str | None = None
     mount: list[str] | None = None
     container_arg: list[str] | None = None
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> ExecArgs:
-        """From exec_cmd's parameters (its ``locals()``), every one a field."""
-        return cls(**{k: values[k] for k in cls.__dataclass_fields__ if k in values})
 
 
 def exec_config(a: ExecArgs) -> tuple[Any, Any]:

@@ -174,10 +174,9 @@ class Job:
         self.hosts = list(hosts)
         self.victim = victim  # does this rank failure look like a peer's victim?
         self._hold: asyncio.Task[None] | None = None
-        # ranks that said they raised and have not ended yet, and those that ended
-        self._raising: set[tuple[str, int]] = set()
+        # (host, rank): every rank that said it raised, and every rank that ended
+        self._raised: set[tuple[str, int]] = set()
         self._ended: set[tuple[str, int]] = set()
-        self._raised: set[tuple[str, int]] = set()  # every rank that said it raised
         self.on_state = on_state
         self.launches = launches
         self.policy = policy
@@ -366,7 +365,7 @@ class Job:
         # a rank that raised is on its way out (a loaded machine's interpreter can take
         # seconds to end after its connections closed): its exit ends the hold in _failed
         waited = 0.0
-        while self._raising and waited < self.policy.raise_hold:
+        while self._raised - self._ended and waited < self.policy.raise_hold:
             await asyncio.sleep(0.05)
             waited += 0.05
         self._hold = None
@@ -399,10 +398,7 @@ class Job:
         # and then exited is a follower whatever its code, never a root-cause candidate
         if isinstance(ev, RankRaised):
             self._raised.add((host.label, ev.rank))
-            if (host.label, ev.rank) not in self._ended:
-                self._raising.add((host.label, ev.rank))
         if isinstance(ev, RankExit):
-            self._raising.discard((host.label, ev.rank))
             self._ended.add((host.label, ev.rank))
         if isinstance(ev, RankExit) and ev.failed and ev.stop_signal is None \
                 and self.policy.rank_fail_fast:
