@@ -26,7 +26,8 @@ from launcher.decide.container import (
     image_problems,
     parse_mount,
 )
-from launcher.decide.plan import RunOptions, RunRequest, build_plan, plan_json
+from launcher.decide.plan import RunRequest, build_plan, plan_json
+from launcher.decide.runoptions import RunOptions
 from launcher.errors import PreflightFailed, UsageError
 from launcher.hosts.hostfile import parse_hostfile_yaml
 from launcher.models import Host

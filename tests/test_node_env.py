@@ -7,7 +7,8 @@ Hand-made NodeFacts, no network. Each layer sets the same few keys over the one 
 from __future__ import annotations
 
 from launcher.decide.facts import SiteVar
-from launcher.decide.plan import RunOptions, RunRequest, build_plan
+from launcher.decide.plan import RunRequest, build_plan
+from launcher.decide.runoptions import NodeChecks, RunOptions
 from launcher.models import Host
 from tests.test_netenv import MASTER_IP, iface, node, route
 
@@ -23,7 +24,7 @@ def plan_env(*, user: dict[str, str], host_env: dict[str, str], profile: dict[st
     hosts = [Host("node0", env=tuple(host_env.items())), Host("node1")]
     req = RunRequest(script="train.py", nproc_per_node="1", env=tuple(user.items()),
                      run_id="r1")
-    plan = build_plan(req, RunOptions(profile=profile), hosts,
+    plan = build_plan(req, RunOptions(checks=NodeChecks(profile=profile)), hosts,
                       {"node0": NODE0, "node1": NODE1}, master_addr=MASTER_IP,
                       master_port=29500, master_reason="test")
     return [{v.name: (v.value, v.source) for v in n.env} for n in plan.nodes]

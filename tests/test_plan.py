@@ -17,7 +17,6 @@ from launcher.decide.plan import (
     OFFLINE_FACTS,
     LaunchPlan,
     NodePlan,
-    RunOptions,
     RunRequest,
     build_plan,
     dtrain_env,
@@ -26,6 +25,7 @@ from launcher.decide.plan import (
     offline_plan,
     plan_json,
 )
+from launcher.decide.runoptions import NodeChecks, RunOptions
 from launcher.errors import PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
@@ -158,8 +158,8 @@ def test_rendezvous_c10d_a_module_and_the_gpu_selection() -> None:
     req = RunRequest(script="pkg.train", module=True, args=("-x",), nproc_per_node="auto",
                      rdzv="c10d", run_id="r2", python="/opt/py",
                      devices=DeviceSelection(include={"node1": (1, 3)}))
-    opts = RunOptions(profile={"NCCL_P2P_DISABLE": "1"}, profile_name="aws",
-                      no_auto=frozenset({"GLOO_SOCKET_IFNAME"}))
+    opts = RunOptions(checks=NodeChecks(profile={"NCCL_P2P_DISABLE": "1"}, profile_name="aws",
+                                        no_auto=frozenset({"GLOO_SOCKET_IFNAME"})))
     plan = build_plan(req, opts, hosts, {"node0": n0, "node1": N1, "node2": n2},
                       master_addr=MASTER_IP, master_port=29500, master_reason="m")
     c10d = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "198.18.0.11:29500", "--rdzv-id", "r2"]
@@ -279,8 +279,8 @@ def test_an_offline_plan_whole() -> None:
              Host("node-b", python="/opt/py", slots=1, env=(("H", "2"),))]
     req = RunRequest("t.py", args=("--key", "abc"), env=(("K", "abc"),),
                      hidden_env=frozenset({"K"}), run_id="r3")
-    plan = offline_plan(req, RunOptions(profile={"NCCL_DEBUG": "INFO"}, profile_name="dev"),
-                        hosts)
+    opts = RunOptions(checks=NodeChecks(profile={"NCCL_DEBUG": "INFO"}, profile_name="dev"))
+    plan = offline_plan(req, opts, hosts)
     doc = plan_json(plan)
     assert {k: v for k, v in doc.items() if k != "nodes"} == {
         "offline": True, "facts": OFFLINE_FACTS, "master_addr": "198.18.0.99",

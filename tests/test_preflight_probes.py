@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.plan import RunOptions, RunRequest
+from launcher.decide.plan import RunRequest
+from launcher.decide.runoptions import Connection, NodeChecks, RunOptions
 from launcher.job.preflight import preflight
 from launcher.models import Host
 from launcher.nodeside import wire
@@ -61,8 +62,8 @@ def _preflight(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
     hosts, conns, req = _nodes(master_addr, monkeypatch)
 
     async def go() -> Any:
-        pre = await preflight(dict(conns), hosts, req, RunOptions(preflight=False,
-                                                                  probe_timeout=60))
+        pre = await preflight(dict(conns), hosts, req, RunOptions(
+            checks=NodeChecks(preflight=False), connection=Connection(probe_timeout=60)))
         # preflight returns with node 0's port closed (torchrun binds it next) and every
         # probe still running (each becomes its node's supervisor; prepare ends the rest)
         with socket.socket() as s:
@@ -201,8 +202,8 @@ def test_a_run_starts_one_program_per_node(monkeypatch: pytest.MonkeyPatch) -> N
     events: dict[str, list[str]] = {}
 
     async def go() -> dict[str, Any]:
-        pre = await preflight(dict(conns), hosts, req, RunOptions(preflight=False,
-                                                                  probe_timeout=60))
+        pre = await preflight(dict(conns), hosts, req, RunOptions(
+            checks=NodeChecks(preflight=False), connection=Connection(probe_timeout=60)))
         probes = pre.probes
         assert probes is not None
         out = {}
@@ -255,5 +256,6 @@ def test_a_permission_denied_names_the_nodes_and_their_user(
     req = RunRequest(script="train.py", python=sys.executable, workdir="/srv/job")
     with pytest.raises(PreflightFailed) as err:
         asyncio.run(preflight({h.label: Counted(h) for h in hosts}, hosts, req,
-                              RunOptions(preflight=True, probe_timeout=60)))
+                              RunOptions(checks=NodeChecks(preflight=True),
+                                         connection=Connection(probe_timeout=60))))
     assert (err.value.message, err.value.hint, err.value.host) == (message, hint, None)

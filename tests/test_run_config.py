@@ -27,7 +27,8 @@ def test_nothing_is_read_the_inputs_are_given() -> None:
     req, opts, settings = run_config(a, _inputs(topology="SwitchName=s0 Nodes=n[1-2]\n",
                                                 profile_env=None))
     assert (req.script, req.workdir, req.python) == ("train.py", "/work/proj", "python3")
-    assert opts.topology == "SwitchName=s0 Nodes=n[1-2]\n" and opts.profile_name == "site"
+    assert opts.checks.topology == "SwitchName=s0 Nodes=n[1-2]\n"
+    assert opts.checks.profile_name == "site"
     assert settings.connect_timeout == 10.0
 
 
@@ -77,10 +78,10 @@ def test_a_bad_option_is_named_before_anything_is_read(args: dict[str, object],
 def test_the_hang_and_restart_policies_follow_the_options() -> None:
     _, opts, _ = run_config(RunArgs(script="t.py", restarts=2, nnodes="2:3",
                                     restart_backoff=0.5, hang_timeout=60), _inputs())
-    assert opts.hang.on_hang == "stop" and opts.hang.timeout == 60  # --restarts: stop
-    assert opts.restart.restarts == 2 and opts.restart.backoff == 0.5
+    assert opts.watch.hang.on_hang == "stop" and opts.watch.hang.timeout == 60  # --restarts: stop
+    assert opts.watch.restart.restarts == 2 and opts.watch.restart.backoff == 0.5
     _, opts, _ = run_config(RunArgs(script="t.py"), _inputs())
-    assert opts.hang.on_hang == "dump" and opts.restart.restarts == 0
+    assert opts.watch.hang.on_hang == "dump" and opts.watch.restart.restarts == 0
 
 
 def test_exec_config_checks_and_builds_without_reading() -> None:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Self
 from launcher.models import Host
 
 if TYPE_CHECKING:  # exec imports this module too, and must not pay for the run's plan
-    from launcher.decide.plan import RunOptions, RunRequest
+    from launcher.decide.plan import RunRequest
+    from launcher.decide.runoptions import RunOptions
 
 
 class _Parsed:
@@ -204,8 +205,17 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     from launcher.cli.defaults import setting_sources_from
     from launcher.decide.devices import selection
     from launcher.decide.hang import HangPolicy
-    from launcher.decide.plan import RunOptions, RunRequest
+    from launcher.decide.plan import RunRequest
     from launcher.decide.restarts import RestartPolicy, parse_nnodes
+    from launcher.decide.runoptions import (
+        Connection,
+        Display,
+        Limits,
+        NodeChecks,
+        Reports,
+        RunOptions,
+        Watching,
+    )
     from launcher.decide.stragglers import StragglerSettings
     from launcher.hosts.envfile import from_environment, parse_env_args
     from launcher.text.redact import redact_command
@@ -240,22 +250,26 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
                      container=groups.container(a.image, a.container_runtime, a.mount,
                                                 a.container_arg))
     opts = RunOptions(
-        fanout=a.fanout, grace=a.grace, timeout=a.timeout, start_timeout=a.start_timeout,
-        heartbeat_timeout=a.heartbeat_timeout, archive_dir=Path(a.archive_dir),
-        dry_run=a.dry_run, as_json=a.as_json,
+        connection=Connection(fanout=a.fanout, transport=a.transport),
+        limits=Limits(grace=a.grace, timeout=a.timeout, start_timeout=a.start_timeout,
+                      heartbeat_timeout=a.heartbeat_timeout),
+        checks=NodeChecks(
+            preflight=a.preflight, profile=i.profile_env,
+            profile_name=Path(a.profile).stem if a.profile else "profile",
+            no_auto=frozenset(a.no_auto or ()), topology=i.topology,
+            health_check=a.health_check or bool(a.dcgm), health_dcgm=a.dcgm),
+        watch=Watching(
+            hang=hang, restart=restart, sample_interval=a.sample_interval,
+            stragglers=StragglerSettings(window=a.straggler_window, hold=a.straggler_hold,
+                                         ratio=a.straggler_ratio),
+            require_fabric=a.require_fabric, checkpoint=a.checkpoint, notify=a.notify),
+        display=Display(color=a.color, raw=a.raw, timestamps=a.timestamps,
+                        ranks=groups.rank_filter(a.rank),
+                        hosts_filter=groups.host_filter(a.host, [h.label for h in i.hosts])),
+        reports=Reports(as_json=a.as_json, junit=a.junit, archive_dir=Path(a.archive_dir)),
+        dry_run=a.dry_run, offline=a.offline, command=tuple(command),
         sources=setting_sources_from(i.setting_sources, python=a.python, setup=a.setup,
-                                     workdir=remote_dir, archive_dir=a.archive_dir),
-        color=a.color, raw=a.raw, ranks=groups.rank_filter(a.rank),
-        hosts_filter=groups.host_filter(a.host, [h.label for h in i.hosts]),
-        profile=i.profile_env, profile_name=Path(a.profile).stem if a.profile else "profile",
-        no_auto=frozenset(a.no_auto or ()), preflight=a.preflight, command=tuple(command),
-        offline=a.offline, transport=a.transport, junit=a.junit, timestamps=a.timestamps,
-        hang=hang, restart=restart, sample_interval=a.sample_interval,
-        require_fabric=a.require_fabric, checkpoint=a.checkpoint, notify=a.notify,
-        health_check=a.health_check or bool(a.dcgm), health_dcgm=a.dcgm,
-        topology=i.topology,
-        stragglers=StragglerSettings(window=a.straggler_window, hold=a.straggler_hold,
-                                     ratio=a.straggler_ratio))
+                                     workdir=remote_dir, archive_dir=a.archive_dir))
     settings = groups.connection(a.connect_timeout, a.accept_new, a.ssh_option)
     return req, opts, settings
 

@@ -104,7 +104,7 @@ def smoke_cmd(
     def body() -> int:
         from launcher.commands.smoke import SmokeRequest, smoke_sync
         from launcher.decide.filters import check_choice
-        from launcher.decide.plan import RunOptions
+        from launcher.decide.runoptions import Connection, Display, Limits, Reports, RunOptions
         from launcher.decide.smoke import parse_size
         from launcher.hosts.envfile import parse_env_args
 
@@ -123,10 +123,11 @@ def smoke_cmd(
                            run_id=run_id or "", as_json=as_json, junit=junit,
                            container=groups.container(image, container_runtime, mount,
                                                       container_arg))
-        opts = RunOptions(fanout=fanout, timeout=timeout, start_timeout=start_timeout,
-                          archive_dir=Path(archive_dir), as_json=as_json, color=color,
-                          timestamps=timestamps, transport=transport,
-                          grace=5.0)
+        opts = RunOptions(
+            connection=Connection(fanout=fanout, transport=transport),
+            limits=Limits(grace=5.0, timeout=timeout, start_timeout=start_timeout),
+            display=Display(color=color, timestamps=timestamps),
+            reports=Reports(as_json=as_json, archive_dir=Path(archive_dir)))
         return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new,
                                                                   ssh_option))
 

@@ -16,13 +16,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.aio import CLOSE_S, cleanup
 from launcher.decide import health as hd
 from launcher.errors import DtrainError
 from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.models import Host
+
+if TYPE_CHECKING:
+    from launcher.decide.runoptions import RunOptions
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ def run_health(hosts: Sequence[Host], opts: HealthOptions, settings: Any, *,
 __all__ = ["HealthOptions", "gather", "gather_with", "lines", "remember", "run_health"]
 
 
-async def gate(hosts: Sequence[Host], req: Any, opts: Any, settings: Any) -> None:
+async def gate(hosts: Sequence[Host], req: Any, opts: RunOptions, settings: Any) -> None:
     """`run --health-check`: the gate before the job. Isolate-tier nodes go on the lemon
     list (the run's id), so choose_gang leaves them out while --nnodes spares hosts; when it
     cannot, the run is refused (PreflightFailed) naming each node and why."""
@@ -226,10 +229,11 @@ async def gate(hosts: Sequence[Host], req: Any, opts: Any, settings: Any) -> Non
     from launcher.job.lemons import LemonStore
     from launcher.output import render
 
-    hopts = HealthOptions(python=req.python, setup=req.setup, dcgm=opts.health_dcgm,
-                          fanout=opts.fanout, timeout=opts.probe_timeout + 1.0,
-                          transport=opts.transport)
-    stream = sys.stderr if opts.as_json else sys.stdout
+    hopts = HealthOptions(python=req.python, setup=req.setup, dcgm=opts.checks.health_dcgm,
+                          fanout=opts.connection.fanout,
+                          timeout=opts.connection.probe_timeout + 1.0,
+                          transport=opts.connection.transport)
+    stream = sys.stderr if opts.reports.as_json else sys.stdout
     started = time.monotonic()
     nodes, found = await gather(hosts, hopts, settings)
     store = LemonStore()
@@ -252,7 +256,7 @@ async def gate(hosts: Sequence[Host], req: Any, opts: Any, settings: Any) -> Non
         return
     for host in isolated:
         render.note(f"health check: {host} isolated: {hd.isolate_reason(found[host])}", stream)
-    policy = opts.restart
+    policy = opts.watch.restart
     need = policy.count.min if policy.count else len(hosts)
     bad = set(current(store.load(), time.time()))
     if len(hosts) - len([h for h in hosts if h.label in bad]) < need:

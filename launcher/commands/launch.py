@@ -26,7 +26,8 @@ from launcher.decide.hang import ProgressWatch, compile_progress
 from launcher.decide.liveness import launcher_timeout
 from launcher.decide.nccl_account import wants_account
 from launcher.decide.outcomes import Failure, JobOutcome
-from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, plan_json
+from launcher.decide.plan import LaunchPlan, RunRequest, plan_json
+from launcher.decide.runoptions import RunOptions
 from launcher.decide.verdict import (
     TailKeeper,
     Verdict,
@@ -270,7 +271,7 @@ def held_run(req: RunRequest, opts: RunOptions,
     from launcher.output.archive import RunArchive
     from launcher.output.runlock import LOCK, LauncherLock
 
-    archive = RunArchive.create(opts.archive_dir, req.run_id)
+    archive = RunArchive.create(opts.reports.archive_dir, req.run_id)
     lock: LauncherLock | None = None
     try:
         lock = LauncherLock.acquire(archive.dir, detached=detacher is not None)
@@ -279,7 +280,7 @@ def held_run(req: RunRequest, opts: RunOptions,
                     "ps` will show this run as 'launcher lost' while it runs")
     from launcher.job import notify
 
-    if notify.start(opts.notify, req.run_id, render.note):
+    if notify.start(opts.watch.notify, req.run_id, render.note):
         notify.event("started", "started")
     try:
         yield archive
@@ -325,15 +326,16 @@ def start_meta(archive: RunArchive, req: RunRequest, opts: RunOptions, plan: Lau
     """meta.json as the job starts (each attempt's plan, with --restarts)."""
     archive.write_meta({**archive.meta, **_meta_start(req, opts, plan, prep.pre),
                         "state": "starting", "transport": prep.choice.kind,
-                        **({"checkpoint_pattern": opts.checkpoint} if opts.checkpoint else {}),
+                        **({"checkpoint_pattern": opts.watch.checkpoint}
+                           if opts.watch.checkpoint else {}),
                         "launcher": {"pid": os.getpid(), "uid": os.getuid(),
                                      "host": socket.gethostname(),
                                      "detached": detacher is not None,
-                                     "heartbeat_timeout": opts.heartbeat_timeout,
+                                     "heartbeat_timeout": opts.limits.heartbeat_timeout,
                                      # how long its nodes wait for it (decide/liveness.py)
                                      "launcher_timeout":
-                                         launcher_timeout(opts.heartbeat_timeout),
-                                     "grace": opts.grace}})
+                                         launcher_timeout(opts.limits.heartbeat_timeout),
+                                     "grace": opts.limits.grace}})
 
 
 async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOptions, *,
@@ -355,20 +357,20 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
     from launcher.output.console import Console
 
     # with --json, stdout holds the one JSON document: the human output goes to stderr
-    console = Console(sys.stderr if opts.as_json else sys.stdout, color=opts.color,
-                      ranks=opts.ranks, hosts=opts.hosts_filter,
-                      sanitize=False if opts.raw else None,
+    console = Console(sys.stderr if opts.reports.as_json else sys.stdout, color=opts.display.color,
+                      ranks=opts.display.ranks, hosts=opts.display.hosts_filter,
+                      sanitize=False if opts.display.raw else None,
                       labels=[n.host.label for n in plan.nodes], world_size=plan.world_size,
-                      timestamps=opts.timestamps)
+                      timestamps=opts.display.timestamps)
     launches = {}
     owners = rank_owners({n.host.label: n.ranks for n in plan.nodes},
                          planned=plan.rdzv == "static")
     torch_versions = archive.meta.get("torch_versions") or {}
     for node in plan.nodes:
         spec = JobSpec(argv=node.argv, env=node.exported_env(),
-                       rank_shim=True, grace=opts.grace,
-                       heartbeat_timeout=opts.heartbeat_timeout,
-                       heartbeat_interval=min(2.0, opts.heartbeat_timeout / 4),
+                       rank_shim=True, grace=opts.limits.grace,
+                       heartbeat_timeout=opts.limits.heartbeat_timeout,
+                       heartbeat_interval=min(2.0, opts.limits.heartbeat_timeout / 4),
                        files=payload.files,
                        flight_recorder=flight_names(torch_versions.get(node.host.label)),
                        container=node.container.wire() if node.container else None,
@@ -382,9 +384,10 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         launches[node.host.label] = NodeLaunch(spec, python=host_python, workdir=req.workdir,
                                                setup=req.setup, node_rank=node.node_rank,
                                                adopt=adopt, ranks=owners[node.host.label])
-    policy = Policy(grace=opts.grace, timeout=opts.timeout, start_timeout=opts.start_timeout,
-                    fail_fast=True, fanout=opts.fanout, rank_fail_fast=req.max_restarts == 0,
-                    hangup_stops=detacher is None)
+    limits = opts.limits
+    policy = Policy(grace=limits.grace, timeout=limits.timeout, start_timeout=limits.start_timeout,
+                    fail_fast=True, fanout=opts.connection.fanout,
+                    rank_fail_fast=req.max_restarts == 0, hangup_stops=detacher is None)
     tails = TailKeeper()
     node_ranks = {n.host.label: n.node_rank for n in plan.nodes}
     hosts = [n.host for n in plan.nodes]
@@ -414,11 +417,11 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                 archive.update_meta(state="stopping")
                 out.stopping()
 
-        sampling = RunSampling(archive, plan, opts.sample_interval, opts.stragglers,
-                               out.message, heartbeat_timeout=opts.heartbeat_timeout,
+        sampling = RunSampling(archive, plan, opts.watch.sample_interval, opts.watch.stragglers,
+                               out.message, heartbeat_timeout=opts.limits.heartbeat_timeout,
                                attempt=req.attempt if req.restarts or req.attempt > 1
                                else None) \
-            if opts.sample_interval > 0 else None
+            if opts.watch.sample_interval > 0 else None
 
         out.barrier.ranks = {n.host.label: len(n.ranks) for n in plan.nodes}
         errors = ErrorKeeper()  # why a rank died: its stderr, its node's evidence
@@ -440,7 +443,7 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
             job.declare_failure(Failure("fabric", host, code=EXIT_FABRIC, t=now, seen=now,
                                         error=why))
 
-        fabric = FabricWatch(plan, opts.require_fabric, out.message, fabric_failed,
+        fabric = FabricWatch(plan, opts.watch.require_fabric, out.message, fabric_failed,
                              on_record=lambda: archive.update_meta(**fabric.meta()))
         job.observe(fabric)
         job.observe(Evidence(errors))
@@ -527,7 +530,7 @@ def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive
                out: RunPipeline, board: NodeBoard) -> HangWatch:
     """The run's hang watch (docs/hangs.md), an observer of the job: every output line,
     the ranks' starts, the nodes' stacks and flight recorder dumps."""
-    policy = opts.hang
+    policy = opts.watch.hang
     progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
                              time.time())
     watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.commands.launch import RunResult, held_run, start_meta, supervise
 from launcher.decide import lemons as lm
-from launcher.decide.plan import RunOptions, RunRequest
+from launcher.decide.plan import RunRequest
 from launcher.decide.restarts import (
     FINAL,
     AttemptEnd,
@@ -33,6 +33,7 @@ from launcher.decide.restarts import (
     fenced_line,
 )
 from launcher.decide.restarts import next_gang as _next_gang
+from launcher.decide.runoptions import RunOptions
 from launcher.errors import ConnectError, PreflightFailed
 from launcher.job.prepare import prepare
 from launcher.job.stoppable import Stoppable
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 def say(archive: RunArchive | None, text: str, opts: RunOptions) -> None:
     """One line of the loop's own: to the console and, as a dtrain line, to the archive."""
-    render.note(text, sys.stderr if opts.as_json else sys.stdout)
+    render.note(text, sys.stderr if opts.reports.as_json else sys.stdout)
     if archive is not None and archive.attempt is not None:
         archive.begin_attempt(archive.attempt)  # reopens output.jsonl after a pipeline
         archive.write_lines([OutputLine("", "dtrain", text, t=time.time())])
@@ -93,7 +94,7 @@ async def run_restarting(hosts: Sequence[Host], spares: Sequence[Host], count: N
     """`dtrain run --restarts N` (docs/restarts.md)."""
     from launcher.job.lemons import LemonStore
 
-    loop = Loop([*hosts, *spares], req, opts, settings, opts.restart, LemonStore(), detacher,
+    loop = Loop([*hosts, *spares], req, opts, settings, opts.watch.restart, LemonStore(), detacher,
                 count, [h.label for h in hosts], [h.label for h in spares])
     return await loop.run()
 
@@ -110,7 +111,7 @@ class Loop:
 
         # the hostfile's switch=/segment=, then --topology's: a spare from the fenced node's
         # switch or segment
-        self.places = host_places(hosts, opts.topology, opts.topology_from)
+        self.places = host_places(hosts, opts.checks.topology, opts.checks.topology_from)
         self.req, self.opts, self.settings = req, opts, settings
         self.policy, self.store, self.detacher = policy, store, detacher
         self.count = count

@@ -20,11 +20,11 @@ from launcher.commands.launch import RunResult, launch, run_extra
 from launcher.decide.plan import (
     OFFLINE_FACTS,
     LaunchPlan,
-    RunOptions,
     RunRequest,
     offline_plan,
     plan_json,
 )
+from launcher.decide.runoptions import RunOptions
 from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
@@ -159,23 +159,24 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     from launcher.output.rundir import check_archive_dir
 
     req = replace(req, run_id=check_run_id(req.run_id) if req.run_id else new_run_id(),
-                  restarts=opts.restart.restarts)
+                  restarts=opts.watch.restart.restarts)
     if not opts.dry_run:
-        check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
-    if opts.health_check and not opts.dry_run:
+        check_archive_dir(opts.reports.archive_dir)  # exit 2 before anything connects
+    if opts.checks.health_check and not opts.dry_run:
         from launcher.commands.health import gate
 
         await gate(hosts, req, opts, settings)
-    if opts.topology is None and not opts.offline:
+    if opts.checks.topology is None and not opts.offline:
         # inside a Slurm allocation: its controller's topology (docs/fabric.md)
         from launcher.hosts.slurm import show_topology
 
         found = show_topology(os.environ)
         if found is not None:
-            opts = replace(opts, topology=found, topology_from="scontrol show topology")
+            opts = replace(opts, checks=replace(opts.checks, topology=found,
+                                                 topology_from="scontrol show topology"))
     hosts, count, spares = first_gang(hosts, opts)
     hosts = place(hosts, opts)
-    if opts.restart.restarts and not opts.dry_run:
+    if opts.watch.restart.restarts and not opts.dry_run:
         return await run_restarting(hosts, spares, count, req, opts, settings, detacher)
     return await launch_plain(hosts, req, opts, settings, detacher)
 
@@ -190,9 +191,9 @@ def first_gang(hosts: Sequence[Host], opts: RunOptions
     from launcher.output import render
 
     now = time.time()
-    gang = choose_gang([h.label for h in hosts], opts.restart,
+    gang = choose_gang([h.label for h in hosts], opts.watch.restart,
                        lm.current(LemonStore().load(), now), now)
-    to = sys.stderr if opts.as_json else sys.stdout
+    to = sys.stderr if opts.reports.as_json else sys.stdout
     for line in gang.lemon_lines:
         render.note(line, to)
     if gang.spares_line and not opts.dry_run:
@@ -209,13 +210,13 @@ def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:
     from launcher.decide import placement as pl
     from launcher.output import render
 
-    places = pl.host_places(hosts, opts.topology, opts.topology_from)
+    places = pl.host_places(hosts, opts.checks.topology, opts.checks.topology_from)
     if not places:
         return list(hosts)
     order, why = pl.order([h.label for h in hosts], places)
     by_label = {h.label: h for h in hosts}
     for line in why:
-        render.note(f"placement: {line}", sys.stderr if opts.as_json else sys.stdout)
+        render.note(f"placement: {line}", sys.stderr if opts.reports.as_json else sys.stdout)
     return [by_label[h] for h in order]
 
 
@@ -225,7 +226,7 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     """One attempt: prepare, plan, launch (None: a dry run, printed)."""
     if opts.dry_run and opts.offline:  # nothing is contacted: the hostfile's plan
         plan = offline_plan(req, opts, hosts)
-        if opts.as_json:
+        if opts.reports.as_json:
             sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
         else:
             render_plan(plan, workdir=req.workdir, setup=req.setup, sources=opts.sources)
@@ -233,7 +234,7 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     async with prepare(hosts, req, opts, settings) as prep:
         plan = prep.plan(req, opts)
         if opts.dry_run:
-            if opts.as_json:
+            if opts.reports.as_json:
                 sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
             else:
                 render_plan(plan, transport=transport_text(prep.choice.kind,
@@ -251,7 +252,7 @@ def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         return run_command("run", hosts, lambda: run_async(hosts, req, opts, settings),
                            lambda ended: INTERRUPTED if ended.interrupted else 0)
 
-    reports = Reports(opts.as_json, opts.junit)
+    reports = Reports(opts.reports.as_json, opts.reports.junit)
 
     def conclude(ended: Ended[RunResult | None]) -> int | CommandReport:
         from launcher.output.report import CommandReport

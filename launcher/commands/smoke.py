@@ -24,7 +24,8 @@ from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks
 from launcher.decide.container import ContainerRequest
 from launcher.decide.linerate import DEFAULT_LINE_FRACTION, LineRate, fabric_rate, node_rate
-from launcher.decide.plan import RunOptions, RunRequest
+from launcher.decide.plan import RunRequest
+from launcher.decide.runoptions import RunOptions
 from launcher.decide.smoke import (
     DEFAULT_PAIR_FRACTION,
     DEFAULT_PAIR_TIMEOUT,
@@ -261,12 +262,13 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
 
     run = SmokeRun(time.time(), [h.label for h in hosts])
     run_id = check_run_id(req.run_id) if req.run_id else new_run_id()
-    check_archive_dir(opts.archive_dir)  # exit 2 before anything connects
+    check_archive_dir(opts.reports.archive_dir)  # exit 2 before anything connects
     rreq = RunRequest(script=f"{{DTRAIN_DIR}}/{JOB_FILE}", python=req.python,
                       setup=req.setup, workdir=None, env=req.env, run_id=run_id,
                       container=req.container)
-    async with prepare(hosts, rreq, replace(opts, preflight=False), settings,
-                       transport=opts.transport) as prep:
+    unchecked = replace(opts, checks=replace(opts.checks, preflight=False))
+    async with prepare(hosts, rreq, unchecked, settings,
+                       transport=opts.connection.transport) as prep:
         pre = prep.pre
         bad = check_failures(fast_checks(pre.facts, hosts))
         if bad:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from launcher.decide.container import (
     ContainerCommand,
@@ -21,10 +20,8 @@ from launcher.decide.container import (
 )
 from launcher.decide.devices import DeviceSelection
 from launcher.decide.facts import NodeFacts
-from launcher.decide.hang import HangPolicy
 from launcher.decide.netenv import EnvDecision, EnvVar, decide_env, merge_env, user_layer
-from launcher.decide.restarts import RestartPolicy
-from launcher.decide.stragglers import StragglerSettings
+from launcher.decide.runoptions import RunOptions
 from launcher.errors import PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
@@ -57,50 +54,6 @@ class RunRequest:
     # DeepSpeed's --include host:0,1 / --exclude host:2 (decide/devices.py)
     devices: DeviceSelection = field(default_factory=DeviceSelection)
     container: ContainerRequest | None = None  # --image (docs/containers.md)
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run (as opposed to what: that is the RunRequest)."""
-
-    fanout: int = 64
-    grace: float = 10.0
-    timeout: float | None = None
-    start_timeout: float | None = 120.0
-    heartbeat_timeout: float = 30.0
-    archive_dir: Path = Path("dtrain-runs")
-    # (setting, value, where it came from: --python, DTRAIN_ARCHIVE_DIR, config FILE:LINE,
-    # built-in default): what the dry run shows (docs/config.md)
-    sources: tuple[tuple[str, str, str], ...] = ()
-    dry_run: bool = False
-    as_json: bool = False
-    color: bool | None = None
-    raw: bool = False  # --raw: the nodes' control sequences reach the terminal
-    ranks: frozenset[int] | None = None
-    hosts_filter: frozenset[str] | None = None
-    profile: Mapping[str, str] | None = None
-    profile_name: str = "profile"
-    probe_timeout: float = 30.0
-    no_auto: frozenset[str] = frozenset()
-    preflight: bool = True
-    command: tuple[str, ...] = ()  # the command line to record, secrets already hidden
-    transport: str = "auto"  # --transport: auto, ssh or srun
-    junit: str | None = None  # --junit PATH (not with --dry-run)
-    timestamps: bool = False  # --timestamps: each console line starts with its arrival time
-    hang: HangPolicy = HangPolicy()  # --hang-timeout, --progress, --on-hang (docs/hangs.md)
-    restart: RestartPolicy = RestartPolicy()  # --restarts, --nnodes (docs/restarts.md)
-    sample_interval: float = 10.0  # --sample-interval: samples.jsonl every S s (0: off)
-    stragglers: StragglerSettings = field(default_factory=StragglerSettings)
-    offline: bool = False  # --dry-run --offline: plan from the hostfile, connect nowhere
-    # NCCL's account (decide/nccl_account.py, docs/fabric.md): --require-fabric rdma|gdr|any
-    require_fabric: str | None = None
-    checkpoint: str | None = None  # --checkpoint REGEX: the save lines (docs/goodput.md)
-    notify: str | None = None  # --notify URL|COMMAND (job/notify.py)
-    health_check: bool = False  # --health-check: the health gate first (commands/health.py)
-    health_dcgm: int = 0  # --dcgm N with it: dcgmi diag -r N too
-    topology: str | None = None  # --topology FILE's text (Slurm's topology.conf)
-    # where ``topology`` came from, as the placement lines say it
-    topology_from: str = "topology.conf"
 
 
 @dataclass(frozen=True)
@@ -250,8 +203,8 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                                    dict(req.env_sources))
         decision = decide_env(facts[host.label], master_addr=master_addr,
                               is_master=node_rank == 0, user_env=user, user_sources=sources,
-                              profile=opts.profile, nnodes=len(hosts),
-                              profile_name=opts.profile_name, no_auto=opts.no_auto,
+                              profile=opts.checks.profile, nnodes=len(hosts),
+                              profile_name=opts.checks.profile_name, no_auto=opts.checks.no_auto,
                               dtrain=dtrain_env(req, node_rank, len(hosts)))
         errors += [f"{host.label}: {e}" for e in decision.errors]
         decisions[host.label] = decision
@@ -323,7 +276,7 @@ def container_for(req: RunRequest, opts: RunOptions, host: Host, facts: NodeFact
     node = NodeContainerFacts(gpus=facts.gpus, rdma=bool(facts.rdma), shm_bytes=facts.shm_bytes)
     return command_for(ctr, facts.container.runtime, node, run_id=req.run_id,
                        host=host.name, attempt=req.attempt,
-                       workdir=req.workdir or facts.home, grace=opts.grace)
+                       workdir=req.workdir or facts.home, grace=opts.limits.grace)
 
 
 OFFLINE_FACTS = ("not connected (--offline): interfaces, GPUs, RDMA, the Python and torch "
@@ -359,8 +312,8 @@ def offline_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host]) -> La
                                    dict(req.env_sources))
         final, _ = merge_env(
             [EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node")],
-            profile=opts.profile, site={}, user=user, user_sources=sources,
-            profile_name=opts.profile_name,
+            profile=opts.checks.profile, site={}, user=user, user_sources=sources,
+            profile_name=opts.checks.profile_name,
             dtrain=dtrain_env(req, node_rank, len(hosts)))
         own = [v.name for v in dtrain_env(req, node_rank, len(hosts))]
         env = tuple(final[k] for k in [*own, *sorted(set(final) - set(own))])

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from launcher.decide.container import for_host, image_problems
 from launcher.decide.facts import NodeFacts
 from launcher.decide.netenv import choose_master, pick_master_addr
-from launcher.decide.plan import RunOptions, RunRequest
+from launcher.decide.plan import RunRequest
+from launcher.decide.runoptions import RunOptions
 from launcher.errors import DtrainError, PreflightFailed
 from launcher.hosts.hostfile import fold
 from launcher.job.probes import NodeProbes
@@ -119,7 +120,7 @@ async def check_master_port(probes: NodeProbes, labels: Sequence[str], addr: str
 async def preflight(conns: dict[str, Connection], hosts: Sequence[Host], req: RunRequest,
                     opts: RunOptions) -> Preflight:
     """Probe, choose and validate the master: one probe program per node throughout."""
-    probes = NodeProbes(req, opts.probe_timeout)
+    probes = NodeProbes(req, opts.connection.probe_timeout)
     try:
         pre = await _preflight(probes, conns, hosts, req, opts)
         # node 0's probe closes the master port now, before torchrun binds it
@@ -147,8 +148,8 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
         problems = image_problems(images, {k: pre.facts[k].container for k in images})
         if problems:
             raise PreflightFailed("; ".join(problems), hint="nothing was started")
-        pre.facts.update(await probes.in_image(hosts, pre.facts, opts.grace))
-    if opts.preflight:
+        pre.facts.update(await probes.in_image(hosts, pre.facts, opts.limits.grace))
+    if opts.checks.preflight:
         from launcher.decide.checks import failure_hint, failure_message, fast_checks
 
         rows = fast_checks(pre.facts, hosts)
@@ -163,13 +164,13 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
     if missing:
         raise PreflightFailed(f"working directory {req.workdir} does not exist on "
                               f"{fold(missing)}", hint="create it there, or pass --workdir")
-    if opts.preflight:
+    if opts.checks.preflight:
         _refuse_denied(pre.facts, [h.label for h in hosts if pre.facts[h.label].entry_denied],
                        f"{req.script} in {req.workdir}",
                        "{user} may not read it, or a directory on its path",
                        "read access to the script and search access to its directories")
     absent = [h.label for h in hosts if pre.facts[h.label].entry_ok is False]
-    if absent and opts.preflight:
+    if absent and opts.checks.preflight:
         raise entry_missing(req, absent)
     master_facts = pre.facts[hosts[0].label]
     if len(hosts) == 1:
@@ -187,5 +188,5 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
     pre.master_port = req.master_port or 0
     pre.master_port = await check_master_port(probes, [h.label for h in hosts],
                                               pre.master_addr, pre.master_port,
-                                              opts.probe_timeout)
+                                              opts.connection.probe_timeout)
     return pre

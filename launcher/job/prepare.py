@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from launcher.aio import CLOSE_S, cleanup
 from launcher.decide.placement import after_probe
-from launcher.decide.plan import LaunchPlan, RunOptions, RunRequest, build_plan
+from launcher.decide.plan import LaunchPlan, RunRequest, build_plan
+from launcher.decide.runoptions import RunOptions
 from launcher.errors import ConnectError
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.orchestrate import connect_all
@@ -45,12 +46,13 @@ class Prepared:
         pre = self.pre
         hosts = list(self.hosts)
         placed = after_probe(hosts, {label: f.fabric for label, f in pre.facts.items()},
-                             opts.topology, opts.topology_from)
+                             opts.checks.topology, opts.checks.topology_from)
         if placed is not None:  # NVLink domains: ranks ordered by them (decide/placement)
             by_label = {h.label: h for h in hosts}
             hosts = [by_label[label] for label in placed[0]]
             for line in placed[1]:
-                render.note(f"placement: {line}", sys.stderr if opts.as_json else sys.stdout)
+                render.note(f"placement: {line}",
+                            sys.stderr if opts.reports.as_json else sys.stdout)
         plan = build_plan(req, opts, hosts, pre.facts, master_addr=pre.master_addr,
                           master_port=pre.master_port, master_reason=pre.master_reason)
         for warning in pre.warnings:
@@ -75,14 +77,14 @@ async def prepare(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                   settings: SSHSettings, *, transport: str | None = None
                   ) -> AsyncIterator[Prepared]:
     """Connect to every host and run the preflight (``transport``: the --transport mode,
-    default ``opts.transport``)."""
+    default ``opts.connection.transport``)."""
     # never through the connection keeper: the probe's channel becomes the supervisor's,
     # and a keeper's restart must never cost a run (docs/connections.md)
-    auto = AutoTransport(settings, opts.transport if transport is None else transport,
+    auto = AutoTransport(settings, opts.connection.transport if transport is None else transport,
                          keeper=False)
     choice = auto.choose(hosts)
     async with auto:
-        conns, errors = await connect_all(auto, hosts, fanout=opts.fanout,
+        conns, errors = await connect_all(auto, hosts, fanout=opts.connection.fanout,
                                           timeout=settings.connect_timeout)
         pre = None
         try:
