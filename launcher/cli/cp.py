@@ -94,30 +94,14 @@ def cp_cmd(
 
       dtrain cp -f hosts -r data/ /scratch/data
     """
+    values = dict(locals())  # every parameter, as typer parsed it (configs.CpArgs)
+
     def body() -> int:
-        from launcher.commands.cp import CopyRequest, run_cp
-        from launcher.decide.broadcast import parse_size
-        from launcher.errors import UsageError
+        from launcher.cli.configs import CpArgs, cp_config
+        from launcher.commands.cp import run_cp
 
-        groups.node(python)
-        groups.check_transport(transport)
-
-        try:
-            min_size = parse_size(broadcast_min)
-        except ValueError as exc:
-            raise UsageError(f"--broadcast-min: {exc}") from None
-
-        if len(paths) < 2:
-            raise UsageError("need at least one source and a destination",
-                             hint="dtrain cp -H HOSTS SRC... DEST")
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
-        req = CopyRequest(sources=tuple(paths[:-1]), dest=paths[-1], pull=pull,
-                          recursive=recursive, preserve=preserve, checksum=checksum,
-                          delete=delete, fanout=fanout, python=python, progress=progress,
-                          broadcast=broadcast, broadcast_min=min_size, stream=not sftp,
-                          keep_setuid=keep_setuid, transport=transport)
-        return run_cp(host_list, req, groups.connection(connect_timeout, accept_new, ssh_option,
-                                          persist=persist, verbose=verbose))
+        a = CpArgs.of(values)
+        req, settings = cp_config(a)  # every check before the host list is read
+        return run_cp(a.read_hosts(), req, settings)
 
     run_body(body)

@@ -105,31 +105,24 @@ def doctor_cmd(
 
       dtrain doctor -f hosts --python ~/venv/bin/python
     """
+    values = dict(locals())  # every parameter, as typer parsed it (configs.DoctorArgs)
+
     def body() -> int:
-        groups.node(python)
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
-        if health or dcgm:
-            from launcher.commands.health import HealthOptions, run_health
+        from launcher.cli.configs import DoctorArgs, doctor_config
 
-            return run_health(host_list, HealthOptions(
-                python=python, setup=setup, interval=health_interval, dcgm=dcgm,
-                fanout=fanout, timeout=probe_timeout + health_interval,
-                transport=transport), groups.connection(connect_timeout, accept_new,
-                                                        ssh_option, persist=persist,
-                                                        verbose=verbose), as_json=as_json)
+        a = DoctorArgs.of(values)
+        opts, settings = doctor_config(a)  # every check before the host list is read
+        host_list = a.read_hosts()
+        if a.health or a.dcgm:
+            from launcher.commands.health import run_health
+
+            return run_health(host_list, opts, settings, as_json=a.as_json)
         # (imported here: the health gate needs none of doctor's checks, ~0.1 s of imports)
-        from launcher.commands.doctor import DoctorOptions, run_doctor
+        from launcher.commands.doctor import run_doctor
 
-        opts = DoctorOptions(python=python, setup=setup, master_addr=master_addr,
-                             master_port=master_port, fanout=fanout,
-                             probe_timeout=probe_timeout, transport=transport,
-                             image=groups.container(image, container_runtime, None, None))
-        return run_doctor(host_list, opts, groups.connection(connect_timeout, accept_new,
-                                                             ssh_option, persist=persist,
-                                                             verbose=verbose),
-                          as_json=as_json, junit=junit, strict=strict, color=color,
-                          failures_only=failures, per_node=per_node)
+        return run_doctor(host_list, opts, settings, as_json=a.as_json, junit=a.junit,
+                          strict=a.strict, color=a.color, failures_only=a.failures,
+                          per_node=a.per_node)
 
     run_body(body)
 

@@ -94,9 +94,6 @@ def exec_cmd(
 
         a = ExecArgs.of(values)
         req, settings = exec_config(a)  # every check before the host list is read
-        host_list = groups.hosts(a.hostfile, a.hosts, a.include, a.exclude, user=a.user,
-                                 group=a.group, exclude_group=a.exclude_group,
-                                 genders=a.genders)
-        return run_exec(host_list, req, settings)
+        return run_exec(a.read_hosts(), req, settings)
 
     run_body(body)

@@ -57,18 +57,14 @@ def push_cmd(
 
       dtrain image push -f hosts nvcr.io/nvidia/pytorch:24.05-py3
     """
-    def body() -> int:
-        from launcher.commands.image import PushRequest, run_push
-        from launcher.decide.container import ContainerRequest
+    values = dict(locals())  # every parameter, as typer parsed it (configs.PushArgs)
 
-        groups.node(python)
-        groups.check_transport(transport)
-        ContainerRequest(image, runtime=container_runtime)  # bad values: exit 2 here
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
-        req = PushRequest(image=image, runtime=container_runtime, fanout=fanout,
-                          python=python, transport=transport, progress=progress)
-        return run_push(host_list, req, groups.connection(connect_timeout, accept_new,
-                                                          ssh_option))
+    def body() -> int:
+        from launcher.cli.configs import PushArgs, push_config
+        from launcher.commands.image import run_push
+
+        a = PushArgs.of(values)
+        req, settings = push_config(a)  # every check before the host list is read
+        return run_push(a.read_hosts(), req, settings)
 
     run_body(body)

@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
+from launcher.cli.configs import ConnArgs, HostArgs
 from launcher.models import Host
 
 if TYPE_CHECKING:  # exec imports this module too, and must not pay for the run's plan
@@ -29,29 +30,12 @@ if TYPE_CHECKING:  # exec imports this module too, and must not pay for the run'
     from launcher.decide.runoptions import RunOptions
 
 
-class _Parsed:
-    """A command's parsed command line (a frozen dataclass of its parameters)."""
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> Self:
-        """From the command function's parameters (its ``locals()``), every one a field."""
-        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
-        return cls(**{k: values[k] for k in fields if k in values})
-
-
-@dataclass(frozen=True)
-class RunArgs(_Parsed):
+@dataclass(frozen=True, kw_only=True)
+class RunArgs(HostArgs, ConnArgs):
     """`dtrain run`'s parsed command line, as typer gives it (``cli/run.py`` ``run_cmd``)."""
 
     script: str
     args: list[str] | None = None
-    hostfile: str | None = None
-    hosts: str | None = None
-    include: str | None = None
-    exclude: str | None = None
-    group: str | None = None
-    exclude_group: str | None = None
-    genders: str | None = None
     nproc_per_node: str | None = None
     python: str = "python3"
     setup: str | None = None
@@ -91,12 +75,6 @@ class RunArgs(_Parsed):
     nnodes: str | None = None
     restart_backoff: float = 1.0
     heartbeat_timeout: float = 30.0
-    fanout: int = 64
-    connect_timeout: float = 10.0
-    accept_new: bool = False
-    user: str | None = None
-    ssh_option: list[str] | None = None
-    transport: str = "auto"
     color: bool | None = None
     raw: bool = False
     detach: bool = False
@@ -270,39 +248,24 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
         dry_run=a.dry_run, offline=a.offline, command=tuple(command),
         sources=setting_sources_from(i.setting_sources, python=a.python, setup=a.setup,
                                      workdir=remote_dir, archive_dir=a.archive_dir))
-    settings = groups.connection(a.connect_timeout, a.accept_new, a.ssh_option)
+    settings = a.settings()
     return req, opts, settings
 
 
 # ---------------------------------------------------------------------------------- exec
 
 
-@dataclass(frozen=True)
-class ExecArgs(_Parsed):
+@dataclass(frozen=True, kw_only=True)
+class ExecArgs(HostArgs, ConnArgs):
     """`dtrain exec`'s parsed command line, as typer gives it (``cli/exec.py`` ``exec_cmd``).
-    Its only I/O is the host list (``groups.hosts``), read by exec_cmd after exec_config."""
+    Its only I/O is the host list (``read_hosts``), read by exec_cmd after exec_config."""
 
     command: list[str]
-    hostfile: str | None = None
-    hosts: str | None = None
-    include: str | None = None
-    exclude: str | None = None
-    group: str | None = None
-    exclude_group: str | None = None
-    genders: str | None = None
     gather: bool = False
     timeout: float | None = None
     grace: float = 2.0
     no_prefix: bool = False
     heartbeat_timeout: float = 30.0
-    fanout: int = 64
-    connect_timeout: float = 10.0
-    accept_new: bool = False
-    user: str | None = None
-    ssh_option: list[str] | None = None
-    persist: str | None = None
-    verbose: bool = False
-    transport: str = "auto"
     python: str = "python3"
     color: bool | None = None
     raw: bool = False
@@ -337,6 +300,5 @@ def exec_config(a: ExecArgs) -> tuple[Any, Any]:
                       timestamps=a.timestamps, prefix=not a.no_prefix,
                       container=groups.container(a.image, a.container_runtime, a.mount,
                                                  a.container_arg))
-    settings = groups.connection(a.connect_timeout, a.accept_new, a.ssh_option,
-                                 persist=a.persist, verbose=a.verbose)
+    settings = a.settings()
     return req, settings

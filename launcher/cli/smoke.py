@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -101,34 +100,18 @@ def smoke_cmd(
 
       dtrain smoke -f hosts --min-busbw 100
     """
-    def body() -> int:
-        from launcher.commands.smoke import SmokeRequest, smoke_sync
-        from launcher.decide.filters import check_choice
-        from launcher.decide.runoptions import Connection, Display, Limits, Reports, RunOptions
-        from launcher.decide.smoke import parse_size
-        from launcher.hosts.envfile import parse_env_args
+    values = dict(locals())  # every parameter, as typer parsed it (configs.SmokeArgs)
 
-        groups.node(python)
-        check_choice("--backend", backend, ("nccl", "gloo"))
-        groups.check_transport(transport)
-        size = parse_size(max_size) if max_size else None
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
-        groups.warn_secret_env(env)
-        req = SmokeRequest(python=python, setup=setup, env=tuple(parse_env_args(env or [])),
-                           backend=backend, max_size=size, min_busbw=min_busbw,
-                           pair_fraction=pair_fraction, nproc_per_node=nproc_per_node,
-                           pairs=pairs, pair_timeout=pair_timeout,
-                           line_fraction=line_fraction,
-                           run_id=run_id or "", as_json=as_json, junit=junit,
-                           container=groups.container(image, container_runtime, mount,
-                                                      container_arg))
-        opts = RunOptions(
-            connection=Connection(fanout=fanout, transport=transport),
-            limits=Limits(grace=5.0, timeout=timeout, start_timeout=start_timeout),
-            display=Display(color=color, timestamps=timestamps),
-            reports=Reports(as_json=as_json, archive_dir=Path(archive_dir)))
-        return smoke_sync(host_list, req, opts, groups.connection(connect_timeout, accept_new,
-                                                                  ssh_option))
+    def body() -> int:
+        import os
+
+        from launcher.cli.configs import SmokeArgs, smoke_config
+        from launcher.commands.smoke import smoke_sync
+
+        a = SmokeArgs.of(values)
+        req, opts, settings = smoke_config(a, os.environ)  # every check first
+        host_list = a.read_hosts()
+        groups.warn_secret_env(a.env)
+        return smoke_sync(host_list, req, opts, settings)
 
     run_body(body)

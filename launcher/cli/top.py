@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 import typer
@@ -10,6 +9,7 @@ import typer
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
+from launcher.cli.configs import SORTS
 from launcher.cli.groups import (
     DEFAULT_ARCHIVE_DIR,
     AcceptNewOpt,
@@ -25,8 +25,6 @@ from launcher.cli.groups import (
 from launcher.cli.watching import StragglerHoldOpt, StragglerRatioOpt, StragglerWindowOpt
 
 TOP = "View"
-IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # what Linux allows in an interface name
-SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"
 
 
 def top_cmd(
@@ -106,59 +104,36 @@ def top_cmd(
 
       dtrain top -f hosts --fold
     """
+    values = dict(locals())  # every parameter, as typer parsed it (configs.TopArgs)
+
     def body() -> int:
-        from launcher.commands.top import TopRequest, run_top
-        from launcher.commands.top.view import SORT_KEYS, ViewOptions
-        from launcher.decide.stragglers import StragglerSettings
-        from launcher.errors import UsageError
-
-        groups.node(python)
-        for name in iface or ():
-            if not IFACE.match(name):
-                raise UsageError(f"--iface {name!r}: not an interface name",
-                                 hint="a name as `ip link` shows it, e.g. ens1f0")
-        if sort not in SORT_KEYS:
-            raise UsageError(f"--sort {sort!r}: not a column", hint=f"one of {SORTS}")
-        if progress is not None:
-            from launcher.decide.hang import compile_progress
-
-            compile_progress(progress)  # a bad pattern: exit 2 before anything connects
-        view = ViewOptions(sort=sort, reverse=reverse, filter=filter_, fold=fold,
-                           gpus=per_gpu)
-        req = TopRequest(interval=interval, once=once, as_json=as_json, count=count,
-                         view=view, color=color, python=python, transport=transport,
-                         fanout=fanout, connect_timeout=connect_timeout,
-                         ifaces=tuple(iface or ()), gpu=not no_gpu, progress=progress,
-                         stragglers=StragglerSettings(window=straggler_window,
-                                                      hold=straggler_hold,
-                                                      ratio=straggler_ratio))
-        settings = groups.connection(connect_timeout, accept_new, ssh_option,
-                                          persist=persist, verbose=verbose)
         from pathlib import Path
 
-        from launcher.commands.top import latest_live_run, run_top_for_run
+        from launcher.cli.configs import TopArgs, top_config
+        from launcher.commands.top import latest_live_run, run_top, run_top_for_run
         from launcher.errors import HostfileError
 
-        target = run
-        named = hostfile is not None or hosts is not None  # else a run's own hosts
+        a = TopArgs.of(values)
+        req, settings = top_config(a)  # every check before the host list is read
+        target = a.run
+        named = a.hostfile is not None or a.hosts is not None  # else a run's own hosts
         host_list = None
         try:
-            if run is None or named:
-                host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                         group=group, exclude_group=exclude_group, genders=genders)
+            if a.run is None or named:
+                host_list = a.read_hosts()
         except HostfileError:
             if named:
                 raise
             # no hosts anywhere: the latest running run, if there is one
-            target = latest_live_run(Path(archive_dir))
+            target = latest_live_run(Path(a.archive_dir))
             if target is None:
                 raise HostfileError("no hosts given and no running run in "
-                                    f"{archive_dir}", hint="use -f FILE or -H EXPR, or name "
+                                    f"{a.archive_dir}", hint="use -f FILE or -H EXPR, or name "
                                     "a run: dtrain top RUN") from None
         if target is not None:
-            return run_top_for_run(Path(archive_dir), target, req, settings, hosts=host_list,
-                                   include=include, exclude=exclude,
-                                   user=groups.login_user(user))
+            return run_top_for_run(Path(a.archive_dir), target, req, settings, hosts=host_list,
+                                   include=a.include, exclude=a.exclude,
+                                   user=groups.login_user(a.user))
         assert host_list is not None
         return run_top(host_list, req, settings)
 
