@@ -10,6 +10,7 @@ import inspect
 
 import pytest
 
+from launcher.cli.args import ExecArgs
 from launcher.cli.configs import (
     CpArgs,
     DoctorArgs,
@@ -22,7 +23,7 @@ from launcher.cli.configs import (
     smoke_config,
     top_config,
 )
-from launcher.cli.runconfig import ExecArgs, RunArgs
+from launcher.cli.runconfig import RunArgs
 from launcher.errors import UsageError
 
 MISSING = "/nonexistent/hosts"  # a config that read it would fail with a HostfileError
@@ -126,3 +127,11 @@ def test_push_checks_the_runtime() -> None:
     assert (req.image, req.runtime) == ("img:1", "podman")
     with pytest.raises(UsageError):
         push_config(PushArgs(hostfile=MISSING, image="img:1", container_runtime="lxc"))
+
+
+def test_tops_help_names_the_views_sort_columns() -> None:
+    """cli/top.py spells the columns for --help (without importing the view)."""
+    from launcher.cli.top import SORTS
+    from launcher.commands.top.view import SORT_KEYS
+
+    assert SORTS == ", ".join(SORT_KEYS)

@@ -87,7 +87,7 @@ def test_the_hang_and_restart_policies_follow_the_options() -> None:
 def test_exec_config_checks_and_builds_without_reading() -> None:
     """`dtrain exec`'s pure half: the hostfile is not opened, the request and SSH settings
     come from the values alone, and a bad combination is exit 2 naming its options."""
-    from launcher.cli.runconfig import ExecArgs, exec_config
+    from launcher.cli.args import ExecArgs, exec_config
 
     a = ExecArgs(command=["hostname"], hostfile="/nonexistent/hosts", gather=True,
                  timeout=5.0, ssh_option=["ServerAliveInterval=5"])

@@ -5,10 +5,9 @@ options (exit 2 naming the option, before anything is read or connects) and buil
 command's request and SSH settings. The command's body then reads the host list
 (``HostArgs.read_hosts``: the hostfile, -H, Slurm, WCOLL, the config) and runs.
 
-`run` and `exec` are in cli/runconfig.py (run also reads files before it decides: its
-environment's layers); `smoke`, `cp`, `doctor`, `top` and `image push` are here. The
-parameters every command shares are declared once: :class:`HostArgs` (hosts group) and
-:class:`ConnArgs` (connection group), as cli/groups.py declares their options once.
+`run`'s is in cli/runconfig.py (it also reads files before it decides: its environment's
+layers), `exec`'s in cli/args.py with the parameters every command shares (:class:`HostArgs`,
+:class:`ConnArgs`); `smoke`, `cp`, `doctor`, `top` and `image push` are here.
 
 Nothing heavy is imported at module level (the CLI's start is measured:
 tests/test_cli_lean.py); each config imports its request type when called.
@@ -19,65 +18,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
+
+from launcher.cli.args import ConnArgs, HostArgs
 
 IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # what Linux allows in an interface name
-SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"  # top --sort
-
-
-class Parsed:
-    """A command's parsed command line (a frozen dataclass of its parameters)."""
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> Self:
-        """From the command function's parameters (its ``locals()``), every one a field."""
-        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
-        return cls(**{k: values[k] for k in fields if k in values})
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostArgs(Parsed):
-    """The hosts group (cli/groups.py): which hosts, and ``-l USER``."""
-
-    hostfile: str | None = None
-    hosts: str | None = None
-    include: str | None = None
-    exclude: str | None = None
-    group: str | None = None
-    exclude_group: str | None = None
-    genders: str | None = None
-    user: str | None = None
-
-    def read_hosts(self) -> list[Any]:
-        """The host list these options name (I/O: exit 2 with the hostfile's line)."""
-        from launcher.cli import groups
-
-        return groups.hosts(self.hostfile, self.hosts, self.include, self.exclude,
-                            user=self.user, group=self.group,
-                            exclude_group=self.exclude_group, genders=self.genders)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConnArgs(Parsed):
-    """The connection group (cli/groups.py); ``persist`` and ``verbose`` stay at their
-    defaults for the commands that do not take them."""
-
-    fanout: int = 64
-    connect_timeout: float = 10.0
-    accept_new: bool = False
-    ssh_option: list[str] | None = None
-    transport: str = "auto"
-    persist: str | None = None
-    verbose: bool = False
-
-    def settings(self) -> Any:
-        """The SSH settings (a bad -o, --persist or --transport: exit 2)."""
-        from launcher.cli import groups
-
-        groups.check_transport(self.transport)
-        return groups.connection(self.connect_timeout, self.accept_new, self.ssh_option,
-                                 persist=self.persist, verbose=self.verbose)
-
 
 # ---------------------------------------------------------------------------------- smoke
 
@@ -283,7 +228,7 @@ def top_config(a: TopArgs) -> tuple[Any, Any]:
                              hint="a name as `ip link` shows it, e.g. ens1f0")
     if a.sort not in SORT_KEYS:
         raise UsageError(f"--sort {a.sort!r}: not a column",
-                         hint=f"one of {SORTS}")
+                         hint=f"one of {', '.join(SORT_KEYS)}")
     if a.progress is not None:
         from launcher.decide.hang import compile_progress
 

@@ -89,7 +89,7 @@ def exec_cmd(
     values = dict(locals())  # every parameter, as typer parsed it (runconfig.ExecArgs)
 
     def body() -> int:
-        from launcher.cli.runconfig import ExecArgs, exec_config
+        from launcher.cli.args import ExecArgs, exec_config
         from launcher.commands.exec import run_exec
 
         a = ExecArgs.of(values)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.cli.configs import ConnArgs, HostArgs
+from launcher.cli.args import ConnArgs, HostArgs
 from launcher.models import Host
 
-if TYPE_CHECKING:  # exec imports this module too, and must not pay for the run's plan
+if TYPE_CHECKING:  # the plan is imported only by run_config, when it runs
     from launcher.decide.plan import RunRequest
     from launcher.decide.runoptions import RunOptions
 
@@ -250,55 +250,3 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
                                      workdir=remote_dir, archive_dir=a.archive_dir))
     settings = a.settings()
     return req, opts, settings
-
-
-# ---------------------------------------------------------------------------------- exec
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExecArgs(HostArgs, ConnArgs):
-    """`dtrain exec`'s parsed command line, as typer gives it (``cli/exec.py`` ``exec_cmd``).
-    Its only I/O is the host list (``read_hosts``), read by exec_cmd after exec_config."""
-
-    command: list[str]
-    gather: bool = False
-    timeout: float | None = None
-    grace: float = 2.0
-    no_prefix: bool = False
-    heartbeat_timeout: float = 30.0
-    python: str = "python3"
-    color: bool | None = None
-    raw: bool = False
-    as_json: bool = False
-    junit: str | None = None
-    timestamps: bool = False
-    image: str | None = None
-    container_runtime: str | None = None
-    mount: list[str] | None = None
-    container_arg: list[str] | None = None
-
-
-def exec_config(a: ExecArgs) -> tuple[Any, Any]:
-    """Pure: every check of exec's options (exit 2 naming them) and its ``ExecRequest`` and
-    SSH settings; nothing is read."""
-    from launcher.cli import groups
-    from launcher.commands.exec import ExecRequest
-    from launcher.errors import UsageError
-
-    groups.node(a.python)
-    if a.no_prefix and a.gather:
-        raise UsageError("-N does not go with --gather: the gathered outputs are "
-                         "printed under their hosts", hint="use one of them")
-    if a.timestamps and a.gather:
-        raise UsageError("--timestamps does not go with --gather: the gathered outputs "
-                         "are printed once, grouped across hosts, after the job",
-                         hint="use one of them")
-    req = ExecRequest(command=tuple(a.command), gather=a.gather, timeout=a.timeout,
-                      fanout=a.fanout, python=a.python, color=a.color, raw=a.raw,
-                      grace=a.grace, heartbeat_timeout=a.heartbeat_timeout,
-                      transport=a.transport, as_json=a.as_json, junit=a.junit,
-                      timestamps=a.timestamps, prefix=not a.no_prefix,
-                      container=groups.container(a.image, a.container_runtime, a.mount,
-                                                 a.container_arg))
-    settings = a.settings()
-    return req, settings

@@ -9,7 +9,6 @@ import typer
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
-from launcher.cli.configs import SORTS
 from launcher.cli.groups import (
     DEFAULT_ARCHIVE_DIR,
     AcceptNewOpt,
@@ -25,6 +24,8 @@ from launcher.cli.groups import (
 from launcher.cli.watching import StragglerHoldOpt, StragglerRatioOpt, StragglerWindowOpt
 
 TOP = "View"
+# commands/top/view.SORT_KEYS, spelled here: --help must not import the view
+SORTS = "node, state, cpu, load, mem, net, util, gmem, temp, power, last, busy"
 
 
 def top_cmd(
