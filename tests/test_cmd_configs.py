@@ -135,3 +135,10 @@ def test_tops_help_names_the_views_sort_columns() -> None:
     from launcher.commands.top.view import SORT_KEYS
 
     assert SORTS == ", ".join(SORT_KEYS)
+
+
+def test_runs_help_default_hang_timeout_is_the_hang_watchs() -> None:
+    from launcher.cli.run import DEFAULT_HANG_TIMEOUT
+    from launcher.decide import hang
+
+    assert DEFAULT_HANG_TIMEOUT == hang.DEFAULT_HANG_TIMEOUT

@@ -264,7 +264,6 @@ ContainerArgOpt = Annotated[list[str] | None, typer.Option(
 def container(image: str | None, runtime: str | None, mounts: list[str] | None,
               args: list[str] | None) -> Any:
     """The ContainerRequest (None without --image); bad values: exit 2 here."""
-    from launcher.decide.container import ContainerRequest, parse_mount
     from launcher.errors import UsageError
 
     if not image:
@@ -272,6 +271,8 @@ def container(image: str | None, runtime: str | None, mounts: list[str] | None,
             raise UsageError("--container-runtime, --mount and --container-arg go with "
                              "--image", hint="add --image IMAGE")
         return None
+    from launcher.decide.container import ContainerRequest, parse_mount
+
     return ContainerRequest(image=image, runtime=runtime,
                             mounts=tuple(parse_mount(m) for m in mounts or ()),
                             args=tuple(args or ()))

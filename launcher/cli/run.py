@@ -45,8 +45,10 @@ from launcher.cli.watching import (
     StragglerRatioOpt,
     StragglerWindowOpt,
 )
-from launcher.decide.hang import DEFAULT_HANG_TIMEOUT
 
+# decide/hang.DEFAULT_HANG_TIMEOUT, spelled here: every command's start would import the
+# hang decisions for this default (tests/test_cmd_configs.py checks they agree)
+DEFAULT_HANG_TIMEOUT = 300.0
 JsonOpt = Annotated[bool, groups.json_opt(
     "One JSON document on stdout: the plan with --dry-run, else the result "
     "(dtrain.run/1); human output to stderr.")]

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.decide.container import ContainerRequest
 from launcher.decide.outcomes import JobOutcome
 from launcher.exitcodes import EXIT_TIMEOUT, EXIT_UNREACHABLE, exit_for_signal
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
@@ -24,7 +23,8 @@ from launcher.text.termsafe import clean_text
 from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # --image only: exec without it does not import the container decisions
+    from launcher.decide.container import ContainerRequest
     from launcher.output.report import CommandReport
 
 EXEC_GRACE = 2.0

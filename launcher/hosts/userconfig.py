@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +102,8 @@ def _line_of(text: str, key: str, section: str | None = None) -> int | None:
 
 def parse(text: str, path: Path) -> UserConfig:
     """The file's text -> its values; ConfigError ``path:line: what`` when it is wrong."""
+    import tomllib  # here: a command without a config file does not pay for it
+
     try:
         data = tomllib.loads(text)
     except ValueError as exc:
