@@ -713,6 +713,19 @@ def test_found_yaml_merge_of_a_scalar_is_a_usage_error(text: str) -> None:
     _usage(info.value, "hosts.yaml:")
 
 
+@pytest.mark.parametrize("text", ["!!int : ", "!!float : ", "hosts:\n  - {host: n1, slots: !!int }",
+                                  "hosts:\n  - {host: n1, slots: !!float ''}"])
+def test_found_yaml_empty_int_or_float_is_a_usage_error(text: str) -> None:
+    """An empty scalar tagged !!int or !!float: PyYAML's own constructor indexes its first
+    character, an IndexError and a traceback (found by the third long run, seed 44)."""
+    from launcher.hosts.hostfile import parse_hostfile_yaml
+
+    with pytest.raises(HostfileError) as info:
+        parse_hostfile_yaml(text, "hosts.yaml")
+    _usage(info.value, "hosts.yaml:")
+    assert "bad value" in str(info.value)
+
+
 def test_found_config_toml_with_a_huge_integer_is_a_config_error(tmp_path: Path) -> None:
     """An integer of 5,000 digits: tomllib let int()'s own ValueError out, a traceback
     (found by the long run, seed 42)."""

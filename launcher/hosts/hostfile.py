@@ -131,9 +131,10 @@ class _Yaml:
         except yaml.YAMLError as exc:  # an unknown tag, a !!set of a list, ...
             raise self.ctx(node, path).error(f"bad value: {_problem(exc)}",
                                              hint=_TAG_HINT) from None
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+        except (ValueError, TypeError, LookupError, AttributeError, OverflowError):
             # a tag's own constructor refusing its text (`!!int x`, `!!bool maybe`, an
-            # unquoted 2001-13-45 read as a timestamp): PyYAML raises these, not YAMLError
+            # unquoted 2001-13-45 read as a timestamp, an empty `!!int`/`!!float`: IndexError,
+            # found by the long fuzz run, seed 44): PyYAML raises these, not YAMLError
             what = (f"{node.value!r} is not a valid {_tag(node.tag)}"
                     if isinstance(node, yaml.ScalarNode) else "it holds a value its tag "
                     "cannot read")
