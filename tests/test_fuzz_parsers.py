@@ -88,6 +88,26 @@ def test_yaml_hostfile(text: str) -> None:
             _usage(exc, "hosts.yaml")
 
 
+PROFILE_TOKENS = [*YAML_TOKENS, "name: ", "description: ", "NCCL_IB_HCA: mlx5", "!!float ",
+                  "!!bool ", "on", "1.5"]
+
+
+@fuzz_seed
+@FUZZ
+@given(tokens(PROFILE_TOKENS, 60))
+def test_profile(text: str) -> None:
+    """`--profile FILE` (decide/netenv.parse_profile): a site's NCCL variables, YAML."""
+    from launcher.decide.netenv import parse_profile
+
+    with bounded():
+        try:
+            env = parse_profile(text, "site.yaml")
+        except UsageError as exc:
+            _usage(exc, "site.yaml")
+        else:
+            assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+
+
 @fuzz_seed
 @FUZZ
 @given(tokens(HOST_TOKENS + [","], 16))
@@ -724,6 +744,18 @@ def test_found_yaml_empty_int_or_float_is_a_usage_error(text: str) -> None:
         parse_hostfile_yaml(text, "hosts.yaml")
     _usage(info.value, "hosts.yaml:")
     assert "bad value" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["env: {A: !!int ''}", "!!int : ", "env:\n  !!float : 1",
+                                  "[" * 3000 + "]" * 3000])
+def test_found_profile_values_its_tag_cannot_read_are_config_errors(text: str) -> None:
+    """--profile's YAML: an empty !!int (PyYAML's IndexError) or a list nested 3,000 deep
+    (RecursionError) was a traceback (found when the profile joined the fuzz run, seed 44)."""
+    from launcher.decide.netenv import parse_profile
+
+    with pytest.raises(UsageError) as info:
+        parse_profile(text, "site.yaml")
+    _usage(info.value, "site.yaml")
 
 
 def test_found_config_toml_with_a_huge_integer_is_a_config_error(tmp_path: Path) -> None:

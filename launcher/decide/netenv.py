@@ -419,6 +419,13 @@ def parse_profile(text: str, source: str = "<profile>") -> dict[str, str]:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    except (ValueError, TypeError, LookupError, AttributeError, OverflowError) as exc:
+        # a tag's own constructor refusing its text (`!!int ''`: IndexError), PyYAML's
+        # errors that are not YAMLError (found by fuzzing the profile, seed 44)
+        raise ConfigError(f"{source}: not valid YAML: a value its tag cannot read ({exc})",
+                          hint="quote the value or drop the !!tag") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid YAML: nested too deep") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a profile is a mapping with an 'env:' key")
     unknown = sorted(set(data) - {"name", "description", "env"})
