@@ -379,3 +379,63 @@ def test_hang_stacks_top_and_the_report_of_a_run_inside_containers(
     for rank in range(6):
         assert "(most recent call first)" in (run / "stacks" / "h1" / f"r{rank}.txt").read_text()
     assert "load_batch" in page
+
+
+# ------------------------------------------------------------------------- root podman
+
+@pytest.fixture(scope="module")
+def rootcluster(pcluster: tc.Cluster) -> tc.Cluster:
+    """Root logs in to nodes 1-2 (root@nodeK, the client's key) and each has the image in
+    its own root store (tests/cluster/podman.py)."""
+    podman.ensure_image(pcluster, [1, 2], user="root")
+    return pcluster
+
+
+def test_root_podman_runs_ddp_and_a_killed_launcher_leaves_nothing(
+        rootcluster: tc.Cluster, tmp_path: Path, jobs: list) -> None:
+    """The same gang as root: a 2x2 gloo DDP run inside root podman (overlay storage, the
+    node's own NIC, ranks as uid 0 in the container), exec inside the image as root; then a
+    SIGKILLed launcher: the nodes stop their root containers by name, nothing is left in
+    root's store, and dtuser's rootless store never saw the run."""
+    c = rootcluster
+    hosts = "root@node[1-2]"
+    run_id = f"ctr-root-{uuid.uuid4().hex[:8]}"
+    with JobWatch(c, [1, 2], run_id=run_id) as watch:
+        res = dtrain(_args(c, tmp_path, run_id, "tests/workloads/env_report.py", nproc=2,
+                           hosts=hosts, script_args=["GLOO_SOCKET_IFNAME", "container"]),
+                     env=c.client_env(), timeout=180)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        watch.assert_clean(5.0)
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in res.stdout.splitlines()
+               if "REPORT " in line]
+    assert sorted(r["rank"] for r in reports) == list(range(4))
+    for r in reports:
+        assert r["env"]["GLOO_SOCKET_IFNAME"] == c.node(int(r["host"][4:])).ifname
+        assert r["env"]["container"] == "podman" and r["sum"] == 4.0
+    for k in (1, 2):
+        assert podman.containers(c, k, run_id, user="root") == []
+    assert meta(tmp_path, run_id)["plan"]["nodes"][0]["container"][:2] == ["podman", "run"]
+
+    res = dtrain(["exec", "-H", hosts, "--image", IMAGE, *podman.run_mounts(), "--",
+                  "sh", "-c", "echo $(id -u) $(cat /proc/1/comm) $container"],
+                 env=c.client_env(), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(res.stdout.splitlines()) == [f"node{k}: 0 podman-init podman" for k in (1, 2)]
+
+    run_id = f"ctr-root-kill-{uuid.uuid4().hex[:8]}"
+    with JobWatch(c, [1, 2], run_id=run_id) as watch:
+        job = Dtrain(c, _args(c, tmp_path, run_id, "tests/workloads/tick.py", "--grace", "3",
+                              "--heartbeat-timeout", "6", hosts=hosts))
+        jobs.append(job)
+        job.wait_line(r"r\d: tick \d 2", timeout=120, count=2)
+        assert {k: podman.containers(c, k, run_id, user="root") for k in (1, 2)} == {
+            k: [f"dtrain-{run_id}-node{k}-a1"] for k in (1, 2)}
+        assert podman.containers(c, 1, run_id) == []  # not in dtuser's rootless store
+        job.signal(signal.SIGKILL)
+        job.wait(10)
+        watch.assert_clean(40.0)
+    deadline = time.monotonic() + 30
+    while any(podman.containers(c, k, run_id, user="root") for k in (1, 2)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert {k: podman.containers(c, k, run_id, user="root") for k in (1, 2)} == {1: [], 2: []}

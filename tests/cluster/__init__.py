@@ -525,7 +525,8 @@ def up(n_nodes: int = 4, state_dir: Path = DEFAULT_STATE_DIR, *,
         # the fake-GPU trap (tests/cluster/gpus.py): nvidia-smi on nodes 4, 6, 8, ...
         gpus.ensure((n.index, n.dir, sshd_pid(n.index, state_dir)) for n in cluster.nodes)
         # podman in every node's mount namespace (tests/cluster/podman.py), sshd untouched
-        podman.ensure(state_dir, ((n.index, sshd_pid(n.index, state_dir)) for n in cluster.nodes))
+        podman.ensure(state_dir, ((n.index, sshd_pid(n.index, state_dir)) for n in cluster.nodes),
+                      authorized=_client_pub(paths))
     return _cluster(state_dir, n_nodes, _meta(cluster), cluster.password)
 
 

@@ -15,6 +15,10 @@ belong to the test cluster, not to dtrain, all made in the node's private mount 
 * ``/run/user``: a tmpfs per node with ``/run/user/<dtuser uid>`` 0700, podman's runtime dir
   when XDG_RUNTIME_DIR is unset: the nodes share /tmp, and rootless state of one node must not
   clobber another's. Image stores live in the per-node homes already.
+* root podman: each node's own ``/var/lib/containers`` (a directory of the state dir, marked
+  with the node's name) and tmpfs ``/run/containers`` and ``/run/libpod`` (the nodes share
+  the machine's /var/lib and /run), and ``/root/.ssh`` with the client's key, so root@nodeK
+  logs in (root's storage driver here: overlay).
 
 ``skeleton_tar()`` writes the registry-free test image: a skeleton rootfs (usr/ and the usual
 symlinks, etc/passwd) that runs with ``-v /usr:/usr:ro`` and the venv mounted read-only.
@@ -51,6 +55,7 @@ events_logger = "file"
 
 TEST_IMAGE = "localhost/dtrain-test:2"
 USER = "dtuser"
+MARK = ".dtrain-cluster-node"  # in the per-node root store and root's .ssh: mounted here
 
 
 def available() -> str | None:
@@ -102,17 +107,50 @@ def _propagation(pid: int) -> str:
     return "unknown"
 
 
-def ensure(state_dir: Path, nodes: Iterable[tuple[int, int | None]]) -> None:
-    """Make every node ``(k, sshd pid)`` podman-ready; idempotent and cheap when done."""
+def _root_dirs(state_dir: Path, k: int, authorized: str | None) -> tuple[Path, Path | None]:
+    """Node k's own root image store (``/var/lib/containers`` there), marked with the node's
+    name, and the ``/root/.ssh`` every node shows (the client's key: root@nodeK logs in)."""
+    lib = state_dir / "podman" / "root" / f"node{k}"
+    lib.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (lib / MARK).write_text(f"node{k}\n")
+    if authorized is None:
+        return lib, None
+    ssh = state_dir / "podman" / "root-ssh"
+    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(ssh, 0o700)
+    keys = ssh / "authorized_keys"
+    if not keys.exists() or keys.read_text() != authorized:
+        keys.write_text(authorized)
+    os.chmod(keys, 0o600)
+    (ssh / MARK).write_text("root\n")
+    return lib, ssh
+
+
+def ensure(state_dir: Path, nodes: Iterable[tuple[int, int | None]],
+           authorized: str | None = None) -> None:
+    """Make every node ``(k, sshd pid)`` podman-ready, rootless and as root; idempotent and
+    cheap when done. With ``authorized`` (the client's public key), root logs in to every
+    node with it (root podman's tests)."""
     if available() is not None:
         return
     etc = _etc_dir(state_dir)
     pw = pwd.getpwnam(USER)
-    for _k, pid in nodes:
+    for k, pid in nodes:
         if pid is None:
             continue
         have = _mounts(pid)
         steps = []
+        # root podman: the node's own store and state (the nodes share /var/lib and /run)
+        lib, ssh = _root_dirs(state_dir, k, authorized)
+        if not Path(f"/proc/{pid}/root/var/lib/containers/{MARK}").exists():
+            steps.append(f"mkdir -p /var/lib/containers && mount --bind {lib} "
+                         "/var/lib/containers")
+        for run_dir in ("/run/containers", "/run/libpod"):
+            if have.get(run_dir) != "tmpfs":
+                steps.append(f"mkdir -p {run_dir} && mount -t tmpfs -o mode=0700 "
+                             f"dtrain-root-podman {run_dir}")
+        if ssh is not None and not Path(f"/proc/{pid}/root/root/.ssh/{MARK}").exists():
+            steps.append(f"mkdir -p /root/.ssh && mount --bind {ssh} /root/.ssh")
         if "/sys/fs/cgroup/unified" in have:
             steps.append("umount -l /sys/fs/cgroup/unified")
         if have.get("/sys/fs/cgroup") != "tmpfs":
@@ -182,10 +220,12 @@ def skeleton_tar(python_prefixes: Iterable[str] = ()) -> bytes:
     return buf.getvalue()
 
 
-def ensure_image(cluster: Any, nodes: Iterable[int], image: str = TEST_IMAGE) -> None:
+def ensure_image(cluster: Any, nodes: Iterable[int], image: str = TEST_IMAGE,
+                 user: str | None = None) -> None:
     """Import the skeleton image as ``image`` on each node (rootless, dtuser's store in the
-    node's home) unless it is there. Also starts each node's rootless pause process outside
-    any job, so no job's process tree ever adopts it."""
+    node's home; ``user="root"``: the node's own root store) unless it is there. Also starts
+    each node's rootless pause process outside any job, so no job's process tree ever
+    adopts it."""
     tar = Path(cluster.shared_dir) / "dtrain-test-skeleton.tar"
     data = skeleton_tar([sys.prefix, sys.base_prefix])
     if not tar.exists() or tar.read_bytes() != data:
@@ -195,9 +235,11 @@ def ensure_image(cluster: Any, nodes: Iterable[int], image: str = TEST_IMAGE) ->
         os.replace(tmp, tar)
 
     def one(k: int) -> None:
-        if cluster.node_exec(k, ["podman", "image", "inspect", image]).returncode == 0:
+        if cluster.node_exec(k, ["podman", "image", "inspect", image],
+                             user=user).returncode == 0:
             return
-        res = cluster.node_exec(k, ["podman", "import", "-q", str(tar), image], timeout=120)
+        res = cluster.node_exec(k, ["podman", "import", "-q", str(tar), image], user=user,
+                                timeout=120)
         if res.returncode != 0:
             raise RuntimeError(f"node{k}: podman import failed: {res.stderr.strip()}")
 
@@ -209,10 +251,11 @@ def remove_image(cluster: Any, k: int, image: str) -> None:
     cluster.node_exec(k, ["podman", "rmi", "-f", image])
 
 
-def containers(cluster: Any, k: int, run_id: str) -> list[str]:
-    """Every container (running or not) on node k labelled with the run id."""
+def containers(cluster: Any, k: int, run_id: str, user: str | None = None) -> list[str]:
+    """Every container (running or not) on node k labelled with the run id (``user``'s:
+    dtuser's rootless store, or root's)."""
     res = cluster.node_exec(k, ["podman", "ps", "-a", "--filter", f"label=dtrain.run={run_id}",
-                                "--format", "{{.Names}}"])
+                                "--format", "{{.Names}}"], user=user)
     return [n for n in res.stdout.split() if n]
 
 
