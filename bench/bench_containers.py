@@ -19,6 +19,7 @@ Ratios are reported, never asserted (bench/common.py: medians, quiet-machine wai
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -117,6 +118,10 @@ def push_case(env_: Env, args: object, tag: str) -> Series:
                                             "--no-progress"], out, timeout=1800)
         if f"loaded {tag}" not in run.stderr:
             run.problems.append("not loaded: " + run.stderr[-300:])
+        # the delivery alone (cp's chain to every node), as dtrain says it
+        m = re.search(r"copied to \d+ nodes? in ([0-9.]+) s", run.stderr)
+        if m:
+            run.extra["copy_s"] = float(m.group(1))
         return run
 
     rounds(s, [("1 node(s)", lambda r: one(1)), (f"{n} node(s)", lambda r: one(n))],
@@ -166,6 +171,11 @@ def main() -> int:
             n = f"{args.push_nodes} node(s)"
             print(f"\nimage push: {n} / 1 node = {s.median(n) / s.median('1 node(s)'):.2f}x "
                   f"(goal <= 2x)")
+            copies = {t: s.median(t, key=lambda r: r.extra.get("copy_s", float("nan")))
+                      for t in ("1 node(s)", n)}
+            print(f"the copy alone (median, as dtrain reports it): 1 node "
+                  f"{copies['1 node(s)']:.1f} s, {n} {copies[n]:.1f} s, ratio "
+                  f"{copies[n] / copies['1 node(s)']:.2f}x; the rest is the nodes' loads")
         for p in s.problems():
             print("problem:", p)
     save_json(args.json, {"revision": revision(), "series": [series_json(s) for s in series]})

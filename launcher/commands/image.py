@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class PushResult:
     skipped: list[str]
     loaded: list[str]
     failed: dict[str, str]
+    load_s: float | None = None  # the loads, all nodes (None: nothing was loaded)
 
     @property
     def exit_code(self) -> int:
@@ -150,9 +152,15 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
             raise DtrainError(f"{runtime} save {req.image} failed: {done.stderr.strip()[-300:]}")
         copy = CopyRequest(sources=(archive,), dest=REMOTE_DIR + "/", fanout=req.fanout,
                            python=req.python, progress=req.progress, transport=req.transport)
+        copy_started = time.monotonic()
         code = await cp_async(need, copy, settings)
+        # the two phases apart: on nodes sharing CPUs (a test box) the loads dominate; on a
+        # real cluster the copy is the part that grows with the node count
+        render.note(f"copied to {count(len(need), 'node')} in "
+                    f"{time.monotonic() - copy_started:.1f} s; loading it ({runtime} load)")
     if code != 0:
         render.note(f"the copy failed on some node (exit {code}): loading where it landed")
+    load_started = time.monotonic()
     remote = f"{REMOTE_DIR}/{name}"
 
     async with AutoTransport(settings, req.transport, say=render.note) as transport:
@@ -178,6 +186,7 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         async with asyncio.TaskGroup() as tg:
             for h in need:
                 tg.create_task(bounded(h))
+        result.load_s = time.monotonic() - load_started
         async with asyncio.TaskGroup() as tg:  # after every load: a shared home has one copy
             for h in need:
                 tg.create_task(_remove(h, transport, remote))
@@ -193,7 +202,8 @@ def run_push(hosts: Sequence[Host], req: PushRequest, settings: SSHSettings) -> 
             return INTERRUPTED
         order = [h.label for h in hosts]
         if res.loaded:
-            render.note(f"{count(len(res.loaded), 'node')} loaded {req.image}")
+            took = f" in {res.load_s:.1f} s" if res.load_s is not None else ""
+            render.note(f"{count(len(res.loaded), 'node')} loaded {req.image}{took}")
         for label in sorted(res.failed, key=lambda k: order.index(k) if k in order else 0):
             render.note(f"{label}: {res.failed[label]}")
         return res.exit_code
