@@ -422,15 +422,17 @@ def parse_profile(text: str, source: str = "<profile>") -> dict[str, str]:
     except (ValueError, TypeError, LookupError, AttributeError, OverflowError) as exc:
         # a tag's own constructor refusing its text (`!!int ''`: IndexError), PyYAML's
         # errors that are not YAMLError (found by fuzzing the profile, seed 44)
-        raise ConfigError(f"{source}: not valid YAML: a value its tag cannot read ({exc})",
-                          hint="quote the value or drop the !!tag") from None
+        raise ConfigError(f"{source}: not valid YAML: {str(exc)[:120]}",
+                          hint="a value its !!tag cannot read, or a %YAML directive's "
+                          "number: quote the value, drop the tag or the directive") from None
     except RecursionError:
         raise ConfigError(f"{source}: not valid YAML: nested too deep") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a profile is a mapping with an 'env:' key")
-    unknown = sorted(set(data) - {"name", "description", "env"})
+    # keys of any type (a null key, a number): compared as text (found by fuzzing, seed 44)
+    unknown = sorted(str(k) for k in data if k not in ("name", "description", "env"))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(map(str, unknown))}",
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}",
                           hint="allowed: name, description, env")
     env = data.get("env") or {}
     if not isinstance(env, dict):

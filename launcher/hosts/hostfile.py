@@ -119,6 +119,11 @@ class _Yaml:
             raise HostfileError(f"not valid YAML: {_problem(exc)}", source=self.source,
                                 line=_yaml_line(exc, self.text), hint="check the indentation and "
                                 "quoting") from None
+        except ValueError as exc:
+            # PyYAML's parser converting a directive's number itself (`%YAML 1.999...`:
+            # int()'s 4,300-digit limit; found by the third long fuzz run, seed 45)
+            raise HostfileError(f"not valid YAML: {str(exc)[:120]}", source=self.source,
+                                hint="check the %YAML directive") from None
 
     def ctx(self, node: yaml.Node, path: str) -> _Ctx:
         return _Ctx(self.source, node.start_mark.line + 1, path, budget=self.budget)
