@@ -147,7 +147,9 @@ def test_ctrl_c_while_the_job_starts_is_recorded_as_interrupted(tmp_path) -> Non
 
     from launcher.commands.launch import held_run
 
-    req, opts = SimpleNamespace(run_id="cc"), SimpleNamespace(archive_dir=tmp_path, notify=None)
+    from launcher.decide.runoptions import Reports, RunOptions
+
+    req, opts = SimpleNamespace(run_id="cc"), RunOptions(reports=Reports(archive_dir=tmp_path))
     with pytest.raises(asyncio.CancelledError), held_run(req, opts, None):  # type: ignore[arg-type]
         raise asyncio.CancelledError
     meta = json.loads((tmp_path / "cc" / "meta.json").read_text())
