@@ -146,7 +146,6 @@ def test_ctrl_c_while_the_job_starts_is_recorded_as_interrupted(tmp_path) -> Non
     import pytest
 
     from launcher.commands.launch import held_run
-
     from launcher.decide.runoptions import Reports, RunOptions
 
     req, opts = SimpleNamespace(run_id="cc"), RunOptions(reports=Reports(archive_dir=tmp_path))
