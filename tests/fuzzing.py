@@ -117,24 +117,36 @@ def json_values(keys: list[str] | None = None, leaves: int = 30) -> st.SearchStr
         max_leaves=leaves)
 
 
+def shallow_json(keys: list[str]) -> st.SearchStrategy[Any]:
+    """Any JSON value two levels deep at most, built without ``st.recursive`` (whose draws
+    cost about 3 ms each here): what replaces a leaf or a branch of a real answer."""
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-3, 300),
+                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+                       st.sampled_from(ODD))
+    key = st.one_of(st.sampled_from(keys), st.text(max_size=8))
+    inner = st.one_of(scalar, st.lists(scalar, max_size=4))
+    return st.one_of(scalar, st.lists(inner, max_size=4), st.dictionaries(key, inner, max_size=4))
+
+
 def mutated(value: Any, keys: list[str]) -> st.SearchStrategy[Any]:
     """``value`` (real JSON) with some of its leaves and branches replaced by any JSON value,
     some keys dropped: what a broken or hostile program on a node answers."""
-    other = json_values(keys, leaves=8)
+    other = shallow_json(keys)
+    replace, drop = st.integers(0, 9), st.integers(0, 19)  # built once: a strategy per node
+    # of the answer (a nested st.composite) cost more than the parse itself
 
     @st.composite
-    def walk(draw: Any, v: Any, depth: int = 0) -> Any:
-        if draw(st.integers(0, 9)) == 0:
-            return draw(other)
-        if isinstance(v, dict) and depth < 8:
-            out = {}
-            for k, item in v.items():
-                if draw(st.integers(0, 19)) == 0:
-                    continue  # a field left out
-                out[k] = draw(walk(item, depth + 1))
-            return out
-        if isinstance(v, list) and depth < 8:
-            return [draw(walk(item, depth + 1)) for item in v[:6]]
-        return v
+    def answer(draw: Any) -> Any:
+        def walk(v: Any, depth: int) -> Any:
+            if draw(replace) == 0:
+                return draw(other)
+            if isinstance(v, dict) and depth < 8:
+                return {k: walk(item, depth + 1) for k, item in v.items()
+                        if draw(drop) != 0}  # else a field left out
+            if isinstance(v, list) and depth < 8:
+                return [walk(item, depth + 1) for item in v[:6]]
+            return v
 
-    return walk(value)
+        return walk(value, 0)
+
+    return answer()
