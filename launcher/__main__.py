@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 try:  # Ctrl-C between runpy and the CLI's own guards: 130, no traceback (docs/reliability.md)
-    from launcher.cli import main
+    from launcher.start import main
 except KeyboardInterrupt:
     from launcher.errors import interrupt_handled
     from launcher.exitcodes import EXIT_INTERRUPTED

@@ -76,8 +76,9 @@ def test_warm_exec_rides_the_keeper_without_asyncssh(kenv):
     jsonschema.validate(doc, schema)
     assert sorted(c["host"] for c in doc["connections"]) == ["node1", "node2"]
     pid = doc["keeper"]["pid"]
-    # the second command: the same keeper, no asyncssh import, the same output
-    env = {**kenv, "DTRAIN_PERSIST": "1m"}
+    # the second command: the same keeper, no asyncssh import, the same output (an ordinary
+    # start: a warm start's imports are the resident's, tests/test_resident.py)
+    env = {**kenv, "DTRAIN_PERSIST": "1m", "DTRAIN_RESIDENT": "0"}
     warm = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "exec", "-H",
                            "node[1-2]", "-v", "--", "hostname"], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=60)

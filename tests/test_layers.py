@@ -54,9 +54,9 @@ def module_name(path: Path) -> str:
 
 def layer_of(module: str) -> str:
     """``launcher.job.node`` → ``job``; top-level modules (errors, models) are ``base``;
-    ``launcher.__main__`` is the CLI's entry point."""
+    ``launcher.__main__`` and ``launcher.start`` are the CLI's entry points."""
     parts = module.split(".")
-    if module == "launcher.__main__":
+    if module in ("launcher.__main__", "launcher.start"):
         return "cli"
     if len(parts) >= 2 and parts[1] in LAYERS:
         return parts[1]

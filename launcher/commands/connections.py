@@ -41,7 +41,8 @@ def list_connections(*, as_json: bool = False) -> int:
     conns = [c for c in (reply or {}).get("connections", []) if isinstance(c, dict)]
     if as_json:
         keeper = None if reply is None else {"pid": reply.get("pid"),
-                                              "idle_s": reply.get("idle_s")}
+                                              "idle_s": reply.get("idle_s"),
+                                              "resident": reply.get("resident")}
         doc = {"schema": CONNECTIONS_SCHEMA, "socket": sock, "keeper": keeper,
                "connections": conns}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -62,7 +63,9 @@ def list_connections(*, as_json: bool = False) -> int:
     for r in rows:
         sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True))
                          .rstrip() + "\n")
-    sys.stdout.write(f"keeper pid {reply.get('pid')}, {sock}; `dtrain connections close` "
+    resident = reply.get("resident")
+    warm = f", resident pid {resident} (warm starts)" if resident else ""
+    sys.stdout.write(f"keeper pid {reply.get('pid')}{warm}, {sock}; `dtrain connections close` "
                      "closes them\n")
     return 0
 

@@ -17,6 +17,8 @@ import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ from launcher.transports.ssh.transport import SSHConnection, SSHTransport
 
 MAX_CHANNELS = 4096  # open channels at once; past it a command is told to go direct
 TICK = 1.0  # housekeeping: idle connections, changed files, the keeper's own exit
+RESIDENT_STALE = 3  # launcher/cli/resident.STALE: dtrain was changed, start a new resident
 
 
 @dataclass
@@ -115,6 +118,7 @@ class Keeper:
         self.last_activity = time.monotonic()
         self.quitting = False
         self.stopped = asyncio.Event()
+        self.resident: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ connections
     async def entry(self, req: dict[str, Any]) -> Entry:
@@ -164,6 +168,8 @@ class Keeper:
                 async with asyncio.timeout(TICK):
                     await self.stopped.wait()
             now = time.monotonic()
+            if self.resident is not None and self.resident.poll() == RESIDENT_STALE:
+                self.start_resident()  # dtrain was changed: a new one imports the new code
             for entry in list(self.entries.values()):
                 if entry.conn.is_closed():
                     self.close(entry, "closed by the node")
@@ -183,6 +189,31 @@ class Keeper:
             quiet = not self.entries and not self.clients
             if quiet and (self.quitting or now - self.last_activity > self.idle):
                 self.stopped.set()
+
+    # ------------------------------------------------------------------ the resident
+    def start_resident(self) -> None:
+        """The warm starts of exec and cp (launcher/cli/resident.py): a child of this keeper
+        that ends when the keeper does. ``DTRAIN_RESIDENT=0`` in the keeper's environment
+        leaves it out."""
+        if os.environ.get("DTRAIN_RESIDENT", "1") == "0":
+            return
+        try:
+            self.resident = subprocess.Popen(  # noqa: S603 - our interpreter and module
+                [sys.executable, "-P", "-m", "launcher.cli.resident", "--dir",
+                 str(self.directory)], stdin=subprocess.DEVNULL, cwd="/", close_fds=True)
+        except OSError as exc:
+            print(f"dtrain keeper: no resident ({exc})", flush=True)
+
+    def resident_pid(self) -> int | None:
+        r = self.resident
+        return r.pid if r is not None and r.poll() is None else None
+
+    def stop_resident(self) -> None:
+        r = self.resident
+        if r is not None and r.poll() is None:
+            r.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                r.wait(1.0)
 
     # ------------------------------------------------------------------ requests
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -210,9 +241,11 @@ class Keeper:
         reply: dict[str, Any]
         if op == "ping":
             reply = {"ok": True, "protocol": PROTOCOL, "source": SOURCE, "pid": os.getpid(),
+                     "resident": self.resident_pid(),
                      "connections": len(self.entries), "channels": self.channels}
         elif op == "list":
             reply = {"ok": True, "pid": os.getpid(), "idle_s": self.idle,
+                     "resident": self.resident_pid(),
                      "connections": [e.row() for e in self.entries.values()]}
         elif op in ("close", "quit"):
             names = req.get("hosts")
@@ -336,11 +369,13 @@ async def main_async(directory: Path, idle: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, keeper.stopped.set)
     print(f"dtrain keeper {os.getpid()}: serving {keeper.sock} (idle {idle:g} s)", flush=True)
+    keeper.start_resident()
     house = asyncio.ensure_future(keeper.housekeeping())
     try:
         await keeper.stopped.wait()
     finally:
         server.close()
+        keeper.stop_resident()
         with contextlib.suppress(FileNotFoundError):
             keeper.sock.unlink()
         await cancel_and_wait(house)

@@ -1,0 +1,204 @@
+"""The console script's entry point: a warm start through the resident, else the CLI.
+
+With the connection keeper on (``--persist``, docs/connections.md), the keeper also runs a
+*resident*: a process that has already imported the CLI, typer and the command modules
+(``launcher/cli/resident.py``). ``dtrain exec`` and ``dtrain cp`` then ask it to fork a
+child that runs the very same CLI on this process's argv, environment, working directory,
+umask and standard streams (passed as file descriptors), while this process only forwards
+signals and waits. The child's exit status becomes this process's, a death by a signal
+included. A warm command thus pays neither Python's imports nor asyncssh's handshake.
+
+Anything the resident cannot serve (none running, another uid, other code, a full queue)
+is an ordinary start, said once with ``-v``. ``DTRAIN_RESIDENT=0`` turns it off.
+
+Standard library only, and nothing heavy: this runs before every command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# the interactive commands issue 41 names, whose start is most of their time; never `run`
+# (a training run must not depend on the keeper's process) nor an interactive view
+RESIDENT_COMMANDS = ("exec", "cp")
+FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH",
+             "SIGCONT")
+REPLY_WAIT = 2.0  # seconds for the resident to fork (it answers in milliseconds)
+MAX_LINE = 1 << 16
+
+
+def socket_dir(environ: dict[str, str] | os._Environ[str], uid: int) -> str:
+    """The keeper's private directory (transports/keeper/frames.keeper_dir, which this must
+    not import: it would pull in asyncio). tests/test_resident.py checks they agree."""
+    import stat
+
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        try:
+            st = os.stat(runtime)
+            if st.st_uid == uid and stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o077:
+                return os.path.join(runtime, "dtrain")
+        except OSError:
+            pass
+    return f"/tmp/dtrain-keeper-{uid}"
+
+
+SOCKET_NAME = "resident.sock"
+
+
+def code_stamp(package_dir: str) -> str:
+    """Which code this is: the interpreter, and every module of the package by path, size
+    and mtime. The resident serves only a client whose stamp equals its own (an edited or
+    upgraded dtrain is never run by an old resident)."""
+    import zlib
+
+    rows = [sys.executable, sys.version, package_dir]
+    for root, dirs, files in os.walk(package_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                st = os.stat(os.path.join(root, name))
+                rows.append(f"{root[len(package_dir):]}/{name}:{st.st_size}:{st.st_mtime_ns}")
+    return f"{zlib.crc32(chr(0).join(rows).encode()):08x}:{len(rows)}"
+
+
+def _verbose(argv: list[str]) -> bool:
+    args = argv[2:argv.index("--")] if "--" in argv else argv[2:]
+    return "-v" in args or "--verbose" in args
+
+
+def _read_line(sock: object, buf: bytearray) -> bytes | None:
+    """One line from the resident (None at EOF)."""
+    while b"\n" not in buf:
+        chunk = sock.recv(4096)  # type: ignore[attr-defined]
+        if not chunk:
+            return None
+        buf += chunk
+        if len(buf) > MAX_LINE:
+            return None
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+def serve_here(argv: list[str]) -> int | None:
+    """Run this command in a child of the resident; its wait status, or None when the
+    resident cannot serve it (then the caller starts normally)."""
+    import array
+    import json
+    import signal
+    import socket
+
+    path = os.path.join(socket_dir(os.environ, os.getuid()), SOCKET_NAME)
+    if not os.path.exists(path):
+        return None
+    verbose = _verbose(argv)
+
+    def unserved(why: str) -> None:
+        if verbose:
+            print(f"dtrain: an ordinary start (the resident: {why})", file=sys.stderr)
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    buf = bytearray()
+    try:
+        sock.settimeout(REPLY_WAIT)
+        sock.connect(path)
+        import launcher
+
+        package = os.path.dirname(launcher.__file__)
+        req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
+               "package": package, "stamp": code_stamp(package),
+               # how this process was started, for the usage line ("dtrain", "python -m
+               # launcher"): click reads it from __main__
+               "main_package": getattr(sys.modules.get("__main__"), "__package__", None),
+               "streams": [[getattr(s, "encoding", None) or "utf-8",
+                            getattr(s, "errors", None) or "strict"]
+                           for s in (sys.stdin, sys.stdout, sys.stderr)]}
+        fds = [fd for fd in (0, 1, 2) if _is_open(fd)]
+        req["fds"] = fds
+        sock.sendmsg([json.dumps(req).encode() + b"\n"],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        first = _read_line(sock, buf)
+        reply = json.loads(first) if first else {"refused": "no answer"}
+    except (OSError, ValueError) as exc:
+        sock.close()
+        unserved(f"{path}: {exc}")
+        return None
+    pid = reply.get("pid") if isinstance(reply, dict) else None
+    if not isinstance(pid, int) or pid <= 0:
+        sock.close()
+        unserved(str(reply.get("refused") if isinstance(reply, dict) else reply))
+        return None
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    def stop(signum: int, frame: object) -> None:  # Ctrl-Z: both stop, both go on with fg
+        forward(signal.SIGSTOP, frame)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    for name in FORWARDED:
+        signal.signal(getattr(signal, name), forward)
+    signal.signal(signal.SIGTSTP, stop)
+    sock.settimeout(None)
+    while True:
+        try:
+            line = _read_line(sock, buf)
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
+            continue
+    try:
+        status = json.loads(line)["status"] if line else None
+    except (ValueError, KeyError, TypeError):
+        status = None
+    if not isinstance(status, int):
+        print(f"dtrain: the resident (process {pid}'s parent) ended before the command; its "
+              f"exit status is unknown. Check `dtrain connections`, or set DTRAIN_RESIDENT=0.",
+              file=sys.stderr)
+        return 255 << 8
+    return status
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def exit_as(status: int) -> None:
+    """End this process as the child ended: its exit code, or the same signal."""
+    if os.WIFSIGNALED(status):
+        import signal
+
+        sig = os.WTERMSIG(status)
+        sys.stdout.flush()
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # whose handlers cannot be set
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal that does not end a process (ignored, stopped)
+    raise SystemExit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255)
+
+
+def main() -> None:
+    argv = list(sys.argv)
+    if (len(argv) > 1 and argv[1] in RESIDENT_COMMANDS
+            and os.environ.get("DTRAIN_RESIDENT", "1") != "0"
+            and not os.environ.get("_DTRAIN_COMPLETE")):
+        status = serve_here(argv)
+        if status is not None:
+            exit_as(status)
+    from launcher.cli import main as cli_main
+
+    cli_main()

@@ -1,0 +1,322 @@
+"""Warm starts (launcher/start.py, launcher/cli/resident.py, docs/connections.md): with a
+keeper up, `dtrain exec` and `dtrain cp` run in a child of the resident, with this process's
+streams, argv, environment, working directory and umask, and end as that child ends. Against
+the real-sshd cluster: the output, exit codes and signals are a fresh process's; a killed
+client kills its child and tears the nodes down; other code and other users are refused."""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.util import REPO, assert_exit, dtrain
+
+pytestmark = pytest.mark.ssh
+
+
+def _wait(cond, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _keeper(env: dict[str, str]) -> dict | None:
+    res = dtrain(["connections", "--json"], env={**env, "DTRAIN_RESIDENT": "0"})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["keeper"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.fixture
+def warm(cluster) -> Iterator[dict[str, str]]:
+    """A client environment with its own runtime directory, whose keeper (and so its
+    resident) is up and serving; both are ended afterwards (by pid, failing all else)."""
+    runtime = Path(cluster.shared_dir) / f"resident-{uuid.uuid4().hex[:8]}"
+    runtime.mkdir(mode=0o700)
+    env = cluster.client_env(XDG_RUNTIME_DIR=str(runtime), DTRAIN_PERSIST="1m")
+    res = dtrain(["exec", "-H", "node[1-2]", "--", "true"], env=env)
+    assert res.returncode == 0, res.stderr
+    _wait(lambda: (_keeper(env) or {}).get("resident"), what="the resident")
+    yield env
+    keeper = _keeper(env) or {}
+    dtrain(["connections", "close"], env={**env, "DTRAIN_RESIDENT": "0"})
+    for pid in (keeper.get("pid"), keeper.get("resident")):
+        if pid:
+            deadline = time.monotonic() + 5
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    subprocess.run(["rm", "-rf", str(runtime)], check=False)
+
+
+def _importtime(args: list[str], env: dict[str, str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", *args],
+                          env=env, cwd=kw.pop("cwd", REPO), capture_output=True, text=True,
+                          timeout=60, **kw)
+
+
+def test_a_warm_exec_runs_in_the_residents_child_as_a_fresh_process_would(warm):
+    res = _importtime(["exec", "-H", "node[1-2]", "--", "hostname; echo err >&2; exit 3"],
+                      warm)
+    assert res.returncode == 3, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["node1: node1", "node2: node2"]
+    assert "node1: err" in res.stderr and "exit 3" in res.stderr
+    # this process imported the entry point alone: no typer, no CLI, no asyncio
+    imported = [line.split("|")[-1].strip() for line in res.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "launcher.start" in imported
+    assert not {"typer", "launcher.cli", "asyncio"} & set(imported), imported
+    # DTRAIN_RESIDENT=0: an ordinary start, the same answer
+    cold = _importtime(["exec", "-H", "node[1-2]", "--", "hostname; exit 3"],
+                       {**warm, "DTRAIN_RESIDENT": "0"})
+    assert cold.returncode == 3, cold.stderr
+    assert sorted(cold.stdout.splitlines()) == ["node1: node1", "node2: node2"]
+    assert "| typer" in cold.stderr
+
+
+def test_usage_errors_json_and_help_come_from_the_child(warm):
+    assert_exit(dtrain(["exec", "-H", "node1", "--bogus", "--", "true"], env=warm), 2)
+    res = dtrain(["exec", "-H", "node1", "--json", "--", "echo hi"], env=warm)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["schema"].startswith("dtrain.exec/")
+    helped = dtrain(["exec", "--help"], env=warm)
+    assert helped.returncode == 0, helped.stderr
+    assert "Usage: python -m launcher exec" in helped.stdout  # as started: click's name
+    assert helped.stdout == dtrain(["exec", "--help"], env={**warm, "DTRAIN_RESIDENT": "0"}).stdout
+
+
+def test_the_working_directory_environment_and_umask_are_the_clients(warm, tmp_path: Path):
+    (tmp_path / "hosts").write_text("node2\n")  # a relative hostfile: the client's cwd
+    config = tmp_path / "config" / "dtrain"
+    config.mkdir(parents=True)
+    (config / "config.toml").write_text('hostfile = "%s"\n' % (tmp_path / "hosts"))
+    res = dtrain(["exec", "-f", "hosts", "--", "hostname"], env=warm, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "node2: node2\n"
+    # the environment: the config file found through this client's XDG_CONFIG_HOME
+    res = dtrain(["exec", "--", "hostname"], cwd=REPO,
+                 env={**warm, "XDG_CONFIG_HOME": str(tmp_path / "config")})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "node2: node2\n"
+    # the umask: the directory the child makes for the JUnit file has the client's mode
+    probe = ("import os,sys,subprocess; os.umask(0o077); sys.exit(subprocess.call("
+             "[sys.executable,'-m','launcher',*sys.argv[1:]]))")
+    out = tmp_path / "made" / "j.xml"
+    res = subprocess.run([sys.executable, "-c", probe, "exec", "-H", "node1", "--junit",
+                          str(out), "--", "true"], env=warm, cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert out.exists()
+    assert out.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_ctrl_c_reaches_the_child_and_exits_130(warm, cluster):
+    marker = f"resident-int-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node1", "--",
+                             f"exec -a {marker} sleep 300"], env=warm, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: cluster.node_pids(1, match=marker), what="the remote command")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "Ctrl-C" in err
+        _wait(lambda: not cluster.node_pids(1, match=marker), timeout=30,
+              what="the remote command to stop")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_killed_client_kills_its_child_and_the_nodes_tear_down(warm, cluster):
+    resident = (_keeper(warm) or {})["resident"]
+    marker = f"resident-kill-{uuid.uuid4().hex[:8]}"
+    before = set(_children(resident))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node[1-2]", "--",
+                             f"exec -a {marker} sleep 300"], env=warm, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: cluster.node_pids(1, match=marker) and cluster.node_pids(2, match=marker),
+              what="the remote commands")
+        new = set(_children(resident)) - before
+        assert len(new) == 1, "the command did not run in a child of the resident"
+        (child,) = new
+        proc.kill()
+        proc.wait()
+        _wait(lambda: not _alive(child), timeout=10, what="the child to die with its client")
+        _wait(lambda: not (cluster.node_pids(1, match=marker)
+                           or cluster.node_pids(2, match=marker)),
+              timeout=30, what="the nodes to tear down")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_child_killed_by_a_signal_ends_its_client_by_the_same_signal(warm):
+    resident = (_keeper(warm) or {})["resident"]
+    before = set(_children(resident))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node1", "--",
+                             "sleep 300"], env=warm, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: set(_children(resident)) - before, what="the child")
+        (child,) = set(_children(resident)) - before
+        os.kill(child, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _request(sock: Path, req: dict, fds: list[int]) -> dict:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(str(sock))
+    s.sendmsg([json.dumps(req).encode() + b"\n"],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    line = s.makefile("rb").readline()
+    s.close()
+    return json.loads(line)
+
+
+def test_other_code_is_refused_and_a_new_resident_takes_over(warm):
+    from launcher.start import SOCKET_NAME, socket_dir
+
+    old = (_keeper(warm) or {})["resident"]
+    sock = Path(socket_dir(warm, os.getuid())) / SOCKET_NAME
+    req = {"argv": ["dtrain", "exec", "--help"], "cwd": "/", "env": {}, "umask": 0o22,
+           "package": str(REPO / "launcher"), "stamp": "00000000:1",
+           "streams": [["utf-8", "strict"]] * 3, "fds": [1]}
+    with open(os.devnull, "w") as null:
+        reply = _request(sock, req, [null.fileno()])
+    assert "other code" in reply.get("refused", ""), reply
+    # the refused stamp names this very package: the resident ends, the keeper starts another
+    _wait(lambda: not _alive(old), what="the stale resident to end")
+    _wait(lambda: (_keeper(warm) or {}).get("resident") not in (None, old),
+          what="a new resident")
+    res = dtrain(["exec", "-H", "node1", "--", "hostname"], env=warm)
+    assert res.returncode == 0 and res.stdout == "node1: node1\n", res.stderr
+
+
+def test_a_bad_request_is_refused_and_the_resident_goes_on(warm):
+    from launcher.start import SOCKET_NAME, socket_dir
+
+    sock = Path(socket_dir(warm, os.getuid())) / SOCKET_NAME
+    with open(os.devnull, "w") as null:
+        reply = _request(sock, {"argv": "exec", "fds": [1]}, [null.fileno()])
+        assert reply["refused"].startswith("bad request"), reply
+        reply = _request(sock, {"argv": ["dtrain"], "fds": [0, 1]}, [null.fileno()])
+        assert "descriptors" in reply["refused"], reply
+    res = dtrain(["exec", "-H", "node1", "--", "hostname"], env=warm)
+    assert res.returncode == 0 and res.stdout == "node1: node1\n", res.stderr
+
+
+def test_only_its_own_user_may_use_the_resident(warm, cluster):
+    from launcher.start import SOCKET_NAME, socket_dir
+
+    directory = Path(socket_dir(warm, os.getuid()))
+    sock = directory / SOCKET_NAME
+    os.chmod(warm["XDG_RUNTIME_DIR"], 0o711)  # the way opened for the test only: the
+    os.chmod(directory, 0o711)  # resident's own peer check must still refuse
+    os.chmod(sock, 0o666)
+    try:
+        probe = ("import socket,sys\n"
+                 "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                 "s.sendall(b'{}\\n'); print(s.makefile().readline())\n")
+        res = subprocess.run(["runuser", "-u", cluster.user, "--", sys.executable, "-c", probe,
+                              str(sock)], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout) == {"refused": "not your resident"}
+    finally:
+        os.chmod(directory, 0o700)
+        os.chmod(warm["XDG_RUNTIME_DIR"], 0o700)
+
+
+def test_the_resident_ends_with_its_keeper(warm):
+    keeper = _keeper(warm) or {}
+    res = dtrain(["connections", "close"], env=warm)
+    assert res.returncode == 0, res.stderr
+    _wait(lambda: not _alive(keeper["pid"]), what="the keeper to exit")
+    _wait(lambda: not _alive(keeper["resident"]), what="the resident to exit")
+    # no keeper: an ordinary start says so with -v only when a socket was there to try
+    res = dtrain(["exec", "-H", "node1", "-v", "--persist", "off", "--", "hostname"],
+                 env=warm)
+    assert res.returncode == 0 and res.stdout == "node1: node1\n", res.stderr
+    assert "resident" not in res.stderr
+
+
+# ---------------------------------------------------------------------- pure parts, no nodes
+
+def test_the_entry_point_finds_the_keepers_directory(tmp_path: Path) -> None:
+    from launcher.start import socket_dir
+    from launcher.transports.keeper.frames import keeper_dir
+
+    own = tmp_path / "run"
+    own.mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    for env in ({}, {"XDG_RUNTIME_DIR": str(own)}, {"XDG_RUNTIME_DIR": str(shared)},
+                {"XDG_RUNTIME_DIR": str(tmp_path / "missing")}):
+        assert socket_dir(env, os.getuid()) == str(keeper_dir(env, os.getuid())), env
+
+
+def test_the_code_stamp_changes_with_any_module(tmp_path: Path) -> None:
+    from launcher.start import code_stamp
+
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("a = 1\n")
+    (pkg / "sub" / "b.py").write_text("b = 1\n")
+    first = code_stamp(str(pkg))
+    assert code_stamp(str(pkg)) == first
+    (pkg / "sub" / "b.py").write_text("b = 22\n")
+    assert code_stamp(str(pkg)) != first
+    second = code_stamp(str(pkg))
+    (pkg / "c.py").write_text("")
+    assert code_stamp(str(pkg)) != second
+
+
+def test_the_entry_point_imports_nothing_heavy() -> None:
+    res = subprocess.run([sys.executable, "-X", "importtime", "-c", "import launcher.start"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    imported = {line.split("|")[-1].strip() for line in res.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert not {"typer", "asyncio", "launcher.cli", "json", "socket"} & imported, imported
