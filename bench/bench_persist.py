@@ -6,8 +6,11 @@ pdsh over OpenSSH's ControlPersist, the fairest peer, in one interleaved run.
 Per node count, four tools run ``true`` on every node (rounds rotated, medians; bench/common):
 
 * ``dtrain warm``: ``dtrain exec --persist 10m`` whose keeper already holds the connections
-  (the warm-up round makes them);
-* ``dtrain cold``: ``dtrain exec`` as without the keeper (one handshake per node);
+  (the warm-up round makes them), started warm by the keeper's resident (docs/connections.md);
+* ``dtrain warm, no resident``: the same with ``DTRAIN_RESIDENT=0``: this process imports the
+  CLI itself, only the connections are warm;
+* ``dtrain cold``: ``dtrain exec`` as without the keeper (one handshake per node, and no
+  resident: ``DTRAIN_RESIDENT=0``, a user who never turned ``--persist`` on);
 * ``pdsh``: ``pdsh -R ssh`` (one ssh per node);
 * ``pdsh ControlPersist``: the same, every ssh through an OpenSSH master kept 10 minutes.
 
@@ -44,7 +47,8 @@ from common import (  # noqa: E402  (bench/ is on sys.path)
     wall_table,
 )
 
-TOOLS = ("dtrain warm", "dtrain cold", "pdsh", "pdsh ControlPersist")
+TOOLS = ("dtrain warm", "dtrain warm, no resident", "dtrain cold", "pdsh",
+         "pdsh ControlPersist")
 REMOTE_DIR = "bench-persist"
 PDCP = shutil.which("pdcp") or "pdcp"
 
@@ -56,11 +60,12 @@ def make_tree(root: Path, files: int) -> None:
         (d / f"f{i:05d}.py").write_bytes(os.urandom(1024 + (i * 7919) % 7168))
 
 
-def keeper_rss_mb(env: dict[str, str]) -> tuple[int | None, float | None]:
+def keeper_rss_mb(env: dict[str, str], which: str = "pid") -> tuple[int | None, float | None]:
+    """The keeper's (``pid``) or its resident's (``resident``) pid and resident memory."""
     res = subprocess.run([sys.executable, "-m", "launcher", "connections", "--json"], env=env,
                          capture_output=True, text=True)
     doc = json.loads(res.stdout)
-    pid = (doc.get("keeper") or {}).get("pid")
+    pid = (doc.get("keeper") or {}).get(which)
     if not pid:
         return None, None
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -83,8 +88,10 @@ def main() -> int:
     control = Path(tempfile.mkdtemp(prefix="cm-", dir="/tmp"))
     series_list = []
     memory = {}
+    memory_resident = {}
     try:
         base = env_.env(XDG_RUNTIME_DIR=str(runtime))
+        plain = {**base, "DTRAIN_RESIDENT": "0"}
         cp_env = dict(base)
         cp_env["PDSH_SSH_ARGS_APPEND"] = base["PDSH_SSH_ARGS_APPEND"] + (
             f" -o ControlMaster=auto -o ControlPath={control}/%C -o ControlPersist=10m")
@@ -98,8 +105,14 @@ def main() -> int:
                 argv.insert(argv.index("--"), "10m")
                 return _checked(env_, "dtrain warm", argv, out, base)
 
+            def warm_plain(r: int, k: int = k, out: Path = out) -> object:
+                argv = [*env_.dtrain_exec(k, "true")]
+                argv.insert(argv.index("--"), "--persist")
+                argv.insert(argv.index("--"), "10m")
+                return _checked(env_, "dtrain warm, no resident", argv, out, plain)
+
             def cold(r: int, k: int = k, out: Path = out) -> object:
-                return _checked(env_, "dtrain cold", env_.dtrain_exec(k, "true"), out, base)
+                return _checked(env_, "dtrain cold", env_.dtrain_exec(k, "true"), out, plain)
 
             def pdsh(r: int, k: int = k, out: Path = out) -> object:
                 return _checked(env_, "pdsh", env_.pdsh(k, "true"), out, base)
@@ -108,11 +121,13 @@ def main() -> int:
                 return _checked(env_, "pdsh ControlPersist", env_.pdsh(k, "true"), out, cp_env)
 
             log(f"== exec true on {k} node(s)")
-            rounds(s, [("dtrain warm", warm), ("dtrain cold", cold), ("pdsh", pdsh),
+            rounds(s, [("dtrain warm", warm), ("dtrain warm, no resident", warm_plain),
+                       ("dtrain cold", cold), ("pdsh", pdsh),
                        ("pdsh ControlPersist", pdsh_cp)], args.reps,
                    max_busy=args.max_busy, patience=args.patience)
             series_list.append(s)
             memory[k] = keeper_rss_mb(base)
+            memory_resident[k] = keeper_rss_mb(base, "resident")
         if args.cp_nodes:
             series_list.append(cp_case(env_, args, base, cp_env))
     finally:
@@ -126,13 +141,18 @@ def main() -> int:
     print(f"machine: {machine()}\n{revision()}\n")
     print(wall_table(series_list, ref="dtrain warm",
                      others=("pdsh", "pdsh ControlPersist", "pdcp", "pdcp ControlPersist",
-                             "dtrain cold")))
+                             "dtrain cold", "dtrain warm, no resident")))
     print()
     for k, (pid, rss) in memory.items():
         print(f"keeper (pid {pid}) resident memory after {k} node(s): "
               f"{'-' if rss is None else f'{rss:.1f} MB'}")
+    for k, (pid, rss) in memory_resident.items():
+        print(f"resident (pid {pid}) memory after {k} node(s): "
+              f"{'-' if rss is None else f'{rss:.1f} MB'}")
     save_json(args.json, {"revision": revision(), "memory_mb": {str(k): v[1] for k, v in
                                                                   memory.items()},
+                          "resident_memory_mb": {str(k): v[1] for k, v in
+                                                 memory_resident.items()},
                           "series": {s.case: series_json(s) for s in series_list}})
     return 1 if any(s.problems() for s in series_list) else 0
 
@@ -171,7 +191,7 @@ def cp_case(env_: Env, args: object, base: dict[str, str], cp_env: dict[str, str
         ("dtrain warm", lambda r: _checked(env_, "dtrain warm", dtrain_cp("dtrain-warm", True),
                                            out, base)),
         ("dtrain cold", lambda r: _checked(env_, "dtrain cold", dtrain_cp("dtrain-cold", False),
-                                           out, base)),
+                                           out, {**base, "DTRAIN_RESIDENT": "0"})),
         ("pdcp", lambda r: _checked(env_, "pdcp", pdcp("pdcp"), out, base)),
         ("pdcp ControlPersist", lambda r: _checked(env_, "pdcp ControlPersist", pdcp("pdcp-cp"),
                                                    out, cp_env)),

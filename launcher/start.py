@@ -45,15 +45,36 @@ def socket_dir(environ: dict[str, str] | os._Environ[str], uid: int) -> str:
 
 
 SOCKET_NAME = "resident.sock"
+ABOUT_NAME = "resident.json"  # what the resident runs: read before connecting
+_FLAGS_IGNORED = ("safe_path", "inspect", "interactive", "quiet")  # -P is the resident's own
+
+
+def runtime(package_dir: str) -> list[object]:
+    """What this interpreter would run the CLI with, beyond dtrain's own modules: the
+    interpreter, its flags and -X options, the module search path (without the script's
+    directory and dtrain's own parent, which the keeper puts there), and a sitecustomize or
+    usercustomize. A client whose runtime is not the resident's (``-X importtime``, a
+    PYTHONPATH with other packages, a sitecustomize that watches the process) starts
+    normally: the resident would run its command without them."""
+    flags = {name: getattr(sys.flags, name) for name in dir(sys.flags)
+             if not name.startswith(("_", "n_")) and name not in ("count", "index")
+             and name not in _FLAGS_IGNORED}
+    entries = list(sys.path) if sys.flags.safe_path else list(sys.path)[1:]
+    parent = os.path.dirname(package_dir)
+    path = [p for p in entries if p and os.path.abspath(p) != parent]  # as given: an
+    # entry may be no directory at all (setuptools' editable finder hook)
+    custom = [getattr(sys.modules.get(m), "__file__", None)
+              for m in ("sitecustomize", "usercustomize")]
+    return [sys.executable, sys.version, sorted(flags.items()), sorted(sys._xoptions.items()),
+            list(sys.warnoptions), path, custom]
 
 
 def code_stamp(package_dir: str) -> str:
-    """Which code this is: the interpreter, and every module of the package by path, size
-    and mtime. The resident serves only a client whose stamp equals its own (an edited or
+    """Which code this is: every module of the package by path, size and mtime. The resident serves only a client whose stamp equals its own (an edited or
     upgraded dtrain is never run by an old resident)."""
     import zlib
 
-    rows = [sys.executable, sys.version, package_dir]
+    rows = [package_dir]
     for root, dirs, files in os.walk(package_dir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
@@ -85,30 +106,44 @@ def _read_line(sock: object, buf: bytearray) -> bytes | None:
 def serve_here(argv: list[str]) -> int | None:
     """Run this command in a child of the resident; its wait status, or None when the
     resident cannot serve it (then the caller starts normally)."""
-    import array
     import json
-    import signal
-    import socket
 
-    path = os.path.join(socket_dir(os.environ, os.getuid()), SOCKET_NAME)
-    if not os.path.exists(path):
-        return None
+    directory = socket_dir(os.environ, os.getuid())
+    path = os.path.join(directory, SOCKET_NAME)
+    try:
+        with open(os.path.join(directory, ABOUT_NAME), "rb") as fh:
+            about_text = fh.read(MAX_LINE)
+    except OSError:
+        return None  # no resident
     verbose = _verbose(argv)
 
     def unserved(why: str) -> None:
         if verbose:
             print(f"dtrain: an ordinary start (the resident: {why})", file=sys.stderr)
 
+    import launcher
+
+    package = os.path.dirname(launcher.__file__)
+    here = runtime(package)
+    try:
+        about = json.loads(about_text)
+        same = about["package"] == package and about["runtime"] == json.loads(json.dumps(here))
+    except (ValueError, KeyError, TypeError):
+        same = False
+    if not same:  # another dtrain or another interpreter setup: not even connected to
+        unserved("it runs another dtrain or another Python setup")
+        return None
+    import array
+    import signal
+    import socket
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     buf = bytearray()
     try:
         sock.settimeout(REPLY_WAIT)
         sock.connect(path)
-        import launcher
-
-        package = os.path.dirname(launcher.__file__)
         req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
-               "package": package, "stamp": code_stamp(package),
+               "package": package, "runtime": here, "stamp": code_stamp(package),
                # how this process was started, for the usage line ("dtrain", "python -m
                # launcher"): click reads it from __main__
                "main_package": getattr(sys.modules.get("__main__"), "__package__", None),

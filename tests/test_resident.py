@@ -59,6 +59,18 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _serving(env: dict[str, str]) -> bool:
+    """The keeper's resident is up and has said so in its directory."""
+    from launcher.start import ABOUT_NAME, socket_dir
+
+    pid = (_keeper(env) or {}).get("resident")
+    try:
+        about = json.loads((Path(socket_dir(env, os.getuid())) / ABOUT_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(pid) and about.get("pid") == pid
+
+
 @pytest.fixture
 def warm(cluster) -> Iterator[dict[str, str]]:
     """A client environment with its own runtime directory, whose keeper (and so its
@@ -68,7 +80,7 @@ def warm(cluster) -> Iterator[dict[str, str]]:
     env = cluster.client_env(XDG_RUNTIME_DIR=str(runtime), DTRAIN_PERSIST="1m")
     res = dtrain(["exec", "-H", "node[1-2]", "--", "true"], env=env)
     assert res.returncode == 0, res.stderr
-    _wait(lambda: (_keeper(env) or {}).get("resident"), what="the resident")
+    _wait(lambda: _serving(env), what="the resident")
     yield env
     keeper = _keeper(env) or {}
     dtrain(["connections", "close"], env={**env, "DTRAIN_RESIDENT": "0"})
@@ -89,22 +101,41 @@ def _importtime(args: list[str], env: dict[str, str], **kw) -> subprocess.Comple
 
 
 def test_a_warm_exec_runs_in_the_residents_child_as_a_fresh_process_would(warm):
-    res = _importtime(["exec", "-H", "node[1-2]", "--", "hostname; echo err >&2; exit 3"],
-                      warm)
-    assert res.returncode == 3, res.stderr
-    assert sorted(res.stdout.splitlines()) == ["node1: node1", "node2: node2"]
-    assert "node1: err" in res.stderr and "exit 3" in res.stderr
-    # this process imported the entry point alone: no typer, no CLI, no asyncio
-    imported = [line.split("|")[-1].strip() for line in res.stderr.splitlines()
-                if line.startswith("import time:")]
-    assert "launcher.start" in imported
-    assert not {"typer", "launcher.cli", "asyncio"} & set(imported), imported
+    resident = (_keeper(warm) or {})["resident"]
+    before = set(_children(resident))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node[1-2]", "--",
+                             "sleep 1; hostname; echo err >&2; exit 3"], env=warm, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait(lambda: set(_children(resident)) - before or proc.poll() is not None,
+          what="the command to start")
+    assert set(_children(resident)) - before, "the command did not run in the resident's child"
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert sorted(out.splitlines()) == ["node1: node1", "node2: node2"]
+    assert "node1: err" in err and "exit 3" in err
     # DTRAIN_RESIDENT=0: an ordinary start, the same answer
-    cold = _importtime(["exec", "-H", "node[1-2]", "--", "hostname; exit 3"],
-                       {**warm, "DTRAIN_RESIDENT": "0"})
+    cold = dtrain(["exec", "-H", "node[1-2]", "--", "hostname; echo err >&2; exit 3"],
+                  env={**warm, "DTRAIN_RESIDENT": "0"})
     assert cold.returncode == 3, cold.stderr
-    assert sorted(cold.stdout.splitlines()) == ["node1: node1", "node2: node2"]
-    assert "| typer" in cold.stderr
+    assert sorted(cold.stdout.splitlines()) == sorted(out.splitlines())
+    assert sorted(cold.stderr.splitlines()) == sorted(err.splitlines())
+
+
+def test_a_client_in_another_python_setup_starts_normally(warm, tmp_path: Path):
+    """-X importtime, or a sitecustomize that watches the process (tests/util.dial_watch):
+    the resident would run the command without them, so the client does not even connect."""
+    res = _importtime(["exec", "-H", "node1", "-v", "--", "hostname"], warm)
+    assert res.returncode == 0 and res.stdout == "node1: node1\n", res.stderr
+    assert "| typer" in res.stderr  # this process imported the CLI itself
+    assert res.stderr.count("an ordinary start (the resident: it runs another dtrain or "
+                            "another Python setup)") == 1
+    from tests.util import dial_watch
+
+    env, log = dial_watch(warm, tmp_path / "site")
+    res = dtrain(["exec", "-H", "node1", "--", "hostname"], env=env)
+    assert res.returncode == 0 and res.stdout == "node1: node1\n", res.stderr
+    dials = log.read_text()
+    assert "resident.sock" not in dials and "keeper.sock" in dials, dials  # watched: itself
 
 
 def test_usage_errors_json_and_help_come_from_the_child(warm):
@@ -217,20 +248,22 @@ def _request(sock: Path, req: dict, fds: list[int]) -> dict:
 
 
 def test_other_code_is_refused_and_a_new_resident_takes_over(warm):
-    from launcher.start import SOCKET_NAME, socket_dir
+    from launcher.start import ABOUT_NAME, SOCKET_NAME, socket_dir
 
     old = (_keeper(warm) or {})["resident"]
     sock = Path(socket_dir(warm, os.getuid())) / SOCKET_NAME
+    about = json.loads((sock.parent / ABOUT_NAME).read_text())
+    assert about["pid"] == old
     req = {"argv": ["dtrain", "exec", "--help"], "cwd": "/", "env": {}, "umask": 0o22,
-           "package": str(REPO / "launcher"), "stamp": "00000000:1",
+           "package": about["package"], "runtime": about["runtime"], "stamp": "00000000:1",
            "streams": [["utf-8", "strict"]] * 3, "fds": [1]}
     with open(os.devnull, "w") as null:
         reply = _request(sock, req, [null.fileno()])
     assert "other code" in reply.get("refused", ""), reply
     # the refused stamp names this very package: the resident ends, the keeper starts another
     _wait(lambda: not _alive(old), what="the stale resident to end")
-    _wait(lambda: (_keeper(warm) or {}).get("resident") not in (None, old),
-          what="a new resident")
+    _wait(lambda: (_keeper(warm) or {}).get("resident") not in (None, old)
+          and _serving(warm), what="a new resident")
     res = dtrain(["exec", "-H", "node1", "--", "hostname"], env=warm)
     assert res.returncode == 0 and res.stdout == "node1: node1\n", res.stderr
 
@@ -257,9 +290,9 @@ def test_only_its_own_user_may_use_the_resident(warm, cluster):
     os.chmod(directory, 0o711)  # resident's own peer check must still refuse
     os.chmod(sock, 0o666)
     try:
-        probe = ("import socket,sys\n"
+        probe = ("import socket,sys\n"  # refused at once: before any request is read
                  "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
-                 "s.sendall(b'{}\\n'); print(s.makefile().readline())\n")
+                 "print(s.makefile().readline())\n")
         res = subprocess.run(["runuser", "-u", cluster.user, "--", sys.executable, "-c", probe,
                               str(sock)], capture_output=True, text=True, timeout=30)
         assert res.returncode == 0, res.stderr

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import launcher
-from launcher.start import SOCKET_NAME, code_stamp
+from launcher.start import ABOUT_NAME, SOCKET_NAME, code_stamp, runtime
 
 MAX_REQUEST = 8 << 20  # argv and the environment; more is refused
 READ_WAIT = 2.0  # seconds a client has to send its request
@@ -192,6 +192,7 @@ class Resident:
         self.path = directory / SOCKET_NAME
         self.package = os.path.dirname(launcher.__file__)
         self.stamp = code_stamp(self.package)
+        self.runtime = json.loads(json.dumps(runtime(self.package)))
         self.parent = os.getppid()
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, client)
@@ -208,6 +209,12 @@ class Resident:
             os.umask(old)
         listener.listen(64)
         self.sel.register(listener, selectors.EVENT_READ, None)
+        about = {"pid": os.getpid(), "package": self.package, "runtime": self.runtime}
+        tmp = self.directory / f".{ABOUT_NAME}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(about, fh)
+        os.replace(tmp, self.directory / ABOUT_NAME)
         return listener
 
     def refuse(self, conn: socket.socket, why: str) -> None:
@@ -226,9 +233,11 @@ class Resident:
             self.refuse(conn, f"bad request: {exc}")
             return
         try:
+            if req.get("package") != self.package or req.get("runtime") != self.runtime:
+                self.refuse(conn, "it runs another dtrain or another Python setup")
+                return
             if req["stamp"] != self.stamp:
-                if str(req.get("package", self.package)) == self.package:
-                    self.stale = True  # this dtrain was edited or upgraded: end, be replaced
+                self.stale = True  # this dtrain was edited or upgraded: end, be replaced
                 self.refuse(conn, "it runs other code (dtrain was changed since it started)")
                 return
             pid = os.fork()
@@ -279,8 +288,9 @@ class Resident:
                     else:
                         self.reap(key.data)
         finally:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+            for name in (ABOUT_NAME, SOCKET_NAME):
+                with contextlib.suppress(OSError):
+                    (self.directory / name).unlink()
             listener.close()
         print(f"dtrain resident {os.getpid()}: exit"
               f"{' (dtrain changed)' if self.stale else ''}", flush=True)
