@@ -70,8 +70,9 @@ def runtime(package_dir: str) -> list[object]:
 
 
 def code_stamp(package_dir: str) -> str:
-    """Which code this is: every module of the package by path, size and mtime. The resident serves only a client whose stamp equals its own (an edited or
-    upgraded dtrain is never run by an old resident)."""
+    """Which code this is: every module of the package by path, size and mtime. The
+    resident serves only a client whose stamp equals its own (an edited or upgraded dtrain
+    is never run by an old resident)."""
     import zlib
 
     rows = [package_dir]
