@@ -65,8 +65,9 @@ def runtime(package_dir: str) -> list[object]:
     # entry may be no directory at all (setuptools' editable finder hook)
     custom = [getattr(sys.modules.get(m), "__file__", None)
               for m in ("sitecustomize", "usercustomize")]
-    return [sys.executable, sys.version, sorted(flags.items()), sorted(sys._xoptions.items()),
-            list(sys.warnoptions), path, custom]
+    # the binary, not the name it was started by (python, python3.11: one interpreter)
+    return [os.path.realpath(sys.executable), sys.version, sorted(flags.items()),
+            sorted(sys._xoptions.items()), list(sys.warnoptions), path, custom]
 
 
 def code_stamp(package_dir: str) -> str:

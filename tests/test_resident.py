@@ -138,6 +138,35 @@ def test_a_client_in_another_python_setup_starts_normally(warm, tmp_path: Path):
     assert "resident.sock" not in dials and "keeper.sock" in dials, dials  # watched: itself
 
 
+def test_a_warm_cp_copies_and_reports_as_an_ordinary_one(warm, cluster, tmp_path: Path):
+    import re
+
+    src = tmp_path / "tree"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("payload\n")
+    remote = f"resident-cp-{uuid.uuid4().hex[:8]}"
+    args = ["cp", "-H", "node[1-2]", "--no-progress", "-r", str(src), f"~/{remote}/"]
+    try:
+        res = dtrain(args, env=warm)
+        assert res.returncode == 0, res.stderr
+        for n in cluster.nodes[:2]:
+            assert (n.home / remote / "tree/d/f.txt").read_text() == "payload\n"
+        # again, unchanged: skipped, and said as an ordinary start says it (times aside)
+        again = dtrain(args, env=warm)
+        plain = dtrain(args, env={**warm, "DTRAIN_RESIDENT": "0"})
+        assert again.returncode == plain.returncode == 0, again.stderr + plain.stderr
+
+        def shape(text: str) -> str:
+            return re.sub(r"\d+(\.\d+)?", "N", text)
+
+        assert shape(again.stdout + again.stderr) == shape(plain.stdout + plain.stderr)
+        assert "skipped" in (again.stdout + again.stderr) or "unchanged" in \
+            (again.stdout + again.stderr), again.stderr
+    finally:
+        for n in cluster.nodes[:2]:
+            subprocess.run(["rm", "-rf", str(n.home / remote)], check=False)
+
+
 def test_usage_errors_json_and_help_come_from_the_child(warm):
     assert_exit(dtrain(["exec", "-H", "node1", "--bogus", "--", "true"], env=warm), 2)
     res = dtrain(["exec", "-H", "node1", "--json", "--", "echo hi"], env=warm)
