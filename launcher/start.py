@@ -127,9 +127,12 @@ def serve_here(argv: list[str]) -> int | None:
 
     package = os.path.dirname(launcher.__file__)
     here = runtime(package)
+    stamp = code_stamp(package)
     try:
         about = json.loads(about_text)
-        same = about["package"] == package and about["runtime"] == json.loads(json.dumps(here))
+        ours = about["package"] == package
+        changed = ours and about["stamp"] != stamp  # told below: it retires
+        same = ours and (changed or about["runtime"] == json.loads(json.dumps(here)))
     except (ValueError, KeyError, TypeError):
         same = False
     if not same:  # another dtrain or another interpreter setup: not even connected to
@@ -145,7 +148,7 @@ def serve_here(argv: list[str]) -> int | None:
         sock.settimeout(REPLY_WAIT)
         sock.connect(path)
         req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
-               "package": package, "runtime": here, "stamp": code_stamp(package),
+               "package": package, "runtime": here, "stamp": stamp,
                # how this process was started, for the usage line ("dtrain", "python -m
                # launcher"): click reads it from __main__
                "main_package": getattr(sys.modules.get("__main__"), "__package__", None),

@@ -209,7 +209,8 @@ class Resident:
             os.umask(old)
         listener.listen(64)
         self.sel.register(listener, selectors.EVENT_READ, None)
-        about = {"pid": os.getpid(), "package": self.package, "runtime": self.runtime}
+        about = {"pid": os.getpid(), "package": self.package, "runtime": self.runtime,
+                 "stamp": self.stamp}
         tmp = self.directory / f".{ABOUT_NAME}.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -233,12 +234,15 @@ class Resident:
             self.refuse(conn, f"bad request: {exc}")
             return
         try:
-            if req.get("package") != self.package or req.get("runtime") != self.runtime:
+            if req.get("package") != self.package:
                 self.refuse(conn, "it runs another dtrain or another Python setup")
                 return
             if req["stamp"] != self.stamp:
                 self.stale = True  # this dtrain was edited or upgraded: end, be replaced
                 self.refuse(conn, "it runs other code (dtrain was changed since it started)")
+                return
+            if req.get("runtime") != self.runtime:
+                self.refuse(conn, "it runs another dtrain or another Python setup")
                 return
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child's coverage is the commands' tests
