@@ -179,7 +179,9 @@ def serve_here(argv: list[str]) -> int | None:
 
     def stop(signum: int, frame: object) -> None:  # Ctrl-Z: both stop, both go on with fg
         forward(signal.SIGSTOP, frame)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)  # stopped by SIGTSTP, as the shell
+        os.kill(os.getpid(), signal.SIGTSTP)  # expects (its $? is 148 for a job on hold)
+        signal.signal(signal.SIGTSTP, stop)  # continued (SIGCONT, forwarded too)
 
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forward)
