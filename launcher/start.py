@@ -2,8 +2,8 @@
 
 With the connection keeper on (``--persist``, docs/connections.md), the keeper also runs a
 *resident*: a process that has already imported the CLI, typer and the command modules
-(``launcher/cli/resident.py``). ``dtrain exec`` and ``dtrain cp`` then ask it to fork a
-child that runs the very same CLI on this process's argv, environment, working directory,
+(``launcher/cli/resident.py``). ``exec``, ``cp``, ``doctor``, ``stacks`` and ``top --once``
+then ask it to fork a child that runs the very same CLI on this process's argv, environment, working directory,
 umask and standard streams (passed as file descriptors), while this process only forwards
 signals and waits. The child's exit status becomes this process's, a death by a signal
 included. A warm command thus pays neither Python's imports nor asyncssh's handshake.
@@ -19,9 +19,18 @@ from __future__ import annotations
 import os
 import sys
 
-# the interactive commands issue 41 names, whose start is most of their time; never `run`
-# (a training run must not depend on the keeper's process) nor an interactive view
-RESIDENT_COMMANDS = ("exec", "cp")
+# the one-shot commands issue 41 names, whose start is much of their time; never `run` or
+# `smoke` (a training run must not depend on the keeper's process), nor `keys` (a password
+# prompt wants a controlling terminal), nor top's live view (a full-screen program)
+RESIDENT_COMMANDS = ("exec", "cp", "doctor", "stacks", "top")
+
+
+def resident_may_serve(argv: list[str]) -> bool:
+    """Whether this command line is one a resident's child may run."""
+    name = argv[1] if len(argv) > 1 else ""
+    if name == "top":
+        return "--once" in argv[2:]
+    return name in RESIDENT_COMMANDS
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH",
              "SIGCONT")
 REPLY_WAIT = 2.0  # seconds for the resident to fork (it answers in milliseconds)
@@ -235,8 +244,7 @@ def exit_as(status: int) -> None:
 
 def main() -> None:
     argv = list(sys.argv)
-    if (len(argv) > 1 and argv[1] in RESIDENT_COMMANDS
-            and os.environ.get("DTRAIN_RESIDENT", "1") != "0"
+    if (resident_may_serve(argv) and os.environ.get("DTRAIN_RESIDENT", "1") != "0"
             and not os.environ.get("_DTRAIN_COMPLETE")):
         status = serve_here(argv)
         if status is not None:

@@ -167,6 +167,45 @@ def test_a_warm_cp_copies_and_reports_as_an_ordinary_one(warm, cluster, tmp_path
             subprocess.run(["rm", "-rf", str(n.home / remote)], check=False)
 
 
+def _shape(doc: object) -> object:
+    """A JSON document without its measurements (numbers and times vary run to run)."""
+    if isinstance(doc, dict):
+        return {k: _shape(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_shape(v) for v in doc]
+    return type(doc).__name__ if isinstance(doc, int | float) and not isinstance(doc, bool) \
+        else doc
+
+
+@pytest.mark.parametrize("args", [
+    ["doctor", "-H", "node[1-2]", "--json"],
+    ["top", "-H", "node[1-2]", "--once", "--json"],
+], ids=["doctor", "top --once"])
+def test_doctor_and_top_once_answer_as_an_ordinary_start(warm, args: list[str]):
+    import re
+
+    served = dtrain(args, env=warm)
+    plain = dtrain(args, env={**warm, "DTRAIN_RESIDENT": "0"})
+    assert served.returncode == plain.returncode, served.stderr + plain.stderr
+    one, two = json.loads(served.stdout), json.loads(plain.stdout)
+    assert one["schema"] == two["schema"]
+    times = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+\S*|\d+(\.\d+)?")
+    assert times.sub("N", json.dumps(_shape(one), sort_keys=True)) == \
+        times.sub("N", json.dumps(_shape(two), sort_keys=True))
+
+
+def test_only_one_shot_commands_are_served() -> None:
+    from launcher.start import resident_may_serve
+
+    for argv in (["dtrain", "exec"], ["dtrain", "cp"], ["dtrain", "doctor"],
+                 ["dtrain", "stacks"], ["dtrain", "top", "-H", "n1", "--once"]):
+        assert resident_may_serve(argv), argv
+    for argv in (["dtrain"], ["dtrain", "run"], ["dtrain", "smoke"], ["dtrain", "top"],
+                 ["dtrain", "keys", "setup"], ["dtrain", "attach"], ["dtrain", "--help"],
+                 ["dtrain", "logs"], ["dtrain", "image", "push"]):
+        assert not resident_may_serve(argv), argv
+
+
 def test_usage_errors_json_and_help_come_from_the_child(warm):
     assert_exit(dtrain(["exec", "-H", "node1", "--bogus", "--", "true"], env=warm), 2)
     res = dtrain(["exec", "-H", "node1", "--json", "--", "echo hi"], env=warm)

@@ -1,4 +1,4 @@
-"""The resident: warm starts for `dtrain exec` and `dtrain cp` (docs/connections.md).
+"""The resident: warm starts for exec, cp, doctor, stacks, top --once (docs/connections.md).
 
 ``python -m launcher.cli.resident --dir DIR``, started by the connection keeper next to its
 own socket and ending with it. It imports the CLI and the commands once, then waits on
@@ -43,13 +43,16 @@ STALE = 3  # the exit status that asks the keeper for a new resident (dtrain was
 
 
 def preload() -> None:
-    """What a warm exec and cp would import: the CLI (typer and every command's options),
-    the commands, the keeper's client and the config reader."""
+    """What the commands it serves would import: the CLI (typer and every command's
+    options), the commands, the keeper's client and the config reader."""
     import launcher.cli  # noqa: F401
     import launcher.cli.args  # noqa: F401
     import launcher.cli.configs  # noqa: F401
     import launcher.commands.cp  # noqa: F401
+    import launcher.commands.doctor  # noqa: F401
     import launcher.commands.exec  # noqa: F401
+    import launcher.commands.stacks  # noqa: F401
+    import launcher.commands.top  # noqa: F401
     import launcher.hosts.userconfig  # noqa: F401
     import launcher.transports.keeper.client  # noqa: F401
     from launcher.cli import prebuild
