@@ -3,13 +3,14 @@
 With the connection keeper on (``--persist``, docs/connections.md), the keeper also runs a
 *resident*: a process that has already imported the CLI, typer and the command modules
 (``launcher/cli/resident.py``). ``exec``, ``cp``, ``doctor``, ``stacks`` and ``top --once``
-then ask it to fork a child that runs the very same CLI on this process's argv, environment, working directory,
-umask and standard streams (passed as file descriptors), while this process only forwards
-signals and waits. The child's exit status becomes this process's, a death by a signal
-included. A warm command thus pays neither Python's imports nor asyncssh's handshake.
+then ask it to fork a child that runs the very same CLI on this process's argv,
+environment, working directory, umask and standard streams (passed as file descriptors),
+while this process only forwards signals and waits. The child's exit status becomes this
+process's, a death by a signal included. A warm command thus pays neither Python's imports
+nor asyncssh's handshake.
 
-Anything the resident cannot serve (none running, another uid, other code, a full queue)
-is an ordinary start, said once with ``-v``. ``DTRAIN_RESIDENT=0`` turns it off.
+Anything the resident cannot serve (none running, another uid, other code, another Python
+setup) is an ordinary start, said once with ``-v``. ``DTRAIN_RESIDENT=0`` turns it off.
 
 Standard library only, and nothing heavy: this runs before every command.
 """
