@@ -18,16 +18,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.util import REPO, assert_exit, dtrain
+from tests.util import REPO, assert_exit, dtrain, pid_alive, wait_until
 
 pytestmark = pytest.mark.ssh
 
-
-def _wait(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _listing(env: dict[str, str]) -> dict:
@@ -35,13 +29,6 @@ def _listing(env: dict[str, str]) -> dict:
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -59,9 +46,9 @@ def kenv(cluster) -> Iterator[dict[str, str]]:
     pid = (doc.get("keeper") or {}).get("pid")
     if pid:
         deadline = time.monotonic() + 5
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
     subprocess.run(["rm", "-rf", str(runtime)], check=False)
 
@@ -125,14 +112,14 @@ def test_a_changed_known_hosts_closes_the_kept_connection(kenv, cluster, tmp_pat
         if "UserKnownHostsFile" in config else ssh / "known_hosts"
     with open(known, "a") as fh:
         fh.write("# changed\n")
-    _wait(lambda: not _listing(env)["connections"], what="the stale connection to close")
+    wait_until(lambda: not _listing(env)["connections"], what="the stale connection to close")
 
 
 def test_the_keeper_exits_when_idle(kenv):
     res = dtrain(["exec", "-H", "node1", "--persist", "2s", "--", "true"], env=kenv)
     assert res.returncode == 0, res.stderr
     pid = _listing(kenv)["keeper"]["pid"]
-    _wait(lambda: not _alive(pid), timeout=20, what="the idle keeper to exit")
+    wait_until(lambda: not pid_alive(pid), timeout=20, what="the idle keeper to exit")
     assert _listing(kenv)["keeper"] is None
 
 
@@ -152,12 +139,12 @@ def test_a_dead_keeper_tears_down_what_ran_through_it(kenv, cluster):
                             env=kenv, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: cluster.node_pids(1, match=marker), what="the remote command")
+        wait_until(lambda: cluster.node_pids(1, match=marker), what="the remote command")
         pid = _listing(kenv)["keeper"]["pid"]
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode != 0, err
-        _wait(lambda: not cluster.node_pids(1, match=marker), timeout=30,
+        wait_until(lambda: not cluster.node_pids(1, match=marker), timeout=30,
               what="the remote command to be torn down")
     finally:
         if proc.poll() is None:

@@ -20,16 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.util import REPO, assert_exit, dtrain
+from tests.util import REPO, assert_exit, dtrain, pid_alive, wait_until
 
 pytestmark = pytest.mark.ssh
 
-
-def _wait(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _keeper(env: dict[str, str]) -> dict | None:
@@ -37,13 +31,6 @@ def _keeper(env: dict[str, str]) -> dict | None:
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)["keeper"]
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _children(pid: int) -> list[int]:
@@ -80,16 +67,16 @@ def warm(cluster) -> Iterator[dict[str, str]]:
     env = cluster.client_env(XDG_RUNTIME_DIR=str(runtime), DTRAIN_PERSIST="1m")
     res = dtrain(["exec", "-H", "node[1-2]", "--", "true"], env=env)
     assert res.returncode == 0, res.stderr
-    _wait(lambda: _serving(env), what="the resident")
+    wait_until(lambda: _serving(env), what="the resident")
     yield env
     keeper = _keeper(env) or {}
     dtrain(["connections", "close"], env={**env, "DTRAIN_RESIDENT": "0"})
     for pid in (keeper.get("pid"), keeper.get("resident")):
         if pid:
             deadline = time.monotonic() + 5
-            while _alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
     subprocess.run(["rm", "-rf", str(runtime)], check=False)
 
@@ -106,7 +93,7 @@ def test_a_warm_exec_runs_in_the_residents_child_as_a_fresh_process_would(warm):
     proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node[1-2]", "--",
                              "sleep 1; hostname; echo err >&2; exit 3"], env=warm, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait(lambda: set(_children(resident)) - before or proc.poll() is not None,
+    wait_until(lambda: set(_children(resident)) - before or proc.poll() is not None,
           what="the command to start")
     assert set(_children(resident)) - before, "the command did not run in the resident's child"
     out, err = proc.communicate(timeout=60)
@@ -249,12 +236,12 @@ def test_ctrl_c_reaches_the_child_and_exits_130(warm, cluster):
                              f"exec -a {marker} sleep 300"], env=warm, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: cluster.node_pids(1, match=marker), what="the remote command")
+        wait_until(lambda: cluster.node_pids(1, match=marker), what="the remote command")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         assert "Ctrl-C" in err
-        _wait(lambda: not cluster.node_pids(1, match=marker), timeout=30,
+        wait_until(lambda: not cluster.node_pids(1, match=marker), timeout=30,
               what="the remote command to stop")
     finally:
         if proc.poll() is None:
@@ -270,15 +257,16 @@ def test_a_killed_client_kills_its_child_and_the_nodes_tear_down(warm, cluster):
                              f"exec -a {marker} sleep 300"], env=warm, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: cluster.node_pids(1, match=marker) and cluster.node_pids(2, match=marker),
-              what="the remote commands")
+        wait_until(lambda: cluster.node_pids(1, match=marker)
+                   and cluster.node_pids(2, match=marker), what="the remote commands")
         new = set(_children(resident)) - before
         assert len(new) == 1, "the command did not run in a child of the resident"
         (child,) = new
         proc.kill()
         proc.wait()
-        _wait(lambda: not _alive(child), timeout=10, what="the child to die with its client")
-        _wait(lambda: not (cluster.node_pids(1, match=marker)
+        wait_until(lambda: not pid_alive(child), timeout=10,
+                   what="the child to die with its client")
+        wait_until(lambda: not (cluster.node_pids(1, match=marker)
                            or cluster.node_pids(2, match=marker)),
               timeout=30, what="the nodes to tear down")
     finally:
@@ -294,7 +282,7 @@ def test_a_child_killed_by_a_signal_ends_its_client_by_the_same_signal(warm):
                              "sleep 300"], env=warm, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: set(_children(resident)) - before, what="the child")
+        wait_until(lambda: set(_children(resident)) - before, what="the child")
         (child,) = set(_children(resident)) - before
         os.kill(child, signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
@@ -329,8 +317,8 @@ def test_other_code_is_refused_and_a_new_resident_takes_over(warm):
         reply = _request(sock, req, [null.fileno()])
     assert "other code" in reply.get("refused", ""), reply
     # the refused stamp names this very package: the resident ends, the keeper starts another
-    _wait(lambda: not _alive(old), what="the stale resident to end")
-    _wait(lambda: (_keeper(warm) or {}).get("resident") not in (None, old)
+    wait_until(lambda: not pid_alive(old), what="the stale resident to end")
+    wait_until(lambda: (_keeper(warm) or {}).get("resident") not in (None, old)
           and _serving(warm), what="a new resident")
     res = dtrain(["exec", "-H", "node1", "--", "hostname"], env=warm)
     assert res.returncode == 0 and res.stdout == "node1: node1\n", res.stderr
@@ -374,8 +362,8 @@ def test_the_resident_ends_with_its_keeper(warm):
     keeper = _keeper(warm) or {}
     res = dtrain(["connections", "close"], env=warm)
     assert res.returncode == 0, res.stderr
-    _wait(lambda: not _alive(keeper["pid"]), what="the keeper to exit")
-    _wait(lambda: not _alive(keeper["resident"]), what="the resident to exit")
+    wait_until(lambda: not pid_alive(keeper["pid"]), what="the keeper to exit")
+    wait_until(lambda: not pid_alive(keeper["resident"]), what="the resident to exit")
     # no keeper: an ordinary start says so with -v only when a socket was there to try
     res = dtrain(["exec", "-H", "node1", "-v", "--persist", "off", "--", "hostname"],
                  env=warm)

@@ -109,6 +109,23 @@ def assert_exit(res: subprocess.CompletedProcess[str] | subprocess.CompletedProc
     assert res.returncode == code, f"exit {res.returncode}, expected {code}:\n{out[-4000:]}"
 
 
+def wait_until(cond: Callable[[], object], timeout: float = 15.0,
+               what: str = "condition") -> None:
+    """Poll ``cond`` every 50 ms until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def interrupt_when(args: Sequence[str], env: Mapping[str, str], ready: Callable[[], bool],
                    timeout: float = 60) -> tuple[int, str, str]:
     """Start dtrain, SIGINT it (Ctrl-C) once ``ready()`` holds; (exit code, stdout, stderr).
