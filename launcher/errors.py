@@ -90,6 +90,11 @@ class HostKeyError(ConnectError):
     """The node's host key is unknown or has changed."""
 
 
+class SessionRefused(ConnectError):
+    """The node refused one more session on an open connection (sshd's MaxSessions, 10 by
+    default): the connection keeper's cue to let that command connect directly."""
+
+
 class RemoteCommandError(DtrainError):
     """A dtrain helper program on a node failed."""
 

@@ -152,6 +152,26 @@ def test_a_dead_keeper_tears_down_what_ran_through_it(kenv, cluster):
             proc.wait()
 
 
+def test_more_commands_at_once_than_sshd_allows_sessions_all_succeed(kenv):
+    """sshd's MaxSessions (10 by default) bounds the channels of one kept connection: the
+    commands past it connect directly (said with -v), none fails (it did: 'remote shell
+    exited with status None', 24 execs at once)."""
+    assert dtrain(["exec", "-H", "node1", "--persist", "1m", "--", "true"],
+                  env=kenv).returncode == 0
+    env = {**kenv, "DTRAIN_PERSIST": "1m", "DTRAIN_RESIDENT": "0"}
+    procs = [subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node1", "-v",
+                               "--", f"echo {i}; sleep 2"], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(14)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for i, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, err
+        assert out == f"node1: {i}\n", err
+    direct = [err for _, err in outs if "connecting directly" in err]
+    assert direct, "no command met sshd's MaxSessions: the test proves nothing"
+    assert all("MaxSessions" in err for err in direct), direct[0]
+
+
 def test_only_its_own_user_may_talk_to_the_keeper(kenv, cluster):
     assert dtrain(["exec", "-H", "node1", "--persist", "1m", "--", "true"],
                   env=kenv).returncode == 0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.aio import cancel_and_wait, cleanup
-from launcher.errors import DtrainError
+from launcher.errors import DtrainError, SessionRefused
 from launcher.models import Host
 from launcher.transports.base import Process
 from launcher.transports.keeper import frames
@@ -289,6 +289,13 @@ class Keeper:
         try:
             try:
                 proc = await entry.conn.start(command)
+            except SessionRefused as exc:  # this connection is full (sshd's MaxSessions):
+                # the command connects directly, as for a busy keeper
+                writer.write(frames.encode_json(REP, {
+                    "ok": False, "busy": True,
+                    "why": f"{entry.host.label}: {exc.message} on the kept connection, "
+                           "whose sessions sshd's MaxSessions bounds (10 by default)"}))
+                return
             except DtrainError as exc:
                 writer.write(frames.encode_json(REP, {"ok": False, "error": {
                     "cls": type(exc).__name__, "message": exc.message, "hint": exc.hint}}))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import asyncssh
 
-from launcher.errors import AuthError, ConnectError, HostKeyError, TransferError
+from launcher.errors import AuthError, ConnectError, HostKeyError, SessionRefused, TransferError
 from launcher.transports.ssh.hostkeys import HostKeyVerdict
 from launcher.transports.ssh.settings import SSHSettings
 
@@ -53,6 +53,10 @@ def map_ssh_errors(label: str, settings: SSHSettings,
             raise ConnectError("host unreachable", host=label,
                                hint="check the address and the network path") from exc
         raise ConnectError(f"connection failed: {exc.strerror or exc}", host=label) from exc
+    except asyncssh.ChannelOpenError as exc:
+        raise SessionRefused(f"the node refused a new session ({exc.reason})", host=label,
+                             hint="sshd's MaxSessions bounds the sessions of one "
+                                  "connection (10 by default)") from exc
     except asyncssh.Error as exc:
         raise ConnectError(f"SSH error: {exc.reason}", host=label) from exc
 
