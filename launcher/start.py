@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import sys
 
+from launcher.exitcodes import EXIT_UNREACHABLE, exit_for_signal
+
 # the one-shot commands issue 41 names, whose start is much of their time; never `run` or
 # `smoke` (a training run must not depend on the keeper's process), nor `keys` (a password
 # prompt wants a controlling terminal), nor top's live view (a full-screen program)
@@ -211,7 +213,7 @@ def serve_here(argv: list[str]) -> int | None:
         print(f"dtrain: the resident (process {pid}'s parent) ended before the command; its "
               f"exit status is unknown. Check `dtrain connections`, or set DTRAIN_RESIDENT=0.",
               file=sys.stderr)
-        return 255 << 8
+        return EXIT_UNREACHABLE << 8  # as a command that could not start
     return status
 
 
@@ -239,8 +241,8 @@ def exit_as(status: int) -> None:
         if sig not in (signal.SIGKILL, signal.SIGSTOP):  # whose handlers cannot be set
             signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
-        os._exit(128 + sig)  # a signal that does not end a process (ignored, stopped)
-    raise SystemExit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255)
+        os._exit(exit_for_signal(sig))  # a signal that does not end a process
+    raise SystemExit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else EXIT_UNREACHABLE)
 
 
 def main() -> None:

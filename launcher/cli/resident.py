@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import launcher
+from launcher.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from launcher.start import ABOUT_NAME, SOCKET_NAME, code_stamp, runtime
 
 MAX_REQUEST = 8 << 20  # argv and the environment; more is refused
@@ -185,7 +186,7 @@ def become(req: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
     if code == -1:  # as CPython ends on an uncaught Ctrl-C: by SIGINT itself
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-        code = 130
+        code = EXIT_INTERRUPTED
     os._exit(code)
 
 
@@ -252,7 +253,7 @@ class Resident:
                 try:
                     become(req, fds, conn)
                 finally:
-                    os._exit(70)
+                    os._exit(EXIT_FAILED)  # become() itself failed
             try:
                 pidfd = os.pidfd_open(pid)
             except OSError:  # pragma: no cover - Linux >= 5.3 has it
@@ -308,7 +309,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="dtrain-resident")
     ap.add_argument("--dir", required=True)
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_OK))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     preload()
