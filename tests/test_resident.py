@@ -371,6 +371,38 @@ def test_the_resident_ends_with_its_keeper(warm):
     assert "resident" not in res.stderr
 
 
+def test_a_resident_whose_keeper_died_while_it_started_ends(tmp_path: Path) -> None:
+    """The keeper SIGKILLed while its resident still imports: the resident must not take
+    its new parent (init) for its keeper and serve forever (it did, found after
+    test_keeper's SIGKILLed keeper left two behind)."""
+    directory = tmp_path / "dtrain"
+    directory.mkdir(mode=0o700)
+    keeper = ("import os, subprocess, sys\n"
+              "p = subprocess.Popen([sys.executable, '-P', '-m', 'launcher.cli.resident',"
+              " '--dir', sys.argv[1], '--keeper', str(os.getpid())], cwd='/',"
+              " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+              "print(p.pid, flush=True)\n"
+              "os._exit(0)\n")  # gone before the resident's imports end
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-c", keeper, str(directory)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    pid = int(res.stdout)
+    try:
+        wait_until(lambda: not pid_alive(pid) or _zombie(pid), timeout=20,
+                   what="the orphaned resident to end")
+    finally:
+        if pid_alive(pid) and not _zombie(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert not (directory / "resident.sock").exists()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
+    except OSError:
+        return True
+
+
 # ---------------------------------------------------------------------- pure parts, no nodes
 
 def test_the_entry_point_finds_the_keepers_directory(tmp_path: Path) -> None:

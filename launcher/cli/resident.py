@@ -191,13 +191,13 @@ def become(req: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
 
 
 class Resident:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, keeper: int) -> None:
         self.directory = directory
         self.path = directory / SOCKET_NAME
         self.package = os.path.dirname(launcher.__file__)
         self.stamp = code_stamp(self.package)
         self.runtime = json.loads(json.dumps(runtime(self.package)))
-        self.parent = os.getppid()
+        self.parent = keeper  # its keeper's pid: when it is no longer the parent, it ended
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, client)
         self.stale = False
@@ -308,12 +308,13 @@ class Resident:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="dtrain-resident")
     ap.add_argument("--dir", required=True)
+    ap.add_argument("--keeper", type=int, required=True, help="the keeper's pid (the parent)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_OK))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     preload()
-    return Resident(Path(args.dir)).serve()
+    return Resident(Path(args.dir), args.keeper).serve()
 
 
 if __name__ == "__main__":

@@ -200,7 +200,8 @@ class Keeper:
         try:
             self.resident = subprocess.Popen(  # noqa: S603 - our interpreter and module
                 [sys.executable, "-P", "-m", "launcher.cli.resident", "--dir",
-                 str(self.directory)], stdin=subprocess.DEVNULL, cwd="/", close_fds=True)
+                 str(self.directory), "--keeper", str(os.getpid())],
+                stdin=subprocess.DEVNULL, cwd="/", close_fds=True)
         except OSError as exc:
             print(f"dtrain keeper: no resident ({exc})", flush=True)
 
