@@ -154,6 +154,39 @@ def serve_here(argv: list[str]) -> int | None:
     import signal
     import socket
 
+    # from here on a signal is the child's: held until its pid is known, then passed on (a
+    # Ctrl-C in the milliseconds before it must not become a traceback or a lost stop)
+    child: list[int] = []
+    pending: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if not child:
+            pending.append(signum)
+            return
+        try:
+            os.kill(child[0], signum)
+        except OSError:
+            pass
+
+    def stop(signum: int, frame: object) -> None:  # Ctrl-Z: both stop, both go on with fg
+        forward(signal.SIGSTOP, frame)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)  # stopped by SIGTSTP, as the shell
+        os.kill(os.getpid(), signal.SIGTSTP)  # expects (its $? is 148 for a job on hold)
+        signal.signal(signal.SIGTSTP, stop)  # continued (SIGCONT, forwarded too)
+
+    before = {name: signal.signal(getattr(signal, name), forward) for name in FORWARDED}
+    before["SIGTSTP"] = signal.signal(signal.SIGTSTP, stop)
+
+    def unserved_now(why: str) -> None:
+        """Not served after all: the signals as they were, one that came meanwhile acted
+        on as the ordinary start would have (Ctrl-C: 130, no traceback)."""
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
+        ends = [sig for sig in pending if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+        if ends:
+            raise SystemExit(exit_for_signal(ends[0]))
+        unserved(why)
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     buf = bytearray()
     try:
@@ -175,29 +208,16 @@ def serve_here(argv: list[str]) -> int | None:
         reply = json.loads(first) if first else {"refused": "no answer"}
     except (OSError, ValueError) as exc:
         sock.close()
-        unserved(f"{path}: {exc}")
+        unserved_now(f"{path}: {exc}")
         return None
     pid = reply.get("pid") if isinstance(reply, dict) else None
     if not isinstance(pid, int) or pid <= 0:
         sock.close()
-        unserved(str(reply.get("refused") if isinstance(reply, dict) else reply))
+        unserved_now(str(reply.get("refused") if isinstance(reply, dict) else reply))
         return None
-
-    def forward(signum: int, frame: object) -> None:
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
-
-    def stop(signum: int, frame: object) -> None:  # Ctrl-Z: both stop, both go on with fg
-        forward(signal.SIGSTOP, frame)
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)  # stopped by SIGTSTP, as the shell
-        os.kill(os.getpid(), signal.SIGTSTP)  # expects (its $? is 148 for a job on hold)
-        signal.signal(signal.SIGTSTP, stop)  # continued (SIGCONT, forwarded too)
-
-    for name in FORWARDED:
-        signal.signal(getattr(signal, name), forward)
-    signal.signal(signal.SIGTSTP, stop)
+    child.append(pid)
+    for sig in pending:  # what came while the child was being made
+        forward(sig, None)
     sock.settimeout(None)
     while True:
         try:

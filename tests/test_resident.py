@@ -403,6 +403,77 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+class _FakeResident:
+    """A resident of the test's own: a socket and resident.json that match this process,
+    answering each request after ``delay`` with ``replies`` (lines), for the client's
+    signal handling around the request."""
+
+    def __init__(self, runtime_dir: Path, replies: list[dict], delay: float) -> None:
+        import threading
+
+        import launcher
+        from launcher.start import ABOUT_NAME, SOCKET_NAME, code_stamp, runtime
+
+        self.dir = runtime_dir / "dtrain"
+        self.dir.mkdir(mode=0o700)
+        package = os.path.dirname(launcher.__file__)
+        (self.dir / ABOUT_NAME).write_text(json.dumps({
+            "pid": os.getpid(), "package": package, "stamp": code_stamp(package),
+            "runtime": json.loads(json.dumps(runtime(package)))}))
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.dir / SOCKET_NAME))
+        self.sock.listen(1)
+        self.replies, self.delay = replies, delay
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * 4))
+        for reply in self.replies:
+            time.sleep(self.delay)
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+        conn.close()
+
+
+def test_ctrl_c_before_the_child_is_made_is_130_when_not_served(tmp_path, monkeypatch):
+    from launcher.start import serve_here
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    os.chmod(tmp_path, 0o700)
+    _FakeResident(tmp_path, [{"refused": "for the test"}], delay=0.5)
+    threading_timer = __import__("threading").Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+    threading_timer.start()
+    previous = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as exc:
+        serve_here(["dtrain", "exec", "--", "true"])
+    assert exc.value.code == 130
+    assert signal.getsignal(signal.SIGINT) is previous  # the handlers as they were
+
+
+def test_ctrl_c_before_the_child_is_made_reaches_it(tmp_path, monkeypatch):
+    from launcher.start import FORWARDED, serve_here
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    os.chmod(tmp_path, 0o700)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fake = _FakeResident(tmp_path, [{"pid": stand_in.pid}], delay=0.5)
+        fake.replies.append({"status": 0})  # the resident's second line: the child's end
+        __import__("threading").Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+        before = {name: signal.getsignal(getattr(signal, name))
+                  for name in (*FORWARDED, "SIGTSTP")}
+        try:
+            serve_here(["dtrain", "exec", "--", "true"])
+        finally:
+            for name, handler in before.items():
+                signal.signal(getattr(signal, name), handler)
+        assert stand_in.wait(10) == -signal.SIGINT  # the held Ctrl-C was passed on
+    finally:
+        if stand_in.poll() is None:
+            stand_in.kill()
+            stand_in.wait()
+
+
 # ---------------------------------------------------------------------- pure parts, no nodes
 
 def test_the_entry_point_finds_the_keepers_directory(tmp_path: Path) -> None:
