@@ -75,8 +75,9 @@ def snapshot_tools(env: Env, k: int) -> list[tuple[str, Any]]:
     hosts = env.hostlist(k)
 
     def dtrain_top(r: int) -> Run:
-        run = env.run("dtrain top --once", [DTRAIN, "top", "-H", hosts, "--once"],
-                      env.tmp / f"top-{r}.out")
+        run = run_timed("dtrain top --once", [DTRAIN, "top", "-H", hosts, "--once"],
+                        env=env.env(DTRAIN_RESIDENT="0"),  # cold: no resident's warm start
+                        out=env.tmp / f"top-{r}.out")
         rows = [ln for ln in run.text().splitlines() if ln.startswith("node")]
         if run.rc != 0 or len(rows) != k or any(" ok " not in ln for ln in rows):
             run.problems.append(f"rc {run.rc}, {len(rows)} rows: {run.stderr[-300:]}")
@@ -86,8 +87,8 @@ def snapshot_tools(env: Env, k: int) -> list[tuple[str, Any]]:
     os.chmod(runtime, 0o700)
 
     def dtrain_top_warm(r: int) -> Run:
-        """The same through the connection keeper (--persist), warm after the warm-up round
-        (docs/connections.md)."""
+        """The same through the connection keeper (--persist), warm after the warm-up round,
+        started warm by its resident (docs/connections.md)."""
         run = run_timed("dtrain top --once --persist",
                         [DTRAIN, "top", "-H", hosts, "--once", "--persist", "10m"],
                         env=env.env(XDG_RUNTIME_DIR=str(runtime)),
