@@ -120,15 +120,15 @@ def _read_line(sock: object, buf: bytearray) -> bytes | None:
 def serve_here(argv: list[str]) -> int | None:
     """Run this command in a child of the resident; its wait status, or None when the
     resident cannot serve it (then the caller starts normally)."""
-    import json
-
     directory = socket_dir(os.environ, os.getuid())
     path = os.path.join(directory, SOCKET_NAME)
     try:
         with open(os.path.join(directory, ABOUT_NAME), "rb") as fh:
             about_text = fh.read(MAX_LINE)
     except OSError:
-        return None  # no resident
+        return None  # no resident: an ordinary start, which paid nothing more
+    import json
+
     verbose = _verbose(argv)
 
     def unserved(why: str) -> None:
