@@ -205,6 +205,9 @@ class ContainerCommand:
     remove: tuple[tuple[str, ...], ...] = ()
     leftovers: tuple[str, ...] = ()
     prefix: str = ""
+    # the container ends with its job (podman run --rm in the foreground removes it before
+    # it returns): at the end the node lists first and removes by name only what is listed
+    gone_with_job: bool = False
 
     def shown(self, env_names: Sequence[str] = ()) -> tuple[str, ...]:
         """The runtime's words as ``--dry-run`` shows them (env by name only)."""
@@ -222,7 +225,8 @@ class ContainerCommand:
                 "env_file_flag": self.env_file_flag,
                 "prepare": [list(c) for c in self.prepare],
                 "stop": [list(c) for c in self.stop], "remove": [list(c) for c in self.remove],
-                "leftovers": list(self.leftovers), "prefix": self.prefix}
+                "leftovers": list(self.leftovers), "prefix": self.prefix,
+                "gone_with_job": self.gone_with_job}
 
 
 @dataclass(frozen=True)
@@ -286,7 +290,7 @@ def command_for(req: ContainerRequest, runtime: str, node: NodeContainerFacts, *
             remove=((runtime, "rm", "-f", name),),
             leftovers=(runtime, "ps", "-a", "--filter", f"label={LABEL_RUN}={run_id}",
                        "--format", "{{.Names}}"),
-            prefix=prefix)
+            prefix=prefix, gone_with_job=runtime == "podman")
     if runtime == "enroot":
         # enroot starts a named container created from a squashfs image; the host's network
         # and /dev/shm are shared by default; GPUs and HCAs through its hooks (98-nvidia,

@@ -223,14 +223,19 @@ def run_quiet(argv, timeout=60.0):
 
 
 def run_output(argv, timeout=30.0):
+    return run_status_output(argv, timeout)[1]
+
+
+def run_status_output(argv, timeout=30.0):
+    """(exit status, stdout); status None when it could not run or timed out."""
     import subprocess
 
     try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, timeout=timeout).stdout.decode(
-                                  "utf-8", "replace")
+        res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
-        return ""
+        return None, ""
+    return res.returncode, res.stdout.decode("utf-8", "replace")
 
 
 def sh_quote(value):
