@@ -712,6 +712,56 @@ def test_found_flight_dump_lengths_are_checked_before_any_allocation(data: bytes
         tracemalloc.stop()
 
 
+def test_found_faulthandler_line_numbers_past_int_limit_are_no_frame() -> None:
+    """A dump whose frame line number has 5,000 digits: int()'s own ValueError (its
+    4,300-digit limit) came out of the stack fold as a traceback (the fourth long run,
+    seed 46). Such a line is no frame; the dump's other frames still fold."""
+    from launcher.decide.stacks import parse_faulthandler
+
+    text = ('Thread 0x00007f0000000001 (most recent call first):\n'
+            '  File "<frozen runpy>", line 8' + "9" * 5000 + ' in _run_code\n'
+            '  File "/w/train.py", line 12 in step\n')
+    (thread,) = parse_faulthandler(text)
+    assert [(f.path, f.line) for f in thread.frames] == [("/w/train.py", 12)]
+
+
+_HUGE = "9" * 5000
+
+
+@pytest.mark.parametrize("case", ["oom", "xid", "health-xid", "nccl", "step", "rank-filter"])
+def test_found_numbers_past_ints_limit_elsewhere_are_no_traceback(case: str) -> None:
+    """After the faulthandler find (seed 46), every other reader that turns digits of node
+    or rank output into int() was tried with 5,000 digits: the kernel log's OOM and Xid
+    lines, the health gate's Xids, NCCL's INFO lines, a rank's step number, --rank. Each let
+    int()'s ValueError out; each now bounds its digits (a longer number matches nothing,
+    --rank says exit 2)."""
+    import re
+
+    from launcher.decide import failures, filters, health, nccl_account, steprate
+    from launcher.decide.hang import DEFAULT_PROGRESS
+    from launcher.errors import UsageError
+
+    if case == "oom":
+        line = f"Killed process {_HUGE} (python) anon-rss:{_HUGE}kB"
+        assert failures._oom(1, {"kernel": [line]})[0] is False
+    elif case == "xid":
+        assert failures._xids({"kernel": [f"NVRM: Xid (PCI:0000:01:00): {_HUGE}, x"]}) == []
+    elif case == "health-xid":
+        assert health.xid_findings([f"NVRM: Xid (PCI:0000:01:00): {_HUGE}"], []) == []
+    elif case == "nccl":
+        acc = nccl_account.parse_lines([
+            f"n1:1:1 [0] NCCL INFO rank {_HUGE} nranks {_HUGE} localRanks 1 Init COMPLETE",
+            f"n1:1:1 [0] NCCL INFO GID {_HUGE} (x)",
+            f"n1:1:1 [0] NCCL INFO Channel 00/0 : {_HUGE}[0] -> {_HUGE}[1] via P2P"])
+        assert acc.nranks is None and acc.gid is None
+    elif case == "step":
+        rate = steprate.StepRate(re.compile(DEFAULT_PROGRESS))
+        assert rate.feed(0, 1.0, f"step {_HUGE} loss 1.0")  # a progress line, counted
+    else:
+        with pytest.raises(UsageError):
+            filters.parse_ranks(_HUGE, "--rank")
+
+
 def test_found_odd_flight_entries() -> None:
     """A flight dump whose entries is a number was a TypeError (not reversible) in the hang
     watch's reading of the dumps."""

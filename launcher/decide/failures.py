@@ -41,9 +41,9 @@ _COMM = re.compile(
 # a rank's own words that a peer went away under it: it is a victim, not the cause
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|ncclRemoteError|"
                         r"remote process exited|peer .{0,40}(?:closed|went away|died)", re.I)
-_XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)(?:, (.*))?")
-_OOM_PID = re.compile(r"(?:Killed process|oom-kill:.*?\bpid=)\s*(\d+)")
-_ANON_RSS = re.compile(r"anon-rss:(\d+)kB")
+_XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d{1,9})(?!\d)(?:, (.*))?")
+_OOM_PID = re.compile(r"(?:Killed process|oom-kill:.*?\bpid=)\s*(\d{1,10})(?!\d)")
+_ANON_RSS = re.compile(r"anon-rss:(\d{1,15})kB")
 _SEGFAULT = re.compile(r"segfault at \S+ ip \S+ sp \S+ error \S+(?: in (\S+))?")
 # Xid codes of the driver's catalogue whose cause is usually the machine, not the program
 NODE_XIDS = {48: "double-bit ECC error", 63: "ECC page retirement", 64: "ECC page retirement "

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from launcher.errors import UsageError
 
 MAX_RANK = 1 << 20  # a range past this is a typo, not a job (0-99999999 would fill memory)
-_RANGE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?\Z")
+_RANGE = re.compile(r"\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?\Z")
 
 
 def parse_ranks(text: str, option: str = "--rank") -> frozenset[int]:

@@ -28,7 +28,7 @@ XIDS = {48: ("reset", "double-bit ECC error"), 63: ("reset", "row remapping pend
         79: ("isolate", "GPU fallen off the bus"), 92: ("monitor", "high single-bit ECC rate"),
         94: ("reset", "contained ECC error"), 95: ("isolate", "uncontained ECC error"),
         119: ("reset", "GSP timeout"), 120: ("reset", "GSP error")}
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d{1,9})(?!\d)")
 # IB/RoCE port counters whose growth between two readings matters, and its tier
 COUNTERS = {"link_downed": "reset", "symbol_error": "monitor", "port_rcv_errors": "monitor",
             "link_error_recovery": "monitor", "port_xmit_discards": "monitor",

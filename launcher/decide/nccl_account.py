@@ -39,11 +39,11 @@ _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:\+(\S+))?")
 _IB_DEV = re.compile(r"\[\d+\]([\w.\-]+):(\d+)/(IB|RoCE)")
 _SOCK_IF = re.compile(r"\[\d+\]([^\s:<]+):")
 _OOB = re.compile(r"OOB ([^\s:<]+):")
-_CHANNEL = re.compile(r"Channel \S+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\]"
+_CHANNEL = re.compile(r"Channel \S+ : (\d{1,9})\[[^\]]*\] -> (\d{1,9})\[[^\]]*\]"
                       r"(?: \[(send|receive)\])? via (\S+)")
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*?)\.?$")
-_INIT = re.compile(r"\brank (\d+) nranks (\d+)\b.*Init COMPLETE")
-_GID = re.compile(r"\bGID (\d+) \(")
+_INIT = re.compile(r"\brank (\d{1,9}) nranks (\d{1,9})\b.*Init COMPLETE")
+_GID = re.compile(r"\bGID (\d{1,9}) \(")
 _GDR_ON = re.compile(r"GPU Direct RDMA Enabled")
 _GDR_OFF = re.compile(r"GPU Direct RDMA Disabled")
 

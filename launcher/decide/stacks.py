@@ -38,7 +38,7 @@ from launcher.decide.flight import RankFlight
 from launcher.text.words import rank_ranges
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
-_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+_FRAME = re.compile(r'^  File "(.*)", line (\d{1,12}) in (.*)$')  # a longer number: no frame
 _CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 SHIM_NAME = "dtrain_shim.py"
 _WRAPPER = frozenset({"_run_user", "_guarded", "rank_main", "<lambda>", "main", "<module>",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from launcher.decide.hang import DEFAULT_PROGRESS
 
 STEP_NUMBER = re.compile(r"(?i)(?:(?<![a-z])(?:global_step|step|iteration|iter|batch)['\"]?"
-                         r"\s*[:=#]?\s*(\d+))|(?:(\d+)/\d+\s*\[)")
+                         r"\s*[:=#]?\s*(\d{1,15})(?!\d))|(?:(\d{1,15})/\d+\s*\[)")
 WINDOW_S = 30.0
 PROGRESS = DEFAULT_PROGRESS  # the pattern hang detection uses (decide/hang.py)
 
