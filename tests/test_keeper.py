@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.util import REPO, assert_exit, dtrain, pid_alive, wait_until
+from tests.util import REPO, assert_exit, dtrain, end_pid, pid_alive, wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -45,11 +44,7 @@ def kenv(cluster) -> Iterator[dict[str, str]]:
     dtrain(["connections", "close"], env=env)
     pid = (doc.get("keeper") or {}).get("pid")
     if pid:
-        deadline = time.monotonic() + 5
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
+        end_pid(pid)
     subprocess.run(["rm", "-rf", str(runtime)], check=False)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.util import REPO, assert_exit, dtrain, pid_alive, wait_until
+from tests.util import REPO, assert_exit, dtrain, end_pid, pid_alive, wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -73,11 +73,7 @@ def warm(cluster) -> Iterator[dict[str, str]]:
     dtrain(["connections", "close"], env={**env, "DTRAIN_RESIDENT": "0"})
     for pid in (keeper.get("pid"), keeper.get("resident")):
         if pid:
-            deadline = time.monotonic() + 5
-            while pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            end_pid(pid)
     subprocess.run(["rm", "-rf", str(runtime)], check=False)
 
 

@@ -126,6 +126,17 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def end_pid(pid: int, wait: float = 5.0) -> None:
+    """Give a process ``wait`` seconds to end on its own, then SIGKILL it (by its pid)."""
+    import signal
+
+    deadline = time.monotonic() + wait
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
 def interrupt_when(args: Sequence[str], env: Mapping[str, str], ready: Callable[[], bool],
                    timeout: float = 60) -> tuple[int, str, str]:
     """Start dtrain, SIGINT it (Ctrl-C) once ``ready()`` holds; (exit code, stdout, stderr).
