@@ -15,7 +15,9 @@ import runpy
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -552,6 +554,49 @@ def test_flight_defaults_leave_a_users_settings_alone() -> None:
     mine = rankshim.flight_defaults({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
                                        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/"}, d, "both")
     assert mine == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+
+
+def test_a_real_nccl_flight_dump_from_an_h200_names_the_collective() -> None:
+    """A rank stuck in a GPU kernel before its all_reduce (bench/gpu/check.sh on an H200,
+    torch 2.11, NCCL 2.28.9): NCCL's own recorder, as the shim dumps it now."""
+    data = (Path(__file__).parent / "data" / "hangs"
+            / "h200_nccl_2_28_9_flight_rank_0.pickle").read_bytes()
+    dump = flight.load_dump(data)
+    assert dump is not None and dump["comm_lib_version"] == "2.28.9"
+    rf = flight.rank_flight(0, dump)
+    assert rf == flight.RankFlight(0, 6, 5, "nccl:all_reduce")
+    summary = flight.summarize({0: rf})
+    assert summary is not None
+    assert summary.lines == ("rank 0 waits in collective #6 (nccl:all_reduce)",)
+
+
+@pytest.mark.parametrize("backend, expected", [
+    ("nccl", b"nccl"), ("cpu:gloo,cuda:nccl", b"nccl"), ("gloo", b"fr")])
+def test_an_nccl_job_dumps_nccls_own_recorder(backend: str, expected: bytes,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    """torch keeps NCCL's collectives in their own recorder (_dump_nccl_trace); the other
+    one is empty for an NCCL job (an H200 run, docs/gpu-check.md). A CPU torch has only
+    _dump_fr_trace: then it is used whatever the backend."""
+    calls: list[dict[str, Any]] = []
+
+    def recorder(tag: bytes) -> Any:
+        def dump(**kw: Any) -> bytes:
+            calls.append(kw)
+            return tag
+        return dump
+
+    c10d = types.SimpleNamespace(_dump_fr_trace=recorder(b"fr"),
+                                 _dump_nccl_trace=recorder(b"nccl"))
+    torch = types.SimpleNamespace(_C=types.SimpleNamespace(_distributed_c10d=c10d))
+    dist = types.SimpleNamespace(is_initialized=lambda: True, get_backend=lambda: backend)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    out = tmp_path / "rank_0"
+    assert rankshim._flight_dump(str(out)) == {"ok": True, "size": len(expected)}
+    assert out.read_bytes() == expected and calls == [{"includeStackTraces": False}]
+    del c10d._dump_nccl_trace  # a torch built without NCCL
+    assert rankshim._flight_dump(str(out))["ok"] and out.read_bytes() == b"fr"
 
 
 # -- the rank wrapper behaves as `python SCRIPT` ----------------------------------------

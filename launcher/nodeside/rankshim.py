@@ -221,7 +221,18 @@ def _flight_dump(path):
     torch = sys.modules.get("torch")
     if dist is None or torch is None or not dist.is_initialized():
         return {"error": "torch.distributed not initialized"}
-    dump = torch._C._distributed_c10d._dump_fr_trace
+    c10d = torch._C._distributed_c10d
+    try:
+        backend = str(dist.get_backend()).lower()  # "nccl", "gloo", "cpu:gloo,cuda:nccl"
+    except Exception:
+        backend = ""
+    # NCCL's collectives are in their own recorder: _dump_fr_trace holds only the other
+    # backends' and gives an empty dump for an NCCL job (seen on an H200, docs/gpu-check.md)
+    names = ("_dump_nccl_trace", "_dump_fr_trace") if "nccl" in backend else (
+        "_dump_fr_trace", "_dump_nccl_trace")
+    dump = next((getattr(c10d, n) for n in names if hasattr(c10d, n)), None)
+    if dump is None:
+        return {"error": "flight recorder: this torch has none"}
     try:
         try:
             # without the call sites' stacks: their first symbolization takes seconds, and
