@@ -44,7 +44,10 @@ def main() -> int:
     if rank == 0:
         print(f"all-reduce {t.item():g} (expected {expected:g}): {'OK' if ok else 'WRONG'}",
               flush=True)
-    dist.barrier()
+    if device.type == "cuda":  # name the GPU: torch warns that it guesses it otherwise
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

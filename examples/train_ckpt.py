@@ -115,7 +115,10 @@ def main(argv: list[str]) -> int:
             time.sleep(args.step_sleep)
     if rank == 0:
         print(f"done: {args.steps} steps, final loss {loss.item():.4f}", flush=True)
-    dist.barrier()
+    if device.type == "cuda":  # name the GPU: torch warns that it guesses it otherwise
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

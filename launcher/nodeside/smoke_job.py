@@ -80,6 +80,15 @@ def check_sum(torch, dist, device, rank, world, count):
     return int((x != expected).sum().item())
 
 
+def barrier(dist, device):
+    """A barrier on the rank's own GPU under NCCL (torch >= 2.4 warns, once per rank, that
+    it guesses the device otherwise: seen on an H200, docs/gpu-check.md)."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
 def sweep(torch, dist, device, world, cfg):
     rows = []
     for size in sizes(cfg["min_size"], cfg["max_size"]):
@@ -89,7 +98,7 @@ def sweep(torch, dist, device, world, cfg):
         for _ in range(cfg["warmup"]):
             dist.all_reduce(x)
         sync(torch, device)
-        dist.barrier()
+        barrier(dist, device)
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(x)
@@ -217,7 +226,7 @@ def pair_test(torch, dist, device, facts, rank, cfg):
                     dt = time.perf_counter() - t0
                     if i >= cfg["pair_warmup"]:
                         best[key] = min(best.get(key, float("inf")), dt)
-            dist.barrier()
+            barrier(dist, device)
     return [{"a": a, "b": b, "size": count * 4, "time_us": t * 1e6, "gbps": count * 4 / t / 1e9}
             for (a, b), t in sorted(best.items())]
 
@@ -250,7 +259,7 @@ def main():
     if rank == 0:
         emit("sweep", backend=backend, world=world, rows=rows)
     emit("pairs", rank=rank, rows=pairs)  # each end its own view (decide/smoke.py)
-    dist.barrier()
+    barrier(dist, device)
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
