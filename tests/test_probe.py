@@ -225,7 +225,8 @@ def test_site_env_from_files_and_environment(tmp_path: Path) -> None:
     (tmp_path / "home/u").mkdir(parents=True)
     (tmp_path / "home/u/.nccl.conf").write_text("NCCL_IB_TC=106\n")
     sys_ = fake_system(tmp_path, environ={"NCCL_DEBUG": "WARN", "PATH": "/bin",
-                                          "FI_PROVIDER": "efa", "TORCH_NCCL_X": "1"})
+                                          "FI_PROVIDER": "efa", "TORCH_NCCL_X": "1",
+                                          "NCCL_VERSION": "2.28.3-1"})  # an image's record
     rows = probenet.read_site_env(sys_)
     assert [(r["key"], r["value"], r["source"]) for r in rows] == [
         ("FI_PROVIDER", "efa", "env"),

@@ -24,6 +24,10 @@ if TYPE_CHECKING:  # annotations only: never evaluated, so 3.8 never sees list[s
     Runner = Callable[[list[str]], CmdResult]
 
 SITE_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "FI_")
+# not settings: NVIDIA's CUDA and NGC images set NCCL_VERSION=2.28.3-1, the record of the NCCL
+# package they installed (seen on an H200 whose torch loads its own NCCL 2.28.9,
+# docs/gpu-check.md); NCCL never reads it
+NOT_SETTINGS = ("NCCL_VERSION",)
 EXTRA_FILES = (
     "/opt/microsoft/ndv4-topo.xml",
     "/opt/microsoft/ndv5-topo.xml",
@@ -373,7 +377,7 @@ def read_site_env(sys_: System) -> list[Json]:
     ($NCCL_CONF_FILE or ~/.nccl.conf), which beats /etc/nccl.conf.
     """
     rows = [{"key": k, "value": v, "source": "env"} for k, v in sorted(sys_.environ.items())
-            if k.startswith(SITE_PREFIXES)]
+            if k.startswith(SITE_PREFIXES) and k not in NOT_SETTINGS]
     conf = sys_.environ.get("NCCL_CONF_FILE")
     user_file = conf if conf else os.path.join(sys_.home, ".nccl.conf")
     user_path = user_file if sys_.root == "/" else sys_.path(user_file)
