@@ -49,6 +49,24 @@ def test_ib_disabled_by_env_from_nccl_1053():
                           "(set by environment)",)
 
 
+def test_a_real_single_node_log_from_nccl_2_28_9_on_an_h200():
+    """Our own log (bench/gpu/check.sh on an H200, NCCL 2.28.9, docs/gpu-check.md): NET/IB
+    finds no device yet prints a `Using [RO]; OOB lo` line, and the GPUDirect line is
+    NET/Socket's own; kept by the node's filter as the supervisor keeps them."""
+    kept = [ln for ln in lines("single_node_h200_nccl_2_28_9.log")
+            if any(w.decode() in ln for w in nodeevidence.NCCL_KEEP)]
+    assert len(kept) < 15  # 64 channel lines and the rest are not shipped
+    acc = na.parse_lines(kept)
+    assert (acc.version, acc.network, acc.nranks) == ("2.28.9", "Socket", 1)
+    assert acc.ib_none and acc.ib_devices == [] and acc.socket_ifs == ["lo"]
+    assert acc.init_complete and acc.gdr is None and na.transport(acc) == "socket"
+    assert na.compare("localhost", acc, {"NCCL_SOCKET_IFNAME": "=lo"}) == []
+    s = na.summarize({0: acc}, {0: "localhost"}, {"localhost": {"NCCL_SOCKET_IFNAME": "=lo"}},
+                     multi_node=False)
+    assert s.line == "NCCL 2.28.9: one node, NET/Socket (lo) unused between nodes"
+    assert s.warnings == () and s.differences == ()
+
+
 def test_init_complete_and_warn_lines():
     acc = na.parse_lines(lines("init_complete_nccl_1412.log") + lines("warn_nccl_tests_188.log"))
     assert acc.init_complete and acc.nranks == 16
