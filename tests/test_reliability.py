@@ -319,3 +319,26 @@ def test_a_torchrun_stopped_after_its_ranks_ended_is_a_hang_on_that_node() -> No
     assert (v.code, v.root_kind, v.root_host) == (125, "hang", "a"), v
     assert lines[0].startswith("FAILED: torchrun on a was stopped (SIGSTOP or SIGTSTP, not "
                                "from dtrain) after every rank there ended"), lines
+
+
+def test_a_node_that_heard_nothing_from_dtrain_is_a_lost_node_not_torchruns_exit_1() -> None:
+    """The campaign's link-loss at 30 % each way: node a's supervisor heard no heartbeat for
+    3 timeouts and stopped its job as orphaned; torchrun, SIGTERMed by it, exited 1. The
+    verdict is a lost node (255, the class of a cut link), not "exit 1", which says a
+    rank's own code to a CI pipeline."""
+    from launcher.decide.outcomes import Failure
+    from launcher.nodeside.supervisor import LAUNCHER_SILENT_REASON
+    from tests.test_failures import _node, _outcome, _verdict
+
+    why = LAUNCHER_SILENT_REASON % 12
+    node_a = _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 4.0, "stop_signal": 15}},
+                   stopped=why)
+    node_b = _node("b", 143, {"1": {"code": 143, "signal": 15, "t": 5.0, "stop_signal": 15}},
+                   stopped="a failed (exit 1)")
+    out = _outcome(nodes={"a": node_a, "b": node_b},
+                   failures=[Failure("node", "a", code=1, t=4.5, seen=4.5, own_stop=why,
+                                     led=True)])
+    v, lines = _verdict(out, "a", "b")
+    assert (v.code, v.root_kind, v.root_host) == (255, "lost", "a"), v
+    assert lines[0].startswith("FAILED: node a heard nothing from dtrain for 12 s and stopped "
+                               "its job"), lines

@@ -179,6 +179,18 @@ def agent_stopped(stopped: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# the supervisor's stop reason when it heard nothing from the launcher for 3 heartbeat
+# timeouts (nodeside/supervisor.py LAUNCHER_SILENT_REASON: "%g" of the seconds)
+_LAUNCHER_SILENT = re.compile(r"^no heartbeat from the launcher for (\d{1,7}(?:\.\d{1,6})?) s$")
+
+
+def launcher_silent(stopped: str | None) -> float | None:
+    """How long (s) a node's supervisor heard nothing from the launcher before it stopped
+    its job as orphaned, or None."""
+    m = _LAUNCHER_SILENT.match(stopped or "")
+    return float(m.group(1)) if m else None
+
+
 def _strip(line: str) -> str:
     return _PREFIX.sub("", line)
 

@@ -18,6 +18,7 @@ from launcher.decide.failures import (
     agent_signal,
     agent_stopped,
     explain,
+    launcher_silent,
     supervisor_signal,
 )
 from launcher.decide.outcomes import JobOutcome
@@ -176,6 +177,13 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
                                    f"not from dtrain) after every rank there ended, and stayed "
                                    f"so {frozen} s: it could never end, so its supervisor "
                                    "ended the job", root.host, root_kind="hang")
+        elif (silent := launcher_silent(root.own_stop)) is not None:
+            # the node lost the launcher (a cut or very lossy link, or dtrain stalled): the
+            # class of a lost node, 255, never torchrun's exit 1 from being stopped
+            v = Verdict(EXIT_UNREACHABLE, f"node {root.host} heard nothing from dtrain for "
+                                          f"{silent:g} s and stopped its job (its link to this "
+                                          "machine cut or dropping packets, or dtrain stalled)",
+                        root.host, root_kind="lost")
         elif root.own_stop:
             v = Verdict(root.code or 1, f"node {root.host} stopped its job by itself: "
                                         f"{root.own_stop}", root.host, root_kind="node")

@@ -103,6 +103,9 @@ AGENT_GRACE = 3.0
 # says so in these words (decide/failures.py agent_stopped reads them: the verdict's hang)
 AGENT_STOPPED_S = 5.0
 AGENT_STOPPED_REASON = "torchrun stopped (state T) for %d s after its ranks ended"
+# why a supervisor stopped its job when the launcher went silent (decide/failures.py
+# launcher_silent reads it back: the verdict is a lost node, exit 255)
+LAUNCHER_SILENT_REASON = "no heartbeat from the launcher for %g s"
 
 
 class Supervisor(Evidence):
@@ -213,7 +216,7 @@ class Supervisor(Evidence):
             time.sleep(0.1)
             if self.hb_timeout > 0 and self.orphaned is None \
                     and now() - self.last_hb > self.hb_timeout:
-                self.launcher_gone("no heartbeat from the launcher for %g s" % self.hb_timeout,
+                self.launcher_gone(LAUNCHER_SILENT_REASON % self.hb_timeout,
                                    grace=min(self.grace, 5.0))
             kill_at = self.kill_at
             if kill_at is not None and now() >= kill_at:
