@@ -54,6 +54,7 @@ GRACE = 3.0  # --grace
 LINES = 160  # lines per rank of a run (SOAK_EVERY 0.05: 8 s plus start)
 MARGIN = 1.5  # seconds of lines before a fault that may have been in flight
 RUN_LIMIT = 150.0  # a run that does not end by then: the campaign's own failure (a hang)
+LOSS_PCT = 10  # link-loss: the share of the node's packets dropped in each direction
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ FAULTS = {f.kind: f for f in [
     Fault("link-flap", (0,), None, False, survives=True),
     Fault("slow-link", (0,), None, False, survives=True,
           note="tbf 2mbit (this kernel has no netem)"),
+    Fault("link-loss", (0,), None, False, survives=True,
+          note=f"nftables drops {LOSS_PCT}% of the node's packets each way (no netem here)"),
     Fault("cpu-starve", (0,), None, False, survives=True),
     Fault("launcher-kill", (-9,), None, False, orphan_bound=GRACE + 5.0),
     Fault("ctrl-c-start", (130, -2), "interrupted", False),
@@ -496,6 +499,20 @@ class Campaign:
                             "burst", "16kb", "latency", "300ms"], check=True)
             undo.append(lambda: subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"],
                                                check=False) and None)  # type: ignore[func-returns-value]
+            return True
+        if kind == "link-loss":
+            # netem is not in this kernel; nftables' numgen drops packets at random, inside
+            # the node's namespace, every interface but its loopback (supervisor <-> ranks)
+            ns, table = self.cluster.node(k).ns, f"dtrain_soak_{os.getpid()}"
+            rules = (f"table inet {table} {{\n"
+                     f" chain i {{ type filter hook input priority 0; iifname != \"lo\" "
+                     f"numgen random mod 100 < {LOSS_PCT} drop; }}\n"
+                     f" chain o {{ type filter hook output priority 0; oifname != \"lo\" "
+                     f"numgen random mod 100 < {LOSS_PCT} drop; }}\n}}\n")
+            subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules,
+                           text=True, check=True)
+            undo.append(lambda: subprocess.run(["ip", "netns", "exec", ns, "nft", "delete",
+                                                "table", "inet", table], check=False) and None)  # type: ignore[func-returns-value]
             return True
         if kind == "cpu-starve":
             hogs = _starve(k, 8.0)
