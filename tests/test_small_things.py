@@ -62,10 +62,14 @@ def test_the_cpu_chart_s_y_ticks_differ_when_the_values_sit_near_100_percent() -
     js = (Path(page.__file__).parent / "assets" / "report.js").read_text()
     prog = (_js_function(js, "fmtNum") + "\n" + _js_function(js, "yTicks") + "\n"
             "console.log(JSON.stringify([yTicks([99.5, 100, 100.5, 101], '%'), "
-            "yTicks([99.9, 99.95, 100, 100.05], '%'), yTicks([0, 25, 50, 75, 100], '%')]));")
+            "yTicks([99.9, 99.95, 100, 100.05], '%'), yTicks([0, 25, 50, 75, 100], '%'), "
+            "yTicks([0, 0.25, 0.5, 0.75, 1], '%'), yTicks([0, 0.2, 0.4], '%')]));")
     out = subprocess.run([node, "-e", prog], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    near, nearer, wide = json.loads(out.stdout)
+    near, nearer, wide, quarters, fifths = json.loads(out.stdout)
+    # an H200's idle GPU utilisation (docs/gpu-check.md): not 0.0, 0.3, 0.5, 0.8, 1.0
+    assert quarters == ["0.00%", "0.25%", "0.50%", "0.75%", "1.00%"]
+    assert fifths == ["0.0%", "0.2%", "0.4%"]
     assert near == ["99.5%", "100.0%", "100.5%", "101.0%"]
     assert len(set(nearer)) == 4
     assert wide == ["0%", "25%", "50%", "75%", "100%"]

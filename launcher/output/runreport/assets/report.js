@@ -36,11 +36,14 @@
     return String(+v.toPrecision(5));
   }
   /* y tick labels: as many decimals as the ticks' spacing needs (ticks 99.5, 100, 100.5
-     must not all read "100%") */
+     must not all read "100%"; ticks 0.25 apart must not read 0.3, 0.5, 0.8: an H200's
+     GPU utilisation of 0-1 %) */
   function yTicks(vals, unit) {
     var step = vals.length > 1 ? Math.abs(vals[1] - vals[0]) : 0;
     if (unit === "%" && step > 0 && isFinite(step)) {
-      var d = Math.max(0, Math.min(4, Math.ceil(-Math.log10(step) - 1e-9)));
+      var d = 0;
+      while (d < 4 && Math.abs(step * Math.pow(10, d) - Math.round(step * Math.pow(10, d)))
+             > 1e-6 * Math.pow(10, d)) d++;
       return vals.map(function (v) { return v == null ? "" : v.toFixed(d) + "%"; });
     }
     return vals.map(function (v) { return fmtNum(v, unit); });
