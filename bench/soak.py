@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -723,6 +724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = [k for k in kinds if k not in skip]
     if unknown:
         ap.error(f"unknown fault kinds: {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
+    if "link-loss" in kinds and shutil.which("nft") is None:
+        ap.error("link-loss needs nftables' nft (apt install nftables), or --skip link-loss")
     need = [*nodes, max(nodes) + 1] if set(kinds) & set(RESTART_KINDS) else nodes
     cluster = tc.load()
     if cluster is None or len(cluster.nodes) < max(need) or not all(
