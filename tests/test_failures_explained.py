@@ -123,6 +123,23 @@ def test_nccl_and_gloo_lines_are_quoted_with_their_node() -> None:
     assert peer.kind == "comm" and "a peer rank went away first" in peer.advice
 
 
+def test_two_ranks_on_one_gpu_is_named_with_what_to_do() -> None:
+    """torch's ncclInvalidUsage error puts NCCL's own line after "Last error:": a script
+    that never calls set_device, or more ranks than GPUs."""
+    stderr = ["[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL"
+              ".cpp:3690, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version "
+              "2.28.9", "[rank1]: ncclInvalidUsage: This usually reflects invalid usage of "
+              "NCCL library.", "[rank1]: Last error:",
+              "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 60000"]
+    keeper = failures.ErrorKeeper()
+    keeper.observe([OutputLine("gpu1", "err", t, 1, 1, 1.0) for t in stderr])
+    r = failures.explain(rank=1, host="gpu1", code=1, sig=None, stderr=stderr,
+                         comm=keeper.comm_lines())
+    assert r.summary == ("rank 1 on gpu1: two ranks on one GPU: Duplicate GPU detected : "
+                         "rank 1 and rank 0 both on CUDA device 60000")
+    assert "torch.cuda.set_device(LOCAL_RANK)" in r.advice and r.scope == failures.USER
+
+
 def test_other_signal_and_plain_exit() -> None:
     r = failures.explain(rank=0, host="n", code=143, sig=signal.SIGTERM)
     assert r.kind == "signal" and "SIGTERM" in r.summary

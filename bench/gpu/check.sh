@@ -54,6 +54,9 @@ step run-hang 300 dtrain run -H localhost --nproc-per-node "$NPROC" --run-id han
   --on-hang stop --grace 5 -e GPU_STUCK_AT=5 -e GPU_STEPS=30 --json bench/gpu/workload.py
 sleep 3
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$W/apps-after-hang.txt" 2>&1
+# two ranks on one GPU (a script without set_device): NCCL refuses; the verdict must say so
+step two-ranks-one-gpu 300 dtrain run -H localhost --nproc-per-node 2 --run-id dup \
+  -e GPU_SAME_DEVICE=1 -e GPU_STEPS=3 --json bench/gpu/workload.py
 step health-run 300 dtrain run -H localhost --nproc-per-node "$NPROC" --run-id health --health-check \
   -e GPU_STEPS=4 bench/gpu/workload.py
 step smoke 300 dtrain smoke -H localhost --json

@@ -5,7 +5,7 @@ dump and tear down.
 
 Environment: GPU_STEPS (default 20), GPU_STEP_S (seconds a step at least takes, 0.25),
 GPU_MATMULS (4096x4096 bf16 products a step, default 1: `top` shows the GPU idle; 400 keep
-an H200 busy), GPU_STUCK_AT (unset: no hang).
+an H200 busy), GPU_STUCK_AT (unset: no hang), GPU_SAME_DEVICE (set: every rank on GPU 0).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def main() -> int:
     gpu = torch.cuda.is_available()  # without a GPU (a rehearsal of the check): gloo on CPU
     dist.init_process_group("nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(os.environ["LOCAL_RANK"])
+    # GPU_SAME_DEVICE=1: every rank on GPU 0, as a script that never calls set_device does
+    local = 0 if os.environ.get("GPU_SAME_DEVICE") else int(os.environ["LOCAL_RANK"])
     if gpu:
         torch.cuda.set_device(local)
     dev = torch.device("cuda", local) if gpu else torch.device("cpu")

@@ -41,6 +41,10 @@ _COMM = re.compile(
 # a rank's own words that a peer went away under it: it is a victim, not the cause
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|ncclRemoteError|"
                         r"remote process exited|peer .{0,40}(?:closed|went away|died)", re.I)
+# NCCL's words for two ranks of one communicator on one GPU (init.cc), in its WARN line and
+# in torch's ncclInvalidUsage message ("Last error:" then this line)
+_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected ?: rank \d{1,9} and rank \d{1,9} both on "
+                            r"CUDA device \w{1,16}")
 _XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d{1,9})(?!\d)(?:, (.*))?")
 _OOM_PID = re.compile(r"(?:Killed process|oom-kill:.*?\bpid=)\s*(\d{1,10})(?!\d)")
 _ANON_RSS = re.compile(r"anon-rss:(\d{1,15})kB")
@@ -384,6 +388,14 @@ def _explain(*, rank: int | None, host: str, code: int | None, sig: int | None,
             PROCESS, rank=rank, host=host)
     exc = python_exception(stderr)
     own = [text for h, r, text in comm if (h, r) == (host, rank)]
+    dup = next((_strip(t) for t in [*own, *stderr] if _DUPLICATE_GPU.search(t)), None)
+    if dup is not None:
+        return FailureReason(
+            "comm", f"{who}: two ranks on one GPU: {dup[:300]}",
+            "NCCL needs a GPU per rank: each rank must call torch.cuda.set_device(LOCAL_RANK) "
+            "(or init_process_group(device_id=...)) before its first collective, and a node "
+            "needs as many GPUs as ranks (--nproc-per-node gpu)",
+            USER, evidence=(dup[:500],), rank=rank, host=host)
     if own:
         line = _strip(own[-1])
         peer = re.search(r"Connection closed by peer|Connection reset by peer", line)
