@@ -71,3 +71,27 @@ def test_the_users_own_nccl_debug_is_never_overridden(cluster, tmp_path):
     # their NCCL_DEBUG: NCCL prints on stdout as it always does, dtrain reads no file
     assert "NCCL INFO Using network Socket" in res.stdout
     assert meta(tmp_path)["fabric"] is None
+
+
+def test_a_site_setting_that_overrules_the_plan_is_warned_before_the_run(cluster, tmp_path):
+    """docs/network-env.md: a site setting (here node2's ~/.nccl.conf) that overrules a
+    detected value is printed when a run starts, not only under --dry-run."""
+    import os
+
+    home = cluster.node(2).home
+    conf = home / ".nccl.conf"
+    conf.write_text("NCCL_SOCKET_IFNAME=eth9\n")
+    st = home.stat()
+    os.chown(conf, st.st_uid, st.st_gid)
+    try:
+        args = run_args(cluster, tmp_path)
+        args[-1] = "1"
+        res = dtrain(args, env=cluster.client_env(), timeout=120)
+    finally:
+        conf.unlink()
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    # on stderr with dtrain's other warnings, once, node2's hostname prefix not repeated
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("dtrain: warning: ")]
+    assert warned == ["dtrain: warning: node2: NCCL_SOCKET_IFNAME: /home/dtuser/.nccl.conf sets "
+                      "eth9, which stays in effect; dtrain would use =eth0 (detected: route to "
+                      "198.18.0.11 via eth0)"], res.stderr

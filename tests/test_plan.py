@@ -24,6 +24,7 @@ from launcher.decide.plan import (
     nproc_for,
     offline_plan,
     plan_json,
+    plan_warnings,
 )
 from launcher.decide.runoptions import NodeChecks, RunOptions
 from launcher.errors import PreflightFailed, UsageError
@@ -332,3 +333,16 @@ def test_offline_rank_counts_that_need_the_gpus_and_bad_values() -> None:
         assert err.value.message == f"--nproc-per-node {bad!r} is not a positive number, " \
                                     "'gpu' or 'auto'"
     assert offline_plan(RunRequest("t.py"), RunOptions(), [Host("a", slots=2)]).world_size == 2
+
+
+def test_the_nodes_warnings_print_once_each_with_their_hosts_folded() -> None:
+    """What a run prints before it starts (docs/network-env.md): each node's warning with
+    its hostname prefix replaced by its label, the same text on several nodes once."""
+    plan = two_node_plan()
+    same = "NCCL_SOCKET_IFNAME: /etc/nccl.conf sets =bond0, which stays in effect"
+    nodes = (replace(plan.nodes[0], warnings=(f"gpu-a.example: {same}", "node0: own one")),
+             replace(plan.nodes[1], warnings=(f"gpu-b.example: {same}",)))
+    folded = plan_warnings(replace(plan, nodes=nodes),
+                           {"node0": "gpu-a.example", "node1:2222": "gpu-b.example"})
+    assert folded == [f"node0,node1:2222: {same}", "node0: node0: own one"]
+    assert plan_warnings(plan, {}) == []

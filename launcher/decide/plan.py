@@ -23,6 +23,7 @@ from launcher.decide.facts import NodeFacts
 from launcher.decide.netenv import EnvDecision, EnvVar, decide_env, merge_env, user_layer
 from launcher.decide.runoptions import RunOptions
 from launcher.errors import PreflightFailed, UsageError
+from launcher.hosts.hostfile import fold
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.text.redact import redact_env, redact_words, secret_values
@@ -111,6 +112,21 @@ class LaunchPlan:
         cut = node.argv.index(SHIM_PLACEHOLDER) + 1
         values = secret_values([(v.name, v.value) for v in node.env], self.hidden)
         return (*node.argv[:cut], *redact_words(node.argv[cut:], values))
+
+
+def plan_warnings(plan: LaunchPlan, hostnames: Mapping[str, str]) -> list[str]:
+    """Every node's environment warnings (a site setting or profile overruling detection, a
+    value known to be bad), each text once with its hosts folded, in node order: what a run
+    prints before it starts (``--dry-run`` shows them under each node). A warning that
+    starts with the node's own hostname (``hostnames``: label -> hostname) is shown with the
+    label instead, so that the same warning on many nodes folds into one line."""
+    by_text: dict[str, list[str]] = {}
+    for node in plan.nodes:
+        own = f"{hostnames.get(node.host.label) or node.host.label}: "
+        for warning in node.warnings:
+            text = warning.removeprefix(own)
+            by_text.setdefault(text, []).append(node.host.label)
+    return [f"{fold(hosts)}: {text}" for text, hosts in by_text.items()]
 
 
 def nproc_for(host: Host, facts: NodeFacts, requested: str | None) -> tuple[str, int]:

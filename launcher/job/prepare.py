@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from launcher.aio import CLOSE_S, cleanup
 from launcher.decide.placement import after_probe
-from launcher.decide.plan import LaunchPlan, RunRequest, build_plan
+from launcher.decide.plan import LaunchPlan, RunRequest, build_plan, plan_warnings
 from launcher.decide.runoptions import RunOptions
 from launcher.errors import ConnectError
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
@@ -55,7 +55,10 @@ class Prepared:
                             sys.stderr if opts.reports.as_json else sys.stdout)
         plan = build_plan(req, opts, hosts, pre.facts, master_addr=pre.master_addr,
                           master_port=pre.master_port, master_reason=pre.master_reason)
-        for warning in pre.warnings:
+        # a dry run lists each node's warnings under it (commands/run.py)
+        hostnames = {label: f.hostname for label, f in pre.facts.items()}
+        node_warnings = [] if opts.dry_run else plan_warnings(plan, hostnames)
+        for warning in [*pre.warnings, *node_warnings]:
             render.note(f"warning: {warning}")
         return plan
 
