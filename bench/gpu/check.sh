@@ -6,7 +6,7 @@
 # and the script goes on after a failed step: the summary says which failed.
 set -u
 OUT=${OUT:-/tmp/gpu-check-out}
-W=/tmp/gpu-check; rm -rf "$W"; mkdir -p "$W/nccl" "$OUT"
+W=${W:-/tmp/gpu-check}; rm -rf "$W"; mkdir -p "$W/nccl" "$OUT"  # W: the working directory
 export DTRAIN_ARCHIVE_DIR=$W/runs DTRAIN_RESIDENT=0 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
@@ -65,4 +65,4 @@ step report-hang 120 dtrain report hang --json
 ps -eo pid,ppid,stat,etime,args | grep -v grep | grep -E 'torchrun|workload|ddp_smoke|supervisor' > "$W/left-processes.txt"
 echo "left processes: $(wc -l < "$W/left-processes.txt")" >> "$S"
 cp "$S" "$OUT/summary.txt"
-tar -C /tmp -czf "$OUT/all.tgz" gpu-check
+tar -C "$(dirname "$W")" -czf "$OUT/all.tgz" "$(basename "$W")"
