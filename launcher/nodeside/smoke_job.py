@@ -81,8 +81,8 @@ def check_sum(torch, dist, device, rank, world, count):
 
 
 def barrier(dist, device):
-    """A barrier on the rank's own GPU under NCCL (torch >= 2.4 warns, once per rank, that
-    it guesses the device otherwise: seen on an H200, docs/gpu-check.md)."""
+    """A barrier on the rank's own GPU under NCCL (otherwise torch warns, once per rank,
+    that it guesses the device: torch 2.11 on an H200, docs/gpu-check.md)."""
     if device.type == "cuda":
         dist.barrier(device_ids=[device.index])
     else:
