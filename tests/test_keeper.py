@@ -147,13 +147,16 @@ def test_a_dead_keeper_tears_down_what_ran_through_it(kenv, cluster):
             proc.wait()
 
 
-def test_more_commands_at_once_than_sshd_allows_sessions_all_succeed(kenv):
-    """sshd's MaxSessions (10 by default) bounds the channels of one kept connection: the
+@pytest.mark.parametrize("agent", ["0", "1"], ids=["channels", "agent"])
+def test_more_commands_at_once_than_sshd_allows_sessions_all_succeed(kenv, agent):
+    """sshd's MaxSessions (10 by default) bounds the channels of one kept connection: on
+    channels of their own (DTRAIN_NODE_AGENT=0, or a command line with --setup), the
     commands past it connect directly (said with -v), none fails (it did: 'remote shell
-    exited with status None', 24 execs at once)."""
+    exited with status None', 24 execs at once). Through the node agent, which forks them
+    all on its one session, none needs to."""
     assert dtrain(["exec", "-H", "node1", "--persist", "1m", "--", "true"],
                   env=kenv).returncode == 0
-    env = {**kenv, "DTRAIN_PERSIST": "1m", "DTRAIN_RESIDENT": "0"}
+    env = {**kenv, "DTRAIN_PERSIST": "1m", "DTRAIN_RESIDENT": "0", "DTRAIN_NODE_AGENT": agent}
     procs = [subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node1", "-v",
                                "--", f"echo {i}; sleep 2"], env=env, cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -163,8 +166,92 @@ def test_more_commands_at_once_than_sshd_allows_sessions_all_succeed(kenv):
         assert p.returncode == 0, err
         assert out == f"node1: {i}\n", err
     direct = [err for _, err in outs if "connecting directly" in err]
+    if agent == "1":
+        assert not direct, direct[0]
+        return
     assert direct, "no command met sshd's MaxSessions: the test proves nothing"
     assert all("MaxSessions" in err for err in direct), direct[0]
+
+
+def _agents(env: dict[str, str], host: str) -> list[dict]:
+    rows = [c for c in _listing(env)["connections"] if c["host"] == host]
+    return [a for c in rows for a in c.get("agents", [])]
+
+
+def test_warm_node_programs_are_forked_by_the_node_agent(kenv, cluster):
+    """The second warm exec's supervisor is a child of the agent the first one started: no
+    new session, shell or interpreter on the node (docs/connections.md)."""
+    env = {**kenv, "DTRAIN_PERSIST": "1m"}
+    parent = "awk '/^PPid/{print $2}' /proc/$PPID/status"  # the supervisor's parent
+    first = dtrain(["exec", "-H", "node1,node2", "--", parent], env=env)
+    assert first.returncode == 0, first.stderr
+    agents = {h: _agents(env, h) for h in ("node1", "node2")}
+    assert all(len(a) == 1 for a in agents.values()), agents
+    again = dtrain(["exec", "-H", "node1,node2", "--", parent], env=env)
+    assert again.returncode == 0, again.stderr
+    for h in ("node1", "node2"):
+        assert f"{h}: {agents[h][0]['pid']}" in first.stdout.splitlines(), first.stdout
+        assert f"{h}: {agents[h][0]['pid']}" in again.stdout.splitlines(), again.stdout
+        assert [a["pid"] for a in _agents(env, h)] == [agents[h][0]["pid"]]
+    assert cluster.node_pids(1, match="dtrain-agent")  # named so in ps on the node
+    # off: a channel of its own, whose parent is sshd's session (the shell exec'd python)
+    off = dtrain(["exec", "-H", "node1", "--", parent], env={**env, "DTRAIN_NODE_AGENT": "0"})
+    assert off.returncode == 0, off.stderr
+    assert off.stdout != f"node1: {agents['node1'][0]['pid']}\n"
+
+
+def test_a_killed_agent_drops_its_jobs_and_the_next_command_gets_a_new_one(kenv, cluster):
+    env = {**kenv, "DTRAIN_PERSIST": "1m"}
+    marker = f"agent-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node1", "--",
+                             f"exec -a {marker} sleep 300"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: cluster.node_pids(1, match=marker), what="the remote command")
+        (agent,) = _agents(env, "node1")
+        os.kill(agent["pid"], signal.SIGKILL)  # on the node (the cluster shares pids)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 255, err  # a lost channel, as when sshd's session dies
+        wait_until(lambda: not cluster.node_pids(1, match=marker), timeout=30,
+                   what="the remote command to be torn down")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    res = dtrain(["exec", "-H", "node1", "--", "echo back"], env=env)
+    assert (res.returncode, res.stdout) == (0, "node1: back\n"), res.stderr
+    assert [a["pid"] for a in _agents(env, "node1")] != [agent["pid"]]
+
+
+def test_a_slow_reader_holds_back_its_own_job_only(kenv):
+    """One agent carries every job of a node: a command that does not read its output
+    stops that job on the node (PAUSE), never the others on the same agent."""
+    env = {**kenv, "DTRAIN_PERSIST": "1m"}
+    assert dtrain(["exec", "-H", "node1", "--", "true"], env=env).returncode == 0
+    lines = 60_000  # ~61 MB: more than every buffer on the way (exec's own holds 16 MiB)
+    awk = ('BEGIN { s = sprintf("%1000s", ""); gsub(/ /, "x", s); '
+           f'for (i = 1; i <= {lines}; i++) print "line " i " of the slow reader " s }}')
+    slow = subprocess.Popen([sys.executable, "-m", "launcher", "exec", "-H", "node1", "--",
+                             f"awk '{awk}'"],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: any(a["held"] for a in _agents(env, "node1")), timeout=60,
+                   what="the slow job held back on the node")
+        quick = dtrain(["exec", "-H", "node1", "--", "echo quick"], env=env, timeout=60)
+        assert (quick.returncode, quick.stdout) == (0, "node1: quick\n"), quick.stderr
+        assert slow.poll() is None  # still held back: nobody has read its output yet
+        out, err = slow.communicate(timeout=300)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+            slow.wait()
+    assert slow.returncode == 0, err[-2000:]
+    got = out.splitlines()
+    assert len(got) == lines
+    pad = b" " + b"x" * 1000
+    assert got[0] == b"node1: line 1 of the slow reader" + pad
+    assert got[-1] == f"node1: line {lines} of the slow reader".encode() + pad
 
 
 def test_only_its_own_user_may_talk_to_the_keeper(kenv, cluster):

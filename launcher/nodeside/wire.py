@@ -116,6 +116,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "probe": ("nodetitle", "probenet", "probe"),
     "sampler": ("nodetitle", "sampler"),
     "cpnode": ("nodetitle", "cpnode"),
+    "agent": ("nodetitle", "agent"),
 }
 SIBLING_IMPORT = b"from launcher.nodeside."
 FUTURE = b"from __future__ import annotations\n"  # first in the bundle when a module has it
@@ -246,6 +247,28 @@ def remote_command(python: str = "python3", *, workdir: str | None = None,
     flags = "-u -I -S" if stdlib_only else "-u -S" if no_site else "-u"
     parts.append(f"exec {py} {flags} -c {shlex.quote(BOOTSTRAP)}")
     return "\n".join(parts)
+
+
+@cache
+def plain_program(command: str) -> bool:
+    """Whether ``command`` is ``remote_command(python)`` with neither a working directory
+    nor a --setup (any of its three flag sets): a line that only starts a node program, the
+    same for every program, which the keeper's node agent may start instead by a fork
+    (launcher/transports/keeper/nodeagent.py). Pure; anything else is False."""
+    try:  # `command -v PYTHON ...` first: no workdir, no setup
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    if len(words) < 3 or words[:2] != ["command", "-v"]:
+        return False
+    python = words[2]
+    if python.startswith("$HOME/"):  # shell_word's "$HOME"/... for ~/...
+        python = "~/" + python[len("$HOME/"):]
+    try:
+        return any(remote_command(python, stdlib_only=a, no_site=b) == command
+                   for a, b in ((True, False), (False, True), (False, False)))
+    except UsageError:
+        return False
 
 
 @dataclass(frozen=True)

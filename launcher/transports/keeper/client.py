@@ -286,8 +286,11 @@ class KeeperConnection(Connection):
         t = self._transport
         if t.fallback is None:
             try:
+                # DTRAIN_NODE_AGENT=0: this command's programs on channels of their own
+                agent = os.environ.get("DTRAIN_NODE_AGENT", "1") != "0"
                 reply, reader, writer = await request(
-                    t.sock, {"op": "start", "command": command, **t.params(self.host)})
+                    t.sock, {"op": "start", "command": command, "agent": agent,
+                             **t.params(self.host)})
             except KeeperUnavailable as exc:
                 t.fall_back(str(exc))
             else:

@@ -27,6 +27,7 @@ from typing import Any
 from launcher.aio import cancel_and_wait, cleanup
 from launcher.errors import DtrainError, SessionRefused
 from launcher.models import Host
+from launcher.nodeside import wire
 from launcher.transports.base import Process
 from launcher.transports.keeper import frames
 from launcher.transports.keeper.client import PROTOCOL, SOURCE, stamp
@@ -42,6 +43,8 @@ from launcher.transports.keeper.frames import (
     REQ,
     FrameError,
 )
+from launcher.transports.keeper.nodeagent import RETRY_S, AgentUnavailable, NodeAgent
+from launcher.transports.keeper.nodeagent import row as agent_row
 from launcher.transports.ssh.settings import SSHSettings
 from launcher.transports.ssh.transport import SSHConnection, SSHTransport
 
@@ -64,13 +67,39 @@ class Entry:
     last_used: float = field(default_factory=time.monotonic)
     channels: int = 0
     stale: str | None = None  # why it is to be closed once its channels end
+    # node agents (warm node programs), by the command line they were started with
+    agents: dict[str, NodeAgent] = field(default_factory=dict)
+    agent_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    agent_failed: dict[str, float] = field(default_factory=dict)  # command -> when
 
     def row(self) -> dict[str, Any]:
         return {"host": self.host.name, "user": self.host.user, "port": self.host.port,
                 "peer": self.conn.peer_addr, "age_s": round(time.time() - self.created, 1),
                 "idle_s": round(time.monotonic() - self.last_used, 1),
                 "channels": self.channels, "persist_s": self.persist, "stale": self.stale,
-                "key": self.key[:12]}
+                "key": self.key[:12],
+                "agents": [agent_row(a) for a in self.agents.values() if not a.dead]}
+
+    async def agent(self, command: str) -> NodeAgent | None:
+        """This connection's agent for ``command``, started when there is none; None when
+        it cannot be had now (sshd's sessions are full, it would not start)."""
+        async with self.agent_lock:
+            agent = self.agents.get(command)
+            if agent is not None and not agent.dead:
+                return agent
+            failed = self.agent_failed.get(command)
+            if failed is not None and time.monotonic() - failed < RETRY_S:
+                return None
+            try:
+                agent = await NodeAgent.start(self.conn, command)
+            except SessionRefused:
+                return None
+            except (AgentUnavailable, DtrainError) as exc:
+                self.agent_failed[command] = time.monotonic()
+                print(f"dtrain keeper: {self.host.label}: no node agent: {exc}", flush=True)
+                return None
+            self.agents[command] = agent
+            return agent
 
 
 def _key(*parts: Any) -> str:
@@ -119,6 +148,8 @@ class Keeper:
         self.quitting = False
         self.stopped = asyncio.Event()
         self.resident: subprocess.Popen[bytes] | None = None
+        # DTRAIN_NODE_AGENT=0 in the keeper's environment: a channel per program, always
+        self.agents_on = os.environ.get("DTRAIN_NODE_AGENT", "1") != "0"
 
     # ------------------------------------------------------------------ connections
     async def entry(self, req: dict[str, Any]) -> Entry:
@@ -158,9 +189,16 @@ class Keeper:
         if self.entries.get(entry.key) is entry:
             del self.entries[entry.key]
         entry.stale = entry.stale or why
-        task = asyncio.ensure_future(entry.conn.aclose())
+        task = asyncio.ensure_future(self._close(entry))
         self.closing.add(task)
         task.add_done_callback(self.closing.discard)
+
+    @staticmethod
+    async def _close(entry: Entry) -> None:
+        for agent in list(entry.agents.values()):
+            await agent.aclose()
+        entry.agents.clear()
+        await entry.conn.aclose()
 
     async def housekeeping(self) -> None:
         while not self.stopped.is_set():
@@ -271,7 +309,8 @@ class Keeper:
                 try:
                     entry = await self.entry(req)
                     if op == "start":
-                        await self.channel(entry, str(req["command"]), reader, writer)
+                        await self.channel(entry, str(req["command"]), reader, writer,
+                                           agent=req.get("agent", True) is not False)
                         return
                     reply = {"ok": True, "peer": entry.conn.peer_addr}
                 except DtrainError as exc:
@@ -283,11 +322,21 @@ class Keeper:
         await writer.drain()
 
     async def channel(self, entry: Entry, command: str, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
-        """Start one channel and relay it until it ends or the command goes away."""
+                      writer: asyncio.StreamWriter, *, agent: bool = True) -> None:
+        """Start one channel and relay it until it ends or the command goes away: a fork of
+        the node's agent when the command line only starts a node program, else (and
+        whenever the agent cannot serve) a channel of its own."""
         entry.channels += 1
         self.channels += 1
         try:
+            if agent and self.agents_on and wire.plain_program(command):
+                node_agent = await entry.agent(command)
+                if node_agent is not None:
+                    try:
+                        await node_agent.run_job(reader, writer)
+                        return
+                    except AgentUnavailable:
+                        pass  # nothing answered yet: a channel of its own
             try:
                 proc = await entry.conn.start(command)
             except SessionRefused as exc:  # this connection is full (sshd's MaxSessions):

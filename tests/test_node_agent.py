@@ -1,0 +1,251 @@
+"""The node agent (launcher/nodeside/agent.py) on its own: started with the very command line
+a node program's channel runs, it forks each program it is asked for, and what a program
+sees (stdin, stdout, stderr, its exit status, a dropped channel, a dead keeper) is what it
+sees on a channel of its own. The keeper's side rides on the cluster in test_keeper.py."""
+
+from __future__ import annotations
+
+import ast
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.nodeside import agent as node_agent
+from launcher.nodeside import wire
+from launcher.transports.keeper import nodeagent
+
+HEAD = struct.Struct("!BII")
+
+
+class AgentUnderTest:
+    def __init__(self, command: str) -> None:
+        self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdin and self.proc.stdout
+        self.buf = b""
+        self.proc.stdin.write(wire.payload(wire.program_source("agent"),
+                                           {"boot": wire.BOOTSTRAP}))
+        self.proc.stdin.flush()
+        self._fill_until(lambda: nodeagent.MAGIC in self.buf)
+        self.buf = self.buf[self.buf.index(nodeagent.MAGIC) + len(nodeagent.MAGIC):]
+        kind, _, data = self.frame()
+        assert kind == nodeagent.READY
+        self.pid = int(data)
+
+    def _fill_until(self, cond, timeout: float = 20.0) -> None:
+        assert self.proc.stdout
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while not cond():
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out; have {self.buf[-300:]!r}"
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise EOFError(self.buf)
+                self.buf += chunk
+
+    def frame(self) -> tuple[int, int, bytes]:
+        self._fill_until(lambda: len(self.buf) >= HEAD.size
+                         and len(self.buf) >= HEAD.size + HEAD.unpack_from(self.buf)[2])
+        kind, jid, size = HEAD.unpack_from(self.buf)
+        data = self.buf[HEAD.size:HEAD.size + size]
+        self.buf = self.buf[HEAD.size + size:]
+        return kind, jid, data
+
+    def send(self, kind: int, jid: int, data: bytes = b"") -> None:
+        assert self.proc.stdin
+        self.proc.stdin.write(HEAD.pack(kind, jid, len(data)) + data)
+        self.proc.stdin.flush()
+
+    def until_exit(self, jid: int) -> tuple[bytes, bytes, int, int]:
+        """Its stdout, stderr, exit status and the bytes acknowledged."""
+        out, err, acked = b"", b"", 0
+        while True:
+            kind, j, data = self.frame()
+            if j != jid:
+                continue
+            if kind == nodeagent.A_OUT:
+                out += data
+            elif kind == nodeagent.A_ERR:
+                err += data
+            elif kind == nodeagent.ACK:
+                acked += struct.unpack("!I", data)[0]
+            elif kind == nodeagent.A_EXIT:
+                return out, err, int(data), acked
+
+    def spawn(self, jid: int, source: bytes) -> int:
+        self.send(nodeagent.SPAWN, jid)
+        while True:
+            kind, j, data = self.frame()
+            if j == jid and kind == nodeagent.STARTED:
+                break
+        self.send(nodeagent.A_IN, jid, wire.payload(source))
+        return int(data)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def agent():
+    a = AgentUnderTest(wire.remote_command(sys.executable, stdlib_only=True))
+    yield a
+    a.close()
+
+
+ECHO = (b"import os, sys\n"
+        b"data = b''\n"
+        b"while True:\n"
+        b"    c = os.read(0, 65536)\n"
+        b"    if not c:\n"
+        b"        break\n"
+        b"    data += c\n"
+        b"os.write(1, data.upper())\n"
+        b"me = (os.getpid(), os.getsid(0), sys.flags.isolated)\n"
+        b"os.write(2, b'pid %d sid %d flags %r' % me)\n"
+        b"sys.exit(3)\n")
+
+
+def test_a_forked_program_sees_a_channel_of_its_own(agent: AgentUnderTest) -> None:
+    pid = agent.spawn(1, ECHO)
+    body = b"hello agent " * 20000  # more than one pipe's worth: written as the child reads
+    agent.send(nodeagent.A_IN, 1, body)
+    agent.send(nodeagent.A_EOF, 1)
+    out, err, status, acked = agent.until_exit(1)
+    assert out == body.upper()
+    assert err == b"pid %d sid %d flags 1" % (pid, pid)  # its own session, run isolated (-I)
+    assert status == 3
+    assert acked == len(wire.payload(ECHO)) + len(body)  # every byte of stdin acknowledged
+    assert pid != agent.pid
+
+
+def test_jobs_run_side_by_side_and_a_signal_reads_as_sshd_does(agent: AgentUnderTest) -> None:
+    sleeper = b"import time\ntime.sleep(60)\n"
+    a = agent.spawn(7, sleeper)
+    b = agent.spawn(8, ECHO)
+    agent.send(nodeagent.A_IN, 8, b"x")
+    agent.send(nodeagent.A_EOF, 8)
+    assert agent.until_exit(8)[:3] == (b"X", agent_err_for(b), 3)
+    os.kill(a, signal.SIGKILL)
+    assert agent.until_exit(7)[2] == -1  # an exit signal: asyncssh's exit_status reads -1
+
+
+def agent_err_for(pid: int) -> bytes:
+    return b"pid %d sid %d flags 1" % (pid, pid)
+
+
+WAITER = (b"import os\n"
+          b"while os.read(0, 100):\n"
+          b"    pass\n"
+          b"open(os.environ['DTRAIN_T_MARK'], 'w').write('eof')\n")
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_dropped_job_sees_eof_and_no_exit_is_sent(tmp_path: Path, monkeypatch) -> None:
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("DTRAIN_T_MARK", str(mark))
+    a = AgentUnderTest(wire.remote_command(sys.executable, stdlib_only=True))
+    try:
+        pid = a.spawn(3, WAITER)
+        a.send(nodeagent.DROP, 3)
+        assert _gone(pid)
+        assert mark.read_text() == "eof"
+        a.send(nodeagent.A_IN, 3, b"late!")  # bytes for a dropped job: acknowledged only
+        seen = []
+        while not seen or seen[-1] != (nodeagent.ACK, 5):
+            kind, jid, data = a.frame()
+            assert jid == 3
+            seen.append((kind, struct.unpack("!I", data)[0] if kind == nodeagent.ACK else data))
+        assert [k for k, _ in seen] == [nodeagent.ACK] * len(seen)  # and never an EXIT
+    finally:
+        a.close()
+
+
+def test_a_dead_keeper_drops_every_job_and_the_agent_leaves(tmp_path: Path,
+                                                            monkeypatch) -> None:
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("DTRAIN_T_MARK", str(mark))
+    a = AgentUnderTest(wire.remote_command(sys.executable, stdlib_only=True))
+    try:
+        pid = a.spawn(1, WAITER)
+        assert a.proc.stdin
+        a.proc.stdin.close()  # the channel is gone: the keeper died, or the connection
+        assert a.proc.wait(10) == 0
+        assert _gone(pid)
+        assert mark.read_text() == "eof"
+    finally:
+        a.close()
+
+
+def test_a_paused_job_waits_and_goes_on(agent: AgentUnderTest) -> None:
+    talker = (b"import os\nfor i in range(200):\n    os.write(1, b'y' * 4096)\n")
+    agent.send(nodeagent.PAUSE, 5)  # unknown job: ignored
+    agent.spawn(5, talker)
+    agent.send(nodeagent.PAUSE, 5)
+    agent.send(nodeagent.A_EOF, 5)
+    time.sleep(0.5)
+    agent.send(nodeagent.RESUME, 5)
+    out, _, status, _ = agent.until_exit(5)
+    assert (len(out), status) == (200 * 4096, 0)
+
+
+def test_the_keeper_and_the_agent_agree_on_the_wire() -> None:
+    for name in ("MAGIC", "SPAWN", "DROP", "PAUSE", "RESUME", "READY", "STARTED", "FAILED",
+                 "ACK"):
+        assert getattr(node_agent, name) == getattr(nodeagent, name), name
+    assert (node_agent.IN, node_agent.EOF, node_agent.OUT, node_agent.ERR, node_agent.EXIT) == (
+        nodeagent.A_IN, nodeagent.A_EOF, nodeagent.A_OUT, nodeagent.A_ERR, nodeagent.A_EXIT)
+    assert node_agent.HEAD.format == nodeagent.HEAD.format
+
+
+def _top_imports(name: str) -> set[str]:
+    tree = ast.parse(wire.program_source(name))
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found - {"__future__", "os", "sys"}
+
+
+def test_the_agent_preloads_what_the_node_programs_import() -> None:
+    wanted = set().union(*(_top_imports(p) for p in ("supervisor", "cpnode", "sampler",
+                                                     "probe")))
+    assert wanted <= set(node_agent.PRELOAD), wanted - set(node_agent.PRELOAD)
+
+
+def test_which_command_lines_an_agent_may_start() -> None:
+    plain = [wire.remote_command("python3", stdlib_only=True),
+             wire.remote_command("/opt/py 3/bin/python", no_site=True),
+             wire.remote_command("~/venv/bin/python"),
+             wire.remote_command("python3.11")]
+    assert all(wire.plain_program(c) for c in plain)
+    other = [wire.remote_command("python3", workdir="/w", stdlib_only=True),
+             wire.remote_command("python3", setup="source venv/bin/activate",
+                                 stdlib_only=True),
+             "exec python3 -c x", "command -v python3", "uptime", "'",
+             wire.remote_command("python3", stdlib_only=True) + "\nrm -rf ~"]
+    assert not any(wire.plain_program(c) for c in other)
