@@ -7,8 +7,11 @@ Per node count, four tools run ``true`` on every node (rounds rotated, medians; 
 
 * ``dtrain warm``: ``dtrain exec --persist 10m`` whose keeper already holds the connections
   (the warm-up round makes them), started warm by the keeper's resident (docs/connections.md);
+* ``dtrain warm, no agent``: the same with ``DTRAIN_NODE_AGENT=0``: each node program on a
+  channel of its own (sshd's session, a shell, a fresh interpreter), not forked by the node
+  agent;
 * ``dtrain warm, no resident``: the same with ``DTRAIN_RESIDENT=0``: this process imports the
-  CLI itself, only the connections are warm;
+  CLI itself, only the connections (and the node agents) are warm;
 * ``dtrain cold``: ``dtrain exec`` as without the keeper (one handshake per node, and no
   resident: ``DTRAIN_RESIDENT=0``, a user who never turned ``--persist`` on);
 * ``pdsh``: ``pdsh -R ssh`` (one ssh per node);
@@ -47,8 +50,8 @@ from common import (  # noqa: E402  (bench/ is on sys.path)
     wall_table,
 )
 
-TOOLS = ("dtrain warm", "dtrain warm, no resident", "dtrain cold", "pdsh",
-         "pdsh ControlPersist")
+TOOLS = ("dtrain warm", "dtrain warm, no agent", "dtrain warm, no resident", "dtrain cold",
+         "pdsh", "pdsh ControlPersist")
 REMOTE_DIR = "bench-persist"
 PDCP = shutil.which("pdcp") or "pdcp"
 
@@ -92,6 +95,7 @@ def main() -> int:
     try:
         base = env_.env(XDG_RUNTIME_DIR=str(runtime))
         plain = {**base, "DTRAIN_RESIDENT": "0"}
+        no_agent = {**base, "DTRAIN_NODE_AGENT": "0"}
         cp_env = dict(base)
         cp_env["PDSH_SSH_ARGS_APPEND"] = base["PDSH_SSH_ARGS_APPEND"] + (
             f" -o ControlMaster=auto -o ControlPath={control}/%C -o ControlPersist=10m")
@@ -104,6 +108,12 @@ def main() -> int:
                 argv.insert(argv.index("--"), "--persist")
                 argv.insert(argv.index("--"), "10m")
                 return _checked(env_, "dtrain warm", argv, out, base)
+
+            def warm_no_agent(r: int, k: int = k, out: Path = out) -> object:
+                argv = [*env_.dtrain_exec(k, "true")]
+                argv.insert(argv.index("--"), "--persist")
+                argv.insert(argv.index("--"), "10m")
+                return _checked(env_, "dtrain warm, no agent", argv, out, no_agent)
 
             def warm_plain(r: int, k: int = k, out: Path = out) -> object:
                 argv = [*env_.dtrain_exec(k, "true")]
@@ -121,7 +131,8 @@ def main() -> int:
                 return _checked(env_, "pdsh ControlPersist", env_.pdsh(k, "true"), out, cp_env)
 
             log(f"== exec true on {k} node(s)")
-            rounds(s, [("dtrain warm", warm), ("dtrain warm, no resident", warm_plain),
+            rounds(s, [("dtrain warm", warm), ("dtrain warm, no agent", warm_no_agent),
+                       ("dtrain warm, no resident", warm_plain),
                        ("dtrain cold", cold), ("pdsh", pdsh),
                        ("pdsh ControlPersist", pdsh_cp)], args.reps,
                    max_busy=args.max_busy, patience=args.patience)
@@ -141,7 +152,8 @@ def main() -> int:
     print(f"machine: {machine()}\n{revision()}\n")
     print(wall_table(series_list, ref="dtrain warm",
                      others=("pdsh", "pdsh ControlPersist", "pdcp", "pdcp ControlPersist",
-                             "dtrain cold", "dtrain warm, no resident")))
+                             "dtrain cold", "dtrain warm, no agent",
+                             "dtrain warm, no resident")))
     print()
     for k, (pid, rss) in memory.items():
         print(f"keeper (pid {pid}) resident memory after {k} node(s): "
@@ -167,7 +179,7 @@ def cp_case(env_: Env, args: object, base: dict[str, str], cp_env: dict[str, str
     user = env_.cluster.user
     for n in env_.nodes(k):
         st = n.home.stat()
-        for tool in ("dtrain-warm", "dtrain-cold", "pdcp", "pdcp-cp"):
+        for tool in ("dtrain-warm", "dtrain-warm-na", "dtrain-cold", "pdcp", "pdcp-cp"):
             d = n.home / REMOTE_DIR / tool
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
@@ -190,6 +202,9 @@ def cp_case(env_: Env, args: object, base: dict[str, str], cp_env: dict[str, str
     rounds(s, [
         ("dtrain warm", lambda r: _checked(env_, "dtrain warm", dtrain_cp("dtrain-warm", True),
                                            out, base)),
+        ("dtrain warm, no agent", lambda r: _checked(
+            env_, "dtrain warm, no agent", dtrain_cp("dtrain-warm-na", True), out,
+            {**base, "DTRAIN_NODE_AGENT": "0"})),
         ("dtrain cold", lambda r: _checked(env_, "dtrain cold", dtrain_cp("dtrain-cold", False),
                                            out, {**base, "DTRAIN_RESIDENT": "0"})),
         ("pdcp", lambda r: _checked(env_, "pdcp", pdcp("pdcp"), out, base)),

@@ -328,6 +328,14 @@ def supervisor_payload(spec: Mapping[str, object]) -> bytes:
     return f"{len(source)} {len(body)} {source_key(source)}\n".encode() + source + body
 
 
+def agent_payload() -> bytes:
+    """payload() of the node agent (launcher/nodeside/agent.py): its spec, the bootstrap it
+    runs in every fork, as marshal data after SPEC_MARSHAL (the agent imports no json)."""
+    body = SPEC_MARSHAL + marshal.dumps({"boot": BOOTSTRAP}, MARSHAL_VERSION)
+    source = program_source("agent")
+    return f"{len(source)} {len(body)} {source_key(source)}\n".encode() + source + body
+
+
 @cache
 def source_key(source: bytes) -> str:
     """The name of a program's compiled-code cache entry on the nodes: its content's hash."""

@@ -109,10 +109,9 @@ class NodeAgent:
         """An agent on conn's node, ready; AgentUnavailable (or SessionRefused, which the
         caller treats as sshd's MaxSessions) when it cannot be had."""
         proc = await conn.start(command)
-        spec = {"boot": wire.BOOTSTRAP}
         agent = cls(conn.host.label, proc)
         try:
-            await proc.write(wire.payload(wire.program_source("agent"), spec))
+            await proc.write(wire.agent_payload())
             async with asyncio.timeout(READY_WAIT):
                 agent.pid = await agent.ready
         except (ConnectionError, OSError, TimeoutError, AgentUnavailable) as exc:
