@@ -283,3 +283,34 @@ def test_without_nvidia_smi_the_node_is_cpu_only_and_control_lines_work(tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_sampler_imports_nothing_heavy(tmp_path: Path) -> None:
+    """Every `top` and every run's samplers start one sampler per node: it reads its lines
+    with json's C scanner, writes with nodecommon.to_json and starts nvidia-smi with
+    nodeprocs.spawn, so json, re and subprocess (~12 ms of CPU per node) stay out."""
+    from tests.test_supervisor_lean import HEAVY, _imported
+
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-u", "-I", "-S",
+                             str(SAMPLER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env={"PATH": f"{fake_path(tmp_path)}:/usr/bin:/bin"})
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write(json.dumps({"mode": "sample", "interval": 0.3, "first": 0.1,
+                                 "hb_timeout": 0}).encode() + b"\n")
+    proc.stdin.flush()
+    try:
+        assert read_msg(proc)["type"] == "hello"
+        deadline = time.monotonic() + 30
+        while not read_msg(proc)["gpus"]:  # through nvidia-smi's first batch
+            assert time.monotonic() < deadline
+        proc.stdin.write(b'{"op": "interval", "s": 0.5}\n')  # a control line, read too
+        proc.stdin.close()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    imported = _imported(proc.stderr.read())
+    assert "_json" in imported
+    assert not imported & HEAVY, sorted(imported & HEAVY)

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.commands.exec import exec_spec
 from launcher.nodeside import nodecommon, nodeprocs, wire
@@ -85,14 +87,17 @@ def test_exec_path_imports_nothing_heavy(tmp_path: Path, cache: str) -> None:
     assert not heavy, f"the exec path imports {sorted(heavy)}: see docs/scaling.md"
 
 
-def test_a_json_spec_still_works_and_then_json_is_imported(tmp_path: Path) -> None:
-    """The probe's and older launchers' format: JSON spec, read through json (lazily)."""
+def test_a_json_spec_still_works_read_by_jsons_own_c_scanner(tmp_path: Path) -> None:
+    """The probe's and older launchers' format: JSON spec, read by _json's scanner
+    (nodecommon.from_json), so json (and re) stay out of this path too."""
     python = _importing_python(tmp_path)
     payload = wire.payload(wire.program_source("supervisor"), exec_spec(["echo hi"]).wire())
     res, frames = _exec_path(python, {}, tmp_path, payload=payload)
     assert res.returncode == 0
     assert b"".join(f.data for f in frames if f.kind == wire.KIND_OUT) == b"hi\n"
-    assert "json" in _imported(res.stderr)
+    imported = _imported(res.stderr)
+    assert "_json" in imported
+    assert not imported & {"json", "re"}, imported & {"json", "re"}
 
 
 def test_the_working_directory_cannot_shadow_the_standard_library(tmp_path: Path) -> None:
@@ -227,6 +232,39 @@ def test_to_json_leaves_the_odd_cases_to_json(value: object) -> None:
             nodecommon.to_json(value)
         return
     assert nodecommon.to_json(value) == expected
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES, st.sampled_from(["", " ", "\n", " \t\r\n "]))
+def test_from_json_reads_what_json_loads_reads(value: object, space: str) -> None:
+    for text in (json.dumps(value), json.dumps(value, indent=1, ensure_ascii=False)):
+        data = space + text + space
+        assert nodecommon.from_json(data) == json.loads(data)
+        assert nodecommon.from_json(data.encode()) == json.loads(data.encode())
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=40) | st.text(max_size=40).map(str.encode)
+       | st.sampled_from([b"", b"{", b"[1,]", b'{"a":1} x', b"NaN", b"-Infinity", b"1e999",
+                          b"[" * 5000 + b"]" * 5000, b'"\\ud800"', b"\xef\xbb\xbf{}"]))
+def test_from_json_refuses_what_json_loads_refuses(data: bytes) -> None:
+    try:
+        expected = json.loads(data)
+    except (ValueError, RecursionError):
+        with pytest.raises(ValueError):
+            nodecommon.from_json(data)
+        return
+    try:
+        got = nodecommon.from_json(data)
+    except UnicodeDecodeError:
+        return  # json.loads guesses UTF-16/32 from NUL bytes; control lines are UTF-8
+    assert got == expected or (got != got and expected != expected)  # NaN is NaN
 
 
 def test_the_spec_travels_as_marshal_and_json_stays_readable() -> None:

@@ -38,12 +38,13 @@ Where the numbers come from, and why these sources (each read costs microseconds
 Every file is read through a ``root`` prefix, so tests point the readers at fake trees.
 """
 
-import json
 import os
 import select
 import sys
 import time
 
+from launcher.nodeside.nodecommon import from_json, now, to_json
+from launcher.nodeside.nodeprocs import spawn
 from launcher.nodeside.nodetitle import set_title
 
 SAMPLER_VERSION = 1
@@ -51,10 +52,6 @@ GPU_FIELDS = ("count", "index", "utilization.gpu", "memory.used", "memory.total"
               "temperature.gpu", "power.draw", "power.limit", "name")
 RESTART_SMI_S = 30.0  # a failed nvidia-smi is tried again this long after
 RESCAN_S = 10.0  # /proc is scanned for a run's processes at most this often once all are found
-
-
-def now():
-    return time.time()
 
 
 def read_text(path):
@@ -217,35 +214,33 @@ class NvidiaSmi:
         self.cpu_prev = None
 
     def start(self):
-        import subprocess
-
+        # nodeprocs.spawn, not subprocess: that import costs ~5 ms of CPU per node (enum,
+        # threading, ...) at every `top` and every run's samplers
         ms = max(100, int(self.interval * 1000))
         argv = ["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS),
                 "--format=csv,noheader,nounits", "-lms", str(ms)]
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except OSError as exc:
+            self.proc = SmiProcess(*spawn(argv, dict(os.environ)))
+        except (OSError, ValueError) as exc:
             self.proc = None
             self.missing = getattr(exc, "errno", None) == 2
-            self.error = None if self.missing else "nvidia-smi: %s" % (exc.strerror or exc)
+            self.error = None if self.missing else "nvidia-smi: %s" % (
+                getattr(exc, "strerror", None) or exc)
             self.retry_at = now() + RESTART_SMI_S
             return False
-        out = self.proc.stdout
-        assert out is not None
-        os.set_blocking(out.fileno(), False)
+        os.set_blocking(self.proc.out, False)
         self.buf, self.batch = b"", []
         return True
 
     def fileno(self):
-        return self.proc.stdout.fileno() if self.proc is not None else None
+        return self.proc.out if self.proc is not None else None
 
     def on_readable(self):
         proc = self.proc
-        if proc is None or proc.stdout is None:
+        if proc is None:
             return
         try:
-            chunk = os.read(proc.stdout.fileno(), 65536)
+            chunk = os.read(proc.out, 65536)
         except BlockingIOError:
             return
         except OSError:
@@ -273,11 +268,7 @@ class NvidiaSmi:
         proc = self.proc
         if proc is None:
             return
-        err = b""
-        try:
-            err = (proc.stderr.read() if proc.stderr is not None else b"") or b""
-        except (OSError, ValueError):
-            pass
+        err = proc.read_err()
         code = proc.wait()
         lines = err.decode("utf-8", "replace").strip().splitlines()
         self.error = "nvidia-smi exited (%s)%s" % (
@@ -294,12 +285,58 @@ class NvidiaSmi:
 
     def stop(self):
         if self.proc is not None:
-            try:
-                self.proc.kill()
-                self.proc.wait()
-            except OSError:
-                pass
+            self.proc.kill()
+            self.proc.wait()
             self.proc = None
+
+
+class SmiProcess:
+    """nvidia-smi as nodeprocs.spawn started it: its pid, stdout and stderr pipes."""
+
+    def __init__(self, pid, out, err):
+        self.pid = pid
+        self.out = out
+        self.err = err
+        self.code = None
+
+    def read_err(self, limit=65536):
+        """What it wrote to stderr (it has ended: its end of the pipe is closed)."""
+        data = b""
+        try:
+            while len(data) < limit:
+                chunk = os.read(self.err, limit - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+        return data
+
+    def kill(self):
+        try:
+            os.kill(self.pid, 9)
+        except OSError:
+            pass
+
+    def wait(self):
+        """Its exit code (-N for a signal, as Popen's); closes its pipes."""
+        if self.code is None:
+            while True:
+                try:
+                    _, st = os.waitpid(self.pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+                except ChildProcessError:
+                    st = 0
+                    break
+            self.code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -os.WTERMSIG(st)
+            for fd in (self.out, self.err):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        return self.code
 
 
 def read_amdgpus(root="/"):
@@ -504,7 +541,7 @@ class Sampler:
         self.due = 0.0
 
     def emit(self, msg):
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        data = (to_json(msg) + "\n").encode()
         while data:
             n = os.write(self.out_fd, data)
             data = data[n:]
@@ -589,7 +626,7 @@ class Sampler:
         while b"\n" in self.inbuf:
             line, self.inbuf = self.inbuf.split(b"\n", 1)
             try:
-                msg = json.loads(line)
+                msg = from_json(line)
             except ValueError:
                 continue
             op = msg.get("op") if isinstance(msg, dict) else None
@@ -678,7 +715,7 @@ def read_params(fd=0):
             break
         buf += chunk
     line, _, rest = buf.partition(b"\n")
-    return json.loads(line or b"{}"), rest
+    return from_json(line or b"{}"), rest
 
 
 

@@ -114,7 +114,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "supervisor": ("nodetitle", "nodecommon", "nodeprocs", "rankshim", "kernlog",
                    "nodeevidence", "nodecontainer", "supervisor"),
     "probe": ("nodetitle", "probenet", "probe"),
-    "sampler": ("nodetitle", "sampler"),
+    "sampler": ("nodetitle", "nodecommon", "nodeprocs", "sampler"),
     "cpnode": ("nodetitle", "cpnode"),
     "agent": ("nodetitle", "agent"),
 }
