@@ -5,11 +5,14 @@ tears down what ran through it, as a launcher's does."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from launcher.models import Host
 from tests.util import REPO, assert_exit, dtrain, end_pid, pid_alive, wait_until
 
 pytestmark = pytest.mark.ssh
@@ -363,3 +367,36 @@ def test_run_and_smoke_never_ride_on_the_keeper() -> None:
     assert not isinstance(AutoTransport(SSHSettings(), "ssh").remote(), KeeperTransport)
     keys = SSHSettings(persist=60.0, password="pw")
     assert not isinstance(AutoTransport(keys, "ssh").remote(), KeeperTransport)
+
+
+def test_a_write_after_a_fast_job_ended_never_loses_its_output_or_status(kenv, cluster):
+    """The keeper used to close a finished request at once: the command's next write (the
+    heartbeat right after a job that ended within milliseconds, as the node agent's do) then
+    failed with EPIPE, and asyncio raised that on its reader before the frames buffered
+    there, so the job read as 'exited with status None' (1 run in 20 at 128 nodes). It now
+    shuts down its side for writing and lets the command hang up."""
+    from launcher.transports import AutoTransport
+    from launcher.transports.keeper.frames import keeper_dir
+    from launcher.transports.ssh.settings import SSHSettings
+
+    settings = SSHSettings(connect_timeout=10, home=cluster.client_home, persist=60.0)
+    directory = keeper_dir({"XDG_RUNTIME_DIR": kenv["XDG_RUNTIME_DIR"]})
+
+    async def once() -> tuple[bytes, int | None]:
+        async with AutoTransport(settings, "ssh") as auto:
+            transport = auto.remote()
+            transport.directory = directory  # the test's own keeper
+            transport.sock = directory / "keeper.sock"
+            conn = await transport.connect(Host(name="node1"))
+            proc = await conn.start("echo hi")
+            # the command is busy (a loaded box): its loop reads nothing while the job ends
+            # and the keeper finishes the request
+            time.sleep(1.5)
+            with contextlib.suppress(ConnectionError):
+                await proc.write(b"x" * 65536)  # a late write, as a heartbeat is
+            out = await proc.read_stdout(100)
+            status = await proc.wait()
+            await conn.aclose()
+            return out, status
+
+    assert asyncio.run(once()) == (b"hi\n", 0)

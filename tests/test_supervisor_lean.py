@@ -256,9 +256,11 @@ def test_from_json_reads_what_json_loads_reads(value: object, space: str) -> Non
 def test_from_json_refuses_what_json_loads_refuses(data: bytes) -> None:
     try:
         expected = json.loads(data)
-    except (ValueError, RecursionError):
-        with pytest.raises(ValueError):
+    except (ValueError, RecursionError) as exc:
+        with pytest.raises(ValueError) as got_exc:
             nodecommon.from_json(data)
+        if type(exc) is json.JSONDecodeError:  # the same words, where it was refused
+            assert str(got_exc.value) == str(exc)
         return
     try:
         got = nodecommon.from_json(data)

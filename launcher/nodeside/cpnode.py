@@ -18,10 +18,10 @@ Modes:
         launcher's plan (apply), whose files' bytes follow the op line on stdin.
 """
 
-import json
 import os
 import sys
 
+from launcher.nodeside.nodecommon import from_json, to_json
 from launcher.nodeside.nodetitle import set_title
 
 # hashlib, hmac and socket are imported where a hash or a relay needs them: the unpack mode
@@ -46,20 +46,20 @@ def sha256_of(path):
 def read_params():
     spec = globals().get("DTRAIN_SPEC")
     if spec:
-        return json.loads(spec)
+        return from_json(spec)
     # bytes, not sys.stdin's text layer: in relay mode raw data follows the lines, and a
     # text reader would swallow part of it into its own buffer
     line = sys.stdin.buffer.readline()
-    return json.loads(line) if line.strip() else {}
+    return from_json(line) if line.strip() else {}
 
 
 def say(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.write(to_json(obj) + "\n")
     sys.stdout.flush()
 
 
 TOKEN_LEN = 32
-CHUNK = 1 << 20
+COPY_CHUNK = 1 << 20
 
 
 class _Pending:
@@ -195,7 +195,7 @@ def relay(params):
         line = sys.stdin.buffer.readline()
         if not line:
             raise OSError("the launcher closed the channel before the transfer")
-        order = json.loads(line)
+        order = from_json(line)
         first = bool(order.get("stdin"))
         link = order.get("next")
         if link:
@@ -228,7 +228,7 @@ def relay(params):
         write_error = ""
         while got < size:
             try:
-                chunk = src.recv(min(CHUNK, size - got))
+                chunk = src.recv(min(COPY_CHUNK, size - got))
             except socket.timeout:
                 raise OSError("no data from upstream for %g s after %d of %d bytes" % (
                     timeout, got, size)) from None
@@ -260,7 +260,7 @@ def relay(params):
         line = sys.stdin.buffer.readline()
         if not line:
             raise OSError("the launcher closed the channel before sending the sha256")
-        want = json.loads(line).get("sha256")
+        want = from_json(line).get("sha256")
         if h.hexdigest() != want:
             raise OSError("sha256 mismatch: received %s, expected %s" % (h.hexdigest(), want))
         if params.get("chmod") is not None:
@@ -627,7 +627,7 @@ class Unpacker:
                 if not line.strip():
                     continue
                 try:
-                    out = self.handle(json.loads(line))
+                    out = self.handle(from_json(line))
                 except Truncated:
                     raise
                 except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
@@ -659,10 +659,10 @@ def main():
     if mode == "unpack":
         return unpack(params)
     if mode != "hash":
-        sys.stdout.write(json.dumps({"error": "unknown mode %r" % (mode,)}) + "\n")
+        sys.stdout.write(to_json({"error": "unknown mode %r" % (mode,)}) + "\n")
         return 2
     sums = {p: sha256_of(p) for p in params.get("paths", [])}
-    sys.stdout.write(json.dumps({"sha256": sums}) + "\n")
+    sys.stdout.write(to_json({"sha256": sums}) + "\n")
     sys.stdout.flush()
     return 0
 

@@ -115,7 +115,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
                    "nodeevidence", "nodecontainer", "supervisor"),
     "probe": ("nodetitle", "probenet", "probe"),
     "sampler": ("nodetitle", "nodecommon", "nodeprocs", "sampler"),
-    "cpnode": ("nodetitle", "cpnode"),
+    "cpnode": ("nodetitle", "nodecommon", "cpnode"),
     "agent": ("nodetitle", "agent"),
 }
 SIBLING_IMPORT = b"from launcher.nodeside."

@@ -99,6 +99,9 @@ class NodeAgent:
         self.pid: int | None = None
         self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.dead = False
+        self.closing = False
+        self.why: str | None = None  # why the agent ended, when it was not closed by us
+        self.err_tail = b""  # the end of the agent's own stderr (a traceback, if it died)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.pump = asyncio.ensure_future(self._pump())
         self.errs = asyncio.ensure_future(self._stderr())
@@ -133,8 +136,8 @@ class NodeAgent:
     async def _stderr(self) -> None:
         """The agent's own stderr (its jobs' is theirs): read and dropped, so it never
         fills; a traceback there ends the agent, which the pump sees."""
-        while await self.proc.read_stderr(65536):
-            pass
+        while chunk := await self.proc.read_stderr(65536):
+            self.err_tail = (self.err_tail + chunk)[-4096:]
 
     async def _pump(self) -> None:
         buf = bytearray()
@@ -164,10 +167,16 @@ class NodeAgent:
                     self._frame(kind, jid, bytes(buf[start:start + size]))
                     pos = start + size
                 del buf[:pos]
-        except (FrameError, ValueError, OSError, ConnectionError):
-            pass
+            self.why = "its channel ended"
+        except (FrameError, ValueError, OSError, ConnectionError, struct.error) as exc:
+            self.why = f"{type(exc).__name__}: {exc}"
         finally:
             self.dead = True
+            if not self.closing and self.ready.done():
+                tail = self.err_tail.decode("utf-8", "replace").strip().splitlines()
+                print(f"dtrain keeper: {self.label}: node agent {self.pid} ended "
+                      f"({self.why}; {len(self.jobs)} jobs)"
+                      + (f": {tail[-1][:300]}" if tail else ""), flush=True)
             if not self.ready.done():
                 self.ready.set_exception(AgentUnavailable("it ended before it was ready"))
             for job in list(self.jobs.values()):
@@ -258,6 +267,7 @@ class NodeAgent:
                 await self.send(DROP, job.jid)
 
     async def aclose(self) -> None:
+        self.closing = True
         self.proc.abort()
         for task in (self.pump, self.errs, *self.tasks):
             task.cancel()

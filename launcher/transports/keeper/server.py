@@ -49,6 +49,9 @@ from launcher.transports.ssh.settings import SSHSettings
 from launcher.transports.ssh.transport import SSHConnection, SSHTransport
 
 MAX_CHANNELS = 4096  # open channels at once; past it a command is told to go direct
+# pending connections on the socket: an exec to N nodes opens 2N at once (asyncio's default
+# of 100 made some of a 128-node exec go direct); the kernel caps it at net.core.somaxconn
+BACKLOG = 4096
 TICK = 1.0  # housekeeping: idle connections, changed files, the keeper's own exit
 RESIDENT_STALE = 3  # launcher/cli/resident.STALE: dtrain was changed, start a new resident
 
@@ -272,7 +275,7 @@ class Keeper:
         finally:
             self.clients -= 1
             self.last_activity = time.monotonic()
-            writer.close()
+            await _hang_up(reader, writer)
 
     async def handle(self, req: dict[str, Any], reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
@@ -398,6 +401,27 @@ async def relay(proc: Process, reader: asyncio.StreamReader,
             await inbound
 
 
+LINGER_S = 5.0  # how long a finished request waits for its command to hang up
+
+
+async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """End a request without losing what the command has not read yet: shut down our side
+    for writing, read what the command still sends until it closes (bounded), then close.
+    Closing at once made a command's next write (a heartbeat right after a fast job) fail
+    with EPIPE, and asyncio then raises that on the command's reader before the frames
+    still buffered there: a job that had ended with its status read as 'exited with status
+    None' (found at 128 nodes, the node agent's jobs ending within milliseconds)."""
+    try:
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            while await reader.read(1 << 16):
+                pass
+    except (OSError, TimeoutError, ValueError):
+        pass
+    writer.close()
+
+
 def _same_user(writer: asyncio.StreamWriter) -> bool:
     sock = writer.get_extra_info("socket")
     if sock is None:
@@ -420,7 +444,8 @@ async def main_async(directory: Path, idle: float) -> int:
     keeper = Keeper(directory, idle)
     with contextlib.suppress(FileNotFoundError):
         keeper.sock.unlink()
-    server = await asyncio.start_unix_server(keeper.serve, path=str(keeper.sock))
+    server = await asyncio.start_unix_server(keeper.serve, path=str(keeper.sock),
+                                            backlog=BACKLOG)
     os.chmod(keeper.sock, 0o600)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
