@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.nodeside import agent as node_agent
 from launcher.nodeside import wire
@@ -251,3 +253,76 @@ def test_which_command_lines_an_agent_may_start() -> None:
              "exec python3 -c x", "command -v python3", "uptime", "'",
              wire.remote_command("python3", stdlib_only=True) + "\nrm -rf ~"]
     assert not any(wire.plain_program(c) for c in other)
+
+
+def _through(cut: nodeagent.SourceCut, data: bytes, step: int,
+             kept: dict[bytes, bytes]) -> tuple[bytes, list[bytes]]:
+    """What the agent's child reads for ``data`` fed in ``step``-byte frames, and the keys
+    of the SOURCE frames sent (kept as the agent keeps them)."""
+    got, learned = b"", []
+    for i in range(0, len(data), step):
+        for kind, payload in cut.feed(data[i:i + step]):
+            if kind == nodeagent.A_IN:
+                got += payload
+            elif kind == nodeagent.IN_SOURCE:
+                got += kept[payload]
+            else:
+                assert kind == nodeagent.SOURCE
+                key, _, source = payload.partition(b"\n")
+                kept[key] = source
+                learned.append(key)
+    got += b"".join(p for _, p in cut.flush())  # the command's EOF
+    return got, learned
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3000), st.integers(1, 700), st.binary(max_size=300))
+def test_a_source_crosses_once_and_the_child_reads_the_same_bytes(source: bytes, step: int,
+                                                                  spec: bytes) -> None:
+    payload = wire.payload(source) + spec
+    known: set[bytes] = set()
+    kept: dict[bytes, bytes] = {}
+    got, learned = _through(nodeagent.SourceCut(known), payload, step, kept)
+    assert got == payload
+    assert learned == ([wire.source_key(source).encode()] if source else [])
+    known.update(learned)
+    cut = nodeagent.SourceCut(known)
+    sent = [p for i in range(0, len(payload), step) for k, p in cut.feed(payload[i:i + step])
+            if k == nodeagent.A_IN]
+    assert sum(map(len, sent)) + len(b"".join(p for _, p in cut.flush())) == \
+        len(payload) - len(source)  # the source stayed home
+    again, learned = _through(nodeagent.SourceCut(known), payload, step, kept)
+    assert (again, learned) == (payload, [])
+
+
+@given(st.binary(max_size=500).filter(lambda b: nodeagent.payload_header(
+    b.partition(b"\n")[0] + b"\n") is None), st.integers(1, 64))
+def test_a_stdin_that_is_not_a_payload_passes_unchanged(data: bytes, step: int) -> None:
+    got, learned = _through(nodeagent.SourceCut(set()), data, step, {})
+    assert (got, learned) == (data, [])
+
+
+def test_the_agent_puts_a_kept_source_in_its_place(agent: AgentUnderTest) -> None:
+    payload = wire.payload(ECHO)
+    header, _, _ = payload.partition(b"\n")
+    key = wire.source_key(ECHO).encode()
+    agent.send(nodeagent.SOURCE, 0, key + b"\n" + ECHO)
+    for jid in (1, 2):
+        agent.send(nodeagent.SPAWN, jid)
+        agent.send(nodeagent.A_IN, jid, header + b"\n")
+        agent.send(nodeagent.IN_SOURCE, jid, key)
+        agent.send(nodeagent.A_IN, jid, b"kept")
+        agent.send(nodeagent.A_EOF, jid)
+        assert agent.until_exit(jid)[0::2][:2] == (b"KEPT", 3)
+    agent.send(nodeagent.SPAWN, 3)
+    agent.send(nodeagent.A_IN, 3, header + b"\n")
+    agent.send(nodeagent.IN_SOURCE, 3, b"0" * 32)  # a key it was never sent: dropped
+    while True:
+        kind, jid, _ = agent.frame()
+        assert not (kind == nodeagent.A_EXIT and jid == 3)
+        if kind == nodeagent.STARTED and jid == 3:
+            break
+    agent.send(nodeagent.SPAWN, 4)  # and the agent goes on
+    agent.send(nodeagent.A_IN, 4, payload + b"on")
+    agent.send(nodeagent.A_EOF, 4)
+    assert agent.until_exit(4)[0] == b"ON"

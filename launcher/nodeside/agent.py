@@ -14,7 +14,10 @@ an interpreter's start and its imports.
 The wire, both ways, after ``MAGIC`` on stdout: frames of ``HEAD`` (type, job, length) and
 the payload. From the keeper: SPAWN (a job id), IN (bytes for the job's stdin), EOF, DROP
 (the job's channel is gone: its pipes are closed, as sshd closes a dropped channel's),
-PAUSE and RESUME (stop and go on reading its output: the keeper's client is slow). From the
+PAUSE and RESUME (stop and go on reading its output: the keeper's client is slow), SOURCE
+(a node program's source, kept under its cache key) and IN_SOURCE (that kept source, as the
+next bytes of the job's stdin: a program's source crosses the network once per connection,
+not at every command). From the
 agent: READY, STARTED (the child's pid), FAILED (no fork: the keeper opens a channel
 instead), OUT, ERR, ACK (bytes of IN written to the child), EXIT (its status, once its
 output ended; -1 for a signal, as sshd's exit-signal reads).
@@ -36,7 +39,7 @@ from launcher.nodeside.nodetitle import set_title
 
 MAGIC = b"\n\x00DTRAIN-AGENT-1\x00\n"  # nodeagent.py has the twin
 HEAD = struct.Struct("!BII")
-SPAWN, IN, EOF, DROP, PAUSE, RESUME = 1, 2, 3, 4, 5, 6
+SPAWN, IN, EOF, DROP, PAUSE, RESUME, SOURCE, IN_SOURCE = 1, 2, 3, 4, 5, 6, 7, 8
 READY, STARTED, FAILED, OUT, ERR, ACK, EXIT = 10, 11, 12, 13, 14, 15, 16
 READ = 65536
 # what the supervisor's exec path imports (tests/test_supervisor_lean.py pins that set),
@@ -66,6 +69,7 @@ class Agent:
         self.jobs = {}
         self.by_fd = {}
         self.inbuf = bytearray()
+        self.sources = {}  # a node program's cache key -> its source (SOURCE)
         self.poll = select.poll()
         self.gone = False
         self.wake_r, self.wake_w = os.pipe()
@@ -248,6 +252,20 @@ class Agent:
             if jid not in self.jobs:
                 self.spawn(jid)
             return
+        if kind == SOURCE:
+            key, _, source = data.partition(b"\n")
+            self.sources[key] = source
+            return
+        if kind == IN_SOURCE:
+            # the kept source goes in as if it had come over the wire; a key never sent (not
+            # the keeper's way) drops the job: its bootstrap sees EOF mid-source and says so
+            data = self.sources.get(data)
+            if data is None:
+                job = self.jobs.get(jid)
+                if job is not None:
+                    self.drop(job)
+                return
+            kind = IN
         job = self.jobs.get(jid)
         if job is None or job.dropped:
             if kind == IN:  # a job already gone: its bytes are acknowledged, not kept

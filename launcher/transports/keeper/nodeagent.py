@@ -24,7 +24,7 @@ from launcher.transports.keeper.frames import ABORT, EOF, ERR, EXIT, IN, OUT, RE
 
 MAGIC = b"\n\x00DTRAIN-AGENT-1\x00\n"  # agent.py's twin
 HEAD = struct.Struct("!BII")
-SPAWN, A_IN, A_EOF, DROP, PAUSE, RESUME = 1, 2, 3, 4, 5, 6
+SPAWN, A_IN, A_EOF, DROP, PAUSE, RESUME, SOURCE, IN_SOURCE = 1, 2, 3, 4, 5, 6, 7, 8
 READY, STARTED, FAILED, A_OUT, A_ERR, ACK, A_EXIT = 10, 11, 12, 13, 14, 15, 16
 READY_WAIT = 15.0  # the agent's start: the command line's own start, bounded
 SPAWN_WAIT = 10.0  # one fork on the node
@@ -32,6 +32,89 @@ WINDOW = 1 << 20  # a job's stdin bytes in flight to the agent before its client
 HIGH = 4 << 20  # a job's output held for a slow client before the agent stops reading it
 RETRY_S = 60.0  # a command line whose agent would not start is tried again after this
 NOISE_MAX = 64 << 10  # what the login shell printed before the agent's MAGIC: dropped
+SOURCES_MAX = 32  # program sources an agent keeps (a handful of programs x dtrain versions)
+HEADER_MAX = 200  # a payload's header line ("<source length> <spec length> <cache key>")
+
+
+def payload_header(line: bytes) -> tuple[int, bytes] | None:
+    """A node program's payload header (``wire.payload``): its source length and cache key;
+    None for anything else (the job's bytes then pass as they are)."""
+    fields = line.split()
+    if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit():
+        return None
+    key = fields[2]
+    if not (8 <= len(key) <= 64 and all(c in b"0123456789abcdef" for c in key)):
+        return None
+    return int(fields[0]), key
+
+
+class SourceCut:
+    """The first bytes of a job's stdin, where a node program's source goes by reference.
+
+    A job's stdin starts with the payload (``wire.payload``): a header line, the program's
+    source, its spec. The first time an agent sees a source (by its cache key) it goes as
+    it came, and is also sent once as SOURCE to be kept (``known`` gets the key once that
+    frame is written, so no job refers to a source the agent has not got); after that only
+    IN_SOURCE and the key cross the network, and the agent puts the kept bytes in their
+    place. Everything after the source passes unchanged, as does a stdin that does not start
+    with a header.
+    """
+
+    def __init__(self, known: set[bytes]) -> None:
+        self.known = known
+        self.head = bytearray()
+        self.state = "header"  # then "skip" or "learn" (the source), then "pass"
+        self.left = 0
+        self.key = b""
+        self.learned = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """What to send the agent for these bytes: (frame type, payload) pairs, in order;
+        IN_SOURCE and SOURCE carry the key (and the source)."""
+        out: list[tuple[int, bytes]] = []
+        if self.state == "header":
+            self.head += data
+            at = self.head.find(b"\n")
+            if at < 0:
+                if len(self.head) > HEADER_MAX:
+                    self.state = "pass"
+                    out.append((A_IN, bytes(self.head)))
+                return out
+            line, data = bytes(self.head[:at + 1]), bytes(self.head[at + 1:])
+            self.head = bytearray()
+            parsed = payload_header(line)
+            out.append((A_IN, line))
+            if parsed is None or parsed[0] == 0:
+                self.state = "pass"
+            else:
+                self.left, self.key = parsed
+                if self.key in self.known:
+                    self.state = "skip"
+                    out.append((IN_SOURCE, self.key))
+                else:
+                    self.state = "learn" if len(self.known) < SOURCES_MAX else "pass"
+        if self.state in ("skip", "learn") and data:
+            part, data = data[:self.left], data[self.left:]
+            self.left -= len(part)
+            if self.state == "learn":
+                out.append((A_IN, part))
+                self.learned += part
+            if self.left == 0:
+                if self.state == "learn":  # known once it is sent (the caller adds it)
+                    out.append((SOURCE, self.key + b"\n" + bytes(self.learned)))
+                    self.learned = bytearray()
+                self.state = "pass"
+        if self.state == "pass" and data:
+            out.append((A_IN, data))
+        return out
+
+    def flush(self) -> list[tuple[int, bytes]]:
+        """At the command's EOF: a header line still waiting for its newline goes as it is."""
+        if self.state == "header" and self.head:
+            self.state = "pass"
+            return [(A_IN, bytes(self.head))]
+        return []
+
 
 
 class AgentUnavailable(Exception):
@@ -103,6 +186,7 @@ class NodeAgent:
         self.why: str | None = None  # why the agent ended, when it was not closed by us
         self.err_tail = b""  # the end of the agent's own stderr (a traceback, if it died)
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.sources: set[bytes] = set()  # the cache keys of the sources it keeps
         self.pump = asyncio.ensure_future(self._pump())
         self.errs = asyncio.ensure_future(self._stderr())
         self.started_at = time.time()
@@ -243,6 +327,7 @@ class NodeAgent:
 
     async def _down(self, job: AgentJob, reader: asyncio.StreamReader) -> None:
         """The command's frames to the job; the command gone drops the job's channel."""
+        cut = SourceCut(self.sources)
         try:
             while True:
                 frame = await frames.read_frame(reader)
@@ -254,9 +339,16 @@ class NodeAgent:
                         await job.credit.wait()
                     if job.done.done():
                         continue
-                    job.unacked += len(frame[1])
-                    await self.send(A_IN, job.jid, frame[1])
+                    for kind, data in cut.feed(frame[1]):
+                        if kind == A_IN:
+                            job.unacked += len(data)
+                        await self.send(kind, 0 if kind == SOURCE else job.jid, data)
+                        if kind == SOURCE:  # only now may another job send IN_SOURCE
+                            self.sources.add(data.partition(b"\n")[0])
                 elif frame[0] == EOF:
+                    for _, data in cut.flush():
+                        job.unacked += len(data)
+                        await self.send(A_IN, job.jid, data)
                     await self.send(A_EOF, job.jid)
         except (FrameError, OSError, ConnectionError):
             pass
