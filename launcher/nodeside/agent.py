@@ -42,6 +42,7 @@ HEAD = struct.Struct("!BII")
 SPAWN, IN, EOF, DROP, PAUSE, RESUME, SOURCE, IN_SOURCE = 1, 2, 3, 4, 5, 6, 7, 8
 READY, STARTED, FAILED, OUT, ERR, ACK, EXIT = 10, 11, 12, 13, 14, 15, 16
 READ = 65536
+OUT_HIGH = 1 << 18  # queued frames written at once when a turn queues this much
 # what the supervisor's exec path imports (tests/test_supervisor_lean.py pins that set),
 # loaded once here so that a child does not. Nothing heavier: every module here makes
 # every fork dearer (page tables, copy-on-write), and most jobs are the exec path; the
@@ -69,6 +70,7 @@ class Agent:
         self.jobs = {}
         self.by_fd = {}
         self.inbuf = bytearray()
+        self.outbuf = bytearray()
         self.sources = {}  # a node program's cache key -> its source (SOURCE)
         self.poll = select.poll()
         self.gone = False
@@ -78,16 +80,24 @@ class Agent:
 
     # ------------------------------------------------------------------ to the keeper
     def send(self, kind, jid, data=b""):
-        if self.gone:
+        """Queue a frame; the loop writes what a turn queued at once (``flush``): one SSH
+        packet for many small frames (STARTED, ACK, EXIT ...) instead of one each."""
+        if not self.gone:
+            self.outbuf += HEAD.pack(kind, jid, len(data)) + data
+            if len(self.outbuf) >= OUT_HIGH:
+                self.flush()
+
+    def flush(self):
+        if self.gone or not self.outbuf:
             return
-        msg = HEAD.pack(kind, jid, len(data)) + data
         try:
-            view = memoryview(msg)
+            view = memoryview(bytes(self.outbuf))
             while view:
                 n = os.write(1, view)
                 view = view[n:]
         except OSError:
             self.gone = True
+        self.outbuf = bytearray()
 
     # ------------------------------------------------------------------ the poll set
     def watch(self, job):
@@ -314,6 +324,7 @@ class Agent:
         self.poll.register(self.wake_r, select.POLLIN)
         self.send(READY, 0, str(os.getpid()).encode())
         while not self.gone:
+            self.flush()
             try:
                 events = self.poll.poll(5000)
             except InterruptedError:
@@ -336,6 +347,7 @@ class Agent:
                     elif fd in job.out:
                         self.read_out(job, fd)
             self.reap()
+        self.flush()
         # the keeper or the connection is gone: every job's channel with it
         for job in list(self.jobs.values()):
             self.drop(job)
