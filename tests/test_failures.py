@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests import cluster as tc
-from tests.util import TRACEBACK
+from tests.util import TRACEBACK, proc_environ
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = "tests/workloads/train.py"
@@ -45,15 +45,12 @@ DAEMON = "tests/workloads/daemon.py"
 
 
 def _tagged(pid: int, env_tag: bytes | None, marker: bytes | None) -> bool:
+    if env_tag is not None and env_tag in proc_environ(pid):
+        return True
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if env_tag is not None and env_tag in environ:
-            return True
-        if marker is not None and marker in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return True
+        return marker is not None and marker in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        pass
-    return False
+        return False
 
 
 class JobWatch:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.util import REPO
+from tests.util import REPO, proc_environ
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
@@ -32,14 +32,9 @@ def test_the_gpu_checks_rehearsal_runs_every_step(tmp_path) -> None:  # type: ig
     assert wrong == {}, summary + res.stdout[-3000:] + res.stderr[-3000:]
     # nothing of these runs left: no process whose environment names this test's directory
     # (the script's own ps count would see other tests' processes on a shared machine)
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if str(tmp_path).encode() in fh.read():
-                    left.append(pid)
-        except OSError:
-            pass
+    mine = str(tmp_path).encode()
+    left = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+            if any(mine in entry for entry in proc_environ(pid))]
     assert left == [], left
     assert (tmp_path / "out" / "all.tgz").stat().st_size > 1000
     hang = (tmp_path / "w" / "run-hang.txt").read_text()

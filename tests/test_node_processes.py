@@ -22,15 +22,9 @@ import pytest
 from launcher.nodeside import nodecommon, nodeprocs, wire
 from tests import cluster as tc
 from tests.test_failures import TRAIN, Dtrain, JobWatch, meta, new_id, run_args
+from tests.util import proc_environ
 
 pytestmark = [pytest.mark.timeout(120)]
-
-
-def _environ(pid: int) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
 
 
 def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
@@ -40,7 +34,7 @@ def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
     tag = f"DTRAIN_RUN_ID={run_id}".encode()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        outer = [p for p in tc.node_pids(k) if tag in (env := _environ(p))
+        outer = [p for p in tc.node_pids(k) if tag in (env := proc_environ(p))
                  and any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in env)]
         for pid in outer:
             try:
@@ -48,7 +42,7 @@ def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
             except OSError:
                 continue
             for child in map(int, children):
-                if not any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in _environ(child)):
+                if not any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in proc_environ(child)):
                     return pid, child
         time.sleep(0.1)
     raise AssertionError(f"no rank shim of {run_id} on node{k}")
@@ -112,7 +106,7 @@ def _torchrun_pid(k: int, run_id: str, timeout: float = 30.0) -> int:
                 line = _cmdline(p)
             except OSError:
                 continue
-            if tag in _environ(p) and not line.startswith("dtrain ") and (
+            if tag in proc_environ(p) and not line.startswith("dtrain ") and (
                     "torchrun" in line or "torch.distributed.run" in line):
                 return p
         time.sleep(0.1)

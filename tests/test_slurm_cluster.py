@@ -26,6 +26,7 @@ import pytest
 
 from tests import cluster as tc
 from tests.test_failures import JobWatch, new_id
+from tests.util import proc_environ
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = "tests/workloads/train.py"
@@ -318,13 +319,7 @@ def _crash_node(cluster: tc.Cluster, k: int, run_id: str) -> list[int]:
     tag = f"DTRAIN_RUN_ID={run_id}".encode()
     stats = {pid: st for pid in cluster.node_pids(k) if (st := tc.proc_stat(pid)) is not None}
 
-    def tagged(pid: int) -> bool:
-        try:
-            return tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
-
-    job = [pid for pid in stats if tagged(pid)]
+    job = [pid for pid in stats if tag in proc_environ(pid)]
     tops = {stats[pid][0] for pid in job if stats[pid][0] not in job}
     assert len(tops) == 1, (k, job, tops)  # one supervisor on the node, above torchrun
     victims = [*tops, *job]

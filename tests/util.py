@@ -118,6 +118,15 @@ def wait_until(cond: Callable[[], object], timeout: float = 15.0,
         time.sleep(0.05)
 
 
+def proc_environ(pid: int | str) -> list[bytes]:
+    """A process's initial environment as NAME=value entries ([] when it is gone or not
+    ours to read): what the tests find a job's processes by (its DTRAIN_RUN_ID tag)."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
