@@ -295,7 +295,7 @@ def test_a_source_crosses_once_and_the_child_reads_the_same_bytes(source: bytes,
     assert (again, learned) == (payload, [])
 
 
-@given(st.binary(max_size=500).filter(lambda b: nodeagent.payload_header(
+@given(st.binary(max_size=500).filter(lambda b: wire.payload_header(
     b.partition(b"\n")[0] + b"\n") is None), st.integers(1, 64))
 def test_a_stdin_that_is_not_a_payload_passes_unchanged(data: bytes, step: int) -> None:
     got, learned = _through(nodeagent.SourceCut(set()), data, step, {})

@@ -316,7 +316,25 @@ def start_failure(status: int | None, stderr: str, what: str = "probe") -> Start
 def payload(source: bytes, spec: Mapping[str, object] | None = None) -> bytes:
     """Header + source + spec: what is written to the channel's stdin first."""
     body = json.dumps(spec, separators=(",", ":")).encode() if spec is not None else b""
+    return _framed(source, body)
+
+
+def _framed(source: bytes, body: bytes) -> bytes:
+    """The bootstrap's header line, then the source and the spec's bytes."""
     return f"{len(source)} {len(body)} {source_key(source)}\n".encode() + source + body
+
+
+def payload_header(line: bytes) -> tuple[int, bytes] | None:
+    """The source length and cache key of a header line ``_framed`` wrote (the keeper reads
+    them to keep a source on the node: transports/keeper/nodeagent.py); None for anything
+    else."""
+    fields = line.split()
+    if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit():
+        return None
+    key = fields[2]
+    if not (8 <= len(key) <= 64 and all(c in b"0123456789abcdef" for c in key)):
+        return None
+    return int(fields[0]), key
 
 
 def supervisor_payload(spec: Mapping[str, object]) -> bytes:
@@ -324,16 +342,14 @@ def supervisor_payload(spec: Mapping[str, object]) -> bytes:
     decodes it with builtins only. JSON stays the format of everything else (the probe's
     parameters, control lines, the frames' messages)."""
     body = SPEC_MARSHAL + marshal.dumps(dict(spec), MARSHAL_VERSION)
-    source = program_source("supervisor")
-    return f"{len(source)} {len(body)} {source_key(source)}\n".encode() + source + body
+    return _framed(program_source("supervisor"), body)
 
 
 def agent_payload() -> bytes:
     """payload() of the node agent (launcher/nodeside/agent.py): its spec, the bootstrap it
     runs in every fork, as marshal data after SPEC_MARSHAL (the agent imports no json)."""
     body = SPEC_MARSHAL + marshal.dumps({"boot": BOOTSTRAP}, MARSHAL_VERSION)
-    source = program_source("agent")
-    return f"{len(source)} {len(body)} {source_key(source)}\n".encode() + source + body
+    return _framed(program_source("agent"), body)
 
 
 @cache

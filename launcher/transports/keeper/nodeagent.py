@@ -37,18 +37,6 @@ OUT_HIGH = 1 << 20  # queued bytes past which a sender waits for the write
 HEADER_MAX = 200  # a payload's header line ("<source length> <spec length> <cache key>")
 
 
-def payload_header(line: bytes) -> tuple[int, bytes] | None:
-    """A node program's payload header (``wire.payload``): its source length and cache key;
-    None for anything else (the job's bytes then pass as they are)."""
-    fields = line.split()
-    if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit():
-        return None
-    key = fields[2]
-    if not (8 <= len(key) <= 64 and all(c in b"0123456789abcdef" for c in key)):
-        return None
-    return int(fields[0]), key
-
-
 class SourceCut:
     """The first bytes of a job's stdin, where a node program's source goes by reference.
 
@@ -83,7 +71,7 @@ class SourceCut:
                 return out
             line, data = bytes(self.head[:at + 1]), bytes(self.head[at + 1:])
             self.head = bytearray()
-            parsed = payload_header(line)
+            parsed = wire.payload_header(line)
             out.append((A_IN, line))
             if parsed is None or parsed[0] == 0:
                 self.state = "pass"
