@@ -165,3 +165,26 @@ def test_each_rank_sees_its_nodes_gpus(cluster, tmp_path: Path) -> None:
     seen = sorted(line.split("seen ", 1)[1] for line in res.stdout.splitlines()
                   if "seen " in line)
     assert seen == ["0 0,1 everywhere", "1 0,1 everywhere", "2 1 everywhere"], res.stdout
+
+
+def test_more_ranks_than_a_nodes_gpus_is_warned_once_before_the_start(cluster,
+                                                                       tmp_path: Path) -> None:
+    """On the cluster: --include leaves node1 and node2 one GPU each; two ranks a node are
+    warned on stderr once, folded, before the run, which still runs (a gloo or CPU job may
+    mean it). The DeepSpeed launcher takes a node's GPU count as its slots; dtrain keeps the
+    user's number and says what NCCL would do with it. (The test nodes' probe counts no GPU
+    of its own: the fake nvidia-smi has no /proc/driver/nvidia.)"""
+    script = cluster.shared_dir / f"ds_env_{tmp_path.name}.py"
+    script.write_text(SCRIPT)
+    res = dtrain(["run", "-H", "node[1-2]", "--python", cluster.python, "--no-color",
+                  "--archive-dir", str(tmp_path / "runs"), "--workdir", "/tmp",
+                  "--include", "node1:1@node2:0", "--nproc-per-node", "2", str(script)],
+                 env=cluster.client_env(), timeout=150)
+    assert_exit(res, 0)
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("dtrain: warning: ")]
+    assert warned == ["dtrain: warning: node[1-2]: 2 ranks on 1 GPU: ranks will share a GPU, "
+                      "which NCCL refuses (\"Duplicate GPU detected\"); fine for gloo. One rank "
+                      "per GPU: --nproc-per-node gpu"], res.stderr
+    seen = sorted(line.split("seen ", 1)[1] for line in res.stdout.splitlines()
+                  if "seen " in line)
+    assert seen == ["0 1 -", "1 1 -", "2 0 -", "3 0 -"], res.stdout

@@ -346,3 +346,33 @@ def test_the_nodes_warnings_print_once_each_with_their_hosts_folded() -> None:
                            {"node0": "gpu-a.example", "node1:2222": "gpu-b.example"})
     assert folded == [f"node0,node1:2222: {same}", "node0: node0: own one"]
     assert plan_warnings(plan, {}) == []
+
+
+def test_more_ranks_than_gpus_is_warned_before_the_start() -> None:
+    """A node given more ranks than it shows GPUs (or than --include left it) is named before
+    anything starts, once, folded with its peers: under NCCL the ranks would meet at the
+    first collective only to fail with "Duplicate GPU detected" on every node. No GPU at all
+    is a CPU job: no warning; as many ranks as GPUs: none either."""
+    n2 = replace(N1, hostname="node2", routes={"198.18.0.12": route("198.18.0.12", "eth0")},
+                 gpus=2)
+    n3 = replace(n2, hostname="node3", gpus=0)
+    hosts = [Host("node1"), Host("node2"), Host("node3")]
+    facts = {"node1": N1, "node2": n2, "node3": n3}
+
+    def warned(nproc: str, sel: DeviceSelection | None = None) -> list[str]:
+        plan = build_plan(RunRequest("t.py", nproc_per_node=nproc, devices=sel), RunOptions(),
+                          hosts, facts, master_addr="198.18.0.12", master_port=1,
+                          master_reason="")
+        return plan_warnings(plan, {"node1": "node1", "node2": "node2", "node3": "node3"})
+
+    shared = ("ranks will share a GPU, which NCCL refuses (\"Duplicate GPU detected\"); fine "
+              "for gloo. One rank per GPU: --nproc-per-node gpu")
+    assert [w for w in warned("2") if "GPU" in w] == []
+    assert [w for w in warned("3") if "GPU" in w] == [f"node2: 3 ranks on 2 GPUs: {shared}"]
+    assert [w for w in warned("9") if "GPU" in w] == [f"node1: 9 ranks on 8 GPUs: {shared}",
+                                                      f"node2: 9 ranks on 2 GPUs: {shared}"]
+    assert [w for w in warned("2", DeviceSelection(include={"node1": (5,)})) if "GPU" in w] \
+        == [f"node1: 2 ranks on 1 GPU: {shared}"]
+    plan = build_plan(RunRequest("t.py", nproc_per_node="3"), RunOptions(), hosts, facts,
+                      master_addr="198.18.0.12", master_port=1, master_reason="")
+    assert plan_json(plan)["nodes"][1]["warnings"][-1] == f"node2: 3 ranks on 2 GPUs: {shared}"

@@ -205,6 +205,22 @@ def expand_home(value: str, home: str | None) -> str:
     return home.rstrip("/") + value[1:] if value != "~" else home
 
 
+def shared_gpu_warning(host: Host, facts: NodeFacts, nproc: int,
+                       chosen: Sequence[int] | None) -> tuple[str, ...]:
+    """More ranks than the node shows GPUs (or than --include/--exclude left it): ranks
+    share a GPU, which NCCL refuses at its first collective ("Duplicate GPU detected", on
+    every node at once, after the whole start). A warning, not an error: gloo and CPU
+    jobs, and jobs that pin their own devices, run so on purpose. A node without GPUs says
+    nothing: that is a CPU job."""
+    visible = len(chosen) if chosen is not None else facts.gpus
+    if visible <= 0 or nproc <= visible:
+        return ()
+    gpus = f"{visible} GPU" + ("s" if visible != 1 else "")
+    return (f"{facts.hostname or host.label}: {nproc} ranks on {gpus}: ranks will share a "
+            "GPU, which NCCL refuses (\"Duplicate GPU detected\"); fine for gloo. One rank "
+            "per GPU: --nproc-per-node gpu",)
+
+
 def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                facts: Mapping[str, NodeFacts], *, master_addr: str, master_port: int,
                master_reason: str) -> LaunchPlan:
@@ -241,8 +257,9 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
         argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
                              nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
         decision = decisions[host.label]
+        shared = shared_gpu_warning(host, facts[host.label], nproc, chosen)
         nodes.append(NodePlan(host, node_rank, nproc, first, python, argv, decision.env,
-                              tuple(decision.warnings),
+                              tuple(decision.warnings) + shared,
                               container_for(req, opts, host, facts[host.label]),
                               facts[host.label].torch_version))
         first += nproc
