@@ -129,6 +129,22 @@ def test_push_checks_the_runtime() -> None:
         push_config(PushArgs(hostfile=MISSING, image="img:1", container_runtime="lxc"))
 
 
+
+@pytest.mark.parametrize(("via", "remote"), [(None, ".cache/dtrain/images"), ("~", "."),
+                                             ("~/imgs", "imgs"), ("/scratch/i", "/scratch/i"),
+                                             ("rel/x", "rel/x")])
+def test_push_via_names_the_nodes_directory(via: str | None, remote: str) -> None:
+    req, _ = push_config(PushArgs(hostfile=MISSING, image="img:1", via=via))
+    assert (req.via, req.remote_dir) == (via, remote)
+
+
+@pytest.mark.parametrize("via", ["", "  ", "a\nb", "a\x00b"])
+def test_push_via_refuses_what_is_no_directory(via: str) -> None:
+    with pytest.raises(UsageError) as err:
+        push_config(PushArgs(hostfile=MISSING, image="img:1", via=via))
+    assert err.value.message == f"--via {via!r} is not a directory"
+
+
 def test_tops_help_names_the_views_sort_columns() -> None:
     """cli/top.py spells the columns for --help (without importing the view)."""
     from launcher.cli.top import SORTS

@@ -25,6 +25,8 @@ from launcher.decide.container import (
     for_host,
     image_problems,
     parse_mount,
+    share_groups,
+    share_marker,
 )
 from launcher.decide.plan import RunRequest, build_plan, plan_json
 from launcher.decide.runoptions import RunOptions
@@ -347,3 +349,23 @@ def test_the_end_of_a_container_lists_first_only_where_the_runtime_removed_it(
         assert calls == ["ps", "rm", "ps"]
     else:  # removal by name first, then the listing, as for every runtime before
         assert calls == ["rm", "ps"], calls
+
+
+def test_image_push_groups_the_nodes_by_the_marker_they_read_back() -> None:
+    """Node i wrote i into the marker (exclusively: the first writer of a shared directory
+    wins); nodes that read the same index share the directory, one copy for them. A node
+    that read nothing (unreachable, its create refused) or a number no node wrote gets its
+    own copy, as without the marker."""
+    labels = ["a", "b", "c", "d", "e", "f"]
+    answers = {"a": "0\n", "b": "0\n", "c": "2\n", "d": "2", "e": None, "f": "0"}
+    assert share_groups(labels, answers) == [["a", "b", "f"], ["c", "d"], ["e"]]
+    # every node its own directory: each read its own index
+    assert share_groups(labels[:3], {"a": "0", "b": "1", "c": "2"}) == [["a"], ["b"], ["c"]]
+    # garbage, another push's number, a digit that is not ASCII, nothing at all
+    assert share_groups(labels[:5], {"a": "x", "b": "6", "c": "\u00b2", "d": "", "e": "-1"}) \
+        == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    assert share_groups(["a", "b"], {"a": "9", "b": "9"}) == [["a"], ["b"]]
+    # the winner's own read failed: the others still share, and it copies for itself
+    assert share_groups(["a", "b", "c"], {"a": None, "b": "0", "c": "0"}) == \
+        [["a"], ["b", "c"]]
+    assert share_marker("ab12") == ".dtrain-share-ab12"

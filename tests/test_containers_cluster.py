@@ -204,6 +204,43 @@ def test_image_push_to_four_nodes_then_again_skipped(pcluster: tc.Cluster,
         _local("rmi", "-f", tag)
 
 
+def test_image_push_via_a_directory_the_nodes_share_copies_once(pcluster: tc.Cluster,
+                                                                  tmp_path: Path) -> None:
+    """--via a directory every node sees (the cluster's shared filesystem, as an NFS home
+    would be): one exclusive marker finds that the four nodes share it, one node receives the
+    archive, all four load it from there, and neither the archive nor the marker is left.
+    (The test before this one: the nodes' own homes, a copy each.)"""
+    tag = f"localhost/dtrain-push:{uuid.uuid4().hex[:8]}"
+    tar = tmp_path / "skel.tar"
+    tar.write_bytes(podman.skeleton_tar([sys.prefix]))
+    if _local("import", "-q", str(tar), tag).returncode != 0:
+        pytest.skip("podman cannot import an image on this machine (the login node)")
+    want = _local("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    via = pcluster.shared_dir / f"images-{uuid.uuid4().hex[:8]}"
+    try:
+        res = dtrain(["image", "push", "-H", "node[1-4]", "--via", str(via), tag],
+                     env=pcluster.client_env(), timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"node[2-4] share {via} with node1: one copy for them" in res.stderr, res.stderr
+        assert re.search(r"copied to 1 node in [0-9.]+ s; loading it \(podman load\)",
+                         res.stderr), res.stderr
+        assert f"4 nodes loaded {tag} in " in res.stderr, res.stderr
+        for k in range(1, 5):
+            got = pcluster.node_exec(k, ["podman", "image", "inspect", "--format", "{{.Id}}",
+                                         tag]).stdout.strip()
+            assert got.removeprefix("sha256:") == want.removeprefix("sha256:"), k
+        assert sorted(p.name for p in via.iterdir()) == [], "the archive or a marker was left"
+        assert via.stat().st_mode & 0o077 == 0  # made by the push: the user's alone
+    finally:
+        for k in range(1, 5):
+            podman.remove_image(pcluster, k, tag)
+        _local("rmi", "-f", tag)
+        if via.exists():
+            for p in via.iterdir():
+                p.unlink()
+            via.rmdir()
+
+
 def test_the_probe_runs_inside_the_image_with_the_images_python(pcluster: tc.Cluster,
                                                                  tmp_path: Path) -> None:
     """--python names the image's interpreter (here only inside, through a mount): the host

@@ -257,6 +257,7 @@ class PushArgs(HostArgs, ConnArgs):
     container_runtime: str | None = None
     python: str = "python3"
     progress: bool | None = None
+    via: str | None = None
 
 
 def push_config(a: PushArgs) -> tuple[Any, Any]:
@@ -265,10 +266,14 @@ def push_config(a: PushArgs) -> tuple[Any, Any]:
     from launcher.cli import groups
     from launcher.commands.image import PushRequest
     from launcher.decide.container import ContainerRequest
+    from launcher.errors import UsageError
 
     groups.node(a.python)
     settings = a.settings()
     ContainerRequest(a.image, runtime=a.container_runtime)  # bad values: exit 2 here
+    if a.via is not None and (not a.via.strip() or any(c in a.via for c in "\0\n\r")):
+        raise UsageError(f"--via {a.via!r} is not a directory",
+                         hint="a node's directory, e.g. --via /scratch/images or ~/images")
     req = PushRequest(image=a.image, runtime=a.container_runtime, fanout=a.fanout,
-                      python=a.python, transport=a.transport, progress=a.progress)
+                      python=a.python, transport=a.transport, progress=a.progress, via=a.via)
     return req, settings

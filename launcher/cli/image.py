@@ -46,11 +46,16 @@ def push_cmd(
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", help="Live progress line (default: on a terminal).")
     ] = None,
+    via: Annotated[str | None, typer.Option(
+        "--via", metavar="DIR", help="Where the archive lands on the nodes until they loaded "
+        "it (default: ~/.cache/dtrain/images): node-local scratch, or a directory the nodes "
+        "share, which then gets one copy for all.", show_default=False)] = None,
 ) -> None:
     """Save IMAGE once here and load it on every node that lacks it or has another digest.
 
     The archive goes over cp's broadcast chain (read once, forwarded node to node); nodes
-    whose image id already matches are skipped. Exit codes: 0 every node has it; 1 a node
+    whose image id already matches are skipped, and nodes that share the archive's
+    directory (an NFS home) get one copy between them. Exit codes: 0 every node has it; 1 a node
     failed (named); 255 a node could not be reached; 2 bad input.
 
     Example:

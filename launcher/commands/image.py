@@ -4,26 +4,31 @@ it (or has another digest), saved once and sent over cp's broadcast chain (docs/
 1. every node's runtime and image id (the probe, job/containers.py); a node whose id already
    matches this machine's is skipped;
 2. ``RUNTIME save`` once here into a private temporary directory;
-3. ``dtrain cp`` of that archive to ``~/.cache/dtrain/images/`` on the nodes that need it:
-   one read, forwarded node to node along a chain (``decide/broadcast.py``) from 3 nodes on;
-4. ``RUNTIME load`` on each of them, the id checked against this machine's, then the archive
-   removed (after every node loaded it: a shared home holds one copy for all).
+3. which of those nodes share the directory the archive lands in (``~/.cache/dtrain/images``
+   or ``--via``: an NFS home, a parallel filesystem): one exclusive marker file per directory
+   (``decide/container.share_groups``), so that one copy serves every node that shares it;
+4. ``dtrain cp`` of that archive to one node of each such group: one read, forwarded node to
+   node along a chain (``decide/broadcast.py``) from 3 nodes on;
+5. ``RUNTIME load`` on every node that needs it, the id checked against this machine's, then
+   the archive and the marker removed (after every node loaded it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from launcher.decide.container import ContainerRequest, short_id
+from launcher.decide.container import ContainerRequest, share_groups, share_marker, short_id
 from launcher.errors import DtrainError, PreflightFailed, UsageError
+from launcher.hosts.hostfile import fold
 from launcher.models import Host
 from launcher.output import render
 from launcher.text.words import count
@@ -43,6 +48,16 @@ class PushRequest:
     python: str = "python3"
     transport: str = "auto"
     progress: bool | None = None
+    via: str | None = None  # where the archive lands on the nodes (None: REMOTE_DIR)
+
+    @property
+    def remote_dir(self) -> str:
+        """The archive's directory on a node, as a shell word's text: relative to the home
+        (``~/x`` and the default) or absolute."""
+        via = self.via or REMOTE_DIR
+        if via == "~":
+            return "."
+        return via[2:] if via.startswith("~/") else via
 
 
 @dataclass
@@ -79,13 +94,10 @@ def local_runtime(req: PushRequest) -> tuple[str, str]:
     raise PreflightFailed(f"no {' or '.join(names)} on this machine to save {req.image} from")
 
 
-async def _load(conn_host: Host, transport: Transport, runtime: str, path: str,
-                image: str) -> str | None:
-    """Load the archive on one node; its image id afterwards, or None with the error raised."""
-    command = (f"{shlex.quote(runtime)} load -q -i {shlex.quote(path)} >/dev/null && "
-               f"{shlex.quote(runtime)} image inspect --format '{{{{.Id}}}}' "
-               f"{shlex.quote(image)}")
-    async with await transport.connect(conn_host) as conn:
+async def _shell(host: Host, transport: Transport, command: str
+                 ) -> tuple[int | None, bytes, bytes]:
+    """One command on one node: (exit code, None without one; stdout; stderr)."""
+    async with await transport.connect(host) as conn:
         proc = await conn.start(command)
         out = b""
         while chunk := await proc.read_stdout(65536):
@@ -93,7 +105,16 @@ async def _load(conn_host: Host, transport: Transport, runtime: str, path: str,
         err = b""
         while chunk := await proc.read_stderr(65536):
             err += chunk
-        code = await proc.wait()
+        return await proc.wait(), out, err
+
+
+async def _load(conn_host: Host, transport: Transport, runtime: str, path: str,
+                image: str) -> str | None:
+    """Load the archive on one node; its image id afterwards, or None with the error raised."""
+    command = (f"{shlex.quote(runtime)} load -q -i {shlex.quote(path)} >/dev/null && "
+               f"{shlex.quote(runtime)} image inspect --format '{{{{.Id}}}}' "
+               f"{shlex.quote(image)}")
+    code, out, err = await _shell(conn_host, transport, command)
     if code != 0:
         raise DtrainError(f"{runtime} load failed (exit {code}): "
                           f"{err.decode(errors='replace').strip()[-300:]}")
@@ -101,13 +122,45 @@ async def _load(conn_host: Host, transport: Transport, runtime: str, path: str,
     return ident[-1] if ident else None
 
 
-async def _remove(host: Host, transport: Transport, path: str) -> None:
+async def _remove(host: Host, transport: Transport, *paths: str) -> None:
     try:
-        async with await transport.connect(host) as conn:
-            proc = await conn.start(f"rm -f {shlex.quote(path)}")
-            await proc.wait()
+        await _shell(host, transport, "rm -f -- " + " ".join(map(shlex.quote, paths)))
     except (DtrainError, OSError):
         pass
+
+
+async def _sharing(need: Sequence[Host], transport: Transport, directory: str, marker: str,
+                   fanout: int) -> list[list[Host]]:
+    """The nodes of ``need`` grouped by the archive directory they share (one group per node
+    where none is shared): every node creates ``marker`` there exclusively with its index in
+    it (``set -C``: O_EXCL), then, once all have tried, reads it back."""
+    path = f"{shlex.quote(directory)}/{shlex.quote(marker)}"
+    sem = asyncio.Semaphore(fanout)
+
+    async def on_all(command: Callable[[int], str]) -> dict[str, str | None]:
+        answers: dict[str, str | None] = {}
+
+        async def one(i: int, h: Host) -> None:
+            async with sem:
+                try:
+                    code, out, _ = await _shell(h, transport, command(i))
+                except (DtrainError, OSError):
+                    code, out = 1, b""
+            answers[h.label] = out.decode(errors="replace") if code == 0 else None
+
+        async with asyncio.TaskGroup() as tg:
+            for i, h in enumerate(need):
+                tg.create_task(one(i, h))
+        return answers
+
+    # through sh: the login shell may be csh, which knows neither set -C nor 2>
+    await on_all(lambda i: "sh -c " + shlex.quote(
+        f"umask 077 && mkdir -p -- {shlex.quote(directory)} && "
+        f"(set -C && echo {i} > {path}) 2>/dev/null; exit 0"))
+    answers = await on_all(lambda i: "sh -c " + shlex.quote(f"cat -- {path}"))
+    by_label = {h.label: h for h in need}
+    return [[by_label[label] for label in group]
+            for group in share_groups([h.label for h in need], answers)]
 
 
 async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSettings
@@ -122,25 +175,36 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         facts, _, errors = await probe_containers(
             transport, hosts, {h.label: ctr for h in hosts}, fanout=req.fanout,
             connect_timeout=settings.connect_timeout, python=req.python)
-    result = PushResult([], [], {label: f"not reached: {why}" for label, why in errors.items()})
-    need: list[Host] = []
-    for h in hosts:
-        f = facts.get(h.label)
-        if h.label in errors:
-            continue
-        if f is None or f.runtime is None:
-            result.failed[h.label] = (f.error if f and f.error else "no container runtime")
-        elif f.runtime not in LOCAL_RUNTIMES:
-            result.failed[h.label] = f"its runtime is {f.runtime}: copy the image file with cp"
-        elif f.image_present and f.image_id == want:
-            result.skipped.append(h.label)
-        else:
-            need.append(h)
-    if result.skipped:
-        render.note(f"{count(len(result.skipped), 'node')} already have {req.image} "
-                    f"({short_id(want)}): skipped")
-    if not need:
-        return result
+        result = PushResult([], [], {label: f"not reached: {why}"
+                                     for label, why in errors.items()})
+        need: list[Host] = []
+        for h in hosts:
+            f = facts.get(h.label)
+            if h.label in errors:
+                continue
+            if f is None or f.runtime is None:
+                result.failed[h.label] = (f.error if f and f.error else "no container runtime")
+            elif f.runtime not in LOCAL_RUNTIMES:
+                result.failed[h.label] = f"its runtime is {f.runtime}: copy the image file " \
+                                         "with cp"
+            elif f.image_present and f.image_id == want:
+                result.skipped.append(h.label)
+            else:
+                need.append(h)
+        if result.skipped:
+            render.note(f"{count(len(result.skipped), 'node')} already have {req.image} "
+                        f"({short_id(want)}): skipped")
+        if not need:
+            return result
+        marker = share_marker(secrets.token_hex(8))
+        groups = await _sharing(need, transport, req.remote_dir, marker, req.fanout) \
+            if len(need) > 1 else [list(need)]
+    for group in groups:
+        if len(group) > 1:
+            render.note(f"{fold([h.label for h in group[1:]])} share "
+                        f"{req.via or '~/' + REMOTE_DIR} with {group[0].label}: one copy "
+                        "for them")
+    receivers = [group[0] for group in groups]
     name = f"dtrain-image-{short_id(want)}.tar"
     with tempfile.TemporaryDirectory(prefix="dtrain-image-") as tmp:
         archive = os.path.join(tmp, name)
@@ -150,18 +214,19 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
             text=True, timeout=3600, check=False)
         if done.returncode != 0:
             raise DtrainError(f"{runtime} save {req.image} failed: {done.stderr.strip()[-300:]}")
-        copy = CopyRequest(sources=(archive,), dest=REMOTE_DIR + "/", fanout=req.fanout,
-                           python=req.python, progress=req.progress, transport=req.transport)
+        copy = CopyRequest(sources=(archive,), dest=req.remote_dir.rstrip("/") + "/",
+                           fanout=req.fanout, python=req.python, progress=req.progress,
+                           transport=req.transport)
         copy_started = time.monotonic()
-        code = await cp_async(need, copy, settings)
+        code = await cp_async(receivers, copy, settings)
         # the two phases apart: on nodes sharing CPUs (a test box) the loads dominate; on a
         # real cluster the copy is the part that grows with the node count
-        render.note(f"copied to {count(len(need), 'node')} in "
+        render.note(f"copied to {count(len(receivers), 'node')} in "
                     f"{time.monotonic() - copy_started:.1f} s; loading it ({runtime} load)")
     if code != 0:
         render.note(f"the copy failed on some node (exit {code}): loading where it landed")
     load_started = time.monotonic()
-    remote = f"{REMOTE_DIR}/{name}"
+    remote = f"{req.remote_dir.rstrip('/')}/{name}"
 
     async with AutoTransport(settings, req.transport, say=render.note) as transport:
         async def one(h: Host) -> None:
@@ -189,7 +254,8 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         result.load_s = time.monotonic() - load_started
         async with asyncio.TaskGroup() as tg:  # after every load: a shared home has one copy
             for h in need:
-                tg.create_task(_remove(h, transport, remote))
+                tg.create_task(_remove(h, transport, remote,
+                                       f"{req.remote_dir.rstrip('/')}/{marker}"))
     return result
 
 

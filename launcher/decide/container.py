@@ -326,3 +326,29 @@ def command_for(req: ContainerRequest, runtime: str, node: NodeContainerFacts, *
         return ContainerCommand(runtime, name, tuple(head), (req.image,), env_flag=None,
                                 env_file_flag="--env-file")
     raise UsageError(f"unknown container runtime {runtime!r}")
+
+
+# `image push`: which nodes share the directory the archive lands in (an NFS home, a parallel
+# filesystem). Every node tries to create one marker file there exclusively (O_EXCL, atomic on
+# the file server, unlike a directory listing an NFS client may cache) and writes its index
+# into it; once all have tried, each reads it back. The nodes that read the same index share
+# the directory, and one copy of the archive serves them all.
+SHARE_MARK = ".dtrain-share-"
+
+
+def share_marker(token: str) -> str:
+    return f"{SHARE_MARK}{token}"
+
+
+def share_groups(labels: Sequence[str], answers: Mapping[str, str | None]) -> list[list[str]]:
+    """The nodes (``labels``, in order; node i wrote ``i``) grouped by the index each read back
+    from the marker: the nodes that read the same index share the directory. A node whose
+    answer is missing (None: unreachable, refused) or not an index of this push is a group of
+    its own, so that it gets its own copy, as without this. Groups in first-seen order."""
+    groups: dict[object, list[str]] = {}
+    for i, label in enumerate(labels):
+        text = (answers.get(label) or "").strip()
+        index = int(text) if re.fullmatch(r"[0-9]{1,9}", text) else len(labels)
+        key: object = index if index < len(labels) else ("alone", i)
+        groups.setdefault(key, []).append(label)
+    return list(groups.values())
