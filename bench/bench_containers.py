@@ -2,7 +2,8 @@
 to 16 nodes against one node, on the test cluster's rootless podman (tests/cluster/podman.py).
 
     python bench/bench_containers.py [--reps 3] [--only run,push] [--mib 500]
-                                     [--push-nodes 16] [--push-first 9] [--json F]
+                                     [--push-nodes 16] [--push-first 9] [--shared]
+                                     [--json F]
 
 * ``run 3x2``: tests/workloads/env_report.py (gloo, 2 ranks per node) on node1-3, ``host``
   (as today) and ``podman`` (``--image localhost/dtrain-test:2`` with /usr and the Python
@@ -12,6 +13,7 @@ to 16 nodes against one node, on the test cluster's rootless podman (tests/clust
   file) saved by this machine's podman, pushed to 1 node and to ``--push-nodes`` nodes
   (node<push-first>...); the image is removed from those nodes before every push. Goal:
   16 nodes <= 2x one node. The archive goes over cp's broadcast chain from 3 nodes on.
+  ``--shared`` adds the 16 nodes through a directory they all see (``--via``): one copy.
 
 Ratios are reported, never asserted (bench/common.py: medians, quiet-machine waits).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,13 +112,17 @@ def push_case(env_: Env, args: object, tag: str) -> Series:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda k: podman.remove_image(cluster, k, tag), ks))
 
-    def one(k: int) -> Run:
+    shared = cluster.shared_dir / f"bench-images-{uuid.uuid4().hex[:8]}"
+
+    def one(k: int, via: bool = False) -> Run:
         ks = range(first, first + k)
         clear(ks)
         hosts = f"node[{first}-{first + k - 1}]" if k > 1 else f"node{first}"
         out = env_.tmp / f"push-{k}-{uuid.uuid4().hex[:6]}"
-        run = env_.checked(f"{k} node(s)", [DTRAIN, "image", "push", "-H", hosts, tag,
-                                            "--no-progress"], out, timeout=1800)
+        extra = ["--via", str(shared)] if via else []
+        run = env_.checked(f"{k} node(s)" + (", shared dir" if via else ""),
+                           [DTRAIN, "image", "push", "-H", hosts, tag, "--no-progress",
+                            *extra], out, timeout=1800)
         if f"loaded {tag}" not in run.stderr:
             run.problems.append("not loaded: " + run.stderr[-300:])
         # the delivery alone (cp's chain to every node), as dtrain says it
@@ -124,10 +131,17 @@ def push_case(env_: Env, args: object, tag: str) -> Series:
             run.extra["copy_s"] = float(m.group(1))
         return run
 
-    rounds(s, [("1 node(s)", lambda r: one(1)), (f"{n} node(s)", lambda r: one(n))],
-           args.reps, warmup=False, max_busy=args.max_busy,  # type: ignore[attr-defined]
-           patience=args.patience)  # type: ignore[attr-defined]
-    clear(range(first, first + n))
+    cases = [("1 node(s)", lambda r: one(1)), (f"{n} node(s)", lambda r: one(n))]
+    if args.shared:  # type: ignore[attr-defined]
+        cases.append((f"{n} node(s), shared dir", lambda r: one(n, via=True)))
+    try:
+        rounds(s, cases, args.reps, warmup=False,
+               max_busy=args.max_busy,  # type: ignore[attr-defined]
+               patience=args.patience)  # type: ignore[attr-defined]
+    finally:
+        clear(range(first, first + n))
+        if shared.exists():
+            shutil.rmtree(shared, ignore_errors=True)
     return s
 
 
@@ -135,6 +149,9 @@ def main() -> int:
     ap = bench_parser(__doc__, reps=3, only="run,push", first_node=None)
     ap.add_argument("--mib", type=int, default=500, help="size of the pushed image")
     ap.add_argument("--push-nodes", type=int, default=16)
+    ap.add_argument("--shared", action="store_true",
+                    help="also push to the nodes through a directory they share (--via): "
+                    "one copy for all, as with an NFS home")
     ap.add_argument("--push-first", type=int, default=9,
                     help="the push's nodes start here (the suite uses node1-8)")
     args = ap.parse_args()
@@ -171,11 +188,17 @@ def main() -> int:
             n = f"{args.push_nodes} node(s)"
             print(f"\nimage push: {n} / 1 node = {s.median(n) / s.median('1 node(s)'):.2f}x "
                   f"(goal <= 2x)")
+            shared_n = f"{n}, shared dir"
+            tools = ("1 node(s)", n) + ((shared_n,) if args.shared else ())
             copies = {t: s.median(t, key=lambda r: r.extra.get("copy_s", float("nan")))
-                      for t in ("1 node(s)", n)}
+                      for t in tools}
             print(f"the copy alone (median, as dtrain reports it): 1 node "
                   f"{copies['1 node(s)']:.1f} s, {n} {copies[n]:.1f} s, ratio "
                   f"{copies[n] / copies['1 node(s)']:.2f}x; the rest is the nodes' loads")
+            if args.shared:
+                print(f"through a shared directory (--via): {n} "
+                      f"{s.median(shared_n) / s.median('1 node(s)'):.2f}x one node, the copy "
+                      f"{copies[shared_n]:.1f} s")
         for p in s.problems():
             print("problem:", p)
     save_json(args.json, {"revision": revision(), "series": [series_json(s) for s in series]})
