@@ -241,6 +241,45 @@ def test_image_push_via_a_directory_the_nodes_share_copies_once(pcluster: tc.Clu
             via.rmdir()
 
 
+def test_image_push_names_a_node_the_archive_cannot_reach(pcluster: tc.Cluster,
+                                                           tmp_path: Path) -> None:
+    """node3's ~/.cache/dtrain/images is a file: the copy names node3, node1-2 load the image,
+    and node3's line says the archive never arrived and what to do (--via), not podman's own
+    words about a path; exit 1."""
+    tag = f"localhost/dtrain-push:{uuid.uuid4().hex[:8]}"
+    tar = tmp_path / "skel.tar"
+    tar.write_bytes(podman.skeleton_tar([sys.prefix]))
+    if _local("import", "-q", str(tar), tag).returncode != 0:
+        pytest.skip("podman cannot import an image on this machine (the login node)")
+    pcluster.node_exec(3, ["sh", "-c", "rm -rf ~/.cache/dtrain/images && mkdir -p "
+                           "~/.cache/dtrain && : > ~/.cache/dtrain/images"], check=True)
+    try:
+        res = dtrain(["image", "push", "-H", "node[1-3]", tag], env=pcluster.client_env(),
+                     timeout=300)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "node3: /home/dtuser/.cache/dtrain/images exists and is not a directory" \
+            in res.stderr, res.stderr
+        assert re.search(r"the copy failed on some node \(exit 1, after [0-9.]+ s\): loading "
+                         r"it \(podman load\) where it landed", res.stderr), res.stderr
+        assert "copied to" not in res.stderr
+        assert f"2 nodes loaded {tag} in " in res.stderr, res.stderr
+        assert res.stderr.rstrip().endswith(
+            "node3: the archive did not arrive in .cache/dtrain/images/dtrain-image-"
+            f"{want_short(tag)}.tar (the copy's error is above); --via DIR puts it elsewhere, "
+            "e.g. node-local scratch"), res.stderr
+    finally:
+        pcluster.node_exec(3, ["rm", "-f", str(pcluster.node(3).home / ".cache/dtrain/images")])
+        for k in range(1, 4):
+            podman.remove_image(pcluster, k, tag)
+        _local("rmi", "-f", tag)
+
+
+def want_short(tag: str) -> str:
+    """This machine's id of ``tag``, as dtrain shortens it."""
+    return _local("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip() \
+        .removeprefix("sha256:")[:12]
+
+
 def test_the_probe_runs_inside_the_image_with_the_images_python(pcluster: tc.Cluster,
                                                                  tmp_path: Path) -> None:
     """--python names the image's interpreter (here only inside, through a mount): the host

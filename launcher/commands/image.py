@@ -38,6 +38,7 @@ from launcher.transports.ssh import SSHSettings
 
 REMOTE_DIR = ".cache/dtrain/images"  # under the node's home (per node; shared homes work)
 LOCAL_RUNTIMES = ("podman", "docker")  # those with save/load of a named image
+NOT_THERE = 3  # the load's exit when the archive is not on the node (podman's own are 125+)
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,14 @@ async def _shell(host: Host, transport: Transport, command: str
 async def _load(conn_host: Host, transport: Transport, runtime: str, path: str,
                 image: str) -> str | None:
     """Load the archive on one node; its image id afterwards, or None with the error raised."""
-    command = (f"{shlex.quote(runtime)} load -q -i {shlex.quote(path)} >/dev/null && "
+    command = (f"test -f {shlex.quote(path)} || exit {NOT_THERE}; "
+               f"{shlex.quote(runtime)} load -q -i {shlex.quote(path)} >/dev/null && "
                f"{shlex.quote(runtime)} image inspect --format '{{{{.Id}}}}' "
                f"{shlex.quote(image)}")
     code, out, err = await _shell(conn_host, transport, command)
+    if code == NOT_THERE:
+        raise DtrainError(f"the archive did not arrive in {path} (the copy's error is above); "
+                          "--via DIR puts it elsewhere, e.g. node-local scratch")
     if code != 0:
         raise DtrainError(f"{runtime} load failed (exit {code}): "
                           f"{err.decode(errors='replace').strip()[-300:]}")
@@ -221,10 +226,13 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         code = await cp_async(receivers, copy, settings)
         # the two phases apart: on nodes sharing CPUs (a test box) the loads dominate; on a
         # real cluster the copy is the part that grows with the node count
-        render.note(f"copied to {count(len(receivers), 'node')} in "
-                    f"{time.monotonic() - copy_started:.1f} s; loading it ({runtime} load)")
-    if code != 0:
-        render.note(f"the copy failed on some node (exit {code}): loading where it landed")
+        took = time.monotonic() - copy_started
+        if code == 0:
+            render.note(f"copied to {count(len(receivers), 'node')} in {took:.1f} s; "
+                        f"loading it ({runtime} load)")
+        else:
+            render.note(f"the copy failed on some node (exit {code}, after {took:.1f} s): "
+                        f"loading it ({runtime} load) where it landed")
     load_started = time.monotonic()
     remote = f"{req.remote_dir.rstrip('/')}/{name}"
 
