@@ -204,12 +204,15 @@ def test_image_push_to_four_nodes_then_again_skipped(pcluster: tc.Cluster,
         _local("rmi", "-f", tag)
 
 
+@pytest.mark.parametrize("given", ["--via", "config"])
 def test_image_push_via_a_directory_the_nodes_share_copies_once(pcluster: tc.Cluster,
-                                                                  tmp_path: Path) -> None:
-    """--via a directory every node sees (the cluster's shared filesystem, as an NFS home
-    would be): one exclusive marker finds that the four nodes share it, one node receives the
-    archive, all four load it from there, and neither the archive nor the marker is left.
-    (The test before this one: the nodes' own homes, a copy each.)"""
+                                                                  tmp_path: Path,
+                                                                  given: str) -> None:
+    """--via (or image_via in the user's config) a directory every node sees (the cluster's
+    shared filesystem, as an NFS home would be): one exclusive marker finds that the four
+    nodes share it, one node receives the archive, all four load it from there, and neither
+    the archive nor the marker is left. (The test before this one: the nodes' own homes, a
+    copy each.)"""
     tag = f"localhost/dtrain-push:{uuid.uuid4().hex[:8]}"
     tar = tmp_path / "skel.tar"
     tar.write_bytes(podman.skeleton_tar([sys.prefix]))
@@ -218,8 +221,15 @@ def test_image_push_via_a_directory_the_nodes_share_copies_once(pcluster: tc.Clu
     want = _local("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
     via = pcluster.shared_dir / f"images-{uuid.uuid4().hex[:8]}"
     try:
-        res = dtrain(["image", "push", "-H", "node[1-4]", "--via", str(via), tag],
-                     env=pcluster.client_env(), timeout=300)
+        env = pcluster.client_env()
+        args = ["image", "push", "-H", "node[1-4]", tag]
+        if given == "--via":
+            args += ["--via", str(via)]
+        else:
+            cfg = tmp_path / "config.toml"
+            cfg.write_text(f'image_via = "{via}"\n')
+            env = {**env, "DTRAIN_CONFIG": str(cfg)}
+        res = dtrain(args, env=env, timeout=300)
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"node[2-4] share {via} with node1: one copy for them" in res.stderr, res.stderr
         assert re.search(r"copied to 1 node in [0-9.]+ s; loading it \(podman load\)",

@@ -25,7 +25,8 @@ SOURCES = "dtrain.sources"
 CONFIG = "dtrain.config"
 FLAGS = {"python": "--python", "setup": "--setup", "workdir": "--workdir",
          "archive_dir": "--archive-dir", "hostfile": "-f/--hostfile", "image": "--image",
-         "container_runtime": "--container-runtime", "notify": "--notify"}
+         "container_runtime": "--container-runtime", "notify": "--notify",
+         "image_via": "--via"}
 BUILT_IN = "built-in default"
 
 

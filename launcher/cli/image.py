@@ -8,6 +8,7 @@ import typer
 
 from launcher.cli import groups
 from launcher.cli.common import DtrainCommand, DtrainGroup, run_body
+from launcher.cli.defaults import from_config
 from launcher.cli.groups import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
@@ -47,9 +48,10 @@ def push_cmd(
         "--progress/--no-progress", help="Live progress line (default: on a terminal).")
     ] = None,
     via: Annotated[str | None, typer.Option(
-        "--via", metavar="DIR", help="Where the archive lands on the nodes until they loaded "
-        "it (default: ~/.cache/dtrain/images): node-local scratch, or a directory the nodes "
-        "share, which then gets one copy for all.", show_default=False)] = None,
+        "--via", metavar="DIR", callback=from_config("image_via"),
+        help="Where the archive lands on the nodes until they loaded it (default: "
+        "~/.cache/dtrain/images; config: image_via): node-local scratch, or a directory the "
+        "nodes share, which then gets one copy for all.", show_default=False)] = None,
 ) -> None:
     """Save IMAGE once here and load it on every node that lacks it or has another digest.
 
