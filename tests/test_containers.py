@@ -369,3 +369,36 @@ def test_image_push_groups_the_nodes_by_the_marker_they_read_back() -> None:
     assert share_groups(["a", "b", "c"], {"a": None, "b": "0", "c": "0"}) == \
         [["a"], ["b", "c"]]
     assert share_marker("ab12") == ".dtrain-share-ab12"
+
+
+async def test_image_push_gives_a_node_that_cannot_say_its_own_copy(monkeypatch) -> None:
+    """Finding who shares the archive's directory is bounded: a node whose marker step hangs
+    (a hung NFS mount) or fails is a group of its own, and the others are grouped by what
+    they read back. The commands run through sh, the marker created with set -C."""
+    import asyncio
+
+    from launcher.commands import image
+    from launcher.models import Host
+
+    files: dict[str, str] = {}  # the one shared directory of a and c
+    seen: list[str] = []
+
+    async def shell(host: Host, transport: object, command: str):
+        seen.append(command)
+        if host.label == "b":
+            await asyncio.sleep(60)
+        if host.label == "d":
+            raise image.DtrainError("lost")
+        if "set -C" in command:
+            files.setdefault("m", command.split("echo ", 1)[1].split(" ", 1)[0])
+            return 0, b"", b""
+        return 0, files["m"].encode() + b"\n", b""
+
+    monkeypatch.setattr(image, "_shell", shell)
+    monkeypatch.setattr(image, "SHARE_TIMEOUT", 0.2)
+    hosts = [Host("a"), Host("b"), Host("c"), Host("d")]
+    groups = await image._sharing(hosts, object(), "dir x", ".dtrain-share-t", fanout=8)
+    assert [[h.label for h in g] for g in groups] == [["a", "c"], ["b"], ["d"]]
+    assert seen[0] == ("sh -c 'umask 077 && mkdir -p -- '\"'\"'dir x'\"'\"' && (set -C && echo 0 "
+                       "> '\"'\"'dir x'\"'\"'/.dtrain-share-t) 2>/dev/null; exit 0'")
+    assert seen[-1] == "sh -c 'cat -- '\"'\"'dir x'\"'\"'/.dtrain-share-t'"

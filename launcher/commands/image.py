@@ -39,6 +39,7 @@ from launcher.transports.ssh import SSHSettings
 REMOTE_DIR = ".cache/dtrain/images"  # under the node's home (per node; shared homes work)
 LOCAL_RUNTIMES = ("podman", "docker")  # those with save/load of a named image
 NOT_THERE = 3  # the load's exit when the archive is not on the node (podman's own are 125+)
+SHARE_TIMEOUT = 30.0  # each step of finding who shares the directory (a hung NFS mount)
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,10 @@ async def _sharing(need: Sequence[Host], transport: Transport, directory: str, m
         async def one(i: int, h: Host) -> None:
             async with sem:
                 try:
-                    code, out, _ = await _shell(h, transport, command(i))
-                except (DtrainError, OSError):
-                    code, out = 1, b""
+                    code, out, _ = await asyncio.wait_for(_shell(h, transport, command(i)),
+                                                          SHARE_TIMEOUT)
+                except (DtrainError, OSError, TimeoutError):
+                    code, out = 1, b""  # a node that cannot say: a copy of its own
             answers[h.label] = out.decode(errors="replace") if code == 0 else None
 
         async with asyncio.TaskGroup() as tg:
