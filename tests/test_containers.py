@@ -374,7 +374,9 @@ def test_image_push_groups_the_nodes_by_the_marker_they_read_back() -> None:
 async def test_image_push_gives_a_node_that_cannot_say_its_own_copy(monkeypatch) -> None:
     """Finding who shares the archive's directory is bounded: a node whose marker step hangs
     (a hung NFS mount) or fails is a group of its own, and the others are grouped by what
-    they read back. The commands run through sh, the marker created with set -C."""
+    they read back. A node whose directory others could write into is set apart (it would
+    load whatever archive lies there). The commands run through sh, the marker created with
+    set -C after the directory's owner and mode were checked."""
     import asyncio
 
     from launcher.commands import image
@@ -390,15 +392,27 @@ async def test_image_push_gives_a_node_that_cannot_say_its_own_copy(monkeypatch)
         if host.label == "d":
             raise image.DtrainError("lost")
         if "set -C" in command:
-            files.setdefault("m", command.split("echo ", 1)[1].split(" ", 1)[0])
+            if host.label == "e":
+                return 0, b"unsafe\n", b""
+            files.setdefault("m", command.split("echo ", 2)[2].split(" ", 1)[0])
             return 0, b"", b""
         return 0, files["m"].encode() + b"\n", b""
 
     monkeypatch.setattr(image, "_shell", shell)
     monkeypatch.setattr(image, "SHARE_TIMEOUT", 0.2)
-    hosts = [Host("a"), Host("b"), Host("c"), Host("d")]
-    groups = await image._sharing(hosts, object(), "dir x", ".dtrain-share-t", fanout=8)
+    hosts = [Host("a"), Host("b"), Host("c"), Host("d"), Host("e")]
+    groups, unsafe = await image._sharing(hosts, object(), "dir x", ".dtrain-share-t",
+                                          fanout=8)
     assert [[h.label for h in g] for g in groups] == [["a", "c"], ["b"], ["d"]]
-    assert seen[0] == ("sh -c 'umask 077 && mkdir -p -- '\"'\"'dir x'\"'\"' && (set -C && echo 0 "
-                       "> '\"'\"'dir x'\"'\"'/.dtrain-share-t) 2>/dev/null; exit 0'")
-    assert seen[-1] == "sh -c 'cat -- '\"'\"'dir x'\"'\"'/.dtrain-share-t'"
+    assert [h.label for h in unsafe] == ["e"]
+    d = "'\"'\"'dir x'\"'\"'"
+    assert seen[0] == (f"sh -c 'umask 077 && mkdir -p -- {d} || exit 0; if [ ! -O {d} ] || "
+                       f"[ -n \"$(find {d} -maxdepth 0 -perm /022)\" ]; then echo unsafe; exit 0; "
+                       f"fi; (set -C && echo 0 > {d}/.dtrain-share-t) 2>/dev/null; exit 0'")
+    assert seen[-1] == f"sh -c 'cat -- {d}/.dtrain-share-t'"
+    # one node, or one safe node left: no second step
+    seen.clear()
+    groups, unsafe = await image._sharing([Host("a"), Host("e")], object(), "x", "m", 8)
+    assert ([[h.label for h in g] for g in groups], [h.label for h in unsafe]) == \
+        ([["a"]], ["e"])
+    assert len(seen) == 2

@@ -251,6 +251,33 @@ def test_image_push_via_a_directory_the_nodes_share_copies_once(pcluster: tc.Clu
             via.rmdir()
 
 
+def test_image_push_refuses_a_directory_others_can_write_into(pcluster: tc.Cluster,
+                                                               tmp_path: Path) -> None:
+    """--via the cluster's shared directory itself (root's, mode 1777, like /tmp): another
+    user could leave an archive there under the name the nodes load, so every node is
+    refused with what to do, nothing is saved or copied, exit 1."""
+    tag = f"localhost/dtrain-push:{uuid.uuid4().hex[:8]}"
+    tar = tmp_path / "skel.tar"
+    tar.write_bytes(podman.skeleton_tar([sys.prefix]))
+    if _local("import", "-q", str(tar), tag).returncode != 0:
+        pytest.skip("podman cannot import an image on this machine (the login node)")
+    via = pcluster.shared_dir
+    before = sorted(p.name for p in via.iterdir())
+    try:
+        res = dtrain(["image", "push", "-H", "node[1-2]", "--via", str(via), tag],
+                     env=pcluster.client_env(), timeout=300)
+        assert res.returncode == 1, res.stdout + res.stderr
+        why = (f"{via} is not this user's alone (another owner, or writable by others): the "
+               "node would load whatever archive lies there; --via a directory of your own")
+        assert res.stderr.splitlines() == [f"dtrain: node1: {why}", f"dtrain: node2: {why}"], \
+            res.stderr
+        assert sorted(p.name for p in via.iterdir()) == before
+    finally:
+        for k in range(1, 3):
+            podman.remove_image(pcluster, k, tag)
+        _local("rmi", "-f", tag)
+
+
 def test_image_push_names_a_node_the_archive_cannot_reach(pcluster: tc.Cluster,
                                                            tmp_path: Path) -> None:
     """node3's ~/.cache/dtrain/images is a file: the copy names node3, node1-2 load the image,

@@ -59,7 +59,8 @@ class PushRequest:
         via = self.via or REMOTE_DIR
         if via == "~":
             return "."
-        return via[2:] if via.startswith("~/") else via
+        via = via[2:] if via.startswith("~/") else via
+        return "./" + via if via.startswith("-") else via  # never an option of find or cp
 
 
 @dataclass
@@ -135,15 +136,24 @@ async def _remove(host: Host, transport: Transport, *paths: str) -> None:
         pass
 
 
+UNSAFE = "unsafe"  # the marker step's answer for a directory others could write into
+
+
 async def _sharing(need: Sequence[Host], transport: Transport, directory: str, marker: str,
-                   fanout: int) -> list[list[Host]]:
-    """The nodes of ``need`` grouped by the archive directory they share (one group per node
-    where none is shared): every node creates ``marker`` there exclusively with its index in
-    it (``set -C``: O_EXCL), then, once all have tried, reads it back."""
+                   fanout: int) -> tuple[list[list[Host]], list[Host]]:
+    """(the nodes of ``need`` grouped by the archive directory they share, one group per
+    node where none is shared; the nodes where the directory is not the user's alone).
+
+    Every node makes the directory if needed (umask 077) and checks that it is the user's and
+    writable by no one else: a node loads whatever archive lies there under the image's
+    name, so another user must not be able to put one there first. Then it creates ``marker``
+    there exclusively with its index in it (``set -C``: O_EXCL) and, once all have tried,
+    reads it back."""
     path = f"{shlex.quote(directory)}/{shlex.quote(marker)}"
     sem = asyncio.Semaphore(fanout)
 
-    async def on_all(command: Callable[[int], str]) -> dict[str, str | None]:
+    async def on_all(hosts: Sequence[Host], command: Callable[[int], str]
+                     ) -> dict[str, str | None]:
         answers: dict[str, str | None] = {}
 
         async def one(i: int, h: Host) -> None:
@@ -156,18 +166,24 @@ async def _sharing(need: Sequence[Host], transport: Transport, directory: str, m
             answers[h.label] = out.decode(errors="replace") if code == 0 else None
 
         async with asyncio.TaskGroup() as tg:
-            for i, h in enumerate(need):
+            for i, h in enumerate(hosts):
                 tg.create_task(one(i, h))
         return answers
 
+    d = shlex.quote(directory)
     # through sh: the login shell may be csh, which knows neither set -C nor 2>
-    await on_all(lambda i: "sh -c " + shlex.quote(
-        f"umask 077 && mkdir -p -- {shlex.quote(directory)} && "
-        f"(set -C && echo {i} > {path}) 2>/dev/null; exit 0"))
-    answers = await on_all(lambda i: "sh -c " + shlex.quote(f"cat -- {path}"))
-    by_label = {h.label: h for h in need}
+    made = await on_all(need, lambda i: "sh -c " + shlex.quote(
+        f"umask 077 && mkdir -p -- {d} || exit 0; "
+        f"if [ ! -O {d} ] || [ -n \"$(find {d} -maxdepth 0 -perm /022)\" ]; then "
+        f"echo {UNSAFE}; exit 0; fi; (set -C && echo {i} > {path}) 2>/dev/null; exit 0"))
+    unsafe = [h for h in need if (made.get(h.label) or "").strip() == UNSAFE]
+    safe = [h for h in need if h not in unsafe]
+    if len(safe) < 2:
+        return [[h] for h in safe], unsafe
+    answers = await on_all(safe, lambda i: "sh -c " + shlex.quote(f"cat -- {path}"))
+    by_label = {h.label: h for h in safe}
     return [[by_label[label] for label in group]
-            for group in share_groups([h.label for h in need], answers)]
+            for group in share_groups([h.label for h in safe], answers)], unsafe
 
 
 async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSettings
@@ -204,13 +220,19 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         if not need:
             return result
         marker = share_marker(secrets.token_hex(8))
-        groups = await _sharing(need, transport, req.remote_dir, marker, req.fanout) \
-            if len(need) > 1 else [list(need)]
+        groups, unsafe = await _sharing(need, transport, req.remote_dir, marker, req.fanout)
+    where = req.via or "~/" + REMOTE_DIR
+    for h in unsafe:
+        result.failed[h.label] = (f"{where} is not this user's alone (another owner, or "
+                                  "writable by others): the node would load whatever archive "
+                                  "lies there; --via a directory of your own")
+    need = [h for group in groups for h in group]
+    if not need:
+        return result
     for group in groups:
         if len(group) > 1:
-            render.note(f"{fold([h.label for h in group[1:]])} share "
-                        f"{req.via or '~/' + REMOTE_DIR} with {group[0].label}: one copy "
-                        "for them")
+            render.note(f"{fold([h.label for h in group[1:]])} share {where} with "
+                        f"{group[0].label}: one copy for them")
     receivers = [group[0] for group in groups]
     name = f"dtrain-image-{short_id(want)}.tar"
     with tempfile.TemporaryDirectory(prefix="dtrain-image-") as tmp:
