@@ -19,6 +19,17 @@ executes, those two modules are placeholders whose class (``Markdown``, ``Traceb
 imports the real one on first use (a call, an attribute, isinstance); afterwards the
 placeholders leave ``sys.modules``, so any later ``import rich.markdown`` gets the real
 module. The help text is the same (tests/test_cli_lean.py compares it).
+
+A third (issue 49): cryptography ≥ 51 deprecates DSA, and warns each time a module reads one
+of its ``dsa.*`` names. asyncssh reads five of them at import (type aliases in
+``asyncssh.crypto.misc`` and ``asyncssh.crypto.dsa``), so every cold SSH command printed ten
+lines of ``CryptographyDeprecationWarning: DSA is deprecated`` on stderr. dtrain never uses
+DSA: asyncssh offers no ``ssh-dss`` host key or signature by default and dtrain adds none
+(docs/security.md). Exactly that warning is ignored: its category, its message, and only when
+it is raised from asyncssh's own modules. The filter goes in as asyncssh starts to import
+(so commands that never connect import nothing more), and stays, since asyncssh may read the
+same names later (loading a DSA key someone passes with ``-i``). Every other warning,
+cryptography's others included, still shows.
 """
 
 from __future__ import annotations
@@ -126,9 +137,36 @@ class _HelpWithoutMarkdown(_WhileExecuting):
                     del sys.modules[name]
 
 
+ASYNCSSH = "asyncssh"
+DSA_MESSAGE = r"DSA is deprecated"
+ASYNCSSH_MODULES = r"asyncssh(\.|$)"
+
+
+def silence_asyncssh_dsa_warning() -> None:
+    """Ignore cryptography's DSA deprecation where asyncssh raises it, and nothing else."""
+    import warnings
+
+    try:
+        from cryptography.utils import CryptographyDeprecationWarning
+    except ImportError:  # asyncssh will say that cryptography is missing, not this
+        return
+    warnings.filterwarnings("ignore", message=DSA_MESSAGE,
+                            category=CryptographyDeprecationWarning, module=ASYNCSSH_MODULES)
+
+
+class _AsyncsshWithoutDsaWarning(_WhileExecuting):
+    """asyncssh's package imported with the one DSA warning filtered (it stays filtered)."""
+
+    module = ASYNCSSH
+
+    @contextmanager
+    def during(self) -> Iterator[None]:
+        silence_asyncssh_dsa_warning()
+        yield
+
+
 def install() -> None:
     """Put the finders first on sys.meta_path (once)."""
-    if not any(isinstance(f, _NoOqsProbe) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoOqsProbe())
-    if not any(isinstance(f, _HelpWithoutMarkdown) for f in sys.meta_path):
-        sys.meta_path.insert(0, _HelpWithoutMarkdown())
+    for finder in (_NoOqsProbe, _HelpWithoutMarkdown, _AsyncsshWithoutDsaWarning):
+        if not any(isinstance(f, finder) for f in sys.meta_path):
+            sys.meta_path.insert(0, finder())
