@@ -63,8 +63,8 @@ raise_from("asyncssh.crypto.misc", "DSA is deprecated", DeprecationWarning)  # a
 
 
 def test_only_asyncssh_dsa_warning_is_silenced() -> None:
-    res = subprocess.run([sys.executable, "-W", "default", "-c", PROGRAM], cwd=REPO, capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run([sys.executable, "-W", "default", "-c", PROGRAM], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     shown = [line for line in res.stderr.splitlines() if "Warning:" in line]
     assert len(shown) == 4, res.stderr
