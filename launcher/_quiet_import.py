@@ -24,7 +24,7 @@ A third (issue 49): cryptography ≥ 51 deprecates DSA, and warns each time a mo
 of its ``dsa.*`` names. asyncssh reads five of them at import (type aliases in
 ``asyncssh.crypto.misc`` and ``asyncssh.crypto.dsa``), so every cold SSH command printed ten
 lines of ``CryptographyDeprecationWarning: DSA is deprecated`` on stderr. dtrain never uses
-DSA: asyncssh offers no ``ssh-dss`` host key or signature by default and dtrain adds none
+DSA: asyncssh offers no DSA host key or signature by default and dtrain adds none
 (docs/security.md). Exactly that warning is ignored: its category, its message, and only when
 it is raised from asyncssh's own modules. The filter goes in as asyncssh starts to import
 (so commands that never connect import nothing more), and stays, since asyncssh may read the

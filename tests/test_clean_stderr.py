@@ -79,6 +79,19 @@ def test_importing_asyncssh_under_dtrain_prints_nothing() -> None:
     assert res.returncode == 0 and res.stderr == "", res.stderr
 
 
+def test_dtrain_offers_no_dsa() -> None:
+    """docs/security.md: no ssh-dss, as a host key or a signature (so ignoring the warning
+    about DSA hides nothing dtrain does)."""
+    res = subprocess.run([sys.executable, "-c", (
+        "import launcher, asyncssh.public_key as p\n"
+        "print(b'ssh-dss' in p.get_default_public_key_algs(),"
+        " b'ssh-dss' in p.get_default_certificate_algs())")],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.stdout.split() == ["False", "False"], res.stderr
+    sources = "\n".join(p.read_text() for p in (REPO / "launcher").rglob("*.py"))
+    assert "ssh-dss" not in sources and "server_host_key_algs" not in sources
+
+
 # --- the real commands, cold, on the real-sshd cluster ------------------------------------
 
 NODES = "node[1-2]"
