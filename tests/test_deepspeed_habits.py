@@ -129,6 +129,15 @@ def test_include_with_gpus_sets_cuda_visible_devices(tmp_path: Path) -> None:
     assert "--include" in json.dumps(env["CUDA_VISIBLE_DEVICES"])
 
 
+def test_exclude_host_port_is_a_host_not_a_gpu(tmp_path: Path) -> None:
+    """Issue 55 item 1: run read --exclude 127.0.0.1:2299 as DeepSpeed's GPU 2299."""
+    plan = _plan("-H", "localhost,127.0.0.1:2299", "--exclude", "127.0.0.1:2299",
+                 "--nproc-per-node", "1", home=tmp_path)
+    assert [n["host"] for n in plan["nodes"]] == ["localhost"]
+    assert "CUDA_VISIBLE_DEVICES" not in _env(plan["nodes"][0])
+    assert split_spec("localhost:0,1", "--exclude", []) == (None, {"localhost": (0, 1)})
+
+
 def test_deepspeed_env_file_is_loaded_and_shown_with_its_source(tmp_path: Path) -> None:
     (tmp_path / ".deepspeed_env").write_text("DS_TEST_VAR=from-home\n")
     plan = _plan("--nproc-per-node", "1", home=tmp_path)

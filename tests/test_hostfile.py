@@ -533,6 +533,52 @@ def test_filter_errors(include: str | None, exclude: str | None, message: str,
     assert (info.value.message, info.value.hint) == (message, hint)
 
 
+SPELLED = parse_host_expr("localhost,127.0.0.1:2201,127.0.0.1:2202,dtuser@login1:2222,"
+                          "[fe80::1]:22")
+
+
+@pytest.mark.parametrize(("exclude", "expected"), [
+    pytest.param("127.0.0.1:2202", ["localhost", "127.0.0.1:2201", "login1:2222",
+                                    "fe80::1:22"], id="host-port"),
+    pytest.param("127.0.0.1", ["localhost", "login1:2222", "fe80::1:22"], id="bare-address"),
+    pytest.param("dtuser@login1:2222,[fe80::1]:22", ["localhost", "127.0.0.1:2201",
+                                                    "127.0.0.1:2202"], id="user-and-v6"),
+    pytest.param("dtuser@login1", ["localhost", "127.0.0.1:2201", "127.0.0.1:2202",
+                                   "fe80::1:22"], id="user-no-port"),
+    pytest.param("127.0.0.1:220[1-2]", ["localhost", "login1:2222", "fe80::1:22"],
+                 id="no-port-range"),
+])
+def test_exclude_matches_hosts_as_the_hostfile_spells_them(exclude: str,
+                                                           expected: list[str]) -> None:
+    """Issue 55 item 1: --exclude HOST:PORT matched nothing (a NodeSet of names), silently."""
+    if exclude == "127.0.0.1:220[1-2]":  # a port is a number, not a range
+        with pytest.raises(HostfileError):
+            filter_hosts(SPELLED, None, exclude)
+        return
+    assert labels(filter_hosts(SPELLED, None, exclude)) == expected
+
+
+def test_an_exclude_that_matches_nothing_is_warned_once() -> None:
+    said: list[str] = []
+    kept = filter_hosts(SPELLED, None, "locahost,127.0.0.1:2203,locahost,alice@login1:2222",
+                        warn=said.append)
+    assert len(kept) == len(SPELLED)
+    assert said == ["--exclude locahost matched no host (did you mean localhost?)",
+                    "--exclude 127.0.0.1:2203 matched no host (did you mean 127.0.0.1:2202?)",
+                    "--exclude alice@login1:2222 matched no host (did you mean "
+                    "dtuser@login1:2222?)"]
+    said.clear()
+    filter_hosts(HOSTS, "node1", "node2", warn=said.append)  # matched before --include
+    filter_hosts(HOSTS, None, "node[1-8]!node3", warn=said.append)
+    assert said == []
+
+
+def test_exclude_sees_the_user_of_l() -> None:
+    hosts = resolve_hosts(hostfile=None, hosts="node[1-2]", exclude="alice@node2",
+                          user="alice", environ={})
+    assert [(h.user, h.name) for h in hosts] == [("alice", "node1")]
+
+
 # --------------------------------------------------------------------------- resolve_hosts
 
 

@@ -40,6 +40,28 @@ def test_w_x_and_N_on_localhost() -> None:
     assert res.stdout == "hi\n"
 
 
+def test_exclude_host_port_and_a_typo(tmp_path: Path) -> None:
+    """Issue 55 item 1: -x HOST:PORT was ignored, and so was a typo, silently."""
+    res = dtrain(["exec", "-w", "localhost,127.0.0.1:1", "-x", "127.0.0.1:1,locahost", "-N",
+                  "--", "echo", "hi"])
+    assert_exit(res, 0)
+    assert res.stdout == "hi\n"
+    assert res.stderr.count("matched no host") == 1
+    assert "warning: --exclude locahost matched no host (did you mean localhost?)" \
+        in res.stderr
+
+
+def test_the_unreachable_hint_names_the_port(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("localhost\n127.0.0.1:1\n127.0.0.1:9\n")
+    res = dtrain(["exec", "-f", str(hostfile), "-t", "5", "--", "true"])
+    assert_exit(res, 255)
+    assert "--exclude 127.0.0.1:1,127.0.0.1:9" in res.stderr
+    res = dtrain(["exec", "-f", str(hostfile), "--exclude", "127.0.0.1:1,127.0.0.1:9", "--",
+                  "true"])
+    assert_exit(res, 0)
+
+
 def test_pdsh_flags_reach_the_nodes(cluster, tmp_path: Path) -> None:
     env = cluster.client_env()
     res = dtrain(["exec", "-w", "node[1-3]", "-x", "node2", "-N", "-t", "5", "--",

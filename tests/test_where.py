@@ -3,6 +3,9 @@ leaves them out, as messages show them (pure; exec's and run's preflight print t
 
 from __future__ import annotations
 
+import shlex
+
+from launcher.hosts.hostfile import filter_hosts, parse_host_expr
 from launcher.hosts.where import exclude_option, failed_hosts_lines, leave_out_hint, where
 from launcher.models import Host
 
@@ -27,8 +30,24 @@ def test_the_exclude_option_is_the_folded_names_quoted_for_a_shell() -> None:
     assert exclude_option([Host("node3")]) == "--exclude node3"
     assert exclude_option([Host("node5"), Host("node3"), Host("node4")]) == (
         "--exclude 'node[3-5]'")
-    # the name, not the label: --exclude matches names
-    assert exclude_option([Host("node1", port=2222)]) == "--exclude node1"
+    # as the hostfile spells it (issue 55 item 1): a bare name would leave out every
+    # host on that address, whatever its port
+    assert exclude_option([Host("node1", port=2222)]) == "--exclude node1:2222"
+    assert exclude_option([Host("127.0.0.1", port=2202), Host("node2", user="dtuser"),
+                           Host("fe80::1", port=22)]) == (
+        "--exclude '127.0.0.1:2202,dtuser@node2,[fe80::1]:22'")
+
+
+def test_the_exclude_hint_leaves_out_exactly_the_failed_hosts() -> None:
+    """Issue 55 item 1: the hint for 127.0.0.1:2202 was `--exclude 127.0.0.1`, which drops
+    every host on that address."""
+    hosts = parse_host_expr("localhost,127.0.0.1:2201,127.0.0.1:2202,dtuser@n[1-3]:22")
+    failed = [hosts[2], hosts[3], hosts[5]]
+    option = exclude_option(failed)
+    assert option == "--exclude '127.0.0.1:2202,dtuser@n[1,3]:22'"
+    expr = shlex.split(option)[1]
+    assert [h.label for h in filter_hosts(hosts, None, expr)] == [
+        "localhost", "127.0.0.1:2201", "n2:22"]
 
 
 def test_failed_hosts_are_one_line_per_reason_in_hostfile_order() -> None:

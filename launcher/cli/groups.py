@@ -107,8 +107,14 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
         raise UsageError(f"-f {hostfile}: dtrain's -f is the hostfile (-f FILE); pdsh's "
                          "-f is the fan-out, which dtrain spells --fanout",
                          hint=f"--fanout {hostfile}")
+    def warn(message: str) -> None:
+        from launcher.output import render
+
+        render.note(f"warning: {message}")
+
     found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
-                          group=group, exclude_group=exclude_group, genders=genders)
+                          group=group, exclude_group=exclude_group, genders=genders,
+                          user=login_user(user), warn=warn)
     return with_user(found, login_user(user))
 
 

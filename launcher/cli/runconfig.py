@@ -93,6 +93,9 @@ class RunInputs:
     """What `run` reads before it decides (``read_run_inputs``)."""
 
     hosts: tuple[Host, ...]
+    # the hostfile's hosts before --include/--exclude, when either has a ':' (HOST:PORT
+    # of a host is that host, not DeepSpeed's GPUs: decide/devices.split_spec)
+    spelled_hosts: tuple[Host, ...] = ()
     # the user config's [env], then .deepspeed_env, then --env-file: (name, value), lowest
     # first, and where each name came from
     env_layers: tuple[tuple[str, str], ...] = ()
@@ -117,7 +120,11 @@ def read_run_inputs(a: RunArgs) -> RunInputs:
     from launcher.decide.devices import selection
     from launcher.hosts.envfile import load_env_file
 
-    include_hosts, exclude_hosts, _ = selection(a.include, a.exclude)
+    every: list[Host] = []
+    if ":" in (a.include or "") + (a.exclude or ""):
+        every = groups.hosts(a.hostfile, a.hosts, None, None, user=a.user, group=a.group,
+                             exclude_group=a.exclude_group, genders=a.genders)
+    include_hosts, exclude_hosts, _ = selection(a.include, a.exclude, every)
     host_list = groups.hosts(a.hostfile, a.hosts, include_hosts, exclude_hosts, user=a.user,
                              group=a.group, exclude_group=a.exclude_group, genders=a.genders)
     pairs, where = config_env()  # the user config's [env]: the lowest of the user's
@@ -132,7 +139,8 @@ def read_run_inputs(a: RunArgs) -> RunInputs:
         from launcher.decide.netenv import load_profile
 
         profile_env = load_profile(a.profile)
-    return RunInputs(hosts=tuple(host_list), env_layers=tuple(pairs), env_sources=where,
+    return RunInputs(hosts=tuple(host_list), spelled_hosts=tuple(every),
+                     env_layers=tuple(pairs), env_sources=where,
                      environ=dict(os.environ), argv=tuple(sys.argv[1:]),
                      profile_env=profile_env, topology=read_topology(a.topology),
                      default_workdir=default_workdir(), setting_sources=dict(sources()))
@@ -204,7 +212,7 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
                             backoff=a.restart_backoff)
     hang = HangPolicy(timeout=a.hang_timeout, progress=a.progress,
                       on_hang=a.on_hang or ("stop" if a.restarts else "dump"))
-    _, _, devices = selection(a.include, a.exclude)
+    _, _, devices = selection(a.include, a.exclude, i.spelled_hosts)
     # the environment's layers, lowest first: config [env] < .deepspeed_env < --env-file
     # (read_run_inputs) < --env
     pairs = list(i.env_layers)

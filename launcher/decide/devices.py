@@ -13,10 +13,12 @@ per selected GPU.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from launcher.errors import UsageError
+from launcher.errors import HostfileError, UsageError
+from launcher.hosts.hostfile import host_patterns
+from launcher.models import Host
 
 _ENTRY = re.compile(r"([^:@,\s]+)(?::([0-9]+(?:,[0-9]+)*))?\Z")
 
@@ -53,9 +55,22 @@ class DeviceSelection:
         return chosen
 
 
-def split_spec(spec: str | None, option: str) -> tuple[str | None, dict[str, tuple[int, ...]]]:
-    """(the hostlist expression to filter hosts with, the per-host GPUs) of one option."""
-    if spec is None or ":" not in spec:
+def names_hosts(spec: str, option: str, hosts: Sequence[Host]) -> bool:
+    """Whether ``spec`` names hosts as the hostfile spells them (``node1:2222``,
+    ``dtuser@node1:2222``) rather than DeepSpeed's GPUs: every entry with a port is a host
+    of ``hosts`` with that port."""
+    try:
+        patterns = host_patterns(spec, option)
+    except HostfileError:
+        return False
+    return all(p.port is None or any(p.matches(h) for h in hosts) for p in patterns)
+
+
+def split_spec(spec: str | None, option: str, known: Sequence[Host] = (),
+               ) -> tuple[str | None, dict[str, tuple[int, ...]]]:
+    """(the hostlist expression to filter hosts with, the per-host GPUs) of one option;
+    ``HOST:PORT`` of a host in ``known`` is that host, not DeepSpeed's GPU PORT."""
+    if spec is None or ":" not in spec or (known and names_hosts(spec, option, known)):
         return spec, {}
     hosts: list[str] = []
     gpus: dict[str, tuple[int, ...]] = {}
@@ -74,11 +89,12 @@ def split_spec(spec: str | None, option: str) -> tuple[str | None, dict[str, tup
     return (",".join(hosts) or None), gpus
 
 
-def selection(include: str | None, exclude: str | None
+def selection(include: str | None, exclude: str | None, hosts: Sequence[Host] = (),
               ) -> tuple[str | None, str | None, DeviceSelection]:
-    """--include and --exclude split: (host include, host exclude, the GPU selection)."""
-    inc_hosts, inc = split_spec(include, "--include")
-    exc_hosts, exc = split_spec(exclude, "--exclude")
+    """--include and --exclude split: (host include, host exclude, the GPU selection);
+    ``hosts``: the hostfile's, whose ``HOST:PORT`` spellings are hosts, not GPUs."""
+    inc_hosts, inc = split_spec(include, "--include", hosts)
+    exc_hosts, exc = split_spec(exclude, "--exclude", hosts)
     if both := sorted(set(inc) & set(exc)):
         raise UsageError(f"{both[0]}: GPUs given to both --include and --exclude",
                          hint="name the GPUs to use in --include alone")

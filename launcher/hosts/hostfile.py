@@ -11,8 +11,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -389,25 +389,77 @@ def _nodeset(expr: str, option: str) -> NodeSet:
                             hint="e.g. node[1-4] or node[1-8]!node3") from None
 
 
+@dataclass(frozen=True)
+class HostPattern:
+    """One entry of --include/--exclude: names (a NodeSet or a set), and the user and port
+    when the entry wrote them (``dtuser@node[1-2]:2222``): a host matches on its name, and
+    on the user and port only where the entry gives them."""
+
+    text: str
+    names: NodeSet | frozenset[str]
+    user: str | None = None
+    port: int | None = None
+
+    def matches(self, host: Host) -> bool:
+        return host.name in self.names and self.user in (None, host.user) \
+            and self.port in (None, host.port)
+
+
+_OPERATORS = re.compile(r"[!&^]")
+
+
+def host_patterns(expr: str, option: str) -> list[HostPattern]:
+    """``--exclude`` as written: a NodeSet expression of names (``node[1-8]!node3``), or
+    entries spelled as a hostfile spells hosts (``dtuser@node1:2222,[fe80::1]:22``)."""
+    words = [w for w in _split_top(expr.strip(), ", \t\n") if w]
+    if not any("@" in w[1:] or ":" in w for w in words) or expr.lstrip().startswith("@"):
+        whole = _nodeset(expr, option)
+        if len(words) < 2 or _OPERATORS.search(expr):
+            return [HostPattern(expr.strip(), whole)]
+        return [HostPattern(w, _nodeset(w, option)) for w in words]
+    check_expr_size(expr, option)
+    ctx = _Ctx(option)
+    patterns = []
+    for word in words:
+        spec = _Spec()
+        _address(word, spec, ctx)
+        patterns.append(HostPattern(word, frozenset(spec.names), spec.user, spec.port))
+    return patterns
+
+
 def with_user(hosts: Iterable[Host], user: str | None) -> list[Host]:
     """``-l USER``: the user of every host that names none (the others keep theirs)."""
     return [h if h.user or not user else replace(h, user=user) for h in hosts]
 
 
 def filter_hosts(hosts: Iterable[Host], include: str | None,
-                 exclude: str | None) -> list[Host]:
-    """Keep hosts whose name is in ``include``, then drop those in ``exclude`` (order kept)."""
-    kept = list(hosts)
+                 exclude: str | None, *,
+                 warn: Callable[[str], None] | None = None) -> list[Host]:
+    """Keep hosts ``include`` names, then drop those ``exclude`` names (order kept); an
+    --exclude entry that matches no host is told to ``warn``, once (a typo, or a name
+    the hostfile spells otherwise)."""
+    given = kept = list(hosts)
     for option, expr, keep in (("--include", include, True), ("--exclude", exclude, False)):
         if expr is None:
             continue
-        nodes = _nodeset(expr, option)
+        patterns = host_patterns(expr, option)
         before = kept
-        kept = [host for host in kept if (host.name in nodes) == keep]
+        kept = [host for host in kept if any(p.matches(host) for p in patterns) == keep]
         if before and not kept:
             raise HostfileError(f"no hosts left after {option} {expr!r}",
                                 hint=f"the hosts are {fold(h.name for h in before)}")
+        if not keep and warn is not None:
+            unmatched = [p.text for p in patterns if not any(p.matches(h) for h in given)]
+            for text in dict.fromkeys(unmatched):
+                near = did_you_mean(text, [spelled(h) for h in given])
+                warn(f"{option} {text} matched no host{near}")
     return kept
+
+
+def spelled(host: Host) -> str:
+    """The host as a hostfile writes it: ``dtuser@node1:2222``, ``[fe80::1]:22``."""
+    name = f"[{host.name}]" if ":" in host.name and host.port else host.name
+    return f"{host.user + '@' if host.user else ''}{name}{f':{host.port}' if host.port else ''}"
 
 
 def _split_source(label: str) -> tuple[str, int | None]:
@@ -434,11 +486,15 @@ def _checked(hosts: list[Host], source: str) -> list[Host]:
 def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | None = None,
                   exclude: str | None = None, group: str | None = None,
                   exclude_group: str | None = None, genders: str | None = None,
-                  environ: Mapping[str, str] = os.environ) -> list[Host]:
+                  environ: Mapping[str, str] = os.environ, user: str | None = None,
+                  warn: Callable[[str], None] | None = None) -> list[Host]:
     """The job's hosts from -f or -H (or $DTRAIN_HOSTFILE, else a Slurm allocation's
-    SLURM_JOB_NODELIST, else with -g the genders file's group), filtered and checked."""
+    SLURM_JOB_NODELIST, else with -g the genders file's group), filtered and checked.
+    ``user`` (``-l``) is every host's that names none before the filters read them, so
+    ``--exclude alice@node1`` means the same with ``-l alice``; ``warn`` hears of an
+    --exclude entry that matched no host."""
     if group is None and exclude_group is None:
-        return _resolve(hostfile, hosts, include, exclude, environ)
+        return _resolve(hostfile, hosts, include, exclude, environ, user, warn)
     from launcher.hosts.genders import genders_hosts, genders_path, load_genders, select
 
     path = genders_path(genders, environ)
@@ -446,15 +502,16 @@ def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | Non
     named = hostfile is not None or hosts is not None or bool(environ.get(ENV_HOSTFILE)) \
         or allocation(environ) is not None
     if not named and group is not None and gfile is not None:
-        found = genders_hosts(gfile, group)  # pdsh -g GROUP: the genders file's nodes
+        found = with_user(genders_hosts(gfile, group), user)  # pdsh -g GROUP: its nodes
         return _checked(filter_hosts(select(found, None, exclude_group, gfile), include,
-                                     exclude), gfile.source)
-    return _checked(select(_resolve(hostfile, hosts, include, exclude, environ), group,
-                           exclude_group, gfile), "-g")
+                                     exclude, warn=warn), gfile.source)
+    return _checked(select(_resolve(hostfile, hosts, include, exclude, environ, user, warn),
+                           group, exclude_group, gfile), "-g")
 
 
 def _resolve(hostfile: str | None, hosts: str | None, include: str | None,
-             exclude: str | None, environ: Mapping[str, str]) -> list[Host]:
+             exclude: str | None, environ: Mapping[str, str], user: str | None = None,
+             warn: Callable[[str], None] | None = None) -> list[Host]:
     if hostfile is not None and hosts is not None:
         raise UsageError("both -f/--hostfile and -H/--hosts given",
                          hint="pick one: -f FILE or -H EXPR")
@@ -470,7 +527,7 @@ def _resolve(hostfile: str | None, hosts: str | None, include: str | None,
     else:
         raise HostfileError("no hosts given: use -f FILE or -H EXPR",
                             hint=f"or set {ENV_HOSTFILE}=FILE, or run inside salloc/sbatch")
-    return _checked(filter_hosts(found, include, exclude), source)
+    return _checked(filter_hosts(with_user(found, user), include, exclude, warn=warn), source)
 
 
 def fold(names: Iterable[str]) -> str:

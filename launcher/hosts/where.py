@@ -6,7 +6,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
-from launcher.hosts.hostfile import fold
+from launcher.hosts.entries import _split_top
+from launcher.hosts.hostfile import fold, spelled
 from launcher.models import Host
 
 
@@ -21,8 +22,22 @@ def where(hosts: Iterable[Host]) -> str:
 
 
 def exclude_option(hosts: Iterable[Host]) -> str:
-    """``--exclude 'node[3,5]'``: the option that leaves exactly these hosts' names out."""
-    return "--exclude " + shlex.quote(fold(h.name for h in hosts))
+    """``--exclude 'node[3,5]'``: the option that leaves exactly these hosts out, each
+    spelled as the hostfile spells it (``dtuser@login1:2222``): a bare name would leave
+    out every host on that name, whatever its port."""
+    same: dict[tuple[str | None, int | None], list[str]] = {}
+    for host in hosts:
+        same.setdefault((host.user, host.port), []).append(host.name)
+    words: list[str] = []
+    for (user, port), names in same.items():
+        if user is None and port is None:
+            words.append(fold(names))
+            continue
+        plain = [n for n in names if ":" not in n]  # an IPv6 address is not folded
+        parts = _split_top(fold(plain), ",") if plain else []
+        parts += [n for n in names if ":" in n]
+        words += [spelled(Host(part, user=user, port=port)) for part in parts]
+    return "--exclude " + shlex.quote(",".join(words))
 
 
 def failed_hosts_lines(hosts: Sequence[Host], errors: Mapping[str, str]) -> list[str]:
