@@ -12,18 +12,21 @@ message type. No other module reads a node's message as a dict. A sampler's line
 overrides only what it needs. ``Job.observe`` registers one; the job calls them in the order
 they registered, each event after the job's own rules (the first failure, the running
 state). ``on_lines`` carries the run's output lines (the run pipeline calls it). An
-observer's exception is its own to report (the hang watch tells it and goes on watching):
-the others are not skipped for it only because none raises.
+observer's exception is contained (``Observers.call``): told once on stderr, the observer
+detached, the others, the run and its teardown untouched (the hang watch also catches its
+own, tells it and goes on watching).
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.job import nodemsg
 from launcher.models import Host, OutputLine
+from launcher.output import render
 
 BadMessage = nodemsg.BadMessage
 
@@ -348,19 +351,48 @@ class Observer:
 
 
 class Observers:
-    """The registered observers of one job, called in registration order."""
+    """The registered observers of one job, called in registration order.
 
-    def __init__(self) -> None:
+    An observer is a watcher, never the run: one that raises (a bug in the status line, the
+    hang watch, the samplers) is told once on stderr, with its exception's type and message,
+    and detached; the others, the run and its teardown go on (``call``, the one guard every
+    fan-out goes through). Cancellation (``CancelledError``, ``KeyboardInterrupt``,
+    ``SystemExit``: not ``Exception``) passes through untouched."""
+
+    def __init__(self, say: Callable[[str], None] = render.note) -> None:
         self.all: list[Observer] = []
+        self.say = say
+        self.failed: list[tuple[Observer, str]] = []  # detached: (observer, why)
 
     def add(self, observer: Observer) -> None:
         self.all.append(observer)
 
     def event(self, host: Host, ev: Event) -> None:
-        for observer in self.all:
-            ev.send(observer, host)
+        for observer in tuple(self.all):
+            self.call(observer, ev.send, observer, host)
 
     def lines(self, lines: Sequence[OutputLine]) -> None:
-        for observer in self.all:
-            observer.on_lines(lines)
+        for observer in tuple(self.all):
+            self.call(observer, observer.on_lines, lines)
+
+    def call(self, observer: Observer, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)`` on behalf of ``observer``; its exception detaches it, told once."""
+        if observer not in self.all:  # detached by an earlier call in this fan-out
+            return
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a watcher's bug never ends the run
+            self.detach(observer, exc)
+
+    def detach(self, observer: Observer, exc: Exception) -> None:
+        try:
+            self.all.remove(observer)
+        except ValueError:  # already detached (the lines come on the pipeline's thread)
+            return
+        why = f"{type(exc).__name__}: {exc}"
+        why = why if len(why) <= 200 else why[:199] + "…"
+        self.failed.append((observer, why))
+        with contextlib.suppress(Exception):  # no way left to tell it
+            self.say(f"observer {type(observer).__name__} failed ({why}); "
+                     "the run goes on without it")
 
