@@ -12,20 +12,23 @@ output::
 
 The culprit comes from the wavefront, never from a vote (docs/hangs.md): a rank that waits
 inside a collective is a victim; the culprits are the ranks that have not reached the
-collective the others wait in, however many or few they are. The flight recorder's
-collective sequence numbers (``decide.flight``), where the dumps came, say which ranks are
-behind: the ranks below the highest sequence number any rank has enqueued (at the same
-number everywhere, the ranks in an op other than the one most ranks wait in). Without them,
-the stacks do: every rank not inside a collective while others are. Only when neither
-tells (no rank waits in a collective, or all wait in some collective and no sequence
-number is known) is the group that differs from the largest one named. A rank that did
-not answer the dump at all (stopped, or stuck in the kernel) is a group of its own, and not
-inside a collective.
+collective the others wait in, however many or few they are. Each rank's dump is its own
+node's claim, and a rank is named only on its own word: its own stack stands outside every
+collective and its own flight recorder (``decide.flight``) shows no collective entered and
+not completed. Another rank's report (a higher sequence number, another op, another place)
+is never evidence against a rank; it may only clear it: a rank whose own record shows the
+collective the waiting ranks wait in completed is not behind it. A rank that waits by its
+own report is never named, whatever the others say; when every rank does, no culprit. Where
+sequence numbers are known for every culprit, the rule is ``flight``; else ``wavefront``.
+Only when no rank waits by its own report is the group that differs from the largest one
+named (``differs``). A rank that did not answer the dump at all (stopped, or stuck in the
+kernel) is a group of its own, and not inside a collective.
 
 ``Culprit.where`` says where the culprits stand, for the restart policy (docs/restarts.md):
-``script`` (blocked in the script's own Python code: the script's), ``collective`` (inside
-a collective: behind by the sequence numbers), ``native`` (no Python stack: native code, a
-driver, the kernel, a stopped process).
+``script`` (blocked in the script's own Python code: the script's), ``native`` (no Python
+stack: native code, a driver, the kernel, a stopped process). ``collective`` (inside a
+collective) is kept for the records of earlier versions: a rank inside a collective by its
+own stack waits, and is never named now.
 """
 
 from __future__ import annotations
@@ -209,8 +212,7 @@ class Group:
 
     @property
     def in_collective(self) -> bool:
-        frames = self.stack.main
-        return bool(frames) and any(f.func in COLLECTIVES for f in frames[:6])
+        return _in_collective(self.stack.main)
 
 
 SCRIPT, COLLECTIVE, NATIVE = "script", "collective", "native"
@@ -221,7 +223,7 @@ def _where(stack: RankStack) -> str:
     frames = stack.main
     if stack.error is not None or not frames:
         return NATIVE
-    if any(f.func in COLLECTIVES for f in frames[:6]):
+    if _in_collective(frames):
         return COLLECTIVE
     return SCRIPT if any(not f.library for f in frames) else NATIVE
 
@@ -291,27 +293,81 @@ def fold(stacks: Iterable[RankStack], expected: Iterable[int] = (),
     """Group ranks by their main thread's frames and name the culprits (module doc);
     ``positions``: the flight recorder's per-rank sequence numbers, where known."""
     by_key: dict[tuple[object, ...], list[RankStack]] = {}
+    own: dict[int, RankStack] = {}
     for s in sorted(stacks, key=lambda s: s.rank):
+        if s.rank in own:  # one answer per rank (job/nodemsg.py keeps one): the first
+            continue
+        own[s.rank] = s
         by_key.setdefault(s.key(), []).append(s)
     groups = [Group(tuple(s.rank for s in members), tuple(s.host for s in members),
                     members[0].place(), members[0]) for members in by_key.values()]
     # largest first; among equals, ranks waiting in a collective first (they are the
     # ones waiting for someone), then by first rank
     groups.sort(key=lambda g: (-len(g.ranks), not g.in_collective, g.ranks[0]))
-    seen = {r for g in groups for r in g.ranks}
-    missing = tuple(sorted(set(expected) - seen))
-    culprit = _behind(groups, positions or {}) or _not_arrived(groups) or _differs(groups)
-    return Folded(tuple(groups), culprit, missing)
+    missing = tuple(sorted(set(expected) - set(own)))
+    return Folded(tuple(groups), _culprit(groups, own, positions or {}), missing)
 
 
-def _make(groups: Sequence[Group], ranks: Iterable[int], why: str, rule: str) -> Culprit:
-    """The culprit of these ranks (their groups' places, their hosts, where they stand)."""
-    want = set(ranks)
-    by_rank = {r: (g, h) for g in groups for r, h in zip(g.ranks, g.hosts, strict=True)}
-    chosen = sorted(want)
-    hosts = tuple(by_rank[r][1] if r in by_rank else "?" for r in chosen)
-    places = list(dict.fromkeys(by_rank[r][0].place for r in chosen if r in by_rank))
-    wheres = {_where(by_rank[r][0].stack) for r in chosen if r in by_rank}
+def _in_collective(frames: Sequence[Frame]) -> bool:
+    return bool(frames) and any(f.func in COLLECTIVES for f in frames[:6])
+
+
+def waits(stack: RankStack, position: RankFlight | None) -> bool:
+    """By this rank's own report alone, it waits for someone: its own stack is inside a
+    collective, or its own flight recorder shows a collective entered and not completed
+    (an NCCL rank returns from the call at once and blocks later, in the script's code)."""
+    if stack.error is None and _in_collective(stack.main):
+        return True
+    return position is not None and position.completed < position.enqueued
+
+
+def _culprit(groups: Sequence[Group], own: Mapping[int, RankStack],
+             positions: Mapping[int, RankFlight]) -> Culprit | None:
+    """The culprits, each named by its own report only (docs/hangs.md, "whose word").
+
+    A rank is named only when its own stack stands outside every collective and its own
+    flight recorder does not show it inside one: what another node's ranks report (a
+    higher sequence number, another op, another place) is never evidence against it; it
+    may only clear it (a rank that by its own record has completed the collective every
+    waiting rank waits in is not behind it). A rank that waits by its own report is never
+    named, whatever the others say: every rank waiting by its own word, no culprit."""
+    known = {r: p for r, p in positions.items() if r in own}
+    waiting = [r for r in sorted(own) if waits(own[r], known.get(r))]
+    outside = [r for r in sorted(own) if r not in set(waiting)]
+    if not waiting:
+        return _differs(groups, own)  # nobody waits for anyone: the fallback
+    # the collective the waiting ranks are in, by their own flight recorders
+    pending = {r: known[r] for r in waiting
+               if r in known and known[r].completed < known[r].enqueued}
+    front = max((p.enqueued for p in pending.values()), default=None)
+    if front is not None:  # their word may clear: it never accuses
+        outside = [r for r in outside if r not in known or known[r].enqueued < front]
+    if not outside:
+        return None
+    they = "it has" if len(outside) == 1 else "they have"
+    if front is not None and all(r in known for r in outside):
+        op = next((p.last_op for p in pending.values() if p.enqueued == front and p.last_op),
+                  None)
+        what = f"collective #{front}" + (f" ({op})" if op else "")
+        low = min(known[r].enqueued for r in outside)
+        why = (f"{they} not entered {what}, which {_who(len(waiting))} in (flight recorder: "
+               f"at #{low})")
+        return _make(groups, own, outside, why, "flight")
+    inside = next((g for g in groups if g.in_collective), None)
+    at = f", at {inside.place}" if inside is not None else ""
+    why = f"{they} not reached the collective {_who(len(waiting))} in{at}"
+    return _make(groups, own, outside, why, "wavefront")
+
+
+def _make(groups: Sequence[Group], own: Mapping[int, RankStack], ranks: Iterable[int],
+          why: str, rule: str) -> Culprit:
+    """The culprit of these ranks (their groups' places, their hosts, where each one's own
+    stack stands)."""
+    chosen = sorted(set(ranks))
+    group = {r: g for g in groups for r in g.ranks}
+    hosts = tuple(own[r].host if r in own else "?" for r in chosen)
+    places = list(dict.fromkeys(group[r].place for r in chosen if r in group))
+    wheres = {_where(own[r]) for r in chosen if r in own}
     where = SCRIPT if wheres == {SCRIPT} else (NATIVE if NATIVE in wheres else COLLECTIVE)
     return Culprit(tuple(chosen), hosts, "; ".join(places) or "no stack", why, where, rule)
 
@@ -320,69 +376,20 @@ def _who(n: int) -> str:
     return f"the other {n} ranks wait" if n > 1 else "the other rank waits"
 
 
-def _behind(groups: Sequence[Group], positions: Mapping[int, RankFlight]) -> Culprit | None:
-    """The flight recorder's wavefront: the ranks below the highest sequence number."""
-    known = {r: p for r, p in positions.items() if any(r in g.ranks for g in groups)}
-    if not known:
-        return None
-    front = max(p.enqueued for p in known.values())
-    behind = [r for r, p in known.items() if p.enqueued < front]
-    if not behind:
-        return _other_op(groups, known, front)
-    ahead = len(known) - len(behind)
-    op = next((p.last_op for p in known.values() if p.enqueued == front and p.last_op), None)
-    what = f"collective #{front}" + (f" ({op})" if op else "")
-    low = min(known[r].enqueued for r in behind)
-    why = (f"{'it has' if len(behind) == 1 else 'they have'} not entered {what}, which "
-           f"{_who(ahead)} in (flight recorder: at #{low})")
-    return _make(groups, behind, why, "flight")
-
-
-def _other_op(groups: Sequence[Group], known: Mapping[int, RankFlight],
-              front: int) -> Culprit | None:
-    """Every rank at the same sequence number, in different collectives (a desync): the
-    ranks whose op differs from the one most ranks wait in (None when all ops agree)."""
-    ops: dict[str, list[int]] = {}
-    for r, p in sorted(known.items()):
-        if p.last_op:
-            ops.setdefault(p.last_op, []).append(r)
-    if len(ops) < 2:
-        return None
-    main_op, waiting = max(ops.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
-    if sum(len(v) for v in ops.values()) - len(waiting) >= len(waiting):
-        return None  # no op most ranks wait in: the stacks, or nothing, tell
-    other = [r for op, rs in ops.items() if op != main_op for r in rs]
-    names = ", ".join(sorted(op for op in ops if op != main_op))
-    why = (f"{'it waits' if len(other) == 1 else 'they wait'} in {names} as collective "
-           f"#{front}, where {_who(len(waiting))} in {main_op}")
-    return _make(groups, other, why, "flight-op")
-
-
-def _not_arrived(groups: Sequence[Group]) -> Culprit | None:
-    """Without sequence numbers: every rank not inside a collective, while others are."""
-    waiting = [g for g in groups if g.in_collective]
-    others = [g for g in groups if not g.in_collective]
-    if not waiting or not others:
-        return None
-    n = sum(len(g.ranks) for g in waiting)
-    ranks = [r for g in others for r in g.ranks]
-    why = (f"{'it has' if len(ranks) == 1 else 'they have'} not reached the collective "
-           f"{_who(n)} in, at {waiting[0].place}")
-    return _make(groups, ranks, why, "wavefront")
-
-
-def _differs(groups: Sequence[Group]) -> Culprit | None:
-    """The fallback, when nothing else tells: the group that differs from the largest."""
+def _differs(groups: Sequence[Group], own: Mapping[int, RankStack]) -> Culprit | None:
+    """The fallback, when no rank waits in a collective by its own report (each rank's own
+    stack and flight recorder put it outside every collective): the group that differs
+    from the largest."""
     if not groups:
         return None
     majority, others = groups[0], list(groups[1:])
     if not others:
         return None  # every rank stands at the same place: nobody differs
-    if len(majority.ranks) == len(others[0].ranks) and not majority.in_collective:
+    if len(majority.ranks) == len(others[0].ranks):
         return None  # no majority to differ from
     ranks = tuple(r for g in others for r in g.ranks)
     n = len(majority.ranks)
     others_ = f"the other {n} ranks', which wait" if n > 1 else "the other rank's, which waits"
     why = f"{'its stack differs' if len(ranks) == 1 else 'their stacks differ'} from " \
           f"{others_} at {majority.place}"
-    return _make(groups, ranks, why, "differs")
+    return _make(groups, own, ranks, why, "differs")
