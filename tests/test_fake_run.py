@@ -79,6 +79,14 @@ def test_a_second_attempt_on_the_same_node_after_a_failure_or_a_hang(
     assert all(a["fenced"] == [] and a["hosts"] == ["n1"] for a in meta["attempts"])
     assert "attempt 2 on the same nodes" in meta["attempts"][0]["decision"]
     assert "n1 r0: rank 0 done" in out and "n1 r1: rank 1 done" in out
+    # issue 55 item 2: the retried attempt is no FAILED line (CI greps for it); the run's
+    # verdict counts its restart, in meta.json too
+    assert "FAILED" not in out, out[-3000:]
+    assert re.search(r"^dtrain: attempt 1 failed: .*\(exit " + str(first[1]) + r"\)$", out,
+                     re.M), out[-3000:]
+    assert re.search(r"^dtrain: ok: succeeded after 1 restart \(exit 0\)$", out, re.M), \
+        out[-3000:]
+    assert meta["outcome"] == "succeeded after 1 restart"
     if wl == "hang":
         assert "HANG: no rank made progress for 3 s" in out
         assert meta["hangs"][0]["attempt"] == 1

@@ -535,6 +535,45 @@ def test_each_attempt_says_when_its_failure_was_detected_and_the_relaunch_starte
         in text, text
 
 
+def test_a_recovered_run_is_no_failure_in_json_or_junit() -> None:
+    """Issue 55 item 2: attempt 1, relaunched, was a JUnit failure in a run that succeeded;
+    the run section counts the restarts (a new field of dtrain.run/1)."""
+    import copy
+
+    import jsonschema
+
+    from launcher.output.junit import to_junit
+    from launcher.output.report import CommandReport, to_json
+    from tests.reports import validate_json, validate_junit
+
+    report = CommandReport("run", 0, "succeeded after 1 restart", 10.0, 40.0,
+                           extra={"run_id": "r", "world_size": 2, "master": "node1:29500",
+                                  "stop_reason": None, "hangs": [], "attempts": _attempts(),
+                                  "restarts": 1})
+    doc = to_json(report)
+    validate_json(doc, "run")
+    assert doc["run"]["restarts"] == 1 and doc["summary"] == "succeeded after 1 restart"
+    bad = copy.deepcopy(doc)
+    bad["run"]["restarts"] = -1
+    with pytest.raises(jsonschema.ValidationError):
+        validate_json(bad, "run")
+    xml = to_junit(report)
+    suite = validate_junit(xml).find("testsuite")
+    assert suite.get("failures") == "0" and suite.get("skipped") == "1"
+    case = next(c for c in suite.iter("testcase") if c.get("name") == "attempt 1")
+    (skipped,) = case.findall("skipped")
+    assert skipped.get("message") == ("attempt 1 failed: node: node2 lost (no heartbeat for "
+                                      "5 s) (exit 255) after 15.5 s; relaunched")
+    assert '<property name="restarts" value="1" />' in xml
+
+
+def test_the_summary_of_a_retried_attempt_and_of_the_last() -> None:
+    from launcher.decide.verdict import restarts_text
+
+    assert restarts_text(0) == "" and restarts_text(1) == " after 1 restart"
+    assert restarts_text(3) == " after 3 restarts"
+
+
 def test_doctor_names_the_hosts_on_the_lemon_list(tmp_path: Path) -> None:
     import time
 

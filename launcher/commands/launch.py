@@ -187,11 +187,12 @@ def run_extra(result: RunResult | None) -> dict[str, Any]:
     connecting)."""
     if result is None:
         return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None,
-                "hangs": [], "attempts": [], "fabric": None, "goodput": None}
+                "hangs": [], "attempts": [], "fabric": None, "goodput": None, "restarts": 0}
     return {"run_id": result.run_id, "world_size": result.world_size,
             "master": result.master, "stop_reason": result.outcome.stop_reason,
             "hangs": result.hangs, "attempts": result.attempts, "fabric": result.fabric,
-            "goodput": result.archive.meta.get("goodput")}
+            "goodput": result.archive.meta.get("goodput"),
+            "restarts": sum(1 for a in result.attempts if a.get("relaunched") is not None)}
 
 
 class NodeBoard(Observer):
@@ -349,9 +350,12 @@ async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOpt
 
 async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: Prepared,
                     archive: RunArchive, detacher: Detacher | None, payload: Payload = NO_PAYLOAD,
-                    *, earlier: HangWatch | None = None) -> RunResult:
+                    *, earlier: HangWatch | None = None,
+                    retried: Callable[[RunResult], bool] | None = None) -> RunResult:
     """One job over the plan's nodes, followed to its verdict (with --restarts: one attempt,
-    ``req.attempt``; ``earlier``: the attempt before's hang watch, whose records go on)."""
+    ``req.attempt``; ``earlier``: the attempt before's hang watch, whose records go on;
+    ``retried``: whether the restart loop relaunches after this result, asked before the
+    summary is said, so that an attempt retried says ``attempt N failed``, never FAILED)."""
     from launcher.job.control import StopRequest
     from launcher.job.stoppable import ControlSocket
     from launcher.output.console import Console
@@ -489,21 +493,24 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
         failure = failure_reason(outcome, v, errors)
         if failure is not None:
             v.why = failure_lines(failure)
-        for line in summary_lines(outcome, plan, v, judged=payload.judged):
+        results = node_results(outcome, plan, v)
+        root_cause = root_cause_json(outcome, v, tails)
+        if failure is not None:
+            root_cause["failure"] = failure.json()
+        result = RunResult(v.code, outcome, v, tails, archive.path, archive, results,
+                           root_cause, req.run_id, plan.world_size,
+                           f"{plan.master_addr}:{plan.master_port}", watch.hangs, failure,
+                           watch.watch.any_progress, watch, fabric=fabric.meta()["fabric"])
+        again = bool(v.code) and retried is not None and retried(result)
+        for line in summary_lines(outcome, plan, v, judged=payload.judged,
+                                  attempt=req.attempt, retried=again):
             out.summary(line)
-    results = node_results(outcome, plan, v)
-    root_cause = root_cause_json(outcome, v, tails)
-    if failure is not None:
-        root_cause["failure"] = failure.json()
     end: RunMeta = {"end": time.time(), "exit_code": v.code, "outcome": v.outcome,
                     "state": "finished", "root_cause": root_cause, "nodes": results,
                     "console_skipped": out.skipped, **watch.meta(),
                     **(sampling.meta() if sampling is not None else {}), **fabric.meta()}
     archive.update_meta(**end)
-    return RunResult(v.code, outcome, v, tails, archive.path, archive, results, root_cause,
-                     req.run_id, plan.world_size, f"{plan.master_addr}:{plan.master_port}",
-                     watch.hangs, failure, watch.watch.any_progress, watch,
-                     fabric=fabric.meta()["fabric"])
+    return result
 
 
 STOP_NOTE = "Ctrl-C or closing this terminal stops the run; --detach keeps it going"

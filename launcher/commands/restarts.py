@@ -34,6 +34,7 @@ from launcher.decide.restarts import (
 )
 from launcher.decide.restarts import next_gang as _next_gang
 from launcher.decide.runoptions import RunOptions
+from launcher.decide.verdict import restarts_text
 from launcher.errors import ConnectError, PreflightFailed
 from launcher.job.prepare import prepare
 from launcher.job.stoppable import Stoppable
@@ -120,6 +121,9 @@ class Loop:
         self.faults: list[Fault] = []
         self.fenced: list[dict[str, Any]] = []
         self.watch: HangWatch | None = None
+        # the decision over an attempt's result, made once: asked by supervise before its
+        # summary (``attempt N failed`` or FAILED), used by judge
+        self.decided: tuple[RunResult, Decision] | None = None
 
     def suspect(self, archive: RunArchive, pairs: Sequence[tuple[str, str]]) -> None:
         """Named once without evidence of the machine: on the lemon list as a suspect (a
@@ -173,7 +177,8 @@ class Loop:
                     archive.update_meta(attempt=n)
                     archive.update_meta(attempts=[*self.attempts, self._record(n, hosts)])
                     return await supervise(plan, req, self.opts, prep, archive,
-                                           self.detacher, earlier=self.watch)
+                                           self.detacher, earlier=self.watch,
+                                           retried=lambda result: self.relaunches(n, result))
             except (ConnectError, PreflightFailed) as exc:
                 bad = [h for h in exc.hosts if h in self.active]
                 if not bad or self.policy.restarts == 0 or (between and between.who):
@@ -206,7 +211,7 @@ class Loop:
                     if not d.relaunch or d.gang is None:
                         if d.line:
                             say(archive, d.line, self.opts)
-                        return result
+                        return self.last(archive, n, result)
                     # live again: ps, attach and stop see a running run (the last attempt's
                     # end is in attempts[])
                     meta = archive.meta
@@ -240,12 +245,25 @@ class Loop:
                                         outcome="launcher ended between attempts")
                 raise
 
+    def decision(self, n: int, result: RunResult) -> Decision:
+        """decide.restarts over attempt ``n``'s result (pure), made once per result."""
+        if self.decided is None or self.decided[0] is not result:
+            self.decided = (result, decide(attempt_end(result), self.faults, n, self.policy,
+                                           self.active, self.spares, self.count, self.places))
+        return self.decided[1]
+
+    def relaunches(self, n: int, result: RunResult) -> bool:
+        """Whether attempt ``n`` ending so is followed by another (its summary then says
+        ``attempt N failed``, not FAILED)."""
+        d = self.decision(n, result)
+        return d.relaunch and d.gang is not None
+
     def judge(self, archive: RunArchive, n: int, result: RunResult,
               started: float) -> Decision:
         """Classify attempt ``n``'s end, fence, record it in meta.json, say the decision."""
         self.watch = result.watch
-        d = decide(attempt_end(result), self.faults, n, self.policy, self.active,
-                   self.spares, self.count, self.places)
+        d = self.decision(n, result)
+        self.decided = None
         self.faults.append(d.fault)
         if d.fenced:
             self.fence(archive, d.fenced)
@@ -264,6 +282,16 @@ class Loop:
             "relaunch": d.relaunch})
         archive.update_meta(attempts=self.attempts)
         return d
+
+    def last(self, archive: RunArchive, n: int, result: RunResult) -> RunResult:
+        """The run's result after its last attempt: its verdict counts the restarts
+        (``succeeded after 1 restart``), in meta.json's outcome, --json's summary and
+        --junit's too, as the summary line said it."""
+        if n < 2:
+            return result
+        outcome = result.verdict.outcome + restarts_text(n - 1)
+        archive.update_meta(outcome=outcome)
+        return replace(result, verdict=replace(result.verdict, outcome=outcome))
 
     def _cause(self, fault: Fault, result: RunResult) -> str:
         if fault.kind != FINAL:

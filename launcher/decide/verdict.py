@@ -285,13 +285,21 @@ def _exit_text(code: int | None, sig: int | None) -> str:
     return f"exit {code}"
 
 
+def restarts_text(restarts: int) -> str:
+    """`` after 2 restarts``: how a run's last attempt's verdict counts the relaunches."""
+    return f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts > 0 else ""
+
+
 def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict, *,
-                  judged: bool = False) -> list[str]:
+                  judged: bool = False, attempt: int = 1, retried: bool = False) -> list[str]:
     """Per node and rank: how it ended and after how long; the root cause first, followers
     marked as stopped by dtrain; then the last stderr lines of the root cause.
 
     ``judged``: the job is part of a command with a verdict of its own (smoke), so a job
     that exited 0 is "job: ended (exit 0)", not "ok: succeeded".
+    ``attempt``/``retried`` (--restarts): a failed attempt the loop relaunches heads
+    ``attempt N failed: ...``, not FAILED; the run's last says its restarts
+    (``ok: succeeded after 1 restart (exit 0)``).
 
     From FOLD_AT nodes on, nodes whose ranks all ended alike (every one exit 0, or every
     one stopped by dtrain) are one line per kind, folded by hostlist, with the range of
@@ -301,8 +309,10 @@ def summary_lines(outcome: JobOutcome, plan: LaunchPlan, v: Verdict, *,
     head = "ok" if not v.code else "" if v.root_kind == "interrupted" else "FAILED"
     if judged and not v.code:  # smoke: its own verdict comes next and may be FAIL
         head, v_outcome = "job", "ended"
+    elif retried:  # --restarts relaunches: not the run's verdict, which CI greps for
+        head, v_outcome = f"attempt {attempt} failed", v.outcome
     else:
-        v_outcome = v.outcome
+        v_outcome = v.outcome + restarts_text(attempt - 1)
     out = [f"{head + ': ' if head else ''}{v_outcome} (exit {v.code})", *v.why]
     order = sorted(plan.nodes, key=lambda n: (n.host.label != v.root_host, n.node_rank))
     rows = [_node_row(outcome, v, node) for node in order]

@@ -92,7 +92,7 @@ def _case(suite: ET.Element, classname: str, name: str, status: str, time: float
     elif status == ERROR:
         ET.SubElement(case, "error", message=message or "error", type="error").text = text
     elif status == SKIPPED:
-        ET.SubElement(case, "skipped", message=message or "skipped")
+        ET.SubElement(case, "skipped", message=message or "skipped").text = text or None
 
 
 def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
@@ -111,6 +111,9 @@ def to_junit(report: CommandReport, extra_cases: Sequence[ExtraCase] = (), *,
     ET.SubElement(props, "property", name="summary", value=report.summary)
     if report.archive:
         ET.SubElement(props, "property", name="archive", value=report.archive)
+    restarts = report.extra.get("restarts") if isinstance(report.extra, Mapping) else None
+    if isinstance(restarts, int) and report.command == "run":
+        ET.SubElement(props, "property", name="restarts", value=str(restarts))
     for prop, shown in goodput_properties(report):
         ET.SubElement(props, "property", name=prop, value=shown)
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -153,7 +156,9 @@ def goodput_properties(report: CommandReport) -> list[tuple[str, str]]:
 
 def attempt_cases(report: CommandReport) -> list[ExtraCase]:
     """`run --restarts`: one case per attempt (``attempt N``), failed with its cause, why,
-    the nodes it fenced and its timings; the node and rank cases are the last attempt's."""
+    the nodes it fenced and its timings (skipped, ``attempt N failed: ...; relaunched``,
+    when the run went on: a recovered run is no failure); the node and rank cases are the
+    last attempt's."""
     attempts = report.extra.get("attempts") if isinstance(report.extra, Mapping) else None
     out = []
     for a in attempts if isinstance(attempts, list) else []:
@@ -172,8 +177,12 @@ def attempt_cases(report: CommandReport) -> list[ExtraCase]:
         text = "\n".join(filter(None, [
             f"hosts: {', '.join(str(h) for h in a.get('hosts') or ())}",
             f"fenced: {fenced}" if fenced else "", _timings(a), a.get("decision") or ""]))
-        out.append(ExtraCase(f"attempt {a.get('n')}", PASSED if code == 0 else FAILED,
-                             message, text, duration))
+        status = PASSED if code == 0 else FAILED
+        if code != 0 and a.get("relaunch"):
+            # retried: not the run's verdict (a run that recovered is no failure to CI);
+            # skipped, with what happened: attempt 1 failed: ... ; relaunched
+            status, message = SKIPPED, f"attempt {a.get('n')} failed: {message}; relaunched"
+        out.append(ExtraCase(f"attempt {a.get('n')}", status, message, text, duration))
     return out
 
 
