@@ -121,19 +121,35 @@ def serve_here(argv: list[str]) -> int | None:
     """Run this command in a child of the resident; its wait status, or None when the
     resident cannot serve it (then the caller starts normally)."""
     directory = socket_dir(os.environ, os.getuid())
-    path = os.path.join(directory, SOCKET_NAME)
-    try:
-        with open(os.path.join(directory, ABOUT_NAME), "rb") as fh:
-            about_text = fh.read(MAX_LINE)
-    except OSError:
-        return None  # no resident: an ordinary start, which paid nothing more
-    import json
+    if not os.path.lexists(directory):
+        return None  # no resident: an ordinary start, which paid one lstat and nothing more
+    from launcher import private
 
+    path = os.path.join(directory, SOCKET_NAME)
     verbose = _verbose(argv)
 
     def unserved(why: str) -> None:
         if verbose:
             print(f"dtrain: an ordinary start (the resident: {why})", file=sys.stderr)
+
+    # another user may have made this directory first (in /tmp when XDG_RUNTIME_DIR is
+    # unset) with a resident of their own, to be handed this command's environment and
+    # terminal: nothing in it is read unless it is this user's alone (launcher/private.py)
+    why = private.private_dir(directory, create=False)
+    if why is not None:
+        if os.path.lexists(directory):
+            print(f"dtrain: warning: {directory} is not used: {why}. Another user may have "
+                  f"made it; remove it, or set XDG_RUNTIME_DIR to a directory of your own.",
+                  file=sys.stderr)
+        return None  # no resident: an ordinary start, which paid nothing more
+    try:
+        about_text = private.read_private(os.path.join(directory, ABOUT_NAME), MAX_LINE)
+    except private.NotPrivate as exc:
+        print(f"dtrain: warning: the resident is not used: {exc}", file=sys.stderr)
+        return None
+    except OSError:
+        return None  # no resident: an ordinary start, which paid nothing more
+    import json
 
     import launcher
 
@@ -163,6 +179,8 @@ def serve_here(argv: list[str]) -> int | None:
         if not child:
             pending.append(signum)
             return
+        if child[0] <= 0:  # ended before it could be checked: nobody to pass it to
+            return
         try:
             os.kill(child[0], signum)
         except OSError:
@@ -187,11 +205,17 @@ def serve_here(argv: list[str]) -> int | None:
             raise SystemExit(exit_for_signal(ends[0]))
         unserved(why)
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     buf = bytearray()
+    try:  # the socket, its directory and the uid at the other end, before a byte is sent
+        sock, resident_pid = private.connect_private(path, timeout=REPLY_WAIT)
+    except private.NotPrivate as exc:
+        print(f"dtrain: warning: the resident is not used: {exc}", file=sys.stderr)
+        unserved_now(str(exc))
+        return None
+    except OSError as exc:
+        unserved_now(f"{path}: {exc}")
+        return None
     try:
-        sock.settimeout(REPLY_WAIT)
-        sock.connect(path)
         req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
                "package": package, "runtime": here, "stamp": stamp,
                # how this process was started, for the usage line ("dtrain", "python -m
@@ -215,7 +239,20 @@ def serve_here(argv: list[str]) -> int | None:
         sock.close()
         unserved_now(str(reply.get("refused") if isinstance(reply, dict) else reply))
         return None
-    child.append(pid)
+    # signals go only to the resident's own child, running as this user: never to a pid
+    # the other end merely names
+    # (one already ended and reaped, a fast command's, has no parent to read: nothing is
+    # forwarded then, since its pid may be anyone's by now)
+    family = private.process_parent_and_uid(pid)
+    if family is not None and family != (resident_pid, os.getuid()):
+        sock.close()
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
+        print(f"dtrain: error: the resident (pid {resident_pid}) named process {pid}, which "
+              f"is not its child; nothing is forwarded to it. Check `dtrain connections`, "
+              f"or set DTRAIN_RESIDENT=0.", file=sys.stderr)
+        return EXIT_UNREACHABLE << 8
+    child.append(pid if family is not None else 0)
     for sig in pending:  # what came while the child was being made
         forward(sig, None)
     sock.settimeout(None)

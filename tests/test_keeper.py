@@ -350,7 +350,7 @@ def test_a_private_directory_is_checked(tmp_path: Path) -> None:
     assert "open to others" in (private_dir(d, create=False) or "")
     link = tmp_path / "l"
     link.symlink_to(d)
-    assert "not a directory" in (private_dir(link, create=False) or "")
+    assert "symbolic link" in (private_dir(link, create=False) or "")
     assert keeper_dir({}, uid=4242) == Path("/tmp/dtrain-keeper-4242")
     os.chmod(d, 0o700)
     assert keeper_dir({"XDG_RUNTIME_DIR": str(d)}) == d / "dtrain"

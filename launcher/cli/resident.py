@@ -25,7 +25,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import launcher
+from launcher import private
 from launcher.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from launcher.start import ABOUT_NAME, SOCKET_NAME, code_stamp, runtime
 
@@ -60,11 +60,6 @@ def preload() -> None:
     from launcher.start import RESIDENT_COMMANDS
 
     prebuild(RESIDENT_COMMANDS)
-
-
-def peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
 
 
 def read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -203,6 +198,9 @@ class Resident:
         self.stale = False
 
     def listen(self) -> socket.socket:
+        why = private.private_dir(self.directory, create=False)
+        if why is not None:  # the keeper checked it; a swap since then ends the resident
+            raise SystemExit(f"dtrain resident: {why}")
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -216,7 +214,9 @@ class Resident:
         about = {"pid": os.getpid(), "package": self.package, "runtime": self.runtime,
                  "stamp": self.stamp}
         tmp = self.directory / f".{ABOUT_NAME}.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump(about, fh)
         os.replace(tmp, self.directory / ABOUT_NAME)
@@ -229,7 +229,7 @@ class Resident:
 
     def accept(self, listener: socket.socket) -> None:
         conn, _ = listener.accept()
-        if peer_uid(conn) != os.getuid():
+        if private.peer_is_me(conn) is not None:
             self.refuse(conn, "not your resident")
             return
         try:

@@ -31,12 +31,12 @@ import json
 import os
 import socket
 import stat
-import struct
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import private
 from launcher.aio import cleanup
 from launcher.errors import DtrainError
 from launcher.output.rundir import RunDir, has_entry, open_run_dir
@@ -58,11 +58,7 @@ class StopRequest:
     uid: int
 
 
-def peer_uid_pid(sock: socket.socket) -> tuple[int, int]:
-    """(uid, pid) of the process at the other end of a unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return uid, pid
+peer_uid_pid = private.peer_uid_pid  # the one helper (launcher/private.py)
 
 
 @contextlib.contextmanager
@@ -165,6 +161,11 @@ def _ask(run_dir: Path, msg: dict[str, Any], timeout: float, what: str) -> dict[
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise DtrainError(f"run {run_dir.name}: its launcher does not answer ({exc.strerror})",
                               hint="`dtrain ps` shows whether it is still alive") from None
+        why = private.peer_is_me(s)  # the launcher is this user's, before a byte is sent
+        if why is not None:
+            raise DtrainError(f"run {run_dir.name}: refused to talk to its control socket: "
+                              f"{why}", hint="someone else answers on it; `dtrain ps` shows "
+                              "the run's launcher")
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             s.sendall((json.dumps(msg) + "\n").encode())  # the answer may come anyway
         data = b""

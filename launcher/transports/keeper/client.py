@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import launcher
+from launcher import private
 from launcher.errors import AuthError, ConnectError, DtrainError, HostKeyError
 from launcher.models import Host
 from launcher.transports.base import Connection, FileSystem, Process, Transport
@@ -99,6 +100,12 @@ async def request(sock: Path, req: dict[str, Any], timeout: float = REPLY_WAIT
             reader, writer = await asyncio.open_unix_connection(str(sock), limit=1 << 16)
     except (OSError, TimeoutError) as exc:
         raise KeeperUnavailable(f"no keeper answers on {sock}: {exc}") from None
+    # the keeper is this user's own process, asked of the kernel before a byte is sent
+    # (its directory was checked too: launcher/private.py)
+    why = private.peer_is_me(writer.get_extra_info("socket"))
+    if why is not None:
+        writer.close()
+        raise KeeperUnavailable(f"{sock}: {why}")
     try:
         writer.write(frames.encode_json(REQ, req))
         async with asyncio.timeout(timeout):

@@ -19,6 +19,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from launcher import private
+
 REQ, REP, IN, EOF, ABORT, OUT, ERR, EXIT = (bytes([c]) for c in b"QRIEAOXT")
 _HEAD = struct.Struct(">cI")
 MAX_FRAME = 1 << 20  # a request or one chunk of output; more is a protocol error
@@ -87,31 +89,8 @@ def keeper_dir(environ: dict[str, str] | None = None, uid: int | None = None) ->
 
 def private_dir(path: Path, *, create: bool) -> str | None:
     """None when ``path`` is a directory of this user's alone (0700, not a link); else why
-    not. With ``create``, a missing one is made 0700 first."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if not create:
-            return f"{path} does not exist"
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            return f"cannot create {path}: {exc.strerror}"
-        try:
-            st = os.lstat(path)
-        except OSError as exc:
-            return f"{path}: {exc.strerror}"
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory"
-    if st.st_uid != os.getuid():
-        return f"{path} belongs to uid {st.st_uid}, not to you"
-    if st.st_mode & 0o077:
-        return f"{path} is open to others (mode {stat.S_IMODE(st.st_mode):o}; want 700)"
-    return None
+    not (launcher/private.py, the one helper for the login node's private places)."""
+    return private.private_dir(path, create=create)
 
 
 def socket_path(directory: Path) -> Path:

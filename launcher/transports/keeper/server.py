@@ -15,8 +15,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import private
 from launcher.aio import cancel_and_wait, cleanup
 from launcher.errors import DtrainError, SessionRefused
 from launcher.models import Host
@@ -426,9 +425,7 @@ def _same_user(writer: asyncio.StreamWriter) -> bool:
     sock = writer.get_extra_info("socket")
     if sock is None:
         return False
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
-    return bool(uid == os.getuid())
+    return private.peer_is_me(sock) is None
 
 
 async def main_async(directory: Path, idle: float) -> int:
@@ -436,7 +433,7 @@ async def main_async(directory: Path, idle: float) -> int:
     if why is not None:
         print(f"dtrain keeper: {why}", flush=True)
         return 1
-    lock = os.open(directory / "keeper.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    lock = os.open(directory / "keeper.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
