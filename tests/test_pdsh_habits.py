@@ -62,6 +62,21 @@ def test_the_unreachable_hint_names_the_port(tmp_path: Path) -> None:
     assert_exit(res, 0)
 
 
+def test_w_caret_file_and_w_dash_stdin(tmp_path: Path) -> None:
+    """Issue 55 item 3: pdsh's -w ^FILE was refused ("'^' is not allowed in a host name")."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# the login node\nlocalhost   # this machine\n\n")
+    res = dtrain(["exec", "-w", f"^{hosts}", "-N", "--", "echo", "hi"])
+    assert_exit(res, 0)
+    assert res.stdout == "hi\n"
+    res = dtrain(["exec", "-w", "-", "-N", "--", "echo", "hi"], input="localhost\n")
+    assert_exit(res, 0)
+    assert res.stdout == "hi\n"
+    res = dtrain(["exec", "-w", f"^{tmp_path / 'nope'}", "--", "true"])
+    assert_exit(res, 2)
+    assert f"hostfile not found: {tmp_path / 'nope'} (from -w ^" in res.stderr
+
+
 def test_pdsh_flags_reach_the_nodes(cluster, tmp_path: Path) -> None:
     env = cluster.client_env()
     res = dtrain(["exec", "-w", "node[1-3]", "-x", "node2", "-N", "-t", "5", "--",

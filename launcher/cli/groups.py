@@ -58,7 +58,8 @@ HostfileOpt = Annotated[str | None, typer.Option(
          "pdsh's WCOLL is read when neither -f nor -H is given.")]
 HostsOpt = Annotated[str | None, typer.Option(
     "-H", "--hosts", "-w", metavar="HOSTS", rich_help_panel=HOSTS,
-    help="Hosts, pdsh style (-w works too): dtuser@node[1-4],login2:2222.")]
+    help="Hosts, pdsh style (-w works too): dtuser@node[1-4],login2:2222; ^FILE: a file "
+         "of hosts, one a line; -: the same from stdin.")]
 IncludeOpt = Annotated[str | None, typer.Option(
     "--include", metavar="HOSTS", rich_help_panel=HOSTS,
     help="Keep only these hosts (a hostlist expression); run also takes DeepSpeed's "

@@ -515,7 +515,13 @@ def _resolve(hostfile: str | None, hosts: str | None, include: str | None,
     if hostfile is not None and hosts is not None:
         raise UsageError("both -f/--hostfile and -H/--hosts given",
                          hint="pick one: -f FILE or -H EXPR")
-    if hosts is not None:
+    if hosts is not None and hosts.startswith("^"):  # pdsh's -w ^FILE: a file of hosts
+        source, found = hosts[1:], _load(hosts[1:], via=f"-w {hosts}")
+    elif hosts == "-":  # pdsh's -w -: the hosts from stdin, one a line
+        import sys
+
+        source, found = "-w -", parse_hostfile_text(sys.stdin.read(), "-w -")
+    elif hosts is not None:
         source, found = "-H", parse_host_expr(hosts)
     elif hostfile is not None:
         source, found = hostfile, _load(hostfile)
