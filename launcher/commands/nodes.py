@@ -45,7 +45,7 @@ def _finite(value: object) -> object:
 def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int:
     store = store or LemonStore()
     now = time.time()
-    records = sorted(store.load(), key=lambda x: x.t)
+    records = sorted(store.load(), key=lm.by_time)
     if as_json:
         doc = {"schema": NODES_SCHEMA, "path": str(store.path),
                "nodes": [{**{k: _finite(v) for k, v in x.json().items()},
@@ -60,10 +60,12 @@ def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int
     for x in records:
         state = ("fenced" if x.tier == lm.ISOLATE else "left out") if x.until > now \
             else "expired"
-        ago = lm.ago(now - x.t) if math.isfinite(now - x.t) else "?"
+        # a time no dtrain wrote (-1e300, NaN, before 2000, far ahead): "time unknown"
+        fenced = f"{_when(x.t)} ({lm.since(x.t, now)})" if lm.known_time(x.t, now) \
+            else lm.UNKNOWN
         # the file's text is anyone's who could write it: inert (docs/security.md)
         rows.append(tuple(inert(c) for c in (x.host, x.tier, str(x.count), state,
-                                             f"{_when(x.t)} ({ago} ago)", _when(x.until),
+                                             fenced, _when(x.until),
                                              x.run_id, x.why)))
     n = len(rows[0]) - 1
     widths = [max(len(r[i]) for r in rows) for i in range(n)]
@@ -112,5 +114,5 @@ def fenced_notes(labels: list[str], store: LemonStore | None = None) -> list[str
     now = time.time()
     current = lm.current((store or LemonStore()).load(), now)
     return [f"{h} is on the lemon list: fenced by run {current[h].run_id} "
-            f"{lm.ago(now - current[h].t)} ago ({current[h].why}); runs with a spare host "
+            f"{lm.since(current[h].t, now)} ({current[h].why}); runs with a spare host "
             f"leave it out (`dtrain nodes unfence {h}`)" for h in labels if h in current]

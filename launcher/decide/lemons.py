@@ -15,10 +15,15 @@ Later runs leave a remembered node out while it is in force and they have hosts 
 (``--nnodes`` below the host count), and use it with a warning when they need every host
 they were given. ``dtrain nodes`` lists the records, ``unfence`` removes them, ``expire``
 drops the old ones.
+
+A record's time is anyone's who could write the file: one dtrain could not have written
+(not finite, before 2000, more than a day ahead of this clock) is a time unknown
+(``known_time``), said as such, never as an age of 300 digits.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +34,9 @@ TIERS = (ISOLATE, SUSPECT)
 SUSPECT_BASE_S = 600.0  # a suspect's first cooldown: 10 min, then 20, 40, ...
 SUSPECT_CAP_S = DEFAULT_TTL_S  # ... at most a day, as long as an isolate
 MAX_COUNT = 1_000_000
+T_MIN = 946684800.0  # 2000-01-01 UTC: no fence time dtrain wrote is older
+CLOCK_AHEAD_S = 86400.0  # a record written by a clock up to a day ahead of this one
+UNKNOWN = "time unknown"
 
 
 def cooldown(count: int, base: float = SUSPECT_BASE_S, cap: float = SUSPECT_CAP_S) -> float:
@@ -89,7 +97,7 @@ def document(lemons: Iterable[Lemon]) -> dict[str, Any]:
 def current(lemons: Iterable[Lemon], now: float) -> dict[str, Lemon]:
     """The records in force now, the latest per host."""
     out: dict[str, Lemon] = {}
-    for lemon in sorted(lemons, key=lambda x: x.t):
+    for lemon in sorted(lemons, key=by_time):
         if lemon.until > now:
             out[lemon.host] = lemon
     return out
@@ -99,7 +107,7 @@ def add(lemons: Sequence[Lemon], new: Iterable[Lemon]) -> list[Lemon]:
     """The list with ``new`` records replacing those of the same hosts. A host's count goes
     on from its earlier record (in force or not); a suspect's ``until`` is its time plus
     the cooldown of that count; a suspect never shortens an isolate still in force."""
-    before = {x.host: x for x in sorted(lemons, key=lambda x: x.t)}
+    before = {x.host: x for x in sorted(lemons, key=by_time)}
     fresh: list[Lemon] = []
     for n in new:
         old = before.get(n.host)
@@ -152,8 +160,29 @@ def skip(hosts: Sequence[str], lemons: Mapping[str, Lemon], need: int) -> Skip:
                 tuple(lemons[h] for h in bad[spare:]))
 
 
+def known_time(t: float, now: float) -> bool:
+    """A fence time dtrain could have written: finite, not negative, not before 2000 (judged
+    only by a clock that is past 2000 itself: a test's ``now = 1000.0`` keeps its own small
+    times), not more than a day ahead of ``now``."""
+    return math.isfinite(t) and 0.0 <= t <= now + CLOCK_AHEAD_S \
+        and (t >= T_MIN or now < T_MIN)
+
+
+def by_time(lemon: Lemon) -> float:
+    """The records' order: by time, an unknown one (NaN sorts nowhere) first."""
+    return lemon.t if math.isfinite(lemon.t) else -math.inf
+
+
+def since(t: float, now: float) -> str:
+    """``3 h ago``, or ``time unknown`` for a time no dtrain wrote."""
+    return f"{ago(now - t)} ago" if known_time(t, now) else UNKNOWN
+
+
 def ago(seconds: float) -> str:
-    """``3 h``, ``12 min``, ``40 s``."""
+    """``3 h``, ``12 min``, ``40 s``; ``?`` for what is no duration (not finite, or more
+    than a century)."""
+    if not math.isfinite(seconds) or seconds > 100 * 365 * 86400:
+        return "?"
     s = max(0.0, seconds)
     if s >= 7200:
         return f"{s / 3600:.0f} h"
@@ -171,13 +200,13 @@ def _by(lemon: Lemon) -> str:
 
 
 def skip_line(lemon: Lemon, now: float) -> str:
-    return (f"{lemon.host} skipped: {_by(lemon)} run {lemon.run_id} {ago(now - lemon.t)} ago "
+    return (f"{lemon.host} skipped: {_by(lemon)} run {lemon.run_id} {since(lemon.t, now)} "
             f"({lemon.why}); `dtrain nodes unfence {lemon.host}` brings it back")
 
 
 def kept_line(lemon: Lemon, now: float) -> str:
     was = "was fenced by" if lemon.tier == ISOLATE else f"is {_by(lemon)}"
-    return (f"warning: {lemon.host} {was} run {lemon.run_id} {ago(now - lemon.t)} "
-            f"ago ({lemon.why}); used anyway: this run needs every host it was given "
+    return (f"warning: {lemon.host} {was} run {lemon.run_id} {since(lemon.t, now)} "
+            f"({lemon.why}); used anyway: this run needs every host it was given "
             f"(--nnodes with a spare host leaves it out; `dtrain nodes unfence "
             f"{lemon.host}`)")
