@@ -98,6 +98,20 @@ def roce_node(name: str, ip: str, rdma: tuple[RdmaPort, ...], **kw: object) -> N
 # --------------------------------------------------------------------------- python, hostname
 
 
+def test_localhost_is_local_not_ssh_connected(tmp_path: Path) -> None:
+    """Issue 55 item 4: doctor printed `ssh localhost ok connected` with no sshd; localhost
+    runs as a local process, and its row says so."""
+    rows = doctor.check_ssh([Host("localhost"), Host("localhost", port=2222), Host("gpu1")],
+                            {})
+    assert [(r.host, r.check, r.status, r.detail) for r in rows] == [
+        ("localhost", "local", OK, "runs locally as a subprocess; no ssh involved"),
+        ("localhost:2222", "ssh", OK, "connected"), ("gpu1", "ssh", OK, "connected")]
+    res = dtrain(["doctor", "-H", "localhost", "--no-color"])
+    assert "connected" not in res.stdout + res.stderr
+    assert any(line.split()[:3] == ["local", "localhost", "ok"]
+               for line in res.stdout.splitlines()), res.stdout
+
+
 def test_python_fails_naming_the_node_whose_probe_did_not_run() -> None:
     facts = cluster_facts()
     del facts["gpu2"]
@@ -991,12 +1005,13 @@ def test_doctor_on_localhost_without_ssh(tmp_path: Path) -> None:
     validate_json(doc, "doctor")
     assert res.returncode == doc["exit_code"] == (0 if doc["outcome"] == "ok" else 1), res.stderr
     rows = {(c["host"], c["check"]): c for c in doc["doctor"]["checks"]}
-    assert rows[("localhost", "ssh")]["status"] == OK
+    assert rows[("localhost", "local")]["status"] == OK  # no sshd: issue 55 item 4
+    assert ("localhost", "ssh") not in rows
     assert rows[("localhost", "python")]["status"] == OK
     assert rows[("localhost", "master_port")]["detail"].startswith("bound 127.0.0.1:")
     assert "master_port  localhost  ok" in res.stderr  # the table went to stderr
     cases = {c.get("name") for c in validate_junit(junit.read_text()).iter("testcase")}
-    assert {"localhost ssh", "localhost torch", "localhost clock"} <= cases
+    assert {"localhost local", "localhost torch", "localhost clock"} <= cases
 
 
 def test_doctor_colour_follows_the_shared_rule() -> None:

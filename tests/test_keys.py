@@ -607,3 +607,21 @@ def test_setup_says_how_plain_ssh_uses_the_key_and_adds_it_only_when_asked(
     again = keys_env.dtrain("keys", "setup", "--ssh-config")
     assert "already gives plain ssh this key" in again.stderr
     assert config.read_text() == text  # not twice
+
+
+@pytest.mark.parametrize("action", [["setup", "--password-stdin"], ["check"], ["revoke"]])
+def test_keys_skip_localhost_with_one_line(action: list[str], tmp_path: Path) -> None:
+    """Issue 55 item 4: keys tried SSH to localhost, which exec, run and doctor run locally
+    ("connection refused" with no sshd)."""
+    from tests.util import assert_exit, dtrain
+
+    env = {**os.environ, "HOME": str(tmp_path)}
+    ensure_keypair(default_key_path_in(tmp_path))
+    res = dtrain(["keys", *action, "-H", "localhost", "-t", "3"], env=env, input="")
+    assert_exit(res, 0)
+    assert res.stderr.count("localhost runs locally; no key needed") == 1, res.stderr
+    assert "refused" not in res.stdout + res.stderr
+
+
+def default_key_path_in(home: Path) -> Path:
+    return home / ".ssh" / default_key_path().name

@@ -185,6 +185,18 @@ def _report(action: str, results: Sequence[KeyResult], keypair: KeyPair, started
     return finish(report, as_json=as_json, junit=junit)
 
 
+def _remote(hosts: Sequence[Host]) -> list[Host]:
+    """The hosts reached over SSH: a localhost entry (no user, no port) runs as a local
+    process in exec, run and doctor, so keys leaves it out, with one line saying so."""
+    from launcher.hosts.hostfile import fold
+    from launcher.output import render
+
+    local = [h.label for h in hosts if h.is_local]
+    if local:
+        render.note(f"{fold(local)} runs locally; no key needed")
+    return [h for h in hosts if not h.is_local]
+
+
 def _keypair(identity: Path | None, *, create: bool) -> KeyPair:
     from launcher.commands.keypair import default_key_path, ensure_keypair
     from launcher.output import render
@@ -274,8 +286,11 @@ def setup_cmd(
         from launcher.commands.keys import setup_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
+        host_list = _remote(groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                         group=group, exclude_group=exclude_group,
+                                         genders=genders))
+        if not host_list:
+            return 0  # localhost alone: nothing to set up, check or revoke
         keypair = _keypair(identity, create=True)
         settings = groups.connection(connect_timeout, accept_new, ssh_option)
         prompts = TerminalPrompts(password_stdin, settings.known_hosts)
@@ -317,8 +332,11 @@ def check_cmd(
         from launcher.commands.keys import check_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
+        host_list = _remote(groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                         group=group, exclude_group=exclude_group,
+                                         genders=genders))
+        if not host_list:
+            return 0  # localhost alone: nothing to set up, check or revoke
         keypair = _keypair(identity, create=False)
         settings = groups.connection(connect_timeout, False, ssh_option)
         results = check_keys(host_list, settings, keypair, fanout=fanout)
@@ -357,8 +375,11 @@ def revoke_cmd(
         from launcher.commands.keys import revoke_keys
 
         started = time.time()
-        host_list = groups.hosts(hostfile, hosts, include, exclude, user=user,
-                                 group=group, exclude_group=exclude_group, genders=genders)
+        host_list = _remote(groups.hosts(hostfile, hosts, include, exclude, user=user,
+                                         group=group, exclude_group=exclude_group,
+                                         genders=genders))
+        if not host_list:
+            return 0  # localhost alone: nothing to set up, check or revoke
         keypair = _keypair(identity, create=False)
         settings = groups.connection(connect_timeout, False, ssh_option,
                                      identities=_identities(identity))

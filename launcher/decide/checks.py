@@ -32,7 +32,7 @@ NOFILE_SCALE_NODES = 16  # below this many nodes the default 1024 is enough in p
 NCCL_STACK_FIXED = (2, 28)  # from 2.28 NCCL sizes its thread stacks itself
 PEERMEM = "/sys/module/nvidia_peermem"
 
-CHECKS = ("ssh", "setup", "python", "hostname", "torch", "nccl", "gpu", "master", "socket",
+CHECKS = ("ssh", "local", "setup", "python", "hostname", "torch", "nccl", "gpu", "master", "socket",
           "master_port", "mtu", "hca", "roce_gid", "memlock", "gpudirect", "shm", "limits",
           "clock", "image")
 FAST_CHECKS = ("python", "hostname", "torch", "shm", "memlock")
@@ -156,10 +156,17 @@ def _sock_if(sockets: Mapping[str, SocketChoice | str], host: str) -> str | None
 
 
 
+LOCAL_ROW = "runs locally as a subprocess; no ssh involved"
+
+
 def check_ssh(hosts: Sequence[Host | str], connect_errors: Mapping[str, str]
               ) -> list[CheckResult]:
-    """Reachable with key login: the transport's own message for each node that is not."""
+    """Reachable with key login: the transport's own message for each node that is not. A
+    localhost entry (no user, no port) runs as a local process: its row is ``local``, not
+    ``ssh ... connected`` (no sshd was asked)."""
+    local = {h.label for h in hosts if isinstance(h, Host) and h.is_local}
     return [CheckResult(h, "ssh", FAIL, connect_errors[h]) if h in connect_errors
+            else CheckResult(h, "local", OK, LOCAL_ROW) if h in local
             else CheckResult(h, "ssh", OK, "connected") for h in _labels(hosts)]
 
 

@@ -59,7 +59,7 @@ def evaluate(g: Gathered) -> list[CheckResult]:
     sockets = socket_choices(facts, pick)
     slots = {h.label: h.slots for h in g.hosts}
     reached = [h for h in labels if h not in g.connect_errors]
-    rows = (check_ssh(labels, g.connect_errors)
+    rows = (check_ssh(g.hosts, g.connect_errors)
             + check_setup(g.setup, reached, facts, g.setup_errors)
             + check_python(facts, [h for h in labels if h not in g.connect_errors],
                            g.probe_errors)
