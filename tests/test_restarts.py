@@ -609,6 +609,30 @@ def test_dtrain_nodes_unfence_expire_and_durations(tmp_path: Path,
     assert json.loads(capsys.readouterr().out)["nodes"] == []
 
 
+def test_unfence_takes_a_host_as_the_hostfile_spells_it(tmp_path: Path) -> None:
+    """Issue 55 item 5: `nodes unfence dtuser@login1:2222` read the @ as a node group."""
+    import time
+
+    from launcher.commands.nodes import unfence
+    from tests.util import assert_exit, dtrain
+
+    store = LemonStore(tmp_path / "s")
+    now = time.time()
+    store.remember([lm.Lemon(h, "lost", "r", now - 10, now + 100)
+                    for h in ("login1:2222", "login1:2223", "n1", "127.0.0.1:2202")])
+    assert unfence(["dtuser@login1:2222"], store) == 0
+    assert [x.host for x in store.load()] == ["login1:2223", "n1", "127.0.0.1:2202"]
+    assert unfence(["login1:2222"], store) == 1  # gone already
+    assert unfence(["alice@n1", "127.0.0.1:2202"], store) == 0
+    assert [x.host for x in store.load()] == ["login1:2223"]
+    assert unfence(["login1"], store) == 0  # a name without a port: any port
+    assert store.load() == []
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    res = dtrain(["nodes", "unfence", "dtuser@node9:2222"], env=env)
+    assert_exit(res, 1)
+    assert "not on the list: node9:2222" in res.stdout, res.stdout + res.stderr
+
+
 # -- the words and keys the policy reads, whole -----------------------------------------------
 
 def test_nnodes_error_names_the_option_and_what_spares_are() -> None:

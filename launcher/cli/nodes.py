@@ -58,7 +58,7 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 @nodes_app.command("unfence", cls=DtrainCommand)
 def unfence_cmd(hosts: Annotated[list[str], typer.Argument(
         metavar="HOSTS",
-        help="Host names as the hostfile writes them (node[1-3] ranges work).")]) -> None:
+        help="Hosts as the hostfile writes them: node[1-3], dtuser@login1:2222.")]) -> None:
     """Take nodes off the list: later runs use them again.
 
     Example:

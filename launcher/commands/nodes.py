@@ -13,6 +13,7 @@ from datetime import datetime
 from launcher.decide import lemons as lm
 from launcher.errors import UsageError
 from launcher.job.lemons import LemonStore
+from launcher.models import Host
 from launcher.output import render
 from launcher.text.termsafe import inert
 from launcher.text.words import count
@@ -76,20 +77,40 @@ def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int
     return 0
 
 
-def _expand(hosts: list[str]) -> list[str]:
-    from launcher.hosts.hostfile import _nodeset
+def _record_host(label: str) -> Host:
+    """A lemon record's host (its label: ``name`` or ``name:port``) as a Host."""
+    name, colon, port = label.rpartition(":")
+    if colon and name and ":" not in name and port.isdigit():
+        return Host(name, port=int(port))
+    return Host(label)
 
-    out: list[str] = []
+
+def _matching(hosts: list[str], labels: list[str]) -> tuple[list[str], list[str]]:
+    """(the records' labels the HOSTS name, each host HOSTS name that is on no record).
+    HOSTS are spelled as a hostfile spells hosts (``dtuser@node1:2222``, ``node[1-3]``); a
+    record has no user, so ``user@`` is read and left aside; a name without a port names
+    the host on any port."""
+    from launcher.hosts.hostfile import host_patterns
+
+    found: list[str] = []
+    missing: list[str] = []
     for expr in hosts:
-        out += [str(name) for name in _nodeset(expr, "HOST")]
-    return out
+        for pattern in host_patterns(expr, "HOST"):
+            for name in map(str, pattern.names):
+                one = Host(name, port=pattern.port)
+                named = [label for label in labels if _record_host(label).name == name
+                         and pattern.port in (None, _record_host(label).port)]
+                found += [label for label in named if label not in found]
+                if not named:
+                    missing.append(one.label)
+    return found, missing
 
 
 def unfence(hosts: list[str], store: LemonStore | None = None) -> int:
     store = store or LemonStore()
-    names = _expand(hosts)
-    found = store.change(lambda old: lm.remove(old, names))
-    missing = [h for h in names if h not in found]
+    names, missing = _matching(hosts, [x.host for x in store.load()])
+    found = store.change(lambda old: lm.remove(old, names)) if names else []
+    missing += [h for h in names if h not in found]
     if found:
         render.note(f"unfenced {', '.join(found)}: later runs use "
                     f"{'it' if len(found) == 1 else 'them'} again", sys.stdout)
