@@ -374,45 +374,54 @@ def test_image_push_groups_the_nodes_by_the_marker_they_read_back() -> None:
 async def test_image_push_gives_a_node_that_cannot_say_its_own_copy(monkeypatch) -> None:
     """Finding who shares the archive's directory is bounded: a node whose marker step hangs
     (a hung NFS mount) or fails is a group of its own, and the others are grouped by what
-    they read back. A node whose directory others could write into is set apart (it would
-    load whatever archive lies there). The commands run through sh, the marker created with
-    set -C after the directory's owner and mode were checked."""
+    they read back. A node whose directory, or one above it, others could change is set
+    apart with the node program's reason (it would load whatever archive lies there;
+    tests/test_push_dir.py). The marker step is nodeside/pushdir.py with the directory, the
+    marker and the node's index; the read-back runs through sh."""
     import asyncio
+    import json
 
     from launcher.commands import image
-    from launcher.models import Host
 
-    files: dict[str, str] = {}  # the one shared directory of a and c
+    files: dict[str, str] = {}
+    specs: list[tuple[str, dict[str, object]]] = []
     seen: list[str] = []
 
-    async def shell(host: Host, transport: object, command: str):
-        seen.append(command)
+    async def prepare(host, transport, python, spec):
+        specs.append((host.label, spec))
+        if host.label == "c":
+            await asyncio.sleep(0)
         if host.label == "b":
-            await asyncio.sleep(60)
+            await asyncio.sleep(5)  # hangs: past SHARE_TIMEOUT
         if host.label == "d":
             raise image.DtrainError("lost")
-        if "set -C" in command:
-            if host.label == "e":
-                return 0, b"unsafe\n", b""
-            files.setdefault("m", command.split("echo ", 2)[2].split(" ", 1)[0])
-            return 0, b"", b""
+        if host.label == "e":
+            return 0, json.dumps({"unsafe": "/x belongs to eve"}).encode() + b"\n", b""
+        files.setdefault("m", str(spec["index"]))
+        return 0, b'{"ok": true}\n', b""
+
+    async def shell(host, transport, command):
+        seen.append(command)
+        if host.label == "b":
+            await asyncio.sleep(5)
+        if host.label == "d":
+            raise image.DtrainError("lost")
         return 0, files["m"].encode() + b"\n", b""
 
+    monkeypatch.setattr(image, "_prepare", prepare)
     monkeypatch.setattr(image, "_shell", shell)
     monkeypatch.setattr(image, "SHARE_TIMEOUT", 0.2)
     hosts = [Host("a"), Host("b"), Host("c"), Host("d"), Host("e")]
     groups, unsafe = await image._sharing(hosts, object(), "dir x", ".dtrain-share-t",
                                           fanout=8)
     assert [[h.label for h in g] for g in groups] == [["a", "c"], ["b"], ["d"]]
-    assert [h.label for h in unsafe] == ["e"]
+    assert unsafe == {"e": "/x belongs to eve"}
+    assert sorted(specs, key=lambda s: s[0])[0] == (
+        "a", {"dir": "dir x", "marker": ".dtrain-share-t", "index": 0})
     d = "'\"'\"'dir x'\"'\"'"
-    assert seen[0] == (f"sh -c 'umask 077 && mkdir -p -- {d} || exit 0; if [ ! -O {d} ] || "
-                       f"[ -n \"$(find {d} -maxdepth 0 -perm /022)\" ]; then echo unsafe; exit 0; "
-                       f"fi; (set -C && echo 0 > {d}/.dtrain-share-t) 2>/dev/null; exit 0'")
     assert seen[-1] == f"sh -c 'cat -- {d}/.dtrain-share-t'"
     # one node, or one safe node left: no second step
     seen.clear()
     groups, unsafe = await image._sharing([Host("a"), Host("e")], object(), "x", "m", 8)
-    assert ([[h.label for h in g] for g in groups], [h.label for h in unsafe]) == \
-        ([["a"]], ["e"])
-    assert len(seen) == 2
+    assert ([[h.label for h in g] for g in groups], list(unsafe)) == ([["a"]], ["e"])
+    assert seen == []

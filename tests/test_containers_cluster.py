@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -267,8 +268,10 @@ def test_image_push_refuses_a_directory_others_can_write_into(pcluster: tc.Clust
         res = dtrain(["image", "push", "-H", "node[1-2]", "--via", str(via), tag],
                      env=pcluster.client_env(), timeout=300)
         assert res.returncode == 1, res.stdout + res.stderr
-        why = (f"{via} is not this user's alone (another owner, or writable by others): the "
-               "node would load whatever archive lies there; --via a directory of your own")
+        mode = f"{stat.S_IMODE(via.stat().st_mode):o}"
+        why = (f"{via} is not this user's alone (root (uid 0)'s, mode {mode}): the node would "
+               "load whatever archive lies there; --via a directory of your own, on a path "
+               "that only root and you can change (or ask its owner to make it so)")
         assert res.stderr.splitlines() == [f"dtrain: node1: {why}", f"dtrain: node2: {why}"], \
             res.stderr
         assert sorted(p.name for p in via.iterdir()) == before

@@ -30,7 +30,7 @@ LAYERS = ("cli", "commands", "job", "transports", "decide", "output", "nodeside"
 # supervisor's), plus the one-file programs
 NODE_PROGRAMS = tuple(dict.fromkeys(
     f"launcher.nodeside.{m}"
-    for name in ("supervisor", "probe", "cpnode", "sampler", "health")
+    for name in ("supervisor", "probe", "cpnode", "sampler", "health", "pushdir")
     for m in program_modules(name)))
 
 

@@ -16,6 +16,7 @@ it (or has another digest), saved once and sent over cp's broadcast chain (docs/
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shlex
@@ -23,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from launcher.decide.container import ContainerRequest, share_groups, share_marker, short_id
@@ -40,6 +41,8 @@ REMOTE_DIR = ".cache/dtrain/images"  # under the node's home (per node; shared h
 LOCAL_RUNTIMES = ("podman", "docker")  # those with save/load of a named image
 NOT_THERE = 3  # the load's exit when the archive is not on the node (podman's own are 125+)
 SHARE_TIMEOUT = 30.0  # each step of finding who shares the directory (a hung NFS mount)
+REFUSED_HINT = ("--via a directory of your own, on a path that only root and you can change "
+                "(or ask its owner to make it so)")
 
 
 @dataclass(frozen=True)
@@ -136,31 +139,58 @@ async def _remove(host: Host, transport: Transport, *paths: str) -> None:
         pass
 
 
-UNSAFE = "unsafe"  # the marker step's answer for a directory others could write into
+async def _prepare(host: Host, transport: Transport, python: str, spec: dict[str, object]
+                   ) -> tuple[int | None, bytes, bytes]:
+    """The marker step on one node: nodeside/pushdir.py with ``spec``; (exit code, its JSON
+    line, stderr)."""
+    from launcher.nodeside import wire
+
+    async with await transport.connect(host) as conn:
+        proc = await conn.start(wire.remote_command(host.python or python, stdlib_only=True))
+        await proc.write(wire.payload(wire.program_source("pushdir"), spec))
+        proc.write_eof()
+        out = b""
+        while chunk := await proc.read_stdout(65536):
+            out += chunk
+        err = b""
+        while chunk := await proc.read_stderr(65536):
+            err += chunk
+        return await proc.wait(), out, err
+
+
+def _unsafe_why(out: str) -> str | None:
+    """The node program's refusal in its JSON line, or None."""
+    try:
+        answer = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    why = answer.get("unsafe") if isinstance(answer, dict) else None
+    return str(why) if why else None
 
 
 async def _sharing(need: Sequence[Host], transport: Transport, directory: str, marker: str,
-                   fanout: int) -> tuple[list[list[Host]], list[Host]]:
+                   fanout: int, python: str = "python3"
+                   ) -> tuple[list[list[Host]], dict[str, str]]:
     """(the nodes of ``need`` grouped by the archive directory they share, one group per
-    node where none is shared; the nodes where the directory is not the user's alone).
+    node where none is shared; why the directory is refused, by node label).
 
-    Every node makes the directory if needed (umask 077) and checks that it is the user's and
-    writable by no one else: a node loads whatever archive lies there under the image's
-    name, so another user must not be able to put one there first. Then it creates ``marker``
-    there exclusively with its index in it (``set -C``: O_EXCL) and, once all have tried,
-    reads it back."""
+    Every node makes the directory if needed (0700) and checks it and every directory above
+    it (nodeside/pushdir.py): a node loads whatever archive lies there under the image's
+    name, so another user must neither be able to put one there nor to swap that directory
+    or one above it for one of theirs. Then it creates ``marker`` there exclusively with its
+    index in it (O_EXCL) and, once all have tried, reads it back."""
     path = f"{shlex.quote(directory)}/{shlex.quote(marker)}"
     sem = asyncio.Semaphore(fanout)
 
-    async def on_all(hosts: Sequence[Host], command: Callable[[int], str]
+    async def on_all(hosts: Sequence[Host],
+                     run: Callable[[int, Host], Awaitable[tuple[int | None, bytes, bytes]]]
                      ) -> dict[str, str | None]:
         answers: dict[str, str | None] = {}
 
         async def one(i: int, h: Host) -> None:
             async with sem:
                 try:
-                    code, out, _ = await asyncio.wait_for(_shell(h, transport, command(i)),
-                                                          SHARE_TIMEOUT)
+                    code, out, _ = await asyncio.wait_for(run(i, h), SHARE_TIMEOUT)
                 except (DtrainError, OSError, TimeoutError):
                     code, out = 1, b""  # a node that cannot say: a copy of its own
             answers[h.label] = out.decode(errors="replace") if code == 0 else None
@@ -170,17 +200,15 @@ async def _sharing(need: Sequence[Host], transport: Transport, directory: str, m
                 tg.create_task(one(i, h))
         return answers
 
-    d = shlex.quote(directory)
-    # through sh: the login shell may be csh, which knows neither set -C nor 2>
-    made = await on_all(need, lambda i: "sh -c " + shlex.quote(
-        f"umask 077 && mkdir -p -- {d} || exit 0; "
-        f"if [ ! -O {d} ] || [ -n \"$(find {d} -maxdepth 0 -perm /022)\" ]; then "
-        f"echo {UNSAFE}; exit 0; fi; (set -C && echo {i} > {path}) 2>/dev/null; exit 0"))
-    unsafe = [h for h in need if (made.get(h.label) or "").strip() == UNSAFE]
-    safe = [h for h in need if h not in unsafe]
+    made = await on_all(need, lambda i, h: _prepare(
+        h, transport, python, {"dir": directory, "marker": marker, "index": i}))
+    unsafe = {h.label: why for h in need if (why := _unsafe_why(made.get(h.label) or ""))}
+    safe = [h for h in need if h.label not in unsafe]
     if len(safe) < 2:
         return [[h] for h in safe], unsafe
-    answers = await on_all(safe, lambda i: "sh -c " + shlex.quote(f"cat -- {path}"))
+    # through sh: the login shell may be csh
+    answers = await on_all(safe, lambda i, h: _shell(
+        h, transport, "sh -c " + shlex.quote(f"cat -- {path}")))
     by_label = {h.label: h for h in safe}
     return [[by_label[label] for label in group]
             for group in share_groups([h.label for h in safe], answers)], unsafe
@@ -220,12 +248,12 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
         if not need:
             return result
         marker = share_marker(secrets.token_hex(8))
-        groups, unsafe = await _sharing(need, transport, req.remote_dir, marker, req.fanout)
+        groups, unsafe = await _sharing(need, transport, req.remote_dir, marker, req.fanout,
+                                        req.python)
     where = req.via or "~/" + REMOTE_DIR
-    for h in unsafe:
-        result.failed[h.label] = (f"{where} is not this user's alone (another owner, or "
-                                  "writable by others): the node would load whatever archive "
-                                  "lies there; --via a directory of your own")
+    for label, why in unsafe.items():
+        result.failed[label] = (f"{why}: the node would load whatever archive lies there; "
+                                f"{REFUSED_HINT}")
     need = [h for group in groups for h in group]
     if not need:
         return result
