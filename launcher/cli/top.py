@@ -119,18 +119,19 @@ def top_cmd(
         target = a.run
         named = a.hostfile is not None or a.hosts is not None  # else a run's own hosts
         host_list = None
+        if target is None and not named and a.group is None:
+            # no RUN and no hosts on the command line: the latest running run comes before
+            # the default hosts (the config's hostfile, WCOLL, a Slurm allocation)
+            target = latest_live_run(Path(a.archive_dir))
         try:
-            if a.run is None or named:
+            if target is None or named:
                 host_list = a.read_hosts()
         except HostfileError:
-            if named:
+            if named or a.group is not None:
                 raise
-            # no hosts anywhere: the latest running run, if there is one
-            target = latest_live_run(Path(a.archive_dir))
-            if target is None:
-                raise HostfileError("no hosts given and no running run in "
-                                    f"{a.archive_dir}", hint="use -f FILE or -H EXPR, or name "
-                                    "a run: dtrain top RUN") from None
+            raise HostfileError("no hosts given and no running run in "
+                                f"{a.archive_dir}", hint="use -f FILE or -H EXPR, or name "
+                                "a run: dtrain top RUN") from None
         if target is not None:
             return run_top_for_run(Path(a.archive_dir), target, req, settings, hosts=host_list,
                                    include=a.include, exclude=a.exclude,
