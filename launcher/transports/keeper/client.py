@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import launcher
 from launcher import private
+from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.errors import AuthError, ConnectError, DtrainError, HostKeyError
 from launcher.models import Host
 from launcher.transports.base import Connection, FileSystem, Process, Transport
@@ -245,11 +246,9 @@ class KeeperTransport(Transport):
 
     async def aclose(self) -> None:
         if self._ready is not None and not self._ready.done():
-            self._ready.cancel()
-            with contextlib.suppress(BaseException):
-                await self._ready
+            await cancel_and_wait(self._ready)
         if self._direct is not None:
-            await self._direct.aclose()
+            await cleanup(self._direct.aclose(), CLOSE_S)
 
 
 def _lock_held(directory: Path) -> bool:
@@ -316,7 +315,7 @@ class KeeperConnection(Connection):
 
     async def aclose(self) -> None:
         if self._direct is not None:
-            await self._direct.aclose()
+            await cleanup(self._direct.aclose(), CLOSE_S)
 
 
 class _Stream:

@@ -17,6 +17,7 @@ import struct
 import time
 from typing import Any
 
+from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.nodeside import wire
 from launcher.transports.base import Connection, Process
 from launcher.transports.keeper import frames
@@ -193,7 +194,7 @@ class NodeAgent:
             async with asyncio.timeout(READY_WAIT):
                 agent.pid = await agent.ready
         except (ConnectionError, OSError, TimeoutError, AgentUnavailable) as exc:
-            await agent.aclose()
+            await cleanup(agent.aclose(), CLOSE_S)
             raise AgentUnavailable(f"{conn.host.label}: no node agent ({exc or 'timed out'})"
                                    ) from None
         return agent
@@ -329,9 +330,7 @@ class NodeAgent:
         except (OSError, ConnectionError):
             pass
         finally:
-            inbound.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await inbound
+            await cancel_and_wait(inbound)
 
     async def _down(self, job: AgentJob, reader: asyncio.StreamReader) -> None:
         """The command's frames to the job; the command gone drops the job's channel."""
@@ -370,11 +369,7 @@ class NodeAgent:
         self.closing = True
         self.proc.abort()
         extra = [self.flusher] if self.flusher is not None else []
-        for task in (self.pump, self.errs, *self.tasks, *extra):
-            task.cancel()
-        for task in (self.pump, self.errs, *self.tasks, *extra):
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(self.pump, self.errs, *self.tasks, *extra)
 
 
 

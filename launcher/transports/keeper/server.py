@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import private
-from launcher.aio import cancel_and_wait, cleanup
+from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.errors import DtrainError, SessionRefused
 from launcher.models import Host
 from launcher.nodeside import wire
@@ -198,9 +198,9 @@ class Keeper:
     @staticmethod
     async def _close(entry: Entry) -> None:
         for agent in list(entry.agents.values()):
-            await agent.aclose()
+            await cleanup(agent.aclose(), CLOSE_S)
         entry.agents.clear()
-        await entry.conn.aclose()
+        await cleanup(entry.conn.aclose(), CLOSE_S)
 
     async def housekeeping(self) -> None:
         while not self.stopped.is_set():
@@ -224,7 +224,7 @@ class Keeper:
             # unused transports (jump connections) go with their last entry
             if not self.entries:
                 for t in self.transports.values():
-                    await t.aclose()
+                    await cleanup(t.aclose(), CLOSE_S)
                 self.transports.clear()
             quiet = not self.entries and not self.clients
             if quiet and (self.quitting or now - self.last_activity > self.idle):
@@ -395,9 +395,7 @@ async def relay(proc: Process, reader: asyncio.StreamReader,
     except (OSError, ConnectionError):
         proc.abort()
     finally:
-        inbound.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await inbound
+        await cancel_and_wait(inbound)
 
 
 LINGER_S = 5.0  # how long a finished request waits for its command to hang up
@@ -461,7 +459,7 @@ async def main_async(directory: Path, idle: float) -> int:
         for e in list(keeper.entries.values()):
             keeper.close(e, "keeper exiting")
         for t in keeper.transports.values():
-            await t.aclose()
+            await cleanup(t.aclose(), CLOSE_S)
         if keeper.closing:  # every connection's close, bounded
             await cleanup(asyncio.gather(*keeper.closing, return_exceptions=True), 5.0)
         os.close(lock)
