@@ -13,6 +13,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -425,3 +426,71 @@ async def test_image_push_gives_a_node_that_cannot_say_its_own_copy(monkeypatch)
     groups, unsafe = await image._sharing([Host("a"), Host("e")], object(), "x", "m", 8)
     assert ([[h.label for h in g] for g in groups], list(unsafe)) == ([["a"]], ["e"])
     assert seen == []
+
+
+async def test_image_push_skips_a_node_that_already_has_the_image(monkeypatch) -> None:
+    """A node whose probe found the image with this machine's id is skipped: it is never
+    asked whether it shares the archive's directory, never copied to, never loaded; a node
+    without it, or with another id, gets the image. Everything but the push's own decision
+    stands in (no runtime, no node); test_containers_cluster.py pushes for real."""
+    import contextlib
+
+    from launcher.commands import image
+    from launcher.commands.cp import command as cp_command
+    from launcher.job import containers
+    from launcher.transports.ssh import SSHSettings
+
+    want = "sha256:" + "a" * 64
+    facts = {"has": ContainerFacts(runtime="podman", image_present=True, image_id=want),
+             "lacks": ContainerFacts(runtime="podman", image_present=False),
+             "other": ContainerFacts(runtime="podman", image_present=True,
+                                     image_id="sha256:" + "b" * 64)}
+    asked: dict[str, list[str]] = {"share": [], "copy": [], "load": [], "save": []}
+
+    async def probe(transport, hosts, reqs, **kw):
+        return {h.label: facts[h.label] for h in hosts}, {}, {}
+
+    async def sharing(need, transport, directory, marker, fanout, python="python3"):
+        asked["share"] += [h.label for h in need]
+        return [[h] for h in need], {}
+
+    def save(argv, **kw):
+        asked["save"].append(argv[1])
+        Path(argv[argv.index("-o") + 1]).write_bytes(b"archive")
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    async def cp_async(receivers, copy, settings):
+        asked["copy"] += [h.label for h in receivers]
+        return 0
+
+    async def load(host, transport, runtime, path, img):
+        asked["load"].append(host.label)
+        return want
+
+    async def remove(host, transport, *paths):
+        return None
+
+    monkeypatch.setattr(image, "local_runtime", lambda req: ("podman", want))
+    monkeypatch.setattr(containers, "probe_containers", probe)
+    monkeypatch.setattr(image, "AutoTransport", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(image, "_sharing", sharing)
+    monkeypatch.setattr(image, "subprocess", SimpleNamespace(run=save))
+    monkeypatch.setattr(cp_command, "cp_async", cp_async)
+    monkeypatch.setattr(image, "_load", load)
+    monkeypatch.setattr(image, "_remove", remove)
+    notes: list[str] = []
+    monkeypatch.setattr(image.render, "note", notes.append)
+    req = image.PushRequest("localhost/img:1")
+
+    hosts = [Host("has"), Host("lacks"), Host("other")]
+    res = await image.push_async(hosts, req, SSHSettings())
+    assert (res.skipped, sorted(res.loaded), res.failed) == (["has"], ["lacks", "other"], {})
+    assert asked == {"share": ["lacks", "other"], "copy": ["lacks", "other"],
+                     "load": ["lacks", "other"], "save": ["save"]}
+    assert notes[0] == "1 node already have localhost/img:1 (aaaaaaaaaaaa): skipped", notes
+    # every node has it: nothing is saved, copied or loaded
+    for k in asked:
+        asked[k] = []
+    res = await image.push_async([Host("has")], req, SSHSettings())
+    assert (res.skipped, res.loaded, res.exit_code) == (["has"], [], 0)
+    assert asked == {"share": [], "copy": [], "load": [], "save": []}
