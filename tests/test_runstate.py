@@ -151,7 +151,7 @@ def test_ps_json_lists_every_field() -> None:
         "exit_code": None, "outcome": None, "launcher_pid": 10, "launcher_host": "h",
         "detached": False, "hosts": ["n1"], "nodes": 1, "world_size": 2, "created": 1.0,
         "ended": None, "last_line_t": None, "note": None, "attempt": 2, "kind": "smoke",
-        "goodput": None, "fabric": None}]
+        "goodput": None, "fabric": None, "goodput_meaningful": False}]
 
 
 def test_ps_shows_every_live_run_and_the_newest_of_the_others() -> None:

@@ -43,3 +43,46 @@ def test_top_without_a_run_follows_the_running_run_when_the_config_names_a_hostf
         assert "run 20260101-000000-live" not in res.stdout, res.stdout
     finally:
         lock.release()
+
+
+# -- 2. `dtrain ps`: a 5 s run's goodput is '-', with the reason under the table ---------------
+
+def _finished(runs: Path, run_id: str, wall: float, highest: int, goodput: float) -> None:
+    archive = RunArchive.create(runs, run_id)
+    end = time.time() - 60
+    archive.update_meta(hosts=["localhost"], world_size=2, state="running", start=end - wall,
+                        end=end, exit_code=0, outcome="ok",
+                        goodput={"schema": 1, "wall_s": wall, "goodput": goodput,
+                                 "running": False, "seconds": {},
+                                 "attempts": [{"n": 1, "wall_s": wall, "goodput": goodput,
+                                               "seconds": {}, "resumed_at": 0,
+                                               "highest_step": highest, "lost_steps": 0}]})
+
+
+def test_ps_shows_no_goodput_for_a_short_run_and_says_why(tmp_path: Path) -> None:
+    import json
+
+    runs = tmp_path / "runs"
+    _finished(runs, "20260101-000000-shrt", wall=5.2, highest=9, goodput=0.03)
+    _finished(runs, "20260101-000001-long", wall=1800.0, highest=900, goodput=0.874)
+    _finished(runs, "20260101-000002-many", wall=40.0, highest=99, goodput=0.6)
+    res = dtrain(["ps", "--archive-dir", str(runs)], env=_env(tmp_path))
+    assert_exit(res, 0)
+    rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.startswith("2026")}
+    assert " 3%" not in rows["20260101-000000-shrt"], res.stdout
+    assert rows["20260101-000000-shrt"].split()[-2] == "-", res.stdout
+    assert "87%" in rows["20260101-000001-long"] and "60%" in rows["20260101-000002-many"]
+    legend = res.stdout.splitlines()[-1]
+    assert legend.startswith("GOODPUT -:") and "5 min" in legend and "50 steps" in legend, \
+        res.stdout
+    res = dtrain(["ps", "--archive-dir", str(runs), "--json"], env=_env(tmp_path))
+    doc = {r["run_id"]: r for r in json.loads(res.stdout)["runs"]}
+    assert json.loads(res.stdout)["ps_version"] == 1  # an added field keeps the version
+    assert (doc["20260101-000000-shrt"]["goodput"],
+            doc["20260101-000000-shrt"]["goodput_meaningful"]) == (0.03, False)
+    assert doc["20260101-000001-long"]["goodput_meaningful"] is True
+    assert doc["20260101-000002-many"]["goodput_meaningful"] is True
+    # no short run shown: no legend
+    _finished(tmp_path / "long", "20260101-000001-long", wall=1800.0, highest=900, goodput=0.5)
+    res = dtrain(["ps", "--archive-dir", str(tmp_path / "long")], env=_env(tmp_path))
+    assert "50%" in res.stdout and "GOODPUT -:" not in res.stdout + res.stderr

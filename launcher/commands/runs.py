@@ -27,6 +27,7 @@ from launcher.output.logview import replay
 from launcher.output.runstate import (
     RunStatus,
     age,
+    goodput_steps,
     list_status,
     ps_json,
     render_table,
@@ -75,7 +76,9 @@ def live_goodput(run: RunStatus) -> RunStatus:
         ledger = archive_ledger(run.path, read_meta(run.path), now=time.time())
     except (OSError, ValueError):
         return run
-    return replace(run, goodput=ledger.goodput)
+    return replace(run, goodput=ledger.goodput, goodput_wall=ledger.wall,
+                   goodput_steps=goodput_steps([(a.resumed_at, a.highest)
+                                                for a in ledger.attempts]))
 
 
 def prune(archive_dir: Path, older_than: float, *, dry_run: bool = False) -> int:

@@ -62,6 +62,8 @@ class RunStatus:
     attempt: int | None = None  # run --restarts: the attempt running (or the last one)
     kind: str = "run"  # the command that made it: run or smoke
     goodput: float | None = None  # productive / wall time (docs/goodput.md); None: unknown
+    goodput_wall: float | None = None  # the ledger's wall time, s (None: not recorded)
+    goodput_steps: int | None = None  # the steps the ledger saw, every attempt together
     fabric: str | None = None  # NCCL's transport (docs/fabric.md): gdr, rdma, socket 2/4 ...
 
     @property
@@ -72,6 +74,11 @@ class RunStatus:
             return f"finished ({self.exit_code}{more})" if self.exit_code is not None else \
                 f"finished{f' ({more[2:]})' if more else ''}"
         return f"{self.state} ({more[2:]})" if more else self.state
+
+    @property
+    def goodput_meaningful(self) -> bool:
+        """Whether the goodput says something about the run (goodput_meaningful)."""
+        return goodput_meaningful(self.goodput, self.goodput_wall, self.goodput_steps)
 
     @property
     def note(self) -> str | None:
@@ -119,6 +126,8 @@ def status_of(run_dir: Path, meta: RunMeta, lock: dict[str, Any] | None,
         attempt=_attempt(meta),
         kind=_kind(meta),
         goodput=_goodput(meta),
+        goodput_wall=_goodput_wall(meta),
+        goodput_steps=goodput_steps(_goodput_attempts(meta)),
         fabric=fabric_cell(meta.get("fabric")),
     )
 
@@ -143,6 +152,46 @@ def _goodput(meta: RunMeta) -> float | None:
     """meta.json's recorded goodput (a finished run's ledger, docs/goodput.md)."""
     g = meta.get("goodput")
     return _float(g.get("goodput")) if isinstance(g, dict) else None
+
+
+def _goodput_wall(meta: RunMeta) -> float | None:
+    g = meta.get("goodput")
+    return _float(g.get("wall_s")) if isinstance(g, dict) else None
+
+
+def _goodput_attempts(meta: RunMeta) -> list[tuple[object, object]]:
+    g = meta.get("goodput")
+    attempts = g.get("attempts") if isinstance(g, dict) else None
+    return [(a.get("resumed_at"), a.get("highest_step")) for a in attempts or []
+            if isinstance(a, dict)]
+
+
+def goodput_steps(attempts: list[tuple[object, object]]) -> int | None:
+    """The steps a ledger's attempts ran, from each one's (resumed_at, highest_step); None:
+    no attempt numbered its steps."""
+    steps = [max(0, high - (_int(first) or 0) + 1) for first, high
+             in ((f, _int(h)) for f, h in attempts) if high is not None]
+    return sum(steps) if steps else None
+
+
+# Under both, start-up dominates: a healthy 5 s run is 3 % goodput. ps shows '-' there (the
+# number stays in --json, with goodput_meaningful false); docs/runs.md, docs/goodput.md.
+GOODPUT_MIN_WALL_S = 300.0
+GOODPUT_MIN_STEPS = 50
+GOODPUT_LEGEND = (f"GOODPUT -: under {GOODPUT_MIN_WALL_S / 60:g} min and "
+                  f"{GOODPUT_MIN_STEPS} steps start-up dominates, so the figure says "
+                  "little (ps --json has it)")
+
+
+def goodput_meaningful(value: float | None, wall: float | None, steps: int | None) -> bool:
+    """A goodput worth showing: known, and the run long enough (GOODPUT_MIN_WALL_S of wall
+    time or GOODPUT_MIN_STEPS steps) for start-up not to dominate it. A ledger that does
+    not record its wall time is shown (nothing to judge it by)."""
+    if value is None:
+        return False
+    if wall is None:
+        return True
+    return wall >= GOODPUT_MIN_WALL_S or (steps or 0) >= GOODPUT_MIN_STEPS
 
 
 def goodput_cell(value: float | None) -> str:
@@ -217,6 +266,7 @@ def ps_json(runs: list[RunStatus], archive_dir: Path) -> dict[str, Any]:
             "nodes": len(r.hosts), "world_size": r.world_size, "created": r.created,
             "ended": r.ended, "last_line_t": r.last_line_t, "note": r.note,
             "attempt": r.attempt, "kind": r.kind, "goodput": r.goodput, "fabric": r.fabric,
+            "goodput_meaningful": r.goodput_meaningful,
         } for r in runs],
     }
 
@@ -237,12 +287,14 @@ def render_table(runs: list[RunStatus], now: float | None = None) -> str:
         rows.append((r.run_id, r.kind, r.label, str(len(r.hosts)) if r.hosts else "-",
                      str(r.world_size) if r.world_size is not None else "-",
                      r.fabric or "-", age(now - r.created) if r.created else "-", last,
-                     goodput_cell(r.goodput), who))
+                     goodput_cell(r.goodput if r.goodput_meaningful else None), who))
     cells = [[inert(cell) for cell in row] for row in rows]  # archive text: no controls
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in cells]
     lines += [f"{inert(r.run_id)}: launcher lost: {r.note}" for r in runs if r.note]
+    if any(r.goodput is not None and not r.goodput_meaningful for r in runs):
+        lines.append(GOODPUT_LEGEND)
     return "\n".join(lines) + "\n"
 
 
