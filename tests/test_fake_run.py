@@ -90,3 +90,23 @@ def test_a_second_attempt_on_the_same_node_after_a_failure_or_a_hang(
     if wl == "hang":
         assert "HANG: no rank made progress for 3 s" in out
         assert meta["hangs"][0]["attempt"] == 1
+
+
+def test_require_fabric_refuses_a_rank_below_it_at_once(tmp_path: Path) -> None:
+    """--require-fabric rdma (docs/fabric.md): the ranks write NCCL's INFO lines into the
+    NCCL_DEBUG_FILE dtrain gives them (tests/workloads/nccl_info.py, as NCCL 2.21 does), n1's
+    falling back to NET/Socket; the first settled account below the requirement refuses the
+    run (job/fabric.py -> launch's fabric_failed -> the verdict): exit 123, root cause
+    `fabric` on n1, and the ranks are stopped rather than sleeping their 60 s out. Without a
+    cluster; test_nccl_account_cluster.py does the same on two nodes."""
+    code, out, meta = _run(tmp_path, "fabric", "--require-fabric", "rdma",
+                           "tests/workloads/nccl_info.py", "--socket", "n1", "--sleep", "60")
+    assert code == 123, out[-3000:]
+    assert re.search(r"--require-fabric rdma: rank(s 0-1| [01]) \(n1\) uses? socket: "
+                     r"stopping every node", out), out[-3000:]
+    assert meta["exit_code"] == 123, meta
+    assert (meta["root_cause"]["kind"], meta["root_cause"]["host"]) == ("fabric", "n1"), meta
+    assert meta["fabric"]["require"] == "rdma"
+    (node,) = meta["nodes"]
+    assert all(r["exit_code"] != 0 and r["duration"] < 40 for r in node["ranks"].values()), \
+        node  # stopped: a rank left alone sleeps 60 s and exits 0
