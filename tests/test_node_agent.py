@@ -211,6 +211,127 @@ def test_a_paused_job_waits_and_goes_on(agent: AgentUnderTest) -> None:
     assert (len(out), status) == (200 * 4096, 0)
 
 
+HELD_TOTAL = 4 << 20  # far more than a pipe holds: the child must wait for its reader
+HOLDER = (b"import os\n"
+          b"mark, total, n = os.environ['DTRAIN_T_MARK'], %d, 0\n"
+          b"def say(name, text):\n"
+          b"    with open(mark + '.tmp', 'w') as f:\n"
+          b"        f.write(text)\n"
+          b"    os.replace(mark + '.tmp', mark + name)\n"
+          b"os.set_blocking(1, False)\n"
+          b"while True:\n"
+          b"    try:\n"
+          b"        n += os.write(1, b'y' * 4096)\n"
+          b"    except BlockingIOError:\n"
+          b"        break\n"
+          b"say('.full', str(n))\n"
+          b"os.set_blocking(1, True)\n"
+          b"while n < total:\n"
+          b"    n += os.write(1, b'y' * min(4096, total - n))\n"
+          b"say('.done', str(n))\n") % HELD_TOTAL
+
+
+def test_a_paused_job_is_held_until_resumed(tmp_path: Path, monkeypatch) -> None:
+    """PAUSE (the keeper's client reads slowly) stops the agent reading that job's output,
+    so the program itself waits, as on a channel whose window is shut: its stdout pipe fills
+    (its non-blocking write says so), nothing of it reaches the keeper, and it cannot go
+    on; RESUME lets everything through. Observed, not slept on: the pipe full is the child's
+    own word; two round trips through the agent (IN for a job that is gone: an ACK) show
+    that the agent's loop turned while the job's output was readable and sent none of it."""
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("DTRAIN_T_MARK", str(mark))
+    a = AgentUnderTest(wire.remote_command(sys.executable, stdlib_only=True))
+    try:
+        a.send(nodeagent.SPAWN, 5)
+        while a.frame()[:2] != (nodeagent.STARTED, 5):
+            pass
+        a.send(nodeagent.PAUSE, 5)  # before the program's first byte: nothing read yet
+        a.send(nodeagent.A_IN, 5, wire.payload(HOLDER))
+        a.send(nodeagent.A_EOF, 5)
+        assert a.proc.stdout
+        fd = a.proc.stdout.fileno()
+        full = Path(f"{mark}.full")
+        deadline = time.monotonic() + 30
+        while not full.exists():  # the child's pipe is full: wait for its word
+            assert time.monotonic() < deadline, "the paused job never filled its pipe"
+            while select.select([fd], [], [], 0.05)[0]:  # kept read: the agent never waits
+                chunk = os.read(fd, 65536)
+                assert chunk, "the agent ended"
+                a.buf += chunk
+        seen: list[tuple[int, int, bytes]] = []
+        for barrier in (901, 902):  # the second answer comes after the first turn's output
+            a.send(nodeagent.A_IN, barrier, b"x")
+            while (frame := a.frame())[:2] != (nodeagent.ACK, barrier):
+                seen.append(frame)
+        held = int(full.read_text())
+        assert 0 < held < HELD_TOTAL
+        mine = [f for f in seen if f[1] == 5]
+        assert {kind for kind, _, _ in mine} == {nodeagent.ACK}, "a paused job's output read"
+        assert sum(struct.unpack("!I", d)[0] for _, _, d in mine) == len(wire.payload(HOLDER))
+        assert not Path(f"{mark}.done").exists()  # still waiting on its full pipe
+        a.send(nodeagent.RESUME, 5)
+        out, _, status, _ = a.until_exit(5)
+        assert (len(out), status) == (HELD_TOTAL, 0)
+        assert Path(f"{mark}.done").read_text() == str(HELD_TOTAL)
+    finally:
+        a.close()
+
+
+async def test_the_keeper_pauses_the_job_of_a_client_that_reads_slowly() -> None:
+    """The keeper's half (nodeagent.AgentJob): a job's output for a command that does not
+    read piles up in the keeper; past HIGH bytes it sends the agent PAUSE for that job (the
+    test above: the program then waits), and RESUME only once the command has read it down;
+    the output itself is relayed whole. Each step waited for as it happens."""
+    import asyncio
+    import socket
+
+    from launcher.transports.keeper import frames
+
+    class Agent:  # what of NodeAgent a job uses
+        def __init__(self) -> None:
+            self.sent: list[tuple[int, int]] = []
+            self.changed = asyncio.Event()
+            self.tasks: set[asyncio.Task[None]] = set()
+
+        def spawn_task(self, coro) -> None:  # type: ignore[no-untyped-def]
+            self.tasks.add(asyncio.ensure_future(coro))
+
+        async def send(self, kind: int, jid: int, data: bytes = b"") -> None:
+            self.sent.append((kind, jid))
+            self.changed.set()
+
+    agent = Agent()
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_unix_connection(sock=ours)
+    try:
+        job = nodeagent.AgentJob(agent, 5, writer)  # type: ignore[arg-type]
+        chunk = b"y" * 65536
+        given = 0
+        while not job.paused and given <= 2 * nodeagent.HIGH:
+            job.output(nodeagent.OUT, chunk)
+            given += len(chunk)
+        assert job.paused, "no PAUSE for a client that reads nothing"
+        assert given > nodeagent.HIGH
+        await asyncio.wait_for(agent.changed.wait(), 30)
+        assert agent.sent == [(nodeagent.PAUSE, 5)]  # and no RESUME: nothing was read
+        agent.changed.clear()
+        theirs.setblocking(False)
+        loop = asyncio.get_running_loop()
+        want = given // len(chunk) * len(frames.encode(nodeagent.OUT, chunk))
+        got = 0
+        while got < want:  # the command catches up
+            data = await asyncio.wait_for(loop.sock_recv(theirs, 1 << 20), 30)
+            assert data
+            got += len(data)
+        await asyncio.wait_for(agent.changed.wait(), 30)
+        assert agent.sent == [(nodeagent.PAUSE, 5), (nodeagent.RESUME, 5)]
+        assert (got, job.paused) == (want, False)
+        await asyncio.gather(*agent.tasks)
+    finally:
+        writer.close()
+        theirs.close()
+
+
 def test_the_keeper_and_the_agent_agree_on_the_wire() -> None:
     for name in ("MAGIC", "SPAWN", "DROP", "PAUSE", "RESUME", "READY", "STARTED", "FAILED",
                  "ACK"):
