@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launcher.output.archive import RunArchive
 from launcher.output.runlock import LauncherLock
-from tests.util import assert_exit, dtrain
+from tests.util import assert_exit, dtrain, need_module
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -86,3 +86,27 @@ def test_ps_shows_no_goodput_for_a_short_run_and_says_why(tmp_path: Path) -> Non
     _finished(tmp_path / "long", "20260101-000001-long", wall=1800.0, highest=900, goodput=0.5)
     res = dtrain(["ps", "--archive-dir", str(tmp_path / "long")], env=_env(tmp_path))
     assert "50%" in res.stdout and "GOODPUT -:" not in res.stdout + res.stderr
+
+
+# -- 3. smoke honours the hostfile's slots= as run does -----------------------------------------
+
+def test_smoke_runs_the_hostfile_s_slots_on_a_cpu_node(tmp_path: Path) -> None:
+    need_module("torch")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2\n")
+    res = dtrain(["smoke", "-f", str(hosts), "--archive-dir", str(tmp_path / "runs"),
+                  "--max-size", "256K", "--min-busbw", "0.001"], env=_env(tmp_path))
+    out = res.stdout + res.stderr
+    assert_exit(res, 0)
+    assert "world size 2, gloo" in out and "1 node, 2 ranks, gloo" in out, out
+
+
+def test_a_node_s_rank_count_is_slots_else_the_command_s_default() -> None:
+    from launcher.decide.facts import NodeFacts
+    from launcher.decide.plan import nproc_for
+    from launcher.models import Host
+
+    cpu = NodeFacts(gpus=0)
+    assert nproc_for(Host("n1", slots=3), cpu, None, default="1") == ("3", 3)
+    assert nproc_for(Host("n1"), cpu, None, default="1") == ("1", 1)  # smoke on gloo
+    assert nproc_for(Host("n1", slots=3), cpu, "2", default="1") == ("2", 2)

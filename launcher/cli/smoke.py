@@ -69,8 +69,8 @@ def smoke_cmd(
     ] = None,
     nproc_per_node: Annotated[str | None, typer.Option(
         "--nproc-per-node", metavar="N", rich_help_panel=SMOKE,
-        help="Ranks per node (default: one per GPU on NCCL, one per "
-             "node on gloo).")] = None,
+        help="Ranks per node (default: the hostfile's slots=, as run; else "
+             "one per GPU on NCCL, one per node on gloo).")] = None,
     as_json: JsonOpt = False,
     junit: groups.JunitOpt = None,
     timestamps: groups.TimestampsOpt = False,

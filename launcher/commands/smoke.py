@@ -73,7 +73,9 @@ class SmokeRequest:
     max_size: int | None = None
     min_busbw: float | None = None
     pair_fraction: float = DEFAULT_PAIR_FRACTION
-    nproc_per_node: str | None = None  # None: one per GPU on NCCL, one per node on gloo
+    # None: the hostfile's slots= as run takes them (decide/plan.nproc_for), else one per
+    # GPU on NCCL, one per node on gloo
+    nproc_per_node: str | None = None
     run_id: str = ""
     as_json: bool = False
     junit: str | None = None
@@ -279,8 +281,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
         run.backend, run.backend_reason = choose_backend(pre.facts, req.backend)
         cfg = replace(make_config(run.backend, req.max_size), pairs=req.pairs,
                       pair_timeout=req.pair_timeout)
-        nproc = req.nproc_per_node or ("gpu" if run.backend == "nccl" else "1")
-        rreq = replace(rreq, nproc_per_node=nproc,
+        rreq = replace(rreq, nproc_per_node=req.nproc_per_node,
+                       nproc_default="gpu" if run.backend == "nccl" else "1",
                        args=(json.dumps(cfg.to_json(), separators=(",", ":")),))
         plan = prep.plan(rreq, opts)
         run.world_size = plan.world_size

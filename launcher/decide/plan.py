@@ -36,7 +36,8 @@ class RunRequest:
     script: str
     args: tuple[str, ...] = ()
     module: bool = False
-    nproc_per_node: str | None = None  # "N", "gpu", "auto", or None (slots, else gpu)
+    nproc_per_node: str | None = None  # "N", "gpu", "auto", or None (slots, else default)
+    nproc_default: str = "gpu"  # a host with no slots= when no --nproc-per-node (smoke: 1)
     python: str = "python3"
     setup: str | None = None
     workdir: str | None = None
@@ -129,11 +130,14 @@ def plan_warnings(plan: LaunchPlan, hostnames: Mapping[str, str]) -> list[str]:
     return [f"{fold(hosts)}: {text}" for text, hosts in by_text.items()]
 
 
-def nproc_for(host: Host, facts: NodeFacts, requested: str | None) -> tuple[str, int]:
-    """(torchrun's --nproc-per-node value, the number of ranks it means on this node)."""
+def nproc_for(host: Host, facts: NodeFacts, requested: str | None,
+              default: str = "gpu") -> tuple[str, int]:
+    """(torchrun's --nproc-per-node value, the number of ranks it means on this node): the
+    one rule of run and smoke. ``requested`` (--nproc-per-node), else the host's slots=,
+    else ``default`` (run: one per GPU; smoke on gloo: 1)."""
     value = requested
     if value is None:
-        value = str(host.slots) if host.slots else "gpu"
+        value = str(host.slots) if host.slots else default
     if value.isdigit() and int(value) > 0:
         return value, int(value)
     if value == "gpu":
@@ -252,7 +256,8 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
         if chosen is not None and req.nproc_per_node in PER_GPU:
             nproc_arg, nproc = str(len(chosen)), len(chosen)  # one rank per selected GPU
         else:
-            nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node)
+            nproc_arg, nproc = nproc_for(host, facts[host.label], req.nproc_per_node,
+                                         req.nproc_default)
         python = expand_home(host.python or req.python, facts[host.label].home)
         argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
                              nproc=nproc_arg, master_addr=master_addr, master_port=master_port)
