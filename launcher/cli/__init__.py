@@ -27,6 +27,7 @@ try:  # Ctrl-C while the CLI still imports (seconds on a loaded box): 130, no tr
         doctor,
         exec,
         image,
+        incidents,
         keys,
         logs,
         nodes,
@@ -84,6 +85,7 @@ app.command("smoke", cls=Cmd)(smoke.smoke_cmd)
 app.command("report", cls=Cmd)(report.report_cmd)
 app.command("top", cls=Cmd)(top.top_cmd)
 app.command("completion", cls=Cmd)(completion.completion_cmd)
+app.command("incidents", cls=Cmd)(incidents.incidents_cmd)
 app.add_typer(nodes.nodes_app, name="nodes", help="Nodes fenced by `dtrain run --restarts` "
               "(the lemon list): list, unfence, expire.\n\nExample:\n\n  dtrain nodes "
               "unfence node3")

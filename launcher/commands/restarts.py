@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from launcher.commands.incidents import Remembered, remember
 from launcher.commands.launch import RunResult, held_run, start_meta, supervise
 from launcher.decide import lemons as lm
 from launcher.decide.plan import RunRequest
@@ -29,6 +30,7 @@ from launcher.decide.restarts import (
     Fault,
     NodeCount,
     RestartPolicy,
+    classify,
     decide,
     fenced_line,
 )
@@ -80,6 +82,18 @@ def attempt_end(result: RunResult) -> AttemptEnd:
                       where, place)
 
 
+def remember_attempt(end: AttemptEnd, result: RunResult, req: RunRequest, n: int,
+                     hosts: Sequence[str], fault: str | None = None) -> Remembered:
+    """Attempt ``n``'s explained failure into the incident store (commands/incidents.py),
+    with the run's script, working directory and the failed node's torch version."""
+    torch = (result.archive.meta.get("torch_versions") or {}).get(end.host or "") \
+        if end.reason is None else \
+        (result.archive.meta.get("torch_versions") or {}).get(end.reason.host or "")
+    return remember(end, run_id=req.run_id or result.run_id, attempt=n, script=req.script,
+                    workdir=req.workdir, hosts=hosts, fault=fault,
+                    versions={"torch": torch} if torch else None)
+
+
 def detected(result: RunResult) -> float | None:
     """When the launcher learned of the attempt's root cause (a lost node: when its
     heartbeat timeout ran out or its connection dropped); None when nothing failed."""
@@ -124,6 +138,7 @@ class Loop:
         # the decision over an attempt's result, made once: asked by supervise before its
         # summary (``attempt N failed`` or FAILED), used by judge
         self.decided: tuple[RunResult, Decision] | None = None
+        self.notes: list[str] = []  # the incident store's warnings, said by judge
 
     def suspect(self, archive: RunArchive, pairs: Sequence[tuple[str, str]]) -> None:
         """Named once without evidence of the machine: on the lemon list as a suspect (a
@@ -138,10 +153,12 @@ class Loop:
                 say(archive, f"warning: cannot remember the suspect node(s) in "
                              f"{self.store.path} ({exc.strerror})", self.opts)
 
-    def fence(self, archive: RunArchive, pairs: Sequence[tuple[str, str]]) -> None:
+    def fence(self, archive: RunArchive, pairs: Sequence[tuple[str, str]],
+              tier: str = lm.ISOLATE) -> None:
         now = time.time()
-        records = [lm.Lemon(host, why, self.req.run_id, now, now + self.policy.fence_ttl,
-                            lm.ISOLATE) for host, why in pairs]
+        until = now + (self.policy.fence_ttl if tier == lm.ISOLATE else lm.cooldown(1))
+        records = [lm.Lemon(host, why, self.req.run_id, now, until, tier)
+                   for host, why in pairs]
         self.fenced += [{"host": r.host, "why": r.why, "t": r.t, "attempt": len(self.attempts)
                          or 1} for r in records]
         archive.update_meta(fenced=self.fenced)
@@ -246,10 +263,18 @@ class Loop:
                 raise
 
     def decision(self, n: int, result: RunResult) -> Decision:
-        """decide.restarts over attempt ``n``'s result (pure), made once per result."""
+        """decide.restarts over attempt ``n``'s result (pure), made once per result, with
+        what the incidents of earlier runs say of it (the failure recorded first)."""
         if self.decided is None or self.decided[0] is not result:
-            self.decided = (result, decide(attempt_end(result), self.faults, n, self.policy,
-                                           self.active, self.spares, self.count, self.places))
+            end = attempt_end(result)
+            history = None
+            if result.code != 0:
+                got = remember_attempt(end, result, self.req, n, [*self.by_label],
+                                       classify(end, self.faults).kind)
+                self.notes += got.notes
+                history = got.recall
+            self.decided = (result, decide(end, self.faults, n, self.policy, self.active,
+                                           self.spares, self.count, self.places, history))
         return self.decided[1]
 
     def relaunches(self, n: int, result: RunResult) -> bool:
@@ -265,8 +290,11 @@ class Loop:
         d = self.decision(n, result)
         self.decided = None
         self.faults.append(d.fault)
+        for note in self.notes:
+            say(archive, note, self.opts)
+        self.notes = []
         if d.fenced:
-            self.fence(archive, d.fenced)
+            self.fence(archive, d.fenced, d.fault.tier)
         if d.suspect:
             self.suspect(archive, d.suspect)
         self.attempts.append({

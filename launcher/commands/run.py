@@ -178,7 +178,17 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     hosts = place(hosts, opts)
     if opts.watch.restart.restarts and not opts.dry_run:
         return await run_restarting(hosts, spares, count, req, opts, settings, detacher)
-    return await launch_plain(hosts, req, opts, settings, detacher)
+    result = await launch_plain(hosts, req, opts, settings, detacher)
+    if result is not None and result.code != 0:
+        # the one attempt's explained failure, remembered for later runs (docs/incidents.md)
+        from launcher.commands.restarts import attempt_end, remember_attempt
+        from launcher.output import render
+
+        got = remember_attempt(attempt_end(result), result, req, 1,
+                               [h.label for h in [*hosts, *spares]])
+        for note in got.notes:
+            render.note(note, sys.stderr if opts.reports.as_json else sys.stdout)
+    return result
 
 
 def first_gang(hosts: Sequence[Host], opts: RunOptions

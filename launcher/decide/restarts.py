@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from launcher.decide import lemons as lm
 from launcher.decide.failures import DETERMINISTIC, NODE_XIDS, FailureReason
+from launcher.decide.incidents import Recall
 from launcher.decide.lemons import Lemon
 from launcher.decide.placement import Place, spare_for
 from launcher.errors import UsageError
@@ -102,6 +103,7 @@ class Fault:
     fence: tuple[tuple[str, str], ...] = ()  # (host, why)
     signature: str | None = None  # "the same exception at the same place" key
     suspect: tuple[tuple[str, str], ...] = ()  # (host, why): named once, not fenced
+    tier: str = lm.ISOLATE  # the lemon list's tier of the fenced nodes
 
 
 def signature(reason: FailureReason | None) -> str | None:
@@ -212,6 +214,20 @@ def _hang(end: AttemptEnd, before: Sequence[Fault]) -> Fault:
     why = f"hang culprit {stands}, once ({what})"
     return Fault(PROCESS, f"{host}: {why}: a suspect, fenced if named again", signature=sig,
                  suspect=((host, why),))
+
+
+def remembered(fault: Fault, history: Recall) -> Fault:
+    """A process fault seen again by the incidents of earlier runs (docs/incidents.md): its
+    print already failed on other nodes with this commit (the code's: a user fault, no
+    restart), or its node failed in other ways too (the machine's: fenced, tier suspect,
+    isolate from three prints). The line says the evidence."""
+    if history.code is not None:
+        return Fault(USER, history.code, signature=fault.signature)
+    if history.fence is not None:
+        host, tier, line = history.fence
+        return Fault(NODE, f"{fault.why}; {line}", ((host, line),), fault.signature,
+                     tier=tier)
+    return fault
 
 
 @dataclass(frozen=True)
@@ -343,11 +359,17 @@ class Decision:
 
 def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: RestartPolicy,
            active: Sequence[str], spares: Sequence[str], count: NodeCount,
-           places: Mapping[str, Place] | None = None) -> Decision:
-    """The whole decision after attempt ``attempt`` ended."""
+           places: Mapping[str, Place] | None = None, history: Recall | None = None
+           ) -> Decision:
+    """The whole decision after attempt ``attempt`` ended; ``history``: what the incidents
+    of earlier runs say of this failure (decide/incidents.py ``recall``)."""
     fault = classify(end, before)
     if fault.kind == FINAL:
         return Decision(False, "", fault)
+    if history is not None and fault.kind == PROCESS:
+        fault = remembered(fault, history)
+        if fault.kind == USER:
+            return Decision(False, fault.why, fault)
     if fault.kind == USER:
         return Decision(False, f"{fault.why}: not restarted", fault)
     left = policy.restarts - (attempt - 1)
@@ -355,7 +377,7 @@ def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: Resta
     parts = [fenced_line(fault.why, gang) if fault.fence else fault.why]
     if fault.fence and not gang.active:  # a run never fences its last usable node
         last = [h for h, _ in fault.fence]
-        fault = Fault(fault.kind, fault.why, (), fault.signature, fault.suspect)
+        fault = Fault(fault.kind, fault.why, (), fault.signature, fault.suspect, fault.tier)
         gang = next_gang(active, spares, [], count, places)
         parts = [f"{fault.why}: not fenced ({', '.join(last)}: the run's last usable "
                  f"node{'s' if len(last) > 1 else ''})"]
