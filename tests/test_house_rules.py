@@ -34,6 +34,7 @@ TOP_LEVEL = {
     "exitcodes.py": "the exit codes, read by every layer and by start.py",
     "models.py": "Host and the other plain records every layer passes",
     "private.py": "the login node's trust boundary: one helper for private places",
+    "defaults.py": "the defaults several layers share (fanout, timeouts), spelled once",
     "runrecord.py": "the run record's typed fields, written by commands and read by output",
 }
 
@@ -224,3 +225,54 @@ def test_allow_lists_name_only_what_exists() -> None:
     for rel, (size, _why) in OVERSIZE.items():
         assert len((REPO / rel).read_text().splitlines()) <= size
     assert set(TOP_LEVEL) <= {p.name for p in LAUNCHER.glob("*.py")}
+
+
+# ------------------------------------------------------------------ one home for defaults
+
+SHARED_DEFAULTS = {"fanout", "connect_timeout", "heartbeat_timeout", "heartbeat_interval",
+                   "grace"}
+# module -> why it still spells a shared default itself
+_ISSUE_55 = "its options are being changed for issue 55 in this same round: moved after"
+DEFAULTS_PENDING: dict[str, str] = {
+    "launcher/cli/keys.py": _ISSUE_55, "launcher/cli/run.py": _ISSUE_55,
+    "launcher/cli/smoke.py": _ISSUE_55, "launcher/cli/top.py": _ISSUE_55,
+    "launcher/commands/top/__init__.py": _ISSUE_55,
+    "launcher/commands/run_sampling.py": _ISSUE_55,
+}
+
+
+def _literal_defaults(tree: ast.AST, rel: str) -> list[tuple[str, str, int]]:
+    """Fields (`fanout: int = 64`) and parameters (`fanout: FanoutOpt = 64`) of the shared
+    settings whose default is a number written in place."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and node.target.id in SHARED_DEFAULTS and isinstance(node.value, ast.Constant) \
+                and node.value.value is not None:
+            found.append((rel, node.target.id, node.lineno))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            positional = node.args.posonlyargs + node.args.args
+            args = positional + node.args.kwonlyargs
+            defaults = [None] * (len(positional) - len(node.args.defaults)) \
+                + list(node.args.defaults) + list(node.args.kw_defaults)
+            for arg, default in zip(args, defaults, strict=True):
+                if arg.arg in SHARED_DEFAULTS and isinstance(default, ast.Constant) \
+                        and default.value is not None:
+                    found.append((rel, arg.arg, default.lineno))
+    return found
+
+
+def test_shared_defaults_are_spelled_once() -> None:
+    """--fanout, --connect-timeout, the heartbeat and the grace start from launcher/defaults.py
+    in typer's options, the requests and the job's settings alike."""
+    bad = [f"{rel}:{line} {name}" for rel, tree in _modules()
+           if not rel.startswith("launcher/nodeside/") and rel not in DEFAULTS_PENDING
+           for rel, name, line in _literal_defaults(tree, rel)]
+    assert bad == []
+
+
+def test_the_defaults_rule_sees_one() -> None:
+    sample = ast.parse("def f(fanout: int = 64, grace: float = defaults.GRACE_S): ...\n"
+                       "class R:\n    heartbeat_timeout: float = 30.0\n")
+    assert _literal_defaults(sample, "x.py") == [("x.py", "fanout", 1),
+                                                 ("x.py", "heartbeat_timeout", 3)]

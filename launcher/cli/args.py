@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
+from launcher import defaults
+
 
 class Parsed:
     """A command's parsed command line (a frozen dataclass of its parameters)."""
@@ -57,8 +59,8 @@ class ConnArgs(Parsed):
     """The connection group (cli/groups.py); ``persist`` and ``verbose`` stay at their
     defaults for the commands that do not take them."""
 
-    fanout: int = 64
-    connect_timeout: float = 10.0
+    fanout: int = defaults.FANOUT
+    connect_timeout: float = defaults.CONNECT_TIMEOUT_S
     accept_new: bool = False
     ssh_option: list[str] | None = None
     transport: str = "auto"
@@ -85,9 +87,9 @@ class ExecArgs(HostArgs, ConnArgs):
     command: list[str]
     gather: bool = False
     timeout: float | None = None
-    grace: float = 2.0
+    grace: float = defaults.EXEC_GRACE_S
     no_prefix: bool = False
-    heartbeat_timeout: float = 30.0
+    heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT_S
     python: str = "python3"
     color: bool | None = None
     raw: bool = False

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from launcher import defaults
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.groups import (
@@ -64,8 +65,8 @@ def doctor_cmd(
     probe_timeout: Annotated[float, typer.Option(
         "--probe-timeout", min=1, metavar="SECONDS", rich_help_panel=CHECKS,
         help="Seconds for one node's probe.")] = 30.0,
-    fanout: FanoutOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    fanout: FanoutOpt = defaults.FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from launcher import defaults
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.groups import (
@@ -53,13 +54,13 @@ def exec_cmd(
         help="Kill the command everywhere after this many seconds (exit 124).")] = None,
     grace: Annotated[float, typer.Option(
         "--grace", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
-        help="TERM -> KILL delay when stopping (timeout, Ctrl-C).")] = 2.0,
+        help="TERM -> KILL delay when stopping (timeout, Ctrl-C).")] = defaults.EXEC_GRACE_S,
     no_prefix: Annotated[bool, typer.Option(
         "-N", "--no-prefix", rich_help_panel=groups.DISPLAY,
         help="Print the nodes' lines without the host in front (pdsh's -N).")] = False,
-    heartbeat_timeout: HeartbeatTimeoutOpt = 30.0,
-    fanout: FanoutOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    heartbeat_timeout: HeartbeatTimeoutOpt = defaults.HEARTBEAT_TIMEOUT_S,
+    fanout: FanoutOpt = defaults.FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,

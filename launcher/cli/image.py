@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from launcher import defaults
 from launcher.cli import groups
 from launcher.cli.common import DtrainCommand, DtrainGroup, run_body
 from launcher.cli.defaults import from_config
@@ -37,8 +38,8 @@ def push_cmd(
     exclude_group: groups.ExcludeGroupOpt = None,
     genders: groups.GendersOpt = None,
     container_runtime: groups.ContainerRuntimeOpt = None,
-    fanout: FanoutOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    fanout: FanoutOpt = defaults.FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher import defaults
 from launcher.cli.args import ConnArgs, HostArgs
 from launcher.models import Host
 
@@ -62,7 +63,7 @@ class RunArgs(HostArgs, ConnArgs):
     topology: str | None = None
     health_check: bool = False
     dcgm: int = 0
-    grace: float = 10.0
+    grace: float = defaults.GRACE_S
     timeout: float | None = None
     start_timeout: float = 120.0
     hang_timeout: float = 300.0
@@ -74,7 +75,7 @@ class RunArgs(HostArgs, ConnArgs):
     restarts: int = 0
     nnodes: str | None = None
     restart_backoff: float = 1.0
-    heartbeat_timeout: float = 30.0
+    heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT_S
     color: bool | None = None
     raw: bool = False
     detach: bool = False

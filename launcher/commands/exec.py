@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launcher import defaults
 from launcher.decide.outcomes import JobOutcome
 from launcher.exitcodes import EXIT_TIMEOUT, EXIT_UNREACHABLE, exit_for_signal
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
@@ -37,12 +38,12 @@ class ExecRequest:
     command: tuple[str, ...]
     gather: bool = False
     timeout: float | None = None
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
     python: str = "python3"
     color: bool | None = None
     raw: bool = False  # --raw: the nodes' control sequences reach the terminal
     grace: float = EXEC_GRACE
-    heartbeat_timeout: float = 30.0
+    heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT_S
     transport: str = "auto"
     prefix: bool = True  # False: -N, the nodes' lines without their host tag
     as_json: bool = False  # one dtrain.exec/1 document on stdout; the output goes to stderr
@@ -52,7 +53,7 @@ class ExecRequest:
 
 
 def exec_spec(command: Sequence[str], *, grace: float = EXEC_GRACE,
-              heartbeat_timeout: float = 30.0) -> JobSpec:
+              heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT_S) -> JobSpec:
     """One argument is a shell command line (as ssh/pdsh take it); several are an exact argv."""
     interval = min(2.0, heartbeat_timeout / 4)
     if len(command) == 1:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher import defaults
 from launcher.aio import CLOSE_S, cleanup
 from launcher.decide import health as hd
 from launcher.errors import DtrainError
@@ -34,7 +35,7 @@ class HealthOptions:
     setup: str | None = None
     interval: float = 1.0  # seconds between the two readings of the port counters
     dcgm: int = 0  # dcgmi diag -r N (0: not run)
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
     timeout: float = 60.0  # one node's collector (more with --dcgm: the diag's own time)
     transport: str = "auto"
 

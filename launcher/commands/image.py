@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from launcher import defaults
 from launcher.decide.container import ContainerRequest, share_groups, share_marker, short_id
 from launcher.errors import DtrainError, PreflightFailed, UsageError
 from launcher.hosts.hostfile import fold
@@ -49,7 +50,7 @@ REFUSED_HINT = ("--via a directory of your own, on a path that only root and you
 class PushRequest:
     image: str
     runtime: str | None = None
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
     python: str = "python3"
     transport: str = "auto"
     progress: bool | None = None

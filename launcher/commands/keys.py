@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
+from launcher import defaults
 from launcher.commands.authorized_keys import (
     ScriptReport,
     install_script,
@@ -270,7 +271,7 @@ async def _drain(read: Callable[[int], Awaitable[bytes]]) -> bytes:
 
 
 def check_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
-               fanout: int = 64) -> list[KeyResult]:
+               fanout: int = defaults.FANOUT) -> list[KeyResult]:
     """Key-only login on every node (strict host keys): ok or failed, in host order."""
     nodes = _Nodes(settings, keypair, fanout)
     probes = asyncio.run(nodes.each(hosts, lambda h: nodes.probe(h, accept_new=False)))
@@ -284,7 +285,7 @@ def _probe_result(host: Host, probe: _Probe | KeyResult) -> KeyResult:
 
 
 def setup_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
-               prompts: Prompts, fanout: int = 64) -> list[KeyResult]:
+               prompts: Prompts, fanout: int = defaults.FANOUT) -> list[KeyResult]:
     """Every node accepts ``keypair`` afterwards, or says why not (see the module doc)."""
     nodes = _Nodes(settings, keypair, fanout)
     done = asyncio.run(nodes.each(hosts, nodes.probe))
@@ -330,7 +331,7 @@ def _not_confirmed(key: UnknownHostKey) -> str:
 
 
 def revoke_keys(hosts: Sequence[Host], settings: SSHSettings, keypair: KeyPair,
-                fanout: int = 64) -> list[KeyResult]:
+                fanout: int = defaults.FANOUT) -> list[KeyResult]:
     """Remove the key's lines from every node's authorized_keys (removed/absent/failed)."""
     nodes = _Nodes(settings, keypair, fanout)
 

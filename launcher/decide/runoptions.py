@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import defaults
 from launcher.decide.hang import HangPolicy
 from launcher.decide.restarts import RestartPolicy
 from launcher.decide.stragglers import StragglerSettings
@@ -29,7 +30,7 @@ from launcher.decide.stragglers import StragglerSettings
 class Connection:
     """Reaching the nodes: how many at once, over what, and how long the probe may take."""
 
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
     transport: str = "auto"  # --transport: auto, ssh or srun
     probe_timeout: float = 30.0
 
@@ -38,10 +39,10 @@ class Connection:
 class Limits:
     """The run's time limits (docs/failure-semantics.md)."""
 
-    grace: float = 10.0  # SIGTERM to SIGKILL on teardown
+    grace: float = defaults.GRACE_S  # SIGTERM to SIGKILL on teardown
     timeout: float | None = None  # the whole run
     start_timeout: float | None = 120.0  # every node up
-    heartbeat_timeout: float = 30.0  # a node silent this long is lost
+    heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT_S  # a node silent this long is lost
 
 
 @dataclass(frozen=True)

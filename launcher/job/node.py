@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher import defaults
 from launcher.decide.liveness import Silence, launcher_timeout
 from launcher.decide.outcomes import NodeOutcome
 from launcher.errors import ConnectError
@@ -38,9 +39,9 @@ class JobSpec:
     shell: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     rank_shim: bool = False
-    grace: float = 10.0
-    heartbeat_timeout: float = 30.0
-    heartbeat_interval: float = 2.0
+    grace: float = defaults.GRACE_S
+    heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT_S
+    heartbeat_interval: float = defaults.HEARTBEAT_INTERVAL_S
     # name -> text, written beside the rank shim in the supervisor's private directory;
     # "{DTRAIN_DIR}" in argv names that directory (needs rank_shim)
     files: Mapping[str, str] = field(default_factory=dict)

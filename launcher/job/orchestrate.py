@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from launcher import defaults
 from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome
 from launcher.errors import ConnectError
@@ -72,13 +73,13 @@ class NodeLaunch:
 class Policy:
     """Stop policy and bounds for one job."""
 
-    grace: float = 10.0
+    grace: float = defaults.GRACE_S
     timeout: float | None = None  # whole job; exit 124
     start_timeout: float | None = None  # every node's supervisor said hello
     fail_fast: bool = True  # stop every node at the first failure (run); exec lets all finish
     rank_fail_fast: bool = True  # a rank's failure stops the job (not with --max-restarts:
     #                              torchrun restarts the ranks; its own exit is the failure)
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
     fanout_whole_job: bool = False  # exec: bound running commands too, like pdsh
     hangup_stops: bool = True  # SIGHUP stops the job (a detached launcher ignores it)
     # a first failure that looks like a victim (its rank saw a peer go away, or aborted) holds

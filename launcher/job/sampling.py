@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher import defaults
 from launcher.aio import cleanup
 from launcher.decide.liveness import LOST as LIVENESS_LOST
 from launcher.decide.liveness import RECONNECT, Silence, sampler_verdict
@@ -176,11 +177,11 @@ def _mib(n: int) -> str:
 class FollowPolicy:
     """How ``follow`` treats silence and failures (seconds)."""
 
-    connect_timeout: float = 10.0
+    connect_timeout: float = defaults.CONNECT_TIMEOUT_S
     lost_after: float = 5.0  # no sample this long: the node shows as lost
     reconnect_after: float = 15.0  # ... and this long: drop the channel, connect again
     retry: float = 5.0  # between connection attempts to an unreachable node
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
 
 
 async def follow(transport: Transport, hosts: Sequence[Host], params: SamplerParams,

@@ -16,6 +16,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from launcher import defaults
 from launcher.commands.cp.view import CopyView
 from launcher.decide import broadcast as bc
 from launcher.decide import copyplan as cpl
@@ -42,7 +43,7 @@ class CopyRequest:
     preserve: bool = False
     checksum: bool = False
     delete: bool = False
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
     python: str = "python3"
     progress: bool | None = None  # None: live progress when stderr is a terminal
     broadcast: bool | None = None  # None: on for large files that >= 3 nodes receive

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher import defaults
 from launcher.aio import CLOSE_S, cleanup, cleanup_now
 from launcher.decide.checks import Gathered, MasterPick, PortProbe
 from launcher.decide.container import ContainerRequest, for_host
@@ -30,7 +31,7 @@ class DoctorOptions:
     setup: str | None = None
     master_addr: str | None = None
     master_port: int | None = None  # None: any free port (what `dtrain run` picks by default)
-    fanout: int = 64
+    fanout: int = defaults.FANOUT
     probe_timeout: float = 30.0
     transport: str = "auto"  # --transport
     image: ContainerRequest | None = None  # --image: does every node have it?

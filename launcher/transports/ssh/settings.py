@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher import defaults
+
 if TYPE_CHECKING:  # imported where a policy is made: building settings needs no asyncssh
     from launcher.transports.ssh.hostkeys import HostKeyPolicy
 
@@ -28,7 +30,7 @@ CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly130
 class SSHSettings:
     """How dtrain connects; built once from CLI options."""
 
-    connect_timeout: float = 10.0
+    connect_timeout: float = defaults.CONNECT_TIMEOUT_S
     accept_new: bool = False
     identities: tuple[str, ...] = ()  # extra identity files (--identity)
     keepalive_interval: float = 5.0
