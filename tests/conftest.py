@@ -50,12 +50,13 @@ def big_cluster(cluster: test_cluster.Cluster) -> test_cluster.Cluster:
 @pytest.fixture(scope="session")
 def slurm(cluster: test_cluster.Cluster) -> Any:
     """A real Slurm on the cluster (munged, slurmctld, one slurmd per node): started or
-    reused. Skips only where the Slurm packages are missing (scripts/test installs them)."""
+    reused. Skips only where the Slurm packages are missing (scripts/test installs them),
+    and fails there too under ``DTRAIN_REQUIRE_CLUSTER=1``."""
     from tests.cluster import slurm as test_slurm
 
     reason = test_slurm.unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        cannot_run(reason)
     return test_slurm.up(cluster.state_dir)
 
 

@@ -26,7 +26,7 @@ import pytest
 from tests import cluster as tc
 from tests.cluster import podman
 from tests.test_failures import Dtrain, JobWatch, meta, run_args
-from tests.util import dtrain
+from tests.util import cannot_run, dtrain
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 IMAGE = podman.TEST_IMAGE
@@ -36,7 +36,7 @@ IMAGE = podman.TEST_IMAGE
 def pcluster(cluster: tc.Cluster) -> tc.Cluster:
     reason = podman.available()
     if reason:
-        pytest.skip(reason)
+        cannot_run(reason)
     podman.ensure_image(cluster, range(1, 5))
     return cluster
 
@@ -159,7 +159,7 @@ def test_image_push_to_four_nodes_then_again_skipped(pcluster: tc.Cluster,
     other = tmp_path / "other.tar"
     other.write_bytes(podman.skeleton_tar([sys.prefix, "/opt/other"]))
     if _local("import", "-q", str(tar), tag).returncode != 0:
-        pytest.skip("podman cannot import an image on this machine (the login node)")
+        cannot_run("podman cannot import an image on this machine (the login node)")
     want = _local("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
     nodes = range(1, 5)
     try:
@@ -218,7 +218,7 @@ def test_image_push_via_a_directory_the_nodes_share_copies_once(pcluster: tc.Clu
     tar = tmp_path / "skel.tar"
     tar.write_bytes(podman.skeleton_tar([sys.prefix]))
     if _local("import", "-q", str(tar), tag).returncode != 0:
-        pytest.skip("podman cannot import an image on this machine (the login node)")
+        cannot_run("podman cannot import an image on this machine (the login node)")
     want = _local("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
     via = pcluster.shared_dir / f"images-{uuid.uuid4().hex[:8]}"
     try:
@@ -261,7 +261,7 @@ def test_image_push_refuses_a_directory_others_can_write_into(pcluster: tc.Clust
     tar = tmp_path / "skel.tar"
     tar.write_bytes(podman.skeleton_tar([sys.prefix]))
     if _local("import", "-q", str(tar), tag).returncode != 0:
-        pytest.skip("podman cannot import an image on this machine (the login node)")
+        cannot_run("podman cannot import an image on this machine (the login node)")
     via = pcluster.shared_dir
     before = sorted(p.name for p in via.iterdir())
     try:
@@ -290,7 +290,7 @@ def test_image_push_names_a_node_the_archive_cannot_reach(pcluster: tc.Cluster,
     tar = tmp_path / "skel.tar"
     tar.write_bytes(podman.skeleton_tar([sys.prefix]))
     if _local("import", "-q", str(tar), tag).returncode != 0:
-        pytest.skip("podman cannot import an image on this machine (the login node)")
+        cannot_run("podman cannot import an image on this machine (the login node)")
     pcluster.node_exec(3, ["sh", "-c", "rm -rf ~/.cache/dtrain/images && mkdir -p "
                            "~/.cache/dtrain && : > ~/.cache/dtrain/images"], check=True)
     try:

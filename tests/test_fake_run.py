@@ -8,7 +8,6 @@ root): fake nodes share this machine's network, so two of them would fail the ma
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -17,9 +16,14 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.transports.fake import FakeTransport
+from tests.util import need_root
 
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(os.geteuid() != 0, reason=(
-    "a fake node's own hostname needs a UTS namespace (root)"))]
+pytestmark = [pytest.mark.torch]
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    need_root("a fake node's own hostname (a UTS namespace)")
 
 # attempt 1: rank 1 exits 3 (WL=fail), or both ranks sleep without a line (WL=hang);
 # attempt 2: both ranks finish

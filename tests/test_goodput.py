@@ -136,7 +136,9 @@ def test_the_goodput_bands_in_headless_chromium(tmp_path: Any) -> None:
     from tests.report_archives import write_archive
 
     if browser.chromium() is None:
-        pytest.skip("chromium is not installed")
+        from tests.util import cannot_run
+
+        cannot_run("chromium is not installed (scripts/test installs Debian's chromium)")
     a1, a2 = ckpt_run()
     meta = {"start": 1000.0, "end": 1100.0, "state": "finished", "exit_code": 0,
             "attempts": [{"n": 1, "start": 999.0, "end": 1040.0, "detected": 1035.0,

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.util import REPO, proc_environ
+from tests.util import REPO, need_module, proc_environ
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
@@ -19,7 +19,7 @@ EXPECTED = {"run-hang": 125}  # the stuck rank: a hang, stopped; every other ste
 
 
 def test_the_gpu_checks_rehearsal_runs_every_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("torch")
+    need_module("torch")
     env = {**os.environ, "NPROC": "1", "OUT": str(tmp_path / "out"), "W": str(tmp_path / "w"),
            "PYTHON": sys.executable}
     env = {k: v for k, v in env.items() if not k.startswith(("DTRAIN_", "NCCL_", "GLOO_"))}

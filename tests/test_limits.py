@@ -10,6 +10,7 @@ import pytest
 
 from launcher.errors import UsageError
 from launcher.job.limits import ensure_nofile, fds_needed
+from tests.util import cannot_run
 
 
 def test_soft_limit_is_raised_up_to_what_the_hosts_need() -> None:
@@ -40,7 +41,8 @@ def test_a_real_process_with_a_low_soft_limit_gets_it_raised() -> None:
             "ensure_nofile(500); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < fds_needed(500):
-        pytest.skip(f"hard limit {hard} too low here")
+        cannot_run(f"the hard limit on open files here ({hard}) is under the "
+                   f"{fds_needed(500)} this test needs")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
                                                                (256, hard)), timeout=60)

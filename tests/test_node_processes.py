@@ -165,7 +165,9 @@ def test_set_title_in_ps(tmp_path: Path, python: str) -> None:
         next(iter(sorted(Path("/root/.pyenv/versions").glob("3.8*/bin/python3.8"))), None)
         or shutil.which("python3.8"))
     if exe is None:
-        pytest.skip("no python3.8")
+        from tests.util import cannot_run
+
+        cannot_run("no python3.8 here (scripts/test installs one)")
     script = tmp_path / "t.py"
     script.write_text(
         "import sys\nsys.path.insert(0, sys.argv[1])\n"

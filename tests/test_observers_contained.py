@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from typer.testing import CliRunner
 
 from launcher.job.events import Hello, Observer, Observers, RankExit
 from launcher.models import Host, OutputLine
+from tests.util import need_root
 
 
 class Broken(Observer):
@@ -110,10 +110,10 @@ if os.environ["RANK"] == "1":
 
 
 @pytest.mark.torch
-@pytest.mark.skipif(os.geteuid() != 0, reason="a fake node's own hostname needs root")
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_run_whose_observers_fail_ends_with_its_own_exit_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    need_root("a fake node's own hostname (a UTS namespace)")
     from launcher.cli import app
     from launcher.commands import launch
     from launcher.decide import hang

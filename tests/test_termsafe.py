@@ -17,6 +17,7 @@ from launcher.output.fastout import ExecOutput
 from launcher.output.pipeline import OutputPipeline
 from launcher.text import termsafe
 from launcher.text.termsafe import clean_bytes, clean_text, inert, needs_cleaning
+from tests.util import cannot_run
 
 OSC52 = b"\x1b]52;c;cm0gLXJmIH4K\x07"  # "write `rm -rf ~` to the clipboard"
 
@@ -53,8 +54,9 @@ def test_needs_cleaning_only_with_control_bytes() -> None:
 CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
 
 
-@pytest.mark.skipif(shutil.which("cat") is None, reason="no cat")
 def test_the_notation_is_cat_v_s_for_every_control() -> None:
+    if shutil.which("cat") is None:
+        cannot_run("no cat (coreutils) here")
     # the oracle: coreutils' own `cat -vT` (tab as ^I); newline it never shows, ^J by the rule
     for code in CONTROLS:
         shown = "^J" if code == 0x0A else subprocess.run(

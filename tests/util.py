@@ -80,6 +80,12 @@ def cannot_run(reason: str, *, require: bool | None = None) -> NoReturn:
     pytest.skip(reason)
 
 
+def need_root(why: str) -> None:
+    """Go on as root only (``why``: what needs it); elsewhere ``cannot_run``."""
+    if os.geteuid() != 0:
+        cannot_run(f"{why} needs root")
+
+
 def need_module(name: str) -> ModuleType:
     """``pytest.importorskip`` that fails instead where everything must run."""
     try:
