@@ -11,7 +11,6 @@ tmp_path (DTRAIN_STATE_DIR) across the runs of a test:
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -21,9 +20,14 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.job.incidents import IncidentStore
 from launcher.transports.fake import FakeTransport
+from tests.util import need_root
 
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(os.geteuid() != 0, reason=(
-    "a fake node's own hostname needs a UTS namespace (root)"))]
+pytestmark = [pytest.mark.torch]
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    need_root("a fake node's own hostname (a UTS namespace)")
 
 # rank 1 fails on the nodes in WL_FAIL_ON (after a progress line), with WL_BUG's exception
 WORKLOAD = """\
