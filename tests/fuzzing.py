@@ -6,6 +6,12 @@ past the first character.
 ``DTRAIN_FUZZ_EXAMPLES`` scales every parser's examples (CI: the default below; the long run
 of docs/reliability.md: 100000). ``DTRAIN_FUZZ_SEED`` picks another random stream for a long
 run (CI is derandomized: the same examples every time).
+
+One parser's run, counted and kept (docs/reliability.md): ``python -m tests.fuzzing --parser
+NAME --examples N --seed S`` runs that parser's test alone in pytest with those settings and
+writes ``bench/results/fuzz-<commit>-<date>-<NAME>-seed<S>.json``: the examples it ran (an
+exact count), the seed, the commit (and any file of launcher/ or tests/ that differed from
+it), the date and the failures. ``--parser list`` names the parsers.
 """
 
 from __future__ import annotations
@@ -36,16 +42,27 @@ COUNTS = os.environ.get("DTRAIN_FUZZ_COUNTS")  # the long run: examples per test
 _counted: dict[str, int] = {}
 
 
+def _dump_counts() -> None:
+    if COUNTS:
+        import json
+
+        with open(COUNTS, "w") as fh:
+            json.dump(_counted, fh)
+
+
+if COUNTS:  # the exact count at the end (a run cut short keeps its last multiple of 50)
+    import atexit
+
+    atexit.register(_dump_counts)
+
+
 def _count() -> None:
     """One more example of the current test, in DTRAIN_FUZZ_COUNTS every 50 (a long run is
     cut by a timeout: what it reached is on disk)."""
     test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0].rpartition("::")[2]
     _counted[test] = _counted.get(test, 0) + 1
     if COUNTS and _counted[test] % 50 == 0:
-        import json
-
-        with open(COUNTS, "w") as fh:
-            json.dump(_counted, fh)
+        _dump_counts()
 
 
 class Hang(Exception):
@@ -150,3 +167,104 @@ def mutated(value: Any, keys: list[str]) -> st.SearchStrategy[Any]:
         return walk(value, 0)
 
     return answer()
+
+
+# ------------------------------------------------------------------------- one counted run
+
+def parsers() -> list[str]:
+    """The fuzzed parsers: each ``@FUZZ`` test of tests/test_fuzz_parsers.py, without
+    ``test_``."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).parent / "test_fuzz_parsers.py").read_text())
+    return [f.name.removeprefix("test_") for f in tree.body
+            if isinstance(f, ast.FunctionDef)
+            and any(isinstance(d, ast.Name) and d.id == "FUZZ" for d in f.decorator_list)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import datetime
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import hypothesis
+
+    repo = Path(__file__).resolve().parent.parent
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.fuzzing",
+        description="Fuzz one parser (a test of tests/test_fuzz_parsers.py) with N examples "
+                    "of seed S, and keep the count: bench/results/fuzz-<commit>-<date>-"
+                    "<parser>-seed<S>.json.")
+    ap.add_argument("--parser", required=True, help="its test's name without test_; "
+                    "'list' names them")
+    ap.add_argument("--examples", type=int, default=EXAMPLES, help="hypothesis's max_examples")
+    ap.add_argument("--seed", type=int, default=0, help="the random stream")
+    ap.add_argument("--out", type=Path, default=repo / "bench" / "results",
+                    help="the folder the file goes in (default: %(default)s)")
+    args = ap.parse_args(argv)
+    names = parsers()
+    if args.parser == "list":
+        print("\n".join(names))
+        return 0
+    if args.parser not in names:
+        ap.error(f"no parser {args.parser!r}; one of: {', '.join(names)}")
+    if args.examples < 1:
+        ap.error("--examples must be at least 1")
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.rstrip("\n")
+
+    commit = git("rev-parse", "--short=7", "HEAD")
+    differs = sorted(line[3:] for line in git("status", "--porcelain", "--", "launcher",
+                                              "tests").splitlines())
+    test = f"tests/test_fuzz_parsers.py::test_{args.parser}"
+    with tempfile.TemporaryDirectory(prefix="dtrain-fuzz-") as tmp:
+        counts = Path(tmp) / "counts.json"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DTRAIN_FUZZ_")}
+        env.update(DTRAIN_FUZZ_EXAMPLES=str(args.examples), DTRAIN_FUZZ_SEED=str(args.seed),
+                   DTRAIN_FUZZ_COUNTS=str(counts))
+        started = time.monotonic()
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "-o", "timeout=0", test], cwd=repo, env=env,
+                             capture_output=True, text=True, check=False)
+        took = time.monotonic() - started
+        ran = json.loads(counts.read_text()).get(f"test_{args.parser}", 0) \
+            if counts.exists() else 0
+    if res.returncode not in (0, 1):  # not a verdict: pytest itself failed
+        sys.stderr.write(res.stdout[-4000:] + res.stderr[-4000:])
+        return res.returncode
+    failures = 0 if res.returncode == 0 else 1
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    doc = {
+        "bench": "fuzz", "parser": args.parser, "test": test,
+        "examples": ran, "max_examples": args.examples, "seed": args.seed,
+        "commit": commit, "differs_from_commit": differs, "date": date,
+        "failures": failures, "seconds": round(took, 1),
+        "hypothesis": hypothesis.__version__, "python": sys.version.split()[0],
+        "command": f"python -m tests.fuzzing --parser {args.parser} --examples "
+                   f"{args.examples} --seed {args.seed}",
+        "note": "examples: the test's calls, counted by tests/fuzzing.bounded() (a failure's "
+                "shrinking counts too); written by the run itself, not transcribed",
+        "raw_output_kept": True,
+        "rows": [{"parser": args.parser, "examples": ran, "seed": args.seed,
+                  "failures": failures}],
+    }
+    if failures:
+        doc["failure"] = res.stdout[-6000:]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"fuzz-{commit}-{date}-{args.parser}-seed{args.seed}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{args.parser}: {ran} examples, seed {args.seed}, {failures} failures, "
+          f"{took:.0f} s, commit {commit}{' (+ changes)' if differs else ''} -> {path}")
+    return failures
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

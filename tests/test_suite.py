@@ -307,3 +307,30 @@ def test_fine(plan):
     assert [(w, n) for _, w, n in skip_sites(source, "t.py")] == [
         ("<module>", 3), ("<module>", 5), ("test_a", 7), ("test_a", 9), ("test_b", 11),
         ("test_b", 13), ("test_b", 14), ("test_c", 17), ("test_c", 19), ("test_fine", 25)]
+
+
+def test_one_fuzz_run_keeps_its_count_seed_and_commit(tmp_path: Path) -> None:
+    """`python -m tests.fuzzing --parser NAME --examples N --seed S` (docs/reliability.md):
+    the parser's test alone, N examples of seed S, its exact count and commit in one file."""
+    import json
+
+    from tests import fuzzing
+
+    assert len(fuzzing.parsers()) == 22 and "env_args" in fuzzing.parsers()
+    res = subprocess.run([sys.executable, "-m", "tests.fuzzing", "--parser", "env_args",
+                          "--examples", "30", "--seed", "5", "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (path,) = tmp_path.glob("fuzz-*-env_args-seed5.json")
+    doc = json.loads(path.read_text())
+    assert (doc["parser"], doc["examples"], doc["seed"], doc["failures"]) == \
+        ("env_args", 30, 5, 0)
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert doc["commit"] == head and path.name.startswith(f"fuzz-{head}-{doc['date']}-")
+    assert doc["command"] == "python -m tests.fuzzing --parser env_args --examples 30 --seed 5"
+    assert all(not p.startswith((" ", "?")) and "/" in p for p in doc["differs_from_commit"])
+    bad = subprocess.run([sys.executable, "-m", "tests.fuzzing", "--parser", "nope",
+                          "--examples", "1"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "no parser 'nope'" in bad.stderr
