@@ -10,32 +10,33 @@ import stat
 from pathlib import Path
 
 from launcher.commands.sshconfig import add_block, has_block, host_block, usage_lines
+from launcher.models import Host
 from tests.util import REPO, dtrain
 
 KEY = Path("/home/me/.ssh/id_ed25519_dtrain")
 
 
 def test_the_block_and_whether_it_is_there() -> None:
-    block = host_block(["node1", "node2"], KEY)
+    block = host_block([Host("node1"), Host("node2")], KEY)
     assert "Host node1 node2\n    IdentityFile /home/me/.ssh/id_ed25519_dtrain\n" in block
     assert has_block(block, ["node1", "node2"], KEY)
     assert not has_block(block, ["node1", "node3"], KEY)
     assert not has_block(block, ["node1"], Path("/other/key"))
-    many = host_block([f"n{i}" for i in range(40)], KEY)
+    many = host_block([Host(f"n{i}") for i in range(40)], KEY)
     assert many.count("\nHost ") == 3 and has_block(many, [f"n{i}" for i in range(40)], KEY)
     theirs = "Host *\n  User me\nHost node1 node2 # mine\n  IdentityFile ~/.ssh/x\n"
     assert has_block(theirs, ["node1"], Path(os.path.expanduser("~/.ssh/x")))
-    assert "ssh -i /home/me/.ssh/id_ed25519_dtrain node1" in usage_lines(KEY, ["node1"])[0]
+    assert "ssh -i /home/me/.ssh/id_ed25519_dtrain node1" in usage_lines(KEY, [Host("node1")])[0]
 
 
 def test_added_once_private_and_after_what_was_there(tmp_path: Path) -> None:
     config = tmp_path / ".ssh" / "config"
-    assert add_block(config, ["node1"], KEY)
+    assert add_block(config, [Host("node1")], KEY)
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     assert stat.S_IMODE(config.parent.stat().st_mode) == 0o700
-    assert not add_block(config, ["node1"], KEY)  # already there
+    assert not add_block(config, [Host("node1")], KEY)  # already there
     config.write_text("Host login\n  User me")  # no newline at the end
-    assert add_block(config, ["node1"], KEY)
+    assert add_block(config, [Host("node1")], KEY)
     text = config.read_text()
     assert text.startswith("Host login\n  User me\n") and text.count("IdentityFile") == 1
 

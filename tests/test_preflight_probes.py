@@ -46,7 +46,7 @@ def _nodes(master_addr: str | None, monkeypatch: pytest.MonkeyPatch
     # which choose_master rightly refuses: take its first candidate instead
     from launcher.job import preflight as pf
 
-    def first(candidates: Any, routes: Any) -> Any:
+    def first(candidates: Any, routes: Any, **_: Any) -> Any:
         return SimpleNamespace(addr=candidates[0], reason="test", warning=None)
 
     monkeypatch.setattr(pf, "choose_master", first)

@@ -6,9 +6,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher.output.archive import RunArchive
 from launcher.output.runlock import LauncherLock
-from tests.util import assert_exit, dtrain, need_module
+from tests.util import REPO, assert_exit, dtrain, need_module, need_root
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -110,3 +112,54 @@ def test_a_node_s_rank_count_is_slots_else_the_command_s_default() -> None:
     assert nproc_for(Host("n1", slots=3), cpu, None, default="1") == ("3", 3)
     assert nproc_for(Host("n1"), cpu, None, default="1") == ("1", 1)  # smoke on gloo
     assert nproc_for(Host("n1", slots=3), cpu, "2", default="1") == ("2", 2)
+
+
+# -- 4. hints that were off -----------------------------------------------------------------------
+
+def test_no_pass_master_addr_hint_when_master_addr_was_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    need_root("a fake node's own hostname (a UTS namespace)")
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+    from launcher.transports.fake import FakeTransport
+
+    monkeypatch.chdir(REPO)
+
+    def dry(*extra: str) -> str:
+        # two fake nodes share this machine's network: no master address works between them
+        with FakeTransport(own_hostname=True).installed():
+            res = CliRunner().invoke(app, ["run", "-H", "n1,n2", "--nproc-per-node", "1",
+                                           "--archive-dir", str(tmp_path / "runs"),
+                                           "--no-color", "--dry-run", *extra,
+                                           "examples/train.py"])
+        assert res.exit_code == 1, res.output
+        return res.output
+
+    assert "pass --master-addr" in dry()  # chosen by dtrain: the option is the way out
+    given = dry("--master-addr", "127.0.0.1")
+    assert "pass --master-addr" not in given, given
+    assert "--master-addr 127.0.0.1" in given.split("hint:")[1], given
+
+
+def test_the_ssh_hint_and_host_block_keep_the_user_and_port() -> None:
+    from launcher.commands.sshconfig import has_block, host_block, usage_lines
+    from launcher.models import Host
+
+    key = Path("/home/me/.config/dtrain/id_ed25519")
+    hosts = [Host("login1", user="dtuser", port=2222), Host("gpu01"), Host("gpu02"),
+             Host("gpu03", port=2200)]
+    hint = usage_lines(key, hosts)[0]
+    assert f"ssh -i {key} -p 2222 dtuser@login1;" in hint, hint
+    assert f"rsync -e 'ssh -i {key} -p 2222' " in hint, hint
+    block = host_block(hosts, key)
+    assert (f"Host login1\n    IdentityFile {key}\n    User dtuser\n    Port 2222\n"
+            in block), block
+    assert f"Host gpu01 gpu02\n    IdentityFile {key}\n" in block, block
+    assert f"Host gpu03\n    IdentityFile {key}\n    Port 2200\n" in block, block
+    assert has_block(block, ["login1", "gpu01", "gpu02", "gpu03"], key)
+    # one name on two ports (the test cluster's 127.0.0.1:2222 and :2223): ssh_config
+    # matches names, not ports, so that name gets no Port, and a comment says why
+    two = host_block([Host("127.0.0.1", port=2222), Host("127.0.0.1", port=2223)], key)
+    assert "Port" not in two.replace("# ", "#").split("#", 2)[-1].split("\n", 1)[1], two
+    assert "127.0.0.1" in two and "several ports or users" in two, two

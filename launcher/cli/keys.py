@@ -220,7 +220,9 @@ def _plain_ssh(hosts: Sequence[Host], results: Sequence[KeyResult], keypair: Key
     from launcher.output import render
 
     ok = {r.host for r in results if r.ok}
-    names = list(dict.fromkeys(h.name for h in hosts if h.label in ok or h.name in ok))
+    reached = list({(h.name, h.user, h.port): h for h in hosts
+                    if h.label in ok or h.name in ok}.values())
+    names = list(dict.fromkeys(h.name for h in reached))
     if not names:
         return
     config = Path.home() / ".ssh" / "config"
@@ -232,13 +234,13 @@ def _plain_ssh(hosts: Sequence[Host], results: Sequence[KeyResult], keypair: Key
     if has_block(text, names, key):
         render.note(f"{config} already gives plain ssh this key for {fold(names)}")
         return
-    for line in usage_lines(key, names):
+    for line in usage_lines(key, reached):
         render.note(line)
     if consent is None and ask:
         consent = typer.confirm(f"Add a Host block for {fold(names)} with IdentityFile {key} "
                                 f"to {config}?", default=False, err=True)
     if consent:
-        add_block(config, names, key)
+        add_block(config, reached, key)
         render.note(f"added to {config}: Host {fold(names)} / IdentityFile {key}")
 
 

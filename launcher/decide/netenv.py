@@ -139,9 +139,17 @@ def route_problem(route: Route | None) -> str | None:
     return None
 
 
+def given_hint(given: str | None, usual: str, instead: str) -> str:
+    """A hint about the master address: ``usual`` (which may offer --master-addr) when dtrain
+    chose it, ``instead`` when the user gave ``--master-addr`` (``{addr}`` in it: theirs)."""
+    return instead.format(addr=given) if given else usual
+
+
 def choose_master(candidates: Sequence[str],
-                  worker_routes: Mapping[str, Mapping[str, Route]]) -> MasterChoice:
+                  worker_routes: Mapping[str, Mapping[str, Route]], *,
+                  given: str | None = None) -> MasterChoice:
     """The first candidate every worker reaches on-link; else one reached via a gateway.
+    ``given``: the --master-addr the candidates are (the hints then speak of it).
 
     Raises PreflightFailed naming, per candidate, the hosts that cannot reach it.
     """
@@ -170,34 +178,46 @@ def choose_master(candidates: Sequence[str],
         f"{addr}: " + ", ".join(f"{h} ({why})" for h, why in sorted(fails.items()))
         for addr, fails in failures.items())
     raise PreflightFailed(f"no master address is reachable from every worker -- {detail}",
-                          hint="check the routes, or pass --master-addr")
+                          hint=given_hint(given, "check the routes, or pass --master-addr",
+                                          "check the routes to --master-addr {addr}, or give "
+                                          "it an address of node 0 the others reach"))
 
 
 # --------------------------------------------------------------------------- socket interface
 
 
 def socket_choice(facts: NodeFacts, master_addr: str, is_master: bool, *,
-                  multi_node: bool = True) -> SocketChoice:
-    """The interface on this node that reaches the master (on the master: the one holding it)."""
+                  multi_node: bool = True, given: bool = False) -> SocketChoice:
+    """The interface on this node that reaches the master (on the master: the one holding it).
+    ``given``: the address is the user's --master-addr (the hints then speak of it)."""
+    mine = master_addr if given else None
     host = facts.hostname or None
     route: Route | None = None
     if is_master:
         owner = facts.owner_of(master_addr)
         if owner is None:
             raise PreflightFailed(f"master address {master_addr} is not an address of this node",
-                                  host=host, hint="pass --master-addr with one of its addresses")
+                                  host=host, hint=given_hint(
+                                      mine, "pass --master-addr with one of its addresses",
+                                      "--master-addr {addr} must be an address of node 0 "
+                                      "(the first host): give one of its own"))
         ifname, reason = owner.name, f"holds master address {master_addr}"
     else:
         route = facts.routes.get(master_addr)
         why = route_problem(route)
         if why or route is None or route.dev is None:
             raise PreflightFailed(f"cannot reach master address {master_addr}: {why}", host=host,
-                                  hint="check the routes, or pass --master-addr")
+                                  hint=given_hint(mine, "check the routes, or pass "
+                                                  "--master-addr", "check the routes to "
+                                                  "--master-addr {addr}"))
         ifname, reason = route.dev, f"route to {master_addr} via {route.dev}"
     iface = facts.iface(ifname)
     if multi_node and (ifname in ("lo", "docker0") or (iface is not None and iface.is_loopback)):
         raise PreflightFailed(f"traffic to master {master_addr} would use {ifname}", host=host,
-                              hint="pass --master-addr with an address on the cluster network")
+                              hint=given_hint(mine, "pass --master-addr with an address on "
+                                              "the cluster network", "--master-addr {addr} "
+                                              "is reached over loopback: give node 0's "
+                                              "address on the cluster network"))
     if multi_node and iface is not None and not iface.is_up:
         raise PreflightFailed(f"{ifname} (towards master {master_addr}) is {iface.operstate}",
                               host=host)
@@ -212,9 +232,9 @@ def socket_choice(facts: NodeFacts, master_addr: str, is_master: bool, *,
 
 
 def socket_iface(facts: NodeFacts, master_addr: str, is_master: bool, *,
-                 multi_node: bool = True) -> tuple[str, str]:
+                 multi_node: bool = True, given: bool = False) -> tuple[str, str]:
     """(interface name, reason); raises PreflightFailed for lo/docker0/none on a multi-node job."""
-    choice = socket_choice(facts, master_addr, is_master, multi_node=multi_node)
+    choice = socket_choice(facts, master_addr, is_master, multi_node=multi_node, given=given)
     return choice.ifname, choice.reason
 
 
@@ -373,15 +393,18 @@ def decide_env(facts: NodeFacts, *, master_addr: str, is_master: bool,
                user_env: Mapping[str, str], profile: Mapping[str, str] | None = None,
                user_sources: Mapping[str, str] | None = None, nnodes: int,
                profile_name: str = "profile",
-               no_auto: Collection[str] = (), dtrain: Sequence[EnvVar] = ()) -> EnvDecision:
+               no_auto: Collection[str] = (), dtrain: Sequence[EnvVar] = (),
+               master_given: bool = False) -> EnvDecision:
     """One node's whole environment: dtrain's own variables, detection, then profile, site
-    config and --env on top (``merge_env``).
+    config and --env on top (``merge_env``). ``master_given``: ``master_addr`` is the user's
+    --master-addr.
 
     ``no_auto`` names detected variables to leave unset (``--no-auto K``). Blocking problems
     (the node cannot reach the master on a usable interface) are in ``errors``. The order:
     dtrain's own variables first, as given, then the others by name.
     """
-    sock = socket_choice(facts, master_addr, is_master, multi_node=nnodes > 1)
+    sock = socket_choice(facts, master_addr, is_master, multi_node=nnodes > 1,
+                         given=master_given)
     detected = _socket_vars(facts, sock, master_addr)
     rdma_vars, rdma_warn, errors, hca = _rdma_vars(facts, sock.ifname)
     vendor_vars, vendor_warn = _vendor_vars(facts)

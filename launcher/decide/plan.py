@@ -241,7 +241,8 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                               is_master=node_rank == 0, user_env=user, user_sources=sources,
                               profile=opts.checks.profile, nnodes=len(hosts),
                               profile_name=opts.checks.profile_name, no_auto=opts.checks.no_auto,
-                              dtrain=dtrain_env(req, node_rank, len(hosts)))
+                              dtrain=dtrain_env(req, node_rank, len(hosts)),
+                              master_given=req.master_addr is not None)
         errors += [f"{host.label}: {e}" for e in decision.errors]
         decisions[host.label] = decision
     wanted = {h.label: c for h in hosts if (c := for_host(req.container, h.image))}

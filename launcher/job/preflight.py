@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from launcher.decide.container import for_host, image_problems
 from launcher.decide.facts import NodeFacts
-from launcher.decide.netenv import choose_master, pick_master_addr
+from launcher.decide.netenv import choose_master, given_hint, pick_master_addr
 from launcher.decide.plan import RunRequest
 from launcher.decide.runoptions import RunOptions
 from launcher.errors import DtrainError, PreflightFailed
@@ -35,6 +35,9 @@ class Preflight:
     master_port: int = 29500
     master_reason: str = ""
     warnings: list[str] = field(default_factory=list)
+    # per node, its clock's offset to the launcher's and its +/- (job/probes.py; the
+    # start-up split, docs/goodput.md)
+    clock: dict[str, tuple[float, float]] = field(default_factory=dict)
     # every node's probe, still running once the preflight is over: each becomes its node's
     # supervisor (NodeProbes.become); whoever holds the connections ends the rest
     # (NodeProbes.aclose, job/prepare.py) before they close
@@ -77,7 +80,7 @@ def _is_ip(text: str | None) -> bool:
 
 
 async def check_master_port(probes: NodeProbes, labels: Sequence[str], addr: str,
-                            port: int, timeout: float) -> int:
+                            port: int, timeout: float, *, given: str | None = None) -> int:
     """Bind the master port on node 0 and connect to it from every other node, through the
     probes that reported their facts (no new node program).
 
@@ -111,7 +114,10 @@ async def check_master_port(probes: NodeProbes, labels: Sequence[str], addr: str
         if failures:
             error = PreflightFailed(
                 f"the master {addr}:{port} is unreachable from {', '.join(failures)}",
-                hint="check firewalls between the nodes, or pass --master-addr")
+                hint=given_hint(given, "check firewalls between the nodes, or pass "
+                                "--master-addr", "check firewalls between the nodes, and "
+                                "that --master-addr {addr} is node 0's address on the "
+                                "network they share"))
             error.hosts = tuple(failed)  # a restarting run fences them
             raise error
     return port
@@ -143,6 +149,7 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
     if len(hosts) == 1:
         first_guess = [req.master_addr or "127.0.0.1"]
     pre.facts = await probes.facts(conns, first_guess)
+    pre.clock = dict(probes.clock)
     images = {h.label: c for h in hosts if (c := for_host(req.container, h.image))}
     if images:  # --image: every node has it, then the facts are the container's
         problems = image_problems(images, {k: pre.facts[k].container for k in images})
@@ -180,7 +187,8 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
         workers = {h.label: pre.facts[h.label] for h in hosts[1:]}
         if any(c not in f.routes for c in candidates for f in workers.values()):
             workers.update(await probes.routes(workers, candidates))
-        choice = choose_master(candidates, {k: f.routes for k, f in workers.items()})
+        choice = choose_master(candidates, {k: f.routes for k, f in workers.items()},
+                               given=req.master_addr)
         pre.master_addr, pre.master_reason = choice.addr, choice.reason
         if choice.warning:
             pre.warnings.append(choice.warning)
@@ -188,5 +196,6 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
     pre.master_port = req.master_port or 0
     pre.master_port = await check_master_port(probes, [h.label for h in hosts],
                                               pre.master_addr, pre.master_port,
-                                              opts.connection.probe_timeout)
+                                              opts.connection.probe_timeout,
+                                              given=req.master_addr)
     return pre
