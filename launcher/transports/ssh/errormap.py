@@ -90,6 +90,19 @@ def host_key_error(label: str, verdict: HostKeyVerdict | None,
 TRANSIENT = (asyncssh.ConnectionLost, ConnectionResetError, BrokenPipeError)
 
 
+def dropped_at_handshake(label: str, tries: int, seconds: float) -> ConnectError:
+    """sshd closed every try before the login finished: which of its limits does that, and
+    what to do (docs/scaling.md, "sshd's limits")."""
+    return ConnectError(
+        f"sshd closed the connection before the login finished, {tries} tries in "
+        f"{seconds:.1f} s", host=label,
+        hint="sshd drops handshakes beyond its MaxStartups (10:30:100 by default: from 10 "
+             "at once, 30 % dropped) and OpenSSH >= 9.8 refuses for a while an address "
+             "whose connections keep failing (PerSourcePenalties); lower --fanout, raise "
+             "MaxStartups in the node's sshd_config, or read its sshd log (fail2ban and "
+             "tcp wrappers drop connections the same way)")
+
+
 @contextlib.contextmanager
 def map_sftp_errors(label: str, path: str) -> Iterator[None]:
     """SFTP failures: a lost link → ConnectError, anything else → TransferError(path)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -28,7 +30,7 @@ from launcher.transports.ssh.config import (
     load_host_config,
     parse_proxy_jump,
 )
-from launcher.transports.ssh.errormap import TRANSIENT, map_ssh_errors
+from launcher.transports.ssh.errormap import TRANSIENT, dropped_at_handshake, map_ssh_errors
 from launcher.transports.ssh.hostkeys import HostKeyPolicy, HostKeyVerdict
 from launcher.transports.ssh.settings import (
     CIPHERS,
@@ -228,17 +230,19 @@ class SSHTransport(Transport):
         if self.settings.password is not None:
             kwargs["password"] = self.settings.password
         delay = 0.1
+        started = time.monotonic()
         for attempt in range(self.settings.retries + 1):
-            conn = await self._attempt(host, _Client(policy), kwargs,
-                                       last=attempt == self.settings.retries)
+            conn = await self._attempt(host, _Client(policy), kwargs)
             if conn is not None:
                 return conn
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+            if attempt < self.settings.retries:
+                await asyncio.sleep(delay * (0.5 + random.random()))  # jitter: N nodes'
+                delay = min(delay * 2, 2.0)  # retries must not arrive together again
+        raise dropped_at_handshake(host.label, self.settings.retries + 1,
+                                   time.monotonic() - started)
 
-    async def _attempt(self, host: Host, client: _Client, kwargs: dict[str, Any], *,
-                       last: bool) -> asyncssh.SSHClientConnection | None:
+    async def _attempt(self, host: Host, client: _Client, kwargs: dict[str, Any]
+                       ) -> asyncssh.SSHClientConnection | None:
         """One connection attempt, errors mapped; None after a transient drop (retry)."""
         with map_ssh_errors(host.label, self.settings, lambda: client.verdict):
             try:
@@ -247,8 +251,6 @@ class SSHTransport(Transport):
                                                                **kwargs)
                 return conn
             except TRANSIENT:
-                if last:
-                    raise
                 return None
 
     def watched_files(self, host: Host) -> list[str]:
