@@ -3,11 +3,13 @@
     dtrain run -H localhost --nproc-per-node 2 examples/train.py --lr 3e-4
     dtrain run -f hosts.txt --dry-run examples/train.py --lr 3e-4
 
-A two-layer network learns y = sum(x) on random batches (each rank its own data), with
-DistributedDataParallel over gloo on CPU, or nccl with one GPU per rank when there are
-GPUs. Every rank prints ``step N loss X`` (what `--progress`, the hang watch and
-`dtrain report`'s loss curves read); rank 0 prints the final loss. Standard library and
-torch only; a copy to start your own script from.
+A two-layer network learns y = sum(x) / 4 (16 inputs: unit variance) on random batches
+(each rank its own data), with DistributedDataParallel over gloo on CPU, or nccl with one
+GPU per rank when there are GPUs. 100 steps take the loss from about 0.9 to about 0.1 at
+--lr 3e-4, and under 0.01 at the default 1e-2: a few seconds on CPU. Every rank prints
+``step N loss X`` (what `--progress`, the hang watch and `dtrain report`'s loss curves
+read); rank 0 prints the final loss. Standard library and torch only; a copy to start
+your own script from.
 """
 
 from __future__ import annotations
@@ -46,15 +48,16 @@ def main(argv: list[str]) -> int:
               f"{args.steps} steps", flush=True)
 
     torch.manual_seed(0)  # the same initial weights on every rank (DDP checks that)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 1)).to(device)
+    # 256 hidden units: wide enough that even --lr 3e-4 visibly learns in 100 steps
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 1)).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batches
     loss = torch.zeros(())
     for step in range(args.steps):
         x = torch.randn(args.batch_size, 16, generator=data).to(device)
-        y = x.sum(dim=1, keepdim=True)
+        y = x.sum(dim=1, keepdim=True) / 4  # unit variance: a loss of 1 is "knows nothing"
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         opt.zero_grad()
         loss.backward()  # DDP averages the gradients over every rank here

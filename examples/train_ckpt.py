@@ -56,6 +56,8 @@ def save(path: str, state: dict[str, object]) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    # --ckpt-dir '~/ckpt' (quoted on the login node): this node's home
+    args.ckpt_dir = os.path.expanduser(args.ckpt_dir)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
