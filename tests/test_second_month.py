@@ -163,3 +163,14 @@ def test_the_ssh_hint_and_host_block_keep_the_user_and_port() -> None:
     two = host_block([Host("127.0.0.1", port=2222), Host("127.0.0.1", port=2223)], key)
     assert "Port" not in two.replace("# ", "#").split("#", 2)[-1].split("\n", 1)[1], two
     assert "127.0.0.1" in two and "several ports or users" in two, two
+
+
+# -- 6. small ones --------------------------------------------------------------------------------
+
+def test_run_help_lists_the_container_group_after_the_everyday_ones(tmp_path: Path) -> None:
+    res = dtrain(["run", "--help"], env={**_env(tmp_path), "COLUMNS": "100"})
+    assert_exit(res, 0)
+    panels = [line.split("─ ", 1)[1].split(" ─")[0] for line in res.stdout.splitlines()
+              if line.startswith("╭─ ")]
+    assert panels.index("Container") > max(panels.index(p) for p in (
+        "Hosts", "Connection", "Node", "Environment", "Launch", "Reports", "Archive")), panels

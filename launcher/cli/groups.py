@@ -40,8 +40,10 @@ WATCH = "Watching"
 DISPLAY = "Display"
 REPORTS = "Reports"
 ARCHIVE = "Archive"
+CONTAINER = "Container"
+# the everyday groups first; --image and its kin (a few runs use them) after them
 PANEL_ORDER = (HOSTS, CONNECTION, NODE, ENVIRONMENT, LAUNCH, FAILURE, WATCH, DISPLAY,
-               REPORTS, ARCHIVE)
+               REPORTS, ARCHIVE, CONTAINER)
 
 # old or foreign spellings that still work but are not shown in --help
 HIDDEN_NAMES = frozenset({"--hosts-filter", "--ranks",
@@ -251,7 +253,6 @@ def node(python: str, workdir: str | None = None, *, default_workdir: str | None
 
 # ------------------------------------------------------------------------------ container
 
-CONTAINER = "Container"
 ImageOpt = Annotated[str | None, typer.Option(
     "--image", metavar="IMAGE", rich_help_panel=CONTAINER, callback=from_config("image"),
     help="Run inside this image on every node (docs/containers.md); each node must have it "
