@@ -174,3 +174,30 @@ def test_run_help_lists_the_container_group_after_the_everyday_ones(tmp_path: Pa
               if line.startswith("╭─ ")]
     assert panels.index("Container") > max(panels.index(p) for p in (
         "Hosts", "Connection", "Node", "Environment", "Launch", "Reports", "Archive")), panels
+
+
+def _offline(tmp_path: Path, hostfile: str) -> str:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(hostfile)
+    res = dtrain(["run", "-f", str(hosts), "--dry-run", "--offline", "--archive-dir",
+                  str(tmp_path / "runs"), "examples/train.py"], env=_env(tmp_path))
+    assert_exit(res, 0)
+    return res.stdout
+
+
+def test_the_dry_run_shows_the_flight_recorder_s_file_without_quoting_noise(
+        tmp_path: Path) -> None:
+    out = _offline(tmp_path, "node1 slots=2\n")
+    line = next(ln for ln in out.splitlines() if "TORCH_FR_DUMP_TEMP_FILE=" in ln)
+    assert "TORCH_FR_DUMP_TEMP_FILE=<the supervisor's private dir>/flight/rank_  [" in line, line
+
+
+def test_the_summary_names_the_hostfile_s_python(tmp_path: Path) -> None:
+    out = _offline(tmp_path, "node1 python=/opt/venv/bin/python slots=2\n")
+    assert "python python3  [built-in default]" not in out, out
+    assert "python /opt/venv/bin/python  [hostfile python=]" in out, out
+    some = _offline(tmp_path, "node1 python=/opt/venv/bin/python slots=2\nnode2 slots=2\n")
+    assert ("python python3  [built-in default; node1: /opt/venv/bin/python, hostfile "
+            "python=]") in some, some
+    plain = _offline(tmp_path, "node1 slots=2\n")
+    assert "python python3  [built-in default]" in plain, plain

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
 from launcher.commands.launch import RunResult, launch, run_extra
 from launcher.decide.plan import (
+    NODE_DIR,
     OFFLINE_FACTS,
     LaunchPlan,
     RunRequest,
@@ -57,6 +58,8 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
     if setup:
         w(f"setup, run first on every node: {setup}\n")
     for name, value, source in sources:  # CLI > environment > user config > built-in
+        if name == "python":  # a hostfile's python= wins on its hosts
+            value, source = _python_source(hosts, value, source)
         w(f"{name} {value}  [{source}]\n")
     blocks = [(node, _node_lines(plan, node)) for node in plan.nodes]
     explained = False  # the NCCL '=' note: once, at its first node, not on all 64
@@ -85,6 +88,21 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
     out.flush()
 
 
+def _python_source(hosts: Sequence[Host], value: str, source: str) -> tuple[str, str]:
+    """The summary's python line: the hostfile's ``python=`` where hosts have it (it wins
+    over --python, the config and the built-in default on those hosts)."""
+    own: dict[str, list[str]] = {}
+    for h in hosts:
+        if h.python:
+            own.setdefault(h.python, []).append(h.label)
+    if not own:
+        return value, source
+    if sum(map(len, own.values())) == len(hosts):
+        return ", ".join(own), "hostfile python="
+    per = "; ".join(f"{fold(labels)}: {python}" for python, labels in own.items())
+    return value, f"{source}; {per}, hostfile python="
+
+
 FOLD_NODES = 16  # from this many nodes on, nodes alike but for their rank are one block
 
 
@@ -106,7 +124,10 @@ def _node_lines(plan: LaunchPlan, node: Any) -> list[str]:
         value = value if value == "***" else shlex.quote(value)
         out.append(f"  {var.name}={value}  [{var.source}: {var.reason}]{state}\n")
     for var in node.node_added():
-        out.append(f"  + {var.name}={shlex.quote(var.value)}  [{var.source}: {var.reason}]\n")
+        # the node's private dir is a placeholder (its path is made there): shown as is
+        value = shlex.quote(var.value.replace(NODE_DIR, "@")).replace("@", NODE_DIR) \
+            if "@" not in var.value else shlex.quote(var.value)
+        out.append(f"  + {var.name}={value}  [{var.source}: {var.reason}]\n")
     out += [f"  warning: {warning}\n" for warning in node.warnings]
     return out
 
