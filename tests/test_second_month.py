@@ -201,3 +201,13 @@ def test_the_summary_names_the_hostfile_s_python(tmp_path: Path) -> None:
             "python=]") in some, some
     plain = _offline(tmp_path, "node1 slots=2\n")
     assert "python python3  [built-in default]" in plain, plain
+
+
+def test_help_shows_the_archive_default_under_xdg_state_home(tmp_path: Path) -> None:
+    state = tmp_path / "xdg-state"
+    for command in (["ps"], ["run"]):
+        res = dtrain([*command, "--help"], env={**_env(tmp_path, XDG_STATE_HOME=str(state)),
+                                                "COLUMNS": "300"})
+        assert_exit(res, 0)
+        assert f"default: {state}/dtrain/runs" in res.stdout, res.stdout
+        assert "~/.local/state/dtrain/runs" not in res.stdout

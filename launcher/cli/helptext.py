@@ -58,6 +58,14 @@ def _default(param: Any, ctx: Any) -> str:
         return ""
     if isinstance(param.show_default, str):
         return param.show_default
+    from launcher.cli.groups import DEFAULT_ARCHIVE_DIR
+
+    if param.name == "archive_dir" and value == DEFAULT_ARCHIVE_DIR:
+        # the built-in archive as it is here ($DTRAIN_STATE_DIR, $XDG_STATE_HOME), not the
+        # placeholder the option declares (cli/defaults.py puts the real one in)
+        from launcher.hosts.userconfig import default_archive_dir
+
+        return str(default_archive_dir())
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(value)
