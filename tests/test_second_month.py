@@ -211,3 +211,25 @@ def test_help_shows_the_archive_default_under_xdg_state_home(tmp_path: Path) -> 
         assert_exit(res, 0)
         assert f"default: {state}/dtrain/runs" in res.stdout, res.stdout
         assert "~/.local/state/dtrain/runs" not in res.stdout
+
+
+def test_pulled_files_land_in_a_directory_without_a_colon(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LOCALDIR/127.0.0.1:2222/` is a remote path to scp and rsync (HOST:PATH): the port
+    joins the name with '_' instead (docs/cp.md)."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+    from launcher.transports.fake import FakeTransport
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "rank0.log").write_text("loss 1\n")
+    monkeypatch.chdir(tmp_path)
+    with FakeTransport().installed():
+        res = CliRunner().invoke(app, ["cp", "--pull", "-H", "127.0.0.1:2222,node1",
+                                       f"{src}/rank0.log", str(tmp_path / "logs")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "logs" / "127.0.0.1_2222" / "rank0.log").read_text() == "loss 1\n"
+    assert (tmp_path / "logs" / "node1" / "rank0.log").is_file()
+    assert not (tmp_path / "logs" / "127.0.0.1:2222").exists()

@@ -351,7 +351,13 @@ def exit_code(results: Iterable[CopyResult]) -> int:
     return max((r.exit_code for r in results), default=0)
 
 
+def pull_dir(label: str) -> str:
+    """A node's directory under LOCALDIR: its label with ``:`` as ``_`` (``127.0.0.1_2222``):
+    scp and rsync read ``127.0.0.1:2222/x`` as HOST:PATH."""
+    return label.replace(":", "_")
+
+
 def pull_root(localdir: str, label: str, remote: str) -> str:
-    """Where a pulled remote path lands: LOCALDIR/<host label>/<basename> (rpdcp's layout,
-    one directory per node)."""
-    return posixpath.join(localdir, label, source_name(remote))
+    """Where a pulled remote path lands: LOCALDIR/<pull_dir(host label)>/<basename>
+    (rpdcp's layout, one directory per node)."""
+    return posixpath.join(localdir, pull_dir(label), source_name(remote))

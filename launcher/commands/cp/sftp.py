@@ -224,7 +224,7 @@ async def pull_node(conn: Connection, copy: Copy, result: CopyResult) -> None:
     fs = await conn.files()
     python = req.python_on(conn.host)
     remote = Side(fs, Sums(conn, python))
-    mine = ConfinedFileSystem(os.path.join(os.path.abspath(req.dest), result.label),
+    mine = ConfinedFileSystem(os.path.join(os.path.abspath(req.dest), cpl.pull_dir(result.label)),
                               host=result.label, keep_setid=req.keep_setuid)
     local = Side(mine, Sums(None, req.python))
     syncer = Syncer(remote, local, copy, Target(conn, result, python))
