@@ -122,6 +122,26 @@ class Attempt(TypedDict, total=False):
     relaunch: bool
 
 
+class StartupNode(TypedDict, total=False):
+    """``startup[].nodes[]``: where one node's start-up was, on the launcher's clock (the
+    node's instants less its ``clock_offset``; decide/startup.py, docs/goodput.md)."""
+
+    host: str
+    supervisor: float | None  # the supervisor started the job (its hello)
+    agent: float | None  # torchrun's agent imported torch
+    rank_start: float | None  # the node's first rank process up
+    script: float | None  # the node's first rank handed over to the user's script
+    clock_offset: float | None  # node clock - launcher clock (s), from the probe
+    clock_slack: float | None  # +/- of the offset (half the probe's round trip)
+
+
+class Startup(TypedDict, total=False):
+    """``startup[]``: one record per attempt."""
+
+    attempt: int
+    nodes: list[StartupNode]
+
+
 class RunMeta(TypedDict, total=False):
     """meta.json. Field order here is the order a run usually writes them."""
 
@@ -170,4 +190,5 @@ class RunMeta(TypedDict, total=False):
     nodes: list[NodeResult]
     console_skipped: int
     goodput: dict[str, Any]  # docs/goodput.md
+    startup: list[Startup]  # each attempt's start-up instants per node (docs/goodput.md)
     smoke: dict[str, Any]  # dtrain smoke's results (docs/smoke.md)

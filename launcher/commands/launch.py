@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from launcher import __version__
 from launcher.aio import cancel_and_wait
 from launcher.commands.run_sampling import RunSampling, alongside
+from launcher.commands.startup import StartupClock
 from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
 from launcher.decide.hang import ProgressWatch, compile_progress
@@ -451,6 +452,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                              on_record=lambda: archive.update_meta(**fabric.meta()))
         job.observe(fabric)
         job.observe(Evidence(errors))
+        clock = StartupClock([n.host.label for n in plan.nodes], prep.pre.clock)
+        job.observe(clock)  # where start-up went, per node (docs/goodput.md)
         if sampling is not None:
             job.observe(sampling)
 
@@ -508,7 +511,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
     end: RunMeta = {"end": time.time(), "exit_code": v.code, "outcome": v.outcome,
                     "state": "finished", "root_cause": root_cause, "nodes": results,
                     "console_skipped": out.skipped, **watch.meta(),
-                    **(sampling.meta() if sampling is not None else {}), **fabric.meta()}
+                    **(sampling.meta() if sampling is not None else {}), **fabric.meta(),
+                    "startup": clock.meta(archive.meta.get("startup"), req.attempt)}
     archive.update_meta(**end)
     return result
 

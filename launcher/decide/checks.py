@@ -18,6 +18,7 @@ from launcher.decide.container import ContainerRequest
 from launcher.decide.facts import UNLIMITED, NodeFacts
 from launcher.decide.netenv import SocketChoice
 from launcher.decide.rdma import HcaChoice, select_hcas
+from launcher.decide.startup import clock_offset
 from launcher.hosts.hostfile import fold
 from launcher.models import Host
 
@@ -416,8 +417,7 @@ def check_clock(facts_by_host: Mapping[str, NodeFacts],
             out.append(CheckResult(h, "clock", SKIP, "no timestamp"))
             continue
         sent, received = window
-        offset = 0.0 if sent <= f.time <= received else (
-            f.time - received if f.time > received else f.time - sent)
+        offset = clock_offset(f.time, sent, received)
         slack = (received - sent) / 2
         if abs(offset) > CLOCK_WARN_S:
             way = "ahead of" if offset > 0 else "behind"

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.decide import startup
 from launcher.decide.hang import DEFAULT_PROGRESS
 from launcher.decide.steprate import STEP_NUMBER
 
@@ -55,6 +56,7 @@ class _Rank:
     points: list[tuple[float, int | None]] = field(default_factory=list)  # progress (t, step)
     ckpt: list[tuple[float, float, str]] = field(default_factory=list)  # (from, to, cause)
     last_t: float | None = None
+    host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class AttemptLedger:
     resumed_at: int | None  # the step this attempt began at (its first step number)
     highest: int | None  # the highest step it reached
     lost_steps: int | None
+    # the start-up's parts, per node (decide/startup.py); None: no node instants recorded
+    startup_split: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class GoodputLedger:
     segments: tuple[tuple[float, float, str, int], ...]  # (from, to, cause, attempt)
     notes: tuple[str, ...]
     step_time: dict[str, dict[str, float]]  # {"ranks": {r: s}, "nodes": {host: s}}
+    startup_split: dict[str, float | None] | None = None  # the run's (decide/startup.total)
 
     def json(self) -> dict[str, Any]:
         """meta.json's and --json's ``goodput`` (docs/goodput.md, schema version 1)."""
@@ -91,15 +96,26 @@ class GoodputLedger:
                 "attempts": [{"n": a.n, "wall_s": _r(a.wall), "goodput": _g(a.goodput),
                               "seconds": {c: _r(v) for c, v in a.seconds.items()},
                               "resumed_at": a.resumed_at, "highest_step": a.highest,
-                              "lost_steps": a.lost_steps} for a in self.attempts],
+                              "lost_steps": a.lost_steps,
+                              "startup_split": _split_json(a.startup_split)}
+                             for a in self.attempts],
                 "not_measured": sorted({c for c, v in self.totals.items() if v is None}),
                 "notes": list(self.notes),
                 "step_time": self.step_time,
+                "startup_split": None if self.startup_split is None
+                else startup.rounded(self.startup_split),
                 "segments": [[round(a, 3), round(b, 3), c, n] for a, b, c, n in self.segments]}
 
 
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
+
+
+def _split_json(s: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    return {"node": s["node"], "seconds": startup.rounded(s["seconds"]),
+            "nodes": {h: startup.rounded(p) for h, p in s["nodes"].items()}}
 
 
 def _g(v: float | None) -> float | None:
@@ -135,10 +151,10 @@ class Ledger:
         key = (n, rank)
         r = self.ranks.get(key)
         if r is None:
-            r = self.ranks[key] = _Rank()
             host = rec.get("host")
+            r = self.ranks[key] = _Rank(host=host if isinstance(host, str) else None)
             if isinstance(host, str):
-                self.hosts[rank] = host
+                self.hosts.setdefault(rank, host)
         t = float(t)
         if self.progress.search(text):
             m = STEP_NUMBER.search(text)
@@ -197,6 +213,7 @@ def _build(led: Ledger, meta: Mapping[str, Any], now: float | None) -> GoodputLe
     per: list[AttemptLedger] = []
     lost_unmeasured = False
     any_progress = False
+    records = _startup_records(meta)
     clock = now if now is not None else max([t0, *[t for r in led.ranks.values()
                                                     for t, _ in r.points[-1:]]])
     for i, a in enumerate(attempts):
@@ -267,7 +284,10 @@ def _build(led: Ledger, meta: Mapping[str, Any], now: float | None) -> GoodputLe
         prod = secs["productive"]
         good = None if ref is None or prod is None or secs["lost"] is None or wall <= 0 \
             else prod / wall
-        per.append(AttemptLedger(n, s, end_n, secs, wall, good, resumed, highest, lost_steps))
+        split = startup.attempt_split(s, [(x, y) for x, y, c in mine if c == "startup"],
+                                      records.get(n), ref.host if ref is not None else None)
+        per.append(AttemptLedger(n, s, end_n, secs, wall, good, resumed, highest, lost_steps,
+                                 split))
     end = per[-1].end if per else t0
     meta_end = _num(meta.get("end"))
     if meta_end is not None and meta_end > end and not running:
@@ -280,7 +300,8 @@ def _build(led: Ledger, meta: Mapping[str, Any], now: float | None) -> GoodputLe
                                     meta_end - last_a.start,
                                     None if last_a.goodput is None else
                                     (secs["productive"] or 0.0) / (meta_end - last_a.start),
-                                    last_a.resumed_at, last_a.highest, last_a.lost_steps)
+                                    last_a.resumed_at, last_a.highest, last_a.lost_steps,
+                                    last_a.startup_split)
         end = meta_end
     totals: dict[str, float | None] = {}
     for c in CAUSES:
@@ -296,8 +317,9 @@ def _build(led: Ledger, meta: Mapping[str, Any], now: float | None) -> GoodputLe
                       "restart (lost) are not measured")
     prod = totals["productive"]
     good = None if prod is None or totals["lost"] is None or wall <= 0 else prod / wall
+    split_total = startup.total([(a.startup_split, a.seconds["startup"] or 0.0) for a in per])
     return GoodputLedger(t0, end, running, tuple(per), totals, wall, good, tuple(segs),
-                         tuple(notes), step_times(led))
+                         tuple(notes), step_times(led), split_total)
 
 
 def _carve(segs: Sequence[tuple[float, float, str]],
@@ -371,6 +393,16 @@ def compile_checkpoint(pattern: str) -> re.Pattern[str]:
         raise UsageError(f"--checkpoint {pattern!r}: {exc}",
                          hint="a Python regular expression, searched in each output line"
                          ) from None
+
+
+def _startup_records(meta: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+    """meta.json ``startup[]``: each attempt's node instants (decide/startup.py)."""
+    raw = meta.get("startup")
+    out: dict[int, Mapping[str, Any]] = {}
+    for rec in raw if isinstance(raw, list) else []:
+        if isinstance(rec, Mapping):
+            out[_n(rec.get("attempt"), 1)] = rec
+    return out
 
 
 def _n(v: object, default: int) -> int:

@@ -43,6 +43,11 @@ def number(value: object) -> float | None:
     return nodemsg.finite(value)
 
 
+def instant(value: object) -> float | None:
+    """A node's Unix time, as ``t`` is checked (nodemsg.checked), else None."""
+    return nodemsg.finite(value, 0.0, 1e11)
+
+
 def text(value: object) -> str | None:
     """The text of a value that is there (not None, not empty), else None."""
     return str(value) if value else None
@@ -81,9 +86,11 @@ class Hello(Event):
 
 @dataclass(frozen=True)
 class RankStart(Event):
-    """A rank's shim is up (the hang clock waits for every one)."""
+    """A rank's shim is up (the hang clock waits for every one); ``agent``: when the node's
+    torchrun agent had imported torch (node clock; the start-up split, docs/goodput.md)."""
 
     rank: int = -1
+    agent: float | None = None
 
     def send(self, to: Observer, host: Host) -> None:
         to.on_rank_start(host, self)
@@ -113,6 +120,7 @@ class RankExit(Event):
     stop_signal: int | None = None
     duration: float | None = None
     evidence: Mapping[str, Any] | None = None
+    script: float | None = None  # the hand-over to the user's script (node clock)
 
     @property
     def failed(self) -> bool:
@@ -225,7 +233,7 @@ def typed(msg: Mapping[str, Any]) -> Event:
                      hostname=text(msg.get("hostname")), error=text(msg.get("error")),
                      code=integer(msg.get("code")))
     if kind == "rank_start":
-        return RankStart(t, rank=msg["rank"])
+        return RankStart(t, rank=msg["rank"], agent=instant(msg.get("agent_t")))
     if kind == "rank_raised":
         exc = text(msg.get("exc"))
         return RankRaised(t, rank=msg["rank"], exc=exc[:120] if exc else None)
@@ -234,7 +242,8 @@ def typed(msg: Mapping[str, Any]) -> Event:
                         signal=integer(msg.get("signal")),
                         stop_signal=integer(msg.get("stop_signal")),
                         duration=number(msg.get("duration")),
-                        evidence=mapping(msg.get("evidence")))
+                        evidence=mapping(msg.get("evidence")),
+                        script=instant(msg.get("script_t")))
     if kind == "stacks":
         ranks = msg.get("ranks")
         return Stacks(t, id=str(msg.get("id")), ranks=ranks if isinstance(ranks, dict) else {},

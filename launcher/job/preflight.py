@@ -35,6 +35,9 @@ class Preflight:
     master_port: int = 29500
     master_reason: str = ""
     warnings: list[str] = field(default_factory=list)
+    # per node, its clock's offset to the launcher's and its +/- (job/probes.py; the
+    # start-up split, docs/goodput.md)
+    clock: dict[str, tuple[float, float]] = field(default_factory=dict)
     # every node's probe, still running once the preflight is over: each becomes its node's
     # supervisor (NodeProbes.become); whoever holds the connections ends the rest
     # (NodeProbes.aclose, job/prepare.py) before they close
@@ -146,6 +149,7 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
     if len(hosts) == 1:
         first_guess = [req.master_addr or "127.0.0.1"]
     pre.facts = await probes.facts(conns, first_guess)
+    pre.clock = dict(probes.clock)
     images = {h.label: c for h in hosts if (c := for_host(req.container, h.image))}
     if images:  # --image: every node has it, then the facts are the container's
         problems = image_problems(images, {k: pre.facts[k].container for k in images})

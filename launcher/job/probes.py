@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from launcher.decide.checks import PYTHON_FIX, fold_by_message
 from launcher.decide.container import NodeContainerFacts, command_for, for_host
 from launcher.decide.facts import NodeFacts, Route
 from launcher.decide.plan import RunRequest, expand_home
+from launcher.decide.startup import clock_offset
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
 from launcher.job.remote import read_json_line, start_program
 from launcher.models import Host
@@ -66,6 +68,9 @@ class NodeProbes:
         self._req = req
         self._timeout = timeout
         self._procs: dict[str, Process] = {}
+        # per node: its clock's offset to the launcher's and the +/- of that (half the
+        # facts' round trip), as doctor's clock check measures it (decide/startup.py)
+        self.clock: dict[str, tuple[float, float]] = {}
 
     async def facts(self, conns: Mapping[str, Connection], targets: Sequence[str]
                     ) -> dict[str, NodeFacts]:
@@ -76,6 +81,7 @@ class NodeProbes:
         results: dict[str, NodeFacts] = {}
 
         async def one(label: str, conn: Connection) -> None:
+            sent = time.time()
             try:
                 async with asyncio.timeout(self._timeout):
                     ctr = for_host(req.container, conn.host.image)
@@ -91,7 +97,11 @@ class NodeProbes:
             except TimeoutError:
                 raise RemoteCommandError(f"the probe did not answer within "
                                          f"{self._timeout:g} s", host=label) from None
-            results[label] = NodeFacts.from_json(raw)
+            received = time.time()
+            results[label] = f = NodeFacts.from_json(raw)
+            if f.time is not None:
+                self.clock[label] = (clock_offset(f.time, sent, received),
+                                     (received - sent) / 2)
 
         await gather_named({label: one(label, c) for label, c in conns.items()})
         return results

@@ -225,12 +225,20 @@ class Evidence:
         """A rank's shim is up (its status connection): the hang watch counts the ranks
         alive only once every one has started (a slow start is not a hang)."""
         try:
-            self.out.control({"type": "rank_start", "rank": int(hdr.get("rank", -1)),
-                              "t": now()})
+            msg = {"type": "rank_start", "rank": int(hdr.get("rank", -1)), "t": now()}
         except (TypeError, ValueError):
-            pass
+            return
+        agent = getattr(self, "agent_t", None)
+        if agent is not None:  # torchrun's agent was up then (the start-up split)
+            msg["agent_t"] = agent
+        self.out.control(msg)
 
     def rank_armed(self, hdr, sock):
+        if hdr.get("stream") == "agent":  # torchrun's agent imported (rankshim's line)
+            t = hdr.get("t")
+            if isinstance(t, (int, float)) and getattr(self, "agent_t", None) is None:
+                self.agent_t = float(t)
+            return
         try:
             rank, pid = int(hdr["rank"]), int(hdr["pid"])
         except (KeyError, TypeError, ValueError):
@@ -243,6 +251,7 @@ class Evidence:
             "sock": sock, "buf": b"", "replies": [], "events": events,
             "oom_before": oom_kills(_read_from(events, 0, 4096)) if events else None,
             "mem": _status_kb(pid),
+            "t": hdr.get("t") if isinstance(hdr.get("t"), (int, float)) else None,
         }
         self.open_streams -= 1  # not output: the job's end does not wait for it
 
@@ -401,10 +410,14 @@ class Evidence:
 
     def death_evidence(self, rank, msg):
         """What the node knows about a rank that did not exit 0: its faulthandler crash
-        dump, its last memory, the cgroup OOM counter, the kernel log's OOM/Xid lines."""
+        dump, its last memory, the cgroup OOM counter, the kernel log's OOM/Xid lines.
+        Every exit report gets the rank's hand-over to its script (``script_t``, the arm's
+        time: the start-up split, docs/goodput.md)."""
+        info = self.armed.get(rank) or {}
+        if info.get("t") is not None:
+            msg["script_t"] = info["t"]
         if msg.get("code") in (0, None):
             return None
-        info = self.armed.get(rank) or {}
         evidence = {}
         crash = _read_from(info.get("crash"), 0, MAX_CRASH)
         if crash.strip():

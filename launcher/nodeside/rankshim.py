@@ -30,7 +30,17 @@ SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
 # project's random.py would shadow torchrun's own imports (the `torchrun` script does not
 # see it): the same agent, without that entry. The ranks get their script's directory
 # from the rank shim, as under plain torchrun.
+# Before it runs torchrun, the line tells the supervisor when torchrun's agent has imported
+# torch and its launcher (an ``agent`` header on the ranks' socket: the start-up split's
+# agent_start/rendezvous bound, docs/goodput.md); nothing of that ever stops torchrun.
 TORCHRUN_ISOLATED = ("import sys\nif sys.path and sys.path[0] in ('', '.'):\n    del sys.path[0]\n"
+                     "try:\n    import torch.distributed.launcher.api\n"
+                     "    import os, json, socket, time\n"
+                     "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                     "    s.connect(os.environ['" + SHIM_ENV + "'])\n"
+                     "    s.sendall(json.dumps({'stream': 'agent', 'pid': os.getpid(), "
+                     "'t': time.time()}).encode() + b'\\n')\n    s.close()\n"
+                     "except Exception:\n    pass\n"
                      "import runpy\nrunpy.run_module('torch.distributed.run', "
                      "run_name='__main__', alter_sys=True)\n")
 # the titles of the rank's two processes in ps (set_title): the shim torchrun started, and
@@ -155,9 +165,10 @@ def _arm(sock_path):
                 pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(sock_path)
+        # t: the hand-over to the user's script, next (the start-up split, docs/goodput.md)
         sock.sendall(json.dumps({
             "rank": rank, "stream": "arm", "pid": os.getpid(), "stacks": stack_path,
-            "crash": crash_path, "signal": STACK_SIGNAL}).encode() + b"\n")
+            "crash": crash_path, "signal": STACK_SIGNAL, "t": now()}).encode() + b"\n")
         keep.append(sock)
         lock = _thread.allocate_lock()
         _ARMED[:] = [sock, lock]

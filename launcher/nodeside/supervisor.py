@@ -427,7 +427,7 @@ class Supervisor(Evidence):
                     pid = st["hdr"]["pid"] = peer_pid(sock, pid)  # type: ignore[index]
                 st["start"] = start_time(pid) if type(pid) is int and pid > 0 else None
                 self.rank_started(st["hdr"])
-            if st["hdr"].get("stream") == "arm":  # type: ignore[attr-defined]
+            if st["hdr"].get("stream") in ("arm", "agent"):  # type: ignore[attr-defined]
                 self.rank_armed(st["hdr"], sock)
             if not chunk:
                 return

@@ -23,6 +23,12 @@ COLOURS = {"startup": "#9aa5b1", "productive": "#2e9e4f", "lost": "#d9822b",
            "detection": "#e0a800", "restart": "#a8323e", "backoff": "#6b6b6b",
            "winddown": "#b5b5b5"}
 BAND_H = 14
+# where start-up went (decide/startup.py's PARTS, and the time a missing instant left unsplit)
+PARTS = ("connect_probe", "agent_start", "rendezvous", "rank_start", "script", "unsplit")
+PART_LABELS = {"connect_probe": "connect, probe", "agent_start": "torchrun agent start",
+               "rendezvous": "rendezvous", "rank_start": "rank process start",
+               "script": "script to first progress", "unsplit": "unsplit (an instant missing)"}
+MAX_NODE_ROWS = 16
 
 
 def _secs(v: object) -> str:
@@ -91,7 +97,45 @@ def section(s: RunSummary) -> str:
     return (f'<section id="goodput"><h2>Goodput: {percent(g.get("goodput"))} of '
             f'{fmt_t(float(g.get("wall_s") or 0.0))}</h2>'
             f'{bands_svg(g, s.header.started or 0.0, s.span)}{table(g)}{notes}'
-            f'{step_times(g)}</section>')
+            f'{startup_table(g)}{step_times(g)}</section>')
+
+
+def startup_table(g: Mapping[str, Any]) -> str:
+    """Where start-up went: the parts per attempt (its reference rank's node) and for the
+    run, then each attempt's nodes, the slowest start-up first (at most 16 rows)."""
+    attempts = [a for a in g.get("attempts") or [] if isinstance(a, Mapping)]
+    splits = [a.get("startup_split") if isinstance(a.get("startup_split"), Mapping) else None
+              for a in attempts]
+    run = g.get("startup_split")
+    if not isinstance(run, Mapping) or not any(splits):
+        return ""
+    many = len(attempts) > 1
+    head = "".join(f"<th>attempt {text(a.get('n'))} ({text(sp.get('node')) if sp else '-'})"
+                   "</th>" for a, sp in zip(attempts, splits, strict=True)) if many else ""
+    rows = []
+    for part in PARTS:
+        cells = "".join(f"<td>{_secs(sp['seconds'].get(part)) if sp else '-'}</td>"
+                        for sp in splits) if many else ""
+        rows.append(f'<tr data-part="{part}"><th>{text(PART_LABELS[part])}</th>{cells}'
+                    f'<td>{_secs(run.get(part))}</td></tr>')
+    node = f" ({text(splits[0].get('node'))})" if not many and splits[0] else ""
+    out = [f'<h3>Where start-up went</h3><table class="cmp ledger startup-split"><thead><tr>'
+           f'<th>part</th>{head}<th>run{node}</th></tr></thead><tbody>{"".join(rows)}'
+           f'</tbody></table>']
+    for a, sp in zip(attempts, splits, strict=True):
+        nodes = sp.get("nodes") if sp else None
+        if not isinstance(nodes, Mapping) or len(nodes) < 2:
+            continue
+        order = sorted(nodes.items(), key=lambda kv: -sum(
+            float(v) for k, v in kv[1].items() if k != "script" and isinstance(v, int | float)))
+        body = "".join(f'<tr><th>{text(h)}</th>' + "".join(
+            f"<td>{_secs(p.get(part))}</td>" for part in PARTS) + "</tr>"
+            for h, p in order[:MAX_NODE_ROWS] if isinstance(p, Mapping))
+        cols = "".join(f"<th>{text(PART_LABELS[p])}</th>" for p in PARTS)
+        out.append(f'<p class="dim">attempt {text(a.get("n"))}, per node (the longest '
+                   f'before the script first):</p><table class="cmp startup-nodes"><thead>'
+                   f'<tr><th>node</th>{cols}</tr></thead><tbody>{body}</tbody></table>')
+    return "".join(out)
 
 
 def step_times(g: Mapping[str, Any]) -> str:
