@@ -229,3 +229,14 @@ def test_the_report_shows_the_split_per_attempt_and_node() -> None:
     assert '<tr data-part="rendezvous"><th>rendezvous</th>' in html
     assert "attempt 1, per node" in html and "attempt 2, per node" not in html  # one node
     assert startup_table(restarted(None).json()) == ""  # an older archive: nothing
+
+
+def test_the_run_s_parts_sum_to_startup_when_an_attempt_missed_a_part() -> None:
+    a = {"seconds": {"connect_probe": 1.0, "agent_start": 1.0, "rendezvous": 1.0,
+                     "rank_start": None, "script": None, "unsplit": 3.0}}
+    b = {"seconds": {"connect_probe": 1.0, "agent_start": 1.0, "rendezvous": 1.0,
+                     "rank_start": 1.0, "script": 2.0, "unsplit": 0.0}}
+    run = startup.total([(a, 6.0), (b, 6.0)])
+    assert run == {"connect_probe": 2.0, "agent_start": 2.0, "rendezvous": 2.0,
+                   "rank_start": None, "script": None, "unsplit": 6.0}
+    assert sum(v or 0.0 for v in run.values()) == 12.0
