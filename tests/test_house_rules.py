@@ -232,13 +232,7 @@ def test_allow_lists_name_only_what_exists() -> None:
 SHARED_DEFAULTS = {"fanout", "connect_timeout", "heartbeat_timeout", "heartbeat_interval",
                    "grace"}
 # module -> why it still spells a shared default itself
-_ISSUE_55 = "its options are being changed for issue 55 in this same round: moved after"
-DEFAULTS_PENDING: dict[str, str] = {
-    "launcher/cli/keys.py": _ISSUE_55, "launcher/cli/run.py": _ISSUE_55,
-    "launcher/cli/smoke.py": _ISSUE_55, "launcher/cli/top.py": _ISSUE_55,
-    "launcher/commands/top/__init__.py": _ISSUE_55,
-    "launcher/commands/run_sampling.py": _ISSUE_55,
-}
+DEFAULTS_PENDING: dict[str, str] = {}
 
 
 def _literal_defaults(tree: ast.AST, rel: str) -> list[tuple[str, str, int]]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
+from launcher import defaults
 from launcher.cli import groups
 from launcher.cli.common import DtrainCommand, DtrainGroup, run_body
 from launcher.cli.groups import (
@@ -261,8 +262,8 @@ def setup_cmd(
     group: groups.GroupOpt = None,
     exclude_group: groups.ExcludeGroupOpt = None,
     genders: groups.GendersOpt = None,
-    fanout: FanoutOpt = 32,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    fanout: FanoutOpt = defaults.KEYS_FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,
     identity: IdentityOpt = None,
@@ -314,8 +315,8 @@ def check_cmd(
     group: groups.GroupOpt = None,
     exclude_group: groups.ExcludeGroupOpt = None,
     genders: groups.GendersOpt = None,
-    fanout: FanoutOpt = 32,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    fanout: FanoutOpt = defaults.KEYS_FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,
     identity: CheckIdentityOpt = None,
@@ -356,8 +357,8 @@ def revoke_cmd(
     group: groups.GroupOpt = None,
     exclude_group: groups.ExcludeGroupOpt = None,
     genders: groups.GendersOpt = None,
-    fanout: FanoutOpt = 32,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    fanout: FanoutOpt = defaults.KEYS_FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,
     identity: RevokeIdentityOpt = None,

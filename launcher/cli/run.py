@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from launcher import defaults
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.defaults import from_config
@@ -131,7 +132,7 @@ def run_cmd(
     dcgm: Annotated[int, typer.Option(
         "--dcgm", min=0, max=3, metavar="LEVEL", rich_help_panel=NODE,
         help="With --health-check: also `dcgmi diag -r LEVEL` where dcgmi exists.")] = 0,
-    grace: groups.GraceOpt = 10.0,
+    grace: groups.GraceOpt = defaults.GRACE_S,
     timeout: TimeoutOpt = None,
     start_timeout: StartTimeoutOpt = 120.0,
     hang_timeout: Annotated[float, typer.Option(
@@ -176,9 +177,9 @@ def run_cmd(
         "--restart-backoff", min=0, metavar="SECONDS", rich_help_panel=FAILURE,
         help="Seconds before the first relaunch, doubled for "
              "each next one, at most 30 (or this value, if larger).")] = 1.0,
-    heartbeat_timeout: HeartbeatTimeoutOpt = 30.0,
-    fanout: FanoutOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    heartbeat_timeout: HeartbeatTimeoutOpt = defaults.HEARTBEAT_TIMEOUT_S,
+    fanout: FanoutOpt = defaults.FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from launcher import defaults
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.groups import (
@@ -78,8 +79,8 @@ def smoke_cmd(
     run_id: groups.RunIdOpt = None,
     timeout: groups.TimeoutOpt = 300.0,
     start_timeout: groups.StartTimeoutOpt = 120.0,
-    fanout: FanoutOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    fanout: FanoutOpt = defaults.FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,

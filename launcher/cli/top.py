@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from launcher import defaults
 from launcher.cli import groups
 from launcher.cli.common import run_body
 from launcher.cli.completion import complete_run_id
@@ -84,8 +85,8 @@ def top_cmd(
         help="REGEX: a run's progress lines, for its step rate (default: the "
              "one hang detection uses: step, iteration, epoch, loss lines and "
              "progress bars).")] = None,
-    fanout: FanoutOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    fanout: FanoutOpt = defaults.FANOUT,
+    connect_timeout: ConnectTimeoutOpt = defaults.CONNECT_TIMEOUT_S,
     accept_new: AcceptNewOpt = False,
     user: groups.UserOpt = None,
     ssh_option: groups.SshOptionOpt = None,

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from launcher import defaults
 from launcher.decide.liveness import launcher_timeout
 from launcher.decide.stragglers import StragglerDetector, StragglerSettings
 from launcher.job.events import Exit, Observer, sample_cpu
@@ -53,7 +54,8 @@ class RunSampling(Observer):
 
     def __init__(self, archive: RunArchive, plan: LaunchPlan, interval: float,
                  settings: StragglerSettings, say: Callable[[str], None], *,
-                 heartbeat_timeout: float = 30.0, attempt: int | None = None) -> None:
+                 heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT_S,
+                 attempt: int | None = None) -> None:
         self.archive = archive
         self.plan = plan
         self.interval = interval

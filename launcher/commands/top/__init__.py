@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from launcher import defaults
 from launcher.commands.entry import INTERRUPTED, Ended, run_command
 from launcher.commands.top.model import TopState
 from launcher.commands.top.runwatch import RunWatch
@@ -44,8 +45,8 @@ class TopRequest:
     color: bool | None = None
     python: str = "python3"
     transport: str = "auto"
-    fanout: int = 64
-    connect_timeout: float = 10.0
+    fanout: int = defaults.FANOUT
+    connect_timeout: float = defaults.CONNECT_TIMEOUT_S
     ifaces: tuple[str, ...] = ()
     gpu: bool = True
     stragglers: StragglerSettings = StragglerSettings()
