@@ -97,7 +97,9 @@ def test_killing_the_rank_shim_is_the_rank_killed(cluster: tc.Cluster, tmp_path:
 
 
 def _torchrun_pid(k: int, run_id: str, timeout: float = 30.0) -> int:
-    """torchrun of the run on node k (not the supervisor: its title starts with dtrain)."""
+    """torchrun of the run on node k: titled ``dtrain torchrun RUN nodeK`` (comm
+    pt_elastic), or still its own command line in the moment before it titles itself
+    (not the supervisor's, nor a rank's: their titles start otherwise)."""
     tag = f"DTRAIN_RUN_ID={run_id}".encode()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -106,8 +108,8 @@ def _torchrun_pid(k: int, run_id: str, timeout: float = 30.0) -> int:
                 line = _cmdline(p)
             except OSError:
                 continue
-            if tag in proc_environ(p) and not line.startswith("dtrain ") and (
-                    "torchrun" in line or "torch.distributed.run" in line):
+            if tag in proc_environ(p) and (line.startswith("dtrain torchrun ") or (
+                    not line.startswith("dtrain ") and "torch.distributed.run" in line)):
                 return p
         time.sleep(0.1)
     raise AssertionError(f"no torchrun of {run_id} on node{k}")
@@ -196,6 +198,7 @@ def test_node_processes_have_titles(cluster: tc.Cluster, tmp_path: Path, jobs) -
     assert (_comm(inner), _cmdline(inner)) == ("dtrain-r1", f"dtrain rank 1 {TRAIN}")
     # other sessions' jobs may run on node2 too: ours is the one with our run id
     want = {("dtrain-sup", f"dtrain supervisor {run_id} node2"),
+            ("pt_elastic", f"dtrain torchrun {run_id} node2"),
             ("dtrain-sampler", "dtrain sampler node2")}
     seen: set[tuple[str, str]] = set()
     deadline = time.monotonic() + 20
@@ -209,6 +212,63 @@ def test_node_processes_have_titles(cluster: tc.Cluster, tmp_path: Path, jobs) -
     assert want <= seen, sorted(t for t in seen if t[0].startswith("dtrain"))
     job.signal(signal.SIGINT)
     job.wait(60)
+
+
+@pytest.mark.parametrize("python", ["python3", "python3.8"])
+def test_torchrun_titles_itself(tmp_path: Path, python: str) -> None:
+    """rankshim.TORCHRUN_ISOLATED, as the supervisor starts torchrun (``python -c``), with
+    the shim's bundle beside the ranks' socket and a stand-in torch: torchrun's process is
+    ``dtrain torchrun RUN HOST`` (comm pt_elastic, torch's own) by the time torch.distributed.run
+    runs, which still gets its own arguments; the agent line still goes out."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    from launcher.nodeside import rankshim
+    from tests.util import node_program
+
+    exe = sys.executable if python == "python3" else (
+        next(iter(sorted(Path("/root/.pyenv/versions").glob("3.8*/bin/python3.8"))), None)
+        or shutil.which("python3.8"))
+    if exe is None:
+        from tests.util import cannot_run
+
+        cannot_run("no python3.8 here (scripts/test installs one)")
+    fake = tmp_path / "site"
+    pkg = fake / "torch" / "distributed" / "launcher"
+    pkg.mkdir(parents=True)
+    for d in (fake / "torch", fake / "torch" / "distributed", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api.py").write_text("")
+    (fake / "torch" / "distributed" / "run.py").write_text(
+        "import sys\nif __name__ == '__main__':\n"
+        "    print(open('/proc/self/comm').read().strip())\n"
+        "    print(open('/proc/self/cmdline', 'rb').read())\n"
+        "    print(sys.argv[1:])\n")
+    private = tmp_path / "dtrain-x"
+    private.mkdir()
+    shutil.copy(node_program("supervisor"), private / "dtrain_shim.py")
+    sock = str(private / "ranks.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock)
+    listener.listen(1)
+    env = {**os.environ, "PYTHONPATH": str(fake), rankshim.SHIM_ENV: sock,
+           "DTRAIN_RUN_ID": "20261207-1200-ab12"}
+    try:
+        proc = subprocess.run([str(exe), "-c", rankshim.TORCHRUN_ISOLATED, "--nnodes", "2",
+                               "x" * 100], env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+        conn, _ = listener.accept()
+        header = conn.makefile().readline()
+        conn.close()
+    finally:
+        listener.close()
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    title = f"dtrain torchrun 20261207-1200-ab12 {os.uname().nodename}"
+    assert proc.stdout.splitlines() == [
+        "pt_elastic", repr(title.encode() + b"\x00"), "['--nnodes', '2', '" + "x" * 100 + "']"]
+    assert '"stream": "agent"' in header
 
 
 def test_zombie_status_reads_a_dead_process_s_status_before_its_parent_reaps_it() -> None:

@@ -17,6 +17,7 @@ import sys
 
 from launcher.nodeside.nodecommon import (
     _prctl,
+    hostname,
     now,
 )
 from launcher.nodeside.nodetitle import set_title
@@ -30,10 +31,20 @@ SHIM_PLACEHOLDER = "{DTRAIN_SHIM}"
 # project's random.py would shadow torchrun's own imports (the `torchrun` script does not
 # see it): the same agent, without that entry. The ranks get their script's directory
 # from the rank shim, as under plain torchrun.
+# First it gives torchrun's agent its title in ps (``agent_title``, from the shim's bundle
+# beside the ranks' socket: set_title stays one copy; compiling the bundle costs what each
+# rank shim's start costs, once per node, against torch's seconds of import).
 # Before it runs torchrun, the line tells the supervisor when torchrun's agent has imported
 # torch and its launcher (an ``agent`` header on the ranks' socket: the start-up split's
 # agent_start/rendezvous bound, docs/goodput.md); nothing of that ever stops torchrun.
 TORCHRUN_ISOLATED = ("import sys\nif sys.path and sys.path[0] in ('', '.'):\n    del sys.path[0]\n"
+                     "try:\n    import os\n"
+                     "    p = os.path.join(os.path.dirname(os.environ['" + SHIM_ENV + "']), "
+                     "'dtrain_shim.py')\n"
+                     "    with open(p, 'rb') as f:\n        c = compile(f.read(), p, 'exec')\n"
+                     "    g = {'__name__': 'dtrain_agent'}\n    exec(c, g)\n"
+                     "    g['agent_title']()\n    del c, g\n"
+                     "except Exception:\n    pass\n"
                      "try:\n    import torch.distributed.launcher.api\n"
                      "    import os, json, socket, time\n"
                      "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
@@ -46,6 +57,17 @@ TORCHRUN_ISOLATED = ("import sys\nif sys.path and sys.path[0] in ('', '.'):\n   
 # the titles of the rank's two processes in ps (set_title): the shim torchrun started, and
 # the rank; is_shim knows a shim by its title
 RANK_TITLE = b"dtrain rank "
+# torchrun's comm: torch names its agent's main thread so once torchrun's run() starts
+# (torch.multiprocessing._set_thread_name); the same name from the first instant, not two
+AGENT_COMM = "pt_elastic"
+
+
+def agent_title():
+    """torchrun's agent in ps: ``dtrain torchrun RUN node2`` (the supervisor's is ``dtrain
+    supervisor RUN node2``), comm ``pt_elastic``, torch's own; TORCHRUN_ISOLATED calls it."""
+    run_id = os.environ.get("DTRAIN_RUN_ID")
+    set_title("dtrain torchrun %s%s" % (run_id + " " if run_id else "", hostname()),
+              AGENT_COMM)
 
 
 # -- evidence: stacks on demand, why a rank died (docs/hangs.md) -------------------------------
