@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import hostile
 from tests.util import REPO, assert_exit
 
 HOSTILE_FRAMES = """#!/bin/sh
@@ -49,15 +50,9 @@ def test_a_4_gib_frame_is_the_node_s_error_not_the_login_node_s_memory(tmp_path:
 
 # -- every path that prints a node's or an archive's text (Low 2) ---------------------------
 
-OSC52 = "\x1b]52;c;cHduZWQ=\x07"  # a clipboard write
-MOVE = "\x1b[2J\x1b[1;1Hnode1 OK\r"  # clear the screen, home, draw a fake line
-
-
-def _inert(text: str) -> None:
-    """No control sequence of the node's survives; what it sent is visible as ^[ text."""
-    assert "\x1b]" not in text and "\x1b[2J" not in text and "\x07" not in text
-    assert "\x1b[1;1H" not in text and "\r" not in text
-    assert "^[]52;c;cHduZWQ=^G" in text
+# the liar's escapes (tests/hostile.py): a clipboard write; clear, home, a fake line
+OSC52, MOVE = hostile.OSC52, hostile.MOVE
+_inert = hostile.inert  # no control sequence survives; what it sent is visible as ^[ text
 
 
 def test_doctor_tables_plain_and_rich():

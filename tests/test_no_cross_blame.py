@@ -6,7 +6,8 @@ whose OWN report agrees: its own stack stands outside every collective and its o
 recorder does not show it inside one. A higher sequence number, an op or a stack reported by
 another node is no evidence against it; it may only clear it.
 
-Every input goes the way a real answer goes: the supervisor's JSON message, job/events.py's
+Every input goes the way a real answer goes: the supervisor's JSON message (built by
+tests/hostile.py, the lying node of every such test), job/events.py's
 ``decode`` (the host's own ranks only, job/nodemsg.py), then what job/hangwatch.py's
 ``_collect`` does with each entry (``rank_stack``, ``load_dump``, ``rank_flight``) and
 ``fold``; the hang's record is the one HangWatch._hang writes, read by
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,45 +31,17 @@ from launcher.decide.verdict import Verdict
 from launcher.exitcodes import EXIT_HANG
 from launcher.job import events, nodemsg
 from launcher.job.hangwatch import HangWatch, StackDump
+from tests.hostile import ALL_REDUCE, BARRIER, LOAD_BATCH, Cluster, fr, rank_entry
 
-LIB = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
-ALL_REDUCE = [(LIB, 3252, "all_reduce"), ("/job/train.py", 47, "step"),
-              ("/job/train.py", 60, "<module>")]
-LOAD_BATCH = [("/job/data.py", 41, "load_batch"), ("/job/train.py", 44, "step"),
-              ("/job/train.py", 60, "<module>")]
-PLAN = {"nodeA": [0, 1], "nodeB": [2, 3]}
-Frames = Sequence[tuple[str, int, str]]
-
-
-def _text(frames: Frames) -> str:
-    """faulthandler's dump of a rank's main thread, innermost frame first."""
-    lines = ["Current thread 0x1 (most recent call first):"]
-    lines += [f'  File "{p}", line {n} in {f}' for p, n, f in frames]
-    return "\n".join(lines) + "\n"
-
-
-def _fr(enq: int, done: int, op: str = "gloo:all_reduce") -> dict[str, object]:
-    """The supervisor's ``fr`` of one rank: the flight recorder's pickle, as torch writes it."""
-    data = pickle.dumps({"version": "2.10", "pg_status": {"0": {
-        "last_enqueued_collective": enq, "last_started_collective": -1,
-        "last_completed_collective": done}}, "entries": [
-        {"pg_id": 0, "collective_seq_id": enq, "profiling_name": op,
-         "process_group": ("0", "default_pg")}]})
-    return {"ok": True, "data": base64.b64encode(data).decode()}
+# the lying node of tests/hostile.py: nodeA (ranks 0-1) and nodeB (ranks 2-3)
+CLUSTER = Cluster()
+PLAN = CLUSTER.plan
+_fr, _rank = fr, rank_entry
 
 
 def _answer(ranks: Mapping[int, dict[str, Any]]) -> bytes:
     """A supervisor's ``stacks`` message (what goes over the node's channel)."""
-    return json.dumps({"type": "stacks", "id": "h1",
-                       "ranks": {str(r): e for r, e in ranks.items()}}).encode()
-
-
-def _rank(frames: Frames | None, fr: dict[str, object] | None = None,
-          error: str = "no dump within 2 s") -> dict[str, Any]:
-    entry: dict[str, Any] = {"text": _text(frames)} if frames is not None else {"error": error}
-    if fr is not None:
-        entry["fr"] = fr
-    return entry
+    return CLUSTER.liar.stacks(dict(ranks))
 
 
 def _fold(answers: Mapping[str, bytes]) -> stacks.Folded:
@@ -111,10 +82,8 @@ def test_a_node_that_overstates_its_own_position_frames_nobody() -> None:
     other_op = dict(_framed(), nodeB=_answer({2: _rank(ALL_REDUCE, _fr(7, 6, "gloo:x")),
                                               3: _rank(ALL_REDUCE, _fr(7, 6, "gloo:x"))}))
     assert _fold(other_op).culprit is None
-    barrier = [(LIB, 4100, "barrier"), ("/job/train.py", 50, "sync"),
-               ("/job/train.py", 60, "<module>")]
     elsewhere = {"nodeA": _answer({0: _rank(ALL_REDUCE), 1: _rank(ALL_REDUCE)}),
-                 "nodeB": _answer({2: _rank(barrier), 3: _rank(barrier)})}
+                 "nodeB": _answer({2: _rank(BARRIER), 3: _rank(BARRIER)})}
     assert _fold(elsewhere).culprit is None
     # nodeB cannot speak for nodeA's ranks either (job/nodemsg.py): its claims on ranks 0-1
     # are dropped, nodeA's own answers stand

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from launcher.nodeside import wire
+from tests.hostile import Liar
 
 # -- the checks ------------------------------------------------------------------------------
 
@@ -95,13 +95,12 @@ def _session(frames: list[tuple[int, int, bytes]]) -> tuple[Any, list, list]:
     conn = SimpleNamespace(host=Host("n2"))
     s = NodeSession(conn, JobSpec(argv=("x",)), on_chunk=lambda *a: chunks.append(a),  # type: ignore[arg-type]
                     on_event=lambda h, m: events.append(m), ranks=(2, 3))
-    data = wire.MAGIC + b"".join(wire.FRAME.pack(k, r, len(d)) + d for k, r, d in frames)
-    s.proc = _Proc(data)  # type: ignore[assignment]
+    s.proc = _Proc(Liar.stream(frames))  # the liar's framed stream (tests/hostile.py)  # type: ignore[assignment]
     return s, chunks, events
 
 
 def _ctl(msg: dict[str, Any]) -> tuple[int, int, bytes]:
-    return (wire.KIND_CTL, -1, json.dumps(msg).encode())
+    return Liar.control(json.dumps(msg).encode())
 
 
 def test_the_session_hands_on_only_checked_messages_and_output() -> None:
@@ -109,7 +108,7 @@ def test_the_session_hands_on_only_checked_messages_and_output() -> None:
         _ctl({"type": "rank_start", "rank": 0}), _ctl({"type": "rank_start", "rank": 2}),
         _ctl({"type": "stacks", "id": "h1", "ranks": {"0": {"text": "lie"},
                                                       "3": {"text": "mine"}}}),
-        (wire.KIND_OUT, 0, b"step 5\n"), (wire.KIND_OUT, 3, b"step 4\n"),
+        Liar.output(0, b"step 5\n"), Liar.output(3, b"step 4\n"),
         _ctl({"type": "exit", "code": 0, "t": "late", "ranks": {"1": {}}}),
     ])
     from launcher.job.events import Exit, RankStart, Stacks
@@ -124,7 +123,7 @@ def test_the_session_hands_on_only_checked_messages_and_output() -> None:
 
 
 def test_a_message_nested_too_deeply_is_the_node_s_error() -> None:
-    s, _, events = _session([(wire.KIND_CTL, -1, b"[" * 100_000 + b"]" * 100_000)])
+    s, _, events = _session([Liar.control(b"[" * 100_000 + b"]" * 100_000)])
     asyncio.run(s._frames())
     assert events == [] and s._bad and "nested too deeply" in s._bad
 
