@@ -17,6 +17,7 @@ the node that tells the truth with the same builders):
   host or peer rank);
 * ``health``: the health collector's answer (a GPU, an Xid, a port; any ``host`` field);
 * ``sample``: a sampler line with per-rank CPU seconds (the straggler evidence);
+* ``smoke``: a smoke job's report line (versions, pair speeds, failed pairs);
 * ``escapes``: text with terminal controls (``OSC52``, ``MOVE``); ``flood``: many lines or
   one huge one; ``silent``: nothing at all;
 * ``stream``: messages and output framed as the supervisor's stream (job/node.py reads it).
@@ -181,6 +182,12 @@ class Liar:
         """A sample: per rank its CPU seconds so far (the straggler evidence)."""
         return _json({"type": "sample", "t": t,
                       "ranks": {str(r): {"cpu": c} for r, c in cpu.items()}, **more})
+
+    # the smoke job's report lines (decide/smoke.py takes them from the rank's output)
+    @staticmethod
+    def smoke(kind: str, **fields: Any) -> str:
+        """One ``DTRAIN-SMOKE`` line of a rank (``rank``, ``pairs``, ``pair_failed``, ...)."""
+        return "DTRAIN-SMOKE " + json.dumps({"kind": kind, **fields})
 
     # the health collector (commands/health.py reads its one line)
     def health(self, *, gpu_csv: str = CLEAN_GPU, xid_lines: Sequence[str] = (),

@@ -2,7 +2,11 @@
 (issue 50; docs/threat-model.md section 2): the honest node is neither blamed nor fenced nor
 refused. The liar is tests/hostile.py's: its messages go through the real decode
 (job/events.py against the plan) into the real decision, without I/O, or through the fake
-transport (the health gate). The hang culprit's rule: tests/test_no_cross_blame.py."""
+transport (the health gate). The hang culprit's rule: tests/test_no_cross_blame.py.
+
+Found and fixed here: `dtrain smoke`'s version check gave a tie to node 0's value, so in a
+2-node smoke a lying node 0 got the honest node named as the odd one (decide/smoke.py
+``_odd_ones``: a tie now names no node)."""
 
 from __future__ import annotations
 
@@ -335,3 +339,82 @@ def test_an_incident_is_recorded_against_the_node_whose_own_rank_failed(
         remember(end, run_id=run, attempt=1, script="train.py", workdir=None,
                  hosts=[A, B], store=store, commit="a" * 40)
     assert {r.host for r in store.load()} == {B}
+
+
+# -- dtrain smoke: versions and pair speeds ----------------------------------------------------
+
+def _smoke(cluster: Cluster, lines: list[tuple[str, int, str]]) -> Any:
+    from launcher.decide.smoke import SmokeResults, evaluate
+
+    layout = {r: h for h, rs in cluster.plan.items() for r in rs}
+    res = SmokeResults(layout=layout, nodes=cluster.hosts)
+    for host, rank, text in lines:
+        res.add_line(host, rank, text)
+    return evaluate(res, node_labels=cluster.hosts, world_size=len(layout), job_code=0,
+                    job_summary="")
+
+
+def _facts(node: Any, rank: int, torch: str = "2.13.0") -> str:
+    return node.smoke("rank", rank=rank, node_rank=rank, hostname=node.label, torch=torch,
+                      nccl=None, device="cpu", device_count=0, python="3.11.7")
+
+
+def _full(cluster: Cluster) -> list[tuple[str, int, str]]:
+    """Every rank's facts and sum check, and rank 0's sweep: a whole, healthy report."""
+    out = []
+    for host, ranks in cluster.plan.items():
+        for r in ranks:
+            node = cluster.node(host)
+            out += [(host, r, _facts(node, r)),
+                    (host, r, node.smoke("check", rank=r, mismatches={"1024": 0}))]
+            if r == 0:
+                out.append((host, r, node.smoke("sweep", backend="gloo", rows=[
+                    {"size": 1024, "count": 256, "iters": 5, "time_us": 10.0, "algbw": 1.0,
+                     "busbw": 1.0}])))
+    return out
+
+
+def test_a_lying_node_0_cannot_make_the_other_node_the_odd_version() -> None:
+    """Two nodes, one rank each; node 0 lies about its torch: the versions check fails the
+    smoke and names no node (no majority), where a tie used to go to node 0's value and
+    name the honest node 1 as the odd one."""
+    cluster = Cluster(plan={"nodeB": [0], "nodeA": [1]}, liar_label="nodeB")
+    liar = cluster.liar
+    report = [(h, r, _facts(liar, 0, torch="9.9.9") if h == B else text)
+              for h, r, text in _full(cluster)]
+    v = _smoke(cluster, report)
+    (f,) = [f for f in v.failures if f.check == "versions"]
+    assert f.hosts == () and not v.ok, f
+    assert f.message.startswith("torch differs: nodeB has 9.9.9, nodeA has 2.13.0"), f.message
+    # three nodes: the majority's word stands, the liar is the odd one
+    three = Cluster(plan={"nodeB": [0], "nodeA": [1], "nodeC": [2]}, liar_label="nodeB")
+    v = _smoke(three, [(h, r, _facts(three.liar, 0, torch="9.9.9") if text == _facts(
+        three.liar, 0) else text) for h, r, text in _full(three)])
+    (f,) = [f for f in v.failures if f.check == "versions"]
+    assert f.hosts == (B,), f
+
+
+def test_a_lying_node_names_only_links_it_is_an_end_of() -> None:
+    """Three nodes; nodeB reports every pair with it slow and a pair of two honest nodes
+    slow and failed: what it says of the others' pair is refused (naming nodeB), its own
+    pairs make it the slow node; nodeA is never named alone, and never at all once nodeB
+    is the node every slow pair has in common."""
+    three = Cluster(plan={"nodeA": [0], "nodeB": [1], "nodeC": [2]}, liar_label="nodeB")
+    a, b, c = three.node(A), three.liar, three.node("nodeC")
+    row = {"size": 1 << 20, "time_us": 100.0}
+    honest = [(A, 0, a.smoke("pairs", rows=[dict(row, a=0, b=1, gbps=10.0),
+                                             dict(row, a=0, b=2, gbps=10.0)])),
+              ("nodeC", 2, c.smoke("pairs", rows=[dict(row, a=0, b=2, gbps=10.0),
+                                                  dict(row, a=1, b=2, gbps=10.0)]))]
+    lies = [(B, 1, b.smoke("pairs", rows=[dict(row, a=0, b=1, gbps=0.01),
+                                           dict(row, a=1, b=2, gbps=0.01)])),
+            (B, 1, b.smoke("pair_failed", a=0, b=2, size=1 << 20, timeout=30.0))]
+    v = _smoke(three, _full(three) + honest + lies)
+    assert [(f.check, f.hosts) for f in v.failures] == [("ranks", (B,)), ("pairs", (B,))], \
+        v.failures
+    assert "a report on the pair nodeA <-> nodeC, which it is no end of" in v.failures[0].message
+    # one slow pair of its own: that link is named, the liar as one of its two ends
+    one = [(B, 1, b.smoke("pairs", rows=[dict(row, a=0, b=1, gbps=0.01),
+                                          dict(row, a=1, b=2, gbps=10.0)]))]
+    v = _smoke(three, _full(three) + honest + one)
+    assert [(f.check, f.hosts) for f in v.failures] == [("pairs", (A, B))], v.failures

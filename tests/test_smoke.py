@@ -556,10 +556,13 @@ def test_a_forged_report_that_comes_first_takes_no_rank_s_place():
 
 
 
-def test_the_tie_goes_to_node_0_and_the_majority_wins_otherwise():
+def test_a_tie_names_no_node_and_the_majority_wins_otherwise():
+    """Issue 50: a tie at the top has no majority; node 0's value winning it let node 0's
+    word name the other node (tests/test_hostile_rules.py)."""
     from launcher.decide.smoke import _odd_ones
 
-    assert _odd_ones({"a": "x", "b": "y"}, ["b", "a"]) == {"a": "x"}
+    assert _odd_ones({"a": "x", "b": "y"}, ["b", "a"]) is None
+    assert _odd_ones({"a": "x", "b": "x", "c": "y", "d": "y"}, ["a", "b", "c", "d"]) is None
     assert _odd_ones({"a": "x", "b": "y", "c": "y"}, ["a", "b", "c"]) == {"a": "x"}
     assert _odd_ones({"a": "x", "b": "x"}, ["a", "b"]) == {}
 

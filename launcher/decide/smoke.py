@@ -378,19 +378,23 @@ class SmokeVerdict:
         return self.code == 0
 
 
-def _odd_ones(values: Mapping[str, str | None], order: Sequence[str]) -> dict[str, str | None]:
-    """Hosts whose value differs from the majority (ties: node 0's value wins)."""
+def _odd_ones(values: Mapping[str, str | None], order: Sequence[str]
+              ) -> dict[str, str | None] | None:
+    """Hosts whose value differs from the majority's, in ``order``; None: no majority (a
+    tie at the top: which side is odd cannot be told from the nodes' own reports, and
+    picking node 0's value would let node 0's word name the other node, issue 50)."""
     counts = Counter(values.values())
     if len(counts) <= 1:
         return {}
-    top = max(counts.values())
-    first = next(values[h] for h in order if h in values)
-    majority = first if counts[first] == top else next(v for v, c in counts.items() if c == top)
-    return {h: v for h, v in values.items() if v != majority}
+    (majority, top), (_, second) = counts.most_common(2)
+    if top == second:
+        return None
+    return {h: values[h] for h in [*order, *values] if h in values and values[h] != majority}
 
 
 def version_failures(res: SmokeResults, order: Sequence[str]) -> list[SmokeFailure]:
-    """torch, NCCL, device kind and count must agree across nodes: name the odd node."""
+    """torch, NCCL, device kind and count must agree across nodes: name the odd node (no
+    node when there is no majority)."""
     out = []
     for key, what in (("torch", "torch"), ("nccl", "NCCL"), ("device", "device"),
                       ("device_count", "GPU count"), ("python", "Python")):
@@ -399,7 +403,13 @@ def version_failures(res: SmokeResults, order: Sequence[str]) -> list[SmokeFailu
             value = getattr(rep, key)
             per_host.setdefault(rep.host, None if value is None else str(value))
         odd = _odd_ones(per_host, order)
-        if odd:
+        if odd is None:
+            every = [h for h in dict.fromkeys([*order, *per_host]) if h in per_host]
+            out.append(SmokeFailure(
+                "versions", (), f"{what} differs: "
+                + ", ".join(f"{h} has {per_host[h]}" for h in every)
+                + " (no majority: no node is named on another's word)"))
+        elif odd:
             others = sorted({v for h, v in per_host.items() if h not in odd}, key=str)
             names = ", ".join(f"{h} has {v}" for h, v in odd.items())
             out.append(SmokeFailure(
