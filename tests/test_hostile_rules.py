@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -311,6 +312,66 @@ def test_a_lying_node_cannot_make_an_honest_node_lost_or_not_started(hostile: Cl
         assert ev is None or (isinstance(ev, events.Exit) and dict(ev.ranks) == {}), ev
     end = AttemptEnd(255, "lost", B, None, None, lost=(B,), error="no heartbeat for 10 s")
     assert _fenced(end, 1) == [((B,), NODE)]
+
+
+def test_a_flood_from_a_lying_node_cannot_push_out_an_honest_node_s_own_evidence(
+        hostile: Cluster) -> None:
+    """nodeB floods (ten thousand stderr lines of NCCL errors, Xids and tracebacks naming
+    nodeA, on its own ranks and on nodeA's rank numbers): nodeA's rank 0 keeps its own
+    last lines, and its failure is explained by them alone (a SyntaxError: the user's)."""
+    from launcher.decide.restarts import USER
+
+    liar = hostile.liar
+    keeper = failures.ErrorKeeper()
+    own = ['Traceback (most recent call last):', '  File "/w/train.py", line 9',
+           "SyntaxError: invalid syntax"]
+    keeper.observe([OutputLine(A, "err", text, 0, 0, 1.0) for text in own])
+    flood = [line.decode() for line in liar.flood(10_000, b"NCCL WARN nodeA Xid 79 "
+                                                          b"RuntimeError: fence nodeA")]
+    for rank in (2, 3, None):  # its output on rank 0's number is the node's (rank None):
+        # the session attributes output to the host's own ranks only (test_node_claims.py)
+        keeper.observe([OutputLine(B, "err", text, rank, rank, 2.0) for text in flood])
+    assert list(keeper.tails[(A, 0)]) == own
+    outcome = JobOutcome(failures=[Failure("rank", A, rank=0, code=1)])
+    v, reason = _root_reason(outcome, keeper)
+    assert reason is not None and reason.kind == "exception", reason
+    assert reason.evidence == ("SyntaxError: invalid syntax",) and "fence" not in reason.summary
+    end = AttemptEnd(1, v.root_kind, v.root_host, v.root_rank, reason, progressed=True)
+    assert _fenced(end, 1) == [((), USER)]
+
+
+def test_a_node_that_says_nothing_is_the_only_one_named(hostile: Cluster) -> None:
+    """A hang, and nodeB says nothing to the stacks request (``silent``): nodeA's ranks
+    wait in all_reduce by their own stacks and flight records, so no rank of nodeA is the
+    culprit; nodeB's ranks are the missing ones. And its silence on the channel is its own
+    loss: the launcher's clock of nodeA's bytes is nodeA's alone."""
+    from launcher.decide import flight, stacks
+    from launcher.decide.liveness import Silence
+    from tests.hostile import ALL_REDUCE, fr, rank_entry
+
+    honest = hostile.honest
+    assert hostile.liar.silent() == []
+    ev = hostile.decode(A, honest.stacks({0: rank_entry(ALL_REDUCE, fr(7, 6)),
+                                          1: rank_entry(ALL_REDUCE, fr(7, 6))}))
+    assert isinstance(ev, events.Stacks)
+    ranks, positions = [], {}
+    for key, entry in ev.ranks.items():
+        rank = int(key)
+        ranks.append(stacks.rank_stack(rank, A, entry))
+        loaded = flight.load_dump(base64.b64decode(entry["fr"]["data"]))
+        assert loaded is not None
+        position = flight.rank_flight(rank, loaded)
+        assert position is not None
+        positions[rank] = position
+    folded = stacks.fold(ranks, [0, 1, 2, 3], positions)
+    assert folded.missing == (2, 3)
+    assert folded.culprit is None or folded.culprit.host != A, folded.culprit
+    silences = {h: Silence(timeout=10.0, heard_at=0.0) for h in hostile.plan}
+    for now in range(1, 30):
+        silences[A].heard(float(now))  # nodeA's bytes keep coming; nodeB says nothing
+        lost = {h for h, s in silences.items() if s.look(float(now), float(now), 1.0)}
+        assert A not in lost
+    assert lost == {B}
 
 
 # -- the incident store: against the node whose own rank failed --------------------------------
