@@ -6,7 +6,9 @@ transport (the health gate). The hang culprit's rule: tests/test_no_cross_blame.
 
 Found and fixed here: `dtrain smoke`'s version check gave a tie to node 0's value, so in a
 2-node smoke a lying node 0 got the honest node named as the odd one (decide/smoke.py
-``_odd_ones``: a tie now names no node)."""
+``_odd_ones``: a tie now names no node); a master (node 0) that says it listens and does
+not got every honest worker fenced by a restarting run (job/preflight.py, now
+decide/checks.py ``unreachable_fence``: nobody, when no worker reached it)."""
 
 from __future__ import annotations
 
@@ -372,6 +374,55 @@ def test_a_node_that_says_nothing_is_the_only_one_named(hostile: Cluster) -> Non
         lost = {h for h, s in silences.items() if s.look(float(now), float(now), 1.0)}
         assert A not in lost
     assert lost == {B}
+
+
+def _master_port(answers: dict[str, dict[str, Any]], labels: list[str]) -> Any:
+    """job/preflight.check_master_port with each node's probe answering ``answers``."""
+    from launcher.errors import PreflightFailed
+    from launcher.job.preflight import check_master_port
+
+    async def ask(label: str, request: dict[str, Any]) -> dict[str, Any]:
+        return answers[label]
+
+    probes = SimpleNamespace(ask=ask)
+    try:
+        return asyncio.run(check_master_port(probes, labels, "10.0.0.1",  # type: ignore[arg-type]
+                                             29500, 5.0))
+    except PreflightFailed as exc:
+        return exc
+
+
+def test_a_master_that_says_it_listens_and_does_not_fences_no_worker() -> None:
+    """nodeB is node 0: its probe says the master port is bound, and nothing answers there.
+    Every honest worker's own connect fails: the run is refused, and no worker is fenced by
+    a restarting run (before: every one of them, and remembered on the lemon list), nor
+    node 0 on their word. A worker that fails while another reached the master is fenced:
+    its own link."""
+    refused = {"ok": False, "error": "[Errno 111] Connection refused"}
+    listen = {"ok": True, "port": 29500}
+    labels = [B, A, "nodeC"]
+    exc = _master_port({B: listen, A: refused, "nodeC": refused}, labels)
+    assert "unreachable from nodeA" in exc.message and exc.hosts == (), exc
+    exc = _master_port({B: listen, A: refused}, [B, A])
+    assert exc.hosts == ()
+    exc = _master_port({B: listen, A: refused, "nodeC": {"ok": True}}, labels)
+    assert exc.hosts == (A,)
+    assert _master_port({B: listen, A: {"ok": True}}, [B, A]) == 29500
+
+
+def test_preflight_version_checks_refuse_the_run_and_fence_nobody(hostile: Cluster) -> None:
+    """doctor's and the run's torch check take the majority's version, a tie going to node
+    0's (the master's; test_doctor.py): a lying node 0 in a 2-node run gets the honest
+    node's row marked FAIL. The run is refused either way, and the refusal fences nobody."""
+    from launcher.decide.checks import FAIL, failure_message, fast_checks
+    from launcher.errors import PreflightFailed
+    from tests.test_doctor import node
+
+    facts = {B: node(B, "10.0.0.1", torch="9.9.9"), A: node(A, "10.0.0.2", torch="2.13.0")}
+    rows = [r for r in fast_checks(facts, [B, A]) if r.check == "torch"]
+    assert [(r.host, r.status) for r in rows if r.status == FAIL] == [(A, FAIL)]
+    problem = failure_message(fast_checks(facts, [B, A]))
+    assert problem and PreflightFailed(problem).hosts == ()
 
 
 # -- the incident store: against the node whose own rank failed --------------------------------

@@ -83,6 +83,18 @@ class MasterPick:
         return self.addr or (self.candidates[0] if self.candidates else None)
 
 
+def unreachable_fence(workers: Sequence[str], failed: Sequence[str]) -> tuple[str, ...]:
+    """The workers a restarting run fences when the master's port is unreachable from
+    ``failed``: each on its own failed connect, but only while another worker reached the
+    master. When none did, the master is the one end they share (a master that says it
+    listens and does not, a firewall on node 0): no worker's own report is evidence against
+    that worker, nor may theirs fence node 0 (docs/threat-model.md), so nobody is fenced and
+    the run is refused as it is."""
+    if not failed or all(w in failed for w in workers):
+        return ()
+    return tuple(w for w in workers if w in failed)
+
+
 @dataclass(frozen=True)
 class PortProbe:
     """Raw outcome of the master-port test: the probe's JSON per node, or an error string."""

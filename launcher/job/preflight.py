@@ -14,6 +14,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from launcher.decide.checks import unreachable_fence
 from launcher.decide.container import for_host, image_problems
 from launcher.decide.facts import NodeFacts
 from launcher.decide.netenv import choose_master, given_hint, pick_master_addr
@@ -118,7 +119,7 @@ async def check_master_port(probes: NodeProbes, labels: Sequence[str], addr: str
                                 "--master-addr", "check firewalls between the nodes, and "
                                 "that --master-addr {addr} is node 0's address on the "
                                 "network they share"))
-            error.hosts = tuple(failed)  # a restarting run fences them
+            error.hosts = unreachable_fence(workers, failed)  # a restarting run fences them
             raise error
     return port
 
