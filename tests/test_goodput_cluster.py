@@ -2,7 +2,9 @@
 `--restarts` with two injected faults, a crash (rank 1 raises at step 7) and a lost node
 (node5's link cut after checkpoint step 15; spare node6 comes in). The ledger in meta.json
 must equal, cause by cause, what this test computes on its own from the archive's records
-(meta.json attempts[] and rank 0's lines in output.jsonl; ckpt.py's line formats)."""
+(meta.json attempts[] and rank 0's lines in output.jsonl; ckpt.py's line formats). And
+where start-up goes on 2 nodes: every part of the split there, non-negative, summing to
+startup."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import tests.cluster as tc
 from tests.test_failures import Dtrain, meta, new_id
 from tests.test_notify import server  # noqa: F401
 from tests.test_restarts_cluster import _args, _ckdir, _cut_run, _records, six  # noqa: F401
+from tests.util import need_module
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timeout(300)]
 STEP = re.compile(r"step (\d+)")
@@ -100,3 +103,44 @@ def test_the_ledger_of_a_crash_and_a_lost_node_equals_the_archive_cause_by_cause
     text = junit.read_text()
     assert f'<property name="goodput" value="{g["goodput"]:.4f}"' in text
     assert '<property name="goodput.lost_s"' in text
+
+
+PARTS = ("connect_probe", "agent_start", "rendezvous", "rank_start", "script")
+
+
+def test_where_startup_goes_on_two_nodes_each_part_there_and_summing_to_startup(
+        cluster: tc.Cluster, tmp_path: Path, jobs: list[Dtrain]) -> None:
+    """A 2-node gloo run under --restarts 1 whose rank 1 crashes once: both attempts' start-up
+    split per node (docs/goodput.md, "Where start-up goes"), every part present and
+    non-negative, their sum the attempt's startup; meta.json's startup[] holds the instants
+    in order, on the launcher's clock (the cluster's nodes share the login node's clock)."""
+    need_module("torch")
+    run_id = new_id("startup")
+    ck = _ckdir(cluster, run_id)
+    args = _args(cluster, tmp_path, run_id, "node[1-2]", "--restarts", "1",
+                 "--restart-backoff", "0.5",
+                 env={"CK_DIR": str(ck), "CK_STEPS": "8", "CK_STEP_SLEEP": "0.1",
+                      "CK_CRASH_RANK": "1", "CK_CRASH_STEP": "3"})
+    job = Dtrain(cluster, args)
+    jobs.append(job)
+    assert job.wait(180) == 0, job.output
+    m = meta(tmp_path, run_id)
+    g = m["goodput"]
+    assert [r["attempt"] for r in m["startup"]] == [1, 2]
+    for rec, a in zip(m["startup"], g["attempts"], strict=True):
+        for node in rec["nodes"]:
+            times = [node[k] for k in ("supervisor", "agent", "rank_start", "script")]
+            # in order (the supervisor's rank_start may lag a rank's own arm under load)
+            assert None not in times, node
+            assert all(b >= a - 0.05 for a, b in zip(times, times[1:], strict=False)), node
+            assert node["clock_offset"] == 0.0, node  # one machine, one clock
+        split = a["startup_split"]
+        assert split["node"] == "node1" and set(split["nodes"]) == {"node1", "node2"}
+        for parts in split["nodes"].values():
+            assert all(parts[p] is not None and parts[p] >= 0 for p in PARTS), parts
+            assert parts["unsplit"] == 0.0
+            assert sum(parts.values()) == pytest.approx(a["seconds"]["startup"], abs=0.006)
+        # torchrun's imports and the script's own start take time on a real node
+        assert split["seconds"]["agent_start"] > 0 and split["seconds"]["script"] > 0
+    run = g["startup_split"]
+    assert sum(run.values()) == pytest.approx(g["seconds"]["startup"], abs=0.012)
