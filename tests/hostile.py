@@ -20,7 +20,9 @@ the node that tells the truth with the same builders):
 * ``smoke``: a smoke job's report line (versions, pair speeds, failed pairs);
 * ``escapes``: text with terminal controls (``OSC52``, ``MOVE``); ``flood``: many lines or
   one huge one; ``silent``: nothing at all;
-* ``stream``: messages and output framed as the supervisor's stream (job/node.py reads it).
+* ``stream``: messages and output framed as the supervisor's stream (job/node.py reads it);
+* ``python_wrapper``: the same lies told by a real node of the test cluster (a hostfile's
+  ``python=``), for the tests that need sshd (tests/test_hostile_cluster.py).
 
 ``Cluster`` is the plan: two nodes, two ranks each (``nodeA`` ranks 0-1, ``nodeB`` 2-3 by
 default). Tests take it as the ``hostile`` fixture (``from tests.hostile import hostile``)
@@ -34,6 +36,7 @@ import json
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -299,6 +302,28 @@ def transport(answers: Mapping[str, bytes]) -> Any:
         return None if data is None else Answer(data)
 
     return FakeTransport(handler=answer)
+
+
+def python_wrapper(directory: Path, python: str, lies: Mapping[str, Any]) -> Path:
+    """The same liar on a real node (the test cluster): an interpreter for a hostfile's
+    ``python=`` that runs the node's real programs and pipes their supervisor stream through
+    tests/cluster/hostile_frames.py, which rewrites the control messages as ``lies`` says
+    (its doc: ``stacks``, ``rank_start``, ``flight``, ``bad_key``). ``directory``: one the
+    nodes can read (the cluster's shared directory); the wrapper's path is returned."""
+    import os
+
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(dict(lies)))
+    (directory / "filter.py").write_text(
+        (Path(__file__).parent / "cluster" / "hostile_frames.py").read_text())
+    wrapper = directory / "python3"
+    wrapper.write_text(f'#!/bin/sh\n{python} "$@" | {python} '
+                       f'{directory / "filter.py"} {directory / "config.json"}\n')
+    for path in (directory / "config.json", directory / "filter.py"):
+        os.chmod(path, 0o644)
+    os.chmod(wrapper, 0o755)
+    os.chmod(directory, 0o755)
+    return wrapper
 
 
 @pytest.fixture

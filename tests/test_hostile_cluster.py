@@ -1,15 +1,15 @@
 """A node that lies, on the real-sshd cluster (issue 34, item 3): node2's interpreter (the
-hostfile's ``python=``) pipes its supervisor's stream through tests/cluster/hostile_frames.py,
-which rewrites its control messages to speak for ranks it does not own, with keys no
-supervisor sends. node1 is honest. What node2 claims changes nothing of what dtrain says
-about node1 (docs/security.md, "What nodes send: the run").
+hostfile's ``python=``) pipes its supervisor's stream through
+tests/cluster/hostile_frames.py, which rewrites its control messages to speak for ranks it
+does not own, with keys no supervisor sends (tests/hostile.py ``python_wrapper``: the liar
+of the pure tests, on sshd). node1 is honest. What node2 claims changes nothing of what
+dtrain says about node1 (docs/security.md, "What nodes send: the run").
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import pickle
 import re
 import uuid
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import cluster as tc
+from tests import hostile
 from tests.test_failures import Dtrain, JobWatch, meta, new_id
 
 HANG = "tests/workloads/hang.py"
@@ -25,18 +26,8 @@ pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timeout(200)]
 
 
 def _hostile_hosts(cluster: tc.Cluster, tmp_path: Path, config: dict) -> Path:
-    shared = cluster.shared_dir / f"hostile-frames-{uuid.uuid4().hex[:8]}"
-    shared.mkdir()
-    (shared / "config.json").write_text(json.dumps(config))
-    prog = Path(tc.__file__).parent / "hostile_frames.py"
-    (shared / "filter.py").write_text(prog.read_text())
-    wrapper = shared / "python3"
-    wrapper.write_text(f'#!/bin/sh\n{cluster.python} "$@" | {cluster.python} '
-                       f'{shared / "filter.py"} {shared / "config.json"}\n')
-    for path in (shared / "config.json", shared / "filter.py"):
-        os.chmod(path, 0o644)
-    os.chmod(wrapper, 0o755)
-    os.chmod(shared, 0o755)
+    wrapper = hostile.python_wrapper(
+        cluster.shared_dir / f"hostile-frames-{uuid.uuid4().hex[:8]}", cluster.python, config)
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"node1 python={cluster.python}\nnode2 python={wrapper}\n")
     return hostfile
