@@ -23,6 +23,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,6 +80,13 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
                              if h is not None},
             "nodes": nodes})
     return out
+
+
+def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run and attempt: its start-up and the reference node's parts (what
+    docs/goodput.md quotes)."""
+    return [{"run": i + 1, "attempt": a["n"], "startup_s": a["startup_s"], "node": a["node"],
+             **(a["split"] or {})} for i, r in enumerate(runs) for a in r.get("attempts", [])]
 
 
 def one_run(cluster: tc.Cluster, nodes: int, nproc: int, first: int, kill_after: int,
@@ -148,8 +156,11 @@ def main() -> int:
             log(res.get("problem", "")[-3000:])
         runs.append(res)
     doc = {"bench": "recovery", "machine": machine(), "revision": revision(),
+           "commit": subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip(),
+           "date": time.strftime("%Y-%m-%d"),
            "command": " ".join(["python", "bench/bench_recovery.py", *sys.argv[1:]]),
-           "runs": runs}
+           "rows": rows(runs), "runs": runs}
     print(json.dumps(doc, indent=2))
     save_json(args.json, doc)
     return 0 if all(x.get("ok") for x in runs) else 1
