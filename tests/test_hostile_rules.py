@@ -530,3 +530,27 @@ def test_a_lying_node_names_only_links_it_is_an_end_of() -> None:
                                           dict(row, a=1, b=2, gbps=10.0)]))]
     v = _smoke(three, _full(three) + honest + one)
     assert [(f.check, f.hosts) for f in v.failures] == [("pairs", (A, B))], v.failures
+
+
+# -- a whole job through the fake transport: a flooding node ------------------------------------
+
+def test_a_flooding_node_neither_stalls_nor_blames_the_honest_one() -> None:
+    """`exec` on two fake nodes (transports/fake.py): nodeB floods its output (20 MB of
+    lines, the ``flood`` of the menu) and exits 0; honest nodeA prints one line and exits
+    3. nodeA's line and exit come through, the exit code is nodeA's own, and nodeB is named
+    nowhere in dtrain's words. (A node that says nothing: tests/test_fake_transport.py
+    ``test_a_frozen_node_is_declared_lost_by_its_missing_heartbeat``, the honest node not
+    named.)"""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    line = Cluster().liar.flood(1)[0].decode()
+    script = (f'if [ "$DTRAIN_FAKE_NODE" = {B} ]; then yes {line} | '
+              f"head -n 200000; exit 0; else echo honest; exit 3; fi")
+    with transport({}).installed():
+        res = CliRunner().invoke(app, ["exec", "-H", f"{A},{B}", "--", script])
+    assert res.exit_code == 3, res.stderr[-2000:]
+    out = res.stdout.splitlines()
+    assert f"{A}: honest" in out and out.count(f"{B}: {line}") == 200_000
+    assert f"{A}: exit 3" in res.stderr and B not in res.stderr, res.stderr[-2000:]
