@@ -56,10 +56,22 @@ def max_startups_1(cluster) -> Iterator[str]:
 
 def test_a_handshake_sshd_drops_is_retried_then_named(cluster, max_startups_1):
     ip = max_startups_1
-    # one unauthenticated connection holds sshd's only startup slot (LoginGraceTime)
-    holder = socket.create_connection((ip, 22), timeout=5)
+    # one unauthenticated connection holds sshd's only startup slot (LoginGraceTime); sshd
+    # frees the slot of an earlier probe a moment after it closed (until then it answers
+    # "Exceeded MaxStartups" and closes)
+    holders: list[socket.socket] = []
+
+    def hold() -> bool:
+        s = socket.create_connection((ip, 22), timeout=5)
+        if s.recv(64).startswith(b"SSH-"):
+            holders.append(s)
+            return True
+        s.close()
+        return False
+
+    wait_until(hold, timeout=15, what="sshd's one startup slot")
+    holder = holders[0]
     try:
-        assert holder.recv(64).startswith(b"SSH-")
         t0 = time.monotonic()
         res = dtrain(["exec", "-H", f"node{NODE}", "--", "true"],
                      env=cluster.client_env(DTRAIN_RESIDENT="0"))
