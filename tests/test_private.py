@@ -9,6 +9,7 @@ its exit status.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pwd
@@ -295,3 +296,81 @@ def test_the_rule_sees_a_raw_socket(tmp_path) -> None:
     assert UNIX_SOCKET.search((REPO / "launcher/job/control.py").read_text())
     assert "from launcher import private" in (REPO / "launcher/job/control.py").read_text()
     assert not UNIX_SOCKET.search(json.dumps({"x": "no socket here"}))
+
+
+def test_the_health_gate_s_xid_file_is_never_written_through_another_users_place(
+        intruder, lair):
+    """The state directory's Xid file (commands/health.py): a state directory of another
+    user's gets nothing, and a link planted at the file is not read."""
+    from launcher.commands.health import load_xids, save_xids
+
+    theirs = lair / "state"  # the intruder's, as XDG_STATE_HOME pointed into /tmp would be
+    subprocess.run(["runuser", "-u", INTRUDER, "--", "mkdir", "-m", "777", str(theirs)],
+                   check=True, timeout=30)
+    save_xids({"node1": ["Xid 79"]}, theirs)
+    assert list(theirs.iterdir()) == []
+    planted = lair / "planted.json"
+    planted.write_text('{"version": 1, "hosts": {"node9": ["Xid 48"]}}')
+    mine = Path(f"/tmp/dtrain-test-state-{uuid.uuid4().hex[:8]}")
+    mine.mkdir(mode=0o700)
+    try:
+        (mine / "health-xids.json").symlink_to(planted)
+        assert load_xids(mine) == {}  # a link is as good as no file
+        (mine / "health-xids.json").unlink()
+        save_xids({"node1": ["Xid 79"]}, mine)
+        assert load_xids(mine) == {"node1": ["Xid 79"]}
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+
+
+# module -> why its os.open/open-for-writing without O_NOFOLLOW is right
+OPEN_OK = {
+    "launcher/cli/keys.py": "/dev/tty, the terminal's device",
+    "launcher/commands/runs.py": "the archive directory itself, opened to list and prune "
+                                 "runs by dir_fd; each run is then checked (is_dtrain_run)",
+    "launcher/commands/sshconfig.py": "the user's own ~/.ssh/config, with consent",
+    "launcher/job/incidents.py": "relative to the held, checked state directory (dir_fd) "
+                                 "with _READ's flags, O_NOFOLLOW among them",
+    "launcher/output/archive.py": "RunDir.append: relative to the run directory's held "
+                                  "descriptor, O_NOFOLLOW inside (output/rundir.py)",
+    "launcher/output/rundir.py": "the archive directory, then checked by fstat (owner, mode)",
+    "launcher/output/samplelog.py": "RunDir.append, as archive.py",
+    "launcher/transports/confined.py": "every part with _DIR (O_NOFOLLOW) from the root's "
+                                       "descriptor; the root itself is the user's choice",
+    "launcher/transports/ssh/hostkeys.py": "the user's own known_hosts, as OpenSSH writes it",
+}
+
+
+def _unguarded_opens(tree: ast.AST) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        text = ast.unparse(node)
+        if name == "os.open" and "NOFOLLOW" not in text and "_FLAGS" not in text \
+                and "_READ" not in text:
+            lines.append(node.lineno)
+        elif name == "open" and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                and any(c in str(node.args[1].value) for c in "wax") \
+                and not isinstance(node.args[0], ast.Name):
+            lines.append(node.lineno)  # a path opened for writing (a checked fd is a Name)
+    return lines
+
+
+def test_every_open_on_the_login_node_refuses_links_or_says_why() -> None:
+    """A state path is opened with O_NOFOLLOW (or relative to a checked directory): a new
+    os.open or open(..., "w") without it fails here unless named in OPEN_OK with a reason."""
+    bad = []
+    for path in sorted((REPO / "launcher").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("launcher/nodeside/") or rel in OPEN_OK:
+            continue  # node programs: the node's side (docs/threat-model.md)
+        bad += [f"{rel}:{line}" for line in _unguarded_opens(ast.parse(path.read_text()))]
+    assert bad == []
+
+
+def test_the_open_rule_sees_one() -> None:
+    sample = ast.parse("os.open(p, os.O_WRONLY | os.O_CREAT)\nopen(p / 'x', 'w')\n"
+                       "os.open(p, os.O_RDONLY | os.O_NOFOLLOW)\nopen(fd, 'w')\n")
+    assert _unguarded_opens(sample) == [1, 2]

@@ -45,13 +45,15 @@ XIDS_FILE = "health-xids.json"  # in dtrain's state directory, beside lemons.jso
 
 def load_xids(directory: Path | None = None) -> dict[str, list[str]]:
     """The Xid lines the last check saw, per host ({} when none or unreadable)."""
+    from launcher import private
     from launcher.job.lemons import state_dir
 
-    try:
-        data = json.loads(((directory or state_dir()) / XIDS_FILE).read_text())
+    try:  # this user's own file only (a link or another user's is as good as none)
+        data = json.loads(private.read_private((directory or state_dir()) / XIDS_FILE,
+                                               1 << 24))
         hosts = data["hosts"]
         return {str(h): [str(x) for x in v] for h, v in hosts.items() if isinstance(v, list)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, private.NotPrivate):
         return {}
 
 
@@ -59,14 +61,19 @@ def save_xids(xids: Mapping[str, Sequence[str]], directory: Path | None = None) 
     """Keep this check's Xid lines (merged over the earlier hosts'); best effort."""
     import os
 
+    from launcher import private
     from launcher.job.lemons import state_dir
 
     d = directory or state_dir()
     with contextlib.suppress(OSError):
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        d.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if private.private_dir(d, create=True) is not None:
+            return  # not this user's alone: nothing is written there
         merged = {**load_xids(d), **{h: list(v) for h, v in xids.items()}}
         tmp = d / f".{XIDS_FILE}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with open(fd, "w") as f:
             json.dump({"version": 1, "hosts": merged}, f)
         os.replace(tmp, d / XIDS_FILE)

@@ -146,8 +146,9 @@ def spawn(directory: Path, idle: float) -> None:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(SOURCE).parent), *filter(None, [env.get("PYTHONPATH")])])
     log = directory / "keeper.log"
-    with open(log, "ab") as out:
-        os.chmod(log, 0o600)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with open(fd, "ab") as out:
+        os.fchmod(fd, 0o600)
         subprocess.Popen(  # noqa: S603 - our own interpreter and module, no shell
             [sys.executable, "-P", "-m", "launcher.transports.keeper", "--dir", str(directory),
              "--idle", str(idle)],
@@ -256,7 +257,7 @@ def _lock_held(directory: Path) -> bool:
     import fcntl
 
     try:
-        fd = os.open(directory / "keeper.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(directory / "keeper.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError:
         return False
     try:
