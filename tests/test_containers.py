@@ -487,7 +487,7 @@ async def test_image_push_skips_a_node_that_already_has_the_image(monkeypatch) -
     assert (res.skipped, sorted(res.loaded), res.failed) == (["has"], ["lacks", "other"], {})
     assert asked == {"share": ["lacks", "other"], "copy": ["lacks", "other"],
                      "load": ["lacks", "other"], "save": ["save"]}
-    assert notes[0] == "1 node already have localhost/img:1 (aaaaaaaaaaaa): skipped", notes
+    assert notes[0] == "1 node already has localhost/img:1 (aaaaaaaaaaaa): skipped", notes
     # every node has it: nothing is saved, copied or loaded
     for k in asked:
         asked[k] = []

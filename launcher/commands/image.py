@@ -244,7 +244,8 @@ async def push_async(hosts: Sequence[Host], req: PushRequest, settings: SSHSetti
             else:
                 need.append(h)
         if result.skipped:
-            render.note(f"{count(len(result.skipped), 'node')} already have {req.image} "
+            render.note(f"{count(len(result.skipped), 'node')} already "
+                        f"{'has' if len(result.skipped) == 1 else 'have'} {req.image} "
                         f"({short_id(want)}): skipped")
         if not need:
             return result
