@@ -107,7 +107,8 @@ class Watch:
             # the node programs' titles (set_title), or their command lines before it
             kind = ("supervisor" if cmd.startswith("dtrain supervisor ")
                     or " -c " in cmd and "def r(n)" in cmd else
-                    "torchrun" if "torch.distributed.run" in cmd else
+                    "torchrun" if cmd.startswith("dtrain torchrun ")
+                    or "torch.distributed.run" in cmd else
                     "shim" if " shim: " in cmd or "dtrain_shim.py" in cmd else "job")
             kinds.setdefault(kind, []).append(t - t0)
         return [f"{kind:<10} last seen {statistics.median(v):.3f} / {max(v):.3f}s (n={len(v)})"

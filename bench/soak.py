@@ -177,9 +177,11 @@ def ranks_of(k: int, run_id: str) -> list[int]:
 
 
 def torchrun_of(k: int, run_id: str) -> list[int]:
-    """torchrun (not the supervisor: its titled command line still holds the job's argv)."""
-    return [p for p in run_pids(k, run_id) if not _cmdline(p).startswith("dtrain ")
-            and ("torchrun" in _cmdline(p) or "torch.distributed.run" in _cmdline(p))]
+    """torchrun: titled ``dtrain torchrun RUN nodeK``, or its own command line in the moment
+    before it titles itself (not the supervisor: its title still holds the job's argv)."""
+    return [p for p in run_pids(k, run_id) if _cmdline(p).startswith("dtrain torchrun ")
+            or (not _cmdline(p).startswith("dtrain ")
+                and ("torchrun" in _cmdline(p) or "torch.distributed.run" in _cmdline(p)))]
 
 
 def supervisor_of(k: int, run_id: str) -> list[int]:
