@@ -35,7 +35,7 @@ from launcher.models import Host
 from launcher.output import render
 from launcher.text.words import count
 from launcher.transports import AutoTransport
-from launcher.transports.base import Transport
+from launcher.transports.base import Process, Transport
 from launcher.transports.ssh import SSHSettings
 
 REMOTE_DIR = ".cache/dtrain/images"  # under the node's home (per node; shared homes work)
@@ -106,13 +106,18 @@ async def _shell(host: Host, transport: Transport, command: str
     """One command on one node: (exit code, None without one; stdout; stderr)."""
     async with await transport.connect(host) as conn:
         proc = await conn.start(command)
-        out = b""
-        while chunk := await proc.read_stdout(65536):
-            out += chunk
-        err = b""
-        while chunk := await proc.read_stderr(65536):
-            err += chunk
-        return await proc.wait(), out, err
+        return await _drain(proc)
+
+
+async def _drain(proc: Process) -> tuple[int | None, bytes, bytes]:
+    """Read a started command's stdout, then its stderr, to the end: (exit code, out, err)."""
+    out = b""
+    while chunk := await proc.read_stdout(65536):
+        out += chunk
+    err = b""
+    while chunk := await proc.read_stderr(65536):
+        err += chunk
+    return await proc.wait(), out, err
 
 
 async def _load(conn_host: Host, transport: Transport, runtime: str, path: str,
@@ -150,13 +155,7 @@ async def _prepare(host: Host, transport: Transport, python: str, spec: dict[str
         proc = await conn.start(wire.remote_command(host.python or python, stdlib_only=True))
         await proc.write(wire.payload(wire.program_source("pushdir"), spec))
         proc.write_eof()
-        out = b""
-        while chunk := await proc.read_stdout(65536):
-            out += chunk
-        err = b""
-        while chunk := await proc.read_stderr(65536):
-            err += chunk
-        return await proc.wait(), out, err
+        return await _drain(proc)
 
 
 def _unsafe_why(out: str) -> str | None:
