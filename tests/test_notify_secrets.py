@@ -126,6 +126,18 @@ def test_userinfo_is_sent_as_basic_auth_not_as_the_host(
     assert ev["auth"] == "Basic " + base64.b64encode(f"user:{PASSWORD}".encode()).decode()
 
 
+def test_a_notify_command_is_shown_by_its_program_alone() -> None:
+    """A command's arguments may hold a password (``curl -u me:PASS``): never shown."""
+    assert notify.redact_target(f"curl -u me:{PASSWORD} https://h/x") == \
+        "curl ... (arguments not shown)"
+    assert notify.redact_target("/usr/local/bin/page-me") == "/usr/local/bin/page-me"
+    assert notify.redact_target("sh -c 'unbalanced") == "sh ... (arguments not shown)"
+    line = notify.redact_argv(["dtrain", "run", "--notify", f"mail -p {PASSWORD} me", "t.py"])
+    assert PASSWORD not in " ".join(line) and line[3] == "mail ... (arguments not shown)"
+    line = notify.redact_argv(["dtrain", "run", f"--notify=mail -p {PASSWORD} me"])
+    assert line[2] == "--notify=mail ... (arguments not shown)"
+
+
 def test_a_run_never_shows_the_password_on_its_console_or_in_its_archive(
         tmp_path: Path) -> None:
     url = f"http://user:{PASSWORD}@127.0.0.1:{closed_port()}/hook"

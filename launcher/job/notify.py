@@ -63,7 +63,18 @@ def redact_url(url: str) -> str:
 
 
 def redact_target(target: str) -> str:
-    return redact_url(target) if is_url(target) else target
+    """A --notify target as dtrain prints and records it: a URL redacted (redact_url); a
+    command by its program alone, since its arguments may hold a password or a token
+    (``curl -u me:secret ...``) that no rule can tell from a plain word."""
+    if is_url(target):
+        return redact_url(target)
+    try:
+        words = shlex.split(target)
+    except ValueError:
+        words = target.split()
+    if not words:
+        return target
+    return words[0] if len(words) == 1 else f"{words[0]} ... (arguments not shown)"
 
 
 def redact_argv(argv: list[str]) -> list[str]:
