@@ -28,6 +28,13 @@ from launcher.nodeside.nodecommon import (
     to_json,
     which,
 )
+from launcher.nodeside.nodemessages import (
+    MSG_FLIGHT,
+    MSG_NCCL,
+    MSG_RANK_RAISED,
+    MSG_RANK_START,
+    MSG_STACKS,
+)
 from launcher.nodeside.nodeprocs import (
     signal_pid,
 )
@@ -218,14 +225,14 @@ class Evidence:
         pids = {info["pid"]: rank for rank, info in self.armed.items()}
         for pid, lines in sorted(self.nccl.poll(pids).items()):
             if pid in pids:
-                self.out.control({"type": "nccl", "rank": pids[pid], "lines": lines,
+                self.out.control({"type": MSG_NCCL, "rank": pids[pid], "lines": lines,
                                   "t": now()})
 
     def rank_started(self, hdr):
         """A rank's shim is up (its status connection): the hang watch counts the ranks
         alive only once every one has started (a slow start is not a hang)."""
         try:
-            msg = {"type": "rank_start", "rank": int(hdr.get("rank", -1)), "t": now()}
+            msg = {"type": MSG_RANK_START, "rank": int(hdr.get("rank", -1)), "t": now()}
         except (TypeError, ValueError):
             return
         agent = getattr(self, "agent_t", None)
@@ -271,7 +278,7 @@ class Evidence:
                 # once, at once (the launcher holds a peer's abort for it)
                 if not info.get("raised"):
                     info["raised"] = True
-                    self.out.control({"type": "rank_raised", "rank": rank,
+                    self.out.control({"type": MSG_RANK_RAISED, "rank": rank,
                                       "exc": str(reply.get("exc"))[:120], "t": now()})
                 continue
             info["replies"].append(reply)
@@ -299,7 +306,7 @@ class Evidence:
         try:
             self._collect_stacks(msg)
         except Exception as exc:  # never the supervisor's end
-            self.out.control({"type": "stacks", "id": msg.get("id"), "ranks": {},
+            self.out.control({"type": MSG_STACKS, "id": msg.get("id"), "ranks": {},
                               "error": repr(exc), "host": hostname(), "t": now()})
 
     def _collect_stacks(self, msg):
@@ -350,14 +357,14 @@ class Evidence:
                                                              FR_PREFIX + r))
                     e["fr"]["data"] = _b64(os.path.join(self.tmpdir, "flight",
                                                         FR_PREFIX + r))
-        self.out.control({"type": "stacks", "id": msg.get("id"), "ranks": ranks,
+        self.out.control({"type": MSG_STACKS, "id": msg.get("id"), "ranks": ranks,
                           "host": hostname(), "t": now(), "took": now() - t0,
                           "pyspy": bool(spies)})
         if spies:  # native frames follow: the fold does not wait for py-spy
             native = {}
             for rank, proc in spies.items():
                 native[str(rank)] = {"pyspy": self._pyspy_result(proc, t0 + PYSPY_TIMEOUT_S)}
-            self.out.control({"type": "stacks", "id": msg.get("id"), "native": True,
+            self.out.control({"type": MSG_STACKS, "id": msg.get("id"), "native": True,
                               "ranks": native, "host": hostname(), "t": now(),
                               "took": now() - t0})
 
@@ -405,7 +412,7 @@ class Evidence:
                     self.fr_shipped.get(rank) != _mtime(os.path.join(folder, name)):
                 files[rank] = _b64(os.path.join(folder, name))
         if files:
-            self.out.control({"type": "flight", "files": files, "host": hostname(),
+            self.out.control({"type": MSG_FLIGHT, "files": files, "host": hostname(),
                               "t": now()})
 
     def death_evidence(self, rank, msg):

@@ -12,9 +12,8 @@ Protocol. stdin: ONE JSON line of parameters, then control lines::
     {"op": "interval", "s": 2.0}    sample every 2 s from now on
     {"op": "stop"}                  leave now
 
-stdout: JSON lines. ``{"type": "hello", ...}`` once, then ``{"type": "sample", ...}`` every
-``interval`` seconds (the first one ``first`` seconds after start, waiting up to
-``gpu_wait`` seconds more for the first GPU reading). See docs/top.md for every field.
+stdout: JSON lines (nodemessages.py): a hello once, then a sample every ``interval`` s (the
+first ``first`` s after start, waiting ``gpu_wait`` s more for a GPU reading; docs/top.md).
 
 Where the numbers come from, and why these sources (each read costs microseconds):
 
@@ -44,6 +43,7 @@ import sys
 import time
 
 from launcher.nodeside.nodecommon import from_json, now, to_json
+from launcher.nodeside.nodemessages import MSG_HELLO, MSG_SAMPLE
 from launcher.nodeside.nodeprocs import spawn
 from launcher.nodeside.nodetitle import set_title
 
@@ -548,7 +548,7 @@ class Sampler:
 
     def hello(self):
         cpu = read_cpu(self.root)
-        self.emit({"type": "hello", "v": SAMPLER_VERSION, "pid": os.getpid(), "t": now(),
+        self.emit({"type": MSG_HELLO, "v": SAMPLER_VERSION, "pid": os.getpid(), "t": now(),
                    "hostname": os.uname()[1], "ncpu": cpu[2] if cpu else os.cpu_count(),
                    "ifaces": self.ifaces, "python": sys.version.split()[0]})
 
@@ -566,7 +566,7 @@ class Sampler:
         assert self.prev is not None
         pmono, pcpu, pnet = self.prev
         dt = max(1e-6, mono - pmono)
-        msg = {"type": "sample", "t": round(now(), 3), "dt": round(dt, 3)}
+        msg = {"type": MSG_SAMPLE, "t": round(now(), 3), "dt": round(dt, 3)}
         if cpu and pcpu and cpu[1] > pcpu[1]:
             msg["cpu_pct"] = round(100.0 * (cpu[0] - pcpu[0]) / (cpu[1] - pcpu[1]), 1)
         else:

@@ -72,6 +72,7 @@ from launcher.nodeside.nodecontainer import (
 from launcher.nodeside.nodeevidence import (
     Evidence,
 )
+from launcher.nodeside.nodemessages import MSG_EXIT, MSG_HB, MSG_HELLO, MSG_RANK_EXIT, MSG_STOPPING
 from launcher.nodeside.nodeprocs import (
     TEARDOWN_SIGNALS,
     cmdline,
@@ -321,7 +322,7 @@ class Supervisor(Evidence):
             self.job, out_fd, err_fd = spawn(argv, env)
         except OSError as exc:
             error, self.start_code = start_error(argv[0], exc)
-            self.out.control({"type": "hello", "v": PROTOCOL, "error": error,
+            self.out.control({"type": MSG_HELLO, "v": PROTOCOL, "error": error,
                               "code": self.start_code, "hostname": hostname()})
             return False
         for fd, kind in ((out_fd, OUT), (err_fd, ERR)):
@@ -329,7 +330,7 @@ class Supervisor(Evidence):
             self.watch(fd, "pipe", (kind, -1))
             self.open_streams += 1
         self.out.control({
-            "type": "hello", "v": PROTOCOL, "pid": self.job, "pgid": self.job,
+            "type": MSG_HELLO, "v": PROTOCOL, "pid": self.job, "pgid": self.job,
             "supervisor_pid": os.getpid(), "hostname": hostname(), "t": now(),
         })
         return True
@@ -445,7 +446,7 @@ class Supervisor(Evidence):
                 except ValueError:
                     continue
                 st["reported"] = True
-                msg.update({"type": "rank_exit", "rank": rank})
+                msg.update({"type": MSG_RANK_EXIT, "rank": rank})
                 evidence = self.death_evidence(rank, msg)
                 self.rank_status[str(rank)] = msg
                 if evidence:
@@ -473,7 +474,7 @@ class Supervisor(Evidence):
         msg = {"code": code, "signal": sig, "t": now(),
                "duration": now() - st.get("t0", now()), "pid": pid,
                "shim": {"pid": pid, "status": "known" if status is not None else "reaped"},
-               "type": "rank_exit", "rank": rank}
+               "type": MSG_RANK_EXIT, "rank": rank}
         evidence = self.death_evidence(rank, msg)
         self.rank_status[str(rank)] = msg
         if evidence:
@@ -513,7 +514,7 @@ class Supervisor(Evidence):
             self.reap()
             if self.stopping is not None and not self.stopping_sent:
                 self.stopping_sent = True
-                self.out.control({"type": "stopping", "reason": self.stopping, "t": now()})
+                self.out.control({"type": MSG_STOPPING, "reason": self.stopping, "t": now()})
             if self.stopping is not None and self.ctl_seen and self.ctl_open <= 0 \
                     and self.job_status is None:
                 self.agent_left()
@@ -525,7 +526,7 @@ class Supervisor(Evidence):
                 next_nccl = now() + 0.5
             if now() >= next_hb:
                 self.sample_ranks()
-                self.out.control({"type": "hb", "t": now()})
+                self.out.control({"type": MSG_HB, "t": now()})
                 next_hb = now() + self.hb_interval
             if self.job_status is not None:
                 if drain_until is None:
@@ -631,7 +632,7 @@ class Supervisor(Evidence):
             extra["container"] = {"name": self.container.spec.get("name"),
                                   "left": self.container.left,
                                   "remaining": self.container.remaining}
-        self.out.control(dict({"type": "exit", "code": code, "signal": sig, "t": now(),
+        self.out.control(dict({"type": MSG_EXIT, "code": code, "signal": sig, "t": now(),
                                "stopped": self.stopping, "ranks": self.rank_status}, **extra))
         self.done = True
         self.cleanup_files()

@@ -111,10 +111,10 @@ BOOTSTRAP = (
 # A program not listed is its one file. tests/test_node_bundles.py keeps the rules: stdlib
 # and earlier modules only, no top-level name defined twice, the bundle compiles under 3.8.
 PROGRAMS: dict[str, tuple[str, ...]] = {
-    "supervisor": ("nodetitle", "nodecommon", "nodeprocs", "rankshim", "kernlog",
-                   "nodeevidence", "nodecontainer", "supervisor"),
+    "supervisor": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "rankshim",
+                   "kernlog", "nodeevidence", "nodecontainer", "supervisor"),
     "probe": ("nodetitle", "probenet", "probe"),
-    "sampler": ("nodetitle", "nodecommon", "nodeprocs", "sampler"),
+    "sampler": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "sampler"),
     "cpnode": ("nodetitle", "nodecommon", "cpnode"),
     "agent": ("nodetitle", "agent"),
 }
