@@ -70,3 +70,18 @@ def test_dtrain_nodes_lists_a_corrupt_time_as_unknown(
     assert "(2 h ago)" in rows["good"] and "time unknown" not in rows["good"]
     notes = fenced_notes([f"bad{i}" for i in range(len(BAD_TIMES))], store)
     assert notes and all("time unknown" in n and not LONG_NUMBER.search(n) for n in notes)
+
+
+@pytest.mark.parametrize("until", [math.inf, math.nan, 32503680000.0])  # the year 3000
+def test_a_fence_never_lasts_forever(until: float) -> None:
+    """An ``until`` no dtrain wrote (by hand, a broken clock) fences at most a lifetime."""
+    now = time.time()
+    lemon = lm.Lemon("n1", "lost", "r1", now - 3600, until)
+    assert lm.current([lemon], now) == ({} if math.isnan(until) else {"n1": lemon})
+    assert lm.ends(lemon, now) <= now - 3600 + lm.MAX_LIFETIME_S
+    later = now - 3600 + lm.MAX_LIFETIME_S + 1
+    assert lm.current([lemon], later) == {}
+    kept, dropped = lm.expire([lemon], later)
+    assert (kept, dropped) == ([], [lemon])
+    unknown = lm.Lemon("n2", "lost", "r1", math.nan, until)
+    assert lm.current([unknown], now) == {}

@@ -50,7 +50,7 @@ def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int
     if as_json:
         doc = {"schema": NODES_SCHEMA, "path": str(store.path),
                "nodes": [{**{k: _finite(v) for k, v in x.json().items()},
-                          "fenced": x.until > now} for x in records]}
+                          "fenced": lm.ends(x, now) > now} for x in records]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
     if not records:
@@ -59,7 +59,7 @@ def list_nodes(*, as_json: bool = False, store: LemonStore | None = None) -> int
     rows: list[tuple[str, ...]] = [("HOST", "TIER", "COUNT", "STATE", "FENCED", "UNTIL",
                                     "RUN", "WHY")]
     for x in records:
-        state = ("fenced" if x.tier == lm.ISOLATE else "left out") if x.until > now \
+        state = ("fenced" if x.tier == lm.ISOLATE else "left out") if lm.ends(x, now) > now \
             else "expired"
         # a time no dtrain wrote (-1e300, NaN, before 2000, far ahead): "time unknown"
         fenced = f"{_when(x.t)} ({lm.since(x.t, now)})" if lm.known_time(x.t, now) \

@@ -33,6 +33,7 @@ ISOLATE, SUSPECT = "isolate", "suspect"
 TIERS = (ISOLATE, SUSPECT)
 SUSPECT_BASE_S = 600.0  # a suspect's first cooldown: 10 min, then 20, 40, ...
 SUSPECT_CAP_S = DEFAULT_TTL_S  # ... at most a day, as long as an isolate
+MAX_LIFETIME_S = DEFAULT_TTL_S  # no fence dtrain writes lasts longer (isolate, suspect cap)
 MAX_COUNT = 1_000_000
 T_MIN = 946684800.0  # 2000-01-01 UTC: no fence time dtrain wrote is older
 CLOCK_AHEAD_S = 86400.0  # a record written by a clock up to a day ahead of this one
@@ -94,11 +95,24 @@ def document(lemons: Iterable[Lemon]) -> dict[str, Any]:
     return {"lemons_version": 1, "lemons": [lemon.json() for lemon in lemons]}
 
 
+def ends(lemon: Lemon, now: float) -> float:
+    """When a record stops being in force: its ``until``, but never more than the longest
+    fence dtrain writes (``MAX_LIFETIME_S``) after its time. A record whose time is unknown
+    (``known_time``) holds to its ``until`` only where dtrain could have written that
+    (within that lifetime, and the clock's day ahead, of now). An ``until`` of ``inf`` or
+    of the year 3000, written by hand or by a broken clock, never fences a node forever."""
+    if math.isnan(lemon.until):
+        return -math.inf
+    if known_time(lemon.t, now):
+        return min(lemon.until, lemon.t + MAX_LIFETIME_S)
+    return lemon.until if lemon.until <= now + MAX_LIFETIME_S + CLOCK_AHEAD_S else -math.inf
+
+
 def current(lemons: Iterable[Lemon], now: float) -> dict[str, Lemon]:
     """The records in force now, the latest per host."""
     out: dict[str, Lemon] = {}
     for lemon in sorted(lemons, key=by_time):
-        if lemon.until > now:
+        if ends(lemon, now) > now:
             out[lemon.host] = lemon
     return out
 
@@ -114,8 +128,8 @@ def add(lemons: Sequence[Lemon], new: Iterable[Lemon]) -> list[Lemon]:
         count = min(MAX_COUNT, (old.count + 1) if old is not None else n.count)
         until = n.t + cooldown(count) if n.tier == SUSPECT else n.until
         tier = n.tier
-        if old is not None and old.tier == ISOLATE and old.until > n.t and tier == SUSPECT:
-            tier, until = ISOLATE, max(until, old.until)
+        if old is not None and old.tier == ISOLATE and ends(old, n.t) > n.t and tier == SUSPECT:
+            tier, until = ISOLATE, max(until, ends(old, n.t))
         fresh.append(Lemon(n.host, n.why, n.run_id, n.t, until, tier, count))
     hosts = {n.host for n in fresh}
     return [x for x in lemons if x.host not in hosts] + fresh
@@ -135,7 +149,7 @@ def expire(lemons: Sequence[Lemon], now: float, older_than: float | None = None
     kept: list[Lemon] = []
     dropped: list[Lemon] = []
     for x in lemons:
-        old = x.until <= now or (older_than is not None and now - x.t >= older_than)
+        old = ends(x, now) <= now or (older_than is not None and now - x.t >= older_than)
         (dropped if old else kept).append(x)
     return kept, dropped
 
