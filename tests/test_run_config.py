@@ -33,14 +33,19 @@ def test_nothing_is_read_the_inputs_are_given() -> None:
 
 
 def test_the_environments_layers_stack_in_order_with_their_sources() -> None:
-    """config [env] < .deepspeed_env < --env-file < --env; --env NAME takes its value from
-    the launcher's environment as given (not this process's)."""
-    layers = (("A", "from-config"), ("B", "from-deepspeed"), ("A", "from-file"))
-    where = {"A": "--env-file e.env", "B": ".deepspeed_env (/work/proj)"}
+    """config [env] < .deepspeed_env < --env-file < --env (decide/netenv.user_env's order);
+    --env NAME takes its value from the launcher's environment as given (not this
+    process's)."""
+    from launcher.decide.netenv import EnvLayer
+
     a = RunArgs(script="t.py", env=["A=from-cli", "FROM_SHELL"])
-    req, _, _ = run_config(a, _inputs(env_layers=layers, env_sources=where))
-    assert list(req.env) == [*layers, ("A", "from-cli"), ("FROM_SHELL", "shell-value")]
-    assert dict(req.env_sources) == {"A": "--env", "B": ".deepspeed_env (/work/proj)",
+    req, _, _ = run_config(a, _inputs(
+        config_env=EnvLayer((("A", "from-config"),), sources=(("A", "config c.toml:3"),)),
+        deepspeed_env=EnvLayer((("B", "from-deepspeed"),), source="./.deepspeed_env"),
+        env_file=EnvLayer((("A", "from-file"),), source="--env-file e.env")))
+    assert list(req.env) == [("A", "from-cli"), ("B", "from-deepspeed"),
+                             ("FROM_SHELL", "shell-value")]
+    assert dict(req.env_sources) == {"A": "--env", "B": "./.deepspeed_env",
                                      "FROM_SHELL": "--env"}
     assert req.hidden_env == frozenset({"FROM_SHELL"})
     with pytest.raises(UsageError, match="NOT_SET is not set"):

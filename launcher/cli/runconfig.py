@@ -3,14 +3,15 @@
 On the model of torch's ``run.py`` ``config_from_args``, in two halves:
 
 * ``read_run_inputs(args)``: the I/O. The host list (hostfile, -H, Slurm), the user
-  config's ``[env]``, ``.deepspeed_env``, ``--env-file``, ``--profile``, ``--topology``,
+  config's ``[env]``, ``.deepspeed_env``, ``--env-file`` (each as it is, one
+  ``netenv.EnvLayer``), ``--profile``, ``--topology``,
   the launcher's environment (``--env NAME`` takes its value there), the command line as
   typed (for meta.json, redacted), the current directory (the default ``--workdir``) and
   where each setting came from (the config or the command line).
 * ``run_config(args, inputs)``: pure. Every check of the options (exit 2 naming the option,
   before anything connects) and the ``RunRequest``, ``RunOptions`` and SSH settings. The
-  environment's layers are stacked here, lowest first: config ``[env]`` <
-  ``.deepspeed_env`` < ``--env-file`` < ``--env`` (decide/netenv.py merges the node's).
+  environment's layers are passed to ``decide/netenv.user_env``, which alone orders them
+  (config ``[env]`` < ``.deepspeed_env`` < ``--env-file`` < ``--env``).
 
 ``cli/run.py`` ``run_cmd`` is then: read, decide, run (or detach).
 """
@@ -27,6 +28,7 @@ from launcher.cli.args import ConnArgs, HostArgs
 from launcher.models import Host
 
 if TYPE_CHECKING:  # the plan is imported only by run_config, when it runs
+    from launcher.decide.netenv import EnvLayer
     from launcher.decide.plan import RunRequest
     from launcher.decide.runoptions import RunOptions
 
@@ -97,10 +99,11 @@ class RunInputs:
     # the hostfile's hosts before --include/--exclude, when either has a ':' (HOST:PORT
     # of a host is that host, not DeepSpeed's GPUs: decide/devices.split_spec)
     spelled_hosts: tuple[Host, ...] = ()
-    # the user config's [env], then .deepspeed_env, then --env-file: (name, value), lowest
-    # first, and where each name came from
-    env_layers: tuple[tuple[str, str], ...] = ()
-    env_sources: Mapping[str, str] = field(default_factory=dict)
+    # the user config's [env], .deepspeed_env and --env-file as read (None: none); their
+    # order is decide/netenv.user_env's
+    config_env: EnvLayer | None = None
+    deepspeed_env: EnvLayer | None = None
+    env_file: EnvLayer | None = None
     environ: Mapping[str, str] = field(default_factory=dict)  # the launcher's environment
     argv: tuple[str, ...] = ()  # the command line as typed, after `dtrain`
     profile_env: Any = None  # --profile's settings (decide/netenv.load_profile)
@@ -119,6 +122,7 @@ def read_run_inputs(a: RunArgs) -> RunInputs:
     from launcher.cli.defaults import config_env, sources
     from launcher.commands.run import default_workdir
     from launcher.decide.devices import selection
+    from launcher.decide.netenv import EnvLayer
     from launcher.hosts.envfile import load_env_file
 
     every: list[Host] = []
@@ -128,20 +132,20 @@ def read_run_inputs(a: RunArgs) -> RunInputs:
     include_hosts, exclude_hosts, _ = selection(a.include, a.exclude, every)
     host_list = groups.hosts(a.hostfile, a.hosts, include_hosts, exclude_hosts, user=a.user,
                              group=a.group, exclude_group=a.exclude_group, genders=a.genders)
-    pairs, where = config_env()  # the user config's [env]: the lowest of the user's
-    deepspeed, deepspeed_sources = groups.deepspeed_env()
-    pairs += deepspeed
-    where.update(deepspeed_sources)
+    config_pairs, config_where = config_env()
+    deepspeed, deepspeed_where = groups.deepspeed_env()
     from_file = load_env_file(a.env_file) if a.env_file else []
-    where.update((name, f"--env-file {a.env_file}") for name, _ in from_file)
-    pairs += from_file
     profile_env = None
     if a.profile:
         from launcher.decide.netenv import load_profile
 
         profile_env = load_profile(a.profile)
     return RunInputs(hosts=tuple(host_list), spelled_hosts=tuple(every),
-                     env_layers=tuple(pairs), env_sources=where,
+                     config_env=EnvLayer(tuple(config_pairs),
+                                         sources=tuple(config_where.items())),
+                     deepspeed_env=EnvLayer(tuple(deepspeed),
+                                            sources=tuple(deepspeed_where.items())),
+                     env_file=EnvLayer(tuple(from_file), source=f"--env-file {a.env_file}"),
                      environ=dict(os.environ), argv=tuple(sys.argv[1:]),
                      profile_env=profile_env, topology=read_topology(a.topology),
                      default_workdir=default_workdir(), setting_sources=dict(sources()))
@@ -192,6 +196,7 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     from launcher.cli.defaults import setting_sources_from
     from launcher.decide.devices import selection
     from launcher.decide.hang import HangPolicy
+    from launcher.decide.netenv import EnvLayer, user_env
     from launcher.decide.plan import RunRequest
     from launcher.decide.restarts import RestartPolicy, parse_nnodes
     from launcher.decide.runoptions import (
@@ -214,15 +219,15 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     hang = HangPolicy(timeout=a.hang_timeout, progress=a.progress,
                       on_hang=a.on_hang or ("stop" if a.restarts else "dump"))
     _, _, devices = selection(a.include, a.exclude, i.spelled_hosts)
-    # the environment's layers, lowest first: config [env] < .deepspeed_env < --env-file
-    # (read_run_inputs) < --env
-    pairs = list(i.env_layers)
-    sources = dict(i.env_sources)
-    given = parse_env_args(a.env or [], i.environ)
-    sources.update((name, "--env") for name, _ in given)
-    pairs += given
+    none = EnvLayer()
+    layers = {"config": i.config_env or none, "deepspeed_env": i.deepspeed_env or none,
+              "env_file": i.env_file or none,
+              "env": EnvLayer(tuple(parse_env_args(a.env or [], i.environ)), source="--env")}
+    user = user_env(**layers)  # their order is netenv's
     hidden = from_environment(a.env or [])
-    secrets = [*pairs, *(kv for h in i.hosts for kv in h.env)]
+    # every value a layer gave is a secret wherever it shows, the overridden ones too
+    secrets = [*(kv for layer in layers.values() for kv in layer.pairs),
+               *(kv for h in i.hosts for kv in h.env)]
     command = redact_command(["dtrain", *i.argv], a.env or [], secrets, hidden)
     if a.notify:
         from launcher.job.notify import redact_argv
@@ -230,8 +235,8 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
         command = redact_argv(command)
     req = RunRequest(script=a.script, args=tuple(a.args or ()), module=a.module,
                      nproc_per_node=a.nproc_per_node, python=a.python, setup=a.setup,
-                     workdir=remote_dir, env=tuple(pairs), hidden_env=hidden,
-                     env_sources=tuple(sources.items()),
+                     workdir=remote_dir, env=user.env, hidden_env=hidden,
+                     env_sources=user.sources,
                      master_addr=a.master_addr, master_port=a.master_port, rdzv=a.rdzv,
                      max_restarts=a.max_restarts, run_id=a.run_id or "", devices=devices,
                      container=groups.container(a.image, a.container_runtime, a.mount,

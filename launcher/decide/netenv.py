@@ -296,6 +296,54 @@ def _vendor_vars(facts: NodeFacts) -> tuple[list[EnvVar], list[str]]:
     return out, warnings
 
 
+# --------------------------------------------------------------------------- the user's layers
+
+# The user's own layers of a run's environment, lowest first: the one place their order is
+# written (docs/environment.md; tests/test_env_layers.py enumerates them, and fails on a
+# module elsewhere that stacks what their readers return).
+USER_LAYERS = ("config", "deepspeed_env", "env_file", "env")
+
+
+@dataclass(frozen=True)
+class EnvLayer:
+    """One of the user's layers as read: its (name, value) pairs in the order given, and where
+    each came from (``config ~/.config/dtrain/config.toml:4``, ``./.deepspeed_env``,
+    ``--env-file F``, ``--env``): ``sources`` per name, else ``source``."""
+
+    pairs: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def where(self, name: str) -> str:
+        return dict(self.sources).get(name, self.source)
+
+
+@dataclass(frozen=True)
+class UserEnv:
+    """The user's layers merged: one value per name (the highest layer's, in the order the
+    names were first given) and where each came from."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    sources: tuple[tuple[str, str], ...] = ()
+
+
+def user_env(*, config: EnvLayer = EnvLayer(), deepspeed_env: EnvLayer = EnvLayer(),
+             env_file: EnvLayer = EnvLayer(), env: EnvLayer = EnvLayer()) -> UserEnv:
+    """The run's own environment from the user's layers (``USER_LAYERS``, lowest first):
+    the config's ``[env]`` < ``.deepspeed_env`` < ``--env-file`` < ``--env``; within a
+    layer, the later of a name's values wins. The CLI reads the files and passes them."""
+    given = {"config": config, "deepspeed_env": deepspeed_env, "env_file": env_file,
+             "env": env}
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for name in USER_LAYERS:
+        layer = given[name]
+        for key, value in layer.pairs:
+            values[key] = value
+            sources[key] = layer.where(key)
+    return UserEnv(env=tuple(values.items()), sources=tuple(sources.items()))
+
+
 # --------------------------------------------------------------------------- merge
 
 
@@ -308,7 +356,7 @@ def user_layer(gpus: Sequence[int] | None, host_env: Iterable[tuple[str, str]],
     """The user's layer of a node's environment and where each value came from, lowest
     first: the GPU selection (``CUDA_VISIBLE_DEVICES`` from ``--include``/``--exclude``) <
     the hostfile's ``env`` < the run's own (``env``: config ``[env]`` < ``.deepspeed_env`` <
-    ``--env-file`` < ``--env``, merged so by ``hosts/envfile``). What ``merge_env`` takes
+    ``--env-file`` < ``--env``, merged so by ``user_env``). What ``merge_env`` takes
     as ``user``/``user_sources``, for the online and the offline plan alike."""
     devices = {} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
     host_env = list(host_env)
