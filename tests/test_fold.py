@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from pathlib import Path
 
 import pytest
 
@@ -479,3 +480,40 @@ def test_nothing_is_kept_for_lines_already_shown() -> None:
         f.feed([OutputLine("node1", "err", f"agent {i}")], now=float(i))
     f.flush()
     assert (f.held, f._open, f._pending) == (0, {}, {})
+
+
+@pytest.mark.parametrize("follow", [False, True])
+@pytest.mark.parametrize("folded", [False, True])
+def test_logs_and_attach_fold_the_exit_barrier_trace_as_the_console_did(
+        tmp_path: Path, follow: bool, folded: bool) -> None:
+    """`dtrain logs`/`attach` (following the run or not): the trace of node2, whose line
+    (BARRIER_MARK) the console printed at the end, is that one line again; node1's trace,
+    which the console showed (no such line for it), is shown whole."""
+    from launcher.output.archive import RunArchive
+    from launcher.output.fold import BARRIER_MARK
+    from launcher.output.logview import replay
+
+    archive = RunArchive.create(tmp_path, "r")
+    archive.update_meta(hosts=["node1", "node2"], world_size=2)
+    lines = [OutputLine("node1", "out", "done 0", 0, 0, 1.0),
+             OutputLine("node2", "out", "done 1", 1, 1, 1.0)]
+    lines += [OutputLine("node2", "err", text, None, 1, 1.1) for text in BARRIER]
+    lines += [OutputLine("node1", "err", text, None, 0, 1.2) for text in BARRIER]
+    lines.append(OutputLine("node1", "err", "an agent line after it", None, 0, 1.3))
+    lines.append(OutputLine("node2", "dtrain", f"{BARRIER_MARK} (the rendezvous store's "
+                            "host left first: x); harmless, 12 lines in the archive", t=1.4))
+    archive.write_lines(lines)
+    archive.update_meta(end=2.0, outcome="succeeded")
+    archive.close()
+    out = io.StringIO()
+    assert replay(archive.path, out=out, color=False, follow=follow, fold=folded,
+                  poll_s=0.01) == 0
+    shown = out.getvalue().splitlines()
+    assert [ln for ln in shown if "node2" in ln and BARRIER_MARK not in ln] == \
+        ["node2 r1: done 1"], shown
+    assert sum(ln.startswith(f"dtrain: node2: {BARRIER_MARK}") for ln in shown) == 1, shown
+    node1_err = [ln for ln in shown if ln.startswith("node1 [err]")]
+    assert len(node1_err) == len(BARRIER) + 1, shown  # shown whole, then the next line
+    raw = io.StringIO()
+    replay(archive.path, out=raw, as_json=True)
+    assert len(raw.getvalue().splitlines()) == len(lines)  # --json: every record

@@ -24,6 +24,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from launcher.models import OutputLine
 from launcher.text.words import count, rank_ranges
@@ -383,13 +384,45 @@ class ExitBarrierNoise:
             why = self.last.get(h, "")
             lines = count(self.counts[h], "line")
             if _CLOSED.search(why):
-                out.append((h, f"torchrun's exit barrier failed after every rank here "
-                               f"finished (the rendezvous store's host left first: "
+                out.append((h, f"{BARRIER_MARK} (the rendezvous store's host left first: "
                                f"{why[:160]}); harmless, {lines} in the archive"))
             else:  # a timeout (a node that never came), or something else: no cause said
                 why = f": {why[:160]}" if why else ""
-                out.append((h, f"torchrun's exit barrier failed after every rank here "
-                               f"finished{why} ({lines} in the archive)"))
+                out.append((h, f"{BARRIER_MARK}{why} ({lines} in the archive)"))
         self.counts.clear()
         self.last.clear()
+        return out
+
+
+BARRIER_MARK = "torchrun's exit barrier failed after every rank here finished"
+_T = TypeVar("_T")
+
+
+class BarrierReplay(Generic[_T]):
+    """The exit-barrier fold replayed over an archive's records in order (`dtrain logs`,
+    `dtrain attach`, following a run or not). The archive has no rank exits, but it has the
+    console's one line for each folded trace (``BARRIER_MARK``, archived at the job's end):
+    an agent's trace is held until that line comes for its node (then dropped: the console
+    never showed it), and let through as it was at any other line of that node or at the
+    end. Memory: the held traces, bounded as the live fold's archive is."""
+
+    def __init__(self) -> None:
+        self.noise = ExitBarrierNoise({})
+        self.held: dict[str, list[_T]] = {}
+
+    def feed(self, item: _T, line: OutputLine) -> list[_T]:
+        host = line.host
+        if line.stream == "dtrain" and line.text.startswith(BARRIER_MARK):
+            self.held.pop(host, None)
+            return [item]
+        if line.rank is None and line.stream == "err":
+            self.noise.ranks[host] = self.noise.ok[host] = 1  # judged as a finished node
+            if not self.noise.keep(line):
+                self.held.setdefault(host, []).append(item)
+                return []
+        return [*self.held.pop(host, ()), item]
+
+    def flush(self) -> list[_T]:
+        out = [item for items in self.held.values() for item in items]
+        self.held.clear()
         return out

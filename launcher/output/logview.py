@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator
     from pathlib import Path
 
-    from launcher.output.fold import StderrFolder
+    from launcher.output.fold import BarrierReplay, StderrFolder
 
 POLL_S = 0.2
 _Record = tuple[str, OutputLine]  # (the raw JSON text, the parsed line)
@@ -94,6 +94,12 @@ def replay(
     # a first pass over the whole file finds it, so not when following a run still going
     hidden = _chatter(run_dir) if not follow and not as_json and not start else set()
     seen = 0
+    # torchrun's exit-barrier trace of a finished node, folded as the console folded it
+    barrier: BarrierReplay[_Record] | None = None
+    if not as_json:
+        from launcher.output.fold import BarrierReplay
+
+        barrier = BarrierReplay()
     try:
         for batch in _batches(run_dir, follow=follow, poll_s=poll_s, start=start, ended=done):
             if hidden:
@@ -101,6 +107,8 @@ def replay(
                                if i not in hidden], seen + len(batch)
             if attempt is not None:
                 batch = [rec for rec in batch if attempt_of(rec[0]) == attempt]
+            if barrier is not None:
+                batch = [out for rec in batch for out in barrier.feed(rec, rec[1])]
             _show(console, batch, pattern, as_json=as_json, folder=folder)
             if console.broken:
                 break  # `dtrain logs | head` is done reading
@@ -110,6 +118,8 @@ def replay(
         console.clear_status()
         console.flush()
         return EXIT_INTERRUPTED
+    if barrier is not None and barrier.held:
+        _show(console, barrier.flush(), pattern, as_json=as_json, folder=folder)
     if folder is not None:
         console.write(folder.flush())
     console.clear_status()
