@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests import cluster as test_cluster
-from tests.util import cannot_run
+from tests.util import INTRUDER, SYSTEM_PYTHON, cannot_run
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -100,3 +103,23 @@ def chatty_bashrc(cluster):
         rc.unlink()
     else:
         rc.write_bytes(before)
+
+
+@pytest.fixture(scope="session")
+def intruder() -> pwd.struct_passwd:
+    """An unprivileged second user of this machine, `dtrain-intruder` (made here when
+    missing): the other user of a shared login node or cluster (tests/test_private.py,
+    tests/test_everyone.py)."""
+    if os.getuid() != 0:
+        cannot_run("a second local user needs root to make (useradd) and to act as (runuser)")
+    for tool in ("useradd", "runuser"):
+        if shutil.which(tool) is None:
+            cannot_run(f"{tool} is missing")
+    if not os.path.exists(SYSTEM_PYTHON):
+        cannot_run(f"{SYSTEM_PYTHON} is missing (the second user's interpreter)")
+    try:
+        return pwd.getpwnam(INTRUDER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        INTRUDER], check=True, capture_output=True, timeout=30)
+        return pwd.getpwnam(INTRUDER)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import pwd
 import re
 import shutil
 import socket
@@ -27,28 +26,7 @@ import pytest
 
 from launcher import private
 from launcher.exitcodes import EXIT_UNREACHABLE
-from tests.util import REPO, cannot_run, dtrain, end_pid, pid_alive
-
-INTRUDER = "dtrain-intruder"
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-@pytest.fixture(scope="session")
-def intruder() -> pwd.struct_passwd:
-    """An unprivileged second user of this machine (made here when missing)."""
-    if os.getuid() != 0:
-        cannot_run("a second local user needs root to make (useradd) and to act as (runuser)")
-    for tool in ("useradd", "runuser"):
-        if shutil.which(tool) is None:
-            cannot_run(f"{tool} is missing")
-    if not os.path.exists(SYSTEM_PYTHON):
-        cannot_run(f"{SYSTEM_PYTHON} is missing (the second user's interpreter)")
-    try:
-        return pwd.getpwnam(INTRUDER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        INTRUDER], check=True, capture_output=True, timeout=30)
-        return pwd.getpwnam(INTRUDER)
+from tests.util import INTRUDER, REPO, SYSTEM_PYTHON, dtrain, end_pid, pid_alive
 
 
 def as_intruder(code: str, *args: str) -> subprocess.Popen[str]:

@@ -19,6 +19,11 @@ from typing import Any, NoReturn
 
 import pytest
 
+# a second local user of the test machine (tests/conftest.py's ``intruder`` fixture) and the
+# interpreter it runs (Debian's, as a real second account would)
+INTRUDER = "dtrain-intruder"
+SYSTEM_PYTHON = "/usr/bin/python3"
+
 REPO = Path(__file__).resolve().parent.parent
 
 # scripts/test (CI) sets DTRAIN_REQUIRE_CLUSTER=1: there, a test that cannot run (no cluster,
