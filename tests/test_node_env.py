@@ -57,6 +57,6 @@ def test_every_layer_in_its_place() -> None:
 def test_dtrain_s_own_variables_come_first_then_the_rest_by_name() -> None:
     node0, _ = plan_env(user={"OMP_NUM_THREADS": "8", "A_VAR": "1"}, host_env={}, profile={})
     names = list(node0)
-    assert names[:4] == ["DTRAIN_RUN_ID", "DTRAIN_NODE_RANK", "DTRAIN_NNODES",
-                         "OMP_NUM_THREADS"]
-    assert names[4:] == sorted(names[4:])
+    assert names[:5] == ["DTRAIN_RUN_ID", "DTRAIN_NODE_RANK", "DTRAIN_NNODES",
+                         "OMP_NUM_THREADS", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]
+    assert names[5:] == sorted(names[5:])

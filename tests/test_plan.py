@@ -42,6 +42,9 @@ OWN = [("DTRAIN_RUN_ID", "r1", "dtrain", "run archive id", True),
        ("DTRAIN_NODE_RANK", "0", "dtrain", "node rank", True),
        ("DTRAIN_NNODES", "2", "dtrain", "number of nodes", True)]
 OMP = ("OMP_NUM_THREADS", "1", "dtrain", "torchrun's default, made explicit", True)
+# torchrun's KILL of its workers after its TERM, past the default --grace 10
+SHUTDOWN = ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30", "dtrain",
+            "torchrun KILLs its workers this long after its TERM: past --grace 10", True)
 UNBUFFERED = ("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node", True)
 
 
@@ -90,7 +93,7 @@ def test_a_static_plan_whole() -> None:
     token = ("TOKEN", "s3cret", "user", "--env-file secrets.env", True)
     debug = ("NCCL_DEBUG", "INFO", "user", "--env", True)
     assert env_rows(node0) == [
-        *OWN, attempt, OMP,
+        *OWN, attempt, OMP, SHUTDOWN,
         ("GLOO_SOCKET_IFNAME", "eth0", "detected", "holds master address 198.18.0.11", True),
         ("MY_VAR", "x", "user", "hostfile hosts.txt:1", True),
         ("NCCL_DEBUG", "INFO", "user", "--env; forced over WARN (/etc/nccl.conf)", True),
@@ -98,7 +101,8 @@ def test_a_static_plan_whole() -> None:
         UNBUFFERED, token]
     via = "route to 198.18.0.11 via eth0"
     assert env_rows(node1) == [
-        *rank_of(OWN, 1), attempt, OMP, ("GLOO_SOCKET_IFNAME", "eth0", "detected", via, True),
+        *rank_of(OWN, 1), attempt, OMP, SHUTDOWN,
+        ("GLOO_SOCKET_IFNAME", "eth0", "detected", via, True),
         debug, ("NCCL_SOCKET_IFNAME", "=eth0", "detected", via, True), UNBUFFERED, token]
     assert node0.exported_env() == {k: v for k, v, *_ in env_rows(node0)}
     doc = plan_json(plan)
@@ -177,7 +181,7 @@ def test_rendezvous_c10d_a_module_and_the_gpu_selection() -> None:
     assert [n.warnings for n in plan.nodes] == [(f"node{i}: {knob}",) for i in range(3)]
     own = [("DTRAIN_RUN_ID", "r2", "dtrain", "run archive id", True),
            ("DTRAIN_NODE_RANK", "1", "dtrain", "node rank", True),
-           ("DTRAIN_NNODES", "3", "dtrain", "number of nodes", True), OMP]
+           ("DTRAIN_NNODES", "3", "dtrain", "number of nodes", True), OMP, SHUTDOWN]
     assert env_rows(plan.nodes[1]) == [
         *own,
         ("CUDA_VISIBLE_DEVICES", "1,3", "user", "--include/--exclude (GPU selection)", True),
@@ -233,7 +237,8 @@ def test_rank_counts_and_their_errors() -> None:
 
 def test_dtrain_s_own_variables_and_the_attempt() -> None:
     names = [v.name for v in dtrain_env(RunRequest("t.py"), 0, 1)]
-    assert names == ["DTRAIN_RUN_ID", "DTRAIN_NODE_RANK", "DTRAIN_NNODES", "OMP_NUM_THREADS"]
+    assert names == ["DTRAIN_RUN_ID", "DTRAIN_NODE_RANK", "DTRAIN_NNODES", "OMP_NUM_THREADS",
+                     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]
     for restarts, attempt in ((1, 1), (0, 2), (3, 4)):
         env = dtrain_env(RunRequest("t.py", restarts=restarts, attempt=attempt), 2, 5)
         assert [(v.name, v.value) for v in env][:4] == [
@@ -241,6 +246,15 @@ def test_dtrain_s_own_variables_and_the_attempt() -> None:
             ("DTRAIN_ATTEMPT", str(attempt))]
         assert env[3].reason == (f"attempt of --restarts {restarts} (the shim adds attempt-1 "
                                  "to TORCHELASTIC_RESTART_COUNT)")
+
+
+def test_torchrun_s_shutdown_timeout_is_the_plan_s_past_the_grace() -> None:
+    """TORCH_ELASTIC_SHUTDOWN_TIMEOUT is decided in the plan (the node set it alone before,
+    so --dry-run never showed it): torchrun's own 30 s, or the grace and 5 s more."""
+    for grace, want in ((0.0, "30"), (10.0, "30"), (25.0, "30"), (26.0, "31"), (120.5, "125")):
+        env = {v.name: v for v in dtrain_env(RunRequest("t.py"), 0, 1, grace=grace)}
+        assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"].value == want
+        assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"].source == "dtrain"
 
 
 def test_a_leading_tilde_is_the_node_s_home() -> None:
@@ -302,18 +316,18 @@ def test_an_offline_plan_whole() -> None:
         (0, 2, 0, "python3", ()), (1, 1, 2, "/opt/py", ())]
     own = [("DTRAIN_RUN_ID", "r3", "dtrain", "run archive id", True),
            ("DTRAIN_NODE_RANK", "1", "dtrain", "node rank", True),
-           ("DTRAIN_NNODES", "2", "dtrain", "number of nodes", True), OMP]
+           ("DTRAIN_NNODES", "2", "dtrain", "number of nodes", True), OMP, SHUTDOWN]
     assert env_rows(plan.nodes[1]) == [
         *own, ("H", "2", "user", "hostfile env:", True), ("K", "abc", "user", "--env", True),
         ("NCCL_DEBUG", "INFO", "profile", "dev", True), UNBUFFERED]
-    assert env_rows(plan.nodes[0])[4] == ("H", "1", "user", "hostfile hosts:1", True)
+    assert env_rows(plan.nodes[0])[5] == ("H", "1", "user", "hostfile hosts:1", True)
     given = offline_plan(replace(req, master_addr="10.0.0.9", master_port=1234,
                                  nproc_per_node="gpu",
                                  devices=DeviceSelection(include={"198.18.0.99": (0, 2)})),
                          RunOptions(), hosts[:1])
     assert (given.master_addr, given.master_port, given.master_reason, given.world_size) == (
         "10.0.0.9", 1234, "--master-addr; not checked: --offline", 2)
-    assert env_rows(given.nodes[0])[4] == (
+    assert env_rows(given.nodes[0])[5] == (
         "CUDA_VISIBLE_DEVICES", "0,2", "user", "--include/--exclude (GPU selection)", True)
 
 

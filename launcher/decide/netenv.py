@@ -48,6 +48,11 @@ class EnvVar:
     exported: bool = True  # False for site keys: already in effect on the node
 
 
+# every rank's Python unbuffered, written once: decide_env and the offline plan put it with
+# detection (so --no-auto PYTHONUNBUFFERED leaves it out and --env wins over it)
+UNBUFFERED = EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node")
+
+
 @dataclass(frozen=True)
 class EnvDecision:
     """A node's network environment, ready for the dry-run display and the launch."""
@@ -457,7 +462,7 @@ def decide_env(facts: NodeFacts, *, master_addr: str, is_master: bool,
     rdma_vars, rdma_warn, errors, hca = _rdma_vars(facts, sock.ifname)
     vendor_vars, vendor_warn = _vendor_vars(facts)
     detected += rdma_vars + vendor_vars
-    detected.append(EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node"))
+    detected.append(UNBUFFERED)
     detected = [v for v in detected if v.name not in no_auto]
     site = {k: (s.value, s.source) for k, s in facts.effective_site_env().items()}
     final, merge_warn = merge_env(detected, profile=profile, site=site, user=user_env,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launcher import defaults
 from launcher.decide.container import (
     ContainerCommand,
     ContainerRequest,
@@ -20,7 +21,14 @@ from launcher.decide.container import (
 )
 from launcher.decide.devices import DeviceSelection
 from launcher.decide.facts import NodeFacts
-from launcher.decide.netenv import EnvDecision, EnvVar, decide_env, merge_env, user_layer
+from launcher.decide.netenv import (
+    UNBUFFERED,
+    EnvDecision,
+    EnvVar,
+    decide_env,
+    merge_env,
+    user_layer,
+)
 from launcher.decide.runoptions import RunOptions
 from launcher.errors import PreflightFailed, UsageError
 from launcher.hosts.hostfile import fold
@@ -183,10 +191,19 @@ def torchrun_argv(req: RunRequest, *, python: str, nnodes: int, node_rank: int, 
     return tuple(argv)
 
 
-def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ...]:
+def shutdown_timeout(grace: float) -> int:
+    """torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT for ``--grace`` seconds: torchrun KILLs its
+    workers that long (its default 30) after its own TERM, so it must outlast the grace,
+    whose end is dtrain's KILL (docs/failure-semantics.md)."""
+    return max(30, int(grace) + 5)
+
+
+def dtrain_env(req: RunRequest, node_rank: int, nnodes: int, *,
+               grace: float = defaults.GRACE_S) -> tuple[EnvVar, ...]:
     """Variables dtrain always sets besides the network ones: the floor of the node's
-    environment (``netenv.merge_env``), under every other layer (PYTHONUNBUFFERED is set by
-    netenv.decide_env, where --env can override it)."""
+    environment (``netenv.merge_env``), under every other layer (PYTHONUNBUFFERED is
+    ``netenv.UNBUFFERED``, with detection, where --env can override it). Sent to the node in
+    the spec as they are: the supervisor adds none of these itself."""
     attempt = (EnvVar("DTRAIN_ATTEMPT", str(req.attempt), "dtrain",
                       f"attempt of --restarts {req.restarts} (the shim adds attempt-1 to "
                       "TORCHELASTIC_RESTART_COUNT)"),) if req.restarts or req.attempt > 1 else ()
@@ -197,6 +214,8 @@ def dtrain_env(req: RunRequest, node_rank: int, nnodes: int) -> tuple[EnvVar, ..
         *attempt,
         # torchrun sets 1 anyway when unset, with a banner on every node; --env overrides
         EnvVar("OMP_NUM_THREADS", "1", "dtrain", "torchrun's default, made explicit"),
+        EnvVar("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout(grace)), "dtrain",
+               f"torchrun KILLs its workers this long after its TERM: past --grace {grace:g}"),
     )
 
 
@@ -241,7 +260,8 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                               is_master=node_rank == 0, user_env=user, user_sources=sources,
                               profile=opts.checks.profile, nnodes=len(hosts),
                               profile_name=opts.checks.profile_name, no_auto=opts.checks.no_auto,
-                              dtrain=dtrain_env(req, node_rank, len(hosts)),
+                              dtrain=dtrain_env(req, node_rank, len(hosts),
+                                                grace=opts.limits.grace),
                               master_given=req.master_addr is not None)
         errors += [f"{host.label}: {e}" for e in decision.errors]
         decisions[host.label] = decision
@@ -349,12 +369,11 @@ def offline_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host]) -> La
                              hint="give slots=N in the hostfile or --nproc-per-node N")
         user, sources = user_layer(chosen, host.env, host.source, dict(req.env),
                                    dict(req.env_sources))
+        own_env = dtrain_env(req, node_rank, len(hosts), grace=opts.limits.grace)
         final, _ = merge_env(
-            [EnvVar("PYTHONUNBUFFERED", "1", "dtrain", "live logs: no pty on the node")],
-            profile=opts.checks.profile, site={}, user=user, user_sources=sources,
-            profile_name=opts.checks.profile_name,
-            dtrain=dtrain_env(req, node_rank, len(hosts)))
-        own = [v.name for v in dtrain_env(req, node_rank, len(hosts))]
+            [UNBUFFERED], profile=opts.checks.profile, site={}, user=user,
+            user_sources=sources, profile_name=opts.checks.profile_name, dtrain=own_env)
+        own = [v.name for v in own_env]
         env = tuple(final[k] for k in [*own, *sorted(set(final) - set(own))])
         python = host.python or req.python
         argv = torchrun_argv(req, python=python, nnodes=len(hosts), node_rank=node_rank,
