@@ -308,9 +308,8 @@ class Supervisor(Evidence):
             listener.setblocking(False)
             self.watch(listener.fileno(), "listen", None, listener)
             env[SHIM_ENV] = path
-            # torchrun KILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT s (30) after its own
-            # TERM; the grace is dtrain's to give (the KILL at its end is ours)
-            env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(30, int(self.grace) + 5)))
+            # TORCH_ELASTIC_SHUTDOWN_TIMEOUT (past the grace) comes in the spec's env: the
+            # launcher's plan decides it (decide/plan.shutdown_timeout), --dry-run shows it
             self.evidence_env(env)
             env[TMPDIR_ENV] = env.get("TMPDIR", "")
             env["TMPDIR"] = self.tmpdir
