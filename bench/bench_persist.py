@@ -1,7 +1,8 @@
 """Issue 41: warm connections (`--persist`, the connection keeper) against pdsh and against
 pdsh over OpenSSH's ControlPersist, the fairest peer, in one interleaved run.
 
-    python bench/bench_persist.py [--reps 7] [--nodes 1,32] [--first-node 5] [--json F]
+    python bench/bench_persist.py [--reps 7] [--nodes 1,32] [--first-node 5] [--hops]
+                                  [--json F]
 
 Per node count, four tools run ``true`` on every node (rounds rotated, medians; bench/common):
 
@@ -17,6 +18,10 @@ Per node count, four tools run ``true`` on every node (rounds rotated, medians; 
 * ``pdsh``: ``pdsh -R ssh`` (one ssh per node);
 * ``pdsh ControlPersist``: the same, every ssh through an OpenSSH master kept 10 minutes.
 
+With ``--hops``, ``dtrain warm`` runs with ``DTRAIN_HOPS=1`` (docs/connections.md, "Where a
+warm command's time goes"): each run's spans are kept in the JSON (``hops``) and their
+medians, with the fastest and slowest run's, are printed per node count.
+
 Ratios (reported, never asserted) against the issue's goals: warm exec to 1 node <= 0.7x
 pdsh, to 32 nodes <= 0.15x, to 128 <= 0.1x. Also printed: the keeper's resident memory
 after the largest count (goal: <= 150 MB at 128 connections).
@@ -28,6 +33,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,6 +89,8 @@ def main() -> int:
     ap.add_argument("--cp-nodes", type=int, default=4,
                     help="nodes of the unchanged re-push case (0: leave it out)")
     ap.add_argument("--files", type=int, default=2000, help="files in the re-pushed tree")
+    ap.add_argument("--hops", action="store_true",
+                    help="time dtrain warm's hops too (DTRAIN_HOPS=1; output/hops.py)")
     args = ap.parse_args()
     counts = [int(x) for x in args.nodes.split(",")]
     env_ = Env.setup(max([*counts, args.cp_nodes]), args.first_node, ciphers=args.ssh_ciphers)
@@ -107,7 +115,11 @@ def main() -> int:
                 argv = [*env_.dtrain_exec(k, "true")]
                 argv.insert(argv.index("--"), "--persist")
                 argv.insert(argv.index("--"), "10m")
-                return _checked(env_, "dtrain warm", argv, out, base)
+                if not args.hops:
+                    return _checked(env_, "dtrain warm", argv, out, base)
+                run = _checked(env_, "dtrain warm", argv, out, {**base, "DTRAIN_HOPS": "1"})
+                run.extra["hops"] = hop_spans(run.stderr)  # type: ignore[attr-defined]
+                return run
 
             def warm_no_agent(r: int, k: int = k, out: Path = out) -> object:
                 argv = [*env_.dtrain_exec(k, "true")]
@@ -161,6 +173,16 @@ def main() -> int:
     for k, (pid, rss) in memory_resident.items():
         print(f"resident (pid {pid}) memory after {k} node(s): "
               f"{'-' if rss is None else f'{rss:.1f} MB'}")
+    if args.hops:
+        print()
+        for s in series_list:
+            runs = [r for r in s.runs.get("dtrain warm", []) if r.extra.get("hops")]
+            if runs:
+                print(f"{s.case}: dtrain warm's hops (ms), median [min, max] of {len(runs)}")
+                for name in runs[0].extra["hops"]:
+                    v = [r.extra["hops"].get(name, float("nan")) for r in runs]
+                    print(f"  {name:<28} {statistics.median(v):7.1f} "
+                          f"[{min(v):.1f}, {max(v):.1f}]")
     save_json(args.json, {"revision": revision(), "memory_mb": {str(k): v[1] for k, v in
                                                                   memory.items()},
                           "resident_memory_mb": {str(k): v[1] for k, v in
@@ -214,6 +236,18 @@ def cp_case(env_: Env, args: object, base: dict[str, str], cp_env: dict[str, str
     for n in env_.nodes(k):
         shutil.rmtree(n.home / REMOTE_DIR, ignore_errors=True)
     return s
+
+
+def hop_spans(stderr: str) -> dict[str, float]:
+    """The ``dtrain: hops (ms): a → b 1.2 | ... | total 9.9`` line's spans, in ms."""
+    for line in stderr.splitlines():
+        if line.startswith("dtrain: hops (ms): "):
+            out = {}
+            for part in line[len("dtrain: hops (ms): "):].split(" | "):
+                name, _, ms = part.rpartition(" ")
+                out[name] = float(ms)
+            return out
+    return {}
 
 
 def _checked(env_: Env, tool: str, argv: list[str], out: Path, env: dict[str, str]) -> object:

@@ -22,6 +22,8 @@ import sys
 
 from launcher.exitcodes import EXIT_UNREACHABLE, exit_for_signal
 
+_ENTRY = __import__("time").time()  # DTRAIN_HOPS's "entry" mark (output/hops.py)
+
 # the one-shot commands issue 41 names, whose start is much of their time; never `run` or
 # `smoke` (a training run must not depend on the keeper's process), nor `keys` (a password
 # prompt wants a controlling terminal), nor top's live view (a full-screen program)
@@ -216,6 +218,10 @@ def serve_here(argv: list[str]) -> int | None:
         unserved_now(f"{path}: {exc}")
         return None
     try:
+        if os.environ.get("DTRAIN_HOPS") == "1":
+            from launcher.output import hops
+
+            hops.carry(sent=__import__("time").time())
         req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
                "package": package, "runtime": here, "stamp": stamp,
                # how this process was started, for the usage line ("dtrain", "python -m
@@ -304,6 +310,10 @@ def exit_as(status: int) -> None:
 
 def main() -> None:
     argv = list(sys.argv)
+    if os.environ.get("DTRAIN_HOPS") == "1":  # where the time goes (output/hops.py)
+        from launcher.output import hops
+
+        hops.carry(process=hops.process_start(), entry=_ENTRY)
     if (resident_may_serve(argv) and os.environ.get("DTRAIN_RESIDENT", "1") != "0"
             and not os.environ.get("_DTRAIN_COMPLETE")):
         status = serve_here(argv)

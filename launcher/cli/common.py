@@ -112,7 +112,11 @@ class DtrainCommand(TyperCommand):
 
 
 def run_body(fn: Callable[[], int]) -> None:
-    """Run a command body: DtrainError -> message on stderr + its exit code."""
+    """Run a command body: DtrainError -> message on stderr + its exit code. With
+    DTRAIN_HOPS=1, where its time went, after it (output/hops.py)."""
+    from launcher.output import hops
+
+    hops.mark("command")
     try:
         code = fn()
     except DtrainError as exc:
@@ -122,4 +126,6 @@ def run_body(fn: Callable[[], int]) -> None:
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        hops.report()
     raise typer.Exit(code)

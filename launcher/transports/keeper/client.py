@@ -23,6 +23,7 @@ from launcher import private
 from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.errors import AuthError, ConnectError, DtrainError, HostKeyError
 from launcher.models import Host
+from launcher.output import hops
 from launcher.transports.base import Connection, FileSystem, Process, Transport
 from launcher.transports.keeper import frames
 from launcher.transports.keeper.frames import (
@@ -238,6 +239,7 @@ class KeeperTransport(Transport):
                 self.fall_back(str(exc))
             else:
                 if reply.get("ok"):
+                    hops.mark("connected")
                     return KeeperConnection(host, self, reply.get("peer"))
                 if reply.get("busy"):
                     self.fall_back(str(reply.get("why") or "the keeper is busy"))
@@ -371,10 +373,13 @@ class KeeperProcess(Process):
                     break
                 kind, payload = frame
                 if kind == OUT:
+                    hops.mark("first byte")
                     await self._out.feed(payload)
                 elif kind == ERR:
+                    hops.mark("first byte")
                     await self._err.feed(payload)
                 elif kind == EXIT:
+                    hops.mark("exit status", last=True)
                     status = frames.decode_json(payload).get("status")
                     if not self._status.done():
                         self._status.set_result(status if isinstance(status, int) else None)

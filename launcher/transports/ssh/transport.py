@@ -23,6 +23,7 @@ from asyncssh.config import SSHClientConfig
 from launcher.aio import cleanup
 from launcher.errors import ConnectError
 from launcher.models import Host
+from launcher.output import hops
 from launcher.transports.base import Connection, FileSystem, Process, Transport
 from launcher.transports.ssh.config import (
     MAX_JUMP_DEPTH,
@@ -83,15 +84,19 @@ class SSHProcess(Process):
     @staticmethod
     async def _read(stream: asyncssh.SSHReader[bytes], n: int) -> bytes:
         try:
-            return await stream.read(n)
+            data = await stream.read(n)
         except (asyncssh.Error, OSError):
             return b""
+        if data:
+            hops.mark("first byte")
+        return data
 
     async def wait(self) -> int | None:
         try:
             result = await self._proc.wait()
         except (asyncssh.Error, OSError):
             return None
+        hops.mark("exit status", last=True)
         return result.exit_status
 
     def abort(self) -> None:
@@ -270,6 +275,7 @@ class SSHTransport(Transport):
             raise ConnectError(f"through jump host {exc.host}: {exc.message}", host=host.label,
                                hint=exc.hint) from exc
         conn = await self._open(host, tunnel=tunnel)
+        hops.mark("connected")
         return SSHConnection(host, conn, self.settings)
 
     async def aclose(self) -> None:
