@@ -131,7 +131,7 @@ def test_the_dry_run_shows_each_default_from_the_config_with_its_line(cluster, t
 # (issue #25: scripts/mutate userconfig's survivors)
 
 HINT = ('the keys: hostfile, python, setup, workdir, archive_dir, persist, image, '
-        'container_runtime, notify, image_via and an [env] table of NAME = "value"')
+        'container_runtime, notify, image_via, preload and an [env] table of NAME = "value"')
 
 
 @pytest.mark.parametrize(("text", "message"), [

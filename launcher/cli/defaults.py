@@ -26,7 +26,7 @@ CONFIG = "dtrain.config"
 FLAGS = {"python": "--python", "setup": "--setup", "workdir": "--workdir",
          "archive_dir": "--archive-dir", "hostfile": "-f/--hostfile", "image": "--image",
          "container_runtime": "--container-runtime", "notify": "--notify",
-         "image_via": "--via"}
+         "image_via": "--via", "preload": "--preload"}
 BUILT_IN = "built-in default"
 
 

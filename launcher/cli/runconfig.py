@@ -27,6 +27,9 @@ from launcher import defaults
 from launcher.cli.args import ConnArgs, HostArgs
 from launcher.models import Host
 
+# the warm start (docs/warm-start.md) without --preload or --no-preload: on
+WARM_DEFAULT = True
+
 if TYPE_CHECKING:  # the plan is imported only by run_config, when it runs
     from launcher.decide.netenv import EnvLayer
     from launcher.decide.plan import RunRequest
@@ -72,6 +75,8 @@ class RunArgs(HostArgs, ConnArgs):
     progress: str | None = None
     checkpoint: str | None = None
     notify: str | None = None
+    preload: str | None = None
+    no_preload: bool = False
     require_fabric: str | None = None
     on_hang: str | None = None
     restarts: int = 0
@@ -168,7 +173,7 @@ def check_run_args(a: RunArgs) -> None:
     """The checks that need nothing read (pure; ``run_config`` makes them too): run_cmd
     makes them first, so a bad option is named before a hostfile is even opened."""
     from launcher.cli import groups
-    from launcher.decide.filters import check_choice
+    from launcher.decide.filters import check_choice, preload_modules
     from launcher.decide.hang import ON_HANG, compile_progress
     from launcher.decide.nccl_account import REQUIRE
     from launcher.decide.restarts import parse_nnodes
@@ -184,6 +189,7 @@ def check_run_args(a: RunArgs) -> None:
     parse_nnodes(a.nnodes)
     compile_progress(a.progress)  # a bad pattern: exit 2 before anything connects
     if a.checkpoint is not None:
+    preload_modules(a.preload, a.no_preload, WARM_DEFAULT)
         from launcher.decide.goodput import compile_checkpoint
 
         compile_checkpoint(a.checkpoint)
@@ -196,6 +202,7 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     from launcher.cli.defaults import setting_sources_from
     from launcher.decide.devices import selection
     from launcher.decide.hang import HangPolicy
+    from launcher.decide.filters import preload_modules
     from launcher.decide.netenv import EnvLayer, user_env
     from launcher.decide.plan import RunRequest
     from launcher.decide.restarts import RestartPolicy, parse_nnodes
@@ -263,4 +270,5 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
         sources=setting_sources_from(i.setting_sources, python=a.python, setup=a.setup,
                                      workdir=remote_dir, archive_dir=a.archive_dir))
     settings = a.settings()
+        preload=preload_modules(a.preload, a.no_preload, WARM_DEFAULT),
     return req, opts, settings

@@ -379,7 +379,8 @@ async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: P
                        files=payload.files,
                        flight_recorder=flight_names(torch_versions.get(node.host.label)),
                        container=node.container.wire() if node.container else None,
-                       nccl_account=wants_account(v.name for v in node.env))
+                       nccl_account=wants_account(v.name for v in node.env),
+                       warm=opts.preload)
         probes = prep.pre.probes  # the probe there becomes the supervisor: same python
         #                           (the plan's is host.python or req.python, as the probe's),
         #                           workdir and setup

@@ -87,6 +87,26 @@ def select_hosts(expr: str, labels: Iterable[str], option: str = "--host") -> fr
     return frozenset(chosen)
 
 
+# a module name --preload takes: dotted identifiers (``transformers``, ``torch.nn``)
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def preload_modules(text: str | None, off: bool, default_on: bool) -> tuple[str, ...] | None:
+    """The warm start (docs/warm-start.md) from ``--preload MODULES`` (comma-separated; the
+    config's ``preload``) and ``--no-preload``: the modules besides torch the node's warm
+    interpreter imports, or None (every rank starts cold). ``--no-preload`` wins; a name that
+    is not a module name is exit 2."""
+    if off or (text is None and not default_on):
+        return None
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    for name in names:
+        if not _MODULE.fullmatch(name):
+            raise UsageError(f"--preload {name!r}: not a module name",
+                             hint="--preload takes module names, comma-separated: "
+                                  "--preload transformers,numpy")
+    return names
+
+
 def check_choice(option: str, value: str | None, choices: tuple[str, ...]) -> str | None:
     """``--rdzv static|c10d``, ``--backend nccl|gloo``: a value not listed is exit 2."""
     if value is not None and value not in choices:

@@ -110,3 +110,6 @@ class RunOptions:
     # built-in default): what the dry run shows (docs/config.md)
     sources: tuple[tuple[str, str, str], ...] = ()
     command: tuple[str, ...] = ()  # the command line to record, secrets already hidden
+    # the warm start (--preload/--no-preload, docs/warm-start.md): the modules the nodes'
+    # warm interpreter imports besides torch; None: every rank starts cold
+    preload: tuple[str, ...] | None = None

@@ -33,7 +33,7 @@ from launcher.errors import ConfigError
 from launcher.hosts.envfile import check_name, check_value
 
 KEYS = ("hostfile", "python", "setup", "workdir", "archive_dir", "persist", "image",
-        "container_runtime", "notify", "image_via")
+        "container_runtime", "notify", "image_via", "preload")
 MAX_BYTES = 1 << 20
 
 

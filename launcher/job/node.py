@@ -51,6 +51,9 @@ class JobSpec:
     container: Mapping[str, object] | None = None
     # ask NCCL for its INIT/NET lines in per-process files (docs/fabric.md)
     nccl_account: bool = False
+    # the warm start: the modules besides torch the node's warm interpreter imports; None:
+    # every rank starts cold (nodeside/warm.py, docs/warm-start.md)
+    warm: tuple[str, ...] | None = None
 
     def wire(self) -> dict[str, object]:
         return {
@@ -63,6 +66,7 @@ class JobSpec:
             **({"flight_recorder": self.flight_recorder} if self.flight_recorder else {}),
             **({"container": dict(self.container)} if self.container else {}),
             **({"nccl_account": True} if self.nccl_account else {}),
+            **({"warm": {"preload": list(self.warm)}} if self.warm is not None else {}),
         }
 
 
