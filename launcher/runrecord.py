@@ -63,6 +63,31 @@ class RankResult(TypedDict, total=False):
     end: float
 
 
+class HangCulprit(TypedDict):
+    """``hangs[].culprit``: the likely culprit of a hang (decide/stacks.Culprit)."""
+
+    rank: int | None
+    host: str | None
+    ranks: list[int]
+    place: str
+    why: str
+    where: str  # script, native (collective: earlier versions' records)
+    rule: str  # flight, wavefront, differs
+
+
+class HangRecord(TypedDict):
+    """``hangs[]``: one hang the watch declared (decide/hang.Hang.json, docs/hangs.md)."""
+
+    t: float
+    attempt: int
+    stalled_s: float
+    culprit: HangCulprit | None
+    folded: list[dict[str, object]]  # decide/stacks.Folded.json
+    dump: str
+    dir: str | None
+    action: str
+
+
 class NodeResult(TypedDict, total=False):
     """``nodes[]``: how one node ended (docs/output-and-archive.md)."""
 
@@ -157,6 +182,7 @@ class RunMeta(TypedDict, total=False):
     module: bool
     workdir: str | None
     torch_versions: dict[str, str | None]
+    nccl_versions: dict[str, str | None]  # the probe's (the nvidia-nccl wheel); None: unknown
     start: float | None  # the run's; None only where attempt 1 recorded none
     plan: dict[str, Any]  # decide.plan.plan_json (secrets redacted)
     hosts: list[str]
@@ -172,7 +198,7 @@ class RunMeta(TypedDict, total=False):
     samples: dict[str, Any]  # {interval, file, errors}
     straggler_settings: dict[str, float]
     stragglers: list[dict[str, Any]]
-    hangs: list[dict[str, Any]]  # docs/hangs.md
+    hangs: list[HangRecord]  # docs/hangs.md
     stacks: list[dict[str, Any]]
     progress: dict[str, Any]
     hang_policy: dict[str, Any]  # {timeout, on_hang, progress}

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from launcher.decide.outcomes import RankEnd
+from launcher.decide.stacks import StackAnswer
 from launcher.job import events
 from launcher.job.events import (
     Event,
@@ -56,16 +58,17 @@ def test_every_message_type_is_its_event() -> None:
     assert _decode({"type": "rank_exit", "rank": "3", "code": 137, "signal": 9, "t": 6.0,
                     "duration": 1.5, "pid": 77, "stop_signal": None,
                     "evidence": {"oom": True}}) == \
-        RankExit(6.0, rank=3, code=137, signal=9, duration=1.5, evidence={"oom": True})
+        RankExit(6.0, RankEnd(3, code=137, signal=9, duration=1.5, t=6.0, pid=77,
+                              evidence={"oom": True}))
     assert _decode({"type": "stacks", "id": "h1", "ranks": {"2": {"text": "x"}}, "host": "n2",
                     "t": 7.0, "took": 0.2, "pyspy": True}) == \
-        Stacks(7.0, id="h1", ranks={"2": {"text": "x"}}, pyspy=True)
+        Stacks(7.0, id="h1", ranks={2: StackAnswer(text="x")}, pyspy=True)
     assert _decode({"type": "stacks", "id": "h1", "native": True, "ranks": {}}) == \
         Stacks(None, id="h1", native=True)
     assert _decode({"type": "stacks", "id": "h1", "ranks": {}, "error": "boom"}) == \
         Stacks(None, id="h1", error="boom")
     assert _decode({"type": "flight", "files": {"3": "QUJD"}, "host": "n2", "t": 8.0}) == \
-        Flight(8.0, files={"3": "QUJD"})
+        Flight(8.0, files={3: "QUJD"})
     assert _decode({"type": "nccl", "rank": 2, "lines": ["NCCL INFO a", 5], "t": 9.0}) == \
         Nccl(9.0, rank=2, lines=("NCCL INFO a",))
     assert _decode({"type": "stopping", "reason": "stop from dtrain", "t": 9.5}) == \
@@ -73,7 +76,7 @@ def test_every_message_type_is_its_event() -> None:
     assert _decode({"type": "hb", "t": 10.0}) == Heartbeat(10.0)
     assert _decode({"type": "exit", "code": 1, "signal": None, "t": 11.0, "stopped": None,
                     "ranks": {"2": {"code": 1}}, "container": {"name": "c", "left": []}}) == \
-        Exit(11.0, code=1, ranks={"2": {"code": 1}}, container={"name": "c", "left": []})
+        Exit(11.0, code=1, ranks={2: RankEnd(2, code=1)}, container={"name": "c", "left": []})
 
 
 def test_a_type_it_does_not_know_is_handed_on_as_other() -> None:
@@ -93,16 +96,16 @@ def test_bad_fields_are_read_as_absent_and_claims_on_other_ranks_dropped() -> No
     ev = _decode({"type": "rank_exit", "rank": 2, "code": "1", "signal": True,
                   "stop_signal": "15", "t": math.inf, "duration": "long",
                   "evidence": ["not", "a", "map"]})
-    assert ev == RankExit(None, rank=2)
-    assert isinstance(ev, RankExit) and not ev.failed
+    assert ev == RankExit(None, RankEnd(2))
+    assert isinstance(ev, RankExit) and not ev.end.failed
     assert _decode({"type": "hello", "pid": True, "supervisor_pid": 1.5, "t": -1,
                     "error": "", "code": "127"}) == Hello(None)
     assert _decode({"type": "exit", "code": True, "signal": "9", "stopped": "",
                     "ranks": {"9": {}, "2": 5, "3": {"code": 0}}, "t": 1e300}) == \
-        Exit(None, ranks={"3": {"code": 0}})
+        Exit(None, ranks={3: RankEnd(3, code=0)})
     assert _decode({"type": "stacks", "ranks": {"7": {}}}) == Stacks(None, id="None")
     assert _decode({"type": "flight", "files": {"2": 7, "3": "x"}}) == \
-        Flight(None, files={"3": "x"})
+        Flight(None, files={3: "x"})
 
 
 def test_what_no_supervisor_sends_is_the_nodes_error() -> None:
@@ -163,13 +166,19 @@ def test_the_decoder_takes_any_json(msg: Any) -> None:
         if ev is None:
             return
         assert ev.t is None or (isinstance(ev.t, float) and math.isfinite(ev.t))
-        if isinstance(ev, (RankStart, RankExit, Nccl)):
+        if isinstance(ev, (RankStart, Nccl)):
             assert ev.rank in MINE
-        for name in ("code", "signal", "stop_signal", "pid", "supervisor_pid"):
-            value = getattr(ev, name, None)
-            assert value is None or (isinstance(value, int) and not isinstance(value, bool))
+        ends = [ev.end] if isinstance(ev, RankExit) else \
+            list(ev.ranks.values()) if isinstance(ev, Exit) else []
+        assert all(e.rank in MINE for e in ends)
+        for obj in (ev, *ends):
+            for name in ("code", "signal", "stop_signal", "pid", "supervisor_pid"):
+                value = getattr(obj, name, None)
+                assert value is None or (isinstance(value, int) and not isinstance(value, bool))
         for ranks in (getattr(ev, "ranks", {}), getattr(ev, "files", {})):
-            assert all(int(r) in MINE and str(int(r)) == r for r in ranks)
+            assert all(isinstance(r, int) and r in MINE for r in ranks)
+        if isinstance(ev, Stacks):
+            assert all(isinstance(a, StackAnswer) for a in ev.ranks.values())
         if isinstance(ev, Nccl):
             assert all(isinstance(line, str) for line in ev.lines)
         ev.send(Observer(), Host("n2"))  # every event has its method
@@ -185,7 +194,7 @@ class Recorder(Observer):
         self.log.append((self.name, "hello"))
 
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
-        self.log.append((self.name, f"rank_exit {ev.rank}"))
+        self.log.append((self.name, f"rank_exit {ev.end.rank}"))
 
     def on_lines(self, lines: Any) -> None:
         self.log.append((self.name, f"lines {len(lines)}"))
@@ -199,7 +208,7 @@ def test_observers_are_called_in_registration_order_after_the_job_s_own_rule() -
     job._failed = lambda failure, tg: log.append(("job", f"failed r{failure.rank}"))  # type: ignore[method-assign]
     job.observe(Recorder("a", log))
     job.observe(Recorder("b", log))
-    job._event(Host("n1"), RankExit(1.0, rank=0, code=1), None)  # type: ignore[arg-type]
+    job._event(Host("n1"), RankExit(1.0, RankEnd(0, code=1, t=1.0)), None)  # type: ignore[arg-type]
     job._event(Host("n1"), Stopping(None), None)  # type: ignore[arg-type]  no one overrides it
     job._event(Host("n1"), Other(None, kind="news"), None)  # type: ignore[arg-type]
     job.observers.lines([OutputLine("n1", "out", "step 1", 0, 0, 0.0)])

@@ -988,9 +988,12 @@ def _outcome(**kw):  # type: ignore[no-untyped-def]
 
 def _node(host: str, code: int | None, ranks: dict | None = None, **kw):  # type: ignore[no-untyped-def]
     from launcher.decide.outcomes import NodeOutcome
+    from launcher.job.events import rank_end
     from launcher.models import Host
 
-    return NodeOutcome(Host(host), code, ranks=ranks or {}, started=100.0, ended=110.0, **kw)
+    # the exit message's ranks, as the decoder types them (job/events.py)
+    ends = {int(r): rank_end(int(r), e) for r, e in (ranks or {}).items()}
+    return NodeOutcome(Host(host), code, ranks=ends, started=100.0, ended=110.0, **kw)
 
 
 def _verdict(out, *hosts: str):  # type: ignore[no-untyped-def]

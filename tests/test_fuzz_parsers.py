@@ -616,9 +616,11 @@ FH_TOKENS = ["Thread 0x00007f0000000001 (most recent call first):\n",
     tokens(FH_TOKENS, 30), st.none(), json_values(["text", "error", "sources"])), max_size=6))
 def test_faulthandler_dumps(dumps: dict[int, Any]) -> None:
     from launcher.decide.stacks import fold, rank_stack
+    from launcher.job.events import stack_answer
 
     with bounded():
-        stacks = [rank_stack(rank, "n1", {"text": text} if not isinstance(text, dict) else text)
+        stacks = [rank_stack(rank, "n1", stack_answer(
+                  {"text": text} if not isinstance(text, dict) else text))
                   for rank, text in dumps.items()]
         folded = fold(stacks, range(8))
         folded.lines()

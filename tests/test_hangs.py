@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from launcher.decide import flight, hang, stacks
+from launcher.job.events import stack_answer as said
 from launcher.models import OutputLine
 from launcher.nodeside import rankshim
 from tests.util import node_program
@@ -31,8 +32,8 @@ SHIM = node_program()  # the bundle torchrun starts as each worker
 
 
 def _stack(rank: int, host: str, name: str, **sources: str) -> stacks.RankStack:
-    return stacks.rank_stack(rank, host, {"text": (DATA / name).read_text(),
-                                          "sources": sources})
+    return stacks.rank_stack(rank, host, said({"text": (DATA / name).read_text(),
+                                                       "sources": sources}))
 
 
 SLEEP_SRC = {"/work/wt-hangs/tests/workloads/hang.py:42": "time.sleep(3600)"}
@@ -41,12 +42,12 @@ SLEEP_SRC = {"/work/wt-hangs/tests/workloads/hang.py:42": "time.sleep(3600)"}
 # -- faulthandler dumps -------------------------------------------------------------------
 
 def test_main_thread_is_the_users_without_the_wrapper_and_its_helper() -> None:
-    s = stacks.rank_stack(1, "node3", {"text": (DATA / "sleep.txt").read_text(),
-                                       "sources": SLEEP_SRC})
+    s = stacks.rank_stack(1, "node3", said({"text": (DATA / "sleep.txt").read_text(),
+                                       "sources": SLEEP_SRC}))
     assert [t.frames[0].func for t in s.threads] == ["load_batch"]  # helper thread left out
     assert [f.func for f in s.main] == ["load_batch", "main", "<module>"]
     assert s.place() == "time.sleep <- load_batch() hang.py:42"
-    assert stacks.rank_stack(1, "n", {"text": (DATA / "sleep.txt").read_text()}).place() \
+    assert stacks.rank_stack(1, "n", said({"text": (DATA / "sleep.txt").read_text()})).place() \
         == "load_batch() hang.py:42"  # no source line: the frame itself
 
 
@@ -86,7 +87,8 @@ def test_no_culprit_when_every_rank_waits_alike() -> None:
 
 
 def test_a_rank_without_a_dump_is_its_own_group_and_the_culprit() -> None:
-    ranks = [*_six(stuck=-1)[:5], stacks.rank_stack(5, "node3", {"error": "no dump within 2 s"})]
+    ranks = [*_six(stuck=-1)[:5],
+             stacks.rank_stack(5, "node3", said({"error": "no dump within 2 s"}))]
     folded = stacks.fold(ranks, range(6))
     assert folded.culprit is not None and folded.culprit.rank == 5
     assert folded.lines()[1].startswith("rank 5 (node3): no stack (no dump within 2 s)")
@@ -166,19 +168,20 @@ def test_the_main_thread_without_dtrain_s_wrapper() -> None:
 
 
 def test_rank_without_a_dump_errors_fold_by_their_text() -> None:
-    none = stacks.rank_stack(0, "n1", {})
+    none = stacks.rank_stack(0, "n1", said({}))
     assert (none.error, none.place(), none.key()) == ("no dump", "no stack (no dump)",
                                                       ("error", "no dump"))
-    assert stacks.rank_stack(1, "n1", {"text": "  \n", "error": "timeout 2 s"}).place() == \
+    assert stacks.rank_stack(1, "n1", said({"text": "  \n", "error": "timeout 2 s"})).place() == \
         "no stack (timeout 2 s)"
-    assert stacks.rank_stack(2, "n1", {"text": "garbage"}).place() == "no Python frame"
-    folded = stacks.fold([stacks.rank_stack(r, "n1", {"error": e}) for r, e in
+    assert stacks.rank_stack(2, "n1", said({"text": "garbage"})).place() == "no Python frame"
+    folded = stacks.fold([stacks.rank_stack(r, "n1", said({"error": e})) for r, e in
                           [(0, "x"), (1, "x"), (2, "y")]])
     assert [g.ranks for g in folded.groups] == [(0, 1), (2,)]
 
 
 def _at(rank: int, host: str, *frames: tuple[str, int, str]) -> stacks.RankStack:
-    return stacks.rank_stack(rank, host, {"text": _dump(("Current thread 0x1", list(frames)))})
+    text = _dump(("Current thread 0x1", list(frames)))
+    return stacks.rank_stack(rank, host, said({"text": text}))
 
 
 def test_culprit_rules_and_their_words() -> None:
@@ -285,7 +288,8 @@ def test_only_when_nothing_else_tells_the_group_that_differs() -> None:
     none = stacks.fold([_at(0, "n1", *coll), _at(1, "n2", {"error": "x"} and ("t.py", 1, "f"))])
     assert none.culprit is not None and none.culprit.ranks == (1,)
     # no stack at all: not inside a collective, and native
-    gone = stacks.fold([_at(0, "n1", *coll), stacks.rank_stack(1, "n2", {"error": "no dump"})])
+    gone = stacks.fold([_at(0, "n1", *coll),
+                        stacks.rank_stack(1, "n2", said({"error": "no dump"}))])
     assert gone.culprit is not None and gone.culprit.where == "native"
 
 

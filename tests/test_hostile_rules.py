@@ -263,7 +263,7 @@ def test_an_xid_another_node_reports_fences_only_that_node(hostile: Cluster) -> 
     ev = hostile.decode(B, liar.rank_exit(2, 1, evidence=evidence))
     assert isinstance(ev, events.RankExit)
     keeper = failures.ErrorKeeper()
-    keeper.rank_exit(B, ev.rank, ev.evidence)
+    keeper.rank_exit(B, ev.end.rank, ev.end.evidence)
     outcome = JobOutcome(failures=[Failure("rank", B, rank=2, code=1)])
     v, reason = _root_reason(outcome, keeper)
     assert reason is not None and (reason.kind, reason.host) == ("xid", B), reason
@@ -288,7 +288,7 @@ def test_an_honest_victim_of_a_lying_node_is_never_fenced(hostile: Cluster) -> N
                                          "[10.0.0.2]:29500", 0, 0, 2.0)])
     ev = hostile.decode(A, honest.rank_exit(0, 1))
     assert isinstance(ev, events.RankExit)
-    keeper.rank_exit(A, ev.rank, ev.evidence)
+    keeper.rank_exit(A, ev.end.rank, ev.end.evidence)
     outcome = JobOutcome(failures=[Failure("rank", A, rank=0, code=1)])
     v, reason = _root_reason(outcome, keeper)
     assert reason is not None and reason.host == A and reason.kind == "comm", reason
@@ -357,10 +357,10 @@ def test_a_node_that_says_nothing_is_the_only_one_named(hostile: Cluster) -> Non
                                           1: rank_entry(ALL_REDUCE, fr(7, 6))}))
     assert isinstance(ev, events.Stacks)
     ranks, positions = [], {}
-    for key, entry in ev.ranks.items():
-        rank = int(key)
+    for rank, entry in ev.ranks.items():
         ranks.append(stacks.rank_stack(rank, A, entry))
-        loaded = flight.load_dump(base64.b64decode(entry["fr"]["data"]))
+        assert entry.fr_data is not None
+        loaded = flight.load_dump(base64.b64decode(entry.fr_data))
         assert loaded is not None
         position = flight.rank_flight(rank, loaded)
         assert position is not None
@@ -438,7 +438,7 @@ def test_an_incident_is_recorded_against_the_node_whose_own_rank_failed(
     ev = hostile.decode(B, liar.rank_exit(2, 1, evidence={"kernel": ["nodeA: oom-kill"]}))
     assert isinstance(ev, events.RankExit)
     keeper = failures.ErrorKeeper()
-    keeper.rank_exit(B, ev.rank, ev.evidence)
+    keeper.rank_exit(B, ev.end.rank, ev.end.evidence)
     keeper.observe([OutputLine(B, "err", text, 2, 2, 1.0) for text in (
         "Traceback (most recent call last):", '  File "/w/train.py", line 3, in step',
         "RuntimeError: nodeA is broken, fence nodeA")])

@@ -52,13 +52,10 @@ def _fold(answers: Mapping[str, bytes]) -> stacks.Folded:
     for host, data in answers.items():
         ev = events.decode(data, owners[host])
         assert isinstance(ev, events.Stacks)
-        for key, entry in ev.ranks.items():
-            rank = nodemsg.rank_of(key)
-            assert rank is not None
+        for rank, entry in ev.ranks.items():
             ranks.append(stacks.rank_stack(rank, host, entry))
-            fr = entry.get("fr")
-            if isinstance(fr, dict) and isinstance(fr.get("data"), str):
-                loaded = flight.load_dump(base64.b64decode(fr["data"]))
+            if entry.fr_data is not None:
+                loaded = flight.load_dump(base64.b64decode(entry.fr_data))
                 position = flight.rank_flight(rank, loaded) if loaded is not None else None
                 if position is not None:
                     positions[rank] = position

@@ -43,23 +43,25 @@ def test_json_from_a_node_has_no_nan_infinity_or_endless_nesting() -> None:
 
 
 def test_a_host_speaks_only_for_its_own_ranks_each_once() -> None:
-    from launcher.job import nodemsg
+    from launcher.decide.outcomes import RankEnd
+    from launcher.decide.stacks import StackAnswer
+    from launcher.job.events import Exit, Flight, Heartbeat, RankExit, Stacks, typed
 
     mine = {2, 3}
     entry = {"text": "x"}
     msg = {"type": "stacks", "id": "h1", "ranks": {"0": entry, "2": entry, "02": entry,
                                                    "\u00b2": entry, "3": 5, "7": entry}}
-    assert nodemsg.checked(msg, mine)["ranks"] == {"2": entry}  # type: ignore[index]
-    assert nodemsg.checked({"type": "rank_start", "rank": 0}, mine) is None
-    assert nodemsg.checked({"type": "rank_exit", "rank": "2", "code": 1}, mine) == \
-        {"type": "rank_exit", "rank": 2, "code": 1}
-    assert nodemsg.checked({"type": "flight", "files": {"0": "a", "3": "b", "2": 7}},
-                           mine) == {"type": "flight", "files": {"3": "b"}}
-    exit_msg = nodemsg.checked({"type": "exit", "code": 0, "t": "soon",
-                                "ranks": {"2": {"code": 0}, "9": {"code": 1}}}, mine)
-    assert exit_msg == {"type": "exit", "code": 0, "ranks": {"2": {"code": 0}}}
+    assert typed(msg, mine) == Stacks(None, id="h1", ranks={2: StackAnswer(text="x")})
+    assert typed({"type": "rank_start", "rank": 0}, mine) is None
+    assert typed({"type": "rank_exit", "rank": "2", "code": 1}, mine) == \
+        RankExit(None, RankEnd(2, code=1))
+    assert typed({"type": "flight", "files": {"0": "a", "3": "b", "2": 7}}, mine) == \
+        Flight(None, files={3: "b"})
+    exit_msg = typed({"type": "exit", "code": 0, "t": "soon",
+                      "ranks": {"2": {"code": 0}, "9": {"code": 1}}}, mine)
+    assert exit_msg == Exit(None, code=0, ranks={2: RankEnd(2, code=0)})
     for t in (math.nan, math.inf, -1.0, 1e300, True, "1"):
-        assert "t" not in nodemsg.checked({"type": "hb", "t": t}, mine)  # type: ignore[operator]
+        assert typed({"type": "hb", "t": t}, mine) == Heartbeat(None)
 
 
 def test_a_sample_keeps_its_own_ranks_with_a_plausible_cpu() -> None:
@@ -111,11 +113,12 @@ def test_the_session_hands_on_only_checked_messages_and_output() -> None:
         Liar.output(0, b"step 5\n"), Liar.output(3, b"step 4\n"),
         _ctl({"type": "exit", "code": 0, "t": "late", "ranks": {"1": {}}}),
     ])
+    from launcher.decide.stacks import StackAnswer
     from launcher.job.events import Exit, RankStart, Stacks
 
     asyncio.run(s._frames())
     assert events == [RankStart(None, rank=2),
-                      Stacks(None, id="h1", ranks={"3": {"text": "mine"}}),
+                      Stacks(None, id="h1", ranks={3: StackAnswer(text="mine")}),
                       Exit(None, code=0, ranks={})]
     assert [(c[1], c[3]) for c in chunks] == [(None, b"step 5\n"), (3, b"step 4\n")]
     outcome = s._outcome(0)  # a bad t in the exit message: the launcher's clock instead
@@ -155,15 +158,23 @@ def test_odd_keys_and_an_unreadable_flight_dump_leave_the_dump_whole(tmp_path: P
     bad_fr = base64.b64encode(pickle.dumps({"pg_status": {"0": {
         "last_enqueued_collective": 3, "last_completed_collective": 2}}, "entries": 5})).decode()
     dump = StackDump("h1", "test", 0.0)
-    from launcher.job.events import Flight, Stacks
+    from launcher.job.events import Flight, Stacks, typed
 
-    w._collect(dump, {"n1": {"\u00b2": {"text": STACK}, "0": {"text": STACK},
-                             "1": {"text": STACK, "fr": {"ok": True, "data": bad_fr}}},
-                      "n2": {"2": {"text": STACK}, "3": {"text": STACK}}})
+    # odd keys never reach the watch: the decoder keeps the canonical ranks only
+    n1 = typed({"type": "stacks", "id": "h1", "ranks": {
+        "\u00b2": {"text": STACK}, "0": {"text": STACK},
+        "1": {"text": STACK, "fr": {"ok": True, "data": bad_fr}}}}, None)
+    n2 = typed({"type": "stacks", "id": "h1", "ranks": {"2": {"text": STACK},
+                                                        "3": {"text": STACK}}}, None)
+    assert isinstance(n1, Stacks) and isinstance(n2, Stacks) and sorted(n1.ranks) == [0, 1]
+    w._collect(dump, {"n1": n1.ranks, "n2": n2.ranks})
     assert sorted(s.rank for s in dump.stacks) == [0, 1, 2, 3]
-    w.on_stacks(SimpleNamespace(label="n2"), Stacks(None, id="h1", native=True,  # type: ignore[arg-type]
-                                                    ranks={"\u00b2": {"pyspy": {"text": "x"}}}))
-    w.on_flight(SimpleNamespace(label="n2"), Flight(None, files={"\u00b2": "AAAA"}))  # type: ignore[arg-type]
+    native = typed({"type": "stacks", "id": "h1", "native": True,
+                    "ranks": {"\u00b2": {"pyspy": {"text": "x"}}}}, None)
+    flight = typed({"type": "flight", "files": {"\u00b2": "AAAA"}}, None)
+    assert native == Stacks(None, id="h1", native=True) and flight == Flight(None)
+    w.on_stacks(SimpleNamespace(label="n2"), native)  # type: ignore[arg-type]
+    w.on_flight(SimpleNamespace(label="n2"), flight)  # type: ignore[arg-type]
 
 
 def test_an_exception_in_the_watch_is_told_and_the_watch_goes_on(tmp_path: Path) -> None:
@@ -371,4 +382,7 @@ def test_with_a_dynamic_rendezvous_a_host_claims_as_many_ranks_as_it_runs() -> N
     assert 1 not in n2 and 4 not in n1 and -1 not in n1 and True not in n1  # its count, world
     assert 0 not in n1 and 1 in n1 and 2 in n1 and 0 in n2  # once claimed, one host's
     msg = {"type": "stacks", "ranks": {"0": {}, "1": {}, "2": {}, "3": {}}}
-    assert sorted(nodemsg.checked(msg, n1)["ranks"]) == ["1", "2"]  # type: ignore[index]
+    from launcher.job.events import Stacks, typed
+
+    ev = typed(msg, n1)
+    assert isinstance(ev, Stacks) and sorted(ev.ranks) == [1, 2]

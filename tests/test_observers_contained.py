@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from launcher.decide.outcomes import RankEnd
 from launcher.job.events import Hello, Observer, Observers, RankExit
 from launcher.models import Host, OutputLine
 from tests.util import need_root
@@ -39,7 +40,7 @@ class Recorder(Observer):
         self.log.append("hello")
 
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
-        self.log.append(f"rank_exit {ev.rank}")
+        self.log.append(f"rank_exit {ev.end.rank}")
 
     def on_lines(self, lines: Any) -> None:
         self.log.append(f"lines {len(lines)}")
@@ -51,8 +52,8 @@ def test_a_failing_observer_is_told_once_and_detached_the_others_go_on() -> None
     broken, after = Broken(ValueError("bad status line")), Recorder()
     obs.add(broken)
     obs.add(after)
-    obs.event(Host("n1"), RankExit(1.0, rank=0, code=0))
-    obs.event(Host("n1"), RankExit(1.0, rank=1, code=0))
+    obs.event(Host("n1"), RankExit(1.0, RankEnd(0, code=0, t=1.0)))
+    obs.event(Host("n1"), RankExit(1.0, RankEnd(1, code=0, t=1.0)))
     obs.lines([OutputLine("n1", "out", "step 1", 0, 0, 0.0)])
     obs.event(Host("n1"), Hello(None))
     assert after.log == ["rank_exit 0", "rank_exit 1", "lines 1", "hello"]
@@ -81,7 +82,7 @@ def test_cancellation_is_never_swallowed(exc: BaseException) -> None:
     broken = Broken(exc)
     obs.add(broken)
     with pytest.raises(type(exc)):
-        obs.event(Host("n1"), RankExit(1.0, rank=0, code=0))
+        obs.event(Host("n1"), RankExit(1.0, RankEnd(0, code=0, t=1.0)))
     with pytest.raises(type(exc)):
         obs.lines([])
     assert said == [] and broken in obs.all

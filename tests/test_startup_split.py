@@ -18,6 +18,7 @@ import pytest
 from launcher.commands.startup import StartupClock
 from launcher.decide import startup
 from launcher.decide.goodput import ledger_of
+from launcher.decide.outcomes import RankEnd
 from launcher.job.events import Hello, RankExit, RankStart, decode
 from launcher.models import Host
 from launcher.nodeside import rankshim
@@ -129,8 +130,8 @@ def test_the_observer_records_each_node_s_first_instants_on_the_launcher_clock()
     clock.on_hello(n2, Hello(None, error="no such file"))
     clock.on_rank_start(n1, RankStart(106.0, rank=1, agent=None))
     clock.on_rank_start(n1, RankStart(105.0, rank=0, agent=104.0))
-    clock.on_rank_exit(n1, RankExit(130.0, rank=0, code=0, script=107.5))
-    clock.on_rank_exit(n1, RankExit(131.0, rank=1, code=0, script=107.0))
+    clock.on_rank_exit(n1, RankExit(130.0, RankEnd(0, code=0, script=107.5, t=130.0)))
+    clock.on_rank_exit(n1, RankExit(131.0, RankEnd(1, code=0, script=107.0, t=131.0)))
     rec1 = clock.record(3)
     assert rec1["attempt"] == 3
     assert rec1["nodes"][0] == {"host": "n1", "supervisor": 100.0, "agent": 102.0,
@@ -147,7 +148,7 @@ def test_the_messages_carry_the_node_instants_checked() -> None:
     ev = decode(json.dumps({"type": "rank_start", "rank": 0, "t": 5.0, "agent_t": 1e300}), {0})
     assert isinstance(ev, RankStart) and ev.agent is None  # not a time: left out
     ev = decode(json.dumps({"type": "rank_exit", "rank": 0, "code": 0, "script_t": 6.5}), {0})
-    assert isinstance(ev, RankExit) and ev.script == 6.5
+    assert isinstance(ev, RankExit) and ev.end.script == 6.5
 
 
 # -- the node side, through the real bootstrap --------------------------------------------------

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any
 
+from launcher.decide.outcomes import RankEnd
 from launcher.job.orchestrate import Job, Policy
 from tests.test_failures import _node, _outcome
 
@@ -91,9 +92,9 @@ def test_a_rank_asked_to_stop_is_not_a_failure() -> None:
     from launcher.models import Host
 
     job, _, tg = _job()
-    job._event(Host("a"), RankExit(1.0, rank=1, code=143, stop_signal=15), tg)  # type: ignore[arg-type]
+    job._event(Host("a"), RankExit(1.0, RankEnd(1, code=143, stop_signal=15, t=1.0)), tg)  # type: ignore[arg-type]
     assert job.outcome.failures == [] and tg.started == []
-    job._event(Host("a"), RankExit(1.0, rank=0, code=7), tg)  # type: ignore[arg-type]
+    job._event(Host("a"), RankExit(1.0, RankEnd(0, code=7, t=1.0)), tg)  # type: ignore[arg-type]
     assert [(f.host, f.rank) for f in job.outcome.failures] == [("a", 0)]
 
 
@@ -166,7 +167,7 @@ def _exit(job: Job, tg: _TaskGroup, host: str, rank: int, code: int,
     from launcher.job.events import RankExit
     from launcher.models import Host
 
-    job._event(Host(host), RankExit(1.0, rank=rank, code=code, signal=sig), tg)  # type: ignore[arg-type]
+    job._event(Host(host), RankExit(1.0, RankEnd(rank, code=code, signal=sig, t=1.0)), tg)  # type: ignore[arg-type]
 
 
 def test_a_victims_abort_holds_the_stop_and_the_raiser_behind_it_is_the_root_cause() -> None:

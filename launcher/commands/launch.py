@@ -23,7 +23,7 @@ from launcher.commands.run_sampling import RunSampling, alongside
 from launcher.commands.startup import StartupClock
 from launcher.decide.failures import ErrorKeeper, FailureReason
 from launcher.decide.flight import flight_names
-from launcher.decide.hang import ProgressWatch, compile_progress
+from launcher.decide.hang import Hang, ProgressWatch, compile_progress
 from launcher.decide.liveness import launcher_timeout
 from launcher.decide.nccl_account import wants_account
 from launcher.decide.outcomes import Failure, JobOutcome
@@ -82,7 +82,7 @@ class RunPipeline(OutputPipeline, Observer):
         self.observers: Observers | None = None  # the job's (the hang watch, the errors)
 
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
-        self.barrier.rank_exit(host.label, ev.code)
+        self.barrier.rank_exit(host.label, ev.end.code)
 
     def stopping(self) -> None:
         """dtrain began stopping the job: torchrun's shutdown chatter leaves the console,
@@ -175,7 +175,7 @@ class RunResult:
     run_id: str
     world_size: int
     master: str
-    hangs: list[dict[str, Any]] = field(default_factory=list)
+    hangs: list[Hang] = field(default_factory=list)  # dicts only at the output's edge
     failure: FailureReason | None = None  # why the root-cause rank died
     progressed: bool = False  # a progress line was seen (--restarts: decide.restarts)
     watch: HangWatch | None = None  # the attempt's hang watch (its records go on)
@@ -191,7 +191,8 @@ def run_extra(result: RunResult | None) -> dict[str, Any]:
                 "hangs": [], "attempts": [], "fabric": None, "goodput": None, "restarts": 0}
     return {"run_id": result.run_id, "world_size": result.world_size,
             "master": result.master, "stop_reason": result.outcome.stop_reason,
-            "hangs": result.hangs, "attempts": result.attempts, "fabric": result.fabric,
+            "hangs": [h.json() for h in result.hangs], "attempts": result.attempts,
+            "fabric": result.fabric,
             "goodput": result.archive.meta.get("goodput"),
             "restarts": sum(1 for a in result.attempts if a.get("relaunched") is not None)}
 
@@ -218,7 +219,7 @@ class NodeBoard(Observer):
 
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
         self.ranks_done += 1
-        self.ranks_failed += ev.failed
+        self.ranks_failed += ev.end.failed
 
     def render(self) -> str:
         counts: dict[str, int] = {}
@@ -243,7 +244,7 @@ class Evidence(Observer):
         self.keeper.observe(lines)
 
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
-        self.keeper.rank_exit(host.label, ev.rank, ev.evidence)
+        self.keeper.rank_exit(host.label, ev.end.rank, ev.end.evidence)
 
 
 def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
@@ -531,11 +532,13 @@ def hang_recorded(archive: RunArchive, watch: HangWatch) -> None:
     from launcher.job import notify
 
     archive.update_meta(**watch.meta())
-    h = watch.hangs[-1] if watch.hangs else {}
-    c = h.get("culprit") or {}
-    who = f"rank {c.get('rank')} on {c.get('host')}" if c else "no culprit named"
-    notify.event("hang", f"hang declared after {h.get('stalled_s')} s without progress: "
-                 f"{who}", culprit=c or None, attempt=h.get("attempt"))
+    if not watch.hangs:
+        return
+    h = watch.hangs[-1].json()
+    c = h["culprit"]
+    who = f"rank {c['rank']} on {c['host']}" if c else "no culprit named"
+    notify.event("hang", f"hang declared after {h['stalled_s']} s without progress: "
+                 f"{who}", culprit=c, attempt=h["attempt"])
 
 
 def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, archive: RunArchive,

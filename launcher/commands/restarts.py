@@ -71,9 +71,9 @@ def attempt_end(result: RunResult) -> AttemptEnd:
     if v.root_kind == "hang":
         # the hang's culprit (decide/stacks.py): its one node, where its stack stands
         hangs = result.watch.hangs if result.watch is not None else []
-        culprit = hangs[-1].get("culprit") if hangs else None
-        if isinstance(culprit, dict):
-            host, where, place = culprit.get("host"), culprit.get("where"), culprit.get("place")
+        culprit = hangs[-1].culprit if hangs else None
+        if culprit is not None:
+            host, where, place = culprit.host, culprit.where, culprit.place
         elif v.root_rank is None:
             host = None  # no culprit: nobody to fence
     return AttemptEnd(result.code, v.root_kind, host, v.root_rank, result.failure,

@@ -50,7 +50,7 @@ class StartupClock(Observer):
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
         node = self._node(host)
         if node is not None:
-            node["script"] = _first(node["script"], ev.script)
+            node["script"] = _first(node["script"], ev.end.script)
 
     def record(self, attempt: int) -> Startup:
         """meta.json ``startup[]``'s entry of this attempt."""

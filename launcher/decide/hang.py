@@ -23,8 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from launcher.decide.liveness import Silence
+from launcher.decide.stacks import Culprit, Folded
 from launcher.errors import UsageError
 from launcher.models import OutputLine
+from launcher.runrecord import HangCulprit, HangRecord
 
 # step 12 / iter: 3 / Epoch 2/10 / 'loss': 0.31 / train_loss=0.3 / global_step=100, and
 # progress bars (tqdm, Lightning): "45/100 [00:10<00:12" or "4.50it/s" / "1.2s/it"
@@ -172,3 +174,28 @@ def hang_due(watch: ProgressWatch, now: float, policy: HangPolicy, *, all_alive:
         return False
     limit = policy.timeout if watch.any_line else max(policy.timeout, policy.startup_grace)
     return watch.stalled_for(now) >= limit + watch.margin
+
+
+@dataclass(frozen=True)
+class Hang:
+    """One hang the watch declared (job/hangwatch.py): when, how long the stall, the likely
+    culprit from the stacks (decide/stacks.py), and what was done. meta.json's ``hangs[]``
+    is its ``json()``, written only at that edge; the restart policy reads the culprit."""
+
+    t: float
+    attempt: int
+    stalled_s: float
+    culprit: Culprit | None
+    folded: Folded | None
+    dump: str  # the stack dump's id (stacks/<id>/ in the archive)
+    dir: str | None
+    action: str  # --on-hang: dump or stop
+
+    def json(self) -> HangRecord:
+        c = self.culprit
+        culprit: HangCulprit | None = None if c is None else {
+            "rank": c.rank, "host": c.host, "ranks": list(c.ranks), "place": c.place,
+            "why": c.why, "where": c.where, "rule": c.rule}
+        return {"t": self.t, "attempt": self.attempt, "stalled_s": self.stalled_s,
+                "culprit": culprit, "folded": self.folded.json() if self.folded else [],
+                "dump": self.dump, "dir": self.dir, "action": self.action}

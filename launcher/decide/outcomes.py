@@ -12,9 +12,34 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from launcher.models import Host
 from launcher.runrecord import FailureKind
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """A rank's end as its node reported it: its exit report (code, 128+N for signal N), the
+    stop its shim passed on (``stop_signal``: it was asked to stop), and what the node knows
+    of its death. One type for both messages that carry it: the ``rank_exit`` event
+    (job/events.py ``RankExit.end``) and each rank of the ``exit`` message
+    (``NodeOutcome.ranks``), decoded once by job/events.py."""
+
+    rank: int
+    code: int | None = None
+    signal: int | None = None
+    stop_signal: int | None = None
+    duration: float | None = None
+    t: float | None = None  # when it ended (the node's clock)
+    pid: int | None = None
+    script: float | None = None  # the hand-over to the user's script (node clock)
+    evidence: Mapping[str, Any] | None = None  # decide/failures.py reads it
+
+    @property
+    def failed(self) -> bool:
+        """Exited non-zero (a code known and not 0)."""
+        return self.code not in (0, None)
 
 
 @dataclass(frozen=True)
@@ -27,7 +52,7 @@ class NodeOutcome:
     lost: bool = False
     signal: int | None = None
     stopped: str | None = None  # the supervisor's stop reason, if it was stopped
-    ranks: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    ranks: Mapping[int, RankEnd] = field(default_factory=dict)  # the exit message's
     started: float | None = None
     ended: float = 0.0
     stderr_tail: tuple[str, ...] = ()

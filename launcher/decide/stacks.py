@@ -179,16 +179,32 @@ def user_threads(threads: Sequence[Thread]) -> tuple[Thread, ...]:
                                                 for f in t.frames))
 
 
-def rank_stack(rank: int, host: str, entry: Mapping[str, object]) -> RankStack:
+@dataclass(frozen=True)
+class StackAnswer:
+    """One rank's part of a node's ``stacks`` answer, typed (job/events.py ``Stacks.ranks``
+    decodes it, the one place that reads the node's dict)."""
+
+    text: str | None = None  # faulthandler's dump of every thread
+    sources: Mapping[str, str] = field(default_factory=dict)  # "path:line" -> its source line
+    error: str | None = None  # why there is no dump ("exited": the rank had ended)
+    pid: int | None = None
+    pyspy: str | None = None  # py-spy's native dump (or why there is none), to archive
+    fr_data: str | None = None  # the flight recorder's dump, base64
+    fr_error: str | None = None  # why there is no flight recorder dump
+
+    @property
+    def exited(self) -> bool:
+        """The rank had ended before the request: its exit report tells the rest."""
+        return self.error == "exited"
+
+
+def rank_stack(rank: int, host: str, answer: StackAnswer) -> RankStack:
     """One rank of a supervisor's ``stacks`` message."""
-    text = entry.get("text")
-    sources = entry.get("sources")
-    src = {str(k): str(v) for k, v in sources.items()} if isinstance(sources, dict) else {}
-    if not isinstance(text, str) or not text.strip():
-        error = entry.get("error")
-        return RankStack(rank, host, error=str(error) if error else "no dump")
+    text = answer.text
+    if text is None or not text.strip():
+        return RankStack(rank, host, error=answer.error or "no dump")
     threads = user_threads(parse_faulthandler(text))
-    return RankStack(rank, host, threads, main_frames(threads), src)
+    return RankStack(rank, host, threads, main_frames(threads), dict(answer.sources))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import signal
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from launcher.decide.failures import (
     ErrorKeeper,
@@ -21,7 +21,7 @@ from launcher.decide.failures import (
     launcher_silent,
     supervisor_signal,
 )
-from launcher.decide.outcomes import JobOutcome
+from launcher.decide.outcomes import JobOutcome, RankEnd
 from launcher.decide.plan import LaunchPlan
 from launcher.exitcodes import (
     EXIT_FABRIC,
@@ -32,7 +32,7 @@ from launcher.exitcodes import (
 )
 from launcher.hosts.hostfile import fold
 from launcher.models import OutputLine
-from launcher.runrecord import NodeResult, RankRole, RootCause, RootKind
+from launcher.runrecord import NodeResult, RankResult, RankRole, RootCause, RootKind
 from launcher.text.words import FOLD_AT, count
 
 # how dtrain's stop ends a rank: a rank that ended any other way failed on its own
@@ -55,17 +55,6 @@ class TailKeeper:
                 self.tails[key].append(line.text)
 
 
-@dataclass(frozen=True)
-class RankExit:
-    host: str
-    rank: int
-    code: int
-    signal: int | None
-    t: float
-    duration: float | None
-    stop_signal: int | None = None  # its shim forwarded this stop signal before it ended
-
-
 @dataclass
 class Verdict:
     """The exit code and the story behind it (see docs/exit-codes.md)."""
@@ -79,18 +68,16 @@ class Verdict:
     why: list[str] = field(default_factory=list)  # the failure's explanation, after the head
 
 
-def rank_exits(outcome: JobOutcome) -> list[RankExit]:
-    exits = []
-    for label, node in outcome.nodes.items():
-        for rank, msg in node.ranks.items():
-            code, sig = msg.get("code"), msg.get("signal")
-            t, dur, stop = msg.get("t"), msg.get("duration"), msg.get("stop_signal")
-            exits.append(RankExit(label, int(rank), code if isinstance(code, int) else 0,
-                                  sig if isinstance(sig, int) else None,
-                                  float(t) if isinstance(t, (int, float)) else 0.0,
-                                  float(dur) if isinstance(dur, (int, float)) else None,
-                                  stop if isinstance(stop, int) else None))
-    return sorted(exits, key=lambda e: e.t)
+def rank_ends(outcome: JobOutcome, host: str) -> list[RankEnd]:
+    """A node's ranks' exit reports (its ``exit`` message), in the order they ended (its
+    own clock)."""
+    node = outcome.nodes.get(host)
+    return sorted(node.ranks.values(), key=lambda e: e.t or 0.0) if node is not None else []
+
+
+def _code(e: RankEnd) -> int:
+    """A rank's exit code as the summary and meta.json say it (a report without one: 0)."""
+    return e.code if e.code is not None else 0
 
 
 def _signame(sig: int) -> str:
@@ -158,12 +145,12 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
                     root_kind="lost")
     elif root is not None and (first := _first_failed_rank(outcome, root.host)) is not None:
         # torchrun gave up on this node (say after --max-restarts): its ranks tell why
-        v = Verdict(first.code, f"rank {first.rank} on {first.host} "
-                                f"{_how(first.code, first.signal)}", first.host, first.rank,
+        v = Verdict(_code(first), f"rank {first.rank} on {root.host} "
+                                  f"{_how(first.code, first.signal)}", root.host, first.rank,
                     root_kind="rank")
-        tail = list(tails.tails.get((first.host, first.rank), ()))
+        tail = list(tails.tails.get((root.host, first.rank), ()))
         if tail:
-            lines.append(f"last stderr lines of rank {first.rank} on {first.host}:")
+            lines.append(f"last stderr lines of rank {first.rank} on {root.host}:")
             lines += [f"  {t}" for t in tail]
     elif root is not None:
         tail = _node_tail(outcome, tails, root.host)
@@ -212,7 +199,7 @@ def verdict(outcome: JobOutcome, plan: LaunchPlan, tails: TailKeeper) -> Verdict
     return v
 
 
-def _first_failed_rank(outcome: JobOutcome, host: str) -> RankExit | None:
+def _first_failed_rank(outcome: JobOutcome, host: str) -> RankEnd | None:
     """The earliest rank of a node that failed as a whole (its own clock) that failed of its
     own: a rank asked to stop (its shim passed on a stop: torchrun's, or the supervisor's
     once torchrun had ended) followed its node's end and does not tell why."""
@@ -221,9 +208,8 @@ def _first_failed_rank(outcome: JobOutcome, host: str) -> RankExit | None:
     return _self_failed_rank(outcome, host)
 
 
-def _self_failed_rank(outcome: JobOutcome, host: str) -> RankExit | None:
-    failed = [e for e in rank_exits(outcome) if e.host == host and e.code != 0
-              and e.stop_signal is None]
+def _self_failed_rank(outcome: JobOutcome, host: str) -> RankEnd | None:
+    failed = [e for e in rank_ends(outcome, host) if e.failed and e.stop_signal is None]
     return failed[0] if failed else None
 
 
@@ -235,8 +221,8 @@ def _stopped_by_its_node(outcome: JobOutcome, root: Any) -> bool:
     node = outcome.nodes.get(root.host)
     if node is None or not node.exit_code:
         return False
-    return any(e.host == root.host and e.rank == root.rank and e.stop_signal is not None
-               for e in rank_exits(outcome))
+    end = node.ranks.get(root.rank) if root.rank is not None else None
+    return end is not None and end.stop_signal is not None
 
 
 def _node_tail(outcome: JobOutcome, tails: TailKeeper, host: str) -> list[str]:
@@ -260,14 +246,14 @@ def _torchrun_verdict(host: str, code: int | None, sig: int | None,
 
 
 def _rank_role(outcome: JobOutcome, v: Verdict, host: str, rank: int,
-               e: RankExit | None) -> RankRole:
+               e: RankEnd | None) -> RankRole:
     """root cause, failed (on its own, before the stop), stopped (by dtrain or as collateral
     of the root cause), ok, or unknown (no exit report: killed along with its node)."""
     if e is None:
         return "unknown"
     if (host, rank) == (v.root_host, v.root_rank) and v.root_kind in ("rank", "hang"):
         return "root cause"
-    if e.code == 0:
+    if not e.failed:
         return "ok"
     if any(f.kind == "rank" and (f.host, f.rank) == (host, rank) for f in outcome.failures):
         return "failed"
@@ -335,18 +321,18 @@ def _node_row(outcome: JobOutcome, v: Verdict, node: Any
               ) -> tuple[str, int, str, tuple[Any, ...]]:
     """(label, node rank, its summary text, its fold key and numbers: () when it differs
     from the common kinds and is shown alone)."""
-    exits = {(e.host, e.rank): e for e in rank_exits(outcome) if e.host == node.host.label}
     by_dtrain = outcome.stop_reason is not None
     label = node.host.label
     res = outcome.nodes.get(label)
     if res is None:
         return label, node.node_rank, "not started", ()
+    exits = res.ranks
     ranks = sorted(node.ranks, key=lambda r: (r != v.root_rank or label != v.root_host, r))
     parts = []
     kinds: set[str] = set()
     durations: list[float] = []
     for rank in ranks:
-        e = exits.get((label, rank))
+        e = exits.get(rank)
         role = _rank_role(outcome, v, label, rank, e)
         if e is None:
             why = " (node lost)" if res.lost else " (killed by dtrain)" if by_dtrain else ""
@@ -357,7 +343,7 @@ def _node_row(outcome: JobOutcome, v: Verdict, node: Any
         mark = {"root cause": " (ROOT CAUSE)", "failed": " (failed too)",
                 "stopped": " (stopped by dtrain)" if by_dtrain else "",
                 "ok": ""}[role]
-        exit_text = _exit_text(e.code, e.signal)
+        exit_text = _exit_text(_code(e), e.signal)
         parts.append(f"r{rank} {exit_text}{dur}{mark}")
         kinds.add(f"{exit_text}{mark}" if role in ("ok", "stopped") else "odd")
         if e.duration is not None:
@@ -407,19 +393,21 @@ def _folded_row(group: Sequence[tuple[str, int, str, tuple[Any, ...]]]) -> str:
 def node_results(outcome: JobOutcome, plan: LaunchPlan,
                  v: Verdict | None = None) -> list[NodeResult]:
     """meta.json ``nodes``: per node and rank, how it ended."""
-    exits = {(e.host, e.rank): e for e in rank_exits(outcome)}
-    results = []
+    results: list[NodeResult] = []
     for node in plan.nodes:
         label = node.host.label
         res = outcome.nodes.get(label)
-        ranks = {}
+        ranks: dict[str, RankResult] = {}
         for rank in node.ranks:
-            e = exits.get((label, rank))
-            entry: dict[str, Any] = {"exit_code": e.code if e else None,
-                                     "signal": e.signal if e else None,
-                                     "duration": e.duration if e else None,
-                                     "stop_signal": e.stop_signal if e else None,
-                                     **_rank_times(e)}
+            e = res.ranks.get(rank) if res is not None else None
+            entry: RankResult = {"exit_code": _code(e) if e else None,
+                                 "signal": e.signal if e else None,
+                                 "duration": e.duration if e else None,
+                                 "stop_signal": e.stop_signal if e else None}
+            if e is not None and e.t:  # the node's clock when it started and ended
+                entry["end"] = round(e.t, 3)
+                if e.duration is not None:
+                    entry["start"] = round(e.t - e.duration, 3)
             if v is not None:
                 entry["role"] = _rank_role(outcome, v, label, rank, e)
             ranks[str(rank)] = entry
@@ -437,18 +425,7 @@ def node_results(outcome: JobOutcome, plan: LaunchPlan,
             "pid": res.pid if res else None,
             "ranks": ranks,
         })
-    return cast(list[NodeResult], results)  # built as dicts: the rank times spread in
-
-
-def _rank_times(e: RankExit | None) -> dict[str, float]:
-    """``start``/``end``: the node's clock when the rank started and ended (its exit report's
-    time, less its duration), for the report's timeline."""
-    if e is None or not e.t:
-        return {}
-    times = {"end": round(e.t, 3)}
-    if e.duration is not None:
-        times["start"] = round(e.t - e.duration, 3)
-    return times
+    return results
 
 
 def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> RootCause:
@@ -469,12 +446,11 @@ def failure_reason(outcome: JobOutcome, v: Verdict, keeper: ErrorKeeper) -> Fail
     if v.root_kind != "rank" or v.root_host is None or v.root_rank is None:
         return None
     node = outcome.nodes.get(v.root_host)
-    msg = node.ranks.get(str(v.root_rank), {}) if node is not None else {}
-    code, sig, pid = msg.get("code"), msg.get("signal"), msg.get("pid")
+    end = node.ranks.get(v.root_rank) if node is not None else None
     return explain(rank=v.root_rank, host=v.root_host,
-                   code=code if isinstance(code, int) else v.code,
-                   sig=sig if isinstance(sig, int) else None,
-                   pid=pid if isinstance(pid, int) else None,
+                   code=end.code if end is not None and end.code is not None else v.code,
+                   sig=end.signal if end is not None else None,
+                   pid=end.pid if end is not None else None,
                    evidence=keeper.evidence.get((v.root_host, v.root_rank)),
                    stderr=list(keeper.tails.get((v.root_host, v.root_rank), ())),
                    comm=keeper.comm_lines())

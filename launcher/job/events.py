@@ -24,8 +24,11 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.decide.outcomes import RankEnd
+from launcher.decide.stacks import StackAnswer
 from launcher.job import nodemsg
 from launcher.models import Host, OutputLine
+from launcher.nodeside import nodemessages as names
 from launcher.output import render
 
 BadMessage = nodemsg.BadMessage
@@ -44,7 +47,7 @@ def number(value: object) -> float | None:
 
 
 def instant(value: object) -> float | None:
-    """A node's Unix time, as ``t`` is checked (nodemsg.checked), else None."""
+    """A node's Unix time (finite, in [0, 1e11]), else None."""
     return nodemsg.finite(value, 0.0, 1e11)
 
 
@@ -58,7 +61,10 @@ def mapping(value: object) -> Mapping[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-# -- the events ---------------------------------------------------------------------------------
+# -- the events: each decodes its own message (``decode``: its checks, then its fields) ------
+
+Ranks = Container[int] | None  # the ranks a host may speak for (None: any)
+
 
 @dataclass(frozen=True)
 class Event:
@@ -83,6 +89,13 @@ class Hello(Event):
     def send(self, to: Observer, host: Host) -> None:
         to.on_hello(host, self)
 
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> Hello:
+        return cls(t, pid=integer(msg.get("pid")),
+                   supervisor_pid=integer(msg.get("supervisor_pid")),
+                   hostname=text(msg.get("hostname")), error=text(msg.get("error")),
+                   code=integer(msg.get("code")))
+
 
 @dataclass(frozen=True)
 class RankStart(Event):
@@ -94,6 +107,11 @@ class RankStart(Event):
 
     def send(self, to: Observer, host: Host) -> None:
         to.on_rank_start(host, self)
+
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> RankStart | None:
+        rank = nodemsg.owned(msg.get("rank"), ranks)
+        return None if rank is None else cls(t, rank=rank, agent=instant(msg.get("agent_t")))
 
 
 @dataclass(frozen=True)
@@ -108,27 +126,51 @@ class RankRaised(Event):
     def send(self, to: Observer, host: Host) -> None:
         to.on_rank_raised(host, self)
 
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> RankRaised | None:
+        rank = nodemsg.owned(msg.get("rank"), ranks)
+        exc = text(msg.get("exc"))
+        return None if rank is None else cls(t, rank=rank, exc=exc[:120] if exc else None)
+
+
+def rank_end(rank: int, msg: Mapping[str, Any]) -> RankEnd:
+    """A rank's exit report (a ``rank_exit`` message, or a rank of the ``exit`` message)."""
+    return RankEnd(rank, code=integer(msg.get("code")), signal=integer(msg.get("signal")),
+                   stop_signal=integer(msg.get("stop_signal")),
+                   duration=number(msg.get("duration")), t=instant(msg.get("t")),
+                   pid=integer(msg.get("pid")), script=instant(msg.get("script_t")),
+                   evidence=mapping(msg.get("evidence")))
+
 
 @dataclass(frozen=True)
 class RankExit(Event):
-    """A rank ended: its exit report (code, 128+N for signal N), the stop its shim passed on
-    (``stop_signal``: it was asked to stop), and what the node knows of its death."""
+    """A rank ended: its exit report (decide/outcomes.RankEnd, the type the ``exit``
+    message's ranks have too)."""
 
-    rank: int = -1
-    code: int | None = None
-    signal: int | None = None
-    stop_signal: int | None = None
-    duration: float | None = None
-    evidence: Mapping[str, Any] | None = None
-    script: float | None = None  # the hand-over to the user's script (node clock)
-
-    @property
-    def failed(self) -> bool:
-        """Exited non-zero (a code known and not 0)."""
-        return self.code not in (0, None)
+    end: RankEnd
 
     def send(self, to: Observer, host: Host) -> None:
         to.on_rank_exit(host, self)
+
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> RankExit | None:
+        rank = nodemsg.owned(msg.get("rank"), ranks)
+        return None if rank is None else cls(t, rank_end(rank, dict(msg, t=t)))
+
+
+def stack_answer(entry: Mapping[str, Any]) -> StackAnswer:
+    """One rank's part of a ``stacks`` answer (decide/stacks.StackAnswer)."""
+    sources = mapping(entry.get("sources")) or {}
+    spy, fr = mapping(entry.get("pyspy")), mapping(entry.get("fr")) or {}
+    got = spy.get("text") if spy is not None else None
+    native = got if isinstance(got, str) else None if spy is None else \
+        f"py-spy: {spy.get('error')}\n"
+    data = fr.get("data")
+    return StackAnswer(text=entry["text"] if isinstance(entry.get("text"), str) else None,
+                       sources={str(k): str(v) for k, v in sources.items()},
+                       error=text(entry.get("error")), pid=integer(entry.get("pid")),
+                       pyspy=native, fr_data=data if isinstance(data, str) else None,
+                       fr_error=text(fr.get("error")))
 
 
 @dataclass(frozen=True)
@@ -137,7 +179,7 @@ class Stacks(Event):
     ``native``: py-spy's dumps that follow the first answer (``pyspy``: they will)."""
 
     id: str = "None"
-    ranks: Mapping[str, Any] = field(default_factory=dict)
+    ranks: Mapping[int, StackAnswer] = field(default_factory=dict)
     native: bool = False
     pyspy: bool = False
     error: str | None = None
@@ -145,15 +187,28 @@ class Stacks(Event):
     def send(self, to: Observer, host: Host) -> None:
         to.on_stacks(host, self)
 
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> Stacks:
+        answers = nodemsg.rank_map(msg.get("ranks"), ranks)
+        return cls(t, id=str(msg.get("id")),
+                   ranks={int(r): stack_answer(e) for r, e in answers.items()},
+                   native=bool(msg.get("native")), pyspy=bool(msg.get("pyspy")),
+                   error=text(msg.get("error")))
+
 
 @dataclass(frozen=True)
 class Flight(Event):
     """The flight recorder's dumps a node had at the end: rank -> base64 text."""
 
-    files: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[int, str] = field(default_factory=dict)
 
     def send(self, to: Observer, host: Host) -> None:
         to.on_flight(host, self)
+
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> Flight:
+        files = nodemsg.rank_map(msg.get("files"), ranks, str)
+        return cls(t, files={int(r): f for r, f in files.items()})
 
 
 @dataclass(frozen=True)
@@ -166,6 +221,15 @@ class Nccl(Event):
     def send(self, to: Observer, host: Host) -> None:
         to.on_nccl(host, self)
 
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> Nccl | None:
+        rank = nodemsg.owned(msg.get("rank"), ranks)
+        lines = msg.get("lines")
+        if rank is None or not isinstance(lines, list):
+            return None
+        return cls(t, rank=rank, lines=tuple(ln[:600] for ln in lines[:nodemsg.MAX_NCCL_LINES]
+                                             if isinstance(ln, str)))
+
 
 @dataclass(frozen=True)
 class Stopping(Event):
@@ -176,6 +240,10 @@ class Stopping(Event):
     def send(self, to: Observer, host: Host) -> None:
         to.on_stopping(host, self)
 
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> Stopping:
+        return cls(t, reason=text(msg.get("reason")))
+
 
 @dataclass(frozen=True)
 class Exit(Event):
@@ -185,16 +253,28 @@ class Exit(Event):
     code: int | None = None
     signal: int | None = None
     stopped: str | None = None
-    ranks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    ranks: Mapping[int, RankEnd] = field(default_factory=dict)
     container: Mapping[str, Any] | None = None
 
     def send(self, to: Observer, host: Host) -> None:
         to.on_exit(host, self)
 
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> Exit:
+        ends = nodemsg.rank_map(msg.get("ranks"), ranks)
+        return cls(t, code=integer(msg.get("code")), signal=integer(msg.get("signal")),
+                   stopped=text(msg.get("stopped")),
+                   ranks={int(r): rank_end(int(r), e) for r, e in ends.items()},
+                   container=mapping(msg.get("container")))
+
 
 @dataclass(frozen=True)
 class Heartbeat(Event):
     """The supervisor is alive (the session's liveness; never handed to observers)."""
+
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any], t: float | None, ranks: Ranks) -> Heartbeat:
+        return cls(t)
 
 
 @dataclass(frozen=True)
@@ -206,7 +286,18 @@ class Other(Event):
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
-def decode(data: bytes | str, ranks: Container[int] | None) -> Event | None:
+# the one dispatch: a message's type (nodeside/nodemessages.py, the names the node programs
+# send) -> its event's decoder; tests/test_node_messages.py runs every send through it
+DECODERS: Mapping[str, Callable[[Mapping[str, Any], float | None, Ranks], Event | None]] = {
+    names.MSG_HELLO: Hello.decode, names.MSG_RANK_START: RankStart.decode,
+    names.MSG_RANK_RAISED: RankRaised.decode, names.MSG_RANK_EXIT: RankExit.decode,
+    names.MSG_STACKS: Stacks.decode, names.MSG_FLIGHT: Flight.decode,
+    names.MSG_NCCL: Nccl.decode, names.MSG_STOPPING: Stopping.decode,
+    names.MSG_EXIT: Exit.decode, names.MSG_HB: Heartbeat.decode,
+}
+
+
+def decode(data: bytes | str, ranks: Ranks) -> Event | None:
     """One control message of a supervisor, as the launcher may believe it (``ranks``: the
     ranks that host may speak for, None: any). None: dropped (undecodable JSON, or a claim on
     a rank not the host's). BadMessage: what no supervisor sends (not a JSON object, nested
@@ -219,51 +310,17 @@ def decode(data: bytes | str, ranks: Container[int] | None) -> Event | None:
         raw = None
     if not isinstance(raw, dict):
         raise BadMessage("a control message that is not a JSON object")
-    msg = nodemsg.checked(raw, ranks)
-    return None if msg is None else typed(msg)
+    return typed(raw, ranks)
 
 
-def typed(msg: Mapping[str, Any]) -> Event:
-    """A checked message (job/nodemsg.py ``checked``) as its event."""
+def typed(msg: Mapping[str, Any], ranks: Ranks = None) -> Event | None:
+    """A message (a JSON object) as its event, checked by its decoder (None: dropped)."""
     kind = msg.get("type")
-    t = number(msg.get("t"))
-    if kind == "hello":
-        return Hello(t, pid=integer(msg.get("pid")),
-                     supervisor_pid=integer(msg.get("supervisor_pid")),
-                     hostname=text(msg.get("hostname")), error=text(msg.get("error")),
-                     code=integer(msg.get("code")))
-    if kind == "rank_start":
-        return RankStart(t, rank=msg["rank"], agent=instant(msg.get("agent_t")))
-    if kind == "rank_raised":
-        exc = text(msg.get("exc"))
-        return RankRaised(t, rank=msg["rank"], exc=exc[:120] if exc else None)
-    if kind == "rank_exit":
-        return RankExit(t, rank=msg["rank"], code=integer(msg.get("code")),
-                        signal=integer(msg.get("signal")),
-                        stop_signal=integer(msg.get("stop_signal")),
-                        duration=number(msg.get("duration")),
-                        evidence=mapping(msg.get("evidence")),
-                        script=instant(msg.get("script_t")))
-    if kind == "stacks":
-        ranks = msg.get("ranks")
-        return Stacks(t, id=str(msg.get("id")), ranks=ranks if isinstance(ranks, dict) else {},
-                      native=bool(msg.get("native")), pyspy=bool(msg.get("pyspy")),
-                      error=text(msg.get("error")))
-    if kind == "flight":
-        return Flight(t, files=msg["files"])
-    if kind == "nccl":
-        return Nccl(t, rank=msg["rank"], lines=tuple(msg["lines"]))
-    if kind == "stopping":
-        return Stopping(t, reason=text(msg.get("reason")))
-    if kind == "exit":
-        ranks = msg.get("ranks")
-        return Exit(t, code=integer(msg.get("code")), signal=integer(msg.get("signal")),
-                    stopped=text(msg.get("stopped")),
-                    ranks=ranks if isinstance(ranks, dict) else {},
-                    container=mapping(msg.get("container")))
-    if kind == "hb":
-        return Heartbeat(t)
-    return Other(t, kind=kind if isinstance(kind, str) else None, fields=dict(msg))
+    t = instant(msg.get("t"))  # a time is finite and plausible, or left out
+    decoder = DECODERS.get(kind) if isinstance(kind, str) else None
+    if decoder is None:
+        return Other(t, kind=kind if isinstance(kind, str) else None, fields=dict(msg))
+    return decoder(msg, t, ranks)
 
 
 # -- a sampler's lines --------------------------------------------------------------------------
@@ -311,9 +368,9 @@ def decode_sample(line: bytes, ranks: Container[int] | None) -> SamplerHello | S
         return None
     if not isinstance(msg, dict):
         return None
-    if msg.get("type") == "hello":
+    if msg.get("type") == names.MSG_HELLO:
         return SamplerHello(integer(msg.get("pid")))
-    if msg.get("type") == "sample":
+    if msg.get("type") == names.MSG_SAMPLE:
         data = nodemsg.checked_sample(msg, ranks)
         found = data.get("ranks")
         return Sample(number(data.get("t")), found if isinstance(found, dict) else {}, data)

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.decide.flight import FlightSummary, RankFlight, load_dump, rank_flight, summarize
-from launcher.decide.hang import HangPolicy, ProgressWatch, hang_due
+from launcher.decide.hang import Hang, HangPolicy, ProgressWatch, hang_due
 from launcher.decide.outcomes import Failure
-from launcher.decide.stacks import Folded, RankStack, fold, rank_stack
+from launcher.decide.stacks import Folded, RankStack, StackAnswer, fold, rank_stack
 from launcher.exitcodes import EXIT_HANG
 from launcher.job.events import Event, Flight, Observer, RankStart, Stacks
-from launcher.job.nodemsg import rank_of
 from launcher.models import Host, OutputLine
 from launcher.output.evidence import stack_dir, write_flight, write_stack
 from launcher.output.rundir import RunDir
@@ -76,12 +75,12 @@ class StackDump:
 class _Pending:
     def __init__(self, hosts: Sequence[str]) -> None:
         self.waiting = set(hosts)
-        self.answers: dict[str, Mapping[str, Any]] = {}  # host -> its ranks' dumps
+        self.answers: dict[str, Mapping[int, StackAnswer]] = {}  # host -> its ranks' dumps
         self.done = asyncio.Event()
         if not self.waiting:
             self.done.set()
 
-    def add(self, host: str, ranks: Mapping[str, Any]) -> None:
+    def add(self, host: str, ranks: Mapping[int, StackAnswer]) -> None:
         self.answers[host] = ranks
         self.waiting.discard(host)
         if not self.waiting:
@@ -108,7 +107,7 @@ class HangWatch(Observer):
         self.attempt = 1  # dtrain run --restarts: which attempt this watch follows
         self.clock = clock
         self.declared: float | None = None  # the baseline of the stall last declared
-        self.hangs: list[dict[str, Any]] = []
+        self.hangs: list[Hang] = []
         self.dumps: list[StackDump] = []
         self._pending: dict[str, _Pending] = {}
         self._natives: dict[str, set[str]] = {}  # dump id -> hosts whose py-spy is to come
@@ -196,16 +195,9 @@ class HangWatch(Observer):
                  f"{self.policy.timeout:g}){last}; taking every rank's stacks")
         dump = await self.dump("hang", f"no progress for {stalled:.0f} s")
         culprit = dump.folded.culprit if dump.folded else None
-        record = {"t": now, "attempt": self.attempt, "stalled_s": round(stalled, 1),
-                  "culprit": {"rank": culprit.rank, "host": culprit.host,
-                              "ranks": list(culprit.ranks), "place": culprit.place,
-                              "why": culprit.why, "where": culprit.where,
-                              "rule": culprit.rule}
-                  if culprit else None,
-                  "folded": dump.folded.json() if dump.folded else [], "dump": dump.id,
-                  "dir": str(dump.path) if dump.path else None,
-                  "action": self.policy.on_hang}
-        self.hangs.append(record)
+        self.hangs.append(Hang(now, self.attempt, round(stalled, 1), culprit, dump.folded,
+                               dump.id, str(dump.path) if dump.path else None,
+                               self.policy.on_hang))
         if self.on_record is not None:
             self.on_record()
         if self.policy.on_hang == "stop":
@@ -248,16 +240,14 @@ class HangWatch(Observer):
             self._tell(dump)
             return dump
 
-    def _collect(self, dump: StackDump, answers: Mapping[str, Mapping[str, Any]]) -> None:
+    def _collect(self, dump: StackDump,
+                 answers: Mapping[str, Mapping[int, StackAnswer]]) -> None:
         """Fold the answers (host -> its ranks' dumps, job/events.py kept its own only)."""
         expected = [r for host in self.job.sessions for r in self.ranks.get(host, ())
                     if host not in self.job.outcome.nodes]
         for host, entries in answers.items():
-            for rank_s, entry in entries.items():
-                rank = rank_of(rank_s)  # job/events.py kept only this host's own
-                if rank is None or not isinstance(entry, dict):
-                    continue
-                if entry.get("error") == "exited":
+            for rank, entry in entries.items():
+                if entry.exited:
                     expected = [r for r in expected if r != rank]
                     continue
                 try:
@@ -274,46 +264,33 @@ class HangWatch(Observer):
                  *dump.folded.lines()]) + "\n")
             dump.path = stack_dir(self.run_dir, dump.id)
 
-    def _archive_rank(self, dump: StackDump, rank: int, entry: Mapping[str, Any]) -> None:
-        text = entry.get("text")
+    def _archive_rank(self, dump: StackDump, rank: int, entry: StackAnswer) -> None:
         with contextlib.suppress(OSError, ValueError):
-            if isinstance(text, str):
-                write_stack(self.run_dir, dump.id, f"r{rank}.txt", text)
-            spy = entry.get("pyspy")
-            if isinstance(spy, dict) and isinstance(spy.get("text"), str):
-                write_stack(self.run_dir, dump.id, f"r{rank}.py-spy.txt", spy["text"])
-            fr = entry.get("fr")
-            if isinstance(fr, dict) and fr.get("error"):
-                dump.flight_errors[rank] = str(fr["error"])
-            if isinstance(fr, dict) and isinstance(fr.get("data"), str):
-                data = base64.b64decode(fr["data"])
+            if entry.text is not None:
+                write_stack(self.run_dir, dump.id, f"r{rank}.txt", entry.text)
+            if entry.pyspy is not None:
+                write_stack(self.run_dir, dump.id, f"r{rank}.py-spy.txt", entry.pyspy)
+            if entry.fr_error:
+                dump.flight_errors[rank] = entry.fr_error
+            if entry.fr_data is not None:
+                data = base64.b64decode(entry.fr_data)
                 dump.flight[rank] = str(write_flight(self.run_dir, dump.id, rank, data))
                 loaded = load_dump(data)
                 position = rank_flight(rank, loaded) if loaded is not None else None
                 if position is not None:
                     dump.positions[rank] = position
 
-    def _native(self, dump_id: str, ranks: object) -> None:
+    def _native(self, dump_id: str, ranks: Mapping[int, StackAnswer]) -> None:
         """py-spy's dumps, which a node sends after its faulthandler stacks."""
-        if not isinstance(ranks, dict):
-            return
-        for rank_s, entry in ranks.items():
-            spy = entry.get("pyspy") if isinstance(entry, dict) else None
-            rank = rank_of(rank_s)
-            if isinstance(spy, dict) and rank is not None:
-                got = spy.get("text")
-                text = got if isinstance(got, str) else f"py-spy: {spy.get('error')}\n"
+        for rank, entry in ranks.items():
+            if entry.pyspy is not None:
                 with contextlib.suppress(OSError, ValueError):
-                    write_stack(self.run_dir, dump_id, f"r{rank}.py-spy.txt", text)
+                    write_stack(self.run_dir, dump_id, f"r{rank}.py-spy.txt", entry.pyspy)
 
-    def _flight_files(self, dump_id: str, files: object) -> None:
-        if not isinstance(files, dict):
-            return
-        for rank_s, data in files.items():
-            rank = rank_of(rank_s)
-            if isinstance(data, str) and rank is not None:
-                with contextlib.suppress(OSError, ValueError, binascii.Error):
-                    write_flight(self.run_dir, dump_id, rank, base64.b64decode(data))
+    def _flight_files(self, dump_id: str, files: Mapping[int, str]) -> None:
+        for rank, data in files.items():
+            with contextlib.suppress(OSError, ValueError, binascii.Error):
+                write_flight(self.run_dir, dump_id, rank, base64.b64decode(data))
 
     def _tell(self, dump: StackDump) -> None:
         folded = dump.folded
@@ -343,7 +320,7 @@ class HangWatch(Observer):
 
     def meta(self) -> RunMeta:
         """meta.json's ``hangs``, ``stacks`` and ``progress``."""
-        return {"hangs": self.hangs, "stacks": [d.json() for d in self.dumps],
+        return {"hangs": [h.json() for h in self.hangs], "stacks": [d.json() for d in self.dumps],
                 "progress": self.watch.json(),
                 "hang_policy": {"timeout": self.policy.timeout, "on_hang": self.policy.on_hang,
                                 "progress": self.watch.pattern.pattern}}

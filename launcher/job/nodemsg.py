@@ -1,9 +1,10 @@
 """What a node sends, checked against the plan before anything believes it (docs/security.md).
 
 A node's supervisor and sampler are programs on a machine someone else may control: their
-messages are claims. Every control message and every sample passes through here once, where
-job/events.py decodes it into its typed event, so every consumer (the hang watch, the
-verdict, the failure reasons, the stragglers, samples.jsonl) gets checked data:
+messages are claims. Every control message and every sample is checked with these readers
+once, where job/events.py decodes it (each event's own ``decode``: its checks, then its
+fields), so every consumer (the hang watch, the verdict, the failure reasons, the stragglers,
+samples.jsonl) gets checked data:
 
 * JSON is decoded without NaN/Infinity (``NaN``, ``1e999``: null) and without a nesting
   deeper than Python's recursion allows (that message is refused, never a RecursionError);
@@ -87,32 +88,6 @@ def rank_map(value: object, ranks: Container[int] | None, kind: type | tuple[typ
         rank = owned(key, ranks)
         if rank is not None and isinstance(entry, kind) and str(rank) not in out:
             out[str(rank)] = entry
-    return out
-
-
-def checked(msg: Mapping[str, Any], ranks: Container[int] | None) -> dict[str, Any] | None:
-    """A supervisor's control message as the launcher may believe it, or None (dropped)."""
-    out = dict(msg)
-    if "t" in out and finite(out["t"], 0.0, 1e11) is None:
-        del out["t"]
-    kind = out.get("type")
-    if kind in ("rank_start", "rank_exit", "rank_raised"):
-        rank = owned(out.get("rank"), ranks)
-        if rank is None:
-            return None
-        out["rank"] = rank
-    elif kind in ("stacks", "exit"):
-        if "ranks" in out:
-            out["ranks"] = rank_map(out["ranks"], ranks)
-    elif kind == "nccl":  # NCCL's lines of one of the host's ranks (docs/fabric.md)
-        rank = owned(out.get("rank"), ranks)
-        lines = out.get("lines")
-        if rank is None or not isinstance(lines, list):
-            return None
-        out["rank"] = rank
-        out["lines"] = [ln[:600] for ln in lines[:MAX_NCCL_LINES] if isinstance(ln, str)]
-    elif kind == "flight":
-        out["files"] = rank_map(out.get("files"), ranks, str)
     return out
 
 

@@ -385,8 +385,7 @@ class Job:
             # signal, or gave up on the launcher)
             own = outcome.stopped if outcome.stopped and not self._stopping else None
             led = not self._stopping and bool(outcome.ranks) and all(
-                isinstance(r, dict) and (r.get("stop_signal") is not None or r.get("code") == 0)
-                for r in outcome.ranks.values())
+                r.stop_signal is not None or r.code == 0 for r in outcome.ranks.values())
             self._failed(Failure("node", label, code=outcome.exit_code, signal=outcome.signal,
                                  t=now, seen=now, error=outcome.error, own_stop=own, led=led),
                          tg)
@@ -400,12 +399,12 @@ class Job:
         if isinstance(ev, RankRaised):
             self._raised.add((host.label, ev.rank))
         if isinstance(ev, RankExit):
-            self._ended.add((host.label, ev.rank))
-        if isinstance(ev, RankExit) and ev.failed and ev.stop_signal is None \
+            self._ended.add((host.label, ev.end.rank))
+        if isinstance(ev, RankExit) and ev.end.failed and ev.end.stop_signal is None \
                 and self.policy.rank_fail_fast:
-            now = time.time()
-            self._failed(Failure("rank", host.label, rank=ev.rank, code=ev.code,
-                                 signal=ev.signal, t=now if ev.t is None else ev.t, seen=now),
+            now, end = time.time(), ev.end
+            self._failed(Failure("rank", host.label, rank=end.rank, code=end.code,
+                                 signal=end.signal, t=now if ev.t is None else ev.t, seen=now),
                          tg)
         if isinstance(ev, Hello) and self.state is JobState.LAUNCHING and all(
                 label in self.sessions and self.sessions[label].hello is not None
