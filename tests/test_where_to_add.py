@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = ("a run option", "a container runtime", "a health check", "a run-record field")
+ROWS = ("a run option", "a container runtime", "a health check", "a run-record field",
+        "a node event")
 
 
 def table() -> dict[str, list[str]]:
