@@ -20,7 +20,6 @@ from launcher.decide import incidents as inc
 from launcher.decide.incidents import Incident
 from launcher.decide.restarts import NODE, USER, AttemptEnd, NodeCount, RestartPolicy, decide
 from launcher.job.incidents import Corrupt, IncidentStore, StoreRefused, commit_of
-from tests.test_private import intruder as intruder  # noqa: F401 (the fixture)
 
 DAY = 86400.0
 T0 = 1_800_000_000.0
@@ -140,7 +139,7 @@ def test_the_store_is_private_bounded_and_versioned(tmp_path: Path) -> None:
     assert os.stat(tmp_path / "state").st_mode & 0o777 == 0o700
     assert os.stat(store.path).st_mode & 0o777 == 0o600
     doc = json.loads(store.path.read_text())
-    assert doc["incidents_version"] == 1 and len(doc["incidents"]) == 1
+    assert doc["incidents_version"] == 2 and len(doc["incidents"]) == 1
     # the same record twice is one; old records age out; at most MAX_RECORDS
     store.record([rec("aaaaaaaaaaaa", "n1", "r1", t=T0)], now=T0)
     assert len(store.load()) == 1
@@ -164,9 +163,9 @@ def test_a_corrupt_store_is_refused_and_kept_aside_never_overwritten(tmp_path: P
     assert Path(store.kept_aside).read_text() == "{not json"
     assert [r.run_id for r in store.load()] == ["r1"]
     # another version: refused, left as it is, not moved aside
-    newer = json.dumps({"incidents_version": 2, "incidents": []})
+    newer = json.dumps({"incidents_version": 3, "incidents": []})
     store.path.write_text(newer)
-    with pytest.raises(StoreRefused, match="incidents_version 2"):
+    with pytest.raises(StoreRefused, match="incidents_version 3"):
         store.record([rec("bbbbbbbbbbbb", "n1", "r2")], now=T0)
     assert store.path.read_text() == newer
     # a remember() in a run says so and goes on
@@ -235,8 +234,8 @@ def test_dtrain_incidents_lists_and_shows_one_print_with_its_logs_lines(tmp_path
     res = run(app, ["incidents"], env=env)
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[0].split()[:4] == ["FINGERPRINT", "COUNT", "NODES", "RUNS"]
-    assert lines[1].startswith("3fa2c1d09e4b  2      node2, node3  2")
+    assert lines[0].split()[:5] == ["FINGERPRINT", "TIME", "LOST", "COUNT", "NODES"]
+    assert lines[1].startswith("3fa2c1d09e4b  -          2      node2, node3  2")
     assert "aaaaaaa" in lines[1] and "Err3f at train.py:step" in lines[1]
     res = run(app, ["incidents", "--since", "7d", "--json"], env=env)
     doc = json.loads(res.stdout)
@@ -255,3 +254,96 @@ def test_dtrain_incidents_lists_and_shows_one_print_with_its_logs_lines(tmp_path
     assert run(app, ["incidents", "xyz"], env=env).exit_code == 2
     empty = run(app, ["incidents", "--json"], env={"DTRAIN_STATE_DIR": str(tmp_path / "no")})
     validate_json(json.loads(empty.stdout), "incidents")
+
+
+# -- the time lost (item 4) ------------------------------------------------------------------
+
+LEDGER = {"schema": 1, "attempts": [
+    {"n": 1, "seconds": {"startup": 10.0, "productive": 50.0, "lost": 4.5, "detection": 0.5,
+                         "hang": 0.0, "restart": 2.0, "backoff": 1.0, "winddown": 0.0}},
+    {"n": 2, "seconds": {"startup": 8.0, "productive": 80.0, "lost": None, "detection": 0.0,
+                         "hang": 0.0, "restart": 0.0, "backoff": 0.0, "winddown": 3.0}}]}
+
+
+def test_an_incident_is_charged_its_attempts_lost_detection_restart_and_startup() -> None:
+    got = inc.costs(LEDGER)
+    assert got[1] == {"lost": 4.5, "detection": 0.5, "hang": 0.0, "restart": 2.0,
+                      "startup": 10.0, "winddown": 0.0}
+    assert got[2]["lost"] is None and got[2]["winddown"] == 3.0
+    assert inc.costs(None) == {} and inc.costs({"attempts": "x"}) == {}
+    records = [rec("aaaaaaaaaaaa", "n1", "r1"), rec("bbbbbbbbbbbb", "n1", "r1", attempt=2),
+               rec("aaaaaaaaaaaa", "n2", "r0")]
+    charged = inc.charge(records, "r1", got)
+    assert [r.time_lost for r in charged] == [17.0, 11.0, None]
+    # a record already charged keeps its seconds
+    again = inc.charge(charged, "r1", {1: {"lost": 999.0}})
+    assert again[0].time_lost == 17.0
+
+
+def test_the_store_charges_a_runs_records_and_reads_version_1(tmp_path: Path) -> None:
+    """A version 1 store (no seconds) is read, its records uncharged; the next write is
+    version 2 with the old records kept; ``charge`` fills in one run's records only."""
+    store = IncidentStore(tmp_path)
+    old = {"incidents_version": 1, "incidents": [
+        {"fingerprint": "aaaaaaaaaaaa", "label": "ValueError at t.py:f", "kind": "exception",
+         "fault": "process", "host": "n1", "run_id": "r0", "attempt": 1, "t": T0,
+         "script": "t.py", "commit": C1, "versions": {"dtrain": "0.9"}}]}
+    store.path.write_text(json.dumps(old))
+    store.path.chmod(0o600)
+    (first,) = store.load()
+    assert first.seconds is None and first.time_lost is None
+    store.record([rec("aaaaaaaaaaaa", "n2", "r1", t=T0 + 5),
+                  rec("bbbbbbbbbbbb", "n2", "r1", t=T0 + 6, attempt=2)], now=T0 + 10)
+    assert json.loads(store.path.read_text())["incidents_version"] == 2
+    assert store.charge("r1", inc.costs(LEDGER)) == 2
+    assert [(r.run_id, r.time_lost) for r in store.load()] == [
+        ("r0", None), ("r1", 17.0), ("r1", 11.0)]
+    before = store.path.read_bytes()
+    assert store.charge("r1", inc.costs(LEDGER)) == 0  # charged once
+    assert store.charge("r9", inc.costs(LEDGER)) == 0
+    assert store.path.read_bytes() == before
+    # a record whose seconds are not seconds: the store is corrupt, not misread
+    bad = json.loads(before)
+    bad["incidents"][1]["seconds"] = {"lost": "a lot"}
+    store.path.write_text(json.dumps(bad))
+    with pytest.raises(Corrupt):
+        store.load()
+
+
+def test_dtrain_incidents_ranks_by_the_time_lost(tmp_path: Path) -> None:
+    """--since 7d: the print that cost the most time first, though another is more
+    frequent; TIME LOST in the table, time_lost_s in --json; one older than 7 days out."""
+    from dataclasses import replace
+
+    from tests.reports import validate_json
+
+    store = IncidentStore(tmp_path)
+    now = __import__("time").time()
+    cheap = [replace(rec("cccccccccccc", f"node{i}", f"c{i}", t=now - DAY - i),
+                     seconds={"lost": 1.0, "startup": 2.0}) for i in range(3)]
+    dear = replace(rec("dddddddddddd", "node1", "d1", t=now - 2 * DAY),
+                   seconds={"lost": 600.0, "detection": 30.0, "restart": None})
+    unknown = rec("eeeeeeeeeeee", "node1", "e1", t=now - DAY)  # no seconds: ranked last
+    old = replace(rec("ffffffffffff", "node1", "f1", t=now - 10 * DAY),
+                  seconds={"lost": 9999.0})
+    store.record([*cheap, dear, unknown, old], now=now)
+    env = {"DTRAIN_STATE_DIR": str(tmp_path)}
+    res = CliRunner().invoke(app, ["incidents", "--since", "7d"], env=env)
+    assert res.exit_code == 0, res.output
+    rows = [ln.split()[:4] for ln in res.output.splitlines()[1:4]]
+    assert rows == [["dddddddddddd", "10.5", "min", "1"], ["cccccccccccc", "9.0", "s", "3"],
+                    ["eeeeeeeeeeee", "-", "1", "node1"]], res.output
+    assert "ranked by the time lost" in res.output
+    doc = json.loads(CliRunner().invoke(app, ["incidents", "--since", "7d", "--json"],
+                                        env=env).stdout)
+    validate_json(doc, "incidents")
+    assert [(f["fingerprint"], f["time_lost_s"], f["time_lost_measured"])
+            for f in doc["fingerprints"]] == [("dddddddddddd", 630.0, 1),
+                                              ("cccccccccccc", 9.0, 3),
+                                              ("eeeeeeeeeeee", None, 0)]
+    one = json.loads(CliRunner().invoke(app, ["incidents", "dddd", "--json"], env=env).stdout)
+    validate_json(one, "incidents")
+    assert one["incidents"][0]["seconds"] == {"lost": 600.0, "detection": 30.0,
+                                              "restart": None}
+    res = CliRunner().invoke(app, ["incidents", "dddd"], env=env)
+    assert "10.5 min" in res.output, res.output

@@ -119,3 +119,67 @@ def test_notify_in_the_user_config_is_the_default(
     assert res.returncode == 0, res.stdout + res.stderr
     assert [(e["path"], e["event"]) for e in got] == [("/from-config", "started"),
                                                       ("/from-config", "ended")]
+
+
+BUG = ("import time\nprint('step 1', flush=True)\ntime.sleep(0.2)\n\n\ndef step(n):\n"
+       "    raise ValueError(f'bad batch at step {n}')\n\n\nstep(7)\n")
+
+
+def test_a_failed_attempt_names_its_fingerprint_and_how_often_it_was_seen(
+        tmp_path: Path, server: tuple[str, list[dict[str, Any]]]) -> None:
+    """Issue 53 item 5: a failed run's ``ended`` and a relaunch's ``relaunched`` name the
+    failure's fingerprint and say ``seen N times on M nodes since DATE``, counted in the
+    incident store across runs (one store in tmp_path)."""
+    import os
+    import re
+
+    base, got = server
+    script = tmp_path / "bug.py"
+    script.write_text(BUG)
+    env = {**os.environ, "DTRAIN_STATE_DIR": str(tmp_path / "state")}
+
+    def run_bug(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "launcher", "run", "-H", "localhost",
+                               "--nproc-per-node", "1", "--archive-dir", str(tmp_path / "runs"),
+                               "--no-color", "--notify", f"{base}/hook", *extra, str(script)],
+                              cwd=REPO, text=True, capture_output=True, timeout=240, env=env)
+
+    res = run_bug()
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert [e["event"] for e in got] == ["started", "ended"], got
+    word = re.compile(r"fingerprint ([0-9a-f]{12}) \(ValueError at bug\.py:step\), seen "
+                      r"(\d+) times? on (\d+) nodes? since \d{4}-\d\d-\d\d \d\d:\d\d$")
+    m = word.search(got[-1]["text"])
+    assert m is not None and m.group(2, 3) == ("1", "1"), got[-1]["text"]
+    fp = m.group(1)
+    inc = got[-1]["incident"]
+    assert (inc["fingerprint"], inc["seen"], inc["nodes"], inc["host"]) == (fp, 1, 1,
+                                                                           "localhost")
+    # a second run, relaunched once: its relaunch and its end count on
+    got.clear()
+    res = run_bug("--restarts", "1", "--restart-backoff", "0.2")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert [e["event"] for e in got] == ["started", "relaunched", "ended"], got
+    relaunched, end = got[1], got[2]
+    assert "attempt 1 failed: fingerprint " + fp in relaunched["text"], relaunched
+    assert word.search(relaunched["text"]).group(2, 3) == ("2", "1")  # type: ignore[union-attr]
+    assert word.search(end["text"]).group(2, 3) == ("3", "1")  # type: ignore[union-attr]
+    assert relaunched["incident"]["fingerprint"] == end["incident"]["fingerprint"] == fp
+    # item 4: each record charged the seconds its attempt cost, from the run's goodput
+    # ledger (the plain run's at once, the restarting run's attempts at its end)
+    from launcher.decide.incidents import COST_CAUSES
+    from launcher.job.incidents import IncidentStore
+
+    records = IncidentStore(tmp_path / "state").load()
+    assert [r.attempt for r in records] == [1, 1, 2], records
+    for r in records:
+        assert r.seconds is not None and set(r.seconds) == set(COST_CAUSES), r
+        assert r.time_lost is not None and r.time_lost > 0, r
+        ledger = json.loads((tmp_path / "runs" / r.run_id / "meta.json").read_text())
+        (a,) = [a for a in ledger["goodput"]["attempts"] if a["n"] == r.attempt]
+        assert r.seconds["startup"] == a["seconds"]["startup"], (r, a)
+        assert r.versions.get("nccl"), r.versions
+    # a run that succeeds says no fingerprint
+    got.clear()
+    assert run(tmp_path, f"{base}/hook").returncode == 0
+    assert "incident" not in got[-1] and "fingerprint" not in got[-1]["text"]

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from launcher.decide import incidents as inc
 from launcher.decide.incidents import Incident, Recall
@@ -30,14 +31,20 @@ class Remembered:
     incident: Incident | None
     recall: Recall | None
     notes: tuple[str, ...] = ()
+    # the word to people (--notify): "fingerprint F (label), seen N times on M nodes since
+    # D", with its fields; None: nothing recorded
+    seen: str | None = None
+    seen_fields: Mapping[str, Any] | None = None
 
 
 def remember(end: AttemptEnd, *, run_id: str, attempt: int, script: str,
              workdir: str | None, hosts: Sequence[str], fault: str | None = None,
              versions: Mapping[str, str] | None = None, store: IncidentStore | None = None,
-             commit: str | None = None) -> Remembered:
+             commit: str | None = None,
+             seconds: Mapping[str, float | None] | None = None) -> Remembered:
     """Record attempt ``attempt``'s explained failure and read the policy's evidence
-    (``fault``: the fault it was classified as alone; classified here when None)."""
+    (``fault``: the fault it was classified as alone; classified here when None;
+    ``seconds``: the time it cost, when the run's goodput ledger is already made)."""
     fault = fault or classify(end).kind
     if fault == FINAL:  # success, Ctrl-C, --timeout: nothing failed on its own
         return Remembered(None, None)
@@ -53,7 +60,8 @@ def remember(end: AttemptEnd, *, run_id: str, attempt: int, script: str,
     record = Incident(print_.digest, print_.label, kind, fault, host,
                       run_id, attempt, now, script,
                       commit if commit is not None else commit_of(workdir, script),
-                      {"dtrain": __version__, **(versions or {})})
+                      {"dtrain": __version__, **(versions or {})},
+                      None if seconds is None else dict(seconds))
     store = store or IncidentStore()
     notes: list[str] = []
     try:
@@ -66,7 +74,36 @@ def remember(end: AttemptEnd, *, run_id: str, attempt: int, script: str,
     if store.kept_aside:
         notes.append(f"warning: {store.path} was not readable: kept as {store.kept_aside}, "
                      "a new incident store begun")
-    return Remembered(record, inc.recall(every, record), tuple(notes))
+    said, fields = seen_words(every, record)
+    return Remembered(record, inc.recall(every, record), tuple(notes), said, fields)
+
+
+def seen_words(records: Sequence[Incident], record: Incident
+               ) -> tuple[str, dict[str, Any]]:
+    """The --notify word of a failure (issue 53 item 5): ``fingerprint F (label), seen N
+    times on M nodes since D``, and its fields."""
+    n, nodes, first = inc.seen(records, record.fingerprint) or (1, 1, record.t)
+    text = (f"fingerprint {record.fingerprint} ({record.label}), seen {n} "
+            f"time{'s' if n != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''} "
+            f"since {_when(first)}")
+    return text, {"fingerprint": record.fingerprint, "label": record.label,
+                  "host": record.host, "seen": n, "nodes": nodes, "since": first}
+
+
+def charge_run(run_id: str, ledger: Any, store: IncidentStore | None = None
+               ) -> str | None:
+    """At a run's end: its incidents charged the seconds their attempts cost, from the
+    goodput ledger just made (meta.json ``goodput``); a warning line when the store cannot
+    be used, else None."""
+    store = store or IncidentStore()
+    try:
+        store.charge(run_id, inc.costs(ledger))
+    except StoreRefused as exc:
+        return f"warning: the time lost not recorded with the incidents: {exc}"
+    except OSError as exc:
+        return (f"warning: the time lost not recorded in {store.path} "
+                f"({exc.strerror or exc})")
+    return None
 
 
 def _when(t: float) -> str:
@@ -92,6 +129,17 @@ def _short(commit: str) -> str:
     return commit[:7] if len(commit) == 40 else commit
 
 
+def lost_text(seconds: float | None) -> str:
+    """A TIME LOST cell: ``40.2 s``, ``12.5 min``, ``3.1 h``; ``-`` when not recorded."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def list_incidents(fingerprint: str | None = None, *, since: float | None = None,
                    as_json: bool = False, store: IncidentStore | None = None) -> int:
     """`dtrain incidents [FINGERPRINT] [--since AGE] [--json]`."""
@@ -110,14 +158,17 @@ def list_incidents(fingerprint: str | None = None, *, since: float | None = None
     if not rows:
         sys.stdout.write(f"no incidents ({store.path})\n")
         return 0
-    table: list[tuple[str, ...]] = [("FINGERPRINT", "COUNT", "NODES", "RUNS", "FIRST", "LAST",
-                                     "COMMITS", "FAILURE")]
+    table: list[tuple[str, ...]] = [("FINGERPRINT", "TIME LOST", "COUNT", "NODES", "RUNS",
+                                     "FIRST", "LAST", "COMMITS", "FAILURE")]
     for r in rows:
         table.append(tuple(inert(c) for c in (
-            r.fingerprint, str(r.count), _fold(r.nodes), str(len(r.runs)), _when(r.first),
-            _when(r.last), _fold([_short(c) for c in r.commits]) or "-", r.label)))
+            r.fingerprint, lost_text(r.time_lost), str(r.count), _fold(r.nodes),
+            str(len(r.runs)), _when(r.first), _when(r.last),
+            _fold([_short(c) for c in r.commits]) or "-", r.label)))
     sys.stdout.write(_table(table))
-    sys.stdout.write(f"{store.path}; `dtrain incidents FINGERPRINT` shows its runs\n")
+    sys.stdout.write(f"{store.path}; ranked by the time lost (the goodput ledger's lost, "
+                     "detection, restart and startup seconds of the attempts each ended); "
+                     "`dtrain incidents FINGERPRINT` shows its runs\n")
     return 0
 
 
@@ -144,11 +195,12 @@ def _one(store: IncidentStore, records: list[Incident], prefix: str, start: floa
     last = found[-1]
     sys.stdout.write(f"fingerprint {last.fingerprint}: {inert(last.label)} "
                      f"({len(found)} failure{'s' if len(found) != 1 else ''})\n")
-    table: list[tuple[str, ...]] = [("WHEN", "NODE", "RUN", "ATTEMPT", "COMMIT", "SCRIPT",
-                                     "LOGS")]
+    table: list[tuple[str, ...]] = [("WHEN", "NODE", "RUN", "ATTEMPT", "TIME LOST", "COMMIT",
+                                     "SCRIPT", "LOGS")]
     for r in found:
         table.append(tuple(inert(c) for c in (
-            _when(r.t), r.host, r.run_id, str(r.attempt), _short(r.commit or "-"),
-            r.script or "-", f"dtrain logs {r.run_id} --attempt {r.attempt}")))
+            _when(r.t), r.host, r.run_id, str(r.attempt), lost_text(r.time_lost),
+            _short(r.commit or "-"), r.script or "-",
+            f"dtrain logs {r.run_id} --attempt {r.attempt}")))
     sys.stdout.write(_table(table))
     return 0

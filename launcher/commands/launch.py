@@ -250,12 +250,14 @@ class Evidence(Observer):
 def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
                 pre: Preflight) -> RunMeta:
     torch_versions = {label: f.torch_version for label, f in pre.facts.items()}
+    nccl_versions = {label: f.nccl_version for label, f in pre.facts.items()}
     return {
         "run_id": req.run_id, "dtrain_version": __version__,
         "command": list(opts.command),
         "script": req.script, "args": redact_command(req.args, (), req.env, req.hidden_env),
         "module": req.module,
         "workdir": req.workdir, "torch_versions": torch_versions,
+        "nccl_versions": nccl_versions,
         "start": time.time(), "plan": plan_json(plan),
         "hosts": [n.host.label for n in plan.nodes], "world_size": plan.world_size,
         "layout": [{"host": n.host.label, "node_rank": n.node_rank, "ranks": list(n.ranks)}
@@ -266,11 +268,18 @@ def _meta_start(req: RunRequest, opts: RunOptions, plan: LaunchPlan,
     }
 
 
+# what a run's end hands --notify's ``ended`` besides the verdict: a word and its fields
+# (the last failed attempt's fingerprint, docs/incidents.md); None: nothing
+Word = tuple[str, Mapping[str, Any]] | None
+
+
 @contextlib.contextmanager
-def held_run(req: RunRequest, opts: RunOptions,
-             detacher: Detacher | None) -> Iterator[RunArchive]:
+def held_run(req: RunRequest, opts: RunOptions, detacher: Detacher | None,
+             ending: Callable[[RunArchive], Word] | None = None) -> Iterator[RunArchive]:
     """The run's archive directory, created and locked for the launcher's life (a crash or
-    a Ctrl-C before the job ended is recorded in meta.json)."""
+    a Ctrl-C before the job ended is recorded in meta.json). ``ending``: called once the
+    finished run's goodput ledger is in meta.json, before --notify's ``ended`` (the
+    incidents' time lost); what it returns is said in ``ended``."""
     from launcher.output.archive import RunArchive
     from launcher.output.runlock import LOCK, LauncherLock
 
@@ -285,12 +294,15 @@ def held_run(req: RunRequest, opts: RunOptions,
 
     if notify.start(opts.watch.notify, req.run_id, render.note):
         notify.event("started", "started")
+    word: Word = None
     try:
         yield archive
         if archive.meta.get("state") == "finished":
             from launcher.commands.goodput import record
 
             record(archive)  # meta.json's goodput ledger (docs/goodput.md)
+            if ending is not None:
+                word = ending(archive)
     except BaseException as exc:  # a launcher crash or a Ctrl-C before the job ran: say so
         if "exit_code" not in archive.meta:
             if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
@@ -306,21 +318,24 @@ def held_run(req: RunRequest, opts: RunOptions,
                                     outcome=f"launcher ended early: {type(exc).__name__}")
         raise
     finally:
-        ended(archive.meta)
+        ended(archive.meta, word)
         if lock is not None:
             lock.release()
 
 
-def ended(meta: RunMeta) -> None:
-    """--notify: the run's end (its verdict and goodput), then the notifier's end (bounded)."""
+def ended(meta: RunMeta, word: Word = None) -> None:
+    """--notify: the run's end (its verdict and goodput; ``word``: the last failed attempt's
+    fingerprint, seen how often), then the notifier's end (bounded)."""
     from launcher.job import notify
 
     g = meta.get("goodput") if isinstance(meta.get("goodput"), dict) else {}
     value = g.get("goodput") if isinstance(g, dict) else None
     good = f"{value * 100:.0f}%" if isinstance(value, int | float) else "not measured"
+    extra = {"incident": dict(word[1])} if word is not None else {}
     notify.event("ended", f"ended: {meta.get('outcome') or 'no verdict'} (exit "
-                 f"{meta.get('exit_code')}); goodput {good}", outcome=meta.get("outcome"),
-                 exit_code=meta.get("exit_code"), goodput=value)
+                 f"{meta.get('exit_code')}); goodput {good}"
+                 + (f"; {word[0]}" if word is not None else ""), outcome=meta.get("outcome"),
+                 exit_code=meta.get("exit_code"), goodput=value, **extra)
     notify.stop()
 
 
@@ -342,12 +357,20 @@ def start_meta(archive: RunArchive, req: RunRequest, opts: RunOptions, plan: Lau
 
 
 async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOptions, *,
-                 detacher: Detacher | None = None, payload: Payload = NO_PAYLOAD) -> RunResult:
-    """Start torchrun on every node and follow the job to its verdict."""
-    with held_run(req, opts, detacher) as archive:
+                 detacher: Detacher | None = None, payload: Payload = NO_PAYLOAD,
+                 ending: Callable[[RunResult], Word] | None = None) -> RunResult:
+    """Start torchrun on every node and follow the job to its verdict (``ending``: called
+    with the result once its goodput ledger is made, held_run's)."""
+    got: list[RunResult] = []
+
+    def end(archive: RunArchive) -> Word:
+        return ending(got[0]) if ending is not None and got else None
+
+    with held_run(req, opts, detacher, end) as archive:
         start_meta(archive, req, opts, plan, prep, detacher)
         archive.update_meta(kind=payload.kind)  # what `dtrain ps` shows in KIND
-        return await supervise(plan, req, opts, prep, archive, detacher, payload)
+        got.append(await supervise(plan, req, opts, prep, archive, detacher, payload))
+        return got[0]
 
 
 async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: Prepared,

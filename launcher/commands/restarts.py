@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from launcher.commands.incidents import Remembered, remember
-from launcher.commands.launch import RunResult, held_run, start_meta, supervise
+from launcher.commands.incidents import Remembered, charge_run, remember
+from launcher.commands.launch import RunResult, Word, held_run, start_meta, supervise
 from launcher.decide import lemons as lm
 from launcher.decide.plan import RunRequest
 from launcher.decide.restarts import (
@@ -82,16 +82,27 @@ def attempt_end(result: RunResult) -> AttemptEnd:
                       where, place)
 
 
+def versions_of(result: RunResult, host: str) -> dict[str, str]:
+    """The failed node's torch and NCCL versions beside its incident: the probe's (meta.json
+    ``torch_versions``, ``nccl_versions``), else NCCL's own version line in the run
+    (docs/fabric.md's account); NCCL ``unknown`` when neither says."""
+    meta = result.archive.meta
+    torch = (meta.get("torch_versions") or {}).get(host)
+    nccl = (meta.get("nccl_versions") or {}).get(host) \
+        or (result.fabric or {}).get("version") or "unknown"
+    return {**({"torch": torch} if torch else {}), "nccl": str(nccl)}
+
+
 def remember_attempt(end: AttemptEnd, result: RunResult, req: RunRequest, n: int,
-                     hosts: Sequence[str], fault: str | None = None) -> Remembered:
+                     hosts: Sequence[str], fault: str | None = None,
+                     seconds: Mapping[str, float | None] | None = None) -> Remembered:
     """Attempt ``n``'s explained failure into the incident store (commands/incidents.py),
-    with the run's script, working directory and the failed node's torch version."""
-    torch = (result.archive.meta.get("torch_versions") or {}).get(end.host or "") \
-        if end.reason is None else \
-        (result.archive.meta.get("torch_versions") or {}).get(end.reason.host or "")
+    with the run's script, working directory and the failed node's torch and NCCL versions
+    (``seconds``: the time it cost, when the ledger is already made)."""
+    host = (end.host if end.reason is None else end.reason.host) or ""
     return remember(end, run_id=req.run_id or result.run_id, attempt=n, script=req.script,
                     workdir=req.workdir, hosts=hosts, fault=fault,
-                    versions={"torch": torch} if torch else None)
+                    versions=versions_of(result, host), seconds=seconds)
 
 
 def detected(result: RunResult) -> float | None:
@@ -139,6 +150,9 @@ class Loop:
         # summary (``attempt N failed`` or FAILED), used by judge
         self.decided: tuple[RunResult, Decision] | None = None
         self.notes: list[str] = []  # the incident store's warnings, said by judge
+        # the --notify word of each attempt's recorded failure (docs/incidents.md)
+        self.words: dict[int, Word] = {}
+        self.recorded = False  # an incident of this run is in the store (charged at its end)
 
     def suspect(self, archive: RunArchive, pairs: Sequence[tuple[str, str]]) -> None:
         """Named once without evidence of the machine: on the lemon list as a suspect (a
@@ -215,8 +229,21 @@ class Loop:
                 "hosts": [h.label for h in hosts], "fenced": [], "detected": None,
                 "stopping": None, "relaunched": None}
 
+    def ending(self, archive: RunArchive) -> Word:
+        """At the run's end, its ledger made: the incidents of its attempts charged the
+        time they cost; the last attempt's word for --notify's ``ended`` (None when it did
+        not fail)."""
+        if self.recorded and self.req.run_id:
+            note = charge_run(self.req.run_id, archive.meta.get("goodput"))
+            if note:
+                render.note(note, sys.stderr if self.opts.reports.as_json else sys.stdout)
+        last = self.attempts[-1] if self.attempts else None
+        if last is None or last.get("exit_code") == 0:
+            return None
+        return self.words.get(last["n"])
+
     async def run(self) -> RunResult:
-        with held_run(self.req, self.opts, self.detacher) as archive:
+        with held_run(self.req, self.opts, self.detacher, self.ending) as archive:
             archive.attempt = n = 1
             try:
                 started = time.time()
@@ -249,8 +276,12 @@ class Loop:
                         self.attempts[-1]["relaunched"] = started
                         from launcher.job import notify
 
+                        word = self.words.get(n - 1)
                         notify.event("relaunched", f"attempt {n} relaunched on "
-                                     f"{', '.join(self.active)}", attempt=n)
+                                     f"{', '.join(self.active)}"
+                                     + (f"; attempt {n - 1} failed: {word[0]}" if word
+                                        else ""), attempt=n,
+                                     **({"incident": dict(word[1])} if word else {}))
                         archive.update_meta(attempts=self.attempts)
                         relaunched = await self.one(archive, n, between)
                     if relaunched is None:
@@ -273,6 +304,9 @@ class Loop:
                                        classify(end, self.faults).kind)
                 self.notes += got.notes
                 history = got.recall
+                self.recorded = self.recorded or (got.incident is not None
+                                                  and got.recall is not None)
+                self.words[n] = (got.seen, got.seen_fields or {}) if got.seen else None
             self.decided = (result, decide(end, self.faults, n, self.policy, self.active,
                                            self.spares, self.count, self.places, history))
         return self.decided[1]

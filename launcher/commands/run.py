@@ -12,11 +12,11 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
-from launcher.commands.launch import RunResult, launch, run_extra
+from launcher.commands.launch import RunResult, Word, launch, run_extra
 from launcher.decide.plan import (
     NODE_DIR,
     OFFLINE_FACTS,
@@ -199,17 +199,24 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
     hosts = place(hosts, opts)
     if opts.watch.restart.restarts and not opts.dry_run:
         return await run_restarting(hosts, spares, count, req, opts, settings, detacher)
-    result = await launch_plain(hosts, req, opts, settings, detacher)
-    if result is not None and result.code != 0:
-        # the one attempt's explained failure, remembered for later runs (docs/incidents.md)
+    labels = [h.label for h in [*hosts, *spares]]
+
+    def ending(result: RunResult) -> Word:
+        """The one attempt's explained failure, remembered for later runs with the time it
+        cost (its ledger is made: docs/incidents.md); the word for --notify's ``ended``."""
+        if result.code == 0:
+            return None
         from launcher.commands.restarts import attempt_end, remember_attempt
+        from launcher.decide.incidents import costs
         from launcher.output import render
 
-        got = remember_attempt(attempt_end(result), result, req, 1,
-                               [h.label for h in [*hosts, *spares]])
+        got = remember_attempt(attempt_end(result), result, req, 1, labels,
+                               seconds=costs(result.archive.meta.get("goodput")).get(1))
         for note in got.notes:
             render.note(note, sys.stderr if opts.reports.as_json else sys.stdout)
-    return result
+        return (got.seen, got.seen_fields or {}) if got.seen else None
+
+    return await launch_plain(hosts, req, opts, settings, detacher, ending)
 
 
 def first_gang(hosts: Sequence[Host], opts: RunOptions
@@ -252,9 +259,10 @@ def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:
 
 
 async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
-                       settings: SSHSettings, detacher: Detacher | None = None
+                       settings: SSHSettings, detacher: Detacher | None = None,
+                       ending: Callable[[RunResult], Word] | None = None
                        ) -> RunResult | None:
-    """One attempt: prepare, plan, launch (None: a dry run, printed)."""
+    """One attempt: prepare, plan, launch (None: a dry run, printed; ``ending``: launch's)."""
     if opts.dry_run and opts.offline:  # nothing is contacted: the hostfile's plan
         plan = offline_plan(req, opts, hosts)
         if opts.reports.as_json:
@@ -272,7 +280,7 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
                                                            prep.choice.reason, hosts),
                             workdir=req.workdir, setup=req.setup, sources=opts.sources)
             return None
-        return await launch(prep, plan, req, opts, detacher=detacher)
+        return await launch(prep, plan, req, opts, detacher=detacher, ending=ending)
 
 
 def run_sync(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,

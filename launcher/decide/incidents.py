@@ -5,7 +5,8 @@ An ``Incident`` is one failure dtrain explained at the end of a failed attempt o
 run`: its fingerprint (``decide.fingerprint``) and, beside it, the node whose own rank
 failed, the run, the attempt, the time, the script, the commit and the versions. The store
 (``job/incidents.py``) keeps at most ``MAX_RECORDS`` of them, none older than
-``MAX_AGE_S``, in a document ``{"incidents_version": 1, "incidents": [...]}``.
+``MAX_AGE_S``, in a document ``{"incidents_version": 2, "incidents": [...]}`` (version 1,
+without the time each failure cost, is still read: its records' ``seconds`` are None).
 
 ``recall`` reads them for the policy, the current failure included:
 
@@ -35,7 +36,8 @@ from typing import Any
 from launcher.decide.failures import FailureReason
 from launcher.decide.fingerprint import Fingerprint, of_failure, of_hang
 
-VERSION = 1
+VERSION = 2  # 2: each record's ``seconds`` (the time it cost); 1 had none
+READS = (1, 2)  # the versions this dtrain reads
 MAX_RECORDS = 2000
 MAX_AGE_S = 90 * 86400.0
 WINDOW_S = 7 * 86400.0
@@ -47,6 +49,11 @@ CODE_KINDS = ("exception", "segfault", "abort", "oom", "exit", "hang-script")
 # its node
 MACHINE_FAULTS = ("process",)
 SUSPECT, ISOLATE = "suspect", "isolate"
+# the goodput ledger's causes (decide/goodput.py) an incident is charged with, of the attempt
+# it ended: its steps done again, the time until dtrain noticed (a hang's too), the stop and
+# decision, the start-up the attempt had spent, and a failed last attempt's tail (the
+# ledger's winddown: its noticing and stop, unsplit without --restarts)
+COST_CAUSES = ("lost", "detection", "hang", "restart", "startup", "winddown")
 
 
 class BadStore(ValueError):
@@ -68,12 +75,24 @@ class Incident:
     script: str = ""
     commit: str | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
+    # the time this failure cost, by the ledger's cause (COST_CAUSES; a value None: not
+    # measured); None: not recorded (a version 1 record, a launcher that ended before its
+    # ledger was made)
+    seconds: Mapping[str, float | None] | None = None
+
+    @property
+    def time_lost(self) -> float | None:
+        """The seconds it cost, every measured cause together (None: not recorded)."""
+        if self.seconds is None:
+            return None
+        return sum(v for v in self.seconds.values() if v is not None)
 
     def json(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "label": self.label, "kind": self.kind,
                 "fault": self.fault, "host": self.host, "run_id": self.run_id,
                 "attempt": self.attempt, "t": self.t, "script": self.script,
-                "commit": self.commit, "versions": dict(self.versions)}
+                "commit": self.commit, "versions": dict(self.versions),
+                "seconds": None if self.seconds is None else dict(self.seconds)}
 
     @classmethod
     def from_json(cls, data: Any) -> Incident:
@@ -83,6 +102,7 @@ class Incident:
             attempt = data.get("attempt", 1)
             versions = data.get("versions") or {}
             commit = data.get("commit")
+            seconds = _seconds(data.get("seconds"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BadStore(f"a record is not well formed ({exc!r})") from None
         if not (isinstance(fp, str) and fp and isinstance(host, str) and host
@@ -92,7 +112,59 @@ class Incident:
         return cls(fp, str(data.get("label", "")), str(data.get("kind", "")),
                    str(data.get("fault", "")), host, str(data.get("run_id", "")), attempt, t,
                    str(data.get("script", "")), commit,
-                   {str(k): str(v) for k, v in versions.items()})
+                   {str(k): str(v) for k, v in versions.items()}, seconds)
+
+
+def _seconds(raw: Any) -> dict[str, float | None] | None:
+    """A record's ``seconds`` (None: not recorded); ValueError when it is not one."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("seconds is not an object")
+    out: dict[str, float | None] = {}
+    for cause, v in raw.items():
+        if v is None:
+            out[str(cause)] = None
+        elif isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) \
+                and v >= 0:
+            out[str(cause)] = float(v)
+        else:
+            raise ValueError(f"seconds[{cause!r}] is not a number of seconds")
+    return out
+
+
+def cost(attempt: Mapping[str, Any]) -> dict[str, float | None]:
+    """What one attempt of the goodput ledger (meta.json ``goodput.attempts[]``) charges the
+    incident that ended it: its ``COST_CAUSES`` seconds (None: not measured)."""
+    secs = attempt.get("seconds")
+    secs = secs if isinstance(secs, Mapping) else {}
+    out: dict[str, float | None] = {}
+    for cause in COST_CAUSES:
+        v = secs.get(cause)
+        out[cause] = round(float(v), 3) if isinstance(v, int | float) \
+            and not isinstance(v, bool) and math.isfinite(v) and v >= 0 else None
+    return out
+
+
+def costs(ledger: Any) -> dict[int, dict[str, float | None]]:
+    """Every attempt's charge (``cost``) of a goodput ledger's JSON (meta.json's
+    ``goodput``), by attempt number; {} when there is none."""
+    attempts = ledger.get("attempts") if isinstance(ledger, Mapping) else None
+    if not isinstance(attempts, list):
+        return {}
+    return {a["n"]: cost(a) for a in attempts
+            if isinstance(a, Mapping) and type(a.get("n")) is int}
+
+
+def charge(records: Sequence[Incident], run_id: str,
+           by_attempt: Mapping[int, Mapping[str, float | None]]) -> list[Incident]:
+    """The records with run ``run_id``'s incidents charged the seconds of the attempts they
+    ended (a record already charged stays as it is)."""
+    from dataclasses import replace
+
+    return [replace(r, seconds=dict(by_attempt[r.attempt]))
+            if r.run_id == run_id and r.seconds is None and r.attempt in by_attempt else r
+            for r in records]
 
 
 def document(records: Sequence[Incident]) -> dict[str, Any]:
@@ -104,9 +176,9 @@ def parse(doc: Any) -> list[Incident]:
     if not isinstance(doc, dict) or "incidents_version" not in doc:
         raise BadStore("not an incident store (no incidents_version)")
     version = doc["incidents_version"]
-    if version != VERSION:
-        raise BadStore(f"incidents_version {version!r}: this dtrain reads version {VERSION} "
-                       "(written by another dtrain)")
+    if version not in READS:
+        raise BadStore(f"incidents_version {version!r}: this dtrain reads versions "
+                       f"{', '.join(map(str, READS))} (written by another dtrain)")
     items = doc.get("incidents")
     if not isinstance(items, list):
         raise BadStore("incidents is not a list")
@@ -141,12 +213,18 @@ class Summary:
     last: float
     commits: tuple[str, ...]
     scripts: tuple[str, ...]
+    # the seconds its failures cost, those with a recorded cost together (None: none has
+    # one), and how many of its failures had one
+    time_lost: float | None = None
+    measured: int = 0
 
     def json(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "label": self.label, "kind": self.kind,
                 "count": self.count, "nodes": list(self.nodes), "runs": list(self.runs),
                 "first_seen": self.first, "last_seen": self.last,
-                "commits": list(self.commits), "scripts": list(self.scripts)}
+                "commits": list(self.commits), "scripts": list(self.scripts),
+                "time_lost_s": None if self.time_lost is None else round(self.time_lost, 3),
+                "time_lost_measured": self.measured}
 
 
 def _uniq(values: Iterable[str]) -> tuple[str, ...]:
@@ -157,18 +235,33 @@ def _uniq(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _lost(rs: Sequence[Incident]) -> tuple[float | None, int]:
+    costs = [c for c in (r.time_lost for r in rs) if c is not None]
+    return (sum(costs) if costs else None), len(costs)
+
+
 def summarize(records: Sequence[Incident], since: float | None = None) -> list[Summary]:
-    """One row per fingerprint (only records at or after ``since``), the most frequent
-    first, then the latest."""
+    """One row per fingerprint (only records at or after ``since``), ranked by the time
+    its failures cost (what to fix first), then the most frequent, then the latest."""
     groups: dict[str, list[Incident]] = {}
     for r in sorted(records, key=lambda r: r.t):
         if since is None or r.t >= since:
             groups.setdefault(r.fingerprint, []).append(r)
     rows = [Summary(fp, rs[-1].label, rs[-1].kind, len(rs), _uniq(r.host for r in rs),
                     _uniq(r.run_id for r in rs), rs[0].t, rs[-1].t,
-                    _uniq(r.commit or "" for r in rs), _uniq(r.script for r in rs))
+                    _uniq(r.commit or "" for r in rs), _uniq(r.script for r in rs),
+                    *_lost(rs))
             for fp, rs in groups.items()]
-    return sorted(rows, key=lambda s: (-s.count, -s.last))
+    return sorted(rows, key=lambda s: (-(s.time_lost or 0.0), -s.count, -s.last))
+
+
+def seen(records: Sequence[Incident], fingerprint: str) -> tuple[int, int, float] | None:
+    """(how many failures, on how many nodes, since when) a print has in the records;
+    None when it has none."""
+    mine = [r for r in records if r.fingerprint == fingerprint]
+    if not mine:
+        return None
+    return len(mine), len({r.host for r in mine}), min(r.t for r in mine)
 
 
 def matching(records: Sequence[Incident], prefix: str) -> list[Incident]:

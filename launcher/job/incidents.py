@@ -3,29 +3,30 @@ as the lemon list is (job/lemons.py): the per-user state directory (``$DTRAIN_ST
 else ``$XDG_STATE_HOME/dtrain``, else ``~/.local/state/dtrain``) held open and checked as
 this user's, every change read-modify-write under an exclusive ``flock`` on
 ``incidents.lock``, written whole through a temp name and a rename, every open relative to
-the held directory with ``O_NOFOLLOW``.
+the held directory with ``O_NOFOLLOW``: the directory and the file are opened and checked by
+``job/statefile.py``, the lemon list's opener too.
 
 Unlike the lemon list, a file that cannot be trusted or read is never read as empty
 (docs/incidents.md): another user's file, a link, a file others may write or one of another
 ``incidents_version`` is refused (``StoreRefused``) and left as it is; a corrupt one (not
 JSON, not an incident store, over the size cap) is refused by the readers, and a writer
 keeps it aside as ``incidents.json.corrupt-<time>`` before it begins a new store: nothing
-is lost. The records and rules are ``decide/incidents.py``; the commit and versions beside
-each record are read here (``commit_of``).
+is lost. A record is written when the attempt's failure is judged, and charged the seconds
+it cost (``IncidentStore.charge``) once the run's goodput ledger is made, at its end. The
+records and rules are ``decide/incidents.py``; the commit and versions beside each record
+are read here (``commit_of``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import os
-import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,12 +34,12 @@ from launcher.decide import incidents as inc
 from launcher.decide.incidents import Incident
 from launcher.errors import DtrainError
 from launcher.job.lemons import state_dir
-from launcher.output.rundir import DIR_MODE, RunDir
+from launcher.job.statefile import Untrusted, open_state_dir, read_state_file
+from launcher.output.rundir import RunDir
 
 INCIDENTS = "incidents.json"
 LOCK = "incidents.lock"
 MAX_BYTES = 16 * 1024 * 1024  # 2,000 records are about 1 MB
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 T = TypeVar("T")
 
 
@@ -62,50 +63,46 @@ def _owner(uid: int) -> str:
 def _read(held: RunDir, path: Path) -> list[Incident]:
     """The records of the held directory's file ([] when there is none)."""
     try:
-        fd = os.open(INCIDENTS, _READ, dir_fd=held.fd)
-    except FileNotFoundError:
+        raw = read_state_file(held, INCIDENTS, MAX_BYTES)
+    except Untrusted as exc:
+        raise _refusal(exc, path) from None
+    if raw is None:
         return []
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StoreRefused(f"{path} is a symbolic link: refused, left as it is",
-                               hint="remove it; dtrain keeps its incidents in a file of "
-                                    "its own") from None
-        raise StoreRefused(f"{path}: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreRefused(f"{path} is not a regular file: refused, left as it is")
-        if st.st_uid != os.getuid():
-            raise StoreRefused(f"{path} belongs to {_owner(st.st_uid)}, not to you: refused, "
-                               "left as it is", hint="another user put it there; remove it "
-                                                     "(your own records are not in it)")
-        if st.st_mode & 0o022:
-            raise StoreRefused(f"{path} is writable by others (mode "
-                               f"{stat.S_IMODE(st.st_mode):o}): refused, left as it is",
-                               hint=f"chmod 600 {path} if its records are yours")
-        if st.st_size > MAX_BYTES:
-            raise Corrupt(f"{path} is larger than {MAX_BYTES} bytes: not an incident store")
-        os.set_blocking(fd, True)
-        raw = b""
-        while len(raw) <= MAX_BYTES:
-            chunk = os.read(fd, MAX_BYTES + 1 - len(raw))
-            if not chunk:
-                break
-            raw += chunk
-    finally:
-        os.close(fd)
     try:
         doc = json.loads(raw)
     except ValueError as exc:
         raise Corrupt(f"{path} is not JSON ({exc})") from None
-    if isinstance(doc, dict) and doc.get("incidents_version") not in (None, inc.VERSION):
+    if isinstance(doc, dict) and doc.get("incidents_version") not in (None, *inc.READS):
         raise StoreRefused(f"{path}: incidents_version {doc.get('incidents_version')!r}, "
-                           f"this dtrain reads version {inc.VERSION}: refused, left as it is",
-                           hint="a newer dtrain wrote it; use that one")
+                           f"this dtrain reads versions {_versions()}: refused, left as it "
+                           "is", hint="a newer dtrain wrote it; use that one")
     try:
         return inc.parse(doc)
     except inc.BadStore as exc:
         raise Corrupt(f"{path}: {exc}") from None
+
+
+def _versions() -> str:
+    return " and ".join(str(v) for v in inc.READS)
+
+
+def _refusal(exc: Untrusted, path: Path) -> StoreRefused:
+    """The store's word for a file statefile.py would not trust."""
+    if exc.why == "link":
+        return StoreRefused(f"{path} is a symbolic link: refused, left as it is",
+                            hint="remove it; dtrain keeps its incidents in a file of its own")
+    if exc.why == "owner" and exc.uid is not None:
+        return StoreRefused(f"{path} belongs to {_owner(exc.uid)}, not to you: refused, left "
+                            "as it is", hint="another user put it there; remove it (your own "
+                                             "records are not in it)")
+    if exc.why == "mode" and exc.mode is not None:
+        return StoreRefused(f"{path} is writable by others (mode {exc.mode:o}): refused, "
+                            "left as it is", hint=f"chmod 600 {path} if its records are yours")
+    if exc.why == "size":
+        return Corrupt(f"{path} is larger than {MAX_BYTES} bytes: not an incident store")
+    if exc.why == "not-regular":
+        return StoreRefused(f"{path} is not a regular file: refused, left as it is")
+    return StoreRefused(exc.text)
 
 
 class IncidentStore:
@@ -117,16 +114,8 @@ class IncidentStore:
         self.kept_aside: str | None = None  # the name a corrupt file was kept under
 
     def _open(self, create: bool) -> RunDir | None:
-        if create and not self.directory.is_dir():
-            self.directory.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                self.directory.mkdir(mode=DIR_MODE)
         try:
-            return RunDir.open(self.directory)
-        except FileNotFoundError:
-            if create:
-                raise
-            return None
+            return open_state_dir(self.directory, create=create)
         except DtrainError as exc:  # another user's directory
             raise StoreRefused(exc.message, hint=exc.hint) from None
 
@@ -185,6 +174,25 @@ class IncidentStore:
             return kept, kept
 
         return self.change(edit)
+
+    def charge(self, run_id: str, by_attempt: Mapping[int, Mapping[str, float | None]]
+               ) -> int:
+        """Charge run ``run_id``'s records with the seconds of the attempts they ended
+        (decide.incidents.charge: the goodput ledger's, made at the run's end); how many
+        records were charged. Nothing is written when none is."""
+        if not by_attempt:
+            return 0
+        with self._locked() as held:
+            try:
+                records = _read(held, self.path)
+            except Corrupt:
+                return 0  # the next record keeps it aside; a charge never does
+            new = inc.charge(records, run_id, by_attempt)
+            done = sum(1 for a, b in zip(records, new, strict=True) if a is not b)
+            if done:
+                held.replace(INCIDENTS,
+                             (json.dumps(inc.document(new), indent=1) + "\n").encode())
+            return done
 
 
 def commit_of(workdir: str | None, script: str) -> str | None:

@@ -4,8 +4,10 @@ The per-user state directory is ``$DTRAIN_STATE_DIR``, else ``$XDG_STATE_HOME/dt
 ``~/.local/state/dtrain`` (the XDG base directory rule the run archive's default follows).
 Every change is read-modify-write under an exclusive ``flock`` on ``lemons.lock``, written
 whole through a temp name and a rename (``RunDir.replace``): two runs fencing at once both
-land, a reader never sees half a file. A missing, torn or foreign file reads as empty.
-The records and rules are ``decide/lemons.py``.
+land, a reader never sees half a file. The directory and the file are opened and checked by
+``job/statefile.py``, as the incident store's are; a missing, torn or untrusted file (a link,
+another user's, writable by others) reads as empty. The records and rules are
+``decide/lemons.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from launcher.decide.lemons import Lemon, document, parse
-from launcher.output.rundir import DIR_MODE, RunDir, read_capped
+from launcher.job.statefile import Untrusted, open_state_dir, read_state_file
+from launcher.output.rundir import RunDir
 
 LEMONS = "lemons.json"
 LOCK = "lemons.lock"
@@ -42,15 +45,17 @@ class LemonStore:
         self.path = self.directory / LEMONS
 
     def _open(self, create: bool) -> RunDir | None:
-        if create and not self.directory.is_dir():
-            self.directory.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                self.directory.mkdir(mode=DIR_MODE)
         try:
-            return RunDir.open(self.directory)
+            return open_state_dir(self.directory, create=create)
         except OSError:
             if create:
                 raise
+            return None
+
+    def _read(self, held: RunDir) -> bytes | None:
+        try:
+            return read_state_file(held, LEMONS, MAX_BYTES)
+        except Untrusted:  # a link, another user's, writable by others: no list of ours
             return None
 
     def load(self) -> list[Lemon]:
@@ -62,7 +67,7 @@ class LemonStore:
         if held is None:
             return []
         try:
-            raw = read_capped(held.fd, LEMONS, MAX_BYTES)
+            raw = self._read(held)
         finally:
             held.close()
         if raw is None:
@@ -87,7 +92,7 @@ class LemonStore:
     def change(self, edit: Callable[[list[Lemon]], tuple[list[Lemon], T]]) -> T:
         """Apply ``edit`` (records -> (new records, a result)) under the lock."""
         with self._locked() as held:
-            raw = read_capped(held.fd, LEMONS, MAX_BYTES)
+            raw = self._read(held)
             try:
                 records = parse(json.loads(raw)) if raw else []
             except ValueError:
