@@ -183,7 +183,6 @@ class RunMeta(TypedDict, total=False):
     workdir: str | None
     torch_versions: dict[str, str | None]
     nccl_versions: dict[str, str | None]  # the probe's (the nvidia-nccl wheel); None: unknown
-    nccl_versions: dict[str, str | None]  # the probe's (the nvidia-nccl wheel); None: unknown
     start: float | None  # the run's; None only where attempt 1 recorded none
     plan: dict[str, Any]  # decide.plan.plan_json (secrets redacted)
     hosts: list[str]
