@@ -248,6 +248,9 @@ ALLOWED_RAW = {  # module -> why it may open or check unix sockets without launc
                                        "the rank's socket to its supervisor, on the node",
     "launcher/nodeside/rankshim.py": "a node program: the rank side of that socket",
     "launcher/nodeside/supervisor.py": "a node program: the supervisor side of that socket",
+    "launcher/nodeside/warm.py": "a node program: the warm process's socket in the "
+                                 "supervisor's private directory (0700) and the rank shim's "
+                                 "side of it, each peer's uid checked (SO_PEERCRED)",
 }
 UNIX_SOCKET = re.compile(r"socket\.AF_UNIX|open_unix_connection\(|start_unix_server\(|"
                          r"socket\.SO_PEERCRED")

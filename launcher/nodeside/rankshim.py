@@ -21,6 +21,7 @@ from launcher.nodeside.nodecommon import (
     now,
 )
 from launcher.nodeside.nodetitle import set_title
+from launcher.nodeside.warm import WARM_SOCK_ENV, warm_spawn
 
 SHIM_ENV = "DTRAIN_SHIM_SOCK"
 # torchrun's temp dir (its /tmp/torchelastic_* log dirs) goes into our private dir, which
@@ -374,6 +375,7 @@ def shim_main(argv):
     import subprocess
 
     path = os.environ.pop(SHIM_ENV)
+    warm_path = os.environ.pop(WARM_SOCK_ENV, None)  # the node's warm process (warm.py)
     rank = int(os.environ.get("RANK", "-1"))
     tmpdir = os.environ.pop(TMPDIR_ENV, None)
     if tmpdir:
@@ -393,7 +395,8 @@ def shim_main(argv):
     # signal from anyone else (a stray `kill`, a watchdog) kills the rank as it would have
     # killed it, and the report carries no stop_signal: the rank's death is a root cause,
     # as it is when the signal hits the rank itself (issue 40)
-    waited = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+    # SIGIO: a rank forked by the warm process ended (its socket has the news, warm.py)
+    waited = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGIO)
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     out, err, ctl = connect("out"), connect("err"), connect("ctl")
     set_title(rank_title(argv, shim=True), "dtrain-shim")
@@ -403,9 +406,16 @@ def shim_main(argv):
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0])
     except (OSError, AttributeError, struct.error):
         pass
-    child = subprocess.Popen(rank_argv(argv, path), stdout=out.fileno(), stderr=err.fileno(),
-                             env=rank_env(path), start_new_session=True,
-                             preexec_fn=_die_with_parent(os.getpid(), waited))
+    env = rank_env(path)
+    # forked from the node's warm interpreter when there is one (its own session, these
+    # descriptors, env and cwd); else started cold, as `python -u dtrain_shim.py ARGV`
+    child = warm_spawn(warm_path, argv, env, [0, out.fileno(), err.fileno()]) \
+        if warm_path and os.environ.get(STACKS_OFF_ENV) != "0" else None
+    cold = child is None
+    if child is None:
+        child = subprocess.Popen(rank_argv(argv, path), stdout=out.fileno(),
+                                 stderr=err.fileno(), env=env, start_new_session=True,
+                                 preexec_fn=_die_with_parent(os.getpid(), waited))
     out.close()
     err.close()
     started = now()
@@ -413,8 +423,10 @@ def shim_main(argv):
     outside = None
     code = child.poll()
     while code is None:
-        info = signal.sigwaitinfo(waited)
-        if info.si_signo != signal.SIGCHLD and stop is None:
+        # a warm rank's end is a SIGIO (the 1 s bound only a second guard against a lost one)
+        info = signal.sigwaitinfo(waited) if cold else signal.sigtimedwait(waited, 1.0)
+        if info is not None and info.si_signo not in (signal.SIGCHLD, signal.SIGIO) \
+                and stop is None:
             stop = info.si_signo  # one stop, one signal: later ones are the same stop
             if info.si_pid not in ours:
                 outside = info.si_pid
@@ -438,7 +450,7 @@ def shim_main(argv):
     # later stop signals are the same stop: dropped; then die the same way as the rank, so
     # torchrun sees the worker's signal (SIGKILL/SIGSTOP cannot have a handler: setting
     # SIG_DFL for them raises)
-    for other in waited[:3]:
+    for other in waited[:3] + (signal.SIGIO,):
         signal.signal(other, signal.SIG_IGN)
     if sig:
         try:

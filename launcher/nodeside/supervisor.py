@@ -95,6 +95,7 @@ from launcher.nodeside.rankshim import (
     rank_main,
     shim_main,
 )
+from launcher.nodeside.warm import WARM_FD_ENV, WarmStart, warm_main
 
 # run mode, during a stop: how long torchrun's agent may take to exit by itself once every
 # rank has exited (it normally needs well under a second; its last log lines come then)
@@ -109,7 +110,7 @@ AGENT_STOPPED_REASON = "torchrun stopped (state T) for %d s after its ranks ende
 LAUNCHER_SILENT_REASON = "no heartbeat from the launcher for %g s"
 
 
-class Supervisor(Evidence):
+class Supervisor(Evidence, WarmStart):
     """Runs one job, forwards its output as frames, and guarantees its teardown."""
 
     def __init__(self, spec, source):
@@ -197,7 +198,7 @@ class Supervisor(Evidence):
         ranks: each rank's shim forwards the first stop signal it gets (ours, or torchrun's
         killpg) to its rank and no other, so a rank sees exactly one TERM per stop."""
         with self.lock:
-            return signal_tree(signal.SIGTERM, self.is_shim, self.termed)
+            return signal_tree(signal.SIGTERM, self.pruned, self.termed)
 
     def is_shim(self, pid):
         """A rank shim (torchrun's worker: ``python -u <our dir>/dtrain_shim.py ...``)."""
@@ -314,6 +315,7 @@ class Supervisor(Evidence):
             env[TMPDIR_ENV] = env.get("TMPDIR", "")
             env["TMPDIR"] = self.tmpdir
         argv = self.job_argv()
+        self.start_warm(env, argv)  # when the spec asks (warm.py): before torchrun, beside it
         try:
             if ctr:
                 self.container = Container(ctr, self.tmpdir, self.grace)
@@ -655,6 +657,8 @@ class Supervisor(Evidence):
 
 
 def main():
+    if os.environ.get(WARM_FD_ENV):
+        warm_main()  # returns only in a rank forked from it, with its sys.argv and environ
     if os.environ.get(SHIM_ENV) and len(sys.argv) > 1:
         sys.exit(shim_main(sys.argv[1:]))
     if os.environ.get(ARM_ENV) and len(sys.argv) > 1:

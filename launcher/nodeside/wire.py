@@ -111,7 +111,8 @@ BOOTSTRAP = (
 # A program not listed is its one file. tests/test_node_bundles.py keeps the rules: stdlib
 # and earlier modules only, no top-level name defined twice, the bundle compiles under 3.8.
 PROGRAMS: dict[str, tuple[str, ...]] = {
-    "supervisor": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "rankshim",
+    "supervisor": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "warm",
+                   "rankshim",
                    "kernlog", "nodeevidence", "nodecontainer", "supervisor"),
     "probe": ("nodetitle", "probenet", "probe"),
     "sampler": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "sampler"),
