@@ -84,32 +84,41 @@ GendersOpt = Annotated[str | None, typer.Option(
     help="The genders file -g/-X read (pdsh's -F; default /etc/genders when it exists).")]
 
 
+def _from_environment(name: str) -> bool:
+    """Whether the current command's option ``name`` took its value from its envvar."""
+    from typer._click import core
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    while ctx is not None:
+        if name in ctx.params:
+            return ctx.get_parameter_source(name) is core.ParameterSource.ENVIRONMENT
+        ctx = ctx.parent
+    return False
+
+
 def hosts(hostfile: str | None, hosts: str | None, include: str | None,
           exclude: str | None, *, user: str | None = None, group: str | None = None,
           exclude_group: str | None = None, genders: str | None = None) -> list[Any]:
-    """The hosts the options name (exit 2 with the hostfile's line for bad input): pdsh's
-    WCOLL is the hostfile when nothing else names hosts, ``-l USER`` the user of every
-    host that names none."""
+    """The hosts the options name (exit 2 with the hostfile's line for bad input), from the
+    one source ``hosts/sources.host_source`` picks (-H, -f, DTRAIN_HOSTFILE, WCOLL, Slurm,
+    -g's genders file, the config's hostfile); ``-l USER`` the user of every host that names
+    none. -f's value from $DTRAIN_HOSTFILE (typer's envvar) is left to that order, so -H
+    wins over it as docs/hostfiles.md says."""
     import os
 
-    from launcher.hosts.genders import genders_path
+    from launcher.cli.defaults import config_hostfile
     from launcher.hosts.hostfile import resolve_hosts, with_user
 
-    # -g with a genders file and no hosts named: its nodes in the group, as pdsh -g
-    by_genders = group is not None and genders_path(genders) is not None
-    if hostfile is None and hosts is None and os.environ.get("WCOLL") and not by_genders:
-        hostfile = os.environ["WCOLL"]
-    if hostfile is None and hosts is None and not os.environ.get("SLURM_JOB_NODELIST") \
-            and not by_genders:
-        from launcher.cli.defaults import config_hostfile
-
-        hostfile = config_hostfile()  # the user's config: below -f, -H, env, Slurm
+    if hostfile is not None and _from_environment("hostfile"):
+        hostfile = None  # $DTRAIN_HOSTFILE: host_source reads it, below -f and -H
     if hostfile is not None and hostfile.isdigit() and not os.path.exists(hostfile):
         from launcher.errors import UsageError
 
         raise UsageError(f"-f {hostfile}: dtrain's -f is the hostfile (-f FILE); pdsh's "
                          "-f is the fan-out, which dtrain spells --fanout",
                          hint=f"--fanout {hostfile}")
+
     def warn(message: str) -> None:
         from launcher.output import render
 
@@ -117,7 +126,7 @@ def hosts(hostfile: str | None, hosts: str | None, include: str | None,
 
     found = resolve_hosts(hostfile=hostfile, hosts=hosts, include=include, exclude=exclude,
                           group=group, exclude_group=exclude_group, genders=genders,
-                          user=login_user(user), warn=warn)
+                          user=login_user(user), warn=warn, config_hostfile=config_hostfile)
     return with_user(found, login_user(user))
 
 

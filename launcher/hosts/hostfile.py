@@ -22,7 +22,7 @@ from ClusterShell.NodeSet import (
     NodeSetException,
 )
 
-from launcher.errors import HostfileError, UsageError
+from launcher.errors import HostfileError
 from launcher.hosts.entries import (
     ENV_HOSTFILE,
     IGNORED_KEYS,
@@ -44,6 +44,7 @@ from launcher.hosts.entries import (
 )
 from launcher.hosts.envfile import name_hint, name_problem
 from launcher.hosts.slurm import NODELIST, allocation
+from launcher.hosts.sources import HostSource, host_source
 from launcher.models import Host
 
 if TYPE_CHECKING:
@@ -487,52 +488,62 @@ def resolve_hosts(*, hostfile: str | None, hosts: str | None, include: str | Non
                   exclude: str | None = None, group: str | None = None,
                   exclude_group: str | None = None, genders: str | None = None,
                   environ: Mapping[str, str] = os.environ, user: str | None = None,
-                  warn: Callable[[str], None] | None = None) -> list[Host]:
-    """The job's hosts from -f or -H (or $DTRAIN_HOSTFILE, else a Slurm allocation's
-    SLURM_JOB_NODELIST, else with -g the genders file's group), filtered and checked.
-    ``user`` (``-l``) is every host's that names none before the filters read them, so
-    ``--exclude alice@node1`` means the same with ``-l alice``; ``warn`` hears of an
-    --exclude entry that matched no host."""
-    if group is None and exclude_group is None:
-        return _resolve(hostfile, hosts, include, exclude, environ, user, warn)
-    from launcher.hosts.genders import genders_hosts, genders_path, load_genders, select
+                  warn: Callable[[str], None] | None = None,
+                  config_hostfile: Callable[[], str | None] | None = None) -> list[Host]:
+    """The job's hosts from the one source ``hosts/sources.host_source`` picks (-H, -f,
+    $DTRAIN_HOSTFILE, $WCOLL, a Slurm allocation's SLURM_JOB_NODELIST, with -g the genders
+    file's group, the config's hostfile: that order), filtered and checked. ``user``
+    (``-l``) is every host's that names none before the filters read them, so ``--exclude
+    alice@node1`` means the same with ``-l alice``; ``warn`` hears of an --exclude entry
+    that matched no host; ``config_hostfile`` gives the user config's hostfile, asked only
+    when nothing above it names hosts."""
+    gfile = None
+    if group is not None or exclude_group is not None:
+        from launcher.hosts.genders import genders_path, load_genders
 
-    path = genders_path(genders, environ)
-    gfile = load_genders(path) if path else None
-    named = hostfile is not None or hosts is not None or bool(environ.get(ENV_HOSTFILE)) \
-        or allocation(environ) is not None
-    if not named and group is not None and gfile is not None:
+        path = genders_path(genders, environ)
+        gfile = load_genders(path) if path else None
+    chosen = host_source(hostfile=hostfile, hosts=hosts, environ=environ,
+                         genders_group=group is not None and gfile is not None,
+                         config_hostfile=config_hostfile)
+    if chosen is not None and chosen.kind == "genders":
+        from launcher.hosts.genders import genders_hosts, select
+
+        assert gfile is not None and group is not None  # host_source's genders_group
         found = with_user(genders_hosts(gfile, group), user)  # pdsh -g GROUP: its nodes
         return _checked(filter_hosts(select(found, None, exclude_group, gfile), include,
                                      exclude, warn=warn), gfile.source)
-    return _checked(select(_resolve(hostfile, hosts, include, exclude, environ, user, warn),
-                           group, exclude_group, gfile), "-g")
+    named = _resolve(chosen, include, exclude, environ, user, warn)
+    if group is None and exclude_group is None:
+        return named
+    from launcher.hosts.genders import select
+
+    return _checked(select(named, group, exclude_group, gfile), "-g")
 
 
-def _resolve(hostfile: str | None, hosts: str | None, include: str | None,
-             exclude: str | None, environ: Mapping[str, str], user: str | None = None,
+def _resolve(chosen: HostSource | None, include: str | None, exclude: str | None,
+             environ: Mapping[str, str], user: str | None = None,
              warn: Callable[[str], None] | None = None) -> list[Host]:
-    if hostfile is not None and hosts is not None:
-        raise UsageError("both -f/--hostfile and -H/--hosts given",
-                         hint="pick one: -f FILE or -H EXPR")
-    if hosts is not None and hosts.startswith("^"):  # pdsh's -w ^FILE: a file of hosts
-        source, found = hosts[1:], _load(hosts[1:], via=f"-w {hosts}")
-    elif hosts == "-":  # pdsh's -w -: the hosts from stdin, one a line
+    """Read the source ``host_source`` chose."""
+    if chosen is None:
+        raise HostfileError("no hosts given: use -f FILE or -H EXPR",
+                            hint=f"or set {ENV_HOSTFILE}=FILE, or run inside salloc/sbatch")
+    value = chosen.value or ""
+    if chosen.kind == "-H" and value.startswith("^"):  # pdsh's -w ^FILE: a file of hosts
+        source, found = value[1:], _load(value[1:], via=f"-w {value}")
+    elif chosen.kind == "-H" and value == "-":  # pdsh's -w -: the hosts from stdin
         import sys
 
         source, found = "-w -", parse_hostfile_text(sys.stdin.read(), "-w -")
-    elif hosts is not None:
-        source, found = "-H", parse_host_expr(hosts)
-    elif hostfile is not None:
-        source, found = hostfile, _load(hostfile)
-    elif environ.get(ENV_HOSTFILE):
-        source = environ[ENV_HOSTFILE]
-        found = _load(source, via=ENV_HOSTFILE)
-    elif (alloc := allocation(environ)) is not None:
+    elif chosen.kind == "-H":
+        source, found = "-H", parse_host_expr(value)
+    elif chosen.kind == "Slurm":
+        alloc = allocation(environ)
+        assert alloc is not None  # host_source checked in_allocation
         source, found = NODELIST, alloc.hosts()
-    else:
-        raise HostfileError("no hosts given: use -f FILE or -H EXPR",
-                            hint=f"or set {ENV_HOSTFILE}=FILE, or run inside salloc/sbatch")
+    else:  # -f, DTRAIN_HOSTFILE, WCOLL, the config's hostfile
+        via = chosen.kind if chosen.kind in (ENV_HOSTFILE, "WCOLL") else ""
+        source, found = value, _load(value, via=via)
     return _checked(filter_hosts(with_user(found, user), include, exclude, warn=warn), source)
 
 
