@@ -238,7 +238,8 @@ def test_detached_launcher_imports_nothing_from_the_project_and_keeps_no_secret_
     info = ps(cluster, archive)[run_id]
     launchers.append(info["launcher_pid"])
     cmdline = Path(f"/proc/{info['launcher_pid']}/cmdline").read_bytes()
-    assert b"launcher.cli" in cmdline  # the detached launcher itself
+    # the detached launcher itself, titled with its run (docs/runs.md, "Everyone's runs")
+    assert cmdline.split(b"\0")[0] == f"dtrain run {run_id} 2 nodes".encode(), cmdline
     assert secret.encode() not in cmdline and b"DTRAIN_T_" not in cmdline, cmdline
     assert not marker.exists(), f"the launcher imported {marker.read_text().split()}"
     with JobWatch(cluster, NODES, run_id=run_id) as watch:

@@ -189,7 +189,8 @@ def test_a_detached_run_puts_the_url_on_no_command_line(tmp_path: Path) -> None:
     meta = tmp_path / "runs" / "det" / "meta.json"
     wait_for(meta, "running")
     during = cmdlines()
-    assert any(b"launcher.cli" in c for c in during.values())  # the detached launcher
+    # the detached launcher, titled with its run (docs/runs.md)
+    assert any(c.startswith(b"dtrain run det ") for c in during.values())
     assert any(b"s.py" in c for c in during.values())  # the rank is up
     assert not [c for c in during.values() if PASSWORD.encode() in c]
     assert wait_for(meta, "finished")["exit_code"] == 0

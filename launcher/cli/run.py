@@ -129,6 +129,10 @@ def run_cmd(
         help="The health gate before the job (`doctor --health`, docs/fabric.md): "
              "isolate-tier nodes go on the lemon list and are left out while --nnodes "
              "leaves hosts to spare, else the run is refused naming them.")] = False,
+    exclusive: Annotated[bool, typer.Option(
+        "--exclusive", rich_help_panel=NODE,
+        help="Refuse (exit 1, nothing started) when another user's dtrain run is on a "
+             "node; without it, one warning line per such node (docs/runs.md).")] = False,
     dcgm: Annotated[int, typer.Option(
         "--dcgm", min=0, max=3, metavar="LEVEL", rich_help_panel=NODE,
         help="With --health-check: also `dcgmi diag -r LEVEL` where dcgmi exists.")] = 0,

@@ -68,6 +68,7 @@ class RunArgs(HostArgs, ConnArgs):
     topology: str | None = None
     health_check: bool = False
     dcgm: int = 0
+    exclusive: bool = False
     grace: float = defaults.GRACE_S
     timeout: float | None = None
     start_timeout: float = 120.0
@@ -256,7 +257,8 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
             preflight=a.preflight, profile=i.profile_env,
             profile_name=Path(a.profile).stem if a.profile else "profile",
             no_auto=frozenset(a.no_auto or ()), topology=i.topology,
-            health_check=a.health_check or bool(a.dcgm), health_dcgm=a.dcgm),
+            health_check=a.health_check or bool(a.dcgm), health_dcgm=a.dcgm,
+            exclusive=a.exclusive),
         watch=Watching(
             hang=hang, restart=restart, sample_interval=a.sample_interval,
             stragglers=StragglerSettings(window=a.straggler_window, hold=a.straggler_hold,

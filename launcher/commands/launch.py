@@ -369,8 +369,20 @@ async def launch(prep: Prepared, plan: LaunchPlan, req: RunRequest, opts: RunOpt
     with held_run(req, opts, detacher, end) as archive:
         start_meta(archive, req, opts, plan, prep, detacher)
         archive.update_meta(kind=payload.kind)  # what `dtrain ps` shows in KIND
+        title_launcher(payload.kind, req.run_id, len(plan.nodes))
         got.append(await supervise(plan, req, opts, prep, archive, detacher, payload))
         return got[0]
+
+
+def title_launcher(kind: str, run_id: str, nodes: int) -> None:
+    """What every user of the login node sees of this launcher in ps: ``dtrain run RUN 4
+    nodes`` (comm ``dtrain-run``), the title `dtrain ps --everyone` reads (docs/runs.md); the
+    command line it replaces (the script's arguments) is no one else's business."""
+    from launcher.nodeside.nodetitle import set_title
+    from launcher.text.words import count
+
+    set_title(f"dtrain {kind} {run_id} {count(nodes, 'node')}",  # type: ignore[no-untyped-call]
+              f"dtrain-{kind}")
 
 
 async def supervise(plan: LaunchPlan, req: RunRequest, opts: RunOptions, prep: Prepared,

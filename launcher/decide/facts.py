@@ -157,6 +157,24 @@ class SiteVar(NamedTuple):
 
 
 @dataclass(frozen=True)
+class OtherRun:
+    """Another user's dtrain run on a node, from its process titles (nodeside/runscan.py):
+    who, which run, since when; nothing else of it is ever read."""
+
+    user: str
+    run_id: str
+    started: float | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> OtherRun:
+        """Parse one row of the probe's ``others.runs``."""
+        started = obj.get("started")
+        return cls(str(obj.get("user") or obj.get("uid") or "?")[:64],
+                   str(obj.get("run_id") or "?")[:128],
+                   float(started) if isinstance(started, int | float) else None)
+
+
+@dataclass(frozen=True)
 class Gid:
     """One populated row of a port's GID table."""
 
@@ -268,6 +286,11 @@ class NodeFacts:
     # nvidia-smi's NVLink fabric on an IMEX machine (nodeside/probe.read_fabric), raw text:
     # state, status, cluster_uuid, clique_id; empty elsewhere (decide/placement.nvlink_domain)
     fabric: Mapping[str, str] = field(default_factory=dict)
+    # other users' dtrain runs on the node (decide/sharing.py); ``others_hidden``: /proc's
+    # hidepid option there, when it hides them; ``others_seen``: False with an old probe
+    others: tuple[OtherRun, ...] = ()
+    others_hidden: str | None = None
+    others_seen: bool = False
 
     def iface(self, name: str | None) -> Iface | None:
         """The interface called ``name``, if the probe saw it."""
@@ -299,6 +322,7 @@ class NodeFacts:
         obj = _dict(obj)
         py, pkgs = _dict(obj.get("python")), _dict(obj.get("packages"))
         gpus, limits, workdir = _dict(obj.get("gpus")), _dict(obj.get("limits")), obj.get("workdir")
+        others = _dict(obj.get("others"))
         return cls(
             hostname=str(obj.get("hostname") or ""),
             python=_str(py.get("version")),
@@ -336,6 +360,10 @@ class NodeFacts:
             container=ContainerFacts.from_json(obj.get("container")),
             fabric={k: str(v)[:80] for k, v in _dict(obj.get("fabric")).items()
                     if k in ("state", "status", "cluster_uuid", "clique_id")},
+            others=tuple(OtherRun.from_json(r) for r in _list(others.get("runs"))
+                         if isinstance(r, Mapping)),
+            others_hidden=_str(others.get("hidden")),
+            others_seen=isinstance(obj.get("others"), Mapping),
         )
 
 

@@ -58,6 +58,7 @@ class NodeChecks:
     topology_from: str = "topology.conf"
     health_check: bool = False  # --health-check: the health gate first (commands/health.py)
     health_dcgm: int = 0  # --dcgm N with it: dcgmi diag -r N too
+    exclusive: bool = False  # --exclusive: refuse nodes another user's run holds
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Display:
     timestamps: bool = False  # --timestamps: each console line starts with its arrival time
     ranks: frozenset[int] | None = None  # --rank
     hosts_filter: frozenset[str] | None = None  # --host
+    verbose: bool = False  # -v: the offline dry run's full form (every node's block)
 
 
 @dataclass(frozen=True)

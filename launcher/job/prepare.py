@@ -17,6 +17,7 @@ from launcher.aio import CLOSE_S, cleanup
 from launcher.decide.placement import after_probe
 from launcher.decide.plan import LaunchPlan, RunRequest, build_plan, plan_warnings
 from launcher.decide.runoptions import RunOptions
+from launcher.decide.sharing import refuse, sharing
 from launcher.errors import ConnectError
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.orchestrate import connect_all
@@ -42,9 +43,15 @@ class Prepared:
 
     def plan(self, req: RunRequest, opts: RunOptions) -> LaunchPlan:
         """Decide every node's argv and environment (pure); the preflight's warnings are
-        shown once the plan stands."""
+        shown once the plan stands. Another user's dtrain run on a node is one warning line
+        per node first (with --exclusive: refused, nothing started; decide/sharing.py)."""
         pre = self.pre
         hosts = list(self.hosts)
+        found = sharing(pre.facts, [h.label for h in hosts])  # other users' runs there
+        if found.shared and opts.checks.exclusive:
+            raise refuse(found)
+        for line in found.lines:
+            render.note(f"warning: {line}")
         placed = after_probe(hosts, {label: f.fabric for label, f in pre.facts.items()},
                              opts.checks.topology, opts.checks.topology_from)
         if placed is not None:  # NVLink domains: ranks ordered by them (decide/placement)

@@ -172,8 +172,9 @@ class NodeProbes:
                 return
             inside = NodeFacts.from_json(got["facts"])
             # the network is the host's (--network host); the runtime facts are the host's
+            # and so are the node's other runs (the container has its own process table)
             out[host.label] = dataclasses.replace(inside, routes=f.routes,
-                                                  container=f.container)
+                                                  container=f.container, others=f.others)
 
         await gather_named({h.label: one(h) for h in hosts})
         if errors:

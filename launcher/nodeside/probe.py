@@ -13,6 +13,8 @@ Modes (``params["mode"]``):
   RDMA (InfiniBand / RoCE / EFA) tree with GID tables, GPUs, limits. See ``collect_facts``.
 * ``listen``: bind+listen on ``addr:port``, print ``{"ok": true, "port": N}`` at once, accept and
   close connections until stdin reaches EOF (the launcher closes the channel).
+* ``runs``: every user's dtrain runs on this node, from the process table (runscan.py):
+  ``{"ok", "mode", "hostname", "hidden", "denied", "runs"}``.
 * ``connect``: one TCP connect to ``addr:port``; print ``{"ok": bool, "error"?: str, "ms": float}``.
 
 ``facts`` with ``"stay": true`` (what `dtrain run` sends: one interpreter per node for the
@@ -45,6 +47,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from launcher.nodeside.nodetitle import set_title
+from launcher.nodeside.runscan import scan
 
 if TYPE_CHECKING:  # annotations only: never evaluated, so 3.8 never sees list[str]
     from collections.abc import Callable, Iterable
@@ -354,6 +357,9 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
     if params.get("container"):
         out["container"] = _section(errors, "container",
                                     lambda: read_container(params["container"]), None)
+    # other users' dtrain runs on this node (docs/runs.md): the shared-nodes warning
+    out["others"] = _section(errors, "others", lambda: scan(
+        os.uname().nodename, launchers=False, skip_uid=os.getuid()), None)
     out["errors"] = errors
     return out
 
@@ -619,6 +625,10 @@ def main() -> int:
     if mode == "facts":
         _emit(collect_facts(params))
         return stay() if params.get("stay") else 0
+    if mode == "runs":  # `dtrain ps --everyone -w HOSTS`: every user's runs on this node
+        _emit({"ok": True, "mode": "runs", "hostname": socket.gethostname(),
+               **scan(os.uname().nodename, launchers=False)})
+        return 0
     if mode == "listen":
         return listen(params)
     if mode == "connect":

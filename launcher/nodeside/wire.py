@@ -114,7 +114,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "supervisor": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "warm",
                    "rankshim",
                    "kernlog", "nodeevidence", "nodecontainer", "supervisor"),
-    "probe": ("nodetitle", "probenet", "probe"),
+    "probe": ("nodetitle", "probenet", "runscan", "probe"),
     "sampler": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "sampler"),
     "cpnode": ("nodetitle", "nodecommon", "cpnode"),
     "agent": ("nodetitle", "agent"),
