@@ -35,7 +35,7 @@ def _run(args: list[str], tmp: Path) -> tuple[subprocess.CompletedProcess[str], 
 
 
 def test_offline_dry_run_plans_without_connecting(tmp_path: Path) -> None:
-    res, dials = _run(["--dry-run", "--offline", "-e", "A=1"], tmp_path)
+    res, dials = _run(["--dry-run", "--offline", "-v", "-e", "A=1"], tmp_path)
     assert_exit(res, 0)
     assert dials == [], dials
     out = res.stdout
@@ -48,7 +48,7 @@ def test_offline_dry_run_plans_without_connecting(tmp_path: Path) -> None:
 def test_the_dry_run_shows_what_the_supervisor_adds_on_the_node(tmp_path: Path) -> None:
     """The variables the node adds by itself (the flight recorder's, NCCL's account) are in
     the dry run with why; a user's NCCL_DEBUG turns NCCL's off, as on the node."""
-    res, _ = _run(["--dry-run", "--offline"], tmp_path)
+    res, _ = _run(["--dry-run", "--offline", "-v"], tmp_path)
     assert_exit(res, 0)
     added = [ln.split("=")[0].strip() for ln in res.stdout.splitlines()
              if ln.startswith("  + ")]
@@ -59,7 +59,7 @@ def test_the_dry_run_shows_what_the_supervisor_adds_on_the_node(tmp_path: Path) 
                          "+ NCCL_DEBUG_FILE"], added
     assert "  + NCCL_DEBUG=INFO  [node: added on the node unless its own environment sets " \
            "NCCL_DEBUG or NCCL_DEBUG_FILE: NCCL's own account of the fabric]" in res.stdout
-    res, _ = _run(["--dry-run", "--offline", "-e", "NCCL_DEBUG=WARN"], tmp_path)
+    res, _ = _run(["--dry-run", "--offline", "-v", "-e", "NCCL_DEBUG=WARN"], tmp_path)
     assert_exit(res, 0)
     assert "+ NCCL_DEBUG" not in res.stdout and "+ TORCH_FR_BUFFER_SIZE" in res.stdout
 

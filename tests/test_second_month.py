@@ -179,7 +179,7 @@ def test_run_help_lists_the_container_group_after_the_everyday_ones(tmp_path: Pa
 def _offline(tmp_path: Path, hostfile: str) -> str:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(hostfile)
-    res = dtrain(["run", "-f", str(hosts), "--dry-run", "--offline", "--archive-dir",
+    res = dtrain(["run", "-f", str(hosts), "--dry-run", "--offline", "-v", "--archive-dir",
                   str(tmp_path / "runs"), "examples/train.py"], env=_env(tmp_path))
     assert_exit(res, 0)
     return res.stdout

@@ -103,6 +103,10 @@ def run_cmd(
         help="With --dry-run: plan from the hostfile alone, connecting to nothing (each "
              "node's facts unknown: no detected NCCL/GLOO variables, master not checked).")
     ] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", rich_help_panel=LAUNCH,
+        help="With --dry-run --offline: every node's full block, each variable with its "
+             "source and reason (default: one line per node).")] = False,
     as_json: JsonOpt = False,
     junit: groups.JunitOpt = None,
     timestamps: TimestampsOpt = False,

@@ -41,12 +41,14 @@ if TYPE_CHECKING:
 
 def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None, *,
                 workdir: str | None = None, setup: str | None = None,
-                sources: Sequence[tuple[str, str, str]] = ()) -> None:
-    """The dry run: per node, the exact command and each variable with its source."""
+                sources: Sequence[tuple[str, str, str]] = (), short: bool = False) -> None:
+    """The dry run: per node, the exact command and each variable with its source
+    (``short``: one line per node, the shared variables once: commands/planview.py)."""
     out = out or sys.stdout
     w = out.write
     if plan.offline:
-        w(f"offline: {OFFLINE_FACTS}\n")
+        w("offline: not connected (--offline): node facts unknown; NCCL/GLOO variables are "
+          "decided when the run connects\n" if short else f"offline: {OFFLINE_FACTS}\n")
     w(f"master {plan.master_addr}:{plan.master_port} ({plan.master_reason}); "
       f"world size {plan.world_size}; rendezvous {plan.rdzv}\n")
     hosts = [n.host for n in plan.nodes]
@@ -61,6 +63,12 @@ def render_plan(plan: LaunchPlan, out: Any = None, transport: str | None = None,
         if name == "python":  # a hostfile's python= wins on its hosts
             value, source = _python_source(hosts, value, source)
         w(f"{name} {value}  [{source}]\n")
+    if short:
+        from launcher.commands.planview import short_lines
+
+        out.writelines(short_lines(plan))
+        out.flush()
+        return
     blocks = [(node, _node_lines(plan, node)) for node in plan.nodes]
     explained = False  # the NCCL '=' note: once, at its first node, not on all 64
     for nodes, lines in _fold_nodes(blocks):
@@ -268,7 +276,8 @@ async def launch_plain(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         if opts.reports.as_json:
             sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
         else:
-            render_plan(plan, workdir=req.workdir, setup=req.setup, sources=opts.sources)
+            render_plan(plan, workdir=req.workdir, setup=req.setup, sources=opts.sources,
+                        short=not opts.display.verbose)
         return None
     async with prepare(hosts, req, opts, settings) as prep:
         plan = prep.plan(req, opts)
