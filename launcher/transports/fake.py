@@ -10,10 +10,12 @@ sshd or the test cluster.
     fake.kill("node2")              # its processes die at once (SIGKILL, every group)
 
 What a test may set: nodes that cannot be reached (``unreachable``), a ``handler`` that
-answers a node's command itself (return None to run it), and the environment each node's
-processes get (``DTRAIN_FAKE_NODE`` is the node's label), and, as root, a hostname of each
-node's own (``own_hostname``: a UTS namespace per command, so the preflight sees distinct
-machines). What it records: ``connects`` and
+answers a node's command itself (return None to run it), a scripted node's job per
+attempt (``scripts``: its real probe answers the preflight, then transports/scripted.py's
+``Script`` plays the supervisor: ranks that exit, hang or lose their link, no torch), and
+the environment each node's processes get (``DTRAIN_FAKE_NODE`` is the node's label),
+and, as root, a hostname of each node's own (``own_hostname``: a UTS namespace per
+command, so the preflight sees distinct machines). What it records: ``connects`` and
 ``started`` (label, command), in order.
 """
 
@@ -23,13 +25,14 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 
 from launcher.errors import ConnectError
 from launcher.models import Host
 from launcher.transports.base import Connection, FileSystem, Process, Transport
 from launcher.transports.local import LocalFileSystem, LocalProcess
+from launcher.transports.scripted import Script, ScriptedProcess
 
 Handler = Callable[[Host, str], Awaitable[Process | None]]
 
@@ -41,8 +44,10 @@ class FakeTransport(Transport):
     """Every host is this machine; see the module's docstring."""
 
     def __init__(self, *, unreachable: Iterable[str] = (), handler: Handler | None = None,
-                 env: Mapping[str, str] | None = None, own_hostname: bool = False) -> None:
+                 env: Mapping[str, str] | None = None, own_hostname: bool = False,
+                 scripts: Mapping[str, Script | Sequence[Script]] | None = None) -> None:
         self.unreachable = set(unreachable)
+        self.scripts = dict(scripts or {})  # label -> its script, or one per attempt
         self.own_hostname = own_hostname  # root only: each node its own hostname
         self.handler = handler
         self.env = dict(env or {})
@@ -96,6 +101,12 @@ class FakeConnection(Connection):
             answered = await t.handler(self.host, command)
             if answered is not None:
                 return answered
+        if self.host.label in t.scripts:
+            return ScriptedProcess(t.scripts[self.host.label], lambda: self._spawn(command))
+        return await self._spawn(command)
+
+    async def _spawn(self, command: str) -> Process:
+        t = self._t
         env = {**os.environ, **t.env, "DTRAIN_FAKE_NODE": self.host.label}
         shell = os.environ.get("SHELL") or "/bin/sh"
         argv = [shell, "-c", command]
