@@ -1,7 +1,7 @@
 """`dtrain run --restarts N`: the relaunch loop over the shared prepare and launch phases.
 
 Each attempt is ``job.prepare.prepare`` (connect -> preflight) on the attempt's nodes,
-``Prepared.plan`` and ``commands.run.supervise`` into the one run archive (output.jsonl lines
+``Prepared.plan`` and ``commands.launch.supervise`` into the one run archive (output.jsonl lines
 carry ``"attempt": n``; meta.json ``attempts[]``). After an attempt ends, ``decide.restarts``
 (pure) names the fault and the next gang: a node fault fences the node (remembered on the
 lemon list) and brings in a spare or shrinks, a process fault reruns on the same nodes, a
