@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.timeout(120)]
 def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
     """(outer, inner) pid of the one rank of the run on node k: the outer one (the shim
     torchrun started) has DTRAIN_SHIM_SOCK in its initial environment (so has torchrun);
-    the inner one is its child, which has not."""
+    the inner one is its child, which has not, or (forked from the node's warm process,
+    docs/warm-start.md) the process titled as its rank whose environment has its RANK."""
     tag = f"DTRAIN_RUN_ID={run_id}".encode()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -45,6 +46,17 @@ def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
                 if not any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in proc_environ(child)):
                     return pid, child
         time.sleep(0.1)
+            rank = [v for v in proc_environ(pid) if v.startswith(b"RANK=")]
+            for p in pids:
+                env = proc_environ(p)
+                if rank and tag in env and rank[0] in env and not any(
+                        v.startswith(b"DTRAIN_SHIM_SOCK=") for v in env):
+                    try:
+                        line = _cmdline(p)
+                    except OSError:
+                        continue
+                    if line.startswith("dtrain rank ") and " shim: " not in line:
+                        return pid, p
     raise AssertionError(f"no rank shim of {run_id} on node{k}")
 
 
@@ -186,8 +198,9 @@ def test_set_title_in_ps(tmp_path: Path, python: str) -> None:
 @pytest.mark.ssh
 @pytest.mark.torch
 def test_node_processes_have_titles(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
-    """On node2 of a running job: the supervisor, the rank's shim, the rank and the sampler
-    say what they are in ps (comm and command line)."""
+    """On node2 of a running job: the supervisor, the rank's shim, the rank, the warm
+    process it was forked from and the sampler say what they are in ps (comm and command
+    line)."""
     run_id = new_id("titles")
     job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, TRAIN, "--sample-interval", "1",
                                    hosts="node[1-2]"))
@@ -199,7 +212,8 @@ def test_node_processes_have_titles(cluster: tc.Cluster, tmp_path: Path, jobs) -
     # other sessions' jobs may run on node2 too: ours is the one with our run id
     want = {("dtrain-sup", f"dtrain supervisor {run_id} node2"),
             ("pt_elastic", f"dtrain torchrun {run_id} node2"),
-            ("dtrain-sampler", "dtrain sampler node2")}
+            ("dtrain-sampler", "dtrain sampler node2"),
+            ("dtrain-warm", f"dtrain warm {run_id} node2")}  # docs/warm-start.md
     seen: set[tuple[str, str]] = set()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not want <= seen:

@@ -148,3 +148,31 @@ def test_a_node_that_cannot_warm_starts_cold_and_says_so_once(
     probes = _probes(out)
     assert sorted(probes) == [0, 1], out
     assert all(p["warm"] is False for _, p in probes.values()), out
+
+
+def _ending(out: str) -> tuple[list[str], str]:
+    """The rank's own lines (tracebacks without their line numbers) and its summary."""
+    mine = [re.sub(r"line \d+", "line N", line) for line in out.splitlines()
+            if line.startswith("node1 r0")]
+    summary = re.search(r"^dtrain:   node1 \(node 0\): (r0 [^;]*);", out, re.M)
+    assert summary, out
+    return mine, re.sub(r"after [0-9.]+s", "after Ts", summary.group(1))
+
+
+@pytest.mark.parametrize(("mode", "code"), [
+    ("thread", 0), ("exitmsg", 1), ("raise", 1), ("kbd", 130), ("segv", 139)])
+def test_a_forked_rank_ends_as_a_cold_one(cluster: tc.Cluster, tmp_path: Path, jobs,
+                                          mode: str, code: int) -> None:
+    """The interpreter's end, mirrored without its teardown (warm.forked): a non-daemon
+    thread joined and atexit run, sys.exit's message and 1, an uncaught exception's
+    traceback and 1, KeyboardInterrupt's death by SIGINT, a crash's signal: the same
+    lines, codes and summary as with --no-preload."""
+    seen = {}
+    for how in ("--preload=json", "--no-preload"):
+        run_id = new_id(f"warmexit-{mode}")
+        args = run_args(cluster, tmp_path, run_id, "tests/workloads/warm_exitprobe.py", how,
+                        hosts="node1", script_args=(mode,))
+        rc, out = _run(cluster, tmp_path, jobs, run_id, args, [1])
+        assert rc == code, out
+        seen[how] = _ending(out)
+    assert seen["--preload=json"] == seen["--no-preload"], seen

@@ -95,7 +95,7 @@ from launcher.nodeside.rankshim import (
     rank_main,
     shim_main,
 )
-from launcher.nodeside.warm import WARM_FD_ENV, WarmStart, warm_main
+from launcher.nodeside.warm import WARM_FD_ENV, WarmStart, forked, warm_main
 
 # run mode, during a stop: how long torchrun's agent may take to exit by itself once every
 # rank has exited (it normally needs well under a second; its last log lines come then)
@@ -657,8 +657,8 @@ class Supervisor(Evidence, WarmStart):
 
 
 def main():
-    if os.environ.get(WARM_FD_ENV):
-        warm_main()  # returns only in a rank forked from it, with its sys.argv and environ
+    if os.environ.get(WARM_FD_ENV):  # warm_main returns only in a rank forked from it
+        forked(rank_main, warm_main())  # (its sys.argv and environ set), which it ends
     if os.environ.get(SHIM_ENV) and len(sys.argv) > 1:
         sys.exit(shim_main(sys.argv[1:]))
     if os.environ.get(ARM_ENV) and len(sys.argv) > 1:

@@ -40,6 +40,9 @@ PRELOAD_ENV = "DTRAIN_WARM_PRELOAD"  # the --preload modules, comma-separated
 # rank's own (``environ_block``), which /proc/PID/environ shows (the sampler finds ranks by it)
 PAD_ENV = "DTRAIN_WARM_PAD"
 PAD_BYTES = 65536
+# the ranks' socket, for the warm process's one note (not DTRAIN_SHIM_SOCK: what has that in
+# its environment is torchrun or a rank shim, to the supervisor's tests and a node's admin)
+NOTE_ENV = "DTRAIN_WARM_NOTE"
 # the warm process's last argument: room in its argv area for the rank's title (set_title)
 TITLE_ROOM = 256
 # how long a shim waits for the warm process's answer (it may still be importing) before it
@@ -154,6 +157,7 @@ class WarmStart:
             listener.listen(256)
             preload = [str(m) for m in spec.get("preload") or () if str(m)]
             wenv = dict(env)
+            wenv[NOTE_ENV] = wenv.pop("DTRAIN_SHIM_SOCK", "")
             wenv.update({WARM_FD_ENV: str(listener.fileno()), PRELOAD_ENV: ",".join(preload)})
             wenv[PAD_ENV] = "x" * PAD_BYTES  # last: its room follows the others
             log = os.open(os.path.join(self.tmpdir, "warm.log"),  # type: ignore[attr-defined]
@@ -184,11 +188,18 @@ def warm_main():
     rank's sys.argv and environment (the bundle's ``main`` then runs it as a cold rank)."""
     fd = int(os.environ.pop(WARM_FD_ENV))
     mods = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
+    note = os.environ.pop(NOTE_ENV, "")
     os.environ.pop(PAD_ENV, None)
     run_id = os.environ.get("DTRAIN_RUN_ID")
     set_title("dtrain warm %s%s" % (run_id + " " if run_id else "", hostname()), "dtrain-warm")
     for name in WARM_IGNORED:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    import gc
+
+    # Python's advice for a process that forks without exec: no collection in the parent
+    # (no freed holes in its pages), its objects frozen before the fork (a child's
+    # collections leave their pages shared); each child enables the collector again
+    gc.disable()
     try:
         import socket
 
@@ -199,8 +210,9 @@ def warm_main():
     except Exception as exc:
         why = "%s: %s" % (type(exc).__name__, exc)
     if why is not None:
-        _note(why)
+        _note(note, why)
         os._exit(0)
+    gc.freeze()
     sys.stdout.flush()
     sys.stderr.flush()
     return _serve(listener)
@@ -234,7 +246,7 @@ def _fork_check():
     return fork_safety(len(os.listdir("/proc/self/task")), cuda)
 
 
-def _note(why):
+def _note(path, why):
     """The one line that says this node's ranks start cold, on the node's stderr stream
     (the ranks' socket, as node-level output: rank -1)."""
     try:
@@ -242,7 +254,7 @@ def _note(why):
         import socket
 
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(os.environ["DTRAIN_SHIM_SOCK"])
+        s.connect(path)
         s.sendall(json.dumps({"rank": -1, "stream": "err", "pid": os.getpid()}).encode()
                   + b"\n" + (WARM_NOTE % why.replace("\n", " ")).encode("utf-8", "replace"))
         s.close()
@@ -456,6 +468,60 @@ def _become_rank(argv, env, cwd, fds, conns, own, parent):
         except Exception:
             pass
     sys.argv = sys.argv[:1] + list(argv)
+    import gc
+
+    gc.enable()
+
+
+def forked(run, argv):
+    """Run a forked rank (``run``: rank_main) and end it as the interpreter ends a cold one:
+    the same exit code (SystemExit's code, a message and 1, an uncaught exception's 1, a
+    KeyboardInterrupt's death by SIGINT), non-daemon threads joined, atexit handlers run,
+    stdout and stderr flushed; then os._exit, without the interpreter's teardown of every
+    module and object, which in a forked process writes to (and so copies) every page it
+    shares with the warm process: seconds with torch loaded, for nothing the rank keeps."""
+    code, interrupted = 0, False
+    try:
+        run(argv)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code, interrupted = 130, True
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()  # what Py_FinalizeEx calls first
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if interrupted:  # Python >= 3.8: an uncaught KeyboardInterrupt dies by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _exit_code(code):
+    """SystemExit's code as the interpreter's exit status (Py_HandleSystemExit)."""
+    if code is None:
+        return 0
+    if type(code) is int:
+        return code & 0xFF
+    try:
+        sys.stderr.write("%s\n" % (code,))
+    except Exception:
+        pass
+    return 1
 
 
 def _show_environ(env):
