@@ -3,8 +3,9 @@ DTRAIN_HOSTFILE > WCOLL > a Slurm allocation > -g's genders file > the config's 
 (launcher/hosts/sources.py), each source taken away in turn to show the next; the same
 through ``resolve_hosts`` with every source on disk; and a scan that fails on a module
 outside launcher/hosts/ reading one of those variables to pick hosts. On the old code the
-order lived in cli/groups.py (WCOLL, the config) and hosts/hostfile.py (the rest), and -H
-with DTRAIN_HOSTFILE set was exit 2 ("both -f/--hostfile and -H/--hosts given")."""
+order lived in cli/groups.py (WCOLL, the config) and hosts/hostfile.py (the rest), Slurm's
+topology in commands/run.py, and -H with DTRAIN_HOSTFILE set was exit 2 ("both
+-f/--hostfile and -H/--hosts given")."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from launcher.errors import HostfileError, UsageError
 from launcher.hosts.hostfile import resolve_hosts
-from launcher.hosts.sources import SOURCES, host_source
+from launcher.hosts.sources import SCONTROL_TOPOLOGY, SOURCES, host_source, topology_source
 from tests.util import assert_exit, dtrain
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,6 +137,29 @@ def test_minus_h_wins_over_dtrain_hostfile_on_the_command_line(tmp_path: Path) -
     assert "(from DTRAIN_HOSTFILE)" in res.stderr, res.stderr
 
 
+def test_the_topology_s_sources_in_their_order() -> None:
+    """--topology FILE's text, else inside an allocation `scontrol show topology` (asked only
+    there, never with --offline), else none."""
+    asked: list[dict[str, str]] = []
+
+    def scontrol(environ: object) -> str:
+        asked.append(dict(environ))  # type: ignore[call-overload]
+        return "SwitchName=s0 Nodes=slurm1\n"
+
+    def source(given: str | None, environ: dict[str, str], offline: bool = False
+               ) -> tuple[str | None, str]:
+        return topology_source(given, "topology.conf", environ, offline=offline,
+                               scontrol=scontrol)
+
+    assert source("SwitchName=t", SLURM) == ("SwitchName=t", "topology.conf")
+    assert asked == []
+    assert source(None, SLURM) == ("SwitchName=s0 Nodes=slurm1\n", SCONTROL_TOPOLOGY)
+    assert len(asked) == 1
+    assert source(None, SLURM, offline=True) == (None, "topology.conf")
+    assert source(None, {}) == (None, "topology.conf")
+    assert len(asked) == 1
+
+
 # ---------------------------------------------------------------- the scan
 
 VARIABLES = {"WCOLL", "DTRAIN_HOSTFILE", "SLURM_JOB_NODELIST", "ENV_HOSTFILE", "NODELIST"}
@@ -162,7 +186,7 @@ def _reads(tree: ast.AST) -> list[int]:
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) \
                 else ""
             if (name == "get" and node.args and named(node.args[0])) or \
-                    name in ("in_allocation", "allocation", "config_hostfile"):
+                    name in ("in_allocation", "allocation", "config_hostfile", "show_topology"):
                 lines.append(node.lineno)
     return lines
 

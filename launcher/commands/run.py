@@ -195,14 +195,12 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         from launcher.commands.health import gate
 
         await gate(hosts, req, opts, settings)
-    if opts.checks.topology is None and not opts.offline:
-        # inside a Slurm allocation: its controller's topology (docs/fabric.md)
-        from launcher.hosts.slurm import show_topology
+    # --topology's, else inside a Slurm allocation its controller's (docs/fabric.md)
+    from launcher.hosts.sources import topology_source
 
-        found = show_topology(os.environ)
-        if found is not None:
-            opts = replace(opts, checks=replace(opts.checks, topology=found,
-                                                 topology_from="scontrol show topology"))
+    found, where = topology_source(opts.checks.topology, opts.checks.topology_from,
+                                   os.environ, offline=opts.offline)
+    opts = replace(opts, checks=replace(opts.checks, topology=found, topology_from=where))
     hosts, count, spares = first_gang(hosts, opts)
     hosts = place(hosts, opts)
     if opts.watch.restart.restarts and not opts.dry_run:

@@ -18,6 +18,10 @@ With ``-g`` and a genders file, ``WCOLL`` and the config's hostfile are not read
 ``-g`` names the hosts itself); without them, ``-g`` filters whatever the sources above
 named. Pure: the environment is given, and the config's hostfile is asked for (a callable)
 only when every source above it is empty.
+
+The hosts' places come from sources too (``topology_source``): the hostfile's
+``switch=``/``segment=`` keys (read with the hosts), then ``--topology FILE``'s
+topology.conf, else inside a Slurm allocation ``scontrol show topology`` (docs/fabric.md).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 
 from launcher.errors import UsageError
 from launcher.hosts.entries import ENV_HOSTFILE
-from launcher.hosts.slurm import in_allocation
+from launcher.hosts.slurm import in_allocation, show_topology
 
 WCOLL = "WCOLL"
 SOURCES = ("-H", "-f", ENV_HOSTFILE, WCOLL, "Slurm", "genders", "config")
@@ -66,3 +70,21 @@ def host_source(*, hostfile: str | None, hosts: str | None, environ: Mapping[str
     if found is not None:
         return HostSource("config", found)
     return None
+
+
+SCONTROL_TOPOLOGY = "scontrol show topology"
+
+
+def topology_source(given: str | None, given_from: str, environ: Mapping[str, str], *,
+                    offline: bool = False,
+                    scontrol: Callable[[Mapping[str, str]], str | None] = show_topology
+                    ) -> tuple[str | None, str]:
+    """The switches' topology.conf text and where it came from: ``--topology FILE``'s
+    (``given``, read by the CLI), else inside a Slurm allocation its controller's
+    (``scontrol``, run only then and never with ``--offline``), else None."""
+    if given is not None:
+        return given, given_from
+    if offline or not in_allocation(environ):
+        return None, given_from
+    found = scontrol(environ)
+    return (found, SCONTROL_TOPOLOGY) if found is not None else (None, given_from)
