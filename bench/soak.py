@@ -15,7 +15,10 @@ run the invariants are checked:
   a fault the run survives, every line;
 * exit: the exit code is the fault's class (docs/exit-codes.md);
 * verdict: meta.json's root cause names the fault's kind and its node (and rank);
-* two runs on the same nodes: the other run ends 0 with every line.
+* two runs on the same nodes: the other run ends 0 with every line;
+* across runs (``repeat-code``, ``repeat-machine``, only when named in --kinds): the restart
+  policy that reads the incident store stops on the code's fault and fences the node for the
+  machine's, scored against where the fault was injected (bench/soak_incidents.py).
 
 It prints a faults x outcomes table and exits 1 when any invariant broke. Only the nodes
 given (default node9..node12, extra nodes: the cluster is shared) get faults; every link cut,
@@ -102,8 +105,17 @@ FAULTS = {f.kind: f for f in [
     Fault("restarts-fence", (0,), None, False, survives=True,
           note="--restarts 2 on the nodes plus one spare; the node's sshd killed: exactly that"
                " node fenced (the run's own lemon list), the spare in, the run ends 0"),
+    # across runs (bench/soak_incidents.py): drawn only when named in --kinds
+    Fault("repeat-code", (1,), None, False,
+          note="a bug at one line on one node, then on another in a second run --restarts 2:"
+               " right is stopping after its first attempt, fencing nobody"),
+    Fault("repeat-machine", (0,), None, False,
+          note="the node's rank SIGKILLed in one run, raising in the next --restarts 2: right"
+               " is that node fenced alone, the spare in, the run ends 0"),
 ]}
 RESTART_KINDS = ("restarts-fence",)
+CROSS_RUN_KINDS = ("repeat-code", "repeat-machine")  # bench/soak_incidents.py
+SPARE_KINDS = (*RESTART_KINDS, *CROSS_RUN_KINDS)
 
 
 @dataclass
@@ -386,6 +398,12 @@ class Campaign:
     def _inject(self, fault: Fault, k: int, rank: int, out: Outcome,
                 undo: list[Callable[[], None]]) -> None:
         kind = fault.kind
+        if kind in CROSS_RUN_KINDS:  # two runs, one incident store: the policy scored
+            from bench.soak_incidents import run_pair
+
+            run_pair(self, kind, k, out,
+                     lambda node, rid: _signal_on_node(ranks_of(node, rid), signal.SIGKILL))
+            return
         small = None
         if kind == "archive-full":  # the archive's filesystem fills during the run
             small = self.work / "full" / out.run_id
@@ -720,7 +738,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes = _nodes(args.nodes)
     if min(nodes) <= 4:
         ap.error("nodes 1-4 are shared by every test: use extra nodes (5 and up)")
-    kinds = [k for k in args.kinds.split(",") if k] or list(FAULTS)
+    # the cross-run faults only when named: the default draw (CI's seed) stays as it was
+    kinds = [k for k in args.kinds.split(",") if k] or [
+        k for k in FAULTS if k not in CROSS_RUN_KINDS]
     skip = [k for k in args.skip.split(",") if k]
     unknown = (set(kinds) | set(skip)) - set(FAULTS)
     kinds = [k for k in kinds if k not in skip]
@@ -728,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"unknown fault kinds: {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
     if "link-loss" in kinds and shutil.which("nft") is None:
         ap.error("link-loss needs nftables' nft (apt install nftables), or --skip link-loss")
-    need = [*nodes, max(nodes) + 1] if set(kinds) & set(RESTART_KINDS) else nodes
+    need = [*nodes, max(nodes) + 1] if set(kinds) & set(SPARE_KINDS) else nodes
     cluster = tc.load()
     if cluster is None or len(cluster.nodes) < max(need) or not all(
             tc.sshd_pid(k) for k in need):
@@ -765,6 +785,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{sum(o.lines_checked for o in outcomes)} checked, verdicts naming the fault "
           f"{sum(verdicts)}/{len(verdicts)}, runs with a broken invariant "
           f"{sum(bool(o.broken) for o in outcomes)}/{len(outcomes)}")
+    if any(o.kind in CROSS_RUN_KINDS for o in outcomes):
+        from bench.soak_incidents import score
+
+        print(score(outcomes))
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=1,
                                               default=str))

@@ -4,11 +4,18 @@ Every SOAK_EVERY seconds (0.05) rank R prints ``soak R N`` and then appends ``N 
 ``$SOAK_DIR/r<R>`` (T: the wall time it was printed), SOAK_LINES lines (0: until stopped).
 SOAK_GLOO=1: a gloo process group, an all_reduce before each line (torchrun's env).
 Under `dtrain run --restarts`, attempt A > 1 records to ``r<R>.a<A>`` (DTRAIN_ATTEMPT).
+SOAK_RAISE_ON=node5,node6 and SOAK_RAISE_AT=N: the rank on those nodes raises ValueError at
+line N, from one line of shard() (the same bug wherever it runs: bench/soak_incidents.py).
 """
 
 import os
+import socket
 import sys
 import time
+
+
+def shard(n: int) -> None:
+    raise ValueError(f"bad shard at line {n}")
 
 
 def main() -> None:
@@ -29,8 +36,13 @@ def main() -> None:
         def reduce() -> None:
             dist.all_reduce(one)
 
+    raise_at = -1
+    if socket.gethostname() in os.environ.get("SOAK_RAISE_ON", "").split(","):
+        raise_at = int(os.environ.get("SOAK_RAISE_AT", "20"))
     n = 0
     while last is None or n < last:
+        if n == raise_at:
+            shard(n)
         if reduce is not None:
             reduce()
         sys.stdout.write(f"soak {rank} {n}\n")
