@@ -25,13 +25,14 @@ LOST = Script(steps=PROGRESS, hang=True, lost_at=0.3)  # then not a byte, heartb
 OK = Script(steps=(Step(0.1, rank=0, line="rank 0 done"), Step(0.1, rank=1, line="rank 1 done")))
 
 
-def _run(tmp_path: Path, scripts: list[Script], *args: str) -> tuple[int, str, dict, float]:
+def _run(tmp_path: Path, scripts: list[Script], *args: str, grace: str = "3"
+         ) -> tuple[int, str, dict, float]:
     fake = FakeTransport(scripts={"n1": scripts})
     started = time.monotonic()
     with fake.installed():
         res = CliRunner().invoke(app, ["run", "-H", "n1", "--nproc-per-node", "2",
                                        "--no-preflight", "--archive-dir", str(tmp_path / "runs"),
-                                       "--no-color", "--run-id", "r1", "--grace", "3", *args,
+                                       "--no-color", "--run-id", "r1", "--grace", grace, *args,
                                        "train.py"])
     took = time.monotonic() - started
     meta = json.loads((tmp_path / "runs" / "r1" / "meta.json").read_text())
@@ -44,14 +45,14 @@ def _attempts(meta: dict) -> list[tuple[int, str, int]]:
 
 def test_the_first_failure_stops_the_other_ranks_at_once(tmp_path: Path) -> None:
     """The stop policy: rank 1's exit 3 stops rank 0 (TERM, 143, "stopped by dtrain") well
-    inside the grace; the run's exit code is rank 1's own."""
-    code, out, meta, took = _run(tmp_path, [FAIL])
+    inside the grace (60 s); the run's exit code is rank 1's own."""
+    code, out, meta, took = _run(tmp_path, [FAIL], grace="60")
     assert code == 3, out
     assert "rank 1 on n1 exited 3" in out
-    assert re.search(r"r1 exit 3 after 0\.2s \(ROOT CAUSE\), r0 SIGTERM \(143\) after 0\.\ds "
-                     r"\(stopped by dtrain\)", out), out
+    assert re.search(r"r1 exit 3 after [\d.]+s \(ROOT CAUSE\), r0 SIGTERM \(143\) after "
+                     r"[\d.]+s \(stopped by dtrain\)", out), out
     assert meta["root_cause"]["rank"] == 1 and meta["exit_code"] == 3
-    assert took < 3, took  # no wait for the grace: the scripted ranks end at the TERM
+    assert took < 30, took  # no wait for the grace: the scripted ranks end at the TERM
 
 
 def test_a_failed_rank_then_a_second_attempt_on_the_same_node(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ class FakeConnection(Connection):
             answered = await t.handler(self.host, command)
             if answered is not None:
                 return answered
-        if self.host.label in t.scripts:
+        if self.host.label in t.scripts and "DTRAIN_SOURCE" in command:  # a node program
             return ScriptedProcess(t.scripts[self.host.label], lambda: self._spawn(command))
         return await self._spawn(command)
 

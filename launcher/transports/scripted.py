@@ -109,10 +109,11 @@ class ScriptedProcess(Process):
         if not nl:
             return
         fields = head.split()
-        size = int(fields[0]) + int(fields[1])
+        sized = len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit()
+        size = int(fields[0]) + int(fields[1]) if sized else 0
         if len(rest) < size:
             return
-        body = rest[int(fields[0]):size]
+        body = rest[int(fields[0]):size] if sized else b""
         if body[:1] == SPEC_MARSHAL:
             self._inbuf = rest[size:]
             self._begin(marshal.loads(body[1:]))
