@@ -20,8 +20,10 @@ def incidents_cmd(
         "--json", rich_help_panel="Reports",
         help="One JSON document on stdout (dtrain.incidents/1).")] = False,
 ) -> None:
-    """List the failures dtrain explained, by fingerprint: how often, on which nodes, in
-    which runs, first and last seen, with which commits.
+    """List the failures dtrain explained, by fingerprint: the time they cost, how often,
+    on which nodes, in which runs, first and last seen, with which commits. The rows are
+    ranked by the time lost (the goodput ledger's lost, detection, restart and startup
+    seconds of the attempts each ended): what to fix first.
 
     The same bug has the same fingerprint on any node and rank; a fingerprint seen on two
     nodes with one commit stops a restarting run, two on one node fence it (docs/incidents.md).
