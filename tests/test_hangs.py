@@ -762,3 +762,18 @@ def test_an_oom_killed_rank_is_explained_as_oom(tmp_path: Path) -> None:
     failure = json.loads((archive / "oom" / "meta.json").read_text())[
         "root_cause"]["failure"]
     assert failure["kind"] == "oom" and failure["scope"] == "user", failure
+
+
+def test_a_hang_is_typed_and_its_record_keeps_meta_json_s_shape() -> None:
+    """decide/hang.Hang (issue 54 item 1): the watch keeps it typed; meta.json's hangs[]
+    and --json's run.hangs are its json(), key for key what the dict record was."""
+    culprit = stacks.Culprit((3,), ("n2",), "time.sleep <- f() a.py:1", "not in the collective",
+                             "script", "wavefront")
+    h = hang.Hang(5.0, 1, 3.0, culprit, None, "h1", None, "dump")
+    assert json.dumps(h.json()) == json.dumps({
+        "t": 5.0, "attempt": 1, "stalled_s": 3.0,
+        "culprit": {"rank": 3, "host": "n2", "ranks": [3], "place": "time.sleep <- f() a.py:1",
+                    "why": "not in the collective", "where": "script", "rule": "wavefront"},
+        "folded": [], "dump": "h1", "dir": None, "action": "dump"})
+    assert hang.Hang(5.0, 2, 3.0, None, None, "h2", "/r/stacks/h2", "stop").json()["culprit"] \
+        is None
