@@ -78,9 +78,11 @@ def finished_nodes(lay: list[dict[str, Any]], end: float, failing: int | None = 
 
 
 def synthetic(run_dir: Path, *, nodes: int = 8, per_node: int = 8, seconds: float = 3600,
-              every: float = 1.0, sample_every: float = 10.0, gpus: int = 8) -> Path:
+              every: float = 1.0, sample_every: float = 10.0, gpus: int = 8,
+              phased: bool = False) -> Path:
     """A clean run of nodes x per_node ranks: every rank prints ``step=N loss=... lr=...
-    tokens_per_s=...`` every ``every`` seconds, one sample per node every ``sample_every``."""
+    tokens_per_s=...`` every ``every`` seconds, one sample per node every ``sample_every``
+    (``phased``: each node at its own instant within the interval, as real samplers are)."""
     lay = layout(nodes, per_node)
     world = nodes * per_node
     meta = {"created_ts": T0, "start": T0, "end": T0 + seconds + 2, "exit_code": 0,
@@ -106,7 +108,8 @@ def synthetic(run_dir: Path, *, nodes: int = 8, per_node: int = 8, seconds: floa
         for k in range(int(seconds / sample_every)):
             for i, node in enumerate(lay):
                 slow = i == 3
-                yield {"t": T0 + k * sample_every, "host": node["host"],
+                phase = (i * 0.6180339887 % 1.0) * sample_every if phased else 0.0
+                yield {"t": round(T0 + k * sample_every + phase, 3), "host": node["host"],
                        "cpu": {"busy": 35.0 + 3 * math.sin(k / 7 + i)},
                        "mem": {"used": 300e9, "total": 1000e9},
                        "gpus": [{"util": (99.0 if slow else 71.0) + (k + g) % 5,

@@ -436,7 +436,8 @@ SEARCH = """new Promise(function (done) {
     document.querySelectorAll('ol.log mark').length]); }, 400); })"""
 
 
-def look_at(path: Path, search: str = "failing at last", charts: bool = True) -> Any:
+def look_at(path: Path, search: str = "failing at last", charts: bool = True,
+            evaluate: dict[str, str] | None = None) -> Any:
     """The page in headless Chromium, checked as a person would see it: it finished drawing,
     said nothing on its console, asked for nothing but itself, and is not blank."""
     from tests import browser
@@ -446,7 +447,8 @@ def look_at(path: Path, search: str = "failing at last", charts: bool = True) ->
 
         cannot_run("chromium is not installed (scripts/test installs Debian's chromium)")
     res = browser.open_page(path, evaluate={"ink": CANVAS_INK,
-                                            "search": SEARCH % json.dumps(search)})
+                                            "search": SEARCH % json.dumps(search),
+                                            **(evaluate or {})})
     assert res.ready, "the page's script never finished"
     assert res.errors == []
     assert res.requests == [path.resolve().as_uri()]

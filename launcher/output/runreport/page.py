@@ -20,6 +20,7 @@ from launcher.output.runreport.digest import Line
 from launcher.output.runreport.safe import text
 from launcher.output.runreport.summary import RunSummary, StackFile
 from launcher.output.runreport.timeline import fmt_t, how
+from launcher.output.runreport.usage import page_usage
 from launcher.text.words import count
 
 NODE_TAILS_OPEN = 4  # nodes whose last lines are unfolded at first
@@ -227,7 +228,8 @@ def _charts_section(s: RunSummary) -> str:
 def page_data(runs: list[RunSummary], labels: list[str]) -> dict[str, object]:
     data = document.document(runs)
     slim = [{"label": label, "run_id": r["run_id"], "curves": r["curves"],
-             "usage": r["usage"], "stragglers": r["stragglers"], "duration": r["duration"]}
+             "usage": page_usage(r["usage"], r["stragglers"]), "stragglers": r["stragglers"],
+             "duration": r["duration"]}
             for label, r in zip(labels, data["runs"], strict=True)]
     return {"schema": data["schema"], "runs": safe.clean_data(slim)}
 

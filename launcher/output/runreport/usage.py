@@ -15,11 +15,12 @@ gives an empty list. Per node it derives:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.output.runreport.curves import Series, thin
+from launcher.text.words import count
 
 USAGE_POINTS = 720  # per node and metric (an hour at 5 s)
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -175,3 +176,78 @@ def why_none(meta: Mapping[str, Any], records: int, span: float) -> str:
         return (f"no utilisation samples: the run took {took}, less than one "
                 f"--sample-interval ({interval:g} s); set a shorter one to sample short runs")
     return "no utilisation samples in this archive"
+
+
+NODE_SERIES_MAX = 32  # more nodes than this: the page draws their spread, not every node
+SPREAD_POINTS = 360  # buckets of the spread's min / median / max
+OUTLIERS = 4  # the nodes farthest from the others, drawn beside the spread
+
+
+def page_usage(usage: list[dict[str, Any]], stragglers: list[str]) -> list[dict[str, Any]]:
+    """The page's utilisation charts (``document``'s ``usage``): as they are up to
+    NODE_SERIES_MAX nodes; beyond, each chart draws the nodes' spread (per time bucket the
+    minimum, median and maximum of the nodes' means in it), the stragglers, and the
+    OUTLIERS nodes whose mean is farthest from the median node's, and says so
+    (``summary``). 512 lines are no picture, and aligning 512 series sampled at their own
+    instants makes a table of nodes × every instant in the browser (seconds, gigabytes).
+    ``dtrain report --json`` keeps every node."""
+    out = []
+    for chart in usage:
+        hosts: dict[str, dict[str, Any]] = chart["hosts"]
+        if len(hosts) <= NODE_SERIES_MAX:
+            out.append(chart)
+            continue
+        spread = _spread(hosts)
+        means = {h: sum(s["v"]) / len(s["v"]) for h, s in hosts.items() if s["v"]}
+        middle = _median(list(means.values())) if means else 0.0
+        picked = [h for h in stragglers if h in hosts]
+        picked += sorted((h for h in means if h not in picked),
+                         key=lambda h: (-abs(means[h] - middle), h))[:OUTLIERS]
+        drawn = {**spread, **{h: hosts[h] for h in picked}}
+        note = (f"{len(hosts)} nodes: their minimum, median and maximum per "
+                f"{_bucket_words(hosts)}, and the {count(len(picked), 'node')} "
+                f"farthest from the median (every node in `dtrain report --json`)")
+        out.append({**chart, "hosts": drawn, "summary": note})
+    return out
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def _bounds(hosts: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]:
+    ts = [t for s in hosts.values() for t in s["t"]]
+    return (min(ts), max(ts)) if ts else (0.0, 0.0)
+
+
+def _spread(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """min / median / max across nodes per time bucket (each node's mean in the bucket)."""
+    lo, hi = _bounds(hosts)
+    width = (hi - lo) / SPREAD_POINTS or 1.0
+    per_bucket: dict[int, list[float]] = {}
+    for s in hosts.values():
+        sums: dict[int, list[float]] = {}
+        for t, v in zip(s["t"], s["v"], strict=False):
+            if v is None:
+                continue
+            b = min(SPREAD_POINTS - 1, int((t - lo) / width))
+            acc = sums.setdefault(b, [0.0, 0.0])
+            acc[0] += v
+            acc[1] += 1
+        for b, (total, n) in sums.items():
+            per_bucket.setdefault(b, []).append(total / n)
+    xs = sorted(per_bucket)
+    t = [round(lo + (b + 0.5) * width, 3) for b in xs]
+    pick: dict[str, Callable[[list[float]], float]] = {"min": min, "median": _median,
+                                                        "max": max}
+    return {f"{name} of {len(hosts)} nodes": {"t": t, "v": [round(f(per_bucket[b]), 3)
+                                                             for b in xs]}
+            for name, f in pick.items()}
+
+
+def _bucket_words(hosts: Mapping[str, Mapping[str, Any]]) -> str:
+    lo, hi = _bounds(hosts)
+    width = (hi - lo) / SPREAD_POINTS
+    return f"{width:.3g} s" if width else "instant"

@@ -153,13 +153,20 @@
     run.usage.forEach(function (m) {
       var hosts = Object.keys(m.hosts);
       var strag = run.stragglers;
+      var spread = /^(min|median|max) of \d+ nodes$/;
       var list = hosts.map(function (h, i) {
         var s = m.hosts[h], isS = strag.indexOf(h) >= 0;
+        if (m.summary && spread.test(h)) {  /* many nodes: their spread (usage.page_usage) */
+          var mid = h.indexOf("median") === 0;
+          return { label: h, x: s.t, y: s.v, color: mid ? "#24292f" : "#8c959f",
+                   width: mid ? 2 : 1.2 };
+        }
         return { label: h + (isS ? " (straggler)" : ""), x: s.t, y: s.v,
                  color: isS ? "#cf222e" : (strag.length ? "#8c959f" : color(i, hosts.length)),
                  width: isS ? 2.6 : 1.3 };
       });
-      chart(target, m.title, m.unit === "B/s" ? "bytes per second" : m.unit, list,
+      var unit = m.unit === "B/s" ? "bytes per second" : m.unit;
+      chart(target, m.title, m.summary ? unit + " · " + m.summary : unit, list,
             { xLabel: "time since start", xTime: true, unit: m.unit });
     });
   }
@@ -234,12 +241,27 @@
     });
   }
 
-  document.querySelectorAll("ol.log").forEach(function (ol) { ol.scrollTop = ol.scrollHeight; });
+  /* each log shown at its end: the lists on screen only (a folded node's is scrolled when it
+     is opened), every height read before any is written: one layout, not one per node */
+  function toEnd(lists) {
+    var hs = lists.map(function (ol) { return ol.scrollHeight; });
+    lists.forEach(function (ol, i) { ol.scrollTop = hs[i]; });
+  }
+  toEnd(Array.prototype.filter.call(document.querySelectorAll("ol.log"), function (ol) {
+    var d = ol.closest("details");
+    return !d || d.open;
+  }));
+  document.addEventListener("toggle", function (ev) {
+    var d = ev.target;
+    if (d.open && d.querySelectorAll) toEnd(Array.prototype.slice.call(d.querySelectorAll("ol.log")));
+  }, true);
   drawCurves();
   drawUsage();
   controls();
   search();
   var rt = null;
   window.addEventListener("resize", function () { clearTimeout(rt); rt = setTimeout(resize, 150); });
+  // when the page was drawn, from navigation start (bench/bench_report.py --browser)
+  document.documentElement.dataset.readyMs = String(Math.round(performance.now()));
   document.documentElement.dataset.ready = "1";
 })();
