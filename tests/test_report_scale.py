@@ -71,3 +71,49 @@ def test_a_page_of_many_nodes_draws_their_spread_in_chromium(tmp_path: Path) -> 
     assert usage and all(u.get("summary", "").startswith("40 nodes: ") for u in usage)
     assert all(len(u["hosts"]) <= 3 + 1 + OUTLIERS for u in usage)
     assert len(res.values["ink"]) == len(s.curves) + len(s.usage)
+
+
+def test_many_ranks_are_drawn_as_their_spread_and_outliers() -> None:
+    """Past RANK_SERIES_MAX ranks: per step the lowest and highest value over the ranks, and
+    the ranks farthest from the others at their own resolution."""
+    from launcher.output.runreport.curves import (
+        RANK_OUTLIERS,
+        RANK_SERIES_MAX,
+        CurveBuilder,
+        curves,
+    )
+
+    b = CurveBuilder(patterns(None))
+    ranks = RANK_SERIES_MAX + 36
+    for step in range(50):
+        for r in range(ranks):
+            loss = 10.0 - step * 0.1 + (5.0 if r == 77 else 0.0) + r * 1e-4
+            b.add(1000.0 + step + r * 1e-3, r, 1, f"step={step} loss={loss:.4f}")
+    [curve], _ = curves(b, 1000.0)
+    lo, hi = curve.spread[1]["min"], curve.spread[1]["max"]
+    assert lo.step == hi.step == list(range(50))
+    assert lo.v[0] == 10.0 and hi.v[0] == 15.0 + 77e-4  # rank 0's, rank 77's
+    assert len(curve.outliers) == RANK_OUTLIERS and (77, 1) in curve.outliers
+    assert len(curve.outliers[(77, 1)].v) == 50  # not thinned to the shared budget
+    few = CurveBuilder(patterns(None))
+    for step in range(5):
+        few.add(1000.0 + step, 0, 1, f"step={step} loss=1")
+    [small], _ = curves(few, 1000.0)
+    assert small.spread == {} and small.outliers == {}
+
+
+def test_a_page_of_many_ranks_draws_their_spread_in_chromium(tmp_path: Path) -> None:
+    """The per-rank view of 100 ranks, as a person clicks it: a few lines, each with ink."""
+    run = synthetic(tmp_path / "run", nodes=25, per_node=4, seconds=60, every=5)
+    s = load(run, patterns(None)).summary
+    doc = page.page_data([s], [""])
+    curve = doc["runs"][0]["curves"][0]  # type: ignore[index]
+    assert curve["ranks"] == [] and curve["spread"] and curve["outliers"]
+    out = tmp_path / "r.html"
+    out.write_text(page.render([s]))
+    click = ("new Promise(function (done) { document.querySelector('button[data-y=rank]')"
+             ".click(); setTimeout(function () { done(Array.from(document.querySelectorAll("
+             "'#curves .chart h3')).map(function (h) { return h.textContent; })); }, 300); })")
+    res = look_at(out, search="step=3 ", evaluate={"rank_view": click})
+    assert res.values["rank_view"] and all(
+        "many ranks: the lowest and highest per step" in h for h in res.values["rank_view"])

@@ -41,6 +41,8 @@ MAX_METRICS = 16
 MEAN_POINTS = 2000  # per series (and attempt) of the averaged curve
 RANK_POINTS_TOTAL = 8000  # shared by every rank's series of one metric
 RANK_POINTS_MAX = 1000  # per rank
+RANK_SERIES_MAX = 64  # more ranks than this: the per-rank view draws their spread
+RANK_OUTLIERS = 4  # ... and the ranks farthest from the others
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,11 @@ class Curve:
     ranks: dict[tuple[int, int], Series]  # (rank, attempt) -> thinned series
     points: int  # points in the archive, all ranks
     thinned: bool
+    # past RANK_SERIES_MAX ranks: per attempt the lowest and highest value over the ranks at
+    # each step (thinned as the mean), and the RANK_OUTLIERS ranks whose mean is farthest
+    # from the mean of all (their series thinned as one rank's alone would be)
+    spread: dict[int, dict[str, Series]] = field(default_factory=dict)
+    outliers: dict[tuple[int, int], Series] = field(default_factory=dict)
 
 
 def curves(builder: CurveBuilder, t0: float, *, mean_points: int = MEAN_POINTS,
@@ -220,9 +227,61 @@ def curves(builder: CurveBuilder, t0: float, *, mean_points: int = MEAN_POINTS,
         total = sum(len(s.v) for s in by_rank.values())
         thinned = (sum(len(s.v) for s in ranks.values()) < total
                    or any(len(means[a].v) < len(m.v) for a, m in full.items()))
+        spread: dict[int, dict[str, Series]] = {}
+        outliers: dict[tuple[int, int], Series] = {}
+        if len(by_rank) > RANK_SERIES_MAX:
+            spread = {a: {k: thin(x, mean_points) for k, x in e.items()}
+                      for a, e in _extremes(by_rank, t0).items()}
+            outliers = {key: thin(_shift(by_rank[key], t0), RANK_POINTS_MAX)
+                        for key in _farthest(by_rank, RANK_OUTLIERS)}
         out.append(Curve(name=name, x_is_step=name in builder.stepped, mean=means,
-                         ranks=ranks, points=total, thinned=thinned))
+                         ranks=ranks, points=total, thinned=thinned, spread=spread,
+                         outliers=outliers))
     return out, dropped
+
+
+def _extremes(by_rank: dict[tuple[int, int], Series], t0: float
+              ) -> dict[int, dict[str, Series]]:
+    """Per attempt: at each step, the lowest and the highest value over the ranks (at the
+    ranks' mean time of that step, as ``_means``)."""
+    acc: dict[int, dict[int, list[float]]] = {}  # attempt -> step -> [t sum, n, lo, hi]
+    for (_rank, attempt), s in by_rank.items():
+        steps = acc.setdefault(attempt, {})
+        for t, step, v in zip(s.t, s.step, s.v, strict=True):
+            cell = steps.get(step if step is not None else 0)
+            if cell is None:
+                steps[step if step is not None else 0] = [t, 1.0, v, v]
+            else:
+                cell[0] += t
+                cell[1] += 1
+                cell[2] = min(cell[2], v)
+                cell[3] = max(cell[3], v)
+    out = {}
+    for attempt, steps in sorted(acc.items()):
+        lo, hi = Series(), Series()
+        for step in sorted(steps):
+            t_sum, n, low, high = steps[step]
+            t = round(t_sum / n - t0, 3)
+            if not math.isfinite(t):
+                continue
+            for series, v in ((lo, low), (hi, high)):
+                series.t.append(t)
+                series.step.append(step)
+                series.v.append(v)
+        out[attempt] = {"min": lo, "max": hi}
+    return out
+
+
+def _farthest(by_rank: dict[tuple[int, int], Series], n: int) -> list[tuple[int, int]]:
+    """The ``n`` (rank, attempt) whose mean value is farthest from the mean over all of them
+    (ties: the lower rank), in rank order."""
+    means = {key: sum(v / len(s.v) for v in s.v) for key, s in by_rank.items() if s.v}
+    finite = {k: m for k, m in means.items() if math.isfinite(m)}
+    if not finite:
+        return []
+    centre = sum(m / len(finite) for m in finite.values())
+    picked = sorted(finite, key=lambda k: (-abs(finite[k] - centre), k))[:n]
+    return sorted(picked)
 
 
 def _shift(s: Series, t0: float) -> Series:

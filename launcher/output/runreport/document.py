@@ -62,6 +62,10 @@ def run_json(s: RunSummary) -> dict[str, Any]:
             "mean": {str(a): _series(m) for a, m in c.mean.items()},
             "ranks": [{"rank": r, "attempt": a, **_series(ser)}
                       for (r, a), ser in c.ranks.items()],
+            **({"spread": {str(a): {k: _series(x) for k, x in e.items()}
+                           for a, e in c.spread.items()},
+                "outliers": [{"rank": r, "attempt": a, **_series(ser)}
+                             for (r, a), ser in c.outliers.items()]} if c.spread else {}),
         } for c in s.curves],
         "curves_left_out": list(s.curves_left_out),
         "usage": [{

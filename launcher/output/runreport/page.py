@@ -227,7 +227,10 @@ def _charts_section(s: RunSummary) -> str:
 
 def page_data(runs: list[RunSummary], labels: list[str]) -> dict[str, object]:
     data = document.document(runs)
-    slim = [{"label": label, "run_id": r["run_id"], "curves": r["curves"],
+    # past 64 ranks the per-rank view draws the ranks' spread and outliers (curves.py):
+    # the thinned series of every rank stay in --json, not in the page
+    slim = [{"label": label, "run_id": r["run_id"],
+             "curves": [{**c, "ranks": []} if c.get("spread") else c for c in r["curves"]],
              "usage": page_usage(r["usage"], r["stragglers"]), "stragglers": r["stragglers"],
              "duration": r["duration"]}
             for label, r in zip(labels, data["runs"], strict=True)]

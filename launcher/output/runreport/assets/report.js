@@ -108,7 +108,20 @@
     var xk = state.x === "time" ? "t" : "step";
     var out = [];
     var prefix = nRuns > 1 ? run.label + ": " : "";
-    if (state.y === "rank" && nRuns === 1) {
+    if (state.y === "rank" && nRuns === 1 && curve.spread) {
+      /* many ranks: their lowest and highest value per step, the mean, and the ranks
+         farthest from the others (curves.py RANK_SERIES_MAX) */
+      Object.keys(curve.spread).sort(function (a, b) { return a - b; }).forEach(function (a) {
+        var e = curve.spread[a], m = curve.mean[a], at = a > 1 ? " a" + a : "";
+        out.push({ label: "lowest rank" + at, x: e.min[xk], y: e.min.v, color: "#8c959f", width: 1.2 });
+        out.push({ label: "highest rank" + at, x: e.max[xk], y: e.max.v, color: "#8c959f", width: 1.2 });
+        if (m) out.push({ label: "mean" + at, x: m[xk], y: m.v, color: "#24292f", width: 2 });
+      });
+      curve.outliers.forEach(function (s, i) {
+        out.push({ label: "r" + s.rank + (s.attempt > 1 ? " a" + s.attempt : "") + " (farthest)",
+                   x: s[xk], y: s.v, color: PALETTE[i % PALETTE.length], width: 1.4 });
+      });
+    } else if (state.y === "rank" && nRuns === 1) {
       curve.ranks.forEach(function (s, i) {
         out.push({ label: prefix + "r" + s.rank + (s.attempt > 1 ? " a" + s.attempt : ""),
                    x: s[xk], y: s.v, color: color(i, curve.ranks.length), width: 1.2 });
@@ -139,7 +152,9 @@
         if (!c) return;
         if (!c.x_is_step) stepped = false;
         list = list.concat(curveSeries(run, c, ri, data.runs.length));
-        sub.push((data.runs.length > 1 ? run.label + ": " : "") + c.points + " points" + (c.thinned ? ", thinned" : ""));
+        sub.push((data.runs.length > 1 ? run.label + ": " : "") + c.points + " points" + (c.thinned ? ", thinned" : "")
+                 + (state.y === "rank" && c.spread && data.runs.length === 1
+                    ? " · many ranks: the lowest and highest per step, the mean, the " + c.outliers.length + " farthest" : ""));
       });
       var xLabel = state.x === "time" ? "time since start" : (stepped ? "step" : "report # (no step in the lines)");
       chart(target, name, sub.join(" · "), list, { xLabel: xLabel, xTime: state.x === "time" });
