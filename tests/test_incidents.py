@@ -347,3 +347,71 @@ def test_dtrain_incidents_ranks_by_the_time_lost(tmp_path: Path) -> None:
                                               "restart": None}
     res = CliRunner().invoke(app, ["incidents", "dddd"], env=env)
     assert "10.5 min" in res.output, res.output
+
+
+# -- one opener for the state files (job/statefile.py) -----------------------------------------
+
+def test_the_lemon_list_and_the_store_share_one_opener_and_its_refusals(
+        tmp_path: Path, intruder: pwd.struct_passwd) -> None:
+    """A link, another user's file and a file others may write: statefile.read_state_file
+    refuses each (Untrusted, why), the lemon list reads it as empty and leaves it, the
+    incident store refuses it with the reason; both open the directory through it."""
+    from launcher.decide.lemons import Lemon
+    from launcher.job.lemons import LemonStore
+    from launcher.job.statefile import Untrusted, open_state_dir, read_state_file
+
+    state = tmp_path / "state"
+    lemons, store = LemonStore(state), IncidentStore(state)
+    lemons.remember([Lemon("n1", "lost", "r1", T0, T0 + 3600)])
+    store.record([rec("aaaaaaaaaaaa", "n1", "r1")], now=T0)
+    assert [x.host for x in lemons.load()] == ["n1"] and len(store.load()) == 1
+    elsewhere = tmp_path / "elsewhere.json"
+    for path, attack, why in [
+            (lemons.path, "link", "link"), (store.path, "link", "link"),
+            (lemons.path, "owner", "owner"), (store.path, "owner", "owner"),
+            (lemons.path, "mode", "mode"), (store.path, "mode", "mode")]:
+        saved = path.read_bytes()
+        if attack == "link":
+            elsewhere.write_bytes(saved)
+            path.unlink()
+            path.symlink_to(elsewhere)
+        elif attack == "owner":
+            os.chown(path, intruder.pw_uid, intruder.pw_gid)
+        else:
+            path.chmod(0o666)
+        held = open_state_dir(state, create=False)
+        assert held is not None
+        try:
+            with pytest.raises(Untrusted) as got:
+                read_state_file(held, path.name, 1 << 20)
+            assert got.value.why == why, (path.name, attack)
+        finally:
+            held.close()
+        if path == lemons.path:
+            assert lemons.load() == []
+        else:
+            with pytest.raises(StoreRefused):
+                store.load()
+        assert (elsewhere if attack == "link" else path).read_bytes() == saved
+        path.unlink()
+        path.write_bytes(saved)
+        path.chmod(0o600)
+    assert open_state_dir(tmp_path / "none", create=False) is None
+
+
+def test_the_nccl_version_beside_a_record_is_the_probes_else_nccls_own_else_unknown(
+        ) -> None:
+    from types import SimpleNamespace
+
+    from launcher.commands.restarts import versions_of
+
+    def result(meta: dict[str, object], fabric: dict[str, object] | None) -> object:
+        return SimpleNamespace(archive=SimpleNamespace(meta=meta), fabric=fabric)
+
+    probed = {"torch_versions": {"node2": "2.5.1"}, "nccl_versions": {"node2": "2.21.5"}}
+    assert versions_of(result(probed, {"version": "2.19.3"}), "node2") == {  # type: ignore[arg-type]
+        "torch": "2.5.1", "nccl": "2.21.5"}
+    unprobed = {"torch_versions": {"node2": "2.5.1"}, "nccl_versions": {"node2": None}}
+    assert versions_of(result(unprobed, {"version": "2.19.3"}), "node2")["nccl"] == \
+        "2.19.3"  # type: ignore[arg-type]
+    assert versions_of(result({}, None), "node2") == {"nccl": "unknown"}  # type: ignore[arg-type]
