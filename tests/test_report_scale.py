@@ -9,10 +9,11 @@ import random
 from pathlib import Path
 
 from launcher.commands.report.load import load
-from launcher.output.runreport import page
+from launcher.output.runreport import document, page
 from launcher.output.runreport.curves import patterns
 from launcher.output.runreport.usage import NODE_SERIES_MAX, OUTLIERS, page_usage
 from tests.report_archives import synthetic
+from tests.reports import validate_json
 from tests.test_report import look_at
 
 
@@ -109,6 +110,9 @@ def test_a_page_of_many_ranks_draws_their_spread_in_chromium(tmp_path: Path) -> 
     doc = page.page_data([s], [""])
     curve = doc["runs"][0]["curves"][0]  # type: ignore[index]
     assert curve["ranks"] == [] and curve["spread"] and curve["outliers"]
+    full = document.document([s])  # --json: every rank, and the spread, in the schema
+    validate_json(full, "report")
+    assert len(full["runs"][0]["curves"][0]["ranks"]) == 100
     out = tmp_path / "r.html"
     out.write_text(page.render([s]))
     click = ("new Promise(function (done) { document.querySelector('button[data-y=rank]')"
