@@ -291,14 +291,17 @@ def test_a_run_on_another_users_node_warns_and_exclusive_refuses(
 
 
 @pytest.mark.ssh
-def test_a_launcher_is_titled_with_its_run_for_everyone(cluster: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("restarts", [[], ["--restarts", "1"]], ids=["plain", "restarts"])
+def test_a_launcher_is_titled_with_its_run_for_everyone(cluster: Any, tmp_path: Path,
+                                                        restarts: list[str]) -> None:
     """`dtrain run` on the login node shows `dtrain run RUN 2 nodes` in ps (not the script's
-    arguments), and `ps --everyone` lists it with its user."""
+    arguments), and `ps --everyone` lists it with its user (--restarts' loop too)."""
     run_id = f"title-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "run", "-H", "node[1-2]", "--nproc-per-node", "1",
          "--python", cluster.python, "--archive-dir", str(tmp_path / "runs"), "--run-id", run_id,
-         "-e", "TICK_S=0.2", "-e", "TICK_N=150", "tests/workloads/tick.py", SECRET], cwd=REPO,
+         "-e", "TICK_S=0.2", "-e", "TICK_N=150", *restarts, "tests/workloads/tick.py", SECRET],
+        cwd=REPO,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cluster.client_env())
     try:
         deadline = time.monotonic() + 60

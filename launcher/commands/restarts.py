@@ -20,7 +20,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.commands.incidents import Remembered, charge_run, remember
-from launcher.commands.launch import RunResult, Word, held_run, start_meta, supervise
+from launcher.commands.launch import (
+    RunResult,
+    Word,
+    held_run,
+    start_meta,
+    supervise,
+    title_launcher,
+)
 from launcher.decide import lemons as lm
 from launcher.decide.plan import RunRequest
 from launcher.decide.restarts import (
@@ -207,6 +214,7 @@ class Loop:
                         archive.update_meta(start=first, next_attempt=None)
                     archive.update_meta(attempt=n)
                     archive.update_meta(attempts=[*self.attempts, self._record(n, hosts)])
+                    title_launcher("run", req.run_id, len(plan.nodes))  # ps --everyone
                     return await supervise(plan, req, self.opts, prep, archive,
                                            self.detacher, earlier=self.watch,
                                            retried=lambda result: self.relaunches(n, result))
