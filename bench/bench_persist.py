@@ -90,7 +90,7 @@ def main() -> int:
                     help="nodes of the unchanged re-push case (0: leave it out)")
     ap.add_argument("--files", type=int, default=2000, help="files in the re-pushed tree")
     ap.add_argument("--hops", action="store_true",
-                    help="time dtrain warm's hops too (DTRAIN_HOPS=1; output/hops.py)")
+                    help="time dtrain warm's hops too (DTRAIN_HOPS=1; text/hops.py)")
     args = ap.parse_args()
     counts = [int(x) for x in args.nodes.split(",")]
     env_ = Env.setup(max([*counts, args.cp_nodes]), args.first_node, ciphers=args.ssh_ciphers)

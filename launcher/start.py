@@ -22,7 +22,7 @@ import sys
 
 from launcher.exitcodes import EXIT_UNREACHABLE, exit_for_signal
 
-_ENTRY = __import__("time").time()  # DTRAIN_HOPS's "entry" mark (output/hops.py)
+_ENTRY = __import__("time").time()  # DTRAIN_HOPS's "entry" mark (text/hops.py)
 
 # the one-shot commands issue 41 names, whose start is much of their time; never `run` or
 # `smoke` (a training run must not depend on the keeper's process), nor `keys` (a password
@@ -219,7 +219,7 @@ def serve_here(argv: list[str]) -> int | None:
         return None
     try:
         if os.environ.get("DTRAIN_HOPS") == "1":
-            from launcher.output import hops
+            from launcher.text import hops
 
             hops.carry(sent=__import__("time").time())
         req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
@@ -310,8 +310,8 @@ def exit_as(status: int) -> None:
 
 def main() -> None:
     argv = list(sys.argv)
-    if os.environ.get("DTRAIN_HOPS") == "1":  # where the time goes (output/hops.py)
-        from launcher.output import hops
+    if os.environ.get("DTRAIN_HOPS") == "1":  # where the time goes (text/hops.py)
+        from launcher.text import hops
 
         hops.carry(process=hops.process_start(), entry=_ENTRY)
     if (resident_may_serve(argv) and os.environ.get("DTRAIN_RESIDENT", "1") != "0"

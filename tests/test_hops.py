@@ -1,4 +1,4 @@
-"""Where a one-shot command's time goes (``DTRAIN_HOPS=1``, launcher/output/hops.py,
+"""Where a one-shot command's time goes (``DTRAIN_HOPS=1``, launcher/text/hops.py,
 docs/connections.md): the marks, their spans, and on the real-sshd cluster a warm and a cold
 `exec` that say each hop they passed, summing to their total."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launcher.output import hops
+from launcher.text import hops
 from tests.test_resident import warm  # noqa: F401  (the fixture)
 from tests.util import dtrain
 

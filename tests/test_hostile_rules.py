@@ -191,6 +191,7 @@ STRAGGLER_READERS = {
     "launcher/commands/top/view.py", "launcher/commands/top/runwatch.py",
     "launcher/output/runreport/page.py", "launcher/output/runreport/document.py",
     "launcher/output/runreport/summary.py", "launcher/output/runreport/timeline.py",
+    "launcher/output/runreport/usage.py",
     "launcher/cli/top.py", "launcher/cli/configs.py", "launcher/cli/watching.py",
     "launcher/cli/run.py", "launcher/cli/runconfig.py", "launcher/runrecord.py",
     "launcher/nodeside/sampler.py",

@@ -113,8 +113,8 @@ class DtrainCommand(TyperCommand):
 
 def run_body(fn: Callable[[], int]) -> None:
     """Run a command body: DtrainError -> message on stderr + its exit code. With
-    DTRAIN_HOPS=1, where its time went, after it (output/hops.py)."""
-    from launcher.output import hops
+    DTRAIN_HOPS=1, where its time went, after it (text/hops.py)."""
+    from launcher.text import hops
 
     hops.mark("command")
     try:

@@ -135,7 +135,7 @@ def become(req: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
     os.umask(req["umask"])
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in req["env"].items()})
-    from launcher.output import hops
+    from launcher.text import hops
 
     hops.mark("forked")
     time.tzset()

@@ -23,7 +23,7 @@ from launcher import private
 from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
 from launcher.errors import AuthError, ConnectError, DtrainError, HostKeyError
 from launcher.models import Host
-from launcher.output import hops
+from launcher.text import hops
 from launcher.transports.base import Connection, FileSystem, Process, Transport
 from launcher.transports.keeper import frames
 from launcher.transports.keeper.frames import (

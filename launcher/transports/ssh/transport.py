@@ -23,7 +23,7 @@ from asyncssh.config import SSHClientConfig
 from launcher.aio import cleanup
 from launcher.errors import ConnectError
 from launcher.models import Host
-from launcher.output import hops
+from launcher.text import hops
 from launcher.transports.base import Connection, FileSystem, Process, Transport
 from launcher.transports.ssh.config import (
     MAX_JUMP_DEPTH,
