@@ -200,7 +200,7 @@ async def steady(env: Env, k: int, seconds: float, interval: float) -> dict[str,
             "node_cpu_ms_gpu_nodes_p95": _p95(gpu_costs)}
 
 
-def micro(n: int = 2000) -> dict[str, float]:
+def micro(render_nodes: list[int] | None = None, n: int = 2000) -> dict[str, float]:
     """What one sample's pieces cost here (no ssh), and a stack sample's for comparison."""
     import os
 
@@ -236,7 +236,9 @@ def micro(n: int = 2000) -> dict[str, float]:
 
     with open(os.devnull, "w") as devnull:
         out["stack sample (faulthandler dump, 30 frames) us"] = deep(30)
-    out["live screen, 64 nodes x 8 GPUs (document + render, 200x80) us"] = render_cost(64)
+    for k in render_nodes or [64]:
+        out[f"live screen, {k} nodes x 8 GPUs (document + render, 200x80) us"] = \
+            render_cost(k, n=50 if k <= 128 else 10)
     return out
 
 
@@ -335,17 +337,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--inrun-nodes", type=int, default=4)
     parser.add_argument("--inrun-seconds", type=float, default=120.0)
+    parser.add_argument("--render-nodes", default="64",
+                        help="micro: the live screen's CPU per refresh at these node counts "
+                             "(synthetic 8-GPU nodes; e.g. 64,512,2048)")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
-    env = Env.setup(args.nodes, args.first_node, ciphers=args.ssh_ciphers)
+    # micro alone needs no node (its pieces run here)
+    env = None if only == {"micro"} else Env.setup(args.nodes, args.first_node,
+                                                   ciphers=args.ssh_ciphers)
     out: dict[str, Any] = {"machine": machine(), "revision": revision()}
     try:
         if "micro" in only:
-            m = micro()
+            m = micro([int(k) for k in args.render_nodes.split(",")])
             out["micro"] = m
             print("\n### the sampler's pieces, here (no ssh)\n")
             print(table(["piece", "cost"], [[k, f"{v:.1f}"] for k, v in m.items()]))
         if "steady" in only:
+            assert env is not None
             log(f"steady: {args.nodes} nodes, every {args.interval:g} s, {args.seconds:g} s")
             quiet = wait_quiet(args.max_busy, args.patience)
             st = asyncio.run(steady(env, args.nodes, args.seconds, args.interval))
@@ -373,6 +381,7 @@ def main(argv: list[str]) -> int:
                 ["started on a quiet machine", "yes" if st["quiet"] else "no (busy)", ""],
             ]))
         if "inrun" in only:
+            assert env is not None
             log(f"inrun: {args.inrun_nodes} nodes x 2 ranks, {args.inrun_seconds:g} s, "
                 "sampling every 10 s and off")
             ir = inrun(env, args.inrun_nodes, args.inrun_seconds)
@@ -396,6 +405,7 @@ def main(argv: list[str]) -> int:
                 log(f"problems: exit {on['rc']} / {off['rc']}")
                 return 1
         if "snapshot" in only:
+            assert env is not None
             series = Series(f"snapshot, {args.nodes} nodes")
             log(f"snapshot: {args.nodes} nodes, {args.reps} rounds")
             rounds(series, snapshot_tools(env, args.nodes), args.reps,
@@ -408,7 +418,8 @@ def main(argv: list[str]) -> int:
                 log("problems:\n  " + "\n  ".join(bad))
                 return 1
     finally:
-        env.cleanup()
+        if env is not None:
+            env.cleanup()
     print(f"\n{out['machine']}\n{out['revision']}")
     save_json(args.json, out)
     return 0
