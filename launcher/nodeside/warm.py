@@ -43,6 +43,7 @@ PAD_BYTES = 65536
 # the ranks' socket, for the warm process's one note (not DTRAIN_SHIM_SOCK: what has that in
 # its environment is torchrun or a rank shim, to the supervisor's tests and a node's admin)
 NOTE_ENV = "DTRAIN_WARM_NOTE"
+PARENT_ENV = "DTRAIN_WARM_PARENT"  # the supervisor's pid: the warm process dies with it
 # the warm process's last argument: room in its argv area for the rank's title (set_title)
 TITLE_ROOM = 256
 # how long a shim waits for the warm process's answer (it may still be importing) before it
@@ -158,6 +159,7 @@ class WarmStart:
             preload = [str(m) for m in spec.get("preload") or () if str(m)]
             wenv = dict(env)
             wenv[NOTE_ENV] = wenv.pop("DTRAIN_SHIM_SOCK", "")
+            wenv[PARENT_ENV] = str(os.getpid())
             wenv.update({WARM_FD_ENV: str(listener.fileno()), PRELOAD_ENV: ",".join(preload)})
             wenv[PAD_ENV] = "x" * PAD_BYTES  # last: its room follows the others
             log = os.open(os.path.join(self.tmpdir, "warm.log"),  # type: ignore[attr-defined]
@@ -189,6 +191,13 @@ def warm_main():
     fd = int(os.environ.pop(WARM_FD_ENV))
     mods = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
     note = os.environ.pop(NOTE_ENV, "")
+    parent = os.environ.pop(PARENT_ENV, "")
+    try:  # a supervisor KILLed leaves no warm process (nor, through theirs, its ranks)
+        _prctl()(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if parent.isdigit() and os.getppid() != int(parent):
+        os._exit(0)  # it died before that took effect
     os.environ.pop(PAD_ENV, None)
     run_id = os.environ.get("DTRAIN_RUN_ID")
     set_title("dtrain warm %s%s" % (run_id + " " if run_id else "", hostname()), "dtrain-warm")
