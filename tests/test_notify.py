@@ -8,41 +8,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from launcher.job.notify import redact_url
-from tests.util import REPO
+from tests.util import REPO, webhook
 
 SCRIPT = "import time\nfor i in range(3):\n    print(f'step {i}', flush=True); time.sleep(0.2)\n"
 
 
 @pytest.fixture
 def server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    got: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            got.append({"path": self.path, **json.loads(body)})
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", got
-    srv.shutdown()
-    srv.server_close()
+    for port, got in webhook():
+        yield f"http://127.0.0.1:{port}", got
 
 
 def run(tmp_path: Path, notify: str) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import pytest
 
 from launcher.job import notify
 from launcher.job.notify import Notifier, redact_url
-from tests.util import REPO
+from tests.util import REPO, webhook
 
 PASSWORD = "S3cretPassw0rdXyz"  # noqa: S105 - the secret the tests look for
 SCRIPT = "import time\nprint('step 1', flush=True)\ntime.sleep({sleep})\n"
@@ -40,28 +39,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(delay: float = 0.0) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    got: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            time.sleep(delay)
-            got.append({"path": self.path, "auth": self.headers.get("Authorization"),
-                        **json.loads(body)})
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield int(srv.server_address[1]), got
-    srv.shutdown()
-    srv.server_close()
+serve = webhook  # the server every --notify test uses (tests/util.py)
 
 
 @pytest.fixture

@@ -329,3 +329,35 @@ def on_pty(argv: Sequence[str], env: Mapping[str, str], *,
         os.close(master)
         code = proc.wait(timeout=10)
     return code, out
+
+
+def webhook(delay: float = 0.0) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """A real HTTP server on 127.0.0.1 (stdlib) for --notify: (its port, what it got: each
+    POST's path, Authorization header and JSON body, after ``delay`` s). A generator: the
+    server stops when it is closed (``yield from webhook()`` in a fixture)."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(delay)
+            got.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                        **json.loads(body)})
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(srv.server_address[1]), got
+    finally:
+        srv.shutdown()
+        srv.server_close()
