@@ -75,9 +75,9 @@ class RunArgs(HostArgs, ConnArgs):
     hang_timeout: float = 300.0
     progress: str | None = None
     checkpoint: str | None = None
-    notify: str | None = None
     preload: str | None = None
     no_preload: bool = False
+    notify: str | None = None
     require_fabric: str | None = None
     on_hang: str | None = None
     restarts: int = 0
@@ -189,8 +189,8 @@ def check_run_args(a: RunArgs) -> None:
     check_choice("--require-fabric", a.require_fabric, REQUIRE)
     parse_nnodes(a.nnodes)
     compile_progress(a.progress)  # a bad pattern: exit 2 before anything connects
-    if a.checkpoint is not None:
     preload_modules(a.preload, a.no_preload, WARM_DEFAULT)
+    if a.checkpoint is not None:
         from launcher.decide.goodput import compile_checkpoint
 
         compile_checkpoint(a.checkpoint)
@@ -202,8 +202,8 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     from launcher.cli import groups
     from launcher.cli.defaults import setting_sources_from
     from launcher.decide.devices import selection
-    from launcher.decide.hang import HangPolicy
     from launcher.decide.filters import preload_modules
+    from launcher.decide.hang import HangPolicy
     from launcher.decide.netenv import EnvLayer, user_env
     from launcher.decide.plan import RunRequest
     from launcher.decide.restarts import RestartPolicy, parse_nnodes
@@ -270,8 +270,8 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
                         verbose=a.verbose),
         reports=Reports(as_json=a.as_json, junit=a.junit, archive_dir=Path(a.archive_dir)),
         dry_run=a.dry_run, offline=a.offline, command=tuple(command),
+        preload=preload_modules(a.preload, a.no_preload, WARM_DEFAULT),
         sources=setting_sources_from(i.setting_sources, python=a.python, setup=a.setup,
                                      workdir=remote_dir, archive_dir=a.archive_dir))
     settings = a.settings()
-        preload=preload_modules(a.preload, a.no_preload, WARM_DEFAULT),
     return req, opts, settings
