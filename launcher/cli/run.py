@@ -152,6 +152,13 @@ def run_cmd(
         "--progress", metavar="REGEX", rich_help_panel=FAILURE,
         help="REGEX: the output lines that show progress (default: step, "
              "iteration, epoch, loss lines and progress bars).")] = None,
+    preload: Annotated[str | None, typer.Option(
+        "--preload", metavar="MODULES", rich_help_panel=LAUNCH, callback=from_config("preload"),
+        help="Modules (comma-separated) each node's warm interpreter imports besides torch: "
+             "ranks are forked from it, not started cold (docs/warm-start.md).")] = None,
+    no_preload: Annotated[bool, typer.Option(
+        "--no-preload", rich_help_panel=LAUNCH,
+        help="Start every rank as a fresh interpreter (no warm start).")] = False,
     checkpoint: Annotated[str | None, typer.Option(
         "--checkpoint", metavar="REGEX", rich_help_panel=FAILURE,
         help="REGEX: the output lines that say a checkpoint was saved, for the goodput "
@@ -160,13 +167,6 @@ def run_cmd(
         "--notify", metavar="URL|COMMAND", rich_help_panel=FAILURE,
         callback=from_config("notify"),
         help="Tell URL (a JSON POST with a Slack-compatible text) or COMMAND (the event's "
-    preload: Annotated[str | None, typer.Option(
-        "--preload", metavar="MODULES", rich_help_panel=LAUNCH, callback=from_config("preload"),
-        help="Modules (comma-separated) each node's warm interpreter imports besides torch: "
-             "ranks are forked from it, not started cold (docs/warm-start.md).")] = None,
-    no_preload: Annotated[bool, typer.Option(
-        "--no-preload", rich_help_panel=LAUNCH,
-        help="Start every rank as a fresh interpreter (no warm start).")] = False,
              "JSON on stdin) when the run starts, hangs, fences a node, relaunches, "
              "ends.")] = None,
     require_fabric: Annotated[str | None, typer.Option(
