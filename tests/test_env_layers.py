@@ -86,6 +86,24 @@ def test_every_layer_on_disk_in_its_place(tmp_path: Path) -> None:
     assert "--env" in shown["L_ENV"][1] and "--env-file" not in shown["L_ENV"][1]
 
 
+def test_a_secret_a_higher_layer_replaced_is_still_hidden(tmp_path: Path) -> None:
+    """HF_TOKEN in the config's [env], replaced by --env: the replaced value is sent nowhere,
+    and a script argument carrying it is *** like the value that won (the dry run, text and
+    JSON; meta.json's args are redacted by the same values, commands/launch._meta_start)."""
+    (tmp_path / "config.toml").write_text('[env]\nHF_TOKEN = "lower-secret-1"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_", "DS_"))}
+    env.update(HOME=str(tmp_path), DTRAIN_CONFIG=str(tmp_path / "config.toml"))
+    for form in (["--json"], ["-v"]):
+        res = dtrain(["run", "-H", "localhost", "--dry-run", "--offline", *form,
+                      "--nproc-per-node", "1", "-e", "HF_TOKEN=upper-secret-2",
+                      "examples/ddp_smoke.py", "--a", "lower-secret-1",
+                      "--b=upper-secret-2"], env=env)
+        assert_exit(res, 0)
+        assert "lower-secret-1" not in res.stdout + res.stderr, res.stdout
+        assert "upper-secret-2" not in res.stdout + res.stderr, res.stdout
+        assert "--a" in res.stdout and "***" in res.stdout
+
+
 # ---------------------------------------------------------------- the scan
 
 # what reads one of the user's layers: its result may be passed on, never stacked

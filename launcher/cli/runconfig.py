@@ -244,6 +244,8 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     req = RunRequest(script=a.script, args=tuple(a.args or ()), module=a.module,
                      nproc_per_node=a.nproc_per_node, python=a.python, setup=a.setup,
                      workdir=remote_dir, env=user.env, hidden_env=hidden,
+                     shadowed_env=tuple(kv for layer in layers.values() for kv in layer.pairs
+                                        if kv not in user.env),
                      env_sources=user.sources,
                      master_addr=a.master_addr, master_port=a.master_port, rdzv=a.rdzv,
                      max_restarts=a.max_restarts, run_id=a.run_id or "", devices=devices,

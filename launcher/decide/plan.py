@@ -54,6 +54,9 @@ class RunRequest:
     # a name missing here came from --env
     env_sources: tuple[tuple[str, str], ...] = ()
     hidden_env: frozenset[str] = frozenset()  # --env NAME: from the launcher's environment
+    # what a higher layer replaced (netenv.user_env): never sent, kept only so that a
+    # secret value among them is hidden wherever the script's arguments show it
+    shadowed_env: tuple[tuple[str, str], ...] = ()
     master_addr: str | None = None
     master_port: int | None = None
     rdzv: str = "static"
@@ -107,6 +110,7 @@ class LaunchPlan:
     rdzv: str
     hidden: frozenset[str] = frozenset()  # names whose values are never shown
     offline: bool = False  # --dry-run --offline: planned from the hostfile, nothing probed
+    shadowed: tuple[tuple[str, str], ...] = ()  # RunRequest.shadowed_env
 
     def shown_env(self, node: NodePlan) -> dict[str, str]:
         """One node's variables as dry runs and meta.json show them (secrets as ***)."""
@@ -119,7 +123,8 @@ class LaunchPlan:
         if SHIM_PLACEHOLDER not in node.argv:
             return node.argv
         cut = node.argv.index(SHIM_PLACEHOLDER) + 1
-        values = secret_values([(v.name, v.value) for v in node.env], self.hidden)
+        values = secret_values([*((v.name, v.value) for v in node.env), *self.shadowed],
+                               self.hidden)
         return (*node.argv[:cut], *redact_words(node.argv[cut:], values))
 
 
@@ -290,7 +295,7 @@ def build_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host],
                               facts[host.label].torch_version))
         first += nproc
     return LaunchPlan(tuple(nodes), master_addr, master_port, master_reason, first, req.rdzv,
-                      req.hidden_env)
+                      req.hidden_env, shadowed=req.shadowed_env)
 
 
 NODE_DIR = "<the supervisor's private dir>"  # made on the node at start: its path is unknown
@@ -381,7 +386,7 @@ def offline_plan(req: RunRequest, opts: RunOptions, hosts: Sequence[Host]) -> La
         nodes.append(NodePlan(host, node_rank, int(value), first, python, argv, env, ()))
         first += int(value)
     return LaunchPlan(tuple(nodes), master_addr, master_port, reason, first, req.rdzv,
-                      req.hidden_env, offline=True)
+                      req.hidden_env, offline=True, shadowed=req.shadowed_env)
 
 
 def plan_json(plan: LaunchPlan) -> dict[str, object]:
