@@ -35,7 +35,8 @@ def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
     tag = f"DTRAIN_RUN_ID={run_id}".encode()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        outer = [p for p in tc.node_pids(k) if tag in (env := proc_environ(p))
+        pids = tc.node_pids(k)
+        outer = [p for p in pids if tag in (env := proc_environ(p))
                  and any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in env)]
         for pid in outer:
             try:
@@ -45,7 +46,6 @@ def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
             for child in map(int, children):
                 if not any(v.startswith(b"DTRAIN_SHIM_SOCK=") for v in proc_environ(child)):
                     return pid, child
-        time.sleep(0.1)
             rank = [v for v in proc_environ(pid) if v.startswith(b"RANK=")]
             for p in pids:
                 env = proc_environ(p)
@@ -57,6 +57,7 @@ def _rank_pids(k: int, run_id: str, timeout: float = 30.0) -> tuple[int, int]:
                         continue
                     if line.startswith("dtrain rank ") and " shim: " not in line:
                         return pid, p
+        time.sleep(0.1)
     raise AssertionError(f"no rank shim of {run_id} on node{k}")
 
 
