@@ -1,0 +1,178 @@
+"""The warm process on this machine, without the cluster (docs/warm-start.md), on python3
+and python3.8 (node programs are 3.8): the bundle started in warm mode with a stand-in
+torch, asked for ranks as a rank shim asks (warm.warm_spawn): a rank forked with its own
+argv, environment, working directory and descriptors, armed on its arm socket, its exit
+code and its signal death reported; a shim that goes away takes its rank with it; a module
+that cannot be preloaded: one note on the ranks' socket, the warm process gone, the next
+ask answered with None (start cold)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.nodeside import rankshim, warm
+from tests.util import node_program
+
+RANK = """import sys
+WARM = "torch" in sys.modules
+import json, os, signal
+print(json.dumps({"warm": WARM, "rank": os.environ.get("RANK"), "cwd": os.getcwd(),
+                  "argv": sys.argv, "ppid": os.getppid(), "sid": os.getsid(0),
+                  "pad": "DTRAIN_WARM_PAD" in os.environ}), flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[1] == "sleep":
+    import time
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _python(which: str) -> str:
+    if which == "python3":
+        return sys.executable
+    exe = next(iter(sorted(Path("/root/.pyenv/versions").glob("3.8*/bin/python3.8"))), None) \
+        or shutil.which("python3.8")
+    if exe is None:
+        from tests.util import cannot_run
+
+        cannot_run("no python3.8 here (scripts/test installs one)")
+    return str(exe)
+
+
+class Node:
+    """A private directory with the bundle, the ranks' socket, and one warm process."""
+
+    def __init__(self, tmp_path: Path, exe: str, preload: str = "") -> None:
+        fake = tmp_path / "site" / "torch"
+        fake.mkdir(parents=True, exist_ok=True)
+        (fake / "__init__.py").write_text(
+            "class cuda:\n    @staticmethod\n    def is_initialized():\n        return False\n")
+        self.dir = tmp_path / "dtrain-x"
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        shim = self.dir / "dtrain_shim.py"
+        shutil.copy(node_program("supervisor"), shim)
+        self.ranks = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # notes and arming
+        self.ranks.bind(str(self.dir / "ranks.sock"))
+        self.ranks.listen(16)
+        self.ranks.settimeout(30)
+        self.path = str(self.dir / f"warm{preload}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
+        listener.listen(16)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DTRAIN_")}
+        env.update({"PYTHONPATH": str(tmp_path / "site"), "DTRAIN_RUN_ID": "run-1",
+                    warm.WARM_FD_ENV: str(listener.fileno()), warm.PRELOAD_ENV: preload,
+                    warm.NOTE_ENV: str(self.dir / "ranks.sock"),
+                    warm.PARENT_ENV: str(os.getpid())})
+        env[warm.PAD_ENV] = "x" * warm.PAD_BYTES
+        self.log = open(tmp_path / "warm.log", "ab")  # closed in stop()
+        self.proc = subprocess.Popen([exe, "-u", str(shim), " " * warm.TITLE_ROOM], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=self.log, pass_fds=(listener.fileno(),))
+        listener.close()
+
+    def ask(self, argv: list[str], rank: int) -> tuple[warm.WarmRank | None, int]:
+        """A rank as a shim starts one: the warm rank and the read end of its stdout."""
+        out_r, out_w = os.pipe()
+        env = {"PATH": os.environ.get("PATH", ""), "RANK": str(rank), "DTRAIN_RUN_ID": "run-1",
+               rankshim.ARM_ENV: str(self.dir / "ranks.sock")}
+        with open(os.devnull, "rb") as null:
+            child = warm.warm_spawn(self.path, argv, env, [null.fileno(), out_w, 2])
+        os.close(out_w)
+        return child, out_r
+
+    def armed(self) -> dict:
+        conn, _ = self.ranks.accept()
+        with conn:
+            return json.loads(conn.makefile().readline())
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self.ranks.close()
+        self.log.close()
+
+
+def _end(child: warm.WarmRank, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while (code := child.poll()) is None:
+        assert time.monotonic() < deadline, "no end reported"
+        time.sleep(0.02)
+    return code
+
+
+@pytest.fixture
+def sigio():
+    """The shim's side takes SIGIO (O_ASYNC): ignored in the test process."""
+    old = signal.signal(signal.SIGIO, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGIO, old)
+
+
+@pytest.mark.parametrize("python", ["python3", "python3.8"])
+def test_ranks_forked_with_their_own_and_their_ends_reported(
+        tmp_path: Path, monkeypatch, sigio, python: str) -> None:
+    node = Node(tmp_path, _python(python))
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    try:
+        child, out = node.ask([str(script), "3"], rank=5)
+        assert child is not None
+        arm = node.armed()  # the forked rank armed itself as a cold one does
+        assert (arm["stream"], arm["rank"], arm["pid"]) == ("arm", 5, child.pid)
+        assert _end(child) == 3
+        said = json.loads(os.read(out, 65536))
+        assert said == {"warm": True, "rank": "5", "cwd": str(work),
+                        "argv": [str(script), "3"], "ppid": node.proc.pid,
+                        "sid": child.pid, "pad": False}
+        with open(f"/proc/{node.proc.pid}/cmdline", "rb") as f:
+            assert f.read().startswith(b"dtrain warm run-1 ")
+
+        killed, _ = node.ask([str(script), "kill"], rank=6)
+        assert killed is not None
+        node.armed()
+        assert _end(killed) == -signal.SIGKILL
+
+        # the shim goes away (its connection closes): its rank is KILLed, and reaped
+        held, _ = node.ask([str(script), "sleep"], rank=7)
+        assert held is not None
+        node.armed()
+        held.sock.close()
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{held.pid}"):
+            assert time.monotonic() < deadline, "the rank outlived its shim"
+            time.sleep(0.02)
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("python", ["python3", "python3.8"])
+def test_a_module_that_cannot_be_preloaded_says_so_once_and_leaves(
+        tmp_path: Path, sigio, python: str) -> None:
+    node = Node(tmp_path, _python(python), preload="dtrain_no_such_module")
+    try:
+        conn, _ = node.ranks.accept()
+        with conn:
+            header, note = conn.makefile().read().split("\n", 1)
+        assert json.loads(header)["stream"] == "err" and json.loads(header)["rank"] == -1
+        assert note == warm.WARM_NOTE % (
+            "import dtrain_no_such_module failed: ModuleNotFoundError: No module named "
+            "'dtrain_no_such_module'")
+        assert node.proc.wait(30) == 0
+        assert node.ask(["x.py"], rank=0)[0] is None  # nobody listens: the rank starts cold
+    finally:
+        node.stop()
