@@ -86,6 +86,8 @@ def test_each_forked_rank_is_its_own(cluster: tc.Cluster, tmp_path: Path, jobs) 
         assert p["warm"] is True, p
         assert p["parent"] == f"dtrain warm {run_id} node{k}", p
         assert p["sid"] == p["pid"], p
+        # the rank's thread count is the cold rank's: torchrun's OMP_NUM_THREADS=1
+        assert (p["omp"], p["threads"]) == ("1", 1), p
         pids.add(p["pid"])
     assert len(pids) == 4
     parents = {p["ppid"] for _, p in probes.values()}
@@ -103,6 +105,7 @@ def test_the_cold_path_is_still_cold(cluster: tc.Cluster, tmp_path: Path, jobs) 
     for rank, (_, p) in probes.items():
         assert p["warm"] is False and p["parent"].startswith(f"dtrain rank {rank} shim: "), p
         assert p["env"]["RANK"] == str(rank) and p["proc_env"]["RANK"] == str(rank), p
+        assert (p["omp"], p["threads"]) == ("1", 1), p
 
 
 def _summary(out: str, rank: int) -> str:

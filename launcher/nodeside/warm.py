@@ -160,6 +160,10 @@ class WarmStart:
             wenv = dict(env)
             wenv[NOTE_ENV] = wenv.pop("DTRAIN_SHIM_SOCK", "")
             wenv[PARENT_ENV] = str(os.getpid())
+            if "OMP_NUM_THREADS" not in wenv and _nproc(argv) > 1:
+                # what torchrun gives each worker (torch.distributed.run's config_from_args),
+                # read at import by OpenMP and OpenBLAS, whose pools the ranks inherit
+                wenv["OMP_NUM_THREADS"] = "1"
             wenv.update({WARM_FD_ENV: str(listener.fileno()), PRELOAD_ENV: ",".join(preload)})
             wenv[PAD_ENV] = "x" * PAD_BYTES  # last: its room follows the others
             log = os.open(os.path.join(self.tmpdir, "warm.log"),  # type: ignore[attr-defined]
@@ -182,6 +186,15 @@ class WarmStart:
         the stop to its rank) and the warm process (its children are ranks whose shims
         forward it; the warm process itself ignores the TERM and goes with the KILL)."""
         return pid == self.warm_pid or self.is_shim(pid)  # type: ignore[attr-defined]
+
+
+def _nproc(argv):
+    """torchrun's --nproc-per-node in ``argv`` as a number (0: not a number: gpu, auto)."""
+    for flag in ("--nproc-per-node", "--nproc_per_node"):
+        if flag in argv[:-1]:
+            value = argv[argv.index(flag) + 1]
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 # -- the warm process ------------------------------------------------------------------------
@@ -464,6 +477,7 @@ def _become_rank(argv, env, cwd, fds, conns, own, parent):
     os.environ.clear()  # unsetenv each: C's environ holds only the rank's from here
     os.environ.update(env)
     _show_environ(env)
+    _threads(env)
     np = sys.modules.get("numpy")
     if np is not None:  # numpy's legacy global RandomState is not reseeded at fork
         try:
@@ -531,6 +545,18 @@ def _exit_code(code):
     except Exception:
         pass
     return 1
+
+
+def _threads(env):
+    """torch's intra-op threads as a cold rank's torch sets them from its environment
+    (OMP_NUM_THREADS, else MKL_NUM_THREADS): OpenMP read the warm process's at import."""
+    torch = sys.modules.get("torch")
+    value = env.get("OMP_NUM_THREADS") or env.get("MKL_NUM_THREADS") or ""
+    if torch is not None and value.isdigit() and int(value) > 0:
+        try:
+            torch.set_num_threads(int(value))
+        except Exception:
+            pass
 
 
 def _show_environ(env):

@@ -25,12 +25,16 @@ def _cmdline(pid: int) -> str:
 
 
 shown = _environ()
+import torch  # noqa: E402  (after the check above: a cold rank imports it only now)
+
 print("PROBE " + json.dumps({
     "warm": WARM, "pid": os.getpid(), "ppid": os.getppid(), "parent": _cmdline(os.getppid()),
     "sid": os.getsid(0), "argv": sys.argv, "cwd": os.getcwd(),
     "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
                                            "DTRAIN_WARM_PAD", "DTRAIN_WARM_FD")},
     "proc_env": {k: shown.get(k) for k in ("RANK", "LOCAL_RANK", "DTRAIN_RUN_ID")},
-    "stdin": os.path.realpath("/proc/self/fd/0")}), flush=True)
+    "stdin": os.path.realpath("/proc/self/fd/0"),
+    # torchrun gives each of several workers OMP_NUM_THREADS=1: torch's threads follow
+    "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}), flush=True)
 if "--kill" in sys.argv and os.environ.get("RANK") == sys.argv[sys.argv.index("--kill") + 1]:
     os.kill(os.getpid(), signal.SIGKILL)
