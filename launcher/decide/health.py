@@ -121,7 +121,8 @@ _Q_GPU = re.compile(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*
 def q_to_csv(text: str) -> str:
     """``nvidia-smi -q``'s sections -> the rows ``gpu_findings`` reads (GPU_FIELDS order):
     the fallback when the query fields are refused (an older driver). Uncorrected volatile
-    ECC is the sum of the Volatile section's "Uncorrectable" / "Double Bit" lines."""
+    ECC is the sum of the Volatile section's "Uncorrectable" lines, or its "Double Bit"
+    section's total (older drivers)."""
     gpus: list[dict[str, str]] = []
     stack: list[tuple[int, str]] = []
     for line in text.splitlines():
@@ -141,8 +142,13 @@ def q_to_csv(text: str) -> str:
             continue
         sections = [name for _, name in stack]
         gpu = gpus[-1]
-        if sections and sections[-1] == "Volatile" and "ECC Errors" in sections and (
-                "Uncorrectable" in key or "Double Bit" in key) and "Total" not in key:
+        # "ECC Errors > Volatile > DRAM Uncorrectable : 2" (Ampere's drivers and later), or
+        # "ECC Errors > Volatile > Double Bit > ... Total : 2" (older drivers, Volta, Pascal:
+        # the parts and their total; the total is counted)
+        if "ECC Errors" in sections and (
+                (sections[-1] == "Volatile" and "Uncorrectable" in key
+                 and "Total" not in key)
+                or (sections[-2:] == ["Volatile", "Double Bit"] and key == "Total")):
             n = _num(value)
             if n is not None:
                 old = _num(gpu.get("ecc.errors.uncorrected.volatile.total", "0")) or 0.0
