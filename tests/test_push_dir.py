@@ -25,7 +25,6 @@ import pytest
 
 from launcher.nodeside import pushdir, wire
 from tests.test_private import INTRUDER, as_intruder
-from tests.test_private import intruder as intruder  # noqa: F401 (the fixture)
 
 # c8e93c7's marker step, verbatim but for the quoting (launcher/commands/image.py then)
 OLD_CHECK = ("umask 077 && mkdir -p -- \"$1\" || exit 0; "
