@@ -12,7 +12,7 @@ stop policy, the hang watch and the restart loop run without root, torchrun or t
     FakeTransport(scripts={"n1": [FAIL, OK]})                      # attempt 1, then 2 on
 
 A script's ranks are the node's (``ranks``); a rank no step ends exits 0 after the last
-step, unless ``hang``: then it runs until stopped (TERM: 143). ``lost_at``: from then on
+step, unless ``hang``: then it runs until stopped (TERM: EXIT_TERMINATED). ``lost_at``: from then on
 the node sends nothing, heartbeats included, and ends only when the launcher drops it.
 """
 
@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.exitcodes import EXIT_KILLED, EXIT_TERMINATED, SIGNAL_BASE
 from launcher.nodeside import nodemessages as names
 from launcher.nodeside.wire import FRAME, KIND_CTL, KIND_OUT, MAGIC, SPEC_MARSHAL
 from launcher.transports.base import Process
@@ -161,7 +162,7 @@ class ScriptedProcess(Process):
         op = msg.get("op")
         if op in ("stop", "kill") and self._stopping is None and self._running:
             self._stopping = str(msg.get("reason") or op)
-            self._stop_code = 143 if op == "stop" else 137
+            self._stop_code = EXIT_TERMINATED if op == "stop" else EXIT_KILLED
             self._control({"type": names.MSG_STOPPING, "reason": self._stopping})
         elif op == "stacks":
             self._control({"type": names.MSG_STACKS, "id": msg.get("id"), "ranks": {},
@@ -173,7 +174,7 @@ class ScriptedProcess(Process):
             self._real.write_eof()
         elif not self._lost() and self._running:
             self._stopping = self._stopping or "the launcher closed the channel"
-            self._stop_code = 143
+            self._stop_code = EXIT_TERMINATED
         self._wake.set()
 
     # ------------------------------------------------------------------ the script
@@ -203,7 +204,7 @@ class ScriptedProcess(Process):
 
     def _rank_exit(self, rank: int, code: int) -> None:
         start = self._running.pop(rank)
-        sig = code - 128 if code > 128 else None
+        sig = code - SIGNAL_BASE if code > SIGNAL_BASE else None
         report = {"code": code, "signal": sig, "duration": time.monotonic() - start,
                   "pid": 0}
         self._reports[str(rank)] = report
