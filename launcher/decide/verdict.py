@@ -364,7 +364,7 @@ def _node_row(outcome: JobOutcome, v: Verdict, node: Any
     if "odd" in kinds or len(kinds) != 1 or res.exit_code is None:
         return label, node.node_rank, text, ()
     torchrun = f"torchrun {_exit_text(res.exit_code, res.signal)}"
-    key = f"{kinds.pop()}|{torchrun}|{res.stopped}"
+    key = f"{kinds.pop()}|{torchrun}|{bool(res.stopped)}"  # stopped: the stop's reason, or None
     return label, node.node_rank, text, (key, len(parts), durations, res.duration)
 
 

@@ -1,0 +1,451 @@
+"""decide/verdict.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
+found no unit test for: what the verdict says for each kind of failure (its exit code,
+its words, the host and rank it blames, its kind), the summary a user reads, meta.json's
+``root_cause`` and ``nodes`` key by key, and the failure reason of the root-cause rank.
+
+Pure: the job's outcome is built by hand, as job/ would fill it in."""
+
+from __future__ import annotations
+
+import signal
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome, RankEnd
+from launcher.decide.verdict import (
+    TailKeeper,
+    restarts_text,
+    root_cause_json,
+    summary_lines,
+    verdict,
+)
+from launcher.models import Host, OutputLine
+
+
+def plan(*hosts: str, ranks: int = 1) -> Any:
+    return SimpleNamespace(nodes=[SimpleNamespace(host=Host(h), node_rank=i,
+                                                  ranks=range(i * ranks, (i + 1) * ranks))
+                                  for i, h in enumerate(hosts)])
+
+
+def node(host: str, code: int | None, ranks: tuple[RankEnd, ...] = (), **kw: Any) -> NodeOutcome:
+    kw.setdefault("started", 100.0)
+    kw.setdefault("ended", 110.0)
+    return NodeOutcome(Host(host), code, ranks={e.rank: e for e in ranks}, **kw)
+
+
+def tails(*lines: tuple[str, int | None, str, str]) -> TailKeeper:
+    keeper = TailKeeper()
+    keeper.add([OutputLine(host, stream, text, rank) for host, rank, stream, text in lines])
+    return keeper
+
+
+def judge(out: JobOutcome, hosts: tuple[str, ...], keeper: TailKeeper | None = None,
+          ranks: int = 1, **kw: Any) -> dict[str, Any]:
+    """The verdict as a user and meta.json see it."""
+    keeper = keeper or TailKeeper()
+    p = plan(*hosts, ranks=ranks)
+    v = verdict(out, p, keeper)
+    return {"code": v.code, "outcome": v.outcome, "host": v.root_host, "rank": v.root_rank,
+            "kind": v.root_kind, "lines": v.lines, "why": v.why,
+            "summary": summary_lines(out, p, v, **kw),
+            "root_cause": root_cause_json(out, v, keeper)}
+
+
+def short(out: JobOutcome, *hosts: str, keeper: TailKeeper | None = None) -> tuple[Any, ...]:
+    v = verdict(out, plan(*hosts), keeper or TailKeeper())
+    return v.code, v.outcome, v.root_host, v.root_rank, v.root_kind, v.lines
+
+
+def _stopped_node(host: str = "a", code: int = 130, sig: int = 2) -> NodeOutcome:
+    return node(host, code, (RankEnd(0, code, sig, sig, 1.0, 5.0),), stopped="interrupted")
+
+
+@pytest.mark.parametrize(("kw", "code", "words"), [
+    ({"interrupted": signal.SIGINT}, 130, "interrupted by Ctrl-C"),
+    ({"interrupted": signal.SIGTERM, "killed": True}, 143, "interrupted by SIGTERM, then killed"),
+    ({"interrupted": signal.SIGHUP}, 129, "interrupted by SIGHUP"),
+    ({"interrupted": signal.SIGINT, "stopped_by": "dtrain stop (pid 7)"}, 130,
+     "stopped by dtrain stop (pid 7)"),
+    ({"interrupted": signal.SIGINT, "stopped_by": "dtrain stop", "killed": True}, 130,
+     "stopped by dtrain stop, then killed"),
+])
+def test_an_interrupt_is_its_signals_code_and_blames_no_one(kw: dict[str, Any], code: int,
+                                                             words: str) -> None:
+    out = JobOutcome(nodes={"a": _stopped_node()}, interrupted_t=3.0, **kw)
+    assert judge(out, ("a",)) == {
+        "code": code, "outcome": words, "host": None, "rank": None, "kind": "interrupted",
+        "lines": [], "why": [],
+        # no FAILED: an interrupt is the user's doing
+        "summary": [f"{words} (exit {code})",
+                    "  a (node 0): r0 SIGINT (130) after 1.0s; torchrun exit 130 after 10.0s"
+                    " (stopped by dtrain)"],
+        "root_cause": {"kind": "interrupted", "host": None, "rank": None, "exit_code": code,
+                       "summary": words}}
+
+
+def test_a_failure_seen_before_the_interrupt_is_the_root_cause_one_after_is_not() -> None:
+    def seen_at(seen: float, interrupted_t: float | None) -> tuple[Any, ...]:
+        out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 3, t=5.0, duration=1.0),))},
+                         failures=[Failure("rank", "a", 0, 3, seen=seen)],
+                         interrupted=signal.SIGINT, interrupted_t=interrupted_t)
+        return short(out, "a")[:5]
+
+    rank = (3, "rank 0 on a exited 3", "a", 0, "rank")
+    ctrl_c = (130, "interrupted by Ctrl-C", None, None, "interrupted")
+    assert seen_at(2.9, 3.0) == rank
+    assert seen_at(3.0, 3.0) == rank  # the same instant: the failure came first
+    assert seen_at(3.5, 3.0) == ctrl_c
+    assert seen_at(1.0, None) == ctrl_c  # the interrupt's time unknown: the interrupt
+
+
+def test_a_timeout_with_no_failure_before_it() -> None:
+    out = JobOutcome(nodes={"a": node("a", 143, stopped="--timeout")}, timed_out=True,
+                     stop_reason="--timeout 60 s")
+    words = "timed out (--timeout): every node stopped"
+    assert judge(out, ("a",)) == {
+        "code": 124, "outcome": words, "host": None, "rank": None, "kind": "timeout",
+        "lines": [], "why": [],
+        "summary": [f"FAILED: {words} (exit 124)",
+                    "  a (node 0): r0 no exit report (killed by dtrain); torchrun exit 143 after"
+                    " 10.0s (stopped by dtrain)"],
+        "root_cause": {"kind": "timeout", "host": None, "rank": None, "exit_code": 124,
+                       "summary": words, "stop_reason": "--timeout 60 s"}}
+    # a rank that failed before the timeout is the root cause
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 3, t=5.0, duration=1.0),))},
+                     failures=[Failure("rank", "a", 0, 3, seen=3.5)], timed_out=True)
+    assert short(out, "a")[:5] == (3, "rank 0 on a exited 3", "a", 0, "rank")
+
+
+def test_a_start_timeout_names_every_late_node() -> None:
+    out = JobOutcome(nodes={"a": node("a", 143),
+                            "b": node("b", None, abandoned=True, started=None, ended=0.0),
+                            "c": node("c", None, started=None, ended=0.0)},
+                     start_timed_out=("b", "c"),
+                     failures=[Failure("start", "b", error="did not start within 0.8 s",
+                                       t=2.0, seen=2.0)],
+                     stop_reason="b did not start")
+    words = "b,c did not start within 0.8 s"
+    assert judge(out, ("a", "b", "c")) == {
+        "code": 124, "outcome": words, "host": "b", "rank": None, "kind": "start",
+        "lines": [], "why": [],
+        "summary": [f"FAILED: {words} (exit 124)",
+                    "  b (node 1): r1 no exit report (killed by dtrain); no exit status",
+                    "  a (node 0): r0 no exit report (killed by dtrain); torchrun exit 143 after"
+                    " 10.0s",
+                    "  c (node 2): r2 no exit report (killed by dtrain); no exit status"],
+        "root_cause": {"kind": "start", "host": "b", "rank": None, "exit_code": 124,
+                       "summary": words, "signal": None, "error": "did not start within 0.8 s",
+                       "t": 2.0, "stderr_tail": [], "stop_reason": "b did not start"}}
+    out.start_timed_out = ()  # the late nodes not listed: the root cause's host
+    assert short(out, "a", "b", "c")[:2] == (124, "b did not start within 0.8 s")
+
+
+def test_a_rank_killed_by_a_signal_is_the_root_cause_with_its_stderr() -> None:
+    out = JobOutcome(
+        nodes={"a": node("a", 143, (RankEnd(0, 143, 15, 15, 5.0, 1005.2),),
+                         stopped="b rank 1 was killed by SIGSEGV"),
+               "b": node("b", 139, (RankEnd(1, 139, 11, None, 4.9, 1005.0),))},
+        failures=[Failure("rank", "b", rank=1, code=139, signal=11, t=1005.0, seen=5.01,
+                          error="x")],
+        stop_reason="b rank 1 was killed by SIGSEGV")
+    keeper = tails(("b", 1, "err", "Fatal Python error: Segmentation fault"),
+                   ("b", 1, "out", "step 3"),  # stdout is no part of the tail
+                   ("b", None, "err", "agent line"), ("a", 0, "err", "other"))
+    words = "rank 1 on b was killed by SIGSEGV"
+    tail = ["last stderr lines of rank 1 on b:", "  Fatal Python error: Segmentation fault"]
+    assert judge(out, ("a", "b"), keeper) == {
+        "code": 139, "outcome": words, "host": "b", "rank": 1, "kind": "rank",
+        "lines": tail, "why": [],
+        "summary": [f"FAILED: {words} (exit 139)",
+                    "  b (node 1): r1 SIGSEGV (139) after 4.9s (ROOT CAUSE); torchrun exit 139"
+                    " after 10.0s",
+                    "  a (node 0): r0 SIGTERM (143) after 5.0s (stopped by dtrain); torchrun"
+                    " exit 143 after 10.0s (stopped by dtrain)", *tail],
+        "root_cause": {"kind": "rank", "host": "b", "rank": 1, "exit_code": 139,
+                       "summary": words, "signal": 11, "error": "x", "t": 1005.0,
+                       "stderr_tail": ["Fatal Python error: Segmentation fault"],
+                       "stop_reason": "b rank 1 was killed by SIGSEGV"}}
+    # no code known: exit 1
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0),))}, failures=[Failure("rank", "a", 0)])
+    assert short(out, "a")[0] == 1
+
+
+def test_a_rank_its_own_torchrun_stopped_blames_that_torchrun() -> None:
+    # torchrun on a passed a SIGTERM to its rank before dtrain stopped anything, and no rank
+    # there failed on its own: torchrun's end is the root cause, with its stderr (here the
+    # supervisor's copy: no line of torchrun's own came)
+    out = JobOutcome(
+        nodes={"a": node("a", 143, (RankEnd(0, 143, 15, 15, 5.0, 1005.0),),
+                         stderr_tail=("sup tail 1", "sup tail 2")),
+               "b": node("b", 143, stopped="a failed")},
+        failures=[Failure("rank", "a", 0, 143, 15, seen=5.0)],
+        stop_reason="a rank 0 was killed by SIGTERM")
+    tail = ["last stderr lines of a:", "  sup tail 1", "  sup tail 2"]
+    assert judge(out, ("a", "b")) == {
+        "code": 143, "outcome": "torchrun on a exited 143", "host": "a", "rank": None,
+        "kind": "node", "lines": tail, "why": [],
+        "summary": ["FAILED: torchrun on a exited 143 (exit 143)",
+                    "  a (node 0): r0 SIGTERM (143) after 5.0s (failed too); torchrun exit 143"
+                    " after 10.0s",
+                    "  b (node 1): r1 no exit report (killed by dtrain); torchrun exit 143"
+                    " after 10.0s (stopped by dtrain)", *tail],
+        "root_cause": {"kind": "node", "host": "a", "rank": None, "exit_code": 143,
+                       "summary": "torchrun on a exited 143", "signal": 15, "error": None,
+                       "t": 0.0, "stderr_tail": [],
+                       "stop_reason": "a rank 0 was killed by SIGTERM"}}
+    # torchrun says it got the signal (and exits 1): its code is the signal's, named
+    agent = ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 42 got"
+             " signal: 15")
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 143, 15, 15, 5.0, 1005.0),),
+                                      stderr_tail=("not this one",))},
+                     failures=[Failure("rank", "a", 0, 143, 15, seen=5.0)])
+    words = ("torchrun on a got SIGTERM and ended (a signal not from dtrain: a scheduler, a"
+             " user, a watchdog)")
+    assert short(out, "a", keeper=tails(("a", None, "err", agent))) == (
+        143, words, "a", None, "node", ["last stderr lines of a:", f"  {agent}"])
+    # killed by a signal itself: that signal, whatever its stderr says
+    out = JobOutcome(nodes={"a": node("a", 137, (RankEnd(0, 137, 9, 15, 5.0, 1005.0),),
+                                      signal=9)},
+                     failures=[Failure("rank", "a", 0, 137, 9, seen=5.0)])
+    assert short(out, "a", keeper=tails(("a", None, "err", agent))) == (
+        137, "torchrun on a was killed by SIGKILL", "a", None, "node",
+        ["last stderr lines of a:", f"  {agent}"])
+    # torchrun ended 0 (or not at all): the rank is the root cause after all
+    for code in (0, None):
+        out = JobOutcome(nodes={"a": node("a", code, (RankEnd(0, 143, 15, 15, 5.0),))},
+                         failures=[Failure("rank", "a", 0, 143, 15, seen=5.0)])
+        assert short(out, "a")[:5] == (143, "rank 0 on a was killed by SIGTERM", "a", 0, "rank")
+    # another rank on that node failed on its own: it is the story, not torchrun
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 143, 15, 15, 5.0, 9.0),
+                                               RankEnd(1, 3, None, None, 4.0, 8.0)))},
+                     failures=[Failure("rank", "a", 0, 143, 15, seen=5.0)])
+    assert short(out, "a")[:5] == (143, "rank 0 on a was killed by SIGTERM", "a", 0, "rank")
+    # the root rank not in the exit message: no stop known, the rank
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(1, 3),))},
+                     failures=[Failure("rank", "a", 0, 143, 15, seen=5.0)])
+    assert short(out, "a")[:5] == (143, "rank 0 on a was killed by SIGTERM", "a", 0, "rank")
+
+
+def _two_stopped(reason: str) -> dict[str, NodeOutcome]:
+    return {h: node(h, 143, (RankEnd(r, 143, 15, 15, 5.0, 9.0),), stopped=reason)
+            for r, h in enumerate("ab")}
+
+
+def test_a_hang_is_125_and_names_the_rank_that_made_no_progress() -> None:
+    out = JobOutcome(nodes=_two_stopped("hang"),
+                     failures=[Failure("hang", "b", 1, error="rank 1 on b made no progress for"
+                                                              " 60 s", t=7.0, seen=7.0)],
+                     stop_reason="hang")
+    words = "rank 1 on b made no progress for 60 s"
+    assert judge(out, ("a", "b"), tails(("b", 1, "err", "stuck"))) == {
+        "code": 125, "outcome": words, "host": "b", "rank": 1, "kind": "hang", "lines": [],
+        "why": [],
+        "summary": [f"FAILED: {words} (exit 125)",
+                    "  b (node 1): r1 SIGTERM (143) after 5.0s (ROOT CAUSE); torchrun exit 143"
+                    " after 10.0s (stopped by dtrain)",
+                    "  a (node 0): r0 SIGTERM (143) after 5.0s (stopped by dtrain); torchrun"
+                    " exit 143 after 10.0s (stopped by dtrain)"],
+        "root_cause": {"kind": "hang", "host": "b", "rank": 1, "exit_code": 125,
+                       "summary": words, "signal": None, "error": words, "t": 7.0,
+                       "stderr_tail": ["stuck"], "stop_reason": "hang"}}
+    out.failures = [Failure("hang", "", None)]  # nothing known of it
+    assert short(out, "a", "b") == (125, "hang", None, None, "hang", [])
+    out.failures = [Failure("hang", "b", 1, code=3, error="x")]  # --on-hang's own code
+    assert short(out, "a", "b") == (3, "x", "b", 1, "hang", [])
+
+
+def test_a_refused_fabric_is_123_and_names_the_node() -> None:
+    out = JobOutcome(nodes=_two_stopped("fabric"),
+                     failures=[Failure("fabric", "b", error="b: NCCL used Socket, not IB",
+                                       t=3.0)], stop_reason="fabric refused")
+    words = "b: NCCL used Socket, not IB"
+    assert judge(out, ("a", "b")) == {
+        "code": 123, "outcome": words, "host": "b", "rank": None, "kind": "fabric",
+        "lines": [], "why": [],
+        "summary": [f"FAILED: {words} (exit 123)",
+                    "  b (node 1): r1 SIGTERM (143) after 5.0s (stopped by dtrain); torchrun"
+                    " exit 143 after 10.0s (stopped by dtrain)",
+                    "  a (node 0): r0 SIGTERM (143) after 5.0s (stopped by dtrain); torchrun"
+                    " exit 143 after 10.0s (stopped by dtrain)"],
+        "root_cause": {"kind": "fabric", "host": "b", "rank": None, "exit_code": 123,
+                       "summary": words, "signal": None, "error": words, "t": 3.0,
+                       "stderr_tail": [], "stop_reason": "fabric refused"}}
+    out.failures = [Failure("fabric", "", None)]
+    assert short(out, "a", "b") == (123, "fabric refused", None, None, "fabric", [])
+    out.failures = [Failure("fabric", "b", code=5, error="y")]
+    assert short(out, "a", "b") == (5, "y", "b", None, "fabric", [])
+
+
+def test_a_lost_node_is_255() -> None:
+    out = JobOutcome(nodes={"a": node("a", None, lost=True, error="no heartbeat for 5 s",
+                                      ended=0.0),
+                            "b": node("b", 143, stopped="a lost")},
+                     failures=[Failure("lost", "a", code=255, error="no heartbeat for 5 s",
+                                       t=4.0)])
+    words = "node a lost: no heartbeat for 5 s"
+    assert judge(out, ("a", "b")) == {
+        "code": 255, "outcome": words, "host": "a", "rank": None, "kind": "lost",
+        "lines": [], "why": [],
+        "summary": [f"FAILED: {words} (exit 255)",
+                    "  a (node 0): r0 no exit report (node lost); LOST: no heartbeat for 5 s",
+                    "  b (node 1): r1 no exit report; torchrun exit 143 after 10.0s (stopped by"
+                    " dtrain)"],
+        "root_cause": {"kind": "lost", "host": "a", "rank": None, "exit_code": 255,
+                       "summary": words, "signal": None, "error": "no heartbeat for 5 s",
+                       "t": 4.0, "stderr_tail": []}}
+    out.failures = [Failure("lost", "a")]
+    assert short(out, "a", "b") == (255, "node a lost: connection lost", "a", None, "lost", [])
+
+
+def test_a_failed_node_whose_ranks_failed_names_its_first_failed_rank() -> None:
+    # torchrun gave up (exit 1): of its ranks that failed on their own, the first to end
+    # (its node's clock) is the story; a rank torchrun stopped tells nothing
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 143, 15, 15, 5.0, 9.0),
+                                               RankEnd(1, 6, None, None, 4.0, 8.5),
+                                               RankEnd(2, 134, 6, None, 4.0, 8.0))),
+                            "b": node("b", 143, stopped="a failed")},
+                     failures=[Failure("node", "a", code=1, t=9.5, seen=9.6)],
+                     stop_reason="a failed (exit 1)")
+    keeper = tails(("a", 2, "err", "abort here"), ("a", None, "err", "torchrun says"))
+    got = judge(out, ("a", "b"), keeper, ranks=3)
+    words = "rank 2 on a was killed by SIGABRT"
+    tail = ["last stderr lines of rank 2 on a:", "  abort here"]
+    assert {k: got[k] for k in ("code", "outcome", "host", "rank", "kind", "lines")} == {
+        "code": 134, "outcome": words, "host": "a", "rank": 2, "kind": "rank", "lines": tail}
+    assert got["summary"] == [
+        f"FAILED: {words} (exit 134)",
+        "  a (node 0): r2 SIGABRT (134) after 4.0s (ROOT CAUSE), r0 SIGTERM (143) after 5.0s"
+        " (stopped by dtrain), r1 exit 6 after 4.0s (failed too); torchrun exit 1 after 10.0s",
+        "  b (node 1): r3 no exit report (killed by dtrain), r4 no exit report (killed by"
+        " dtrain), r5 no exit report (killed by dtrain); torchrun exit 143 after 10.0s"
+        " (stopped by dtrain)", *tail]
+    assert {k: got["root_cause"][k] for k in ("kind", "host", "rank", "exit_code", "summary",
+                                              "error", "t", "stop_reason")} == {
+        "kind": "rank", "host": "a", "rank": 2, "exit_code": 134, "summary": words,
+        "error": None, "t": 9.5, "stop_reason": "a failed (exit 1)"}
+    # an exit report without a code is no failure of the rank's: torchrun's end
+    out.nodes["a"] = node("a", 1, (RankEnd(2, None, 6),))
+    assert short(out, "a", "b")[:2] == (1, "torchrun on a exited 1")
+
+
+@pytest.mark.parametrize(("stop", "code", "words", "kind"), [
+    ("supervisor got signal 15", 143,
+     "dtrain's supervisor on a got SIGTERM (not from dtrain) and stopped its job", "node"),
+    ("torchrun stopped (state T) for 30 s after its ranks ended", 125,
+     "torchrun on a was stopped (SIGSTOP or SIGTSTP, not from dtrain) after every rank there"
+     " ended, and stayed so 30 s: it could never end, so its supervisor ended the job", "hang"),
+    ("no heartbeat from the launcher for 7.5 s", 255,
+     "node a heard nothing from dtrain for 7.5 s and stopped its job (its link to this machine"
+     " cut or dropping packets, or dtrain stalled)", "lost"),
+    ("its own reason", 143, "node a stopped its job by itself: its own reason", "node"),
+])
+def test_a_node_that_stopped_its_job_by_itself_says_why(stop: str, code: int, words: str,
+                                                        kind: str) -> None:
+    out = JobOutcome(nodes={"a": node("a", 143, stopped=stop, stderr_tail=("s1",)),
+                            "b": node("b", 143, stopped="a")},
+                     failures=[Failure("node", "a", code=143, own_stop=stop, t=2.0)])
+    assert short(out, "a", "b") == (code, words, "a", None, kind,
+                                    ["last stderr lines of a:", "  s1"])
+    # torchrun's own stderr lines come before the supervisor's copy
+    got = short(out, "a", "b", keeper=tails(("a", None, "err", "own"), ("a", 0, "err", "r0")))
+    assert got[5] == ["last stderr lines of a:", "  own"]
+
+
+def test_a_failed_node_without_a_stop_of_its_own() -> None:
+    out = JobOutcome(nodes={"a": node("a", None, error="python3 not found")},
+                     failures=[Failure("node", "a", error="python3 not found")])
+    words = "node a failed: python3 not found"
+    assert judge(out, ("a",)) == {
+        "code": 255, "outcome": words, "host": "a", "rank": None, "kind": "node",
+        "lines": [], "why": [],
+        "summary": [f"FAILED: {words} (exit 255)",
+                    "  a (node 0): r0 no exit report; python3 not found"],
+        "root_cause": {"kind": "node", "host": "a", "rank": None, "exit_code": 255,
+                       "summary": words, "signal": None, "error": "python3 not found",
+                       "t": 0.0, "stderr_tail": []}}
+    out = JobOutcome(nodes={"a": node("a", 137, signal=9)},
+                     failures=[Failure("node", "a", code=137, signal=9)])
+    assert short(out, "a", keeper=tails(("a", None, "err", "t1"))) == (
+        137, "torchrun on a was killed by SIGKILL", "a", None, "node",
+        ["last stderr lines of a:", "  t1"])
+    out = JobOutcome(nodes={"a": node("a", 2)}, failures=[Failure("node", "a", code=2)])
+    assert short(out, "a") == (2, "torchrun on a exited 2", "a", None, "node", [])
+    # a stop of its own but exit 0 (or no code): still a failure, exit 1
+    out = JobOutcome(nodes={"a": node("a", 0)},
+                     failures=[Failure("node", "a", code=0, own_stop="x")])
+    assert short(out, "a") == (1, "node a stopped its job by itself: x", "a", None, "node", [])
+
+
+def _ok(hosts: str = "abc") -> dict[str, NodeOutcome]:
+    return {h: node(h, 0, (RankEnd(r, 0, None, None, 8.0 + r / 10, 9.0),))
+            for r, h in enumerate(hosts)}
+
+
+def test_a_run_that_succeeded_and_how_its_head_reads() -> None:
+    rows = ["  a (node 0): r0 exit 0 after 8.0s; torchrun exit 0 after 10.0s",
+            "  b (node 1): r1 exit 0 after 8.1s; torchrun exit 0 after 10.0s",
+            "  c (node 2): r2 exit 0 after 8.2s; torchrun exit 0 after 10.0s"]
+    assert judge(JobOutcome(nodes=_ok()), ("a", "b", "c")) == {
+        "code": 0, "outcome": "succeeded", "host": None, "rank": None, "kind": None,
+        "lines": [], "why": [], "summary": ["ok: succeeded (exit 0)", *rows],
+        "root_cause": {"kind": None, "host": None, "rank": None, "exit_code": 0,
+                       "summary": "succeeded"}}
+    # smoke's job: its own verdict comes next
+    assert judge(JobOutcome(nodes=_ok()), ("a", "b", "c"), judged=True)["summary"] == [
+        "job: ended (exit 0)", *rows]
+    # --restarts: the last attempt counts the relaunches
+    for attempt, said in ((2, " after 1 restart"), (3, " after 2 restarts")):
+        assert judge(JobOutcome(nodes=_ok()), ("a",), attempt=attempt)["summary"][0] == (
+            f"ok: succeeded{said} (exit 0)")
+    assert (restarts_text(0), restarts_text(-1)) == ("", "")
+    failed = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 3, None, None, 1.0, 2.0),))},
+                        failures=[Failure("rank", "a", 0, 3)])
+    assert judge(failed, ("a",), attempt=2, retried=True)["summary"][0] == (
+        "attempt 2 failed: rank 0 on a exited 3 (exit 3)")
+    assert judge(failed, ("a",), judged=True)["summary"][0] == (
+        "FAILED: rank 0 on a exited 3 (exit 3)")
+    assert judge(failed, ("a",), attempt=2)["summary"][0] == (
+        "FAILED: rank 0 on a exited 3 after 1 restart (exit 3)")
+
+
+def test_with_no_failure_seen_nodes_that_never_ended_or_ended_badly() -> None:
+    hosts = ("a", "b", "c", "d", "e")
+    assert short(JobOutcome(nodes=_ok()), *hosts) == (
+        255, "d,e never reported an end", "d", None, "lost", [])
+    assert short(JobOutcome(nodes={**_ok(), "b": node("b", None)}), "a", "b", "c") == (
+        255, "b never reported an end", "b", None, "lost", [])
+    bad = {**_ok(), "b": node("b", 3), "c": node("c", 4)}
+    assert short(JobOutcome(nodes=bad), "a", "b", "c") == (
+        3, "torchrun on b exited 3", "b", None, "node", [])
+
+
+def _many(n: int = 20) -> tuple[JobOutcome, Any]:
+    """n01's rank 0 failed; n02-n19 stopped by dtrain (n02-n10 a little later each); n20 never
+    started."""
+    hosts = tuple(f"n{i:02d}" for i in range(1, n + 1))
+    nodes = {"n01": node("n01", 1, (RankEnd(0, 7, None, None, 3.0, 5.0),
+                                    RankEnd(1, 143, 15, 15, 3.5, 5.5)))}
+    for i, h in enumerate(hosts[1:n - 1], 1):
+        late = i / 10 if i < 10 else 0.0
+        nodes[h] = node(h, 143, (RankEnd(2 * i, 143, 15, 15, 4.0 + late, 6.0),
+                                 RankEnd(2 * i + 1, 143, 15, 15, 4.0, 6.0)),
+                        stopped="n01 failed", ended=110.0 + late / 10)
+    out = JobOutcome(nodes=nodes, failures=[Failure("rank", "n01", 0, 7, t=5.0)],
+                     stop_reason="n01 rank 0 exited 7")
+    return out, plan(*hosts, ranks=2)
+
+
+def test_from_16_nodes_on_the_nodes_that_ended_alike_are_one_line() -> None:
+    out, p = _many()
+    v = verdict(out, p, TailKeeper())
+    assert summary_lines(out, p, v) == [
+        "FAILED: rank 0 on n01 exited 7 (exit 7)",
+        "  n01 (node 0): r0 exit 7 after 3.0s (ROOT CAUSE), r1 SIGTERM (143) after 3.5s"
+        " (stopped by dtrain); torchrun exit 1 after 10.0s",
+        "  n20 (node 19): not started",
+        # torchrun stopped by dtrain, as on an unfolded row
+        "  n[02-19] (18 nodes): 36 ranks SIGTERM after 4.0-4.9s (143) (stopped by dtrain);"
+        " torchrun exit 143 after 10.0-10.1s (stopped by dtrain)"]
