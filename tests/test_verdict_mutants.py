@@ -16,6 +16,10 @@ import pytest
 from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome, RankEnd
 from launcher.decide.verdict import (
     TailKeeper,
+    failure_lines,
+    failure_reason,
+    node_results,
+    rank_ends,
     restarts_text,
     root_cause_json,
     summary_lines,
@@ -449,3 +453,169 @@ def test_from_16_nodes_on_the_nodes_that_ended_alike_are_one_line() -> None:
         # torchrun stopped by dtrain, as on an unfolded row
         "  n[02-19] (18 nodes): 36 ranks SIGTERM after 4.0-4.9s (143) (stopped by dtrain);"
         " torchrun exit 143 after 10.0-10.1s (stopped by dtrain)"]
+
+
+def _never(rank: int) -> dict[str, Any]:
+    return {"exit_code": None, "signal": None, "duration": None, "stop_signal": None,
+            "role": "unknown"}
+
+
+def test_meta_json_nodes_key_by_key() -> None:
+    out = JobOutcome(
+        nodes={"a": node("a", 143, (RankEnd(0, 143, 15, 15, 5.0, 1005.12345, 11),
+                                    RankEnd(1)),  # a report without a code or a time
+                         stopped="b rank 2 exited 7", supervisor_pid=50, pid=51,
+                         started=100.0004, ended=110.0006),
+               "b": node("b", 1, (RankEnd(2, 7, None, None, 4.9, 1005.0, 12),)),
+               "c": node("c", None, lost=True, error="no heartbeat", abandoned=True,
+                         started=None, ended=0.0)},
+        failures=[Failure("rank", "b", rank=2, code=7, t=1005.0, seen=5.01)],
+        stop_reason="b rank 2 exited 7")
+    p = plan("a", "b", "c", "d", ranks=2)
+    got = node_results(out, p, verdict(out, p, TailKeeper()))
+    assert got[0].pop("duration") == pytest.approx(10.0002)
+    assert got == [
+        {"host": "a", "node_rank": 0, "exit_code": 143, "signal": None, "error": None,
+         "lost": False, "abandoned": False, "stopped": "b rank 2 exited 7",
+         "start": 100.0, "end": 110.001, "supervisor_pid": 50, "pid": 51,
+         "ranks": {"0": {"exit_code": 143, "signal": 15, "duration": 5.0, "stop_signal": 15,
+                         "end": 1005.123, "start": 1000.123, "role": "stopped"},
+                   "1": {"exit_code": 0, "signal": None, "duration": None,
+                         "stop_signal": None, "role": "ok"}}},
+        {"host": "b", "node_rank": 1, "exit_code": 1, "signal": None, "error": None,
+         "lost": False, "abandoned": False, "stopped": None, "duration": 10.0,
+         "start": 100.0, "end": 110.0, "supervisor_pid": None, "pid": None,
+         "ranks": {"2": {"exit_code": 7, "signal": None, "duration": 4.9, "stop_signal": None,
+                         "end": 1005.0, "start": 1000.1, "role": "root cause"},
+                   "3": _never(3)}},
+        {"host": "c", "node_rank": 2, "exit_code": None, "signal": None,
+         "error": "no heartbeat", "lost": True, "abandoned": True, "stopped": None,
+         "duration": None, "start": None, "end": None, "supervisor_pid": None, "pid": None,
+         "ranks": {"4": _never(4), "5": _never(5)}},
+        {"host": "d", "node_rank": 3, "exit_code": None, "signal": None,
+         "error": "not started", "lost": False, "abandoned": False, "stopped": None,
+         "duration": None, "start": None, "end": None, "supervisor_pid": None, "pid": None,
+         "ranks": {"6": _never(6), "7": _never(7)}}]
+    # without a verdict: no roles
+    assert node_results(out, p)[0]["ranks"]["0"] == {
+        "exit_code": 143, "signal": 15, "duration": 5.0, "stop_signal": 15, "end": 1005.123,
+        "start": 1000.123}
+    # a signal of torchrun's own, and a node ended at its start
+    out.nodes["b"] = node("b", 137, signal=9, started=0.0, ended=3.5)
+    assert {k: node_results(out, p)[1][k] for k in ("signal", "start", "end", "duration")} == {
+        "signal": 9, "start": 0.0, "end": 3.5, "duration": 3.5}
+
+
+def test_each_ranks_role() -> None:
+    ends = (RankEnd(0, 7, t=1.0),  # the root cause
+            RankEnd(1, 3, t=2.0),  # a failure seen before the stop: failed
+            RankEnd(2, 143, 15, 15, t=3.0),  # stopped
+            RankEnd(3, 137, 9, t=3.0),  # SIGKILL: stopped, whoever asked
+            RankEnd(4, 1, None, 15, t=3.0),  # asked to stop, exited 1 by itself: stopped
+            RankEnd(5, 139, 11, 15, t=3.0),  # asked to stop, crashed: failed
+            RankEnd(6, 2, t=3.0),  # exited 2 on its own, after the stop: failed
+            RankEnd(7, 0, t=3.0))
+    out = JobOutcome(nodes={"a": node("a", 1, ends)},
+                     failures=[Failure("rank", "a", 0, 7), Failure("rank", "a", 1, 3),
+                               Failure("node", "a", 4)],  # no rank's failure
+                     stop_reason="a rank 0 exited 7")
+    p = plan("a", "b", ranks=8)
+    roles = {r: e["role"] for r, e in
+             node_results(out, p, verdict(out, p, TailKeeper()))[0]["ranks"].items()}
+    assert roles == {"0": "root cause", "1": "failed", "2": "stopped", "3": "stopped",
+                     "4": "stopped", "5": "failed", "6": "failed", "7": "ok"}
+    assert summary_lines(out, p, verdict(out, p, TailKeeper()))[1] == (
+        "  a (node 0): r0 exit 7 (ROOT CAUSE), r1 exit 3 (failed too), r2 SIGTERM (143)"
+        " (stopped by dtrain), r3 SIGKILL (137) (stopped by dtrain), r4 exit 1 (stopped by"
+        " dtrain), r5 SIGSEGV (139) (failed too), r6 exit 2 (failed too), r7 exit 0;"
+        " torchrun exit 1 after 10.0s")
+    # a hang's rank is its root cause too; a lost node's ranks are not
+    out.failures = [Failure("hang", "a", 6)]
+    assert node_results(out, p, verdict(out, p, TailKeeper()))[0]["ranks"]["6"]["role"] == (
+        "root cause")
+    out.failures = [Failure("lost", "a", 6)]
+    assert node_results(out, p, verdict(out, p, TailKeeper()))[0]["ranks"]["6"]["role"] == (
+        "failed")
+    # the same rank number on another node is not the root cause
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 7),)),
+                            "b": node("b", 1, (RankEnd(0, 7),))},
+                     failures=[Failure("rank", "a", 0, 7)])
+    p = plan("a", "b", ranks=1)
+    p.nodes[1].ranks = range(1)
+    roles = [n["ranks"]["0"]["role"] for n in node_results(out, p, verdict(out, p, TailKeeper()))]
+    assert roles == ["root cause", "failed"]
+
+
+def test_the_failure_reason_of_the_root_cause_rank() -> None:
+    from launcher.decide.failures import ErrorKeeper
+
+    oom = "Out of memory: Killed process 4242 (python) anon-rss:8388608kB"
+    keeper = ErrorKeeper()
+    keeper.evidence[("a", 0)] = {"kernel": [oom]}
+    keeper.evidence[("a", 1)] = {"kernel": ["Out of memory: Killed process 4243 (python)"]}
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 137, 9, None, 4.9, 1005.0, 4242),))},
+                     failures=[Failure("rank", "a", 0, 137, 9)])
+    v = verdict(out, plan("a"), TailKeeper())
+    reason = failure_reason(out, v, keeper)
+    assert reason is not None
+    assert (reason.kind, reason.summary, reason.rank, reason.host, reason.evidence) == (
+        "oom", "rank 0 on a was killed by the kernel's OOM killer (8.0 GiB)", 0, "a", (oom,))
+    assert failure_lines(reason) == [
+        "why: rank 0 on a was killed by the kernel's OOM killer (8.0 GiB)", f"  {oom}",
+        "next: the rank needs more memory than the node (or its cgroup) gives: lower the batch"
+        " size, the data loader's workers or prefetch, or use nodes with more memory"]
+    # the rank's stderr: its exception
+    keeper = ErrorKeeper()
+    keeper.observe([OutputLine("a", "err", "Traceback (most recent call last):", 0),
+                    OutputLine("a", "err", '  File "t.py", line 3, in main', 0),
+                    OutputLine("a", "err", "ValueError: bad", 0),
+                    OutputLine("a", "err", "ValueError: not this rank's", 1)])
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 3, t=1.0),))},
+                     failures=[Failure("rank", "a", 0, 9)])
+    v = verdict(out, plan("a"), TailKeeper())
+    reason = failure_reason(out, v, keeper)
+    assert reason is not None
+    assert reason.summary == "rank 0 on a raised ValueError: bad in main() t.py:3"
+    # the code its node reported, else the verdict's
+    reason = failure_reason(out, v, ErrorKeeper())
+    assert reason is not None and reason.summary == "rank 0 on a exited 3"
+    out.nodes["a"] = node("a", 1, (RankEnd(0, None, t=1.0),))
+    reason = failure_reason(out, v, ErrorKeeper())
+    assert reason is not None and reason.summary == "rank 0 on a exited 9"
+    out.nodes["a"] = node("a", 1, (RankEnd(0, 139, 11, t=1.0),))
+    reason = failure_reason(out, v, ErrorKeeper())
+    assert reason is not None and reason.kind == "segfault"
+    out.nodes["a"] = node("a", 1)  # no exit report: the verdict's code
+    reason = failure_reason(out, v, ErrorKeeper())
+    assert reason is not None and reason.summary == "rank 0 on a exited 9"
+    del out.nodes["a"]
+    reason = failure_reason(out, v, ErrorKeeper())
+    assert reason is not None and reason.summary == "rank 0 on a exited 9"
+    # no rank to explain
+    for v_ in (verdict(JobOutcome(nodes=_ok()), plan("a", "b", "c"), TailKeeper()),
+               verdict(JobOutcome(nodes=_ok(), failures=[Failure("hang", "a", 0)]),
+                       plan("a"), TailKeeper())):
+        assert failure_reason(out, v_, ErrorKeeper()) is None
+    v.root_host = None
+    assert failure_reason(out, v, ErrorKeeper()) is None
+    v.root_host, v.root_rank = "a", None
+    assert failure_reason(out, v, ErrorKeeper()) is None
+
+
+def test_failure_lines_keep_8_lines_of_evidence() -> None:
+    from launcher.decide.failures import FailureReason
+
+    reason = FailureReason("exit", "s", "do this", evidence=tuple(f"e{i}" for i in range(10)))
+    assert failure_lines(reason) == ["why: s", *(f"  e{i}" for i in range(8)), "next: do this"]
+
+
+def test_a_nodes_ranks_in_the_order_they_ended_and_the_tails_kept() -> None:
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 1, t=5.0), RankEnd(1, 1),
+                                               RankEnd(2, 1, t=0.5)))})
+    assert [e.rank for e in rank_ends(out, "a")] == [1, 2, 0]  # no time: first
+    assert rank_ends(out, "b") == []
+    keeper = tails(*((("a", 0, "err", f"l{i}")) for i in range(12)))
+    assert list(keeper.tails[("a", 0)]) == [f"l{i}" for i in range(4, 12)]  # the last 8
+    small = TailKeeper(2)
+    small.add([OutputLine("a", "err", f"l{i}", 0) for i in range(3)])
+    assert list(small.tails[("a", 0)]) == ["l1", "l2"]
