@@ -186,7 +186,7 @@ def test_a_node_reporting_a_fast_rate_gets_an_honest_node_a_straggler_line_only(
 # top's column, the report page); none of them fences, refuses, restarts or records a node
 STRAGGLER_READERS = {
     "launcher/decide/stragglers.py", "launcher/decide/runoptions.py",
-    "launcher/commands/run_sampling.py", "launcher/commands/launch.py",
+    "launcher/commands/run_sampling.py", "launcher/commands/launch/attempt.py",
     "launcher/commands/top/__init__.py", "launcher/commands/top/model.py",
     "launcher/commands/top/view.py", "launcher/commands/top/runwatch.py",
     "launcher/output/runreport/page.py", "launcher/output/runreport/document.py",

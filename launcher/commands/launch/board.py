@@ -1,0 +1,63 @@
+"""The job's small observers: the live status line on a terminal (``NodeBoard``) and the
+failure evidence (``Evidence``, around decide/failures.ErrorKeeper)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from launcher.decide.failures import ErrorKeeper
+from launcher.job.events import Exit, Hello, Observer, RankExit, Stopping
+from launcher.models import Host, OutputLine
+from launcher.text.words import count
+
+
+class NodeBoard(Observer):
+    """The live status line on a terminal: per-node state from the supervisors' messages
+    (an observer of the job, job/events.py)."""
+
+    def __init__(self, labels: Sequence[str], world_size: int) -> None:
+        self.state = dict.fromkeys(labels, "starting")
+        self.world_size = world_size
+        self.ranks_done = 0
+        self.ranks_failed = 0
+        self.start = time.monotonic()
+
+    def on_hello(self, host: Host, ev: Hello) -> None:
+        self.state[host.label] = "running"
+
+    def on_stopping(self, host: Host, ev: Stopping) -> None:
+        self.state[host.label] = "stopping"
+
+    def on_exit(self, host: Host, ev: Exit) -> None:
+        self.state[host.label] = f"exit {ev.code}"
+
+    def on_rank_exit(self, host: Host, ev: RankExit) -> None:
+        self.ranks_done += 1
+        self.ranks_failed += ev.end.failed
+
+    def render(self) -> str:
+        counts: dict[str, int] = {}
+        for state in self.state.values():
+            counts[state] = counts.get(state, 0) + 1
+        elapsed = int(time.monotonic() - self.start)
+        nodes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        failed = f" ({self.ranks_failed} failed)" if self.ranks_failed else ""
+        return (f"dtrain {elapsed // 60:02d}:{elapsed % 60:02d} | "
+                f"{count(len(self.state), 'node')}: "
+                f"{nodes} | ranks finished {self.ranks_done}/{self.world_size}{failed}")
+
+
+class Evidence(Observer):
+    """decide/failures.py's ErrorKeeper (below job/), fed as an observer: each rank's stderr
+    lines and the node's evidence of its death."""
+
+    def __init__(self, keeper: ErrorKeeper) -> None:
+        self.keeper = keeper
+
+    def on_lines(self, lines: Sequence[OutputLine]) -> None:
+        self.keeper.observe(lines)
+
+    def on_rank_exit(self, host: Host, ev: RankExit) -> None:
+        self.keeper.rank_exit(host.label, ev.end.rank, ev.end.evidence)
+

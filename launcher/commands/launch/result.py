@@ -1,0 +1,80 @@
+"""What a run's job takes from its command (``Payload``) and what it returns
+(``RunResult``), and dtrain.run/1's ``run`` section of that result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.decide.failures import FailureReason
+from launcher.decide.hang import Hang
+from launcher.decide.outcomes import JobOutcome
+from launcher.decide.verdict import TailKeeper, Verdict
+from launcher.job.hangwatch import HangWatch
+from launcher.models import OutputLine
+from launcher.runrecord import Attempt, NodeResult, RootCause
+
+if TYPE_CHECKING:
+    from launcher.output.archive import RunArchive
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What a command adds to a run's job: files shipped in every supervisor's spec (written
+    to its private directory), and the output lines it takes out of the console and the
+    archive (dtrain smoke's report lines)."""
+
+    files: Mapping[str, str] = field(default_factory=dict)
+    take: Callable[[OutputLine], bool] | None = None
+    # the job is part of a command with its own verdict (smoke's PASS/FAIL): its summary
+    # says how the job ended, never "ok", which the verdict may contradict
+    judged: bool = False
+    kind: str = "run"  # the command, as `dtrain ps` lists it (run, smoke)
+
+
+NO_PAYLOAD = Payload()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a launch returned (torch elastic's vocabulary: the plan is the spec, the Job the
+    group of workers, this the run's result): the verdict and its evidence."""
+
+    code: int
+    outcome: JobOutcome
+    verdict: Verdict
+    tails: TailKeeper
+    archive_path: Path
+    archive: RunArchive  # still holding the run directory (smoke adds to it)
+    nodes: list[NodeResult]  # meta.json's per-node results
+    root_cause: RootCause
+    run_id: str
+    world_size: int
+    master: str
+    hangs: list[Hang] = field(default_factory=list)  # dicts only at the output's edge
+    failure: FailureReason | None = None  # why the root-cause rank died
+    progressed: bool = False  # a progress line was seen (--restarts: decide.restarts)
+    watch: HangWatch | None = None  # the attempt's hang watch (its records go on)
+    attempts: list[Attempt] = field(default_factory=list)  # meta.json's, --restarts
+    fabric: dict[str, Any] | None = None  # NCCL's account (docs/fabric.md), None: none
+
+
+def run_extra(result: RunResult | None) -> dict[str, Any]:
+    """dtrain.run/1's ``run`` section (None: the run never got a result, e.g. Ctrl-C while
+    connecting)."""
+    if result is None:
+        return {"run_id": None, "world_size": 0, "master": None, "stop_reason": None,
+                "hangs": [], "attempts": [], "fabric": None, "goodput": None, "restarts": 0}
+    return {"run_id": result.run_id, "world_size": result.world_size,
+            "master": result.master, "stop_reason": result.outcome.stop_reason,
+            "hangs": [h.json() for h in result.hangs], "attempts": result.attempts,
+            "fabric": result.fabric,
+            "goodput": result.archive.meta.get("goodput"),
+            "restarts": sum(1 for a in result.attempts if a.get("relaunched") is not None)}
+
+
+# what a run's end hands --notify's ``ended`` besides the verdict: a word and its fields
+# (the last failed attempt's fingerprint, docs/incidents.md); None: nothing
+Word = tuple[str, Mapping[str, Any]] | None
