@@ -619,3 +619,57 @@ def test_a_nodes_ranks_in_the_order_they_ended_and_the_tails_kept() -> None:
     small = TailKeeper(2)
     small.add([OutputLine("a", "err", f"l{i}", 0) for i in range(3)])
     assert list(small.tails[("a", 0)]) == ["l1", "l2"]
+
+
+def test_exactly_16_nodes_fold_and_each_kind_of_end_is_a_line_of_its_own() -> None:
+    out, p = _many(16)
+    out.nodes["n15"] = node("n15", 137, (RankEnd(28, 137, 9, 9), RankEnd(29, 137, 9, 9)),
+                            signal=9, stopped="x", ended=0.0)  # no durations known
+    out.nodes["n16"] = node("n16", 0, (RankEnd(30, 0, None, None, 2.0),
+                                       RankEnd(31, 0, None, None, 2.04)), ended=112.0)
+    assert summary_lines(out, p, verdict(out, p, TailKeeper())) == [
+        "FAILED: rank 0 on n01 exited 7 (exit 7)",
+        "  n01 (node 0): r0 exit 7 after 3.0s (ROOT CAUSE), r1 SIGTERM (143) after 3.5s"
+        " (stopped by dtrain); torchrun exit 1 after 10.0s",
+        "  n[02-14] (13 nodes): 26 ranks SIGTERM after 4.0-4.9s (143) (stopped by dtrain);"
+        " torchrun exit 143 after 10.0-10.1s (stopped by dtrain)",
+        "  n15 (1 node): 2 ranks SIGKILL (137) (stopped by dtrain); torchrun SIGKILL (137)"
+        " (stopped by dtrain)",
+        "  n16 (1 node): 2 ranks exit 0 after 2.0s; torchrun exit 0 after 12.0s"]
+    out, p = _many(15)  # under 16: a line per node
+    lines = summary_lines(out, p, verdict(out, p, TailKeeper()))
+    assert len(lines) == 16 and lines[2] == (
+        "  n02 (node 1): r2 SIGTERM (143) after 4.1s (stopped by dtrain), r3 SIGTERM (143)"
+        " after 4.0s (stopped by dtrain); torchrun exit 143 after 10.0s (stopped by dtrain)")
+
+
+def test_the_nodes_that_ended_otherwise_are_not_folded() -> None:
+    out, p = _many(20)
+    out.nodes["n12"] = node("n12", 143, (RankEnd(22, 143, 15, 15, 4.0),), stopped="x")
+    p.nodes[12].ranks = range(0)  # n13: a node with no rank
+    out.nodes["n14"] = node("n14", 143, (RankEnd(26, 1, None, None, 4.0),
+                                         RankEnd(27, 143, 15, 15, 4.0)), stopped="x")
+    out.nodes["n15"] = node("n15", None, (RankEnd(28, 143, 15, 15, 4.0),
+                                          RankEnd(29, 143, 15, 15, 4.0)))
+    out.nodes["n16"] = node("n16", None, lost=True, error="gone")
+    out.nodes["n17"] = node("n17", 143, (RankEnd(32, 1, None, None, 4.0),
+                                         RankEnd(33, 2, None, None, 4.0)), stopped="x")
+    out.nodes["n18"] = node("n18", 143, (), stopped="x")
+    stopped = "torchrun exit 143 after 10.0s (stopped by dtrain)"
+    assert summary_lines(out, p, verdict(out, p, TailKeeper()))[2:] == [
+        "  n12 (node 11): r22 SIGTERM (143) after 4.0s (stopped by dtrain), r23 no exit report"
+        f" (killed by dtrain); {stopped}",
+        f"  n13 (node 12): no ranks; {stopped}",
+        "  n14 (node 13): r26 exit 1 after 4.0s (failed too), r27 SIGTERM (143) after 4.0s"
+        f" (stopped by dtrain); {stopped}",
+        "  n15 (node 14): r28 SIGTERM (143) after 4.0s (stopped by dtrain), r29 SIGTERM (143)"
+        " after 4.0s (stopped by dtrain); no exit status",
+        "  n16 (node 15): r30 no exit report (node lost), r31 no exit report (node lost);"
+        " LOST: gone",
+        "  n17 (node 16): r32 exit 1 after 4.0s (failed too), r33 exit 2 after 4.0s (failed"
+        f" too); {stopped}",
+        "  n18 (node 17): r34 no exit report (killed by dtrain), r35 no exit report (killed by"
+        f" dtrain); {stopped}",
+        "  n20 (node 19): not started",
+        "  n[02-11,19] (11 nodes): 22 ranks SIGTERM after 4.0-4.9s (143) (stopped by dtrain);"
+        " torchrun exit 143 after 10.0-10.1s (stopped by dtrain)"]
