@@ -103,6 +103,13 @@ def test_a_failure_seen_before_the_interrupt_is_the_root_cause_one_after_is_not(
     assert seen_at(3.0, 3.0) == rank  # the same instant: the failure came first
     assert seen_at(3.5, 3.0) == ctrl_c
     assert seen_at(1.0, None) == ctrl_c  # the interrupt's time unknown: the interrupt
+    # meta.json's root cause is the interrupt's alone: no failure's signal, error or stderr
+    out = JobOutcome(nodes={"a": _stopped_node()},
+                     failures=[Failure("rank", "a", 0, 3, signal=2, error="x", seen=3.5)],
+                     interrupted=signal.SIGINT, interrupted_t=3.0)
+    assert judge(out, ("a",), tails(("a", 0, "err", "e")))["root_cause"] == {
+        "kind": "interrupted", "host": None, "rank": None, "exit_code": 130,
+        "summary": "interrupted by Ctrl-C"}
 
 
 def test_a_timeout_with_no_failure_before_it() -> None:
@@ -465,7 +472,7 @@ def test_meta_json_nodes_key_by_key() -> None:
         nodes={"a": node("a", 143, (RankEnd(0, 143, 15, 15, 5.0, 1005.12345, 11),
                                     RankEnd(1)),  # a report without a code or a time
                          stopped="b rank 2 exited 7", supervisor_pid=50, pid=51,
-                         started=100.0004, ended=110.0006),
+                         started=100.2504, ended=110.2506),
                "b": node("b", 1, (RankEnd(2, 7, None, None, 4.9, 1005.0, 12),)),
                "c": node("c", None, lost=True, error="no heartbeat", abandoned=True,
                          started=None, ended=0.0)},
@@ -477,7 +484,7 @@ def test_meta_json_nodes_key_by_key() -> None:
     assert got == [
         {"host": "a", "node_rank": 0, "exit_code": 143, "signal": None, "error": None,
          "lost": False, "abandoned": False, "stopped": "b rank 2 exited 7",
-         "start": 100.0, "end": 110.001, "supervisor_pid": 50, "pid": 51,
+         "start": 100.25, "end": 110.251, "supervisor_pid": 50, "pid": 51,
          "ranks": {"0": {"exit_code": 143, "signal": 15, "duration": 5.0, "stop_signal": 15,
                          "end": 1005.123, "start": 1000.123, "role": "stopped"},
                    "1": {"exit_code": 0, "signal": None, "duration": None,
@@ -673,3 +680,13 @@ def test_the_nodes_that_ended_otherwise_are_not_folded() -> None:
         "  n20 (node 19): not started",
         "  n[02-11,19] (11 nodes): 22 ranks SIGTERM after 4.0-4.9s (143) (stopped by dtrain);"
         " torchrun exit 143 after 10.0-10.1s (stopped by dtrain)"]
+
+
+def test_a_node_that_never_connected_and_a_failure_is_never_exit_0() -> None:
+    # a node's failure with no outcome of its own (it never connected)
+    out = JobOutcome(failures=[Failure("node", "a", error="ssh: connection refused")])
+    assert short(out, "a") == (255, "node a failed: ssh: connection refused", "a", None,
+                               "node", [])
+    # a node's failure recorded with exit 0 is still a failure: exit 1
+    out = JobOutcome(nodes={"a": node("a", 0)}, failures=[Failure("node", "a", code=0)])
+    assert short(out, "a") == (1, "torchrun on a exited 0", "a", None, "node", [])
