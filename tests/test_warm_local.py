@@ -1,6 +1,6 @@
 """The warm process on this machine, without the cluster (docs/warm-start.md), on python3
 and python3.8 (node programs are 3.8): the bundle started in warm mode with a stand-in
-torch, asked for ranks as a rank shim asks (warm.warm_spawn): a rank forked with its own
+torch, asked for ranks as a rank shim asks (warmclient.warm_spawn): a rank forked with its own
 argv, environment, working directory and descriptors, armed on its arm socket, its exit
 code and its signal death reported; a shim that goes away takes its rank with it; a module
 that cannot be preloaded: one note on the ranks' socket, the warm process gone, the next
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.nodeside import rankshim, warm
+from launcher.nodeside import rankshim, warm, warmclient
 from tests.util import node_program
 
 RANK = """import sys
@@ -58,6 +58,9 @@ class Node:
         fake.mkdir(parents=True, exist_ok=True)
         (fake / "__init__.py").write_text(
             "class cuda:\n    @staticmethod\n    def is_initialized():\n        return False\n")
+        (fake / "distributed").mkdir(exist_ok=True)  # what the warm process imports for the
+        (fake / "distributed" / "__init__.py").write_text("")  # agent (warm.AGENT_MODULES)
+        (fake / "distributed" / "run.py").write_text("")
         self.dir = tmp_path / "dtrain-x"
         self.dir.mkdir(mode=0o700, exist_ok=True)
         shim = self.dir / "dtrain_shim.py"
@@ -82,13 +85,13 @@ class Node:
                                      stderr=self.log, pass_fds=(listener.fileno(),))
         listener.close()
 
-    def ask(self, argv: list[str], rank: int) -> tuple[warm.WarmRank | None, int]:
+    def ask(self, argv: list[str], rank: int) -> tuple[warmclient.WarmRank | None, int]:
         """A rank as a shim starts one: the warm rank and the read end of its stdout."""
         out_r, out_w = os.pipe()
         env = {"PATH": os.environ.get("PATH", ""), "RANK": str(rank), "DTRAIN_RUN_ID": "run-1",
                rankshim.ARM_ENV: str(self.dir / "ranks.sock")}
         with open(os.devnull, "rb") as null:
-            child = warm.warm_spawn(self.path, argv, env, [null.fileno(), out_w, 2])
+            child = warmclient.warm_spawn(self.path, argv, env, [null.fileno(), out_w, 2])
         os.close(out_w)
         return child, out_r
 
@@ -104,7 +107,7 @@ class Node:
         self.log.close()
 
 
-def _end(child: warm.WarmRank, timeout: float = 30) -> int:
+def _end(child: warmclient.WarmRank, timeout: float = 30) -> int:
     deadline = time.monotonic() + timeout
     while (code := child.poll()) is None:
         assert time.monotonic() < deadline, "no end reported"
@@ -176,3 +179,99 @@ def test_a_module_that_cannot_be_preloaded_says_so_once_and_leaves(
         assert node.ask(["x.py"], rank=0)[0] is None  # nobody listens: the rank starts cold
     finally:
         node.stop()
+
+
+AGENT = """import json, os, sys, time
+deadline = time.monotonic() + 10
+while os.getppid() != int(os.environ["DRIVER"]) and time.monotonic() < deadline:
+    time.sleep(0.01)  # reparented once the middle process has exited
+print(json.dumps({"argv": sys.argv, "ppid": os.getppid(), "sid": os.getsid(0),
+                  "pid": os.getpid(), "warm": "torch" in sys.modules, "cwd": os.getcwd(),
+                  "x": os.environ.get("X"), "path0": sys.path[0]}), flush=True)
+sys.exit(7)
+"""
+
+# a stand-in supervisor: a child subreaper that starts the warm process, then the agent
+DRIVER = """import json, os, socket, subprocess, sys
+from launcher.nodeside import warm, warmclient
+from launcher.nodeside.nodeprocs import set_subreaper
+cfg = json.loads(sys.argv[1])
+assert set_subreaper()
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(cfg["sock"])
+listener.listen(4)
+env = dict(cfg["env"], **{warm.WARM_FD_ENV: str(listener.fileno()),
+                          warm.PARENT_ENV: str(os.getpid())})
+env[warm.PAD_ENV] = "x" * warm.PAD_BYTES
+w = subprocess.Popen([cfg["python"], "-u", cfg["shim"], " " * warm.TITLE_ROOM], env=env,
+                     stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(),))
+listener.close()
+agent_env = dict(cfg["env"], X="agent-x", DRIVER=str(os.getpid()))
+job, out, err, hand = warmclient.spawn_agent([cfg["python"], "-c", cfg["code"], "a", "b"],
+                                             agent_env, cfg["ask"])
+result, early, status = {"starter": job, "driver": os.getpid()}, {}, None
+while status is None:
+    pid, st = os.waitpid(-1, 0)
+    if pid == job and hand is not None:
+        agent = warmclient.handed_over(hand, st)
+        hand, result["agent"] = None, agent
+        if agent is None:
+            status = st
+        else:
+            job = agent
+            status = early.pop(agent, None)
+    elif pid == job:
+        status = st
+    else:
+        early[pid] = st
+result["code"] = os.waitstatus_to_exitcode(status)
+result["said"] = json.loads(os.read(out, 65536))
+w.kill()
+w.wait()
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("python", ["python3", "python3.8"])
+@pytest.mark.parametrize("warm_there", [True, False], ids=["warm", "cold"])
+def test_the_agent_is_forked_and_becomes_the_supervisors_child(
+        tmp_path: Path, python: str, warm_there: bool) -> None:
+    """warmclient.spawn_agent: torchrun's agent forked from the warm process, reparented to
+    the (subreaper) supervisor, which waits for it as for a child it started: its own
+    argv (python -c's), environment, session, working directory and exit code. Without a
+    warm process the starter becomes the cold agent itself (the same pid, the same end)."""
+    exe = _python(python)
+    fake = tmp_path / "site" / "torch"
+    (fake / "distributed").mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "class cuda:\n    @staticmethod\n    def is_initialized():\n        return False\n")
+    (fake / "distributed" / "__init__.py").write_text("")
+    (fake / "distributed" / "run.py").write_text("")
+    private = tmp_path / "dtrain-x"
+    private.mkdir(mode=0o700)
+    shim = private / "dtrain_shim.py"
+    shutil.copy(node_program("supervisor"), shim)
+    sock = str(private / "warm.sock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTRAIN_")}
+    env.update({"PYTHONPATH": str(tmp_path / "site"), "DTRAIN_RUN_ID": "run-1",
+                warm.PRELOAD_ENV: "", warm.NOTE_ENV: ""})
+    cfg = {"sock": sock, "ask": sock if warm_there else str(private / "nobody.sock"),
+           "env": env, "python": exe, "shim": str(shim), "code": AGENT}
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(cfg)], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=repo), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    said = result["said"]
+    assert result["code"] == 7
+    assert said["argv"] == ["-c", "a", "b"] and said["x"] == "agent-x"
+    assert said["cwd"] == str(tmp_path) and said["path0"] == ""
+    assert said["sid"] == said["pid"]  # a session of its own, as spawn's child
+    assert said["ppid"] == result["driver"]  # the supervisor's child, whoever forked it
+    if warm_there:
+        assert said["warm"] is True  # forked: torch was imported already
+        assert result["agent"] == said["pid"] != result["starter"]
+    else:
+        assert said["warm"] is False
+        assert result["agent"] is None and said["pid"] == result["starter"]

@@ -19,7 +19,10 @@ def test_a_request_comes_back_as_it_was_sent() -> None:
     env = {"RANK": "3", "CUDA_VISIBLE_DEVICES": "3", "ODD": "é\udcff"}  # a byte not UTF-8 too
     data = warm.encode_request(["-m", "pkg.train", "--lr", "1"], env, "/work/a b")
     assert warm.request_size(data) == len(data)
-    assert warm.decode_request(data) == (["-m", "pkg.train", "--lr", "1"], env, "/work/a b")
+    assert warm.decode_request(data) == (["-m", "pkg.train", "--lr", "1"], env, "/work/a b",
+                                         "rank")
+    agent = warm.encode_request(["-c", "pass"], env, "/", warm.ROLE_AGENT)
+    assert warm.decode_request(agent)[3] == "agent"
 
 
 @pytest.mark.parametrize("body", [
@@ -31,7 +34,8 @@ def test_a_request_comes_back_as_it_was_sent() -> None:
     {"v": 1, "argv": ["t.py"], "env": {"A": 1}, "cwd": "/"},
     {"v": 1, "argv": ["t.py"], "env": {}, "cwd": ""},
     {"v": 1, "argv": ["t.py"], "env": []},
-], ids=range(8))
+    {"v": 1, "argv": ["t.py"], "env": {}, "cwd": "/", "role": "root"},  # no such role
+], ids=range(9))
 def test_a_request_that_is_not_one_is_refused(body: dict) -> None:
     import json
 

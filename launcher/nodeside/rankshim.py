@@ -21,7 +21,8 @@ from launcher.nodeside.nodecommon import (
     now,
 )
 from launcher.nodeside.nodetitle import set_title
-from launcher.nodeside.warm import WARM_SOCK_ENV, warm_spawn
+from launcher.nodeside.warm import WARM_SOCK_ENV
+from launcher.nodeside.warmclient import warm_spawn
 
 SHIM_ENV = "DTRAIN_SHIM_SOCK"
 # torchrun's temp dir (its /tmp/torchelastic_* log dirs) goes into our private dir, which

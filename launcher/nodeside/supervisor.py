@@ -80,7 +80,6 @@ from launcher.nodeside.nodeprocs import (
     exit_code,
     set_subreaper,
     signal_tree,
-    spawn,
     start_error,
     zombie_status,
 )
@@ -95,7 +94,8 @@ from launcher.nodeside.rankshim import (
     rank_main,
     shim_main,
 )
-from launcher.nodeside.warm import WARM_FD_ENV, WarmStart, forked, warm_main
+from launcher.nodeside.warm import ROLE_AGENT, WARM_FD_ENV, forked, warm_main
+from launcher.nodeside.warmclient import WarmStart, agent_main
 
 # run mode, during a stop: how long torchrun's agent may take to exit by itself once every
 # rank has exited (it normally needs well under a second; its last log lines come then)
@@ -320,7 +320,7 @@ class Supervisor(Evidence, WarmStart):
             if ctr:
                 self.container = Container(ctr, self.tmpdir, self.grace)
                 argv = self.container.argv(env, argv)
-            self.job, out_fd, err_fd = spawn(argv, env)
+            self.job, out_fd, err_fd = self.spawn_job(argv, env, ctr)
         except OSError as exc:
             error, self.start_code = start_error(argv[0], exc)
             self.out.control({"type": MSG_HELLO, "v": PROTOCOL, "error": error,
@@ -347,8 +347,12 @@ class Supervisor(Evidence, WarmStart):
             if pid == 0:
                 self.childless = False
                 return
-            if pid == self.job:
+            if pid == self.job and self.handoff is not None:
+                self.handed(status)  # the starter ended: the agent's pid, or it was the job
+            elif pid == self.job:
                 self.job_status = status
+            elif self.reaped_early is not None:  # the agent may end before its starter
+                self.reaped_early[pid] = status
 
     # -- main loop --------------------------------------------------------------------------
     def on_control_line(self, line):
@@ -657,8 +661,9 @@ class Supervisor(Evidence, WarmStart):
 
 
 def main():
-    if os.environ.get(WARM_FD_ENV):  # warm_main returns only in a rank forked from it
-        forked(rank_main, warm_main())  # (its sys.argv and environ set), which it ends
+    if os.environ.get(WARM_FD_ENV):  # warm_main returns only in a rank or agent forked
+        role, argv = warm_main()  # from it (its environ set), which forked() ends
+        forked(agent_main if role == ROLE_AGENT else rank_main, argv)
     if os.environ.get(SHIM_ENV) and len(sys.argv) > 1:
         sys.exit(shim_main(sys.argv[1:]))
     if os.environ.get(ARM_ENV) and len(sys.argv) > 1:

@@ -50,6 +50,11 @@ TITLE_ROOM = 256
 # starts its rank cold
 WARM_WAIT_S = 600.0
 REQUEST_V = 1
+# what a request asks for: a rank (the shim's), or torchrun's agent (the supervisor's: forked
+# twice, so that the supervisor, a child subreaper, becomes its parent: warmclient.py)
+ROLE_RANK, ROLE_AGENT = "rank", "agent"
+# what the warm process imports besides torch and --preload when it serves torchrun's agent too
+AGENT_MODULES = ("torch.distributed.run",)
 MAX_REQUEST = 16 << 20
 # what the warm process ignores (a stray signal to the supervisor's tree must not end it and,
 # through PR_SET_PDEATHSIG, every rank); a forked rank gets the defaults back
@@ -62,12 +67,13 @@ WARM_NOTE = ("dtrain: warm start off on this node (%s): its ranks start cold, as
 
 
 # -- pure parts (tests/test_warm_unit.py) --------------------------------------------------
-def encode_request(argv, env, cwd):
-    """A rank's request to the warm process: 4-byte length, then JSON."""
+def encode_request(argv, env, cwd, role=ROLE_RANK):
+    """A request to the warm process (``role``: a rank, or torchrun's agent): 4-byte
+    length, then JSON."""
     import json
 
     body = json.dumps({"v": REQUEST_V, "argv": list(argv), "env": dict(env),
-                       "cwd": cwd}).encode()
+                       "cwd": cwd, "role": role}).encode()
     return struct.pack("!I", len(body)) + body
 
 
@@ -82,7 +88,7 @@ def request_size(buf):
 
 
 def decode_request(data):
-    """(argv, env, cwd) of an encoded request; ValueError when it is not one."""
+    """(argv, env, cwd, role) of an encoded request; ValueError when it is not one."""
     import json
 
     size = request_size(data)
@@ -90,13 +96,15 @@ def decode_request(data):
         raise ValueError("incomplete request")
     req = json.loads(data[4:].decode())
     argv, env, cwd = req.get("argv"), req.get("env"), req.get("cwd")
-    if req.get("v") != REQUEST_V or not isinstance(argv, list) or not argv \
+    role = req.get("role", ROLE_RANK)
+    if role not in (ROLE_RANK, ROLE_AGENT) or req.get("v") != REQUEST_V \
+            or not isinstance(argv, list) or not argv \
             or not all(isinstance(a, str) for a in argv) or not isinstance(env, dict) \
             or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                        and "\0" not in k + v for k, v in env.items()) \
             or not isinstance(cwd, str) or not cwd:
         raise ValueError("not a rank request")
-    return argv, env, cwd
+    return argv, env, cwd, role
 
 
 def fork_safety(threads, cuda_initialized):
@@ -129,78 +137,11 @@ def environ_block(env, size):
     return bytes(out) + b"\0" * (size - len(out))
 
 
-# -- the supervisor's side ------------------------------------------------------------------
-class WarmStart:
-    """The supervisor's part (a mixin of ``Supervisor``): the warm process, started once."""
-
-    warm_pid = None
-
-    def start_warm(self, env, argv):
-        """Start the warm process when the spec asks (``warm``) and the job is torchrun
-        (``argv``: python -c TORCHRUN_ISOLATED ...), and tell torchrun's workers where it is
-        (``env``). Not with --image (the ranks run in the container) or DTRAIN_STACKS=0 (no
-        rank wrapper). Never fails the job: a warm process that cannot start leaves the
-        ranks to start cold."""
-        job = self.spec  # type: ignore[attr-defined]  # (the Supervisor's)
-        spec = job.get("warm")
-        if not isinstance(spec, dict) or job.get("container") \
-                or len(argv) < 3 or argv[1] != "-c" or "torch.distributed.run" not in argv[2] \
-                or env.get("DTRAIN_STACKS") == "0" or not self.shim_path:  # type: ignore[attr-defined]
-            return
-        import socket
-        import subprocess
-
-        path = os.path.join(self.tmpdir, "warm.sock")  # type: ignore[attr-defined]
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        log = None
-        try:
-            listener.bind(path)
-            listener.listen(256)
-            preload = [str(m) for m in spec.get("preload") or () if str(m)]
-            wenv = dict(env)
-            wenv[NOTE_ENV] = wenv.pop("DTRAIN_SHIM_SOCK", "")
-            wenv[PARENT_ENV] = str(os.getpid())
-            if "OMP_NUM_THREADS" not in wenv and _nproc(argv) > 1:
-                # what torchrun gives each worker (torch.distributed.run's config_from_args),
-                # read at import by OpenMP and OpenBLAS, whose pools the ranks inherit
-                wenv["OMP_NUM_THREADS"] = "1"
-            wenv.update({WARM_FD_ENV: str(listener.fileno()), PRELOAD_ENV: ",".join(preload)})
-            wenv[PAD_ENV] = "x" * PAD_BYTES  # last: its room follows the others
-            log = os.open(os.path.join(self.tmpdir, "warm.log"),  # type: ignore[attr-defined]
-                          os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-            self.warm_proc = subprocess.Popen(
-                [argv[0], "-u", self.shim_path.decode(), " " * TITLE_ROOM],  # type: ignore[attr-defined]
-                env=wenv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                pass_fds=(listener.fileno(),), start_new_session=True)
-            self.warm_pid = self.warm_proc.pid
-            env[WARM_SOCK_ENV] = path
-        except (OSError, ValueError):
-            pass
-        finally:
-            listener.close()
-            if log is not None:
-                os.close(log)
-
-    def pruned(self, pid):
-        """What the supervisor's TERM leaves the descendants of: a rank shim (it forwards
-        the stop to its rank) and the warm process (its children are ranks whose shims
-        forward it; the warm process itself ignores the TERM and goes with the KILL)."""
-        return pid == self.warm_pid or self.is_shim(pid)  # type: ignore[attr-defined]
-
-
-def _nproc(argv):
-    """torchrun's --nproc-per-node in ``argv`` as a number (0: not a number: gpu, auto)."""
-    for flag in ("--nproc-per-node", "--nproc_per_node"):
-        if flag in argv[:-1]:
-            value = argv[argv.index(flag) + 1]
-            return int(value) if value.isdigit() else 0
-    return 0
-
-
 # -- the warm process ------------------------------------------------------------------------
 def warm_main():
-    """The warm process: preload, check, serve. Returns only in a forked rank, with that
-    rank's sys.argv and environment (the bundle's ``main`` then runs it as a cold rank)."""
+    """The warm process: preload, check, serve. Returns only in a forked rank or agent:
+    (role, argv), its environment set (the bundle's ``main`` then runs a rank as a cold
+    rank, ``rank_main``, and the agent as ``python -c``: warmclient.agent_main)."""
     fd = int(os.environ.pop(WARM_FD_ENV))
     mods = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
     note = os.environ.pop(NOTE_ENV, "")
@@ -226,7 +167,7 @@ def warm_main():
         import socket
 
         listener = socket.socket(fileno=fd)
-        why = _preload(["torch"] + mods)
+        why = _preload(["torch"] + list(AGENT_MODULES) + mods)
         if why is None:
             why = _fork_check()
     except Exception as exc:
@@ -293,6 +234,7 @@ class _Conn:
         self.fds = []  # type: list[int]
         self.pid = None  # the forked rank
         self.exited = False  # its end sent (the zombie is reaped when the shim closes)
+        self.agent = False  # it asked for torchrun's agent: nothing more is asked or owed
 
 
 def _serve(listener):
@@ -360,19 +302,21 @@ def _readable(conn, conns, poll, own):
     if not data:
         _drop(conn, conns, poll)
         return None
-    if conn.pid is not None:
+    if conn.pid is not None or conn.agent:
         return None  # nothing more is asked of a connection once its rank runs
     conn.buf += data
     try:
         size = request_size(conn.buf)
         if size is None or len(conn.buf) < size:
             return None
-        argv, env, cwd = decode_request(conn.buf[:size])
+        argv, env, cwd, role = decode_request(conn.buf[:size])
         if len(conn.fds) != 3:
             raise ValueError("%d descriptors, not 3" % len(conn.fds))
     except ValueError:
         _drop(conn, conns, poll)
         return None
+    if role == ROLE_AGENT:
+        return _fork_agent(conn, argv, env, cwd, conns, own)
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -380,13 +324,37 @@ def _readable(conn, conns, poll, own):
             _become_rank(argv, env, cwd, conn.fds, conns, own, parent)
         except BaseException:
             os._exit(127)
-        return argv
+        return ROLE_RANK, argv
     conn.pid = pid
     _close_fds(conn)
     try:
         conn.sock.sendall(b'{"pid": %d}\n' % pid)
     except OSError:
         pass  # its close comes next: the rank is KILLed then
+    return None
+
+
+def _fork_agent(conn, argv, env, cwd, conns, own):
+    """torchrun's agent (the supervisor asked, warmclient.spawn_agent), forked twice: the
+    middle process tells the asker the agent's pid and exits at once, so the agent is
+    reparented to the supervisor (a child subreaper), which waits for it, signals it and
+    tears its tree down exactly as a cold agent's. Not the warm process's child: it keeps
+    nothing of it (no PR_SET_PDEATHSIG on the warm process either: a cold agent has none)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            agent = os.fork()
+            if agent == 0:
+                _become_rank(argv, env, cwd, conn.fds, conns, own, None)
+                return ROLE_AGENT, argv
+            conn.sock.setblocking(True)
+            conn.sock.sendall(b'{"pid": %d}\n' % agent)
+        except BaseException:
+            pass
+        os._exit(0)
+    conn.agent = True
+    _close_fds(conn)
+    _ORPHANS.append(pid)  # reaped once it has exited
     return None
 
 
@@ -457,12 +425,13 @@ def _become_rank(argv, env, cwd, fds, conns, own, parent):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.setsid()
-    try:
-        _prctl()(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the warm process's death
-    except Exception:
-        pass
-    if os.getppid() != parent:  # it died before that took effect
-        os.kill(os.getpid(), signal.SIGKILL)
+    if parent is not None:  # a rank (not the agent: warmclient.py)
+        try:
+            _prctl()(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the warm process's death
+        except Exception:
+            pass
+        if os.getppid() != parent:  # it died before that took effect
+            os.kill(os.getpid(), signal.SIGKILL)
     for other in conns.values():
         other.sock.close()
     own[0].close()
@@ -577,92 +546,3 @@ def _show_environ(env):
             os.close(fd)
     except (OSError, ValueError, IndexError):
         pass
-
-
-# -- the rank shim's side ----------------------------------------------------------------------
-class WarmRank:
-    """A rank forked by the warm process, as the shim knows it: its pid and, once the warm
-    process has sent it, its end (``poll``: subprocess's returncode, or None)."""
-
-    def __init__(self, sock, pid, buf):
-        self.sock = sock
-        self.pid = pid
-        self.buf = buf
-        self.code = None
-
-    def poll(self):
-        if self.code is not None:
-            return self.code
-        eof = False
-        while True:
-            try:
-                chunk = self.sock.recv(4096)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:
-                eof = True
-                break
-            self.buf += chunk
-        while b"\n" in self.buf and self.code is None:
-            line, self.buf = self.buf.split(b"\n", 1)
-            code = _field(line, "exit")
-            if code is not None:
-                self.code = code
-        if self.code is None and eof:
-            # the warm process died: its ranks went with it (PR_SET_PDEATHSIG)
-            self.code = -signal.SIGKILL
-        if self.code is not None:
-            self.sock.close()  # the warm process reaps the rank then
-        return self.code
-
-
-def _field(line, name):
-    import json
-
-    try:
-        value = json.loads(line).get(name)
-    except (ValueError, AttributeError):
-        return None
-    return value if type(value) is int else None
-
-
-def warm_spawn(path, argv, env, fds):
-    """Ask the warm process at ``path`` for a rank (``argv`` as after ``python -u
-    dtrain_shim.py``, its ``env``, this working directory, ``fds`` as its 0/1/2); a WarmRank
-    whose end raises SIGIO in this process, or None: start the rank cold."""
-    import array
-    import fcntl
-    import socket
-
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.settimeout(WARM_WAIT_S)
-        s.connect(path)
-        peer = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                struct.calcsize("3i")))
-        if peer[1] != os.getuid():
-            raise OSError("the warm socket's peer is another user's")
-        data = encode_request(argv, env, os.getcwd())
-        sent = s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                   array.array("i", fds).tobytes())])
-        s.sendall(data[sent:])
-        buf = b""
-        while b"\n" not in buf:
-            chunk = s.recv(4096)
-            if not chunk:
-                raise OSError("the warm process went cold")
-            buf += chunk
-        line, buf = buf.split(b"\n", 1)
-        pid = _field(line, "pid")
-        if pid is None or pid <= 0:
-            raise OSError("no pid from the warm process")
-        s.setblocking(False)
-        fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
-        fcntl.fcntl(s.fileno(), fcntl.F_SETFL,
-                    fcntl.fcntl(s.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
-    except (OSError, ValueError):
-        s.close()
-        return None
-    return WarmRank(s, pid, buf)

@@ -112,7 +112,7 @@ BOOTSTRAP = (
 # and earlier modules only, no top-level name defined twice, the bundle compiles under 3.8.
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "supervisor": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "warm",
-                   "rankshim",
+                   "warmclient", "rankshim",
                    "kernlog", "nodeevidence", "nodecontainer", "supervisor"),
     "probe": ("nodetitle", "probenet", "runscan", "probe"),
     "sampler": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "sampler"),
