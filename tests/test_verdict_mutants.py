@@ -382,6 +382,9 @@ def test_a_failed_node_without_a_stop_of_its_own() -> None:
     assert short(out, "a", keeper=tails(("a", None, "err", "t1"))) == (
         137, "torchrun on a was killed by SIGKILL", "a", None, "node",
         ["last stderr lines of a:", "  t1"])
+    assert judge(out, ("a",))["summary"] == [
+        "FAILED: torchrun on a was killed by SIGKILL (exit 137)",
+        "  a (node 0): r0 no exit report; torchrun SIGKILL (137) after 10.0s"]
     out = JobOutcome(nodes={"a": node("a", 2)}, failures=[Failure("node", "a", code=2)])
     assert short(out, "a") == (2, "torchrun on a exited 2", "a", None, "node", [])
     # a stop of its own but exit 0 (or no code): still a failure, exit 1
@@ -660,7 +663,7 @@ def test_the_nodes_that_ended_otherwise_are_not_folded() -> None:
                                           RankEnd(29, 143, 15, 15, 4.0)))
     out.nodes["n16"] = node("n16", None, lost=True, error="gone")
     out.nodes["n17"] = node("n17", 143, (RankEnd(32, 1, None, None, 4.0),
-                                         RankEnd(33, 2, None, None, 4.0)), stopped="x")
+                                         RankEnd(33, 1, None, None, 4.0)), stopped="x")
     out.nodes["n18"] = node("n18", 143, (), stopped="x")
     stopped = "torchrun exit 143 after 10.0s (stopped by dtrain)"
     assert summary_lines(out, p, verdict(out, p, TailKeeper()))[2:] == [
@@ -673,8 +676,8 @@ def test_the_nodes_that_ended_otherwise_are_not_folded() -> None:
         " after 4.0s (stopped by dtrain); no exit status",
         "  n16 (node 15): r30 no exit report (node lost), r31 no exit report (node lost);"
         " LOST: gone",
-        "  n17 (node 16): r32 exit 1 after 4.0s (failed too), r33 exit 2 after 4.0s (failed"
-        f" too); {stopped}",
+        "  n17 (node 16): r32 exit 1 after 4.0s (failed too), r33 exit 1 after 4.0s (failed"
+        f" too); {stopped}",  # all alike, but failed: each node on its own
         "  n18 (node 17): r34 no exit report (killed by dtrain), r35 no exit report (killed by"
         f" dtrain); {stopped}",
         "  n20 (node 19): not started",
