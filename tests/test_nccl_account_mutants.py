@@ -68,6 +68,9 @@ def test_a_line_read_with_its_line_end() -> None:
     assert na.parse_line("NCCL version 2.21.5+cuda12.4\n") == (
         "VERSION", "NCCL version 2.21.5+cuda12.4")
     assert na.parse_line("\nNCCL version 2.21.5+cuda12.4") is None
+    # only the line end is cut: a message's own last letters stay
+    assert na.parse_line("node1:1:2 [0] NCCL INFO Using network NetX\n") == (
+        "INFO", "Using network NetX")
     assert na.parse_lines(["NCCL version 2.21.5+cuda12.4\r\n"]).version == "2.21.5"
 
 
