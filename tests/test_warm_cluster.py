@@ -66,6 +66,9 @@ def test_each_forked_rank_is_its_own(cluster: tc.Cluster, tmp_path: Path, jobs) 
                    _args(cluster, tmp_path, run_id, "--preload", "json"), [1, 2])
     assert rc == 0, out
     assert "warm start off" not in out, out
+    # the agent forked from the warm process too, and nothing said on stderr about it
+    # (runpy's warning, were torch.distributed.run itself preloaded, is one such line)
+    assert "[err]" not in out, out
     probes = _probes(out)
     assert sorted(probes) == [0, 1, 2, 3], out
     pids = set()

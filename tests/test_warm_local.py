@@ -60,7 +60,9 @@ class Node:
             "class cuda:\n    @staticmethod\n    def is_initialized():\n        return False\n")
         (fake / "distributed").mkdir(exist_ok=True)  # what the warm process imports for the
         (fake / "distributed" / "__init__.py").write_text("")  # agent (warm.AGENT_MODULES)
-        (fake / "distributed" / "run.py").write_text("")
+        (fake / "distributed" / "launcher").mkdir(exist_ok=True)
+        (fake / "distributed" / "launcher" / "__init__.py").write_text("")
+        (fake / "distributed" / "launcher" / "api.py").write_text("")
         self.dir = tmp_path / "dtrain-x"
         self.dir.mkdir(mode=0o700, exist_ok=True)
         shim = self.dir / "dtrain_shim.py"
@@ -246,7 +248,9 @@ def test_the_agent_is_forked_and_becomes_the_supervisors_child(
     (fake / "__init__.py").write_text(
         "class cuda:\n    @staticmethod\n    def is_initialized():\n        return False\n")
     (fake / "distributed" / "__init__.py").write_text("")
-    (fake / "distributed" / "run.py").write_text("")
+    (fake / "distributed" / "launcher").mkdir(exist_ok=True)
+    (fake / "distributed" / "launcher" / "__init__.py").write_text("")
+    (fake / "distributed" / "launcher" / "api.py").write_text("")
     private = tmp_path / "dtrain-x"
     private.mkdir(mode=0o700)
     shim = private / "dtrain_shim.py"

@@ -53,8 +53,10 @@ REQUEST_V = 1
 # what a request asks for: a rank (the shim's), or torchrun's agent (the supervisor's: forked
 # twice, so that the supervisor, a child subreaper, becomes its parent: warmclient.py)
 ROLE_RANK, ROLE_AGENT = "rank", "agent"
-# what the warm process imports besides torch and --preload when it serves torchrun's agent too
-AGENT_MODULES = ("torch.distributed.run",)
+# what the warm process imports besides torch and --preload when it serves torchrun's agent
+# too: what torch.distributed.run imports (all but 2 modules, 1 ms), not that module itself,
+# which the agent runs as __main__ (runpy warns when it is in sys.modules already)
+AGENT_MODULES = ("torch.distributed.launcher.api",)
 MAX_REQUEST = 16 << 20
 # what the warm process ignores (a stray signal to the supervisor's tree must not end it and,
 # through PR_SET_PDEATHSIG, every rank); a forked rank gets the defaults back
