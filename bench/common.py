@@ -474,6 +474,14 @@ def _version(argv: list[str]) -> str:
     return (p.stdout or p.stderr).strip().splitlines()[0]
 
 
+def provenance() -> dict[str, str]:
+    """What bench/results/README.md asks of a results file: the command, commit and date."""
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
+    return {"command": " ".join(["python", os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+            "commit": commit, "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
 def save_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
