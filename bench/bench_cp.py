@@ -53,6 +53,7 @@ from common import (
     log,
     machine,
     provenance,
+    ratio_rows,
     revision,
     rounds,
     save_json,
@@ -202,23 +203,6 @@ def case(b: CpBench, name: str, reps: int, args: argparse.Namespace,
     return series
 
 
-def result_rows(series: list[Series]) -> list[dict[str, Any]]:
-    """One row per case and tool: the median wall and its ratio to dtrain's, as printed."""
-    rows: list[dict[str, Any]] = []
-    for s in series:
-        ref = "dtrain"
-        for tool, runs in s.runs.items():
-            good = sorted(r.wall for r in runs if not r.problems)
-            row: dict[str, Any] = {"case": s.case, "tool": tool,
-                                   "wall (median)": round(s.median(tool), 3),
-                                   "range": f"{good[0]:.2f}-{good[-1]:.2f}" if good else "-",
-                                   "ok runs": f"{len(good)}/{len(runs)}"}
-            if tool != ref:
-                row[f"{ref} / tool"] = f"{s.median(ref) / s.median(tool):.2f}"
-            rows.append(row)
-    return rows
-
-
 def main() -> int:
     parser = bench_parser(__doc__, reps=3, only="tree,delta,large,pull,bcast")
     parser.add_argument("--nodes", type=int, default=16)
@@ -347,7 +331,7 @@ def main() -> int:
     for p in problems:
         print(f"  {p}")
     payload: dict[str, Any] = {**provenance(), "machine": machine(), "revision": revision(),
-                               "rows": result_rows(series),
+                               "rows": ratio_rows(series),
                                "series": {s.case: series_json(s) for s in series}}
     save_json(args.json, payload)
     return 1 if problems else 0

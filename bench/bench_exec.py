@@ -43,6 +43,8 @@ from common import (
     fmt_s,
     log,
     machine,
+    provenance,
+    ratio_rows,
     revision,
     rounds,
     save_json,
@@ -223,7 +225,8 @@ def main() -> int:
     if busy:
         print(f"{busy} runs started on a busy machine (other sessions): numbers are noisier")
     everything = [*series, *([help_series] if help_series else [])]
-    save_json(args.json, {"machine": machine(), "revision": revision(),
+    save_json(args.json, {**provenance(), "machine": machine(), "revision": revision(),
+                          "rows": ratio_rows(series),
                           "series": {s.case: series_json(s) for s in everything}})
     return 1 if problems else 0
 

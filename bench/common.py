@@ -482,6 +482,23 @@ def provenance() -> dict[str, str]:
             "commit": commit, "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
+def ratio_rows(series: Sequence[Series], ref: str = "dtrain") -> list[dict[str, Any]]:
+    """A results file's rows: per case and tool the median wall, its range and ``ref / tool``
+    (the ratio of the medians, as the wall tables print it)."""
+    rows: list[dict[str, Any]] = []
+    for s in series:
+        for tool, runs in s.runs.items():
+            good = sorted(r.wall for r in runs if not r.problems)
+            row: dict[str, Any] = {"case": s.case, "tool": tool,
+                                   "wall (median)": round(s.median(tool), 3),
+                                   "range": f"{good[0]:.2f}-{good[-1]:.2f}" if good else "-",
+                                   "ok runs": f"{len(good)}/{len(runs)}"}
+            if tool != ref:
+                row[f"{ref} / tool"] = f"{s.median(ref) / s.median(tool):.2f}"
+            rows.append(row)
+    return rows
+
+
 def save_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
