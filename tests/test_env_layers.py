@@ -89,7 +89,8 @@ def test_every_layer_on_disk_in_its_place(tmp_path: Path) -> None:
 def test_a_secret_a_higher_layer_replaced_is_still_hidden(tmp_path: Path) -> None:
     """HF_TOKEN in the config's [env], replaced by --env: the replaced value is sent nowhere,
     and a script argument carrying it is *** like the value that won (the dry run, text and
-    JSON; meta.json's args are redacted by the same values, commands/launch._meta_start)."""
+    JSON; meta.json's args are redacted by the same values,
+    commands/launch/recorder._meta_start)."""
     (tmp_path / "config.toml").write_text('[env]\nHF_TOKEN = "lower-secret-1"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_", "DS_"))}
     env.update(HOME=str(tmp_path), DTRAIN_CONFIG=str(tmp_path / "config.toml"))

@@ -217,18 +217,20 @@ def test_observers_are_called_in_registration_order_after_the_job_s_own_rule() -
 
 
 def test_the_run_registers_its_observers_in_the_fan_out_s_order() -> None:
-    """commands/launch.py registers the exit-barrier fold, the status line, the hang watch,
-    NCCL's account, the failure evidence and the samplers, in that order (the order the
+    """commands/launch/attempt.py (``Attempt._observe``) registers the exit-barrier fold,
+    the status line, the hang watch, NCCL's account, the failure evidence, the start-up
+    clock and the samplers, in that order (the order the
     hand-written fan-out had)."""
     import inspect
 
     from launcher.commands import launch
 
-    source = inspect.getsource(launch.supervise) + inspect.getsource(launch.hang_watch)
-    order = [source.index(s) for s in ("job.observe(out)", "job.observe(board)",
+    source = inspect.getsource(launch.Attempt._observe) + inspect.getsource(launch.hang_watch)
+    order = [source.index(s) for s in ("job.observe(out)", "job.observe(self.board)",
                                        "watch = hang_watch(", "job.observe(fabric)",
-                                       "job.observe(Evidence(errors))",
-                                       "job.observe(sampling)")]
+                                       "job.observe(Evidence(self.errors))",
+                                       "job.observe(self.clock)",
+                                       "job.observe(self.sampling)")]
     assert order == sorted(order)
     assert "job.observe(watch)" in source
 

@@ -406,7 +406,9 @@ def test_the_nccl_version_beside_a_record_is_the_probes_else_nccls_own_else_unkn
     from launcher.commands.restarts import versions_of
 
     def result(meta: dict[str, object], fabric: dict[str, object] | None) -> object:
-        return SimpleNamespace(archive=SimpleNamespace(meta=meta), fabric=fabric)
+        return SimpleNamespace(versions={"torch": meta.get("torch_versions") or {},
+                                         "nccl": meta.get("nccl_versions") or {}},
+                               fabric=fabric)
 
     probed = {"torch_versions": {"node2": "2.5.1"}, "nccl_versions": {"node2": "2.21.5"}}
     assert versions_of(result(probed, {"version": "2.19.3"}), "node2") == {  # type: ignore[arg-type]

@@ -146,7 +146,7 @@ def _attempt(folded: stacks.Folded, attempt: int) -> Any:
     (root,) = failures
     verdict = Verdict(root.code or EXIT_HANG, root.error or "hang", root.host or None, root.rank,
                       root_kind="hang")
-    result = SimpleNamespace(verdict=verdict, code=verdict.code, watch=watch, failure=None,
+    result = SimpleNamespace(verdict=verdict, code=verdict.code, hangs=watch.hangs, failure=None,
                              outcome=SimpleNamespace(root=root, nodes={}), progressed=True,
                              tails=SimpleNamespace(tails={}))
     return attempt_end(result)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """`dtrain run --restarts N`: the relaunch loop over the shared prepare and launch phases.
 
 Each attempt is ``job.prepare.prepare`` (connect -> preflight) on the attempt's nodes,
-``Prepared.plan`` and ``commands.launch.supervise`` into the one run archive (output.jsonl lines
+``Prepared.plan`` and a ``commands.launch.Attempt`` into the one run archive (output.jsonl lines
 carry ``"attempt": n``; meta.json ``attempts[]``). After an attempt ends, ``decide.restarts``
 (pure) names the fault and the next gang: a node fault fences the node (remembered on the
 lemon list) and brings in a spare or shrinks, a process fault reruns on the same nodes, a
@@ -13,6 +13,7 @@ A node that fails to connect or its preflight at a relaunch is fenced like a los
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -20,13 +21,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.commands.incidents import Remembered, charge_run, remember
+from launcher.commands.launch import Attempt as JobAttempt
 from launcher.commands.launch import (
     RunResult,
     Word,
     held_run,
     start_meta,
-    supervise,
     title_launcher,
+    with_ledger,
 )
 from launcher.decide import lemons as lm
 from launcher.decide.plan import RunRequest
@@ -77,7 +79,7 @@ def attempt_end(result: RunResult) -> AttemptEnd:
     where = place = None
     if v.root_kind == "hang":
         # the hang's culprit (decide/stacks.py): its one node, where its stack stands
-        hangs = result.watch.hangs if result.watch is not None else []
+        hangs = result.hangs
         culprit = hangs[-1].culprit if hangs else None
         if culprit is not None:
             host, where, place = culprit.host, culprit.where, culprit.place
@@ -93,9 +95,8 @@ def versions_of(result: RunResult, host: str) -> dict[str, str]:
     """The failed node's torch and NCCL versions beside its incident: the probe's (meta.json
     ``torch_versions``, ``nccl_versions``), else NCCL's own version line in the run
     (docs/fabric.md's account); NCCL ``unknown`` when neither says."""
-    meta = result.archive.meta
-    torch = (meta.get("torch_versions") or {}).get(host)
-    nccl = (meta.get("nccl_versions") or {}).get(host) \
+    torch = (result.versions.get("torch") or {}).get(host)
+    nccl = (result.versions.get("nccl") or {}).get(host) \
         or (result.fabric or {}).get("version") or "unknown"
     return {**({"torch": torch} if torch else {}), "nccl": str(nccl)}
 
@@ -215,9 +216,12 @@ class Loop:
                     archive.update_meta(attempt=n)
                     archive.update_meta(attempts=[*self.attempts, self._record(n, hosts)])
                     title_launcher("run", req.run_id, len(plan.nodes))  # ps --everyone
-                    return await supervise(plan, req, self.opts, prep, archive,
-                                           self.detacher, earlier=self.watch,
-                                           retried=lambda result: self.relaunches(n, result))
+                    attempt = JobAttempt(plan, req, self.opts, prep, archive, self.detacher,
+                                         earlier=self.watch,
+                                         retried=functools.partial(self.relaunches, n))
+                    result = await attempt.run()
+                    self.watch = attempt.watch  # the next attempt's hang watch goes on from it
+                    return result
             except (ConnectError, PreflightFailed) as exc:
                 bad = [h for h in exc.hosts if h in self.active]
                 if not bad or self.policy.restarts == 0 or (between and between.who):
@@ -252,54 +256,59 @@ class Loop:
 
     async def run(self) -> RunResult:
         with held_run(self.req, self.opts, self.detacher, self.ending) as archive:
-            archive.attempt = n = 1
-            try:
-                started = time.time()
-                result = await self.one(archive, n, None)
-                assert result is not None  # only a relaunch can be stopped before it starts
-                while True:
-                    d = self.judge(archive, n, result, started)
-                    result = replace(result, attempts=list(self.attempts))
-                    if not d.relaunch or d.gang is None:
-                        if d.line:
-                            say(archive, d.line, self.opts)
-                        return self.last(archive, n, result)
-                    # live again: ps, attach and stop see a running run (the last attempt's
-                    # end is in attempts[])
-                    meta = archive.meta
-                    meta.pop("end", None)
-                    meta.pop("exit_code", None)
-                    meta.pop("outcome", None)
-                    archive.write_meta({**meta, "state": "restarting",
-                                        "next_attempt": {"n": n + 1,
-                                                         "at": time.time() + d.wait}})
-                    self.active, self.spares = list(d.gang.active), list(d.gang.spares)
-                    async with Stoppable(archive.dir, hangup=self.detacher is None) as between:
-                        say(archive, d.line, self.opts)  # stoppable from here on
-                        if await between.wait(d.wait):
-                            return self._stopped(archive, between, n + 1, result)
-                        n += 1
-                        archive.attempt = n
-                        started = time.time()
-                        self.attempts[-1]["relaunched"] = started
-                        from launcher.job import notify
+            result = await self._attempts(archive)
+        return with_ledger(result, archive)  # its goodput ledger made at the end
 
-                        word = self.words.get(n - 1)
-                        notify.event("relaunched", f"attempt {n} relaunched on "
-                                     f"{', '.join(self.active)}"
-                                     + (f"; attempt {n - 1} failed: {word[0]}" if word
-                                        else ""), attempt=n,
-                                     **({"incident": dict(word[1])} if word else {}))
-                        archive.update_meta(attempts=self.attempts)
-                        relaunched = await self.one(archive, n, between)
-                    if relaunched is None:
-                        return self._stopped(archive, between, n, result)
-                    result = relaunched
-            except BaseException:
-                if archive.meta.get("state") in ("restarting", "starting", "running"):
-                    archive.update_meta(state="finished", end=time.time(),
-                                        outcome="launcher ended between attempts")
-                raise
+    async def _attempts(self, archive: RunArchive) -> RunResult:
+        """Attempt after attempt, each judged, until one is the last."""
+        archive.attempt = n = 1
+        try:
+            started = time.time()
+            result = await self.one(archive, n, None)
+            assert result is not None  # only a relaunch can be stopped before it starts
+            while True:
+                d = self.judge(archive, n, result, started)
+                result = replace(result, attempts=list(self.attempts))
+                if not d.relaunch or d.gang is None:
+                    if d.line:
+                        say(archive, d.line, self.opts)
+                    return self.last(archive, n, result)
+                # live again: ps, attach and stop see a running run (the last attempt's
+                # end is in attempts[])
+                meta = archive.meta
+                meta.pop("end", None)
+                meta.pop("exit_code", None)
+                meta.pop("outcome", None)
+                archive.write_meta({**meta, "state": "restarting",
+                                    "next_attempt": {"n": n + 1,
+                                                     "at": time.time() + d.wait}})
+                self.active, self.spares = list(d.gang.active), list(d.gang.spares)
+                async with Stoppable(archive.dir, hangup=self.detacher is None) as between:
+                    say(archive, d.line, self.opts)  # stoppable from here on
+                    if await between.wait(d.wait):
+                        return self._stopped(archive, between, n + 1, result)
+                    n += 1
+                    archive.attempt = n
+                    started = time.time()
+                    self.attempts[-1]["relaunched"] = started
+                    from launcher.job import notify
+
+                    word = self.words.get(n - 1)
+                    notify.event("relaunched", f"attempt {n} relaunched on "
+                                 f"{', '.join(self.active)}"
+                                 + (f"; attempt {n - 1} failed: {word[0]}" if word
+                                    else ""), attempt=n,
+                                 **({"incident": dict(word[1])} if word else {}))
+                    archive.update_meta(attempts=self.attempts)
+                    relaunched = await self.one(archive, n, between)
+                if relaunched is None:
+                    return self._stopped(archive, between, n, result)
+                result = relaunched
+        except BaseException:
+            if archive.meta.get("state") in ("restarting", "starting", "running"):
+                archive.update_meta(state="finished", end=time.time(),
+                                    outcome="launcher ended between attempts")
+            raise
 
     def decision(self, n: int, result: RunResult) -> Decision:
         """decide.restarts over attempt ``n``'s result (pure), made once per result, with
@@ -328,7 +337,6 @@ class Loop:
     def judge(self, archive: RunArchive, n: int, result: RunResult,
               started: float) -> Decision:
         """Classify attempt ``n``'s end, fence, record it in meta.json, say the decision."""
-        self.watch = result.watch
         d = self.decision(n, result)
         self.decided = None
         self.faults.append(d.fault)
@@ -377,4 +385,4 @@ class Loop:
         base = last
         v = replace(base.verdict, code=between.code, outcome=text, root_kind="interrupted",
                     why=[])
-        return replace(base, code=between.code, verdict=v, attempts=list(self.attempts))
+        return replace(base, verdict=v, attempts=list(self.attempts))

@@ -217,7 +217,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         from launcher.output import render
 
         got = remember_attempt(attempt_end(result), result, req, 1, labels,
-                               seconds=costs(result.archive.meta.get("goodput")).get(1))
+                               seconds=costs(result.goodput).get(1))
         for note in got.notes:
             render.note(note, sys.stderr if opts.reports.as_json else sys.stdout)
         return (got.seen, got.seen_fields or {}) if got.seen else None

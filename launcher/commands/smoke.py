@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from launcher.commands.entry import Ended, finish, in_github_actions, run_command
-from launcher.commands.launch import Payload, RunResult, launch
+from launcher.commands.launch import Payload, RunResult, launch_held
 from launcher.commands.run import report_nodes
 from launcher.decide.checks import failures as check_failures
 from launcher.decide.checks import fast_checks
@@ -98,6 +98,7 @@ class SmokeRun:
     results: SmokeResults | None = None
     verdict: SmokeVerdict | None = None
     launch: RunResult | None = None
+    archive: RunArchive | None = None  # the launch's, still holding the run directory
     error: DtrainError | None = None
     preflight_failures: tuple[SmokeFailure, ...] = ()
     line_rate: LineRate | None = None  # the slowest node's rate between nodes (docs/fabric.md)
@@ -306,7 +307,8 @@ async def smoke_async(hosts: Sequence[Host], req: SmokeRequest, opts: RunOptions
                     f"sizes {fmt_size(cfg.min_size)}..{fmt_size(cfg.max_size)}")
         payload = Payload({JOB_FILE: program_source("smoke_job").decode()}, take, judged=True,
                           kind="smoke")
-        launched = run.launch = await launch(prep, plan, rreq, opts, payload=payload)
+        launched, run.archive = await launch_held(prep, plan, rreq, opts, payload=payload)
+        run.launch = launched
         run.verdict = evaluate(results, node_labels=[h.label for h in hosts],
                                world_size=plan.world_size, job_code=launched.code,
                                job_summary=launched.verdict.outcome,
@@ -342,8 +344,8 @@ def conclude(ended: Ended[SmokeRun], hosts: Sequence[Host], req: SmokeRequest) -
     if in_github_actions():
         annotate(run, human)
     report = command_report(run, time.time())
-    if run.launch is not None:
-        _archive_smoke(run.launch.archive, report)
+    if run.archive is not None:
+        _archive_smoke(run.archive, report)
     return finish(report, as_json=req.as_json, junit=req.junit,
                   extra_cases=extra_cases(run), annotations=False)
 

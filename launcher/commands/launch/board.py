@@ -1,13 +1,22 @@
-"""The job's small observers: the live status line on a terminal (``NodeBoard``) and the
-failure evidence (``Evidence``, around decide/failures.ErrorKeeper)."""
+"""The job's observers made here: the live status line on a terminal (``NodeBoard``), the
+failure evidence (``Evidence``, around decide/failures.ErrorKeeper) and the run's hang
+watch (``hang_watch``: job/hangwatch.py's, recorded through the run's recorder)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
+from launcher.commands.launch.pipeline import RunPipeline
+from launcher.commands.launch.recorder import RunRecorder
 from launcher.decide.failures import ErrorKeeper
+from launcher.decide.hang import ProgressWatch, compile_progress
+from launcher.decide.plan import LaunchPlan
+from launcher.decide.runoptions import RunOptions
 from launcher.job.events import Exit, Hello, Observer, RankExit, Stopping
+from launcher.job.hangwatch import HangWatch
+from launcher.job.orchestrate import Job, JobState
 from launcher.models import Host, OutputLine
 from launcher.text.words import count
 
@@ -61,3 +70,21 @@ class Evidence(Observer):
     def on_rank_exit(self, host: Host, ev: RankExit) -> None:
         self.keeper.rank_exit(host.label, ev.end.rank, ev.end.evidence)
 
+
+def hang_watch(job: Job, plan: LaunchPlan, opts: RunOptions, recorder: RunRecorder,
+               out: RunPipeline, board: NodeBoard) -> HangWatch:
+    """The run's hang watch (docs/hangs.md), an observer of the job: every output line,
+    the ranks' starts, the nodes' stacks and flight recorder dumps; what it declares goes
+    to meta.json and --notify through the recorder."""
+    policy = opts.watch.hang
+    progress = ProgressWatch(compile_progress(policy.progress), range(plan.world_size),
+                             time.time())
+
+    def alive() -> bool:
+        return job.state is JobState.RUNNING and board.ranks_done == 0
+
+    watch = HangWatch(job, policy, progress, {n.host.label: list(n.ranks) for n in plan.nodes},
+                      recorder.archive.dir, out.message, alive=alive)
+    watch.on_record = functools.partial(recorder.hang, watch)
+    job.observe(watch)  # the output lines (progress), rank_start, stacks, flight
+    return watch

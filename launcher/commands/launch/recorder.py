@@ -1,5 +1,9 @@
 """A run's record: its archive directory held and locked for the launcher's life,
-meta.json as the job starts and ends, --notify's events, and the launcher's title in ps."""
+meta.json as the job starts and ends, --notify's events, and the launcher's title in ps.
+
+``RunRecorder`` is a job's one writer of meta.json and --notify while it runs (the job's
+state, the hang watch's and NCCL's records, the samplers', the end); the observers it
+records for call it through their ``on_record`` hook, bound here to the recorder."""
 
 from __future__ import annotations
 
@@ -8,20 +12,22 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
 
 from launcher import __version__
-from launcher.commands.launch.result import Word
+from launcher.commands.launch.result import RunResult, Word
 from launcher.decide.liveness import launcher_timeout
 from launcher.decide.plan import LaunchPlan, RunRequest, plan_json
 from launcher.decide.runoptions import RunOptions
 from launcher.exitcodes import EXIT_INTERRUPTED
 from launcher.job.hangwatch import HangWatch
+from launcher.job.orchestrate import JobState
 from launcher.job.preflight import Preflight
 from launcher.job.prepare import Prepared
 from launcher.output import render
-from launcher.runrecord import RunMeta
+from launcher.runrecord import RunMeta, Startup
 from launcher.text.redact import redact_command
 
 if TYPE_CHECKING:
@@ -145,17 +151,59 @@ def title_launcher(kind: str, run_id: str, nodes: int) -> None:
               f"dtrain-{kind}")
 
 
-def hang_recorded(archive: RunArchive, watch: HangWatch) -> None:
-    """A hang declared: into meta.json, and to --notify (with the culprit)."""
-    from launcher.job import notify
+class Recorded(Protocol):
+    """What keeps a part of meta.json (the hang watch, NCCL's account, the samplers)."""
 
-    archive.update_meta(**watch.meta())
-    if not watch.hangs:
-        return
-    h = watch.hangs[-1].json()
-    c = h["culprit"]
-    who = f"rank {c['rank']} on {c['host']}" if c else "no culprit named"
-    notify.event("hang", f"hang declared after {h['stalled_s']} s without progress: "
-                 f"{who}", culprit=c, attempt=h["attempt"])
+    def meta(self) -> RunMeta: ...
 
 
+class RunRecorder:
+    """One job's writes to meta.json and its --notify events, in one place (its archive
+    and what each record holds stay where they are: the archive, the observers)."""
+
+    def __init__(self, archive: RunArchive) -> None:
+        self.archive = archive
+
+    def state(self, state: JobState) -> None:
+        """The job running, or being torn down: meta.json's ``state``."""
+        if state is JobState.RUNNING:
+            self.archive.update_meta(state="running")
+        elif state is JobState.TEARING_DOWN:
+            self.archive.update_meta(state="stopping")
+
+    def part(self, source: Recorded) -> None:
+        """``source``'s part of meta.json, rewritten (NCCL's account; the hang watch's
+        records after `dtrain stacks`; the samplers' at the start)."""
+        self.archive.update_meta(**source.meta())
+
+    def hang(self, watch: HangWatch) -> None:
+        """A hang declared: into meta.json, and to --notify (with the culprit)."""
+        from launcher.job import notify
+
+        self.archive.update_meta(**watch.meta())
+        if not watch.hangs:
+            return
+        h = watch.hangs[-1].json()
+        c = h["culprit"]
+        who = f"rank {c['rank']} on {c['host']}" if c else "no culprit named"
+        notify.event("hang", f"hang declared after {h['stalled_s']} s without progress: "
+                     f"{who}", culprit=c, attempt=h["attempt"])
+
+    def end(self, result: RunResult, skipped: int, parts: Sequence[Recorded | None],
+            startup: list[Startup]) -> None:
+        """The job's end: its verdict, per-node results, what the console skipped, each
+        part's records (the hang watch, the samplers, NCCL's account), its start-up."""
+        end: RunMeta = {"end": time.time(), "exit_code": result.code,
+                        "outcome": result.verdict.outcome, "state": "finished",
+                        "root_cause": result.root_cause, "nodes": result.nodes,
+                        "console_skipped": skipped}
+        for part in parts:
+            if part is not None:
+                end.update(part.meta())
+        end["startup"] = startup
+        self.archive.update_meta(**end)
+
+
+def with_ledger(result: RunResult, archive: RunArchive) -> RunResult:
+    """The result with the run's goodput ledger, once held_run's end has made it."""
+    return replace(result, goodput=archive.meta.get("goodput"))

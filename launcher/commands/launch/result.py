@@ -6,18 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from launcher.decide.failures import FailureReason
 from launcher.decide.hang import Hang
 from launcher.decide.outcomes import JobOutcome
 from launcher.decide.verdict import TailKeeper, Verdict
-from launcher.job.hangwatch import HangWatch
 from launcher.models import OutputLine
 from launcher.runrecord import Attempt, NodeResult, RootCause
-
-if TYPE_CHECKING:
-    from launcher.output.archive import RunArchive
 
 
 @dataclass(frozen=True)
@@ -37,28 +33,37 @@ class Payload:
 NO_PAYLOAD = Payload()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunResult:
     """What a launch returned (torch elastic's vocabulary: the plan is the spec, the Job the
-    group of workers, this the run's result): the verdict and its evidence."""
+    group of workers, this the run's result): the verdict and its evidence, as plain data
+    built by keyword. It holds no live object: the archive stays with the launch
+    (``launch_held``), the hang watch with its ``Attempt`` (the restart loop's next attempt
+    goes on from it)."""
 
-    code: int
-    outcome: JobOutcome
-    verdict: Verdict
-    tails: TailKeeper
-    archive_path: Path
-    archive: RunArchive  # still holding the run directory (smoke adds to it)
-    nodes: list[NodeResult]  # meta.json's per-node results
-    root_cause: RootCause
+    verdict: Verdict  # the exit code (``code``), the outcome, the root cause
+    outcome: JobOutcome  # how the job ended, node by node (decide/outcomes.py)
     run_id: str
     world_size: int
-    master: str
-    hangs: list[Hang] = field(default_factory=list)  # dicts only at the output's edge
+    master: str  # ADDR:PORT
+    archive_path: Path
+    nodes: list[NodeResult]  # meta.json's per-node results
+    root_cause: RootCause  # meta.json's
+    tails: TailKeeper  # each rank's last stderr lines
     failure: FailureReason | None = None  # why the root-cause rank died
+    hangs: list[Hang] = field(default_factory=list)  # dicts only at the output's edge
     progressed: bool = False  # a progress line was seen (--restarts: decide.restarts)
-    watch: HangWatch | None = None  # the attempt's hang watch (its records go on)
-    attempts: list[Attempt] = field(default_factory=list)  # meta.json's, --restarts
     fabric: dict[str, Any] | None = None  # NCCL's account (docs/fabric.md), None: none
+    # meta.json's torch_versions and nccl_versions as the attempt started: "torch"/"nccl" ->
+    # host -> version (None: unknown)
+    versions: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)  # meta.json's, --restarts
+    goodput: dict[str, Any] | None = None  # meta.json's ledger, once the run is over
+
+    @property
+    def code(self) -> int:
+        """The run's exit code: the verdict's."""
+        return self.verdict.code
 
 
 def run_extra(result: RunResult | None) -> dict[str, Any]:
@@ -71,7 +76,7 @@ def run_extra(result: RunResult | None) -> dict[str, Any]:
             "master": result.master, "stop_reason": result.outcome.stop_reason,
             "hangs": [h.json() for h in result.hangs], "attempts": result.attempts,
             "fabric": result.fabric,
-            "goodput": result.archive.meta.get("goodput"),
+            "goodput": result.goodput,
             "restarts": sum(1 for a in result.attempts if a.get("relaunched") is not None)}
 
 
