@@ -270,3 +270,51 @@ def test_the_defaults_rule_sees_one() -> None:
                        "class R:\n    heartbeat_timeout: float = 30.0\n")
     assert _literal_defaults(sample, "x.py") == [("x.py", "fanout", 1),
                                                  ("x.py", "heartbeat_timeout", 3)]
+
+
+# ------------------------------------------------------ the run's middle in small pieces
+
+# packages split so that each piece is read at once (issue 54 item 2): no module over
+# SMALL_MODULE lines, no function (a method, a nested one) over SMALL_FUNCTION lines
+SMALL_PACKAGES = {
+    "launcher/commands/launch": "the knot every run feature passes through (was one 592-line "
+    "module with a 167-line supervise): the pipeline, the node board, the recorder, the "
+    "attempt",
+}
+SMALL_MODULE = 300
+SMALL_FUNCTION = 60
+
+
+def _too_long(tree: ast.Module, rel: str, lines: int) -> list[str]:
+    """The module if it is over SMALL_MODULE lines, each function over SMALL_FUNCTION (from
+    its first decorator to its last line)."""
+    found = [f"{rel}: {lines} lines (cap {SMALL_MODULE})"] if lines > SMALL_MODULE else []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            n = (node.end_lineno or node.lineno) - first + 1
+            if n > SMALL_FUNCTION:
+                found.append(f"{rel}: {node.name}() {n} lines (cap {SMALL_FUNCTION})")
+    return found
+
+
+def test_the_small_packages_have_small_modules_and_functions() -> None:
+    bad = []
+    for package in SMALL_PACKAGES:
+        modules = sorted((REPO / package).glob("*.py"))
+        assert modules, f"{package}: no such package"
+        for path in modules:
+            text = path.read_text()
+            bad += _too_long(ast.parse(text), path.relative_to(REPO).as_posix(),
+                             len(text.splitlines()))
+    assert bad == []
+    assert all(reason for reason in SMALL_PACKAGES.values())
+
+
+def test_the_size_rule_sees_a_long_function_and_module() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(SMALL_FUNCTION))
+    sample = f"@decorated\nasync def f():\n{body}\ndef g():\n    pass\n"
+    assert _too_long(ast.parse(sample), "x.py", 10) == [
+        f"x.py: f() {SMALL_FUNCTION + 2} lines (cap {SMALL_FUNCTION})"]  # its decorator counts
+    assert _too_long(ast.parse("pass\n"), "x.py", SMALL_MODULE + 1) == [
+        f"x.py: {SMALL_MODULE + 1} lines (cap {SMALL_MODULE})"]
