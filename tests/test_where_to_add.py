@@ -1,7 +1,8 @@
 """docs/architecture.md's "Where to add..." table stays true (issue 54 item 5): it names the
 files a newcomer touches to add a run option, a container runtime, a health check, a
-run-record field; every path in it exists, and every name written after a path (a class,
-a constant, a function, an option) is found in that file. And every module and name the
+run-record field, a node event, an observer of a run's job (issue 54 item 2); every path
+in it exists, and every name written after a path (a class, a constant, a function, an
+option) is found in that file. And every module and name the
 page writes as ``commands/launch.supervise`` or ``commands.launch.launch`` exists (the page
 said ``commands.run.supervise`` after the function had moved)."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ("a run option", "a container runtime", "a health check", "a run-record field",
-        "a node event")
+        "a node event", "an observer of a run's job")
 
 
 def table() -> dict[str, list[str]]:
