@@ -310,7 +310,7 @@ def test_the_exit_barrier_trace_of_a_finished_node_is_one_line_on_the_console() 
 
 
 async def test_a_run_s_console_shows_the_exit_barrier_trace_as_one_line_the_archive_all() -> None:
-    """Through dtrain run's pipeline (commands/launch.py RunPipeline): node2's ranks exited
+    """Through dtrain run's pipeline (commands/launch/pipeline.py RunPipeline): node2's ranks exited
     0 (rank_exit), its agent prints the trace: the console has one line, the archive all."""
     from launcher.commands.launch import RunPipeline
     from launcher.decide.verdict import TailKeeper
