@@ -333,10 +333,13 @@ def test_a_failed_node_whose_ranks_failed_names_its_first_failed_rank() -> None:
         "  b (node 1): r3 no exit report (killed by dtrain), r4 no exit report (killed by"
         " dtrain), r5 no exit report (killed by dtrain); torchrun exit 143 after 10.0s"
         " (stopped by dtrain)", *tail]
-    assert {k: got["root_cause"][k] for k in ("kind", "host", "rank", "exit_code", "summary",
-                                              "error", "t", "stop_reason")} == {
+    # meta.json: that rank's signal, end and stderr, not its node's
+    assert got["root_cause"] == {
         "kind": "rank", "host": "a", "rank": 2, "exit_code": 134, "summary": words,
-        "error": None, "t": 9.5, "stop_reason": "a failed (exit 1)"}
+        "signal": 6, "error": None, "t": 8.0, "stderr_tail": ["abort here"],
+        "stop_reason": "a failed (exit 1)"}
+    out.nodes["a"] = node("a", 1, (RankEnd(2, 134, 6),))  # its end's instant unknown
+    assert judge(out, ("a", "b"), keeper, ranks=3)["root_cause"]["t"] == 9.5
     # an exit report without a code is no failure of the rank's: torchrun's end
     out.nodes["a"] = node("a", 1, (RankEnd(2, None, 6),))
     assert short(out, "a", "b")[:2] == (1, "torchrun on a exited 1")

@@ -436,6 +436,11 @@ def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> RootC
     if root is not None and v.root_kind in ("rank", "node", "lost", "start", "hang", "fabric"):
         data["signal"], data["error"], data["t"] = root.signal, root.error, root.t
         data["stderr_tail"] = list(tails.tails.get((root.host, root.rank), ()))
+        if (first := _first_failed_rank(outcome, root.host)) is not None:
+            # the verdict names a failed node's first failed rank: that rank's own end
+            data["signal"] = first.signal
+            data["t"] = first.t if first.t is not None else root.t
+            data["stderr_tail"] = list(tails.tails.get((root.host, first.rank), ()))
     if outcome.stop_reason:
         data["stop_reason"] = outcome.stop_reason
     return data
