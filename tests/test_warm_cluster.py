@@ -67,8 +67,11 @@ def test_each_forked_rank_is_its_own(cluster: tc.Cluster, tmp_path: Path, jobs) 
     assert rc == 0, out
     assert "warm start off" not in out, out
     # the agent forked from the warm process too, and nothing said on stderr about it
-    # (runpy's warning, were torch.distributed.run itself preloaded, is one such line)
-    assert "[err]" not in out, out
+    # (runpy's warning, were torch.distributed.run itself preloaded, is one such line);
+    # torch's own c10d line about the cluster's unnamed addresses is there cold as well
+    said = [line for line in out.splitlines() if "[err]" in line
+            and "[c10d] The hostname of the client socket cannot be retrieved" not in line]
+    assert said == [], out
     probes = _probes(out)
     assert sorted(probes) == [0, 1, 2, 3], out
     pids = set()
