@@ -474,12 +474,22 @@ def _version(argv: list[str]) -> str:
     return (p.stdout or p.stderr).strip().splitlines()[0]
 
 
-def provenance() -> dict[str, str]:
-    """What bench/results/README.md asks of a results file: the command, commit and date."""
-    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+# taken when the bench starts, not when it writes its file: HEAD may move during a long run
+_STARTED = {"commit": _git("rev-parse", "--short=7", "HEAD"),
+            "launcher_changed": bool(_git("status", "--porcelain", "--", "launcher")),
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+def provenance() -> dict[str, Any]:
+    """What bench/results/README.md asks of a results file: the command, and the commit and
+    date when the bench started (with whether launcher/ had uncommitted changes then)."""
     return {"command": " ".join(["python", os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
-            "commit": commit, "date": time.strftime("%Y-%m-%d", time.gmtime())}
+            "commit": _STARTED["commit"], "date": _STARTED["date"],
+            "uncommitted_launcher_changes_at_start": _STARTED["launcher_changed"]}
 
 
 def ratio_rows(series: Sequence[Series], ref: str = "dtrain") -> list[dict[str, Any]]:
