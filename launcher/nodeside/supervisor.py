@@ -347,12 +347,10 @@ class Supervisor(Evidence, WarmStart):
             if pid == 0:
                 self.childless = False
                 return
-            if pid == self.job and self.handoff is not None:
-                self.handed(status)  # the starter ended: the agent's pid, or it was the job
-            elif pid == self.job:
+            if pid == self.job and self.handoff is None:
                 self.job_status = status
-            elif self.reaped_early is not None:  # the agent may end before its starter
-                self.reaped_early[pid] = status
+            else:  # a forked agent's starter (or the agent, ended before it): warmclient.py
+                self.reaped_other(pid, status)
 
     # -- main loop --------------------------------------------------------------------------
     def on_control_line(self, line):

@@ -213,6 +213,13 @@ class WarmStart:
             return job, out_fd, err_fd
         return spawn(argv, env)
 
+    def reaped_other(self, pid, status):
+        """A reaped child that is not the job (``self.job``) as the supervisor knows it."""
+        if pid == self.job and self.handoff is not None:
+            self.handed(status)  # the starter ended: the agent's pid, or it was the job
+        elif self.reaped_early is not None:  # the agent may end before its starter
+            self.reaped_early[pid] = status
+
     def handed(self, status):
         """The starter ended: from now on the agent is the job (``self.job``); when it
         handed over none, the starter was the job (it became the cold agent)."""
