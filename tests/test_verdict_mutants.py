@@ -340,6 +340,7 @@ def test_a_failed_node_whose_ranks_failed_names_its_first_failed_rank() -> None:
         "stop_reason": "a failed (exit 1)"}
     out.nodes["a"] = node("a", 1, (RankEnd(2, 134, 6),))  # its end's instant unknown
     assert judge(out, ("a", "b"), keeper, ranks=3)["root_cause"]["t"] == 9.5
+    assert judge(out, ("a", "b"), ranks=3)["root_cause"]["stderr_tail"] == []  # it said nothing
     # an exit report without a code is no failure of the rank's: torchrun's end
     out.nodes["a"] = node("a", 1, (RankEnd(2, None, 6),))
     assert short(out, "a", "b")[:2] == (1, "torchrun on a exited 1")
