@@ -697,3 +697,17 @@ def test_a_node_that_never_connected_and_a_failure_is_never_exit_0() -> None:
     # a node's failure recorded with exit 0 is still a failure: exit 1
     out = JobOutcome(nodes={"a": node("a", 0)}, failures=[Failure("node", "a", code=0)])
     assert short(out, "a") == (1, "torchrun on a exited 0", "a", None, "node", [])
+
+
+def test_root_cause_is_the_rank_dtrain_saw_fail_first_even_if_another_ended_earlier() -> None:
+    # rank 0 ended first by its node's clock, but dtrain heard of rank 1's failure first:
+    # rank 1 is the root cause, and meta.json says rank 1's signal, time and stderr
+    out = JobOutcome(nodes={"a": node("a", 1, (RankEnd(0, 3, None, None, 1.0, 4.0),
+                                               RankEnd(1, 139, 11, None, 1.0, 5.0)))},
+                     failures=[Failure("rank", "a", 1, 139, 11, t=5.0, seen=5.1),
+                               Failure("rank", "a", 0, 3, t=4.0, seen=5.2)])
+    keeper = tails(("a", 0, "err", "zero"), ("a", 1, "err", "one"))
+    assert judge(out, ("a",), keeper, ranks=2)["root_cause"] == {
+        "kind": "rank", "host": "a", "rank": 1, "exit_code": 139,
+        "summary": "rank 1 on a was killed by SIGSEGV", "signal": 11, "error": None,
+        "t": 5.0, "stderr_tail": ["one"]}
