@@ -93,9 +93,8 @@ METRICS = ("kill_to_first_line_s", "start_to_first_line_s", "kill_to_noticed_s",
 def first_lines(texts: Iterable[str]) -> list[dict[str, Any]]:
     """The first-line records (bench/data/first_line.py) among output lines, in order."""
     out = []
-    for text in texts:
-        m = FIRST_LINE.search(text)
-        if m:
+    for text in texts:  # (finditer: two ranks' lines run together stay two records)
+        for m in FIRST_LINE.finditer(text):
             out.append({"t": float(m[1]), "rank": int(m[2]), "attempt": int(m[3])})
     return out
 

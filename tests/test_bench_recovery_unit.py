@@ -143,3 +143,13 @@ def test_torchrun_gets_the_c10d_restart_and_dtrains_environment() -> None:
                          "--step-sleep", "0.2"]
     ssh = br.ssh_argv(cluster, "node2", line)  # type: ignore[arg-type]
     assert ssh[:2] == ["ssh", "-n"] and ssh[-2:] == ["node2", line]
+
+
+def test_two_ranks_lines_run_together_are_still_two_records() -> None:
+    """Two ranks on one node share their agent's stdout under torchrun: seen at 8 x 2, one
+    rank's line ran into the other's (print wrote the text and its end apart, fixed in
+    first_line.py with one write), and the rank read from the second was lost."""
+    text = ("dtrain-bench first-line t=5.537381 rank=7 attempt=1"
+            "dtrain-bench first-line t=5.550591 rank=6 attempt=1")
+    assert [(r["rank"], r["t"]) for r in br.first_lines([text])] == [(7, 5.537381),
+                                                                    (6, 5.550591)]

@@ -19,8 +19,10 @@ import time
 T = time.time()
 _ENV = os.environ
 _ATTEMPT = _ENV.get("DTRAIN_ATTEMPT") or str(int(_ENV.get("TORCHELASTIC_RESTART_COUNT") or 0) + 1)
-print(f"dtrain-bench first-line t={T:.6f} rank={_ENV.get('RANK', '-')} attempt={_ATTEMPT}",
-      flush=True)
+# one write(2) of the whole line: ranks that share their agent's stdout (torchrun without
+# --tee) cannot interleave inside it (print writes the text and its end apart)
+os.write(1, f"dtrain-bench first-line t={T:.6f} rank={_ENV.get('RANK', '-')} "
+            f"attempt={_ATTEMPT}\n".encode())
 
 if __name__ == "__main__":
     import runpy
