@@ -516,3 +516,40 @@ def test_the_entry_point_imports_nothing_heavy(tmp_path: Path) -> None:
                 if line.startswith("import time:")}
     assert "launcher.start" in imported
     assert not {"typer", "asyncio", "launcher.cli", "json", "socket"} & imported, imported
+
+
+# what a warm command's client imports: all of it before the resident's child runs, on
+# every warm exec (docs/connections.md, "Where a warm command's time goes")
+WARM_CLIENT_IMPORTS = {"launcher.private", "launcher.text.hops", "json", "socket", "signal",
+                       "array", "zlib", "stat"}
+
+
+def test_the_warm_clients_path_imports_nothing_it_does_not_use() -> None:
+    """The entry point's own imports on the warm path, and the package's __init__ before
+    them, pull in no typing (launcher/_quiet_import.py used it for annotations only: ~3 ms
+    of every warm start), nor any of the CLI's. Run with -S: this box's site-packages .pth
+    files import typing themselves, a fresh venv's do not."""
+    import ast
+
+    import launcher.start
+
+    tree = ast.parse(Path(launcher.start.__file__).read_text())
+    warm = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in (
+        "socket_dir", "runtime", "code_stamp", "serve_here", "_read_line", "exit_as")]
+    assert len(warm) == 6
+    used = {a.name for f in warm for n in ast.walk(f) if isinstance(n, ast.Import)
+            for a in n.names}
+    used |= {f"{n.module}.{a.name}" for f in warm for n in ast.walk(f)
+             if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert used <= WARM_CLIENT_IMPORTS | {"launcher"}, used  # a new one: list it, and check it
+    code = ("import sys\nimport launcher.start\n"
+            f"for m in {sorted(WARM_CLIENT_IMPORTS)!r}: __import__(m)\n"
+            "print('\\n'.join(sorted(sys.modules)))\n")
+    res = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    imported = set(res.stdout.split())
+    assert "launcher.start" in imported
+    heavy = {"typing", "pathlib", "dataclasses", "inspect", "asyncio", "typer", "threading",
+             "subprocess", "launcher.cli", "launcher.transports"}
+    assert not heavy & imported, sorted(heavy & imported)
