@@ -181,31 +181,32 @@ def frame_sources(text, limit=400):
 
 
 class Evidence:
-    """The supervisor's half of stacks and death evidence (mixed into Supervisor)."""
+    """The supervisor's half of stacks and death evidence: a part of each ``Supervisor``
+    (``sup.evidence``), holding its own state (the armed ranks, the flight dumps shipped,
+    py-spy, NCCL's files, the agent's start) and reading the supervisor's spec, private
+    directory, frame writer and rank results through ``sup``."""
 
-    # Supervisor.__init__ sets these (declared here for mypy)
-    spec = None  # type: Any
-    tmpdir = None  # type: Any
-    out = None  # type: Any
-    armed = None  # type: Any
-    rank_status = None  # type: Any
-    fr_shipped = None  # type: Any
-    boot_start = None  # type: Any
-    pyspy = None  # type: Any
-    open_streams = 0
-    nccl = None  # NcclFiles (run mode, when NCCL's account was asked for)
+    def __init__(self, sup):
+        self.sup = sup
+        self.armed = {}  # rank -> what its wrapper reported (pid, stack file, signal ...)
+        self.boot_start = None  # type: Any  # the job's start in kernel-log time (s since boot)
+        self.pyspy = None  # type: Any  # its path, where the node has it (run mode)
+        self.fr_shipped = {}  # rank -> mtime of the flight dump a stacks message carried
+        self.nccl = None  # NcclFiles (run mode, when NCCL's account was asked for)
+        self.agent_t = None  # torchrun's agent up (the start-up split)
+        self._kmsg = None  # (when, the kernel's lines since the job's start) read last
 
     def evidence_env(self, env):
         """Run mode: the flight recorder's defaults and, where py-spy can only read our
         ranks through PR_SET_PTRACER (Yama ptrace_scope 1), the pid to allow."""
         self.boot_start = _uptime()
         self.pyspy = which("py-spy", env.get("PATH"))
-        flight = os.path.join(self.tmpdir, "flight")
+        flight = os.path.join(self.sup.tmpdir, "flight")
         os.mkdir(flight, 0o700)
-        if self.spec.get("flight_recorder"):
-            env.update(flight_defaults(env, flight, self.spec["flight_recorder"]))
-        if self.spec.get("nccl_account"):
-            nccl = os.path.join(self.tmpdir, "nccl")
+        if self.sup.spec.get("flight_recorder"):
+            env.update(flight_defaults(env, flight, self.sup.spec["flight_recorder"]))
+        if self.sup.spec.get("nccl_account"):
+            nccl = os.path.join(self.sup.tmpdir, "nccl")
             os.mkdir(nccl, 0o700)
             added = nccl_defaults(env, nccl)
             env.update(added)
@@ -225,7 +226,7 @@ class Evidence:
         pids = {info["pid"]: rank for rank, info in self.armed.items()}
         for pid, lines in sorted(self.nccl.poll(pids).items()):
             if pid in pids:
-                self.out.control({"type": MSG_NCCL, "rank": pids[pid], "lines": lines,
+                self.sup.out.control({"type": MSG_NCCL, "rank": pids[pid], "lines": lines,
                                   "t": now()})
 
     def rank_started(self, hdr):
@@ -235,15 +236,15 @@ class Evidence:
             msg = {"type": MSG_RANK_START, "rank": int(hdr.get("rank", -1)), "t": now()}
         except (TypeError, ValueError):
             return
-        agent = getattr(self, "agent_t", None)
+        agent = self.agent_t
         if agent is not None:  # torchrun's agent was up then (the start-up split)
             msg["agent_t"] = agent
-        self.out.control(msg)
+        self.sup.out.control(msg)
 
     def rank_armed(self, hdr, sock):
         if hdr.get("stream") == "agent":  # torchrun's agent imported (rankshim's line)
             t = hdr.get("t")
-            if isinstance(t, (int, float)) and getattr(self, "agent_t", None) is None:
+            if isinstance(t, (int, float)) and self.agent_t is None:
                 self.agent_t = float(t)
             return
         try:
@@ -260,7 +261,7 @@ class Evidence:
             "mem": _status_kb(pid),
             "t": hdr.get("t") if isinstance(hdr.get("t"), (int, float)) else None,
         }
-        self.open_streams -= 1  # not output: the job's end does not wait for it
+        self.sup.open_streams -= 1  # not output: the job's end does not wait for it
 
     def arm_reply(self, rank, chunk):
         info = self.armed.get(rank)
@@ -278,7 +279,7 @@ class Evidence:
                 # once, at once (the launcher holds a peer's abort for it)
                 if not info.get("raised"):
                     info["raised"] = True
-                    self.out.control({"type": MSG_RANK_RAISED, "rank": rank,
+                    self.sup.out.control({"type": MSG_RANK_RAISED, "rank": rank,
                                       "exc": str(reply.get("exc"))[:120], "t": now()})
                 continue
             info["replies"].append(reply)
@@ -287,7 +288,7 @@ class Evidence:
         """Each armed rank's memory, at the heartbeat: the last value is what it had when
         it died (read only while it lives)."""
         for rank, info in list(self.armed.items()):
-            if str(rank) not in self.rank_status:
+            if str(rank) not in self.sup.rank_status:
                 mem = _status_kb(info["pid"])
                 if mem:
                     info["mem"] = dict(mem, t=now())
@@ -306,15 +307,15 @@ class Evidence:
         try:
             self._collect_stacks(msg)
         except Exception as exc:  # never the supervisor's end
-            self.out.control({"type": MSG_STACKS, "id": msg.get("id"), "ranks": {},
+            self.sup.out.control({"type": MSG_STACKS, "id": msg.get("id"), "ranks": {},
                               "error": repr(exc), "host": hostname(), "t": now()})
 
     def _collect_stacks(self, msg):
         t0 = now()
         ranks, waiting = {}, {}
-        want_fr = bool(msg.get("fr")) and self.tmpdir is not None
+        want_fr = bool(msg.get("fr")) and self.sup.tmpdir is not None
         for rank, info in sorted(self.armed.items()):
-            if str(rank) in self.rank_status:
+            if str(rank) in self.sup.rank_status:
                 continue  # exited: its exit report tells the rest
             before = _size(info["stacks"])
             if not signal_pid(info["pid"], info["start"], info["signal"]):
@@ -323,7 +324,7 @@ class Evidence:
             waiting[rank] = before
             if want_fr:
                 info["replies"] = []
-                path = os.path.join(self.tmpdir, "flight", FR_PREFIX + str(rank))
+                path = os.path.join(self.sup.tmpdir, "flight", FR_PREFIX + str(rank))
                 try:
                     info["sock"].sendall(to_json({"op": "fr", "path": path}).encode() + b"\n")
                 except OSError:
@@ -353,18 +354,18 @@ class Evidence:
                 replies = self.armed[int(r)]["replies"]
                 e["fr"] = replies[-1] if replies else {"error": "no answer"}
                 if e["fr"].get("ok"):
-                    self.fr_shipped[r] = _mtime(os.path.join(self.tmpdir, "flight",
+                    self.fr_shipped[r] = _mtime(os.path.join(self.sup.tmpdir, "flight",
                                                              FR_PREFIX + r))
-                    e["fr"]["data"] = _b64(os.path.join(self.tmpdir, "flight",
+                    e["fr"]["data"] = _b64(os.path.join(self.sup.tmpdir, "flight",
                                                         FR_PREFIX + r))
-        self.out.control({"type": MSG_STACKS, "id": msg.get("id"), "ranks": ranks,
+        self.sup.out.control({"type": MSG_STACKS, "id": msg.get("id"), "ranks": ranks,
                           "host": hostname(), "t": now(), "took": now() - t0,
                           "pyspy": bool(spies)})
         if spies:  # native frames follow: the fold does not wait for py-spy
             native = {}
             for rank, proc in spies.items():
                 native[str(rank)] = {"pyspy": self._pyspy_result(proc, t0 + PYSPY_TIMEOUT_S)}
-            self.out.control({"type": MSG_STACKS, "id": msg.get("id"), "native": True,
+            self.sup.out.control({"type": MSG_STACKS, "id": msg.get("id"), "native": True,
                               "ranks": native, "host": hostname(), "t": now(),
                               "took": now() - t0})
 
@@ -398,9 +399,9 @@ class Evidence:
     def ship_flight(self):
         """Flight recorder dumps the ranks left (NCCL's dump on timeout), before the private
         directory goes: one ``flight`` message."""
-        if not self.tmpdir:
+        if not self.sup.tmpdir:
             return
-        folder = os.path.join(self.tmpdir, "flight")
+        folder = os.path.join(self.sup.tmpdir, "flight")
         try:
             names = sorted(os.listdir(folder))
         except OSError:
@@ -412,7 +413,7 @@ class Evidence:
                     self.fr_shipped.get(rank) != _mtime(os.path.join(folder, name)):
                 files[rank] = _b64(os.path.join(folder, name))
         if files:
-            self.out.control({"type": MSG_FLIGHT, "files": files, "host": hostname(),
+            self.sup.out.control({"type": MSG_FLIGHT, "files": files, "host": hostname(),
                               "t": now()})
 
     def death_evidence(self, rank, msg):
@@ -435,7 +436,7 @@ class Evidence:
             evidence["memory_events"] = _read_from(info["events"], 0, 4096)
             evidence["oom_kill_before"] = info.get("oom_before")
         if self.boot_start is not None:
-            cached = getattr(self, "_kmsg", None)
+            cached = self._kmsg
             if cached is None or now() - cached[0] > 1.0:
                 cached = self._kmsg = (now(), kernel_lines(self.boot_start))
             evidence["kernel"] = cached[1]

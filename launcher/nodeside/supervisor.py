@@ -50,6 +50,9 @@ import select
 import sys
 import time
 
+if False:  # for mypy only: typing is not imported on the nodes
+    from typing import Any  # noqa: F401
+
 from launcher.nodeside.nodecommon import (
     CHUNK,
     DIR_PLACEHOLDER,
@@ -110,7 +113,7 @@ AGENT_STOPPED_REASON = "torchrun stopped (state T) for %d s after its ranks ende
 LAUNCHER_SILENT_REASON = "no heartbeat from the launcher for %g s"
 
 
-class Supervisor(Evidence, WarmStart):
+class Supervisor:
     """Runs one job, forwards its output as frames, and guarantees its teardown."""
 
     def __init__(self, spec, source):
@@ -147,17 +150,15 @@ class Supervisor(Evidence, WarmStart):
         self.frozen_since = None  # when the job's root was first seen stopped (agent_frozen)
         self.frozen_check = 0.0
         self.open_streams = 0
-        self.tmpdir = None
+        self.tmpdir = None  # type: Any  # (run mode: our private directory, mkdtemp)
         self.container = None  # --image: the runtime around the job (Container)
         self.sparing = False  # removing the container: no KILLs into our tree from now on
         self.start_code = 127  # the shell's code for a job that could not start
         self.done = False
         self.subreaper = False
         self.childless = False  # the last reap found no child at all
-        self.armed = {}  # rank -> what its wrapper reported (pid, stack file, signal ...)
-        self.boot_start = None  # the job's start in kernel-log time (s since boot)
-        self.pyspy = None  # its path, where the node has it (run mode)
-        self.fr_shipped = {}  # rank -> mtime of the flight dump a stacks message carried
+        self.evidence = Evidence(self)  # stacks, flight dumps, why a rank died (nodeevidence)
+        self.warm = WarmStart(self)  # the warm process and the forked agent (warmclient)
         # re-entrant: a signal handler runs teardown on the main thread, maybe inside it
         self.lock = _thread.RLock()
 
@@ -198,7 +199,7 @@ class Supervisor(Evidence, WarmStart):
         ranks: each rank's shim forwards the first stop signal it gets (ours, or torchrun's
         killpg) to its rank and no other, so a rank sees exactly one TERM per stop."""
         with self.lock:
-            return signal_tree(signal.SIGTERM, self.pruned, self.termed)
+            return signal_tree(signal.SIGTERM, self.warm.pruned, self.termed)
 
     def is_shim(self, pid):
         """A rank shim (torchrun's worker: ``python -u <our dir>/dtrain_shim.py ...``)."""
@@ -311,16 +312,16 @@ class Supervisor(Evidence, WarmStart):
             env[SHIM_ENV] = path
             # TORCH_ELASTIC_SHUTDOWN_TIMEOUT (past the grace) comes in the spec's env: the
             # launcher's plan decides it (decide/plan.shutdown_timeout), --dry-run shows it
-            self.evidence_env(env)
+            self.evidence.evidence_env(env)
             env[TMPDIR_ENV] = env.get("TMPDIR", "")
             env["TMPDIR"] = self.tmpdir
         argv = self.job_argv()
-        self.start_warm(env, argv)  # when the spec asks (warm.py): before torchrun, beside it
+        self.warm.start(env, argv)  # when the spec asks (warm.py): before torchrun, beside it
         try:
             if ctr:
                 self.container = Container(ctr, self.tmpdir, self.grace)
                 argv = self.container.argv(env, argv)
-            self.job, out_fd, err_fd = self.spawn_job(argv, env, ctr)
+            self.job, out_fd, err_fd = self.warm.spawn_job(argv, env, ctr)
         except OSError as exc:
             error, self.start_code = start_error(argv[0], exc)
             self.out.control({"type": MSG_HELLO, "v": PROTOCOL, "error": error,
@@ -347,10 +348,10 @@ class Supervisor(Evidence, WarmStart):
             if pid == 0:
                 self.childless = False
                 return
-            if pid == self.job and self.handoff is None:
+            if pid == self.job and self.warm.handoff is None:
                 self.job_status = status
             else:  # a forked agent's starter (or the agent, ended before it): warmclient.py
-                self.reaped_other(pid, status)
+                self.warm.reaped_other(pid, status)
 
     # -- main loop --------------------------------------------------------------------------
     def on_control_line(self, line):
@@ -371,7 +372,7 @@ class Supervisor(Evidence, WarmStart):
             except (KeyError, TypeError, ValueError):
                 pass
         elif op == "stacks":
-            self.stacks_requested(msg)
+            self.evidence.stacks_requested(msg)
 
     def handle(self, fd):
         kind, data, sock = self.watched[fd]
@@ -430,15 +431,15 @@ class Supervisor(Evidence, WarmStart):
                 if type(pid) is int and pid > 0:
                     pid = st["hdr"]["pid"] = peer_pid(sock, pid)  # type: ignore[index]
                 st["start"] = start_time(pid) if type(pid) is int and pid > 0 else None
-                self.rank_started(st["hdr"])
+                self.evidence.rank_started(st["hdr"])
             if st["hdr"].get("stream") in ("arm", "agent"):  # type: ignore[attr-defined]
-                self.rank_armed(st["hdr"], sock)
+                self.evidence.rank_armed(st["hdr"], sock)
             if not chunk:
                 return
         rank = int(st["hdr"].get("rank", -1))
         stream = st["hdr"].get("stream")
         if stream == "arm":
-            self.arm_reply(rank, chunk)
+            self.evidence.arm_reply(rank, chunk)
             return
         if stream == "ctl":
             st["buf"] += chunk
@@ -450,7 +451,7 @@ class Supervisor(Evidence, WarmStart):
                     continue
                 st["reported"] = True
                 msg.update({"type": MSG_RANK_EXIT, "rank": rank})
-                evidence = self.death_evidence(rank, msg)
+                evidence = self.evidence.death_evidence(rank, msg)
                 self.rank_status[str(rank)] = msg
                 if evidence:
                     msg = dict(msg, evidence=evidence)  # the exit report stays small
@@ -478,7 +479,7 @@ class Supervisor(Evidence, WarmStart):
                "duration": now() - st.get("t0", now()), "pid": pid,
                "shim": {"pid": pid, "status": "known" if status is not None else "reaped"},
                "type": MSG_RANK_EXIT, "rank": rank}
-        evidence = self.death_evidence(rank, msg)
+        evidence = self.evidence.death_evidence(rank, msg)
         self.rank_status[str(rank)] = msg
         if evidence:
             msg = dict(msg, evidence=dict(evidence, shim_pid=pid))
@@ -524,11 +525,11 @@ class Supervisor(Evidence, WarmStart):
             elif self.stopping is None and self.ctl_seen and self.ctl_open <= 0 \
                     and self.job_status is None and self.job is not None:
                 self.agent_frozen()
-            if self.nccl is not None and now() >= next_nccl:
-                self.ship_nccl()
+            if self.evidence.nccl is not None and now() >= next_nccl:
+                self.evidence.ship_nccl()
                 next_nccl = now() + 0.5
             if now() >= next_hb:
-                self.sample_ranks()
+                self.evidence.sample_ranks()
                 self.out.control({"type": MSG_HB, "t": now()})
                 next_hb = now() + self.hb_interval
             if self.job_status is not None:
@@ -622,12 +623,12 @@ class Supervisor(Evidence, WarmStart):
         return exit_code(self.job_status or 0)
 
     def finish(self):
-        self.ship_flight()
-        self.ship_nccl()
+        self.evidence.ship_flight()
+        self.evidence.ship_nccl()
         for _ in range(64):  # the rest of what a bounded poll left (at most 4 MiB)
-            if self.nccl is None or not self.nccl.more:
+            if self.evidence.nccl is None or not self.evidence.nccl.more:
                 break
-            self.ship_nccl()
+            self.evidence.ship_nccl()
         code, sig = self.exit_code()
         extra = {}
         if self.container is not None:

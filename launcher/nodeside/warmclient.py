@@ -146,28 +146,33 @@ def warm_spawn(path, argv, env, fds):
 
 # -- the supervisor's side --------------------------------------------------------------------
 class WarmStart:
-    """The supervisor's part (a mixin of ``Supervisor``): the warm process, started once."""
+    """The supervisor's part (``sup.warm``): the warm process, started once, and the job
+    started as torchrun's agent forked from it; reads and sets the supervisor's spec,
+    private directory, job and job status through ``sup``."""
 
-    warm_pid = None
-    handoff = None  # a forked agent's starter is the job until it hands over (its pipe)
-    reaped_early = None  # type: dict[int, int] | None  # children reaped meanwhile: the agent may be one
+    def __init__(self, sup):
+        self.sup = sup
+        self.pid = None  # the warm process's
+        self.proc = None
+        self.handoff = None  # a forked agent's starter is the job until it hands over (a pipe)
+        self.reaped_early = None  # type: dict[int, int] | None  # the agent may end first
 
-    def start_warm(self, env, argv):
+    def start(self, env, argv):
         """Start the warm process when the spec asks (``warm``) and the job is torchrun
         (``argv``: python -c TORCHRUN_ISOLATED ...), and tell torchrun's workers where it is
         (``env``). Not with --image (the ranks run in the container) or DTRAIN_STACKS=0 (no
         rank wrapper). Never fails the job: a warm process that cannot start leaves the
         ranks to start cold."""
-        job = self.spec  # type: ignore[attr-defined]  # (the Supervisor's)
+        job = self.sup.spec
         spec = job.get("warm")
         if not isinstance(spec, dict) or job.get("container") \
                 or len(argv) < 3 or argv[1] != "-c" or "torch.distributed.run" not in argv[2] \
-                or env.get("DTRAIN_STACKS") == "0" or not self.shim_path:  # type: ignore[attr-defined]
+                or env.get("DTRAIN_STACKS") == "0" or not self.sup.shim_path:
             return
         import socket
         import subprocess
 
-        path = os.path.join(self.tmpdir, "warm.sock")  # type: ignore[attr-defined]
+        path = os.path.join(self.sup.tmpdir, "warm.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         log = None
         try:
@@ -183,13 +188,13 @@ class WarmStart:
                 wenv["OMP_NUM_THREADS"] = "1"
             wenv.update({WARM_FD_ENV: str(listener.fileno()), PRELOAD_ENV: ",".join(preload)})
             wenv[PAD_ENV] = "x" * PAD_BYTES  # last: its room follows the others
-            log = os.open(os.path.join(self.tmpdir, "warm.log"),  # type: ignore[attr-defined]
+            log = os.open(os.path.join(self.sup.tmpdir, "warm.log"),
                           os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-            self.warm_proc = subprocess.Popen(
-                [argv[0], "-u", self.shim_path.decode(), " " * TITLE_ROOM],  # type: ignore[attr-defined]
+            self.proc = subprocess.Popen(
+                [argv[0], "-u", self.sup.shim_path.decode(), " " * TITLE_ROOM],
                 env=wenv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 pass_fds=(listener.fileno(),), start_new_session=True)
-            self.warm_pid = self.warm_proc.pid
+            self.pid = self.proc.pid
             env[WARM_SOCK_ENV] = path
         except (OSError, ValueError):
             pass
@@ -202,37 +207,37 @@ class WarmStart:
         """What the supervisor's TERM leaves the descendants of: a rank shim (it forwards
         the stop to its rank) and the warm process (its children are ranks whose shims
         forward it; the warm process itself ignores the TERM and goes with the KILL)."""
-        return pid == self.warm_pid or self.is_shim(pid)  # type: ignore[attr-defined]
+        return pid == self.pid or self.sup.is_shim(pid)
 
     def spawn_job(self, argv, env, ctr):
         """``spawn`` the job; with a warm process, torchrun's agent forked from it (it then
         becomes our child: the starter stands in for it until it hands over)."""
-        if self.warm_pid is not None and self.subreaper and not ctr:  # type: ignore[attr-defined]
+        if self.pid is not None and self.sup.subreaper and not ctr:
             job, out_fd, err_fd, self.handoff = spawn_agent(argv, env, env[WARM_SOCK_ENV])
             self.reaped_early = {}
             return job, out_fd, err_fd
         return spawn(argv, env)
 
     def reaped_other(self, pid, status):
-        """A reaped child that is not the job (``self.job``) as the supervisor knows it."""
-        if pid == self.job and self.handoff is not None:
+        """A reaped child that is not the job (``self.sup.job``) as the supervisor knows it."""
+        if pid == self.sup.job and self.handoff is not None:
             self.handed(status)  # the starter ended: the agent's pid, or it was the job
         elif self.reaped_early is not None:  # the agent may end before its starter
             self.reaped_early[pid] = status
 
     def handed(self, status):
-        """The starter ended: from now on the agent is the job (``self.job``); when it
+        """The starter ended: from now on the agent is the job (``self.sup.job``); when it
         handed over none, the starter was the job (it became the cold agent)."""
         agent = handed_over(self.handoff, status)
         self.handoff = None
         early = self.reaped_early or {}
         self.reaped_early = None
         if agent is None:
-            self.job_status = status
+            self.sup.job_status = status
             return
-        self.job = agent
+        self.sup.job = agent
         if agent in early:
-            self.job_status = early[agent]
+            self.sup.job_status = early[agent]
 
 
 def _nproc(argv):
