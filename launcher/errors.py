@@ -12,7 +12,8 @@
     └── PreflightFailed (exit 1)     doctor/preflight found a blocking problem
 
 A job that ran and failed is not an exception: its exit code (the root cause's, 124, 130,
-255 for a lost node) is decided by launcher/decide/verdict.py from what the supervisors reported.
+255 for a lost node) is decided by launcher/decide/outcome/verdict.py from what the supervisors
+reported.
 
 Messages say what failed, on which host, and what to try (``hint``).
 """

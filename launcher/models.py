@@ -28,7 +28,7 @@ class Host:
     source: str = ""  # "file:line" (or "-H") for error messages
     image: str | None = None  # the YAML hostfile's image: (--image for this host)
     groups: tuple[str, ...] = ()  # the YAML hostfile's groups: (-g/-X, hosts/genders.py)
-    switch: str | None = None  # the hostfile's switch= (decide/placement.py)
+    switch: str | None = None  # the hostfile's switch= (decide/runplan/placement.py)
     segment: str | None = None  # the hostfile's segment=
 
     @property

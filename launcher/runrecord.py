@@ -48,7 +48,7 @@ class RootCause(TypedDict, total=False):
     t: float  # when it happened (a rank's own clock), else when it was seen
     stderr_tail: list[str]
     stop_reason: str | None
-    failure: dict[str, Any]  # decide.failures.FailureReason.json(): why the rank died
+    failure: dict[str, Any]  # decide.outcome.failures.FailureReason.json(): why the rank died
 
 
 class RankResult(TypedDict, total=False):
@@ -64,7 +64,7 @@ class RankResult(TypedDict, total=False):
 
 
 class HangCulprit(TypedDict):
-    """``hangs[].culprit``: the likely culprit of a hang (decide/stacks.Culprit)."""
+    """``hangs[].culprit``: the likely culprit of a hang (decide/outcome/stacks.Culprit)."""
 
     rank: int | None
     host: str | None
@@ -76,13 +76,13 @@ class HangCulprit(TypedDict):
 
 
 class HangRecord(TypedDict):
-    """``hangs[]``: one hang the watch declared (decide/hang.Hang.json, docs/hangs.md)."""
+    """``hangs[]``: one hang the watch declared (decide/outcome/hang.Hang.json, docs/hangs.md)."""
 
     t: float
     attempt: int
     stalled_s: float
     culprit: HangCulprit | None
-    folded: list[dict[str, object]]  # decide/stacks.Folded.json
+    folded: list[dict[str, object]]  # decide/outcome/stacks.Folded.json
     dump: str
     dir: str | None
     action: str
@@ -149,7 +149,7 @@ class Attempt(TypedDict, total=False):
 
 class StartupNode(TypedDict, total=False):
     """``startup[].nodes[]``: where one node's start-up was, on the launcher's clock (the
-    node's instants less its ``clock_offset``; decide/startup.py, docs/goodput.md)."""
+    node's instants less its ``clock_offset``; decide/outcome/startup.py, docs/goodput.md)."""
 
     host: str
     supervisor: float | None  # the supervisor started the job (its hello)
@@ -184,7 +184,7 @@ class RunMeta(TypedDict, total=False):
     torch_versions: dict[str, str | None]
     nccl_versions: dict[str, str | None]  # the probe's (the nvidia-nccl wheel); None: unknown
     start: float | None  # the run's; None only where attempt 1 recorded none
-    plan: dict[str, Any]  # decide.plan.plan_json (secrets redacted)
+    plan: dict[str, Any]  # decide.runplan.plan.plan_json (secrets redacted)
     hosts: list[str]
     world_size: int
     layout: list[dict[str, Any]]  # {host, node_rank, ranks}

@@ -128,7 +128,7 @@ def nccl_gdr(host: str, rank: int, peer: int) -> list[str]:
 
 # -- the health collector ------------------------------------------------------------------------
 
-CLEAN_GPU = "0, 0, No, No, No, Not Active, 40\n"  # decide/health.GPU_FIELDS' order
+CLEAN_GPU = "0, 0, No, No, No, Not Active, 40\n"  # decide/fabric/health.GPU_FIELDS' order
 ROW_REMAP_FAILED = "0, 0, No, Yes, No, Not Active, 40\n"
 
 
@@ -186,7 +186,7 @@ class Liar:
         return _json({"type": "sample", "t": t,
                       "ranks": {str(r): {"cpu": c} for r, c in cpu.items()}, **more})
 
-    # the smoke job's report lines (decide/smoke.py takes them from the rank's output)
+    # the smoke job's report lines (decide/fabric/smoke.py takes them from the rank's output)
     @staticmethod
     def smoke(kind: str, **fields: Any) -> str:
         """One ``DTRAIN-SMOKE`` line of a rank (``rank``, ``pairs``, ``pair_failed``, ...)."""

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench import bench_recovery as br
-from launcher.decide.hang import DEFAULT_PROGRESS
+from launcher.decide.outcome.hang import DEFAULT_PROGRESS
 from tests.util import REPO
 
 WRAPPER = REPO / "bench" / "data" / "first_line.py"

@@ -1,10 +1,10 @@
-"""decide/broadcast.py: which files go by broadcast, the chain, and who falls back (pure)."""
+"""decide/copies/broadcast.py: which files go by broadcast, the chain, and who falls back (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.decide.broadcast import (
+from launcher.decide.copies.broadcast import (
     Link,
     Outcome,
     cut_chain,

@@ -130,8 +130,9 @@ def test_the_one_command_app_says_what_the_whole_app_says(name: str) -> None:
 
 REPORTS = {"launcher.output.report", "launcher.output.junit", "launcher.output.schemas", "xml"}
 ALWAYS_OUT = {"pydantic", "pydantic_core", "yaml", "jsonschema", *REPORTS}
-RUN_ONLY = {"launcher.decide.netenv", "launcher.decide.plan", "launcher.decide.checks",
-            "launcher.decide.facts", "launcher.decide.rdma"}  # run's decisions
+RUN_ONLY = {"launcher.decide.runplan.netenv", "launcher.decide.runplan.plan",  # run's
+            "launcher.decide.fabric.checks", "launcher.decide.runplan.facts",  # decisions
+            "launcher.decide.fabric.rdma"}
 HOT: dict[str, tuple[list[str], set[str]]] = {
     # the help renders with rich (typer's help), and reaches nothing
     "help": (["--help"], ALWAYS_OUT | {"asyncssh", "launcher.commands", "launcher.job",

@@ -155,6 +155,6 @@ def test_tops_help_names_the_views_sort_columns() -> None:
 
 def test_runs_help_default_hang_timeout_is_the_hang_watchs() -> None:
     from launcher.cli.run import DEFAULT_HANG_TIMEOUT
-    from launcher.decide import hang
+    from launcher.decide.outcome import hang
 
     assert DEFAULT_HANG_TIMEOUT == hang.DEFAULT_HANG_TIMEOUT

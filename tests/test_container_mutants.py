@@ -1,11 +1,11 @@
-"""decide/container.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
+"""decide/runplan/container.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
 found no unit test for (a first step; see there for what is left): the probe's container
 facts read from its JSON line and written back, each odd field refused, and what the probe
 is asked."""
 
 from __future__ import annotations
 
-from launcher.decide.container import RUNTIMES, ContainerFacts, ContainerRequest
+from launcher.decide.runplan.container import RUNTIMES, ContainerFacts, ContainerRequest
 
 
 def test_the_facts_travel_as_json_and_back() -> None:
@@ -79,7 +79,7 @@ def test_enroot_and_apptainer_as_they_travel_to_the_node() -> None:
 def test_what_a_bad_mount_runtime_or_image_is_told() -> None:
     import pytest
 
-    from launcher.decide.container import parse_mount
+    from launcher.decide.runplan.container import parse_mount
     from launcher.errors import UsageError
 
     cases = [(lambda: parse_mount("data:/d"),
@@ -99,7 +99,7 @@ def test_what_a_bad_mount_runtime_or_image_is_told() -> None:
 
 
 def test_image_rows_digests_and_ties() -> None:
-    from launcher.decide.container import image_problems, image_rows, short_id
+    from launcher.decide.runplan.container import image_problems, image_rows, short_id
 
     assert short_id("0123456789abcdef") == short_id("sha256:0123456789abcdef") == "0123456789ab"
     reqs = {"n1": ContainerRequest(image="img"), "n2": ContainerRequest(image="img")}
@@ -115,7 +115,7 @@ def test_image_rows_digests_and_ties() -> None:
 
 
 def test_one_gpu_is_passed_through_and_a_grace_of_0_is_0() -> None:
-    from launcher.decide.container import NodeContainerFacts, command_for
+    from launcher.decide.runplan.container import NodeContainerFacts, command_for
     from tests.test_containers import IMG, cmd
 
     one = NodeContainerFacts(gpus=1, rdma=False, shm_bytes=1 << 30)
@@ -134,7 +134,7 @@ def test_one_gpu_is_passed_through_and_a_grace_of_0_is_0() -> None:
 def test_no_runtime_a_majority_digest_and_the_words_on_the_node() -> None:
     import pytest
 
-    from launcher.decide.container import command_for, image_problems
+    from launcher.decide.runplan.container import command_for, image_problems
     from launcher.errors import UsageError
     from tests.test_containers import CPU, IMG, cmd
 

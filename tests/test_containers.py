@@ -1,5 +1,6 @@
 """--image (docs/containers.md): the runtime's command line per runtime, decided purely from a
-node's facts (decide/container.py); the preflight that names a node without the image or with
+node's facts (decide/runplan/container.py); the preflight that names a node without the image or
+with
 another digest; the hostfile's image:; and the supervisor running a job through a stand-in
 docker, enroot and apptainer (tests/standin_runtime.py) on localhost: the environment
 arrives by name or in a private file, never as values in argv, and the container is removed
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.decide.container import (
+from launcher.decide.runplan.container import (
     ContainerFacts,
     ContainerRequest,
     NodeContainerFacts,
@@ -29,8 +30,8 @@ from launcher.decide.container import (
     share_groups,
     share_marker,
 )
-from launcher.decide.plan import RunRequest, build_plan, plan_json
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.runplan.plan import RunRequest, build_plan, plan_json
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.errors import PreflightFailed, UsageError
 from launcher.hosts.hostfile import parse_hostfile_yaml
 from launcher.models import Host
@@ -274,7 +275,7 @@ def test_exec_names_a_node_whose_runtime_lacks_the_image(standin: tuple[Path, di
 
 
 def test_doctor_rows_per_node() -> None:
-    from launcher.decide.container import image_rows
+    from launcher.decide.runplan.container import image_rows
 
     req = ContainerRequest(IMG)
     ok = ContainerFacts("podman", "/usr/bin/podman", "4.3.1", True, ID_A)

@@ -1,11 +1,11 @@
-"""decide.copyplan: where sources land and what to send, skip or delete (no I/O)."""
+"""decide.copies.copyplan: where sources land and what to send, skip or delete (no I/O)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.decide import copyplan as cpl
-from launcher.decide.copyplan import DIR, FILE, LINK, OTHER, Entry
+from launcher.decide.copies import copyplan as cpl
+from launcher.decide.copies.copyplan import DIR, FILE, LINK, OTHER, Entry
 from launcher.models import CopyResult
 
 

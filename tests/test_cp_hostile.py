@@ -23,7 +23,7 @@ from launcher.commands.cp.request import walk
 from launcher.commands.cp.sftp import pull_node
 from launcher.commands.cp.stream import checked_diff, walk_tree
 from launcher.commands.cp.view import CopyView
-from launcher.decide import copyplan as cpl
+from launcher.decide.copies import copyplan as cpl
 from launcher.errors import DtrainError, RemoteCommandError, TransferError
 from launcher.models import CopyResult, Host
 from launcher.transports.base import FileStat

@@ -20,7 +20,7 @@ import pytest
 
 from launcher.commands import cp
 from launcher.commands.cp.view import CopyView
-from launcher.decide import copyplan as cpl
+from launcher.decide.copies import copyplan as cpl
 from launcher.models import CopyResult, Host
 from launcher.nodeside import cpnode
 from launcher.transports.local import LocalConnection

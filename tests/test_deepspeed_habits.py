@@ -1,6 +1,6 @@
 """torchrun and DeepSpeed habits (issue 24 item 11): their option spellings, DeepSpeed's
 per-host GPU selection (--include host:0,1@host2:1, --exclude host:2: CUDA_VISIBLE_DEVICES
-per node, decided in launcher/decide/devices.py) and a .deepspeed_env file, shown by
+per node, decided in launcher/decide/runplan/devices.py) and a .deepspeed_env file, shown by
 --dry-run with its source. On the old main each spelling was "no such option", and
 `--include node1:0,1` a bad host expression."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide.devices import DeviceSelection, selection, split_spec
+from launcher.decide.runplan.devices import DeviceSelection, selection, split_spec
 from launcher.errors import UsageError
 from tests.util import assert_exit, dtrain
 

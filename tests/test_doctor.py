@@ -13,9 +13,9 @@ import pytest
 
 from launcher.commands import doctor
 from launcher.commands.doctor import FAIL, OK, SKIP, WARN, CheckResult, Gathered, PortProbe
-from launcher.decide import fabric_checks
-from launcher.decide.checks import FIXES, MasterPick
-from launcher.decide.facts import (
+from launcher.decide.fabric import fabric_checks
+from launcher.decide.fabric.checks import FIXES, MasterPick
+from launcher.decide.runplan.facts import (
     UNLIMITED,
     Addr,
     Gid,
@@ -652,7 +652,7 @@ def test_fast_checks_keep_nodes_missing_from_the_host_list_and_the_hint_names_th
     assert [r.host for r in rows if r.check == "torch"] == ["gpu2", "gpu1", "gpu3"]
     assert doctor.failure_message(rows) == ("gpu3: torch: torch 2.12.0 here, 2.13.0+cu124 on "
                                             "gpu[1-2]: install one version everywhere")
-    from launcher.decide.checks import PYTHON_FIX, failure_hint
+    from launcher.decide.fabric.checks import PYTHON_FIX, failure_hint
     assert failure_hint(rows) == PYTHON_FIX
     python = [CheckResult("gpu1", "python", FAIL, "not probed")]
     assert failure_hint(python) == PYTHON_FIX

@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from launcher.decide.plan import RunRequest, offline_plan, shutdown_timeout
-from launcher.decide.runoptions import Limits, RunOptions
+from launcher.decide.runplan.plan import RunRequest, offline_plan, shutdown_timeout
+from launcher.decide.runplan.runoptions import Limits, RunOptions
 from launcher.job.node import JobSpec
 from launcher.models import Host
 from launcher.nodeside import rankshim
@@ -86,5 +86,5 @@ def _literals(value: str) -> list[str]:
 
 def test_each_of_dtrain_s_own_variables_is_written_once() -> None:
     assert [p.split(":")[0] for p in _literals("PYTHONUNBUFFERED")] == [
-        "launcher/decide/netenv.py"]
-    assert [p.split(":")[0] for p in _literals(NAME)] == ["launcher/decide/plan.py"]
+        "launcher/decide/runplan/netenv.py"]
+    assert [p.split(":")[0] for p in _literals(NAME)] == ["launcher/decide/runplan/plan.py"]

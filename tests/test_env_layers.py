@@ -1,5 +1,5 @@
 """The user's environment layers have one home (issue 54 item 5): config ``[env]`` <
-``.deepspeed_env`` < ``--env-file`` < ``--env`` is ordered by ``decide/netenv.user_env``
+``.deepspeed_env`` < ``--env-file`` < ``--env`` is ordered by ``decide/runplan/netenv.user_env``
 alone, every layer against every other, each value with its source; the CLI only reads the
 files and passes them (a scan fails on a module that stacks what a layer's reader returns);
 and the same order holds through ``dtrain run --dry-run`` with every layer on disk."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide.netenv import USER_LAYERS, EnvLayer, user_env
+from launcher.decide.runplan.netenv import USER_LAYERS, EnvLayer, user_env
 from tests.util import assert_exit, dtrain
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def test_a_secret_a_higher_layer_replaced_is_still_hidden(tmp_path: Path) -> Non
 
 # what reads one of the user's layers: its result may be passed on, never stacked
 READERS = {"config_env", "deepspeed_env", "load_env_file", "parse_env_args", "parse_env_text"}
-HOME = "launcher/decide/netenv.py"
+HOME = "launcher/decide/runplan/netenv.py"
 
 
 def _reads_a_layer(node: ast.AST | None, tainted: set[str]) -> bool:
@@ -166,7 +166,7 @@ def stacked_layers(source: str) -> list[int]:
 
 def test_no_module_but_netenv_stacks_the_user_s_layers() -> None:
     """"A new precedence rule goes in netenv and nowhere else" (docs/architecture.md), made
-    true: outside decide/netenv.py, what a layer's reader returns is passed on whole."""
+    true: outside decide/runplan/netenv.py, what a layer's reader returns is passed on whole."""
     found = []
     for path in sorted((ROOT / "launcher").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.decide.outcomes import RankEnd
-from launcher.decide.stacks import StackAnswer
+from launcher.decide.outcome.outcomes import RankEnd
+from launcher.decide.outcome.stacks import StackAnswer
 from launcher.job import events
 from launcher.job.events import (
     Event,
@@ -236,7 +236,7 @@ def test_the_run_registers_its_observers_in_the_fan_out_s_order() -> None:
 
 
 def test_the_hang_watch_as_an_observer_tells_its_error_and_goes_on(tmp_path: Any) -> None:
-    from launcher.decide.hang import HangPolicy, ProgressWatch, compile_progress
+    from launcher.decide.outcome.hang import HangPolicy, ProgressWatch, compile_progress
     from launcher.job.hangwatch import HangWatch
     from launcher.output.rundir import RunDir
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.facts import NodeFacts
-from launcher.decide.sharing import refuse, sharing
+from launcher.decide.runplan.facts import NodeFacts
+from launcher.decide.runplan.sharing import refuse, sharing
 from launcher.exitcodes import EXIT_FAILED
 from launcher.nodeside.runscan import parse_title, proc_hidden, scan
 from launcher.output.report import schema_text
@@ -113,7 +113,7 @@ def test_hidepid_is_said_unless_root(fake_proc: Path) -> None:
     assert proc_hidden(str(fake_proc), euid=1000) is None
 
 
-# -- the shared-nodes decision (decide/sharing.py) ---------------------------------------------
+# -- the shared-nodes decision (decide/runplan/sharing.py) -----------------------------------------
 
 def _facts(runs: list[dict[str, Any]], hidden: str | None = None) -> NodeFacts:
     return NodeFacts.from_json({"hostname": "n", "others": {"hidden": hidden, "denied": 0,

@@ -515,7 +515,7 @@ def test_unreachable_node_is_named_and_nothing_starts(cluster: tc.Cluster, tmp_p
 def test_link_down_node_lost(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     """node3's link goes down mid-run: heartbeats stop, dtrain names it (exit 255) and stops
     the others; node3's own supervisor, cut off, tears its job down once the launcher has
-    been silent for 3 heartbeat timeouts (decide/liveness.launcher_timeout; checked while
+    been silent for 3 heartbeat timeouts (decide/outcome/liveness.launcher_timeout; checked while
     the link is still down)."""
     run_id = new_id("linkdown")
     job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, TRAIN, "--heartbeat-timeout", "5"))
@@ -566,7 +566,7 @@ def _supervisor_pid(watch: JobWatch, k: int) -> int:
 def test_a_stopped_launcher_loses_no_node(cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     """dtrain itself is SIGSTOPped for 8 s (past its --heartbeat-timeout of 5) while the
     nodes keep running, then SIGCONTed: the time it was not running is not the nodes'
-    silence (decide/liveness.py), and the nodes, which wait 3 timeouts for the launcher,
+    silence (decide/outcome/liveness.py), and the nodes, which wait 3 timeouts for the launcher,
     are still there: the run carries on to its own end, no node lost, no tick missing."""
     run_id = new_id("launcher-stop")
     job = Dtrain(cluster, run_args(cluster, tmp_path, run_id, "tests/workloads/tick.py",
@@ -857,7 +857,7 @@ def _plan(*hosts: str, ranks: int = 1):  # type: ignore[no-untyped-def]
 
 
 async def test_first_failure_stops_every_other_node_local() -> None:
-    from launcher.decide.verdict import TailKeeper, verdict
+    from launcher.decide.outcome.verdict import TailKeeper, verdict
     from launcher.job.orchestrate import Policy
     from launcher.transports import LocalTransport
 
@@ -876,7 +876,7 @@ async def test_first_failure_stops_every_other_node_local() -> None:
 
 
 async def test_start_timeout_names_the_node_local() -> None:
-    from launcher.decide.verdict import TailKeeper, verdict
+    from launcher.decide.outcome.verdict import TailKeeper, verdict
     from launcher.job.orchestrate import Policy
     from launcher.transports import LocalTransport
 
@@ -981,13 +981,13 @@ async def test_stop_asked_before_the_job_was_sent_is_not_lost() -> None:
 
 
 def _outcome(**kw):  # type: ignore[no-untyped-def]
-    from launcher.decide.outcomes import JobOutcome
+    from launcher.decide.outcome.outcomes import JobOutcome
 
     return JobOutcome(**kw)
 
 
 def _node(host: str, code: int | None, ranks: dict | None = None, **kw):  # type: ignore[no-untyped-def]
-    from launcher.decide.outcomes import NodeOutcome
+    from launcher.decide.outcome.outcomes import NodeOutcome
     from launcher.job.events import rank_end
     from launcher.models import Host
 
@@ -997,14 +997,14 @@ def _node(host: str, code: int | None, ranks: dict | None = None, **kw):  # type
 
 
 def _verdict(out, *hosts: str):  # type: ignore[no-untyped-def]
-    from launcher.decide.verdict import TailKeeper, summary_lines, verdict
+    from launcher.decide.outcome.verdict import TailKeeper, summary_lines, verdict
 
     v = verdict(out, _plan(*hosts), TailKeeper())  # type: ignore[arg-type]
     return v, summary_lines(out, _plan(*hosts), v)  # type: ignore[arg-type]
 
 
 def test_verdict_root_rank_code_and_followers() -> None:
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
 
     out = _outcome(
         nodes={"a": _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 5.2, "duration": 5.0}},
@@ -1031,7 +1031,7 @@ def test_verdict_interrupt_and_timeout(kw: dict, code: int, text: str) -> None:
 
 
 def test_verdict_failure_before_ctrl_c_wins() -> None:
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 139, "signal": 11, "t": 1.0}})},
                    failures=[Failure("rank", "a", rank=0, code=139, signal=11, seen=1.0)],
@@ -1041,7 +1041,7 @@ def test_verdict_failure_before_ctrl_c_wins() -> None:
 
 
 def test_verdict_lost_unreachable_and_success() -> None:
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
 
     lost = _outcome(nodes={"a": _node("a", None, lost=True, error="no heartbeat for 5 s"),
                            "b": _node("b", 143)},
@@ -1061,7 +1061,7 @@ def test_verdict_lost_unreachable_and_success() -> None:
 def test_verdict_node_root_reports_its_failing_rank() -> None:
     """With --max-restarts, rank failures do not stop the job; when torchrun finally gives up
     (exit 1), the exit code is still its first failing rank's."""
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 0, "t": 2.0},
                                               "1": {"code": 9, "t": 1.5, "duration": 1.0}})},

@@ -1,4 +1,4 @@
-"""Why a rank died, from recorded evidence (decide/failures.py): no cluster, no kernel.
+"""Why a rank died, from recorded evidence (decide/outcome/failures.py): no cluster, no kernel.
 
 The kernel and cgroup texts are in the formats Linux writes them (dmesg / /dev/kmsg records
 of the OOM killer and of NVIDIA's driver, cgroup v2 memory.events, v1 memory.oom_control);
@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from launcher.decide import failures
+from launcher.decide.outcome import failures
 from launcher.models import OutputLine
 from launcher.nodeside import kernlog
 

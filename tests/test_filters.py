@@ -1,7 +1,7 @@
 """One filter spelling everywhere (issue 24 item 6): `--rank RANKS` (ranges) and `--host
 HOSTS` (hostlist expressions, matched on the name the console prints) on run, logs and
 attach; an unknown host is exit 2 naming the known ones; never a pydantic message. The
-decisions are launcher/decide/filters.py's; the CLI only parses."""
+decisions are launcher/decide/copies/filters.py's; the CLI only parses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide.filters import check_choice, host_name, parse_ranks, select_hosts
+from launcher.decide.copies.filters import check_choice, host_name, parse_ranks, select_hosts
 from launcher.errors import UsageError
 from launcher.models import OutputLine
 from launcher.output.archive import RunArchive
@@ -73,7 +73,7 @@ def test_rank_errors_whole_and_the_cap() -> None:
 
 
 def test_host_names_and_expression_errors_whole() -> None:
-    from launcher.decide.filters import expand
+    from launcher.decide.copies.filters import expand
 
     assert [host_name(lb) for lb in ("a@b@node2:22", "node2", "[::1]", "[fe80::1%eth0]:22",
                                      "fe80::1", "u@h:1:2")] == [

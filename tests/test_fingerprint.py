@@ -1,4 +1,4 @@
-"""Issue 53 item 1: a failure's fingerprint (launcher/decide/fingerprint.py) is the same for
+"""Issue 53 item 1: a failure's fingerprint (launcher/decide/outcome/fingerprint.py) is the same for
 the same bug on any rank, node, path and run, and differs for another bug. The texts are
 the real formats of tests/data and of torch's per-rank traceback prefix."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from launcher.decide import failures
-from launcher.decide import fingerprint as fp
+from launcher.decide.outcome import failures
+from launcher.decide.outcome import fingerprint as fp
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide import checks
-from launcher.decide.checks import FAIL, OK, CheckResult
-from launcher.decide.facts import NodeFacts
+from launcher.decide.fabric import checks
+from launcher.decide.fabric.checks import FAIL, OK, CheckResult
+from launcher.decide.runplan.facts import NodeFacts
 from launcher.nodeside import probe
 from tests.test_probe import run_probe
 
@@ -92,7 +92,7 @@ def test_gather_groups_come_in_hostfile_order() -> None:
 def test_summary_labels_say_what_happened() -> None:
     """A rank that exited on its own is a failure; every torchrun dtrain stopped is labelled
     alike (the root cause's node too)."""
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
     from tests.test_failures import _node, _outcome, _verdict
 
     stop = "b rank 1 exited 7"

@@ -313,7 +313,7 @@ async def test_a_run_s_console_shows_the_exit_barrier_trace_as_one_line_the_arch
     """Through dtrain run's pipeline (commands/launch/pipeline.py RunPipeline): node2's ranks exited
     0 (rank_exit), its agent prints the trace: the console has one line, the archive all."""
     from launcher.commands.launch import RunPipeline
-    from launcher.decide.verdict import TailKeeper
+    from launcher.decide.outcome.verdict import TailKeeper
 
     stream = io.StringIO()
     archive = MemoryArchive()
@@ -342,7 +342,7 @@ async def test_torchrun_s_block_printed_just_before_the_stop_is_folded_too() -> 
     agent's stderr a moment; the chatter is told as the lines leave it, so a stop that
     began meanwhile folds the block (it was shown whole when told on arrival)."""
     from launcher.commands.launch import RunPipeline
-    from launcher.decide.verdict import TailKeeper
+    from launcher.decide.outcome.verdict import TailKeeper
 
     block = ["E1203 23:20:57.163000 20278 site-packages/torch/distributed/elastic/"
              "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 20350) "
@@ -369,7 +369,7 @@ async def test_chatter_after_the_stop_is_counted_per_node_never_folded_across_no
     each node's line is its own node's chatter, not one line folded across the nodes that
     the console would count under "node[2-3]" (and `dtrain logs` could not replay)."""
     from launcher.commands.launch import RunPipeline
-    from launcher.decide.verdict import TailKeeper
+    from launcher.decide.outcome.verdict import TailKeeper
 
     said = ("W1204 00:02:29.6{} 93{} site-packages/torch/distributed/elastic/agent/server/"
             "api.py:753] Received 15 death signal, shutting down workers\n")

@@ -96,8 +96,8 @@ PROFILE_TOKENS = [*YAML_TOKENS, "name: ", "description: ", "NCCL_IB_HCA: mlx5", 
 @FUZZ
 @given(tokens(PROFILE_TOKENS, 60))
 def test_profile(text: str) -> None:
-    """`--profile FILE` (decide/netenv.parse_profile): a site's NCCL variables, YAML."""
-    from launcher.decide.netenv import parse_profile
+    """`--profile FILE` (decide/runplan/netenv.parse_profile): a site's NCCL variables, YAML."""
+    from launcher.decide.runplan.netenv import parse_profile
 
     with bounded():
         try:
@@ -359,8 +359,8 @@ HELLO_MSG = {"type": "hello", "supervisor_pid": 10, "pid": 11, "t": 100.0}
 def test_supervisor_hello_and_exit(hello: Any, exit_msg: Any, status: int | None) -> None:
     """The node's hello and exit messages, through the outcome, the verdict, the summary,
     meta.json's node results and the root cause."""
-    from launcher.decide.outcomes import JobOutcome
-    from launcher.decide.verdict import (
+    from launcher.decide.outcome.outcomes import JobOutcome
+    from launcher.decide.outcome.verdict import (
         TailKeeper,
         node_results,
         root_cause_json,
@@ -403,7 +403,7 @@ def test_supervisor_events(messages: list[Any]) -> None:
     any JSON object decodes to."""
     from launcher.commands.launch import Evidence, NodeBoard, RunPipeline
     from launcher.commands.run_sampling import RunSampling
-    from launcher.decide.failures import ErrorKeeper
+    from launcher.decide.outcome.failures import ErrorKeeper
     from launcher.job.orchestrate import Job, Policy
     from launcher.output.fold import ExitBarrierNoise
 
@@ -492,7 +492,7 @@ def test_sampler_lines(lines_: list[str]) -> None:
     """The sampler's lines as a run (samples.jsonl, stragglers) and `dtrain top` read them."""
     from launcher.commands.run_sampling import RunSampling
     from launcher.commands.top.model import TopState
-    from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+    from launcher.decide.outcome.stragglers import StragglerDetector, StragglerSettings
     from launcher.job.sampling import NodeSampler, SamplerParams
 
     top = TopState(["n1"], 1.0)
@@ -541,8 +541,8 @@ REAL_FACTS = _real_facts()
        mutated(REAL_FACTS, PROBE_KEYS))
 def test_probe_facts(facts: Any, other: Any) -> None:
     """The probe's facts as preflight and the doctor read them (and its route answers)."""
-    from launcher.decide import checks
-    from launcher.decide.facts import NodeFacts, Route
+    from launcher.decide.fabric import checks
+    from launcher.decide.runplan.facts import NodeFacts, Route
 
     with bounded():
         parsed = {}
@@ -615,7 +615,7 @@ FH_TOKENS = ["Thread 0x00007f0000000001 (most recent call first):\n",
 @given(st.dictionaries(st.integers(-3, 40), st.one_of(
     tokens(FH_TOKENS, 30), st.none(), json_values(["text", "error", "sources"])), max_size=6))
 def test_faulthandler_dumps(dumps: dict[int, Any]) -> None:
-    from launcher.decide.stacks import fold, rank_stack
+    from launcher.decide.outcome.stacks import fold, rank_stack
     from launcher.job.events import stack_answer
 
     with bounded():
@@ -642,7 +642,7 @@ FLIGHT_KEYS = ["pg_status", "0", "last_enqueued_collective", "last_completed_col
                           st.binary(max_size=40).map(lambda b: pickle.dumps(FLIGHT)[:len(b)])),
                 max_size=5))
 def test_flight_dumps(dumps: list[bytes]) -> None:
-    from launcher.decide.flight import load_dump, rank_flight, summarize
+    from launcher.decide.outcome.flight import load_dump, rank_flight, summarize
 
     with bounded():
         positions = {}
@@ -663,7 +663,7 @@ def test_flight_dumps(dumps: list[bytes]) -> None:
 def test_found_nodeset_failures_are_usage_errors(expr: str) -> None:
     """NodeSet's own AssertionError (a folded range over 1e9) and int()'s 4,300-digit
     ValueError were tracebacks from -H, hostfiles, --include/--exclude, logs/top --host."""
-    from launcher.decide.filters import expand
+    from launcher.decide.copies.filters import expand
     from launcher.hosts.hostfile import fold, parse_host_expr, parse_hostfile_text
 
     for parse, where in ((parse_host_expr, "-H"),
@@ -704,7 +704,7 @@ def test_found_flight_dump_lengths_are_checked_before_any_allocation(data: bytes
     (BINBYTES8: up to 2**64) before finding it truncated (found by the long run)."""
     import tracemalloc
 
-    from launcher.decide.flight import load_dump
+    from launcher.decide.outcome.flight import load_dump
 
     tracemalloc.start()
     try:
@@ -718,7 +718,7 @@ def test_found_faulthandler_line_numbers_past_int_limit_are_no_frame() -> None:
     """A dump whose frame line number has 5,000 digits: int()'s own ValueError (its
     4,300-digit limit) came out of the stack fold as a traceback (the fourth long run,
     seed 46). Such a line is no frame; the dump's other frames still fold."""
-    from launcher.decide.stacks import parse_faulthandler
+    from launcher.decide.outcome.stacks import parse_faulthandler
 
     text = ('Thread 0x00007f0000000001 (most recent call first):\n'
             '  File "<frozen runpy>", line 8' + "9" * 5000 + ' in _run_code\n'
@@ -739,8 +739,10 @@ def test_found_numbers_past_ints_limit_elsewhere_are_no_traceback(case: str) -> 
     --rank says exit 2)."""
     import re
 
-    from launcher.decide import failures, filters, health, nccl_account, steprate
-    from launcher.decide.hang import DEFAULT_PROGRESS
+    from launcher.decide.copies import filters
+    from launcher.decide.fabric import health, nccl_account
+    from launcher.decide.outcome import failures, steprate
+    from launcher.decide.outcome.hang import DEFAULT_PROGRESS
     from launcher.errors import UsageError
 
     if case == "oom":
@@ -767,7 +769,7 @@ def test_found_numbers_past_ints_limit_elsewhere_are_no_traceback(case: str) -> 
 def test_found_odd_flight_entries() -> None:
     """A flight dump whose entries is a number was a TypeError (not reversible) in the hang
     watch's reading of the dumps."""
-    from launcher.decide.flight import rank_flight
+    from launcher.decide.outcome.flight import rank_flight
 
     dump = {"pg_status": {"0": {"last_enqueued_collective": 2,
                                 "last_completed_collective": 1}}, "entries": 5}
@@ -808,7 +810,7 @@ def test_found_profile_values_its_tag_cannot_read_are_config_errors(text: str) -
     """--profile's YAML: an empty !!int (PyYAML's IndexError), a list nested 3,000 deep
     (RecursionError), unknown keys of two types (a null key beside a text one: sorting
     them, TypeError) were tracebacks (found when the profile joined the fuzz run, seed 44)."""
-    from launcher.decide.netenv import parse_profile
+    from launcher.decide.runplan.netenv import parse_profile
 
     with pytest.raises(UsageError) as info:
         parse_profile(text, "site.yaml")

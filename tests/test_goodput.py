@@ -1,4 +1,4 @@
-"""The goodput ledger (decide/goodput.py, docs/goodput.md) on hand-made records: every cause
+"""The goodput ledger (decide/outcome/goodput.py, docs/goodput.md) on hand-made records: every cause
 of a two-attempt run computed by hand; "not measured" without step numbers or progress."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.goodput import CAUSES, ledger_of, percent
+from launcher.decide.outcome.goodput import CAUSES, ledger_of, percent
 
 
 def rec(t: float, line: str, attempt: int = 1, rank: int = 0, host: str = "n1") -> dict[str, Any]:

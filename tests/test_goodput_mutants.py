@@ -1,4 +1,5 @@
-"""decide/goodput.py: what issue 51's mutation round (docs/testing.md, "Mutation score") found
+"""decide/outcome/goodput.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
+found
 no test for: the JSON document key by key and its rounding, the records the ledger skips, the
 attempts meta.json lists (or not), hangs given oddly, checkpoints outside the carved causes,
 and the progress and checkpoint patterns a run recorded."""
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.goodput import CAUSES, compile_checkpoint, ledger_of, percent
+from launcher.decide.outcome.goodput import CAUSES, compile_checkpoint, ledger_of, percent
 from launcher.errors import UsageError
 from tests.test_goodput import rec
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from launcher.decide import flight, hang, stacks
+from launcher.decide.outcome import flight, hang, stacks
 from launcher.job.events import stack_answer as said
 from launcher.models import OutputLine
 from launcher.nodeside import rankshim
@@ -360,7 +360,7 @@ def _ticks(w: hang.ProgressWatch, policy: hang.HangPolicy, start: float, end: fl
 
 def test_a_stopped_launcher_is_not_a_hang_and_a_real_stall_still_is() -> None:
     """The launcher is stopped 8 s (past --hang-timeout 3) while the ranks progress: the
-    stall is its own (decide/liveness.py), not counted; the lines of that time, read after
+    stall is its own (decide/outcome/liveness.py), not counted; the lines of that time, read after
     the late tick, move the baseline. Then the ranks really stop: hung 3 s later."""
     policy = hang.HangPolicy(timeout=3)
     w = hang.ProgressWatch(hang.compile_progress(r"^it \d+"), range(1), start=100.0)
@@ -765,7 +765,7 @@ def test_an_oom_killed_rank_is_explained_as_oom(tmp_path: Path) -> None:
 
 
 def test_a_hang_is_typed_and_its_record_keeps_meta_json_s_shape() -> None:
-    """decide/hang.Hang (issue 54 item 1): the watch keeps it typed; meta.json's hangs[]
+    """decide/outcome/hang.Hang (issue 54 item 1): the watch keeps it typed; meta.json's hangs[]
     and --json's run.hangs are its json(), key for key what the dict record was."""
     culprit = stacks.Culprit((3,), ("n2",), "time.sleep <- f() a.py:1", "not in the collective",
                              "script", "wavefront")

@@ -93,7 +93,7 @@ def test_hang_names_rank_and_node_folds_the_rest_and_stop_cleans(
 def test_the_ranks_that_have_not_reached_the_collective_are_named_not_the_few_that_wait(
         cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     """Ranks 0-3 (node1, node2) block in load_batch, ranks 4-5 (node3) wait in all_reduce:
-    the four are the culprits, the two waiting are victims (decide/stacks.py)."""
+    the four are the culprits, the two waiting are victims (decide/outcome/stacks.py)."""
     run_id = new_id("hang4")
     args = run_args(cluster, tmp_path, run_id, HANG, "--hang-timeout", "5", "--on-hang",
                     "stop", "--grace", "3", nproc=2,
@@ -211,7 +211,8 @@ def test_a_stopped_launcher_is_not_a_hang_and_a_real_one_still_is(
         cluster: tc.Cluster, tmp_path: Path, jobs) -> None:
     """dtrain itself is SIGSTOPped 7 s (past its --hang-timeout of 3) while rank 0 goes on
     printing its progress; SIGCONTed, it reads what came meanwhile: its own stop is not the
-    ranks' stall (decide/hang.py, counted as decide/liveness.py counts a node's silence).
+    ranks' stall (decide/outcome/hang.py, counted as decide/outcome/liveness.py counts a node's
+    silence).
     Then rank 0 really goes silent for 8 s: that is a hang, declared once."""
     run_id = new_id("launcher-stop-hang")
     args = run_args(cluster, tmp_path, run_id, PROGRESS, "--hang-timeout", "3",

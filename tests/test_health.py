@@ -1,9 +1,9 @@
 """The health gate's pure half: nvidia-smi fields, Xid lines and port counter growth ->
-findings tiered isolate / reset / monitor (decide/health.py)."""
+findings tiered isolate / reset / monitor (decide/fabric/health.py)."""
 
 from __future__ import annotations
 
-from launcher.decide import health as h
+from launcher.decide.fabric import health as h
 
 
 def test_gpu_fields_tiered():

@@ -1,11 +1,11 @@
-"""decide/health.py: what issue 51's mutation round (docs/testing.md, "Mutation score") found
+"""decide/fabric/health.py: what issue 51's mutation round (docs/testing.md, "Mutation score") found
 no test for: the kernel log's new lines as a multiset, ``nvidia-smi -q`` as older drivers
 print it (the bug it found: a Volta/Pascal GPU's volatile double-bit ECC errors were not
 counted), its sections by indent, and the gate's counts and lemon line."""
 
 from __future__ import annotations
 
-from launcher.decide import health as h
+from launcher.decide.fabric import health as h
 
 # nvidia-smi -q of a driver that refuses the remapped-rows query fields, on a GPU before
 # Ampere: the volatile double-bit errors are a section of their own, parts and a total

@@ -59,7 +59,7 @@ def test_doctor_tables_plain_and_rich():
     import io
 
     from launcher.commands.doctor.report import render_plain, render_rich
-    from launcher.decide.checks import FAIL, CheckResult
+    from launcher.decide.fabric.checks import FAIL, CheckResult
 
     rows = [CheckResult(f"node3{MOVE}", "gpu", FAIL, f"device {OSC52}{MOVE}")]
     for draw in (render_plain, lambda r, out: render_rich(r, "dtrain doctor", out)):
@@ -87,7 +87,7 @@ def test_smoke_table_and_verdict_line():
     import io
 
     from launcher.commands.smoke import SmokeRun, show
-    from launcher.decide.smoke import SmokeResults, SmokeVerdict
+    from launcher.decide.fabric.smoke import SmokeResults, SmokeVerdict
 
     res = SmokeResults(sweep=[{"size": 1024, "count": 256, "iters": 5, "time_us": 1.0,
                                "algbw": 1.0, "busbw": 1.0}], backend=f"gloo{OSC52}")

@@ -5,10 +5,10 @@ refused. The liar is tests/hostile.py's: its messages go through the real decode
 transport (the health gate). The hang culprit's rule: tests/test_no_cross_blame.py.
 
 Found and fixed here: `dtrain smoke`'s version check gave a tie to node 0's value, so in a
-2-node smoke a lying node 0 got the honest node named as the odd one (decide/smoke.py
+2-node smoke a lying node 0 got the honest node named as the odd one (decide/fabric/smoke.py
 ``_odd_ones``: a tie now names no node); a master (node 0) that says it listens and does
 not got every honest worker fenced by a restarting run (job/preflight.py, now
-decide/checks.py ``unreachable_fence``: nobody, when no worker reached it)."""
+decide/fabric/checks.py ``unreachable_fence``: nobody, when no worker reached it)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from launcher.decide import failures
-from launcher.decide.outcomes import Failure, JobOutcome
-from launcher.decide.restarts import (
+from launcher.decide.outcome import failures
+from launcher.decide.outcome.outcomes import Failure, JobOutcome
+from launcher.decide.outcome.restarts import (
     NODE,
     PROCESS,
     AttemptEnd,
@@ -34,7 +34,7 @@ from launcher.decide.restarts import (
     classify,
     decide,
 )
-from launcher.decide.verdict import TailKeeper, failure_reason, verdict
+from launcher.decide.outcome.verdict import TailKeeper, failure_reason, verdict
 from launcher.job import events
 from launcher.models import Host, OutputLine
 from tests.hostile import (
@@ -131,7 +131,7 @@ def test_a_health_answer_naming_another_node_isolates_only_the_one_that_sent_it(
     remap): the findings are nodeB's, nodeB goes on the lemon list, nodeA stays ok and
     keeps no Xid lines of nodeB's."""
     from launcher.commands.health import load_xids, remember
-    from launcher.decide import health as hd
+    from launcher.decide.fabric import health as hd
     from launcher.job.lemons import LemonStore
 
     monkeypatch.setenv("DTRAIN_STATE_DIR", str(tmp_path / "state"))
@@ -159,7 +159,7 @@ def test_a_node_reporting_a_fast_rate_gets_an_honest_node_a_straggler_line_only(
     ``stragglers``. That is all a flag is (the next test: nothing reads it to act)."""
     from launcher.commands import run_sampling
     from launcher.commands.run_sampling import RunSampling
-    from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+    from launcher.decide.outcome.stragglers import StragglerDetector, StragglerSettings
     from launcher.job.sampling import NodeSampler, SamplerParams
 
     said: list[str] = []
@@ -185,7 +185,7 @@ def test_a_node_reporting_a_fast_rate_gets_an_honest_node_a_straggler_line_only(
 # the modules that may read a straggler flag: they report it (the console line, meta.json,
 # top's column, the report page); none of them fences, refuses, restarts or records a node
 STRAGGLER_READERS = {
-    "launcher/decide/stragglers.py", "launcher/decide/runoptions.py",
+    "launcher/decide/outcome/stragglers.py", "launcher/decide/runplan/runoptions.py",
     "launcher/commands/run_sampling.py", "launcher/commands/launch/attempt.py",
     "launcher/commands/top/__init__.py", "launcher/commands/top/model.py",
     "launcher/commands/top/view.py", "launcher/commands/top/runwatch.py",
@@ -227,8 +227,9 @@ def test_nothing_acts_on_a_straggler_flag() -> None:
                for n in names):
             readers.add(str(path.relative_to(REPO)))
     assert readers <= STRAGGLER_READERS, sorted(readers - STRAGGLER_READERS)
-    deciders = ("decide/restarts.py", "decide/lemons.py", "decide/incidents.py",
-                "decide/verdict.py", "decide/health.py", "decide/stacks.py",
+    deciders = ("decide/outcome/restarts.py", "decide/outcome/lemons.py",
+    "decide/outcome/incidents.py",
+                "decide/outcome/verdict.py", "decide/fabric/health.py", "decide/outcome/stacks.py",
                 "job/orchestrate.py", "job/lemons.py", "job/incidents.py", "job/fabric.py",
                 "job/hangwatch.py", "commands/restarts.py", "commands/incidents.py",
                 "commands/health.py")
@@ -297,7 +298,7 @@ def test_an_honest_victim_of_a_lying_node_is_never_fenced(hostile: Cluster) -> N
     end = AttemptEnd(1, v.root_kind, v.root_host, v.root_rank, reason, progressed=True)
     assert _fenced(end) == [((), PROCESS)] * 3
     # its incident is a communication error: never counted against its machine
-    from launcher.decide import incidents as inc
+    from launcher.decide.outcome import incidents as inc
 
     found = inc.explained(reason=reason, stderr=(), code=1, root_kind="rank", host=A)
     assert found is not None and found[:2] == (A, "comm")
@@ -322,7 +323,7 @@ def test_a_flood_from_a_lying_node_cannot_push_out_an_honest_node_s_own_evidence
     """nodeB floods (ten thousand stderr lines of NCCL errors, Xids and tracebacks naming
     nodeA, on its own ranks and on nodeA's rank numbers): nodeA's rank 0 keeps its own
     last lines, and its failure is explained by them alone (a SyntaxError: the user's)."""
-    from launcher.decide.restarts import USER
+    from launcher.decide.outcome.restarts import USER
 
     liar = hostile.liar
     keeper = failures.ErrorKeeper()
@@ -348,8 +349,8 @@ def test_a_node_that_says_nothing_is_the_only_one_named(hostile: Cluster) -> Non
     wait in all_reduce by their own stacks and flight records, so no rank of nodeA is the
     culprit; nodeB's ranks are the missing ones. And its silence on the channel is its own
     loss: the launcher's clock of nodeA's bytes is nodeA's alone."""
-    from launcher.decide import flight, stacks
-    from launcher.decide.liveness import Silence
+    from launcher.decide.outcome import flight, stacks
+    from launcher.decide.outcome.liveness import Silence
     from tests.hostile import ALL_REDUCE, fr, rank_entry
 
     honest = hostile.honest
@@ -415,7 +416,7 @@ def test_preflight_version_checks_refuse_the_run_and_fence_nobody(hostile: Clust
     """doctor's and the run's torch check take the majority's version, a tie going to node
     0's (the master's; test_doctor.py): a lying node 0 in a 2-node run gets the honest
     node's row marked FAIL. The run is refused either way, and the refusal fences nobody."""
-    from launcher.decide.checks import FAIL, failure_message, fast_checks
+    from launcher.decide.fabric.checks import FAIL, failure_message, fast_checks
     from launcher.errors import PreflightFailed
     from tests.test_doctor import node
 
@@ -457,7 +458,7 @@ def test_an_incident_is_recorded_against_the_node_whose_own_rank_failed(
 # -- dtrain smoke: versions and pair speeds ----------------------------------------------------
 
 def _smoke(cluster: Cluster, lines: list[tuple[str, int, str]]) -> Any:
-    from launcher.decide.smoke import SmokeResults, evaluate
+    from launcher.decide.fabric.smoke import SmokeResults, evaluate
 
     layout = {r: h for h, rs in cluster.plan.items() for r in rs}
     res = SmokeResults(layout=layout, nodes=cluster.hosts)

@@ -18,7 +18,7 @@ SCRIPT = "import os, sys\nprint('CWD=' + os.getcwd(), flush=True)\n"
 
 
 def test_expand_home_is_the_probes_home():
-    from launcher.decide.plan import expand_home
+    from launcher.decide.runplan.plan import expand_home
 
     assert expand_home("~/venv/bin/python", "/home/u") == "/home/u/venv/bin/python"
     assert expand_home("~", "/home/u/") == "/home/u/"

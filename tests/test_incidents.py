@@ -1,6 +1,7 @@
 """Issue 53 items 2-4: the incident store (job/incidents.py: private, bounded, versioned,
 refusing another user's or a corrupt file with nothing lost), the policy's reading of it
-(decide/incidents.py ``recall``, decide/restarts.py ``decide``), and `dtrain incidents`
+(decide/outcome/incidents.py ``recall``, decide/outcome/restarts.py ``decide``), and `dtrain
+incidents`
 (its --json against launcher/output/schemas/incidents.schema.json)."""
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.commands.incidents import remember
-from launcher.decide import failures
-from launcher.decide import incidents as inc
-from launcher.decide.incidents import Incident
-from launcher.decide.restarts import NODE, USER, AttemptEnd, NodeCount, RestartPolicy, decide
+from launcher.decide.outcome import failures
+from launcher.decide.outcome import incidents as inc
+from launcher.decide.outcome.incidents import Incident
+from launcher.decide.outcome.restarts import (
+    NODE,
+    USER,
+    AttemptEnd,
+    NodeCount,
+    RestartPolicy,
+    decide,
+)
 from launcher.job.incidents import Corrupt, IncidentStore, StoreRefused, commit_of
 
 DAY = 86400.0
@@ -356,7 +364,7 @@ def test_the_lemon_list_and_the_store_share_one_opener_and_its_refusals(
     """A link, another user's file and a file others may write: statefile.read_state_file
     refuses each (Untrusted, why), the lemon list reads it as empty and leaves it, the
     incident store refuses it with the reason; both open the directory through it."""
-    from launcher.decide.lemons import Lemon
+    from launcher.decide.outcome.lemons import Lemon
     from launcher.job.lemons import LemonStore
     from launcher.job.statefile import Untrusted, open_state_dir, read_state_file
 

@@ -261,3 +261,57 @@ def test_node_programs_run_on_python_3_8() -> None:
                           "--no-tips", *paths],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+# decide/'s groups (issue 54 item 6): each module's imports of another group, with the reason;
+# a new one fails here until it is listed, so that the folders keep showing the architecture
+DECIDE_GROUPS = ("runplan", "outcome", "fabric", "copies")
+DECIDE_CROSSING = {
+    ("runplan.netenv", "fabric.rdma"): "the plan's NCCL variables take rdma's HCA and GID choice",
+    ("runplan.plan", "fabric.nccl_account"): "whether the plan asks NCCL for its own account",
+    ("runplan.plan", "outcome.flight"): "the plan names the flight recorder's dump files",
+    ("runplan.runoptions", "outcome.hang"): "the run options hold the hang policy",
+    ("runplan.runoptions", "outcome.restarts"): "the run options hold the restart policy",
+    ("runplan.runoptions", "outcome.stragglers"): "the run options hold the straggler settings",
+    ("outcome.restarts", "runplan.placement"): "a fenced node's spare is picked by placement",
+    ("outcome.verdict", "runplan.plan"): "the verdict reads the run's LaunchPlan",
+    ("fabric.checks", "runplan.facts"): "the doctor's checks read the nodes' facts",
+    ("fabric.checks", "outcome.startup"): "a node's clock offset, as the start-up split reads it",
+    ("fabric.fabric_checks", "runplan.facts"): "the fabric checks read the nodes' facts",
+    ("fabric.checks", "runplan.container"): "the doctor says which nodes lack the image",
+    ("fabric.checks", "runplan.netenv"): "the doctor checks the interface the plan would pick",
+    ("fabric.fabric_checks", "runplan.netenv"): "the fabric checks use the plan's interface",
+    ("fabric.linerate", "runplan.facts"): "the line rate from the probe's NIC facts",
+    ("fabric.rdma", "runplan.facts"): "the HCA choice reads the nodes' facts",
+    ("fabric.smoke", "runplan.facts"): "the smoke verdict reads the nodes' facts",
+}
+
+
+def decide_crossings() -> dict[tuple[str, str], int]:
+    """(group.module, group.module) -> line, for each import of another decide/ group."""
+    found: dict[tuple[str, str], int] = {}
+    for path in sorted((PKG / "decide").glob("*/*.py")):
+        group, mod = path.parent.name, path.stem
+        for name, line in imports(path):
+            parts = name.split(".")
+            if parts[:2] != ["launcher", "decide"] or len(parts) < 4 or parts[2] == group:
+                continue
+            found.setdefault((f"{group}.{mod}", f"{parts[2]}.{parts[3]}"), line)
+    return found
+
+
+def test_decide_is_grouped_and_its_groups_cross_only_where_listed() -> None:
+    loose = sorted(p.name for p in (PKG / "decide").glob("*.py") if p.name != "__init__.py")
+    assert loose == [], f"decide/ modules outside its groups {DECIDE_GROUPS}: {loose}"
+    groups = sorted(p.name for p in (PKG / "decide").iterdir()
+                    if p.is_dir() and p.name != "__pycache__")
+    assert groups == sorted(DECIDE_GROUPS)
+    found = decide_crossings()
+    unlisted = sorted(f"{a} imports {b} (line {n})" for (a, b), n in found.items()
+                      if (a, b) not in DECIDE_CROSSING)
+    assert unlisted == [], "a decide/ group imports another: list it in DECIDE_CROSSING " \
+        "with its reason, or move the code: " + "; ".join(unlisted)
+    stale = sorted(f"{a} -> {b}" for a, b in DECIDE_CROSSING if (a, b) not in found)
+    assert stale == [], "DECIDE_CROSSING entries no import needs any more: " + "; ".join(stale)
+    assert not any(b.startswith("copies.") or a.startswith("copies.")
+                   for a, b in DECIDE_CROSSING), "copies/ stands alone"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide import lemons as lm
+from launcher.decide.outcome import lemons as lm
 from launcher.job.lemons import LemonStore
 
 BAD_TIMES = [-1e300, -1.0, 0.0, 5.0, 946684799.0, 1e300, 1e12, math.nan, math.inf, -math.inf]

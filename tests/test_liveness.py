@@ -1,9 +1,15 @@
-"""decide/liveness.py: a node is lost when it went silent, not when the launcher was not
+"""decide/outcome/liveness.py: a node is lost when it went silent, not when the launcher was not
 running (pure; the cluster half is tests/test_failures.py's SIGSTOP tests)."""
 
 from __future__ import annotations
 
-from launcher.decide.liveness import LOST, RECONNECT, Silence, launcher_timeout, sampler_verdict
+from launcher.decide.outcome.liveness import (
+    LOST,
+    RECONNECT,
+    Silence,
+    launcher_timeout,
+    sampler_verdict,
+)
 
 
 def looks(silence: Silence, start: float, until: float, interval: float,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.decide import nccl_account as na
+from launcher.decide.fabric import nccl_account as na
 from launcher.nodeside import nodeevidence
 
 DATA = Path(__file__).parent / "data" / "nccl"

@@ -1,10 +1,10 @@
-"""decide/nccl_account.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
+"""decide/fabric/nccl_account.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
 found no test for (a first step; see there for what is left): each rank's account and the
 summary as the JSON documents carry them, key by key."""
 
 from __future__ import annotations
 
-from launcher.decide import nccl_account as na
+from launcher.decide.fabric import nccl_account as na
 from tests.test_nccl_account import lines
 
 

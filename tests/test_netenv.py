@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide import netenv
-from launcher.decide.facts import Addr, Gid, Iface, NodeFacts, RdmaPort, Route, SiteVar
-from launcher.decide.netenv import (
+from launcher.decide.runplan import netenv
+from launcher.decide.runplan.facts import Addr, Gid, Iface, NodeFacts, RdmaPort, Route, SiteVar
+from launcher.decide.runplan.netenv import (
     SOURCES,
     choose_master,
     decide_env,
@@ -780,7 +780,7 @@ def test_the_user_layer_orders_gpu_selection_then_hostfile_then_the_run_s_own() 
     """Lowest first: --include's CUDA_VISIBLE_DEVICES < the hostfile's env < --env (and
     what hosts/envfile merged under it); each value says where it came from. The online
     and the offline plan both take it from here."""
-    from launcher.decide.netenv import GPU_SELECTION, user_layer
+    from launcher.decide.runplan.netenv import GPU_SELECTION, user_layer
 
     user, sources = user_layer([0, 1], [("CUDA_VISIBLE_DEVICES", "3"), ("A", "h"), ("B", "h")],
                                "h.txt:2", {"A": "cli"}, {"A": "--env"})

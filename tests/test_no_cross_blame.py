@@ -1,7 +1,8 @@
 """What one node says may clear another node's ranks, never accuse them (issue 50, item 2).
 
 A node's ``stacks`` answer (faulthandler's text and the flight recorder's pickle of each of
-its ranks) is a claim about its own ranks only. The hang culprit (decide/stacks.py) is a rank
+its ranks) is a claim about its own ranks only. The hang culprit (decide/outcome/stacks.py) is a
+rank
 whose OWN report agrees: its own stack stands outside every collective and its own flight
 recorder does not show it inside one. A higher sequence number, an op or a stack reported by
 another node is no evidence against it; it may only clear it.
@@ -11,7 +12,7 @@ tests/hostile.py, the lying node of every such test), job/events.py's
 ``decode`` (the host's own ranks only, job/nodemsg.py), then what job/hangwatch.py's
 ``_collect`` does with each entry (``rank_stack``, ``load_dump``, ``rank_flight``) and
 ``fold``; the hang's record is the one HangWatch._hang writes, read by
-commands/restarts.attempt_end into decide/restarts.decide, attempt after attempt.
+commands/restarts.attempt_end into decide/outcome/restarts.decide, attempt after attempt.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from launcher.commands.restarts import attempt_end
-from launcher.decide import flight, stacks
-from launcher.decide.hang import HangPolicy, ProgressWatch, compile_progress
-from launcher.decide.outcomes import Failure
-from launcher.decide.restarts import Decision, Fault, NodeCount, RestartPolicy, decide
-from launcher.decide.verdict import Verdict
+from launcher.decide.outcome import flight, stacks
+from launcher.decide.outcome.hang import HangPolicy, ProgressWatch, compile_progress
+from launcher.decide.outcome.outcomes import Failure
+from launcher.decide.outcome.restarts import Decision, Fault, NodeCount, RestartPolicy, decide
+from launcher.decide.outcome.verdict import Verdict
 from launcher.exitcodes import EXIT_HANG
 from launcher.job import events, nodemsg
 from launcher.job.hangwatch import HangWatch, StackDump

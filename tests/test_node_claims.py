@@ -43,8 +43,8 @@ def test_json_from_a_node_has_no_nan_infinity_or_endless_nesting() -> None:
 
 
 def test_a_host_speaks_only_for_its_own_ranks_each_once() -> None:
-    from launcher.decide.outcomes import RankEnd
-    from launcher.decide.stacks import StackAnswer
+    from launcher.decide.outcome.outcomes import RankEnd
+    from launcher.decide.outcome.stacks import StackAnswer
     from launcher.job.events import Exit, Flight, Heartbeat, RankExit, Stacks, typed
 
     mine = {2, 3}
@@ -113,7 +113,7 @@ def test_the_session_hands_on_only_checked_messages_and_output() -> None:
         Liar.output(0, b"step 5\n"), Liar.output(3, b"step 4\n"),
         _ctl({"type": "exit", "code": 0, "t": "late", "ranks": {"1": {}}}),
     ])
-    from launcher.decide.stacks import StackAnswer
+    from launcher.decide.outcome.stacks import StackAnswer
     from launcher.job.events import Exit, RankStart, Stacks
 
     asyncio.run(s._frames())
@@ -134,7 +134,7 @@ def test_a_message_nested_too_deeply_is_the_node_s_error() -> None:
 # -- the hang watch stays up --------------------------------------------------------------------
 
 def _watch(tmp_path: Path, say: list[str]) -> Any:
-    from launcher.decide.hang import HangPolicy, ProgressWatch, compile_progress
+    from launcher.decide.outcome.hang import HangPolicy, ProgressWatch, compile_progress
     from launcher.job.hangwatch import HangWatch
     from launcher.output.rundir import RunDir
 
@@ -333,7 +333,7 @@ def test_a_node_sending_nan_or_huge_cpu_does_not_make_an_honest_node_a_straggler
     sampler): honest node1, as busy as ever, is not flagged against them."""
     from launcher.commands import run_sampling
     from launcher.commands.run_sampling import RunSampling
-    from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+    from launcher.decide.outcome.stragglers import StragglerDetector, StragglerSettings
     from launcher.job.sampling import NodeSampler, SamplerParams
 
     said: list[str] = []

@@ -6,9 +6,9 @@ Hand-made NodeFacts, no network. Each layer sets the same few keys over the one 
 
 from __future__ import annotations
 
-from launcher.decide.facts import SiteVar
-from launcher.decide.plan import RunRequest, build_plan
-from launcher.decide.runoptions import NodeChecks, RunOptions
+from launcher.decide.runplan.facts import SiteVar
+from launcher.decide.runplan.plan import RunRequest, build_plan
+from launcher.decide.runplan.runoptions import NodeChecks, RunOptions
 from launcher.models import Host
 from tests.test_netenv import MASTER_IP, iface, node, route
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide.outcomes import RankEnd
-from launcher.decide.stacks import StackAnswer
+from launcher.decide.outcome.outcomes import RankEnd
+from launcher.decide.outcome.stacks import StackAnswer
 from launcher.job import events
 from launcher.nodeside import nodemessages, wire
 
@@ -187,10 +187,11 @@ NODE_FIELDS = frozenset({
 SCANNED = ("launcher/decide", "launcher/commands")
 GET_OK = {  # module -> why its .get(...) of such a field reads something other than a node's
     #          control message (each entry must still have one: a fixed site's entry goes)
-    "launcher/decide/facts.py": "the probe's JSON, decoded here into NodeFacts (its decoder)",
-    "launcher/decide/health.py": "the health gate's readings (dcgmi's JSON), decoded here",
-    "launcher/decide/smoke.py": "the smoke job's result lines, decoded here (its decoder)",
-    "launcher/decide/goodput.py": "the archive's records (output.jsonl, meta.json)",
+    "launcher/decide/runplan/facts.py":
+        "the probe's JSON, decoded here into NodeFacts (its decoder)",
+    "launcher/decide/fabric/health.py": "the health gate's readings (dcgmi's JSON), decoded here",
+    "launcher/decide/fabric/smoke.py": "the smoke job's result lines, decoded here (its decoder)",
+    "launcher/decide/outcome/goodput.py": "the archive's records (output.jsonl, meta.json)",
     "launcher/commands/stacks.py": "the control socket's reply of this machine's launcher",
     "launcher/commands/top/model.py": "a sampler's sample, kept whole (events.Sample.data)",
     "launcher/commands/top/view.py": "a sampler's sample, kept whole (events.Sample.data)",

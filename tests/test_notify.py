@@ -148,7 +148,7 @@ def test_a_failed_attempt_names_its_fingerprint_and_how_often_it_was_seen(
     assert relaunched["incident"]["fingerprint"] == end["incident"]["fingerprint"] == fp
     # item 4: each record charged the seconds its attempt cost, from the run's goodput
     # ledger (the plain run's at once, the restarting run's attempts at its end)
-    from launcher.decide.incidents import COST_CAUSES
+    from launcher.decide.outcome.incidents import COST_CAUSES
     from launcher.job.incidents import IncidentStore
 
     records = IncidentStore(tmp_path / "state").load()

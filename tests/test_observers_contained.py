@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher.decide.outcomes import RankEnd
+from launcher.decide.outcome.outcomes import RankEnd
 from launcher.job.events import Hello, Observer, Observers, RankExit
 from launcher.models import Host, OutputLine
 from tests.util import need_root
@@ -117,7 +117,7 @@ def test_a_run_whose_observers_fail_ends_with_its_own_exit_code(
     need_root("a fake node's own hostname (a UTS namespace)")
     from launcher.cli import app
     from launcher.commands import launch
-    from launcher.decide import hang
+    from launcher.decide.outcome import hang
     from launcher.transports.fake import FakeTransport
 
     def status_line_bug(self: Any, host: Host, ev: Hello) -> None:

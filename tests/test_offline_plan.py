@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide.plan import RunRequest, offline_plan
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.runplan.plan import RunRequest, offline_plan
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.errors import UsageError
 from launcher.models import Host
 from tests.util import REPO, assert_exit, dial_watch

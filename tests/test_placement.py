@@ -1,10 +1,10 @@
-"""Placement (issue 36 item 4, decide/placement.py, pure): topology.conf parsed, rank order
+"""Placement (issue 36 item 4, decide/runplan/placement.py, pure): topology.conf parsed, rank order
 keeping switch/segment/NVLink-domain neighbours together with the reason, the spare from the
 fenced node's switch or segment."""
 
 from __future__ import annotations
 
-from launcher.decide import placement as pl
+from launcher.decide.runplan import placement as pl
 from launcher.models import Host
 
 TOPO = """
@@ -104,7 +104,7 @@ def test_topology_conf_orders_the_dry_run(tmp_path):
 
 
 def test_next_gang_takes_the_spare_from_the_fenced_nodes_switch():
-    from launcher.decide.restarts import NodeCount, next_gang
+    from launcher.decide.outcome.restarts import NodeCount, next_gang
 
     t = pl.parse_topology_conf(TOPO)
     count = NodeCount(2, 2)
@@ -118,7 +118,7 @@ def test_next_gang_takes_the_spare_from_the_fenced_nodes_switch():
 def test_host_places_merge_the_hostfile_over_topology_conf_by_host_name():
     """What run orders by and a restart picks spares by: labels as keys (topology.conf
     names hosts), the hostfile's switch= winning for node3, topology.conf for the rest."""
-    from launcher.decide.restarts import NodeCount, next_gang
+    from launcher.decide.outcome.restarts import NodeCount, next_gang
     from launcher.models import Host
 
     hosts = [Host("node1", port=2201), Host("node3", port=2203, switch="s0"),

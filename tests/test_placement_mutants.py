@@ -1,11 +1,11 @@
-"""decide/placement.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
+"""decide/runplan/placement.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
 found no test for: where topology.conf's places say they came from, the hostfile's
 ``segment=``, a fabric that gives no status or a UUID that is not hex, and the hostfile's and
 topology.conf's places kept once the probe named the NVLink domains."""
 
 from __future__ import annotations
 
-from launcher.decide import placement as pl
+from launcher.decide.runplan import placement as pl
 from launcher.models import Host
 from tests.test_placement import TOPO, UUID, _fab
 

@@ -1,4 +1,5 @@
-"""The launch plan (``decide/plan.py``), pure: node ranks, global ranks, each node's torchrun
+"""The launch plan (``decide/runplan/plan.py``), pure: node ranks, global ranks, each node's
+torchrun
 command, its environment with sources and reasons, and the plan's JSON, compared whole.
 
 Hand-made NodeFacts, no network. The plan is what `dtrain run` starts and what `--dry-run`
@@ -11,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.decide.devices import DeviceSelection
-from launcher.decide.facts import Gid, RdmaPort, SiteVar
-from launcher.decide.plan import (
+from launcher.decide.runplan.devices import DeviceSelection
+from launcher.decide.runplan.facts import Gid, RdmaPort, SiteVar
+from launcher.decide.runplan.plan import (
     OFFLINE_FACTS,
     LaunchPlan,
     NodePlan,
@@ -26,7 +27,7 @@ from launcher.decide.plan import (
     plan_json,
     plan_warnings,
 )
-from launcher.decide.runoptions import NodeChecks, RunOptions
+from launcher.decide.runplan.runoptions import NodeChecks, RunOptions
 from launcher.errors import PreflightFailed, UsageError
 from launcher.models import Host
 from launcher.nodeside.wire import SHIM_PLACEHOLDER

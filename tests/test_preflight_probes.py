@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.plan import RunRequest
-from launcher.decide.runoptions import Connection, NodeChecks, RunOptions
+from launcher.decide.runplan.plan import RunRequest
+from launcher.decide.runplan.runoptions import Connection, NodeChecks, RunOptions
 from launcher.job.preflight import preflight
 from launcher.models import Host
 from launcher.nodeside import wire
@@ -240,8 +240,8 @@ def test_a_permission_denied_names_the_nodes_and_their_user(
         monkeypatch: pytest.MonkeyPatch, which: str, message: str, hint: str) -> None:
     """The facts say the user may not enter the working directory (or read the script) on
     two nodes: refused with those nodes and that user, before anything starts."""
-    from launcher.decide import checks
-    from launcher.decide.facts import NodeFacts
+    from launcher.decide.fabric import checks
+    from launcher.decide.runplan.facts import NodeFacts
     from launcher.errors import PreflightFailed
     from launcher.job.probes import NodeProbes
 

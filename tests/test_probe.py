@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.facts import (
+from launcher.decide.runplan.facts import (
     Addr,
     Gid,
     Iface,
@@ -460,7 +460,8 @@ def test_packages_are_read_as_importlib_metadata_reads_them(tmp_path: Path) -> N
 
 
 # --------------------------------------------------------------------------- NodeFacts, whole
-# The launcher's side of the probe's answer (decide/facts.py): every field parsed from a full
+# The launcher's side of the probe's answer (decide/runplan/facts.py): every field parsed from a
+# full
 # answer, every malformed field left at its default, and the properties the decisions read.
 
 
@@ -765,7 +766,7 @@ def test_nccl_conf_skips_commented_out_settings() -> None:
 def test_a_node_s_infinity_in_its_facts_reads_as_absent() -> None:
     """JSON from a node may say Infinity (Python's json reads it): int() of it raised
     OverflowError, a traceback instead of a fact left out (found by the fuzz run)."""
-    from launcher.decide.facts import NodeFacts
+    from launcher.decide.runplan.facts import NodeFacts
 
     raw = json.loads('{"uid": Infinity, "shm_bytes": -Infinity, "limits": {"memlock": NaN},'
                      ' "gpus": {"count": Infinity}}')

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide.facts import Addr, Gid, Iface, NodeFacts, RdmaPort
-from launcher.decide.rdma import (
+from launcher.decide.fabric.rdma import (
     AF_INET6,
     GidChoice,
     GidPlan,
@@ -18,6 +17,7 @@ from launcher.decide.rdma import (
     roce_gid,
     select_hcas,
 )
+from launcher.decide.runplan.facts import Addr, Gid, Iface, NodeFacts, RdmaPort
 from launcher.nodeside import probenet
 
 TREE = Path(__file__).parent / "data" / "sysfs" / "roce-vlan" / "infiniband"

@@ -146,7 +146,7 @@ def test_ctrl_c_while_the_job_starts_is_recorded_as_interrupted(tmp_path) -> Non
     import pytest
 
     from launcher.commands.launch import held_run
-    from launcher.decide.runoptions import Reports, RunOptions
+    from launcher.decide.runplan.runoptions import Reports, RunOptions
 
     req, opts = SimpleNamespace(run_id="cc"), RunOptions(reports=Reports(archive_dir=tmp_path))
     with pytest.raises(asyncio.CancelledError), held_run(req, opts, None):  # type: ignore[arg-type]
@@ -162,7 +162,7 @@ def _torchrun_case(first: str, node_code: int, node_signal: int | None,
     by its node (stop_signal 15: the supervisor's teardown after torchrun's death, or
     torchrun passing its own SIGTERM on) and died of it; node b's rank was stopped by dtrain.
     ``first``: which failure the launcher learned of first (node or rank)."""
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
     from tests.test_failures import _node, _outcome, _verdict
 
     stopped = {"code": 143, "signal": 15, "t": 5.1, "duration": 5.0, "stop_signal": 15}
@@ -205,7 +205,7 @@ def test_a_sigtermed_torchrun_is_the_root_cause_with_the_signals_code() -> None:
 def test_a_rank_killed_from_outside_is_still_the_root_cause() -> None:
     """Not every SIGTERMed rank is a follower: one its shim got from outside (no
     stop_signal) stays the root cause, its node's torchrun failing after it."""
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
     from tests.test_failures import _node, _outcome, _verdict
 
     out = _outcome(nodes={"a": _node("a", 1, {"0": {"code": 143, "signal": 15, "t": 5.1,
@@ -230,7 +230,7 @@ async def test_a_supervisor_that_stopped_its_job_by_itself_is_the_root_cause_not
     followed: the verdict said "rank 1 on b exited 1". Now that node is the root cause, 143."""
     import asyncio
 
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
     from launcher.job.orchestrate import Job, Policy
     from launcher.models import Host
     from tests.test_failures import _node, _outcome, _verdict
@@ -267,8 +267,8 @@ async def test_a_torchrun_that_ended_first_is_the_root_cause_not_a_peers_abort()
     it only followed and the verdict said "rank 2 on b was killed by SIGABRT", 134."""
     import asyncio
 
-    from launcher.decide.outcomes import Failure
-    from launcher.decide.verdict import TailKeeper, summary_lines, verdict
+    from launcher.decide.outcome.outcomes import Failure
+    from launcher.decide.outcome.verdict import TailKeeper, summary_lines, verdict
     from launcher.job.orchestrate import Job, Policy
     from launcher.models import Host, OutputLine
     from tests.test_failures import _node, _outcome, _plan
@@ -306,7 +306,7 @@ def test_a_torchrun_stopped_after_its_ranks_ended_is_a_hang_on_that_node() -> No
     (exit 0) and torchrun could not: its supervisor saw it stopped 5 s and ended the job
     (stopped: AGENT_STOPPED_REASON). The verdict is a hang on node a (125), not "node a
     stopped its job by itself" with torchrun's exit code."""
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
     from launcher.nodeside.supervisor import AGENT_STOPPED_REASON
     from tests.test_failures import _node, _outcome, _verdict
 
@@ -326,7 +326,7 @@ def test_a_node_that_heard_nothing_from_dtrain_is_a_lost_node_not_torchruns_exit
     3 timeouts and stopped its job as orphaned; torchrun, SIGTERMed by it, exited 1. The
     verdict is a lost node (255, the class of a cut link), not "exit 1", which says a
     rank's own code to a CI pipeline."""
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
     from launcher.nodeside.supervisor import LAUNCHER_SILENT_REASON
     from tests.test_failures import _node, _outcome, _verdict
 

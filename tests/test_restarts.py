@@ -1,5 +1,5 @@
 """#28's pure policy: classification, fencing, spares and shrinking, back-off, the lemon
-list (decide/restarts.py, decide/lemons.py, output/lemons.py); no cluster."""
+list (decide/outcome/restarts.py, decide/outcome/lemons.py, output/lemons.py); no cluster."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide import lemons as lm
-from launcher.decide.failures import explain
-from launcher.decide.restarts import (
+from launcher.decide.outcome import lemons as lm
+from launcher.decide.outcome.failures import explain
+from launcher.decide.outcome.restarts import (
     FINAL,
     NODE,
     PROCESS,
@@ -69,7 +69,8 @@ def test_policy_splits_hosts_into_the_gang_and_spares() -> None:
 
 
 def test_every_run_s_first_gang_leaves_lemons_out_while_enough_hosts_remain() -> None:
-    """decide.restarts.choose_gang (every run, not only --restarts): a host on the lemon list
+    """decide.outcome.restarts.choose_gang (every run, not only --restarts): a host on the lemon
+    list
     is left out while --nnodes MIN still fits, used with a warning when it does not; MAX
     hosts run, the rest are spares, said in one line."""
     now = 1000.0
@@ -568,7 +569,7 @@ def test_a_recovered_run_is_no_failure_in_json_or_junit() -> None:
 
 
 def test_the_summary_of_a_retried_attempt_and_of_the_last() -> None:
-    from launcher.decide.verdict import restarts_text
+    from launcher.decide.outcome.verdict import restarts_text
 
     assert restarts_text(0) == "" and restarts_text(1) == " after 1 restart"
     assert restarts_text(3) == " after 3 restarts"
@@ -646,7 +647,7 @@ def test_nnodes_error_names_the_option_and_what_spares_are() -> None:
 
 
 def test_signature_words_whole() -> None:
-    from launcher.decide.failures import FailureReason
+    from launcher.decide.outcome.failures import FailureReason
     a = explain(rank=1, host="a", code=1, sig=None, stderr=TRACE)
     assert signature(a) == "exception: ValueError: bad batch 7 in main() train.py:31"
     crash = FailureReason("segfault", "s", "a", details={
@@ -661,8 +662,8 @@ def test_signature_words_whole() -> None:
 
 
 def test_the_exception_type_is_the_last_dotted_name_of_the_first_evidence_line() -> None:
-    from launcher.decide import restarts
-    from launcher.decide.failures import FailureReason
+    from launcher.decide.outcome import restarts
+    from launcher.decide.outcome.failures import FailureReason
     assert restarts._exception_type(FailureReason(
         "exception", "s", "a", evidence=("torch.cuda.OutOfMemoryError: CUDA out: of memory",
                                          "ValueError: x"))) == "OutOfMemoryError"
@@ -670,7 +671,7 @@ def test_the_exception_type_is_the_last_dotted_name_of_the_first_evidence_line()
 
 
 def test_argparse_errors_need_usage_and_the_error_line_last() -> None:
-    from launcher.decide import restarts
+    from launcher.decide.outcome import restarts
     ok = AttemptEnd(2, "rank", stderr=("usage: train.py [-h]", "  ", "       [--lr LR]",
                                        "train.py: error: unrecognized arguments: --x  "))
     assert restarts._argparse_error(ok) == "train.py: error: unrecognized arguments: --x"
@@ -699,7 +700,7 @@ def _fault(end: AttemptEnd, before: tuple[Fault, ...] = ()) -> tuple[object, ...
 
 
 def test_classify_every_branch_whole() -> None:
-    from launcher.decide.failures import FailureReason
+    from launcher.decide.outcome.failures import FailureReason
     assert _fault(AttemptEnd(0, None)) == (FINAL, "succeeded", (), None)
     assert _fault(AttemptEnd(130, "interrupted")) == (FINAL, "interrupted", (), None)
     assert _fault(AttemptEnd(124, "timeout")) == (FINAL, "--timeout reached", (), None)

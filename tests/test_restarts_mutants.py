@@ -1,15 +1,14 @@
-"""decide/restarts.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
+"""decide/outcome/restarts.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
 found no test for: a hang's signature on every path, the fields a fault keeps when its last
 usable nodes are not fenced, the spares chosen by place inside ``decide``, the suspect of a
 run that stops, and the plural of the console lines."""
 
 from __future__ import annotations
 
-from launcher.decide import lemons as lm
-from launcher.decide.failures import FailureReason
-from launcher.decide.incidents import Recall
-from launcher.decide.placement import Place
-from launcher.decide.restarts import (
+from launcher.decide.outcome import lemons as lm
+from launcher.decide.outcome.failures import FailureReason
+from launcher.decide.outcome.incidents import Recall
+from launcher.decide.outcome.restarts import (
     NODE,
     PROCESS,
     USER,
@@ -23,6 +22,7 @@ from launcher.decide.restarts import (
     remembered,
     signature,
 )
+from launcher.decide.runplan.placement import Place
 
 
 def _hang(where: str | None, host: str = "node2") -> AttemptEnd:

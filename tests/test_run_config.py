@@ -33,10 +33,10 @@ def test_nothing_is_read_the_inputs_are_given() -> None:
 
 
 def test_the_environments_layers_stack_in_order_with_their_sources() -> None:
-    """config [env] < .deepspeed_env < --env-file < --env (decide/netenv.user_env's order);
+    """config [env] < .deepspeed_env < --env-file < --env (decide/runplan/netenv.user_env's order);
     --env NAME takes its value from the launcher's environment as given (not this
     process's)."""
-    from launcher.decide.netenv import EnvLayer
+    from launcher.decide.runplan.netenv import EnvLayer
 
     a = RunArgs(script="t.py", env=["A=from-cli", "FROM_SHELL"])
     req, _, _ = run_config(a, _inputs(

@@ -56,7 +56,7 @@ def test_state_from_meta_and_lock(meta: dict, lock: dict | None, state: str, lab
 def test_lost_note_names_the_heartbeat_timeout() -> None:
     st = status_of(Path("/x/r1"), {"launcher": {"heartbeat_timeout": 3.0, "pid": 7}}, None)
     assert st.note is not None and "no heartbeat from the launcher for 3 s" in st.note
-    # the nodes wait 3 timeouts for the launcher (decide/liveness.launcher_timeout)
+    # the nodes wait 3 timeouts for the launcher (decide/outcome/liveness.launcher_timeout)
     st = status_of(Path("/x/r1"), {"launcher": {"heartbeat_timeout": 3.0,
                                                 "launcher_timeout": 9.0, "pid": 7}}, None)
     assert st.note is not None and "no heartbeat from the launcher for 9 s" in st.note

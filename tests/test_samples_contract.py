@@ -4,7 +4,7 @@ straggler's reason (a contract between #29's writer and #30's reader)."""
 
 from __future__ import annotations
 
-from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+from launcher.decide.outcome.stragglers import StragglerDetector, StragglerSettings
 from launcher.output.runreport.summary import _stragglers
 from launcher.output.runreport.usage import sample_values
 from tests.reports import validate_sample_record

@@ -104,8 +104,8 @@ def test_smoke_runs_the_hostfile_s_slots_on_a_cpu_node(tmp_path: Path) -> None:
 
 
 def test_a_node_s_rank_count_is_slots_else_the_command_s_default() -> None:
-    from launcher.decide.facts import NodeFacts
-    from launcher.decide.plan import nproc_for
+    from launcher.decide.runplan.facts import NodeFacts
+    from launcher.decide.runplan.plan import nproc_for
     from launcher.models import Host
 
     cpu = NodeFacts(gpus=0)

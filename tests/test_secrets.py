@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.decide.netenv import EnvVar, merge_env
+from launcher.decide.runplan.netenv import EnvVar, merge_env
 from launcher.errors import ConfigError, HostfileError, UsageError
 from launcher.hosts.envfile import (
     from_environment,
@@ -77,7 +77,7 @@ def test_the_plan_hides_a_secret_value_in_the_script_arguments():
     """plan.nodes[].command (meta.json, --dry-run text and JSON) redacts like the recorded
     command line: a word equal to a secret value, or ``--opt=VALUE``; torchrun's own words
     (counts, ports) are never rewritten, even when a secret happens to equal one."""
-    from launcher.decide.plan import LaunchPlan, NodePlan, plan_json
+    from launcher.decide.runplan.plan import LaunchPlan, NodePlan, plan_json
     from launcher.models import Host
     from launcher.nodeside.wire import SHIM_PLACEHOLDER
 

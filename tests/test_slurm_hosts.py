@@ -185,7 +185,7 @@ def test_the_allocations_topology_comes_from_scontrol(tmp_path, monkeypatch) -> 
     scontrol(f'[ "$1 $2" = "show topology" ] || exit 9\nprintf "%s" "{text}"')
     assert sl.show_topology(env) == text
     assert sl.show_topology({k: v for k, v in env.items() if k != "SLURM_JOB_ID"}) is None
-    from launcher.decide.placement import Place, parse_topology_conf
+    from launcher.decide.runplan.placement import Place, parse_topology_conf
 
     assert parse_topology_conf(text, "scontrol show topology")["node3"] == Place(
         "s0", "top", None, "scontrol show topology")

@@ -27,7 +27,7 @@ def test_a_syntax_error_is_placed_at_the_user_s_file_and_line(tmp_path: Path) ->
 
 
 def test_the_hang_line_names_the_newest_progress_line_not_a_throttled_older_one() -> None:
-    from launcher.decide.hang import ProgressWatch, compile_progress
+    from launcher.decide.outcome.hang import ProgressWatch, compile_progress
     from launcher.models import OutputLine
 
     w = ProgressWatch(compile_progress(None), range(2), 0.0)
@@ -78,7 +78,7 @@ def test_the_cpu_chart_s_y_ticks_differ_when_the_values_sit_near_100_percent() -
 def test_a_syntax_error_as_python_prints_it_is_the_exception_it_is() -> None:
     """No "Traceback" line: the place, the line, the caret, the error (what the rank shim
     now prints, as plain python does)."""
-    from launcher.decide.failures import python_exception
+    from launcher.decide.outcome.failures import python_exception
 
     lines = ['  File "/x/broken.py", line 2', "    def broken(:", "               ^",
              "SyntaxError: invalid syntax"]

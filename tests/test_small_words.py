@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher.commands.runs import _StatusLine
 from launcher.commands.smoke import render_table
-from launcher.decide.smoke import MARK, SmokeResults, evaluate
+from launcher.decide.fabric.smoke import MARK, SmokeResults, evaluate
 from tests.report_archives import T0, write_archive
 from tests.util import REPO, dtrain
 

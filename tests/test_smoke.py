@@ -9,8 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.decide.facts import NodeFacts
-from launcher.decide.smoke import (
+from launcher.decide.fabric.smoke import (
     MARK,
     RankReport,
     SmokeResults,
@@ -22,6 +21,7 @@ from launcher.decide.smoke import (
     parse_size,
     slow_failures,
 )
+from launcher.decide.runplan.facts import NodeFacts
 from launcher.errors import UsageError
 from launcher.output.junit import ExtraCase, to_junit
 from launcher.output.report import FAILED, PASSED, CommandReport, NodeResult, RankResult, to_json
@@ -305,7 +305,7 @@ def test_an_exchange_that_times_out_is_reported_and_ends_the_job(monkeypatch, ca
            "pair_timeout": 7.0}
     with pytest.raises(Ended) as ended:
         job.pair_test(Torch(), Dist(), type("D", (), {"type": "cpu"})(), facts, 2, cfg)
-    from launcher.decide.smoke import PAIR_FAILED_EXIT
+    from launcher.decide.fabric.smoke import PAIR_FAILED_EXIT
 
     assert ended.value.args == (job.PAIR_FAILED_EXIT,) == (PAIR_FAILED_EXIT,)
     assert [w.total_seconds() for w in waits] == [7.0]  # type: ignore[attr-defined]
@@ -317,7 +317,7 @@ def test_an_exchange_that_times_out_is_reported_and_ends_the_job(monkeypatch, ca
 
 
 def test_a_failed_pair_names_its_link_or_the_node_in_every_failed_pair():
-    from launcher.decide.smoke import PAIR_FAILED_EXIT
+    from launcher.decide.fabric.smoke import PAIR_FAILED_EXIT
 
     def failed(pairs: list[tuple[int, int]], views: dict[int, list[dict[str, object]]]
                | None = None) -> SmokeResults:
@@ -559,7 +559,7 @@ def test_a_forged_report_that_comes_first_takes_no_rank_s_place():
 def test_a_tie_names_no_node_and_the_majority_wins_otherwise():
     """Issue 50: a tie at the top has no majority; node 0's value winning it let node 0's
     word name the other node (tests/test_hostile_rules.py)."""
-    from launcher.decide.smoke import _odd_ones
+    from launcher.decide.fabric.smoke import _odd_ones
 
     assert _odd_ones({"a": "x", "b": "y"}, ["b", "a"]) is None
     assert _odd_ones({"a": "x", "b": "x", "c": "y", "d": "y"}, ["a", "b", "c", "d"]) is None

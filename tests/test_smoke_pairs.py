@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.decide import smoke as sm
-from launcher.decide.facts import Iface, NodeFacts, RdmaPort
-from launcher.decide.linerate import LineRate, below_line, fabric_rate, node_rate
+from launcher.decide.fabric import smoke as sm
+from launcher.decide.fabric.linerate import LineRate, below_line, fabric_rate, node_rate
+from launcher.decide.runplan.facts import Iface, NodeFacts, RdmaPort
 from launcher.nodeside import smoke_job
 
 

@@ -1,4 +1,5 @@
-"""Where start-up goes (decide/startup.py, docs/goodput.md): the ledger's ``startup`` split per
+"""Where start-up goes (decide/outcome/startup.py, docs/goodput.md): the ledger's ``startup`` split
+per
 attempt and node into connect_probe, agent_start, rendezvous, rank_start and script, whose
 sum is ``startup``; and the node side that reports the instants (the agent's line, the rank's
 arm, the supervisor's rank_start and rank_exit), run here through the real bootstrap."""
@@ -16,9 +17,9 @@ from typing import Any
 import pytest
 
 from launcher.commands.startup import StartupClock
-from launcher.decide import startup
-from launcher.decide.goodput import ledger_of
-from launcher.decide.outcomes import RankEnd
+from launcher.decide.outcome import startup
+from launcher.decide.outcome.goodput import ledger_of
+from launcher.decide.outcome.outcomes import RankEnd
 from launcher.job.events import Hello, RankExit, RankStart, decode
 from launcher.models import Host
 from launcher.nodeside import rankshim

@@ -8,7 +8,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any
 
-from launcher.decide.outcomes import RankEnd
+from launcher.decide.outcome.outcomes import RankEnd
 from launcher.job.orchestrate import Job, Policy
 from tests.test_failures import _node, _outcome
 
@@ -105,7 +105,7 @@ def test_a_rank_that_exits_143_after_the_stop_is_stopped_by_dtrain() -> None:
     out = _outcome(nodes={"a": _node("a", 137, ranks, stopped="stop requested")},
                    interrupted=2, interrupted_t=1.0, stopped_by="`dtrain stop` (pid 9)",
                    stop_reason="stop requested", stop_t=1.0)
-    from launcher.decide.verdict import TailKeeper, node_results, summary_lines, verdict
+    from launcher.decide.outcome.verdict import TailKeeper, node_results, summary_lines, verdict
 
     v = verdict(out, _plan3(), TailKeeper())
     lines = summary_lines(out, _plan3(), v)
@@ -135,7 +135,7 @@ def test_the_summary_of_many_nodes_is_folded_and_the_odd_node_comes_first() -> N
         nodes[name] = _node(name, 0, ranks)
     nodes["gpu05"] = _node("gpu05", 0, {"8": {"code": 0, "signal": None, "t": 5.0,
                                               "duration": 3.0}})  # rank 9 never reported
-    from launcher.decide.verdict import TailKeeper, summary_lines, verdict
+    from launcher.decide.outcome.verdict import TailKeeper, summary_lines, verdict
 
     plan = _plan(*names, ranks=2)
     out = _outcome(nodes=nodes)
@@ -151,7 +151,7 @@ def test_the_summary_of_many_nodes_is_folded_and_the_odd_node_comes_first() -> N
 def _held_job(hold: float = 2.0) -> tuple[Job, _Router, _TaskGroup]:
     """A job with two running nodes whose victims are the aborted ranks, or those whose tail
     says a peer went away (as commands/launch.py wires ErrorKeeper.victim)."""
-    from launcher.decide.failures import looks_like_victim
+    from launcher.decide.outcome.failures import looks_like_victim
 
     router = _Router()
     tails = {("b", 2): ["[rank2]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection "
@@ -198,7 +198,7 @@ def test_a_failure_of_its_own_stops_at_once() -> None:
 
 
 def test_a_lost_node_ends_the_hold_at_once() -> None:
-    from launcher.decide.outcomes import Failure
+    from launcher.decide.outcome.outcomes import Failure
 
     job, _, tg = _held_job()
     _exit(job, tg, "a", 0, 134, signal.SIGABRT)

@@ -1,10 +1,10 @@
-"""The straggler rule (decide/stragglers.py): pure, fed with hand-made CPU series."""
+"""The straggler rule (decide/outcome/stragglers.py): pure, fed with hand-made CPU series."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+from launcher.decide.outcome.stragglers import StragglerDetector, StragglerSettings
 
 S = StragglerSettings(window=10.0, hold=10.0, ratio=2.0, min_gap=0.1)
 LAYOUT = {"node1": (0, 1), "node2": (2, 3), "node3": (4, 5), "node4": (6, 7)}
@@ -120,7 +120,7 @@ def test_a_flag_whole_its_times_json_and_line() -> None:
 
 
 def test_the_line_for_one_rank_and_an_idle_rest() -> None:
-    from launcher.decide.stragglers import Straggler
+    from launcher.decide.outcome.stragglers import Straggler
     one = Straggler("n2", (3,), 1.23456, 0.0, 100.0, 130.4, 30.0, 30.0, 2.0, cleared=140.12345)
     assert one.line() == ("straggler: n2 (rank 3) is rarely waiting: busy 1.23 CPU-s/s against "
                           "0.00 on the other nodes (x1234.6) for 30 s; every rank steps at its "

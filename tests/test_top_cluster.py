@@ -280,7 +280,7 @@ def test_a_node_that_drops_shows_as_lost_and_the_view_goes_on(six):
 def test_a_stopped_top_finds_no_node_lost_when_it_resumes(cluster):
     """`dtrain top` itself is SIGSTOPped 20 s (past its lost 5 s and reconnect 15 s; under
     the nodes' 30 s wait for it) while the nodes go on sampling: SIGCONTed, no node is shown
-    lost or reconnected, its own stop is not their silence (decide/liveness.py)."""
+    lost or reconnected, its own stop is not their silence (decide/outcome/liveness.py)."""
     from tests.test_failures import Dtrain
 
     job = Dtrain(cluster, ["top", "-H", "node[1-2]", "--count", "36", "--interval", "0.5",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher.commands.top.model import TopState
 from launcher.commands.top.runwatch import RunWatch, Tail, plan_iface
-from launcher.decide.steprate import PROGRESS, StepRate
+from launcher.decide.outcome.steprate import PROGRESS, StepRate
 from tests.reports import validate_top
 
 

@@ -1,4 +1,4 @@
-"""decide/verdict.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
+"""decide/outcome/verdict.py: what issue 51's mutation round (docs/testing.md, "Mutation score")
 found no unit test for: what the verdict says for each kind of failure (its exit code,
 its words, the host and rank it blames, its kind), the summary a user reads, meta.json's
 ``root_cause`` and ``nodes`` key by key, and the failure reason of the root-cause rank.
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome, RankEnd
-from launcher.decide.verdict import (
+from launcher.decide.outcome.outcomes import Failure, JobOutcome, NodeOutcome, RankEnd
+from launcher.decide.outcome.verdict import (
     TailKeeper,
     failure_lines,
     failure_reason,
@@ -561,7 +561,7 @@ def test_each_ranks_role() -> None:
 
 
 def test_the_failure_reason_of_the_root_cause_rank() -> None:
-    from launcher.decide.failures import ErrorKeeper
+    from launcher.decide.outcome.failures import ErrorKeeper
 
     oom = "Out of memory: Killed process 4242 (python) anon-rss:8388608kB"
     keeper = ErrorKeeper()
@@ -617,7 +617,7 @@ def test_the_failure_reason_of_the_root_cause_rank() -> None:
 
 
 def test_failure_lines_keep_8_lines_of_evidence() -> None:
-    from launcher.decide.failures import FailureReason
+    from launcher.decide.outcome.failures import FailureReason
 
     reason = FailureReason("exit", "s", "do this", evidence=tuple(f"e{i}" for i in range(10)))
     assert failure_lines(reason) == ["why: s", *(f"  e{i}" for i in range(8)), "next: do this"]

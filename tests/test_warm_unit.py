@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from launcher.decide.filters import preload_modules
+from launcher.decide.copies.filters import preload_modules
 from launcher.errors import UsageError
 from launcher.nodeside import warm
 

@@ -81,7 +81,7 @@ GONE_ON_PURPOSE = {
     "commands/reporting.py": "the Names section: what it was before issue 23",
     "output/cpview.py": "the Names section: what it was before issue 23",
     "output/runs.py": "the Names section: what it was before issue 23",
-    "decide/plan.merge_env": "the Names section: 'is gone (one merge_env)'",
+    "decide/runplan/plan.merge_env": "the Names section: 'is gone (one merge_env)'",
     "job/transports/decide": "prose: the three rooms prepare wires, not a module",
 }
 

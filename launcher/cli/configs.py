@@ -63,9 +63,9 @@ def smoke_config(a: SmokeArgs, environ: Mapping[str, str]) -> tuple[Any, Any, An
 
     from launcher.cli import groups
     from launcher.commands.smoke import SmokeRequest
-    from launcher.decide.filters import check_choice
-    from launcher.decide.runoptions import Connection, Display, Limits, Reports, RunOptions
-    from launcher.decide.smoke import parse_size
+    from launcher.decide.copies.filters import check_choice
+    from launcher.decide.fabric.smoke import parse_size
+    from launcher.decide.runplan.runoptions import Connection, Display, Limits, Reports, RunOptions
     from launcher.hosts.envfile import parse_env_args
 
     groups.node(a.python)
@@ -115,7 +115,7 @@ def cp_config(a: CpArgs) -> tuple[Any, Any]:
     ``CopyRequest`` and SSH settings."""
     from launcher.cli import groups
     from launcher.commands.cp import CopyRequest
-    from launcher.decide.broadcast import parse_size
+    from launcher.decide.copies.broadcast import parse_size
     from launcher.errors import UsageError
 
     groups.node(a.python)
@@ -218,7 +218,7 @@ def top_config(a: TopArgs) -> tuple[Any, Any]:
     from launcher.cli import groups
     from launcher.commands.top import TopRequest
     from launcher.commands.top.view import SORT_KEYS, ViewOptions
-    from launcher.decide.stragglers import StragglerSettings
+    from launcher.decide.outcome.stragglers import StragglerSettings
     from launcher.errors import UsageError
 
     groups.node(a.python)
@@ -230,7 +230,7 @@ def top_config(a: TopArgs) -> tuple[Any, Any]:
         raise UsageError(f"--sort {a.sort!r}: not a column",
                          hint=f"one of {', '.join(SORT_KEYS)}")
     if a.progress is not None:
-        from launcher.decide.hang import compile_progress
+        from launcher.decide.outcome.hang import compile_progress
 
         compile_progress(a.progress)  # a bad pattern: exit 2 before anything connects
     settings = a.settings()
@@ -265,7 +265,7 @@ def push_config(a: PushArgs) -> tuple[Any, Any]:
     settings."""
     from launcher.cli import groups
     from launcher.commands.image import PushRequest
-    from launcher.decide.container import ContainerRequest
+    from launcher.decide.runplan.container import ContainerRequest
     from launcher.errors import UsageError
 
     groups.node(a.python)

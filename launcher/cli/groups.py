@@ -288,7 +288,7 @@ def container(image: str | None, runtime: str | None, mounts: list[str] | None,
             raise UsageError("--container-runtime, --mount and --container-arg go with "
                              "--image", hint="add --image IMAGE")
         return None
-    from launcher.decide.container import ContainerRequest, parse_mount
+    from launcher.decide.runplan.container import ContainerRequest, parse_mount
 
     return ContainerRequest(image=image, runtime=runtime,
                             mounts=tuple(parse_mount(m) for m in mounts or ()),
@@ -373,7 +373,7 @@ def rank_filter(rank: list[str] | None, option: str = "--rank") -> frozenset[int
     """--rank 0-3,7 (repeatable) as a set (None: no filter); bad input is exit 2."""
     if not rank:
         return None
-    from launcher.decide.filters import parse_ranks
+    from launcher.decide.copies.filters import parse_ranks
 
     return parse_ranks(",".join(rank), option)
 
@@ -383,7 +383,7 @@ def host_filter(host: list[str] | None, labels: Any) -> frozenset[str] | None:
     a name that is not one of them is exit 2, naming the known ones."""
     if not host:
         return None
-    from launcher.decide.filters import select_hosts
+    from launcher.decide.copies.filters import select_hosts
 
     return select_hosts(",".join(host), list(labels))
 

@@ -47,7 +47,7 @@ from launcher.cli.watching import (
     StragglerWindowOpt,
 )
 
-# decide/hang.DEFAULT_HANG_TIMEOUT, spelled here: every command's start would import the
+# decide/outcome/hang.DEFAULT_HANG_TIMEOUT, spelled here: every command's start would import the
 # hang decisions for this default (tests/test_cmd_configs.py checks they agree)
 DEFAULT_HANG_TIMEOUT = 300.0
 JsonOpt = Annotated[bool, groups.json_opt(

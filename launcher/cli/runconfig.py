@@ -10,7 +10,7 @@ On the model of torch's ``run.py`` ``config_from_args``, in two halves:
   where each setting came from (the config or the command line).
 * ``run_config(args, inputs)``: pure. Every check of the options (exit 2 naming the option,
   before anything connects) and the ``RunRequest``, ``RunOptions`` and SSH settings. The
-  environment's layers are passed to ``decide/netenv.user_env``, which alone orders them
+  environment's layers are passed to ``decide/runplan/netenv.user_env``, which alone orders them
   (config ``[env]`` < ``.deepspeed_env`` < ``--env-file`` < ``--env``).
 
 ``cli/run.py`` ``run_cmd`` is then: read, decide, run (or detach).
@@ -31,9 +31,9 @@ from launcher.models import Host
 WARM_DEFAULT = True
 
 if TYPE_CHECKING:  # the plan is imported only by run_config, when it runs
-    from launcher.decide.netenv import EnvLayer
-    from launcher.decide.plan import RunRequest
-    from launcher.decide.runoptions import RunOptions
+    from launcher.decide.runplan.netenv import EnvLayer
+    from launcher.decide.runplan.plan import RunRequest
+    from launcher.decide.runplan.runoptions import RunOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,16 +103,16 @@ class RunInputs:
 
     hosts: tuple[Host, ...]
     # the hostfile's hosts before --include/--exclude, when either has a ':' (HOST:PORT
-    # of a host is that host, not DeepSpeed's GPUs: decide/devices.split_spec)
+    # of a host is that host, not DeepSpeed's GPUs: decide/runplan/devices.split_spec)
     spelled_hosts: tuple[Host, ...] = ()
     # the user config's [env], .deepspeed_env and --env-file as read (None: none); their
-    # order is decide/netenv.user_env's
+    # order is decide/runplan/netenv.user_env's
     config_env: EnvLayer | None = None
     deepspeed_env: EnvLayer | None = None
     env_file: EnvLayer | None = None
     environ: Mapping[str, str] = field(default_factory=dict)  # the launcher's environment
     argv: tuple[str, ...] = ()  # the command line as typed, after `dtrain`
-    profile_env: Any = None  # --profile's settings (decide/netenv.load_profile)
+    profile_env: Any = None  # --profile's settings (decide/runplan/netenv.load_profile)
     topology: str | None = None  # --topology FILE's text
     default_workdir: str | None = None  # the current directory
     setting_sources: Mapping[str, str] = field(default_factory=dict)  # config or command line
@@ -127,8 +127,8 @@ def read_run_inputs(a: RunArgs) -> RunInputs:
     from launcher.cli import groups
     from launcher.cli.defaults import config_env, sources
     from launcher.commands.run import default_workdir
-    from launcher.decide.devices import selection
-    from launcher.decide.netenv import EnvLayer
+    from launcher.decide.runplan.devices import selection
+    from launcher.decide.runplan.netenv import EnvLayer
     from launcher.hosts.envfile import load_env_file
 
     every: list[Host] = []
@@ -143,7 +143,7 @@ def read_run_inputs(a: RunArgs) -> RunInputs:
     from_file = load_env_file(a.env_file) if a.env_file else []
     profile_env = None
     if a.profile:
-        from launcher.decide.netenv import load_profile
+        from launcher.decide.runplan.netenv import load_profile
 
         profile_env = load_profile(a.profile)
     return RunInputs(hosts=tuple(host_list), spelled_hosts=tuple(every),
@@ -174,10 +174,10 @@ def check_run_args(a: RunArgs) -> None:
     """The checks that need nothing read (pure; ``run_config`` makes them too): run_cmd
     makes them first, so a bad option is named before a hostfile is even opened."""
     from launcher.cli import groups
-    from launcher.decide.filters import check_choice, preload_modules
-    from launcher.decide.hang import ON_HANG, compile_progress
-    from launcher.decide.nccl_account import REQUIRE
-    from launcher.decide.restarts import parse_nnodes
+    from launcher.decide.copies.filters import check_choice, preload_modules
+    from launcher.decide.fabric.nccl_account import REQUIRE
+    from launcher.decide.outcome.hang import ON_HANG, compile_progress
+    from launcher.decide.outcome.restarts import parse_nnodes
     from launcher.errors import UsageError
 
     groups.node(a.python, a.workdir)
@@ -191,7 +191,7 @@ def check_run_args(a: RunArgs) -> None:
     compile_progress(a.progress)  # a bad pattern: exit 2 before anything connects
     preload_modules(a.preload, a.no_preload, WARM_DEFAULT)
     if a.checkpoint is not None:
-        from launcher.decide.goodput import compile_checkpoint
+        from launcher.decide.outcome.goodput import compile_checkpoint
 
         compile_checkpoint(a.checkpoint)
 
@@ -201,13 +201,14 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
     check is exit 2 naming its option; nothing is read)."""
     from launcher.cli import groups
     from launcher.cli.defaults import setting_sources_from
-    from launcher.decide.devices import selection
-    from launcher.decide.filters import preload_modules
-    from launcher.decide.hang import HangPolicy
-    from launcher.decide.netenv import EnvLayer, user_env
-    from launcher.decide.plan import RunRequest
-    from launcher.decide.restarts import RestartPolicy, parse_nnodes
-    from launcher.decide.runoptions import (
+    from launcher.decide.copies.filters import preload_modules
+    from launcher.decide.outcome.hang import HangPolicy
+    from launcher.decide.outcome.restarts import RestartPolicy, parse_nnodes
+    from launcher.decide.outcome.stragglers import StragglerSettings
+    from launcher.decide.runplan.devices import selection
+    from launcher.decide.runplan.netenv import EnvLayer, user_env
+    from launcher.decide.runplan.plan import RunRequest
+    from launcher.decide.runplan.runoptions import (
         Connection,
         Display,
         Limits,
@@ -216,7 +217,6 @@ def run_config(a: RunArgs, i: RunInputs) -> tuple[RunRequest, RunOptions, Any]:
         RunOptions,
         Watching,
     )
-    from launcher.decide.stragglers import StragglerSettings
     from launcher.hosts.envfile import from_environment, parse_env_args
     from launcher.text.redact import redact_command
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher import defaults
-from launcher.decide.outcomes import JobOutcome
+from launcher.decide.outcome.outcomes import JobOutcome
 from launcher.exitcodes import EXIT_TIMEOUT, EXIT_UNREACHABLE, exit_for_signal
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.node import JobSpec
@@ -25,7 +25,7 @@ from launcher.transports import AutoTransport
 from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:  # --image only: exec without it does not import the container decisions
-    from launcher.decide.container import ContainerRequest
+    from launcher.decide.runplan.container import ContainerRequest
     from launcher.output.report import CommandReport
 
 EXEC_GRACE = 2.0
@@ -151,7 +151,12 @@ async def container_specs(hosts: Sequence[Host], req: ExecRequest, spec: JobSpec
     (exec's directory)."""
     import dataclasses
 
-    from launcher.decide.container import NodeContainerFacts, command_for, for_host, image_problems
+    from launcher.decide.runplan.container import (
+        NodeContainerFacts,
+        command_for,
+        for_host,
+        image_problems,
+    )
     from launcher.errors import PreflightFailed
     from launcher.job.containers import probe_containers
     from launcher.output.archive import new_run_id

@@ -1,4 +1,5 @@
-"""The goodput ledger of an archived run: the I/O around ``decide.goodput`` (docs/goodput.md).
+"""The goodput ledger of an archived run: the I/O around ``decide.outcome.goodput``
+(docs/goodput.md).
 
 ``archive_ledger`` streams a run's output.jsonl (the archive readers' checks: this user's
 regular file, each record capped) into the pure ledger; ``record`` stores the ledger in
@@ -14,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.decide.goodput import GoodputLedger, ledger_of
+from launcher.decide.outcome.goodput import GoodputLedger, ledger_of
 from launcher.output.archive import open_output
 
 if TYPE_CHECKING:

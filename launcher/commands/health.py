@@ -1,9 +1,9 @@
 """The health gate's I/O: `dtrain doctor --health` and `dtrain run --health-check`.
 
 Every node runs the collector (nodeside/health.py, shipped as the probe is); the findings and
-tiers are decide/health.py's. Isolate-tier nodes go on the lemon list (job/lemons.py) as
+tiers are decide/fabric/health.py's. Isolate-tier nodes go on the lemon list (job/lemons.py) as
 ``isolate`` records (reason: the findings), so the next run leaves them out while it has
-hosts to spare (decide/lemons.py). docs/fabric.md has the checks and thresholds.
+hosts to spare (decide/outcome/lemons.py). docs/fabric.md has the checks and thresholds.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import defaults
 from launcher.aio import CLOSE_S, cleanup
-from launcher.decide import health as hd
+from launcher.decide.fabric import health as hd
 from launcher.errors import DtrainError
 from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.models import Host
 
 if TYPE_CHECKING:
-    from launcher.decide.runoptions import RunOptions
+    from launcher.decide.runplan.runoptions import RunOptions
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ async def gather(hosts: Sequence[Host], opts: HealthOptions, settings: Any
 def remember(found: Mapping[str, Sequence[hd.Finding]], run_id: str,
              store: Any = None) -> list[str]:
     """Put every isolate-tier node on the lemon list (an isolate record); the hosts."""
-    from launcher.decide.lemons import DEFAULT_TTL_S, ISOLATE, Lemon
+    from launcher.decide.outcome.lemons import DEFAULT_TTL_S, ISOLATE, Lemon
     from launcher.job.lemons import LemonStore
 
     now = time.time()
@@ -231,7 +231,7 @@ async def gate(hosts: Sequence[Host], req: Any, opts: RunOptions, settings: Any)
     """`run --health-check`: the gate before the job. Isolate-tier nodes go on the lemon
     list (the run's id), so choose_gang leaves them out while --nnodes spares hosts; when it
     cannot, the run is refused (PreflightFailed) naming each node and why."""
-    from launcher.decide.lemons import current
+    from launcher.decide.outcome.lemons import current
     from launcher.errors import PreflightFailed
     from launcher.hosts.hostfile import fold
     from launcher.job.lemons import LemonStore

@@ -6,9 +6,9 @@ it (or has another digest), saved once and sent over cp's broadcast chain (docs/
 2. ``RUNTIME save`` once here into a private temporary directory;
 3. which of those nodes share the directory the archive lands in (``~/.cache/dtrain/images``
    or ``--via``: an NFS home, a parallel filesystem): one exclusive marker file per directory
-   (``decide/container.share_groups``), so that one copy serves every node that shares it;
+   (``decide/runplan/container.share_groups``), so that one copy serves every node that shares it;
 4. ``dtrain cp`` of that archive to one node of each such group: one read, forwarded node to
-   node along a chain (``decide/broadcast.py``) from 3 nodes on;
+   node along a chain (``decide/copies/broadcast.py``) from 3 nodes on;
 5. ``RUNTIME load`` on every node that needs it, the id checked against this machine's, then
    the archive and the marker removed (after every node loaded it).
 """
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from launcher import defaults
-from launcher.decide.container import ContainerRequest, share_groups, share_marker, short_id
+from launcher.decide.runplan.container import ContainerRequest, share_groups, share_marker, short_id
 from launcher.errors import DtrainError, PreflightFailed, UsageError
 from launcher.hosts.hostfile import fold
 from launcher.models import Host

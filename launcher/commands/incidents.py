@@ -1,6 +1,6 @@
 """Incidents remembered across runs (issue 53, docs/incidents.md): each failed attempt's
 explained failure recorded in the store (job/incidents.py) with what the policy reads of it
-(decide/incidents.py ``recall``), and `dtrain incidents`: the fingerprints with their
+(decide/outcome/incidents.py ``recall``), and `dtrain incidents`: the fingerprints with their
 counts, nodes, runs and commits, one fingerprint's runs, ``--json`` (dtrain.incidents/1)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from launcher.decide import incidents as inc
-from launcher.decide.incidents import Incident, Recall
-from launcher.decide.restarts import FINAL, AttemptEnd, classify
+from launcher.decide.outcome import incidents as inc
+from launcher.decide.outcome.incidents import Incident, Recall
+from launcher.decide.outcome.restarts import FINAL, AttemptEnd, classify
 from launcher.errors import UsageError
 from launcher.job.incidents import IncidentStore, StoreRefused, commit_of
 from launcher.text.termsafe import inert

@@ -1,4 +1,4 @@
-"""`dtrain nodes`: the lemon list's records (decide/lemons.py) in the state directory's file
+"""`dtrain nodes`: the lemon list's records (decide/outcome/lemons.py) in the state directory's file
 (job/lemons.py), listed, taken off, expired."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from datetime import datetime
 
-from launcher.decide import lemons as lm
+from launcher.decide.outcome import lemons as lm
 from launcher.errors import UsageError
 from launcher.job.lemons import LemonStore
 from launcher.models import Host

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Sequence
 
-from launcher.decide.plan import NODE_DIR, LaunchPlan, NodePlan
+from launcher.decide.runplan.plan import NODE_DIR, LaunchPlan, NodePlan
 from launcher.hosts.hostfile import fold
 from launcher.nodeside.wire import SHIM_PLACEHOLDER
 from launcher.text.words import count, rank_ranges

@@ -2,7 +2,8 @@
 
 Each attempt is ``job.prepare.prepare`` (connect -> preflight) on the attempt's nodes,
 ``Prepared.plan`` and a ``commands.launch.Attempt`` into the one run archive (output.jsonl lines
-carry ``"attempt": n``; meta.json ``attempts[]``). After an attempt ends, ``decide.restarts``
+carry ``"attempt": n``; meta.json ``attempts[]``). After an attempt ends,
+``decide.outcome.restarts``
 (pure) names the fault and the next gang: a node fault fences the node (remembered on the
 lemon list) and brings in a spare or shrinks, a process fault reruns on the same nodes, a
 deterministic user error stops. Between attempts (the back-off, the next prepare) Ctrl-C,
@@ -30,9 +31,8 @@ from launcher.commands.launch import (
     title_launcher,
     with_ledger,
 )
-from launcher.decide import lemons as lm
-from launcher.decide.plan import RunRequest
-from launcher.decide.restarts import (
+from launcher.decide.outcome import lemons as lm
+from launcher.decide.outcome.restarts import (
     FINAL,
     AttemptEnd,
     Decision,
@@ -43,9 +43,10 @@ from launcher.decide.restarts import (
     decide,
     fenced_line,
 )
-from launcher.decide.restarts import next_gang as _next_gang
-from launcher.decide.runoptions import RunOptions
-from launcher.decide.verdict import restarts_text
+from launcher.decide.outcome.restarts import next_gang as _next_gang
+from launcher.decide.outcome.verdict import restarts_text
+from launcher.decide.runplan.plan import RunRequest
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.errors import ConnectError, PreflightFailed
 from launcher.job.prepare import prepare
 from launcher.job.stoppable import Stoppable
@@ -71,14 +72,14 @@ def say(archive: RunArchive | None, text: str, opts: RunOptions) -> None:
 
 
 def attempt_end(result: RunResult) -> AttemptEnd:
-    """What decide.restarts needs of an attempt's result."""
+    """What decide.outcome.restarts needs of an attempt's result."""
     v, outcome = result.verdict, result.outcome
     root = outcome.root
     lost = tuple(label for label, node in outcome.nodes.items() if node.lost)
     host = v.root_host
     where = place = None
     if v.root_kind == "hang":
-        # the hang's culprit (decide/stacks.py): its one node, where its stack stands
+        # the hang's culprit (decide/outcome/stacks.py): its one node, where its stack stands
         hangs = result.hangs
         culprit = hangs[-1].culprit if hangs else None
         if culprit is not None:
@@ -141,7 +142,7 @@ class Loop:
                  detacher: Detacher | None, count: NodeCount, active: Sequence[str],
                  spares: Sequence[str]) -> None:
         self.by_label = {h.label: h for h in hosts}
-        from launcher.decide.placement import host_places
+        from launcher.decide.runplan.placement import host_places
 
         # the hostfile's switch=/segment=, then --topology's: a spare from the fenced node's
         # switch or segment
@@ -311,7 +312,7 @@ class Loop:
             raise
 
     def decision(self, n: int, result: RunResult) -> Decision:
-        """decide.restarts over attempt ``n``'s result (pure), made once per result, with
+        """decide.outcome.restarts over attempt ``n``'s result (pure), made once per result, with
         what the incidents of earlier runs say of it (the failure recorded first)."""
         if self.decided is None or self.decided[0] is not result:
             end = attempt_end(result)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.commands.entry import INTERRUPTED, Ended, Reports, run_command
 from launcher.commands.launch import RunResult, Word, launch, run_extra
-from launcher.decide.plan import (
+from launcher.decide.runplan.plan import (
     NODE_DIR,
     OFFLINE_FACTS,
     LaunchPlan,
@@ -25,7 +25,7 @@ from launcher.decide.plan import (
     offline_plan,
     plan_json,
 )
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.hosts.hostfile import fold, host_sources
 from launcher.job.prepare import prepare
 from launcher.models import Host
@@ -35,7 +35,7 @@ from launcher.transports.ssh import SSHSettings
 
 if TYPE_CHECKING:
     from launcher.commands.detach import Detacher
-    from launcher.decide.restarts import NodeCount
+    from launcher.decide.outcome.restarts import NodeCount
     from launcher.output.report import CommandReport, NodeResult
 # -- rendering -------------------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
         if result.code == 0:
             return None
         from launcher.commands.restarts import attempt_end, remember_attempt
-        from launcher.decide.incidents import costs
+        from launcher.decide.outcome.incidents import costs
         from launcher.output import render
 
         got = remember_attempt(attempt_end(result), result, req, 1, labels,
@@ -227,10 +227,10 @@ async def run_async(hosts: Sequence[Host], req: RunRequest, opts: RunOptions,
 
 def first_gang(hosts: Sequence[Host], opts: RunOptions
                ) -> tuple[list[Host], NodeCount, list[Host]]:
-    """(the first attempt's hosts, the node count, the spares), as ``decide.restarts.
+    """(the first attempt's hosts, the node count, the spares), as ``decide.outcome.restarts.
     choose_gang`` chose them from the lemon list in force; its lines said once."""
-    from launcher.decide import lemons as lm
-    from launcher.decide.restarts import choose_gang
+    from launcher.decide.outcome import lemons as lm
+    from launcher.decide.outcome.restarts import choose_gang
     from launcher.job.lemons import LemonStore
     from launcher.output import render
 
@@ -249,9 +249,9 @@ def first_gang(hosts: Sequence[Host], opts: RunOptions
 
 def place(hosts: Sequence[Host], opts: RunOptions) -> list[Host]:
     """The hostfile's switch=/segment=, then --topology's topology.conf: ranks ordered so
-    neighbours share a switch, then a segment (decide/placement.py); one line of why per
+    neighbours share a switch, then a segment (decide/runplan/placement.py); one line of why per
     group (also under --dry-run)."""
-    from launcher.decide import placement as pl
+    from launcher.decide.runplan import placement as pl
     from launcher.output import render
 
     places = pl.host_places(hosts, opts.checks.topology, opts.checks.topology_from)

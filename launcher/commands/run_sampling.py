@@ -4,7 +4,7 @@ straggler flag (one console line, meta.json ``stragglers``).
 ``RunSampling.run`` starts one sampler per node on the job's own connections (a channel of
 its own, beside the supervisor's), every ``--sample-interval`` s (default 10; 0 = off).
 Each sample becomes a samples.jsonl line and feeds the straggler detector
-(decide/stragglers.py); a newly flagged node is said once on the console and recorded in
+(decide/outcome/stragglers.py); a newly flagged node is said once on the console and recorded in
 meta.json. Watching must never endanger the run: a sampler that cannot start, or whose
 channel ends, only stops that node's samples; nothing here raises into the job.
 """
@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher import defaults
-from launcher.decide.liveness import launcher_timeout
-from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+from launcher.decide.outcome.liveness import launcher_timeout
+from launcher.decide.outcome.stragglers import StragglerDetector, StragglerSettings
 from launcher.job.events import Exit, Observer, sample_cpu
 from launcher.job.sampling import NodeSampler, SamplerParams
 from launcher.output import render
@@ -27,7 +27,7 @@ from launcher.output.samplelog import SAMPLES, SampleLog, sample_fields
 from launcher.runrecord import RunMeta
 
 if TYPE_CHECKING:
-    from launcher.decide.plan import LaunchPlan
+    from launcher.decide.runplan.plan import LaunchPlan
     from launcher.models import Host
     from launcher.output.archive import RunArchive
     from launcher.transports.base import Connection

@@ -17,7 +17,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
-from launcher.decide.filters import select_hosts
+from launcher.decide.copies.filters import select_hosts
 from launcher.exitcodes import EXIT_INTERRUPTED, EXIT_UNREACHABLE
 from launcher.job.control import request_stop
 from launcher.job.orchestrate import KILL_MARGIN, STOP_MARGIN

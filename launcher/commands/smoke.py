@@ -4,7 +4,7 @@
 exit codes) with a built-in job: nodeside/smoke_job.py, shipped in the supervisor's spec and
 written to its private directory on each node (nothing installed, no shared filesystem
 needed). The job's ``DTRAIN-SMOKE`` lines are taken out of the console and judged by
-decide/smoke.py; this module renders the table and the verdict (docs/smoke.md).
+decide/fabric/smoke.py; this module renders the table and the verdict (docs/smoke.md).
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from launcher.commands.entry import Ended, finish, in_github_actions, run_command
 from launcher.commands.launch import Payload, RunResult, launch_held
 from launcher.commands.run import report_nodes
-from launcher.decide.checks import failures as check_failures
-from launcher.decide.checks import fast_checks
-from launcher.decide.container import ContainerRequest
-from launcher.decide.linerate import DEFAULT_LINE_FRACTION, LineRate, fabric_rate, node_rate
-from launcher.decide.plan import RunRequest
-from launcher.decide.runoptions import RunOptions
-from launcher.decide.smoke import (
+from launcher.decide.fabric.checks import failures as check_failures
+from launcher.decide.fabric.checks import fast_checks
+from launcher.decide.fabric.linerate import DEFAULT_LINE_FRACTION, LineRate, fabric_rate, node_rate
+from launcher.decide.fabric.smoke import (
     DEFAULT_PAIR_FRACTION,
     DEFAULT_PAIR_TIMEOUT,
     SmokeFailure,
@@ -38,6 +35,9 @@ from launcher.decide.smoke import (
     make_config,
     pair_schedule,
 )
+from launcher.decide.runplan.container import ContainerRequest
+from launcher.decide.runplan.plan import RunRequest
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.errors import DtrainError
 from launcher.exitcodes import EXIT_INTERRUPTED
 from launcher.job.prepare import prepare
@@ -73,14 +73,14 @@ class SmokeRequest:
     max_size: int | None = None
     min_busbw: float | None = None
     pair_fraction: float = DEFAULT_PAIR_FRACTION
-    # None: the hostfile's slots= as run takes them (decide/plan.nproc_for), else one per
+    # None: the hostfile's slots= as run takes them (decide/runplan/plan.nproc_for), else one per
     # GPU on NCCL, one per node on gloo
     nproc_per_node: str | None = None
     run_id: str = ""
     as_json: bool = False
     junit: str | None = None
     container: ContainerRequest | None = None  # --image (docs/containers.md)
-    pairs: bool = False  # --pairs: the O(log n) pair rounds (decide/smoke.py log_rounds)
+    pairs: bool = False  # --pairs: the O(log n) pair rounds (decide/fabric/smoke.py log_rounds)
     pair_timeout: float = DEFAULT_PAIR_TIMEOUT  # --pair-timeout: a failed link after it
     line_fraction: float | None = None  # --line-fraction (None: 0.8 on NCCL, off on gloo)
 

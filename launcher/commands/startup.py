@@ -5,7 +5,7 @@ Per node: its supervisor's ``hello``, the first ``rank_start`` (and the ``agent_
 carries: torchrun's agent imported torch), and the first hand-over to the user's script
 (``script_t`` of the ranks' exit reports). Each is the node's clock; the probe's clock
 offset (job/probes.py, doctor's ``clock`` rule) takes it to the launcher's. The split
-itself is pure (decide/startup.py), made by the goodput ledger.
+itself is pure (decide/outcome/startup.py), made by the goodput ledger.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher.decide.startup import to_launcher
+from launcher.decide.outcome.startup import to_launcher
 from launcher.job.events import Hello, Observer, RankExit, RankStart
 from launcher.models import Host
 from launcher.runrecord import Startup, StartupNode

@@ -99,7 +99,7 @@ class _Spec:
     env: dict[str, str] = field(default_factory=dict)
     image: str | None = None  # YAML only: the container image for these hosts
     groups: tuple[str, ...] = ()  # YAML only: pdsh-style groups (-g/-X)
-    switch: str | None = None  # the leaf switch (decide/placement.py)
+    switch: str | None = None  # the leaf switch (decide/runplan/placement.py)
     segment: str | None = None  # the segment above it
 
     def over(self, defaults: _Spec) -> _Spec:
@@ -227,7 +227,7 @@ _GROUP = re.compile(r"[A-Za-z0-9_.:+-]+")
 
 
 def _topology(value: object, ctx: _Ctx) -> str:
-    """A switch or segment name (decide/placement.py): letters, digits and _ . : + -."""
+    """A switch or segment name (decide/runplan/placement.py): letters, digits and _ . : + -."""
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
     if _GROUP.fullmatch(text) and len(text) <= 128:
         return text

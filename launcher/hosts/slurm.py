@@ -68,7 +68,7 @@ SCONTROL_TIMEOUT = 5.0
 
 def show_topology(environ: Mapping[str, str]) -> str | None:
     """``scontrol show topology`` inside an allocation (the controller's switches, in
-    topology.conf's keys: decide/placement.parse_topology_conf), or None: not in an
+    topology.conf's keys: decide/runplan/placement.parse_topology_conf), or None: not in an
     allocation, no scontrol, no topology plugin (nothing printed), or it failed or took
     longer than SCONTROL_TIMEOUT (the run goes on without it)."""
     import shutil

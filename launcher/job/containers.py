@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.aio import CLOSE_S, cleanup
-from launcher.decide.container import ContainerFacts, ContainerRequest
+from launcher.decide.runplan.container import ContainerFacts, ContainerRequest
 from launcher.errors import DtrainError
 from launcher.job.orchestrate import connect_all
 from launcher.job.remote import run_program

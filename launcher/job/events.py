@@ -24,8 +24,8 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.decide.outcomes import RankEnd
-from launcher.decide.stacks import StackAnswer
+from launcher.decide.outcome.outcomes import RankEnd
+from launcher.decide.outcome.stacks import StackAnswer
 from launcher.job import nodemsg
 from launcher.models import Host, OutputLine
 from launcher.nodeside import nodemessages as names
@@ -144,7 +144,7 @@ def rank_end(rank: int, msg: Mapping[str, Any]) -> RankEnd:
 
 @dataclass(frozen=True)
 class RankExit(Event):
-    """A rank ended: its exit report (decide/outcomes.RankEnd, the type the ``exit``
+    """A rank ended: its exit report (decide/outcome/outcomes.RankEnd, the type the ``exit``
     message's ranks have too)."""
 
     end: RankEnd
@@ -159,7 +159,7 @@ class RankExit(Event):
 
 
 def stack_answer(entry: Mapping[str, Any]) -> StackAnswer:
-    """One rank's part of a ``stacks`` answer (decide/stacks.StackAnswer)."""
+    """One rank's part of a ``stacks`` answer (decide/outcome/stacks.StackAnswer)."""
     sources = mapping(entry.get("sources")) or {}
     spy, fr = mapping(entry.get("pyspy")), mapping(entry.get("fr")) or {}
     got = spy.get("text") if spy is not None else None

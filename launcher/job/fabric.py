@@ -2,7 +2,7 @@
 
 Each node's supervisor ships the NCCL lines of its ranks (``nccl`` messages, checked by
 job/nodemsg.py: a host speaks only for its own ranks); this watch feeds them to
-decide/nccl_account.py's parser, prints the one line once every rank's account is settled
+decide/fabric/nccl_account.py's parser, prints the one line once every rank's account is settled
 (plus a WARNING per node on NET/Socket and each difference from the plan), and under
 ``--require-fabric`` declares the run's failure at once (exit 123, docs/exit-codes.md).
 What it found goes into meta.json (``fabric``) and the run's JSON report.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from launcher.decide import nccl_account as na
-from launcher.decide.plan import LaunchPlan
+from launcher.decide.fabric import nccl_account as na
+from launcher.decide.runplan.plan import LaunchPlan
 from launcher.job.events import Nccl, Observer
 from launcher.models import Host
 from launcher.runrecord import RunMeta

@@ -1,9 +1,9 @@
 """The hang watch of one run: progress per rank, the hang verdict, stack dumps on demand.
 
-It runs beside the Job (its own task): once a second it asks ``decide.hang`` whether the job
+It runs beside the Job (its own task): once a second it asks ``decide.outcome.hang`` whether the job
 is hung; when it is (or `dtrain stacks` asks), every running node's supervisor is sent a
 ``stacks`` control line, each answers with one ``stacks`` message (faulthandler's dump of
-every rank, the flight recorder's when asked), and ``decide.stacks`` folds them into the
+every rank, the flight recorder's when asked), and ``decide.outcome.stacks`` folds them into the
 verdict. The evidence goes to the archive (``output.evidence``), a few lines to the console.
 With ``--on-hang stop`` the hang then becomes the run's root cause (exit 125).
 """
@@ -20,10 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.decide.flight import FlightSummary, RankFlight, load_dump, rank_flight, summarize
-from launcher.decide.hang import Hang, HangPolicy, ProgressWatch, hang_due
-from launcher.decide.outcomes import Failure
-from launcher.decide.stacks import Folded, RankStack, StackAnswer, fold, rank_stack
+from launcher.decide.outcome.flight import (
+    FlightSummary,
+    RankFlight,
+    load_dump,
+    rank_flight,
+    summarize,
+)
+from launcher.decide.outcome.hang import Hang, HangPolicy, ProgressWatch, hang_due
+from launcher.decide.outcome.outcomes import Failure
+from launcher.decide.outcome.stacks import Folded, RankStack, StackAnswer, fold, rank_stack
 from launcher.exitcodes import EXIT_HANG
 from launcher.job.events import Event, Flight, Observer, RankStart, Stacks
 from launcher.models import Host, OutputLine

@@ -13,7 +13,7 @@ JSON, not an incident store, over the size cap) is refused by the readers, and a
 keeps it aside as ``incidents.json.corrupt-<time>`` before it begins a new store: nothing
 is lost. A record is written when the attempt's failure is judged, and charged the seconds
 it cost (``IncidentStore.charge``) once the run's goodput ledger is made, at its end. The
-records and rules are ``decide/incidents.py``; the commit and versions beside each record
+records and rules are ``decide/outcome/incidents.py``; the commit and versions beside each record
 are read here (``commit_of``).
 """
 
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from launcher.decide import incidents as inc
-from launcher.decide.incidents import Incident
+from launcher.decide.outcome import incidents as inc
+from launcher.decide.outcome.incidents import Incident
 from launcher.errors import DtrainError
 from launcher.job.lemons import state_dir
 from launcher.job.statefile import Untrusted, open_state_dir, read_state_file
@@ -166,7 +166,7 @@ class IncidentStore:
             return result
 
     def record(self, new: Sequence[Incident], now: float | None = None) -> list[Incident]:
-        """Add records; every record after it (bounded: decide.incidents.bound)."""
+        """Add records; every record after it (bounded: decide.outcome.incidents.bound)."""
         t = time.time() if now is None else now
 
         def edit(old: list[Incident]) -> tuple[list[Incident], list[Incident]]:
@@ -178,7 +178,7 @@ class IncidentStore:
     def charge(self, run_id: str, by_attempt: Mapping[int, Mapping[str, float | None]]
                ) -> int:
         """Charge run ``run_id``'s records with the seconds of the attempts they ended
-        (decide.incidents.charge: the goodput ledger's, made at the run's end); how many
+        (decide.outcome.incidents.charge: the goodput ledger's, made at the run's end); how many
         records were charged. Nothing is written when none is."""
         if not by_attempt:
             return 0

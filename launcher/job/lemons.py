@@ -7,7 +7,7 @@ whole through a temp name and a rename (``RunDir.replace``): two runs fencing at
 land, a reader never sees half a file. The directory and the file are opened and checked by
 ``job/statefile.py``, as the incident store's are; a missing, torn or untrusted file (a link,
 another user's, writable by others) reads as empty. The records and rules are
-``decide/lemons.py``.
+``decide/outcome/lemons.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from launcher.decide.lemons import Lemon, document, parse
+from launcher.decide.outcome.lemons import Lemon, document, parse
 from launcher.job.statefile import Untrusted, open_state_dir, read_state_file
 from launcher.output.rundir import RunDir
 
@@ -103,7 +103,7 @@ class LemonStore:
 
     def remember(self, lemons: Sequence[Lemon]) -> None:
         """Add records (replacing earlier ones of the same hosts)."""
-        from launcher.decide.lemons import add
+        from launcher.decide.outcome.lemons import add
 
         if lemons:
             self.change(lambda old: (add(old, lemons), None))

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher import defaults
-from launcher.decide.liveness import Silence, launcher_timeout
-from launcher.decide.outcomes import NodeOutcome
+from launcher.decide.outcome.liveness import Silence, launcher_timeout
+from launcher.decide.outcome.outcomes import NodeOutcome
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_NOT_FOUND
 from launcher.job import events
@@ -45,9 +45,9 @@ class JobSpec:
     # name -> text, written beside the rank shim in the supervisor's private directory;
     # "{DTRAIN_DIR}" in argv names that directory (needs rank_shim)
     files: Mapping[str, str] = field(default_factory=dict)
-    # PyTorch's flight recorder defaults on the node (decide.flight.flight_names), None: off
+    # PyTorch's flight recorder defaults on the node (decide.outcome.flight.flight_names), None: off
     flight_recorder: str | None = None
-    # --image: decide/container.py's ContainerCommand.wire(), the runtime around the job
+    # --image: decide/runplan/container.py's ContainerCommand.wire(), the runtime around the job
     container: Mapping[str, object] | None = None
     # ask NCCL for its INIT/NET lines in per-process files (docs/fabric.md)
     nccl_account: bool = False
@@ -102,7 +102,7 @@ class NodeSession:
         self.hello: Hello | None = None
         self.started = asyncio.Event()  # hello received (or start failed)
         self.exit_msg: Exit | None = None
-        # the node's silence in the launcher's own running time (decide/liveness.py)
+        # the node's silence in the launcher's own running time (decide/outcome/liveness.py)
         self._silence = Silence(spec.heartbeat_timeout, time.monotonic())
         self._lost = False
         self._raw_err: list[bytes] = []

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from launcher import defaults
 from launcher.aio import CLOSE_S, cancel_and_wait, cleanup
-from launcher.decide.outcomes import Failure, JobOutcome, NodeOutcome
+from launcher.decide.outcome.outcomes import Failure, JobOutcome, NodeOutcome
 from launcher.errors import ConnectError
 from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.job.events import Event, Hello, Observer, Observers, RankExit, RankRaised

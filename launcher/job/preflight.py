@@ -1,6 +1,6 @@
 """`dtrain run`'s preflight: probe every node, choose and validate the master: facts only.
 
-A node's environment is decided from these facts by the plan (``decide.plan.build_plan``).
+A node's environment is decided from these facts by the plan (``decide.runplan.plan.build_plan``).
 
 Each step is bounded (--connect-timeout for the links, the probe timeout for every node
 program). An unreachable master is found here, with a real TCP connect from every worker
@@ -14,12 +14,12 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from launcher.decide.checks import unreachable_fence
-from launcher.decide.container import for_host, image_problems
-from launcher.decide.facts import NodeFacts
-from launcher.decide.netenv import choose_master, given_hint, pick_master_addr
-from launcher.decide.plan import RunRequest
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.fabric.checks import unreachable_fence
+from launcher.decide.runplan.container import for_host, image_problems
+from launcher.decide.runplan.facts import NodeFacts
+from launcher.decide.runplan.netenv import choose_master, given_hint, pick_master_addr
+from launcher.decide.runplan.plan import RunRequest
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.errors import DtrainError, PreflightFailed
 from launcher.hosts.hostfile import fold
 from launcher.job.probes import NodeProbes
@@ -158,7 +158,7 @@ async def _preflight(probes: NodeProbes, conns: dict[str, Connection], hosts: Se
             raise PreflightFailed("; ".join(problems), hint="nothing was started")
         pre.facts.update(await probes.in_image(hosts, pre.facts, opts.limits.grace))
     if opts.checks.preflight:
-        from launcher.decide.checks import failure_hint, failure_message, fast_checks
+        from launcher.decide.fabric.checks import failure_hint, failure_message, fast_checks
 
         rows = fast_checks(pre.facts, hosts)
         problem = failure_message(rows)

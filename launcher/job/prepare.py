@@ -3,7 +3,7 @@
 ``prepare`` connects to every node (an unreachable one is named with its hostfile line and
 the exact ``--exclude`` that leaves it out: nothing is started), probes them and checks the
 master (``preflight``: facts only), and yields a ``Prepared``; ``Prepared.plan`` decides
-(``decide.plan.build_plan``, pure). The connections are closed when the block ends.
+(``decide.runplan.plan.build_plan``, pure). The connections are closed when the block ends.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.aio import CLOSE_S, cleanup
-from launcher.decide.placement import after_probe
-from launcher.decide.plan import LaunchPlan, RunRequest, build_plan, plan_warnings
-from launcher.decide.runoptions import RunOptions
-from launcher.decide.sharing import refuse, sharing
+from launcher.decide.runplan.placement import after_probe
+from launcher.decide.runplan.plan import LaunchPlan, RunRequest, build_plan, plan_warnings
+from launcher.decide.runplan.runoptions import RunOptions
+from launcher.decide.runplan.sharing import refuse, sharing
 from launcher.errors import ConnectError
 from launcher.hosts.where import failed_hosts_lines, leave_out_hint
 from launcher.job.orchestrate import connect_all
@@ -44,7 +44,7 @@ class Prepared:
     def plan(self, req: RunRequest, opts: RunOptions) -> LaunchPlan:
         """Decide every node's argv and environment (pure); the preflight's warnings are
         shown once the plan stands. Another user's dtrain run on a node is one warning line
-        per node first (with --exclusive: refused, nothing started; decide/sharing.py)."""
+        per node first (with --exclusive: refused, nothing started; decide/runplan/sharing.py)."""
         pre = self.pre
         hosts = list(self.hosts)
         found = sharing(pre.facts, [h.label for h in hosts])  # other users' runs there
@@ -54,7 +54,7 @@ class Prepared:
             render.note(f"warning: {line}")
         placed = after_probe(hosts, {label: f.fabric for label, f in pre.facts.items()},
                              opts.checks.topology, opts.checks.topology_from)
-        if placed is not None:  # NVLink domains: ranks ordered by them (decide/placement)
+        if placed is not None:  # NVLink domains: ranks ordered by them (decide/runplan/placement)
             by_label = {h.label: h for h in hosts}
             hosts = [by_label[label] for label in placed[0]]
             for line in placed[1]:

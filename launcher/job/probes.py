@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.aio import cleanup
-from launcher.decide.checks import PYTHON_FIX, fold_by_message
-from launcher.decide.container import NodeContainerFacts, command_for, for_host
-from launcher.decide.facts import NodeFacts, Route
-from launcher.decide.plan import RunRequest, expand_home
-from launcher.decide.startup import clock_offset
+from launcher.decide.fabric.checks import PYTHON_FIX, fold_by_message
+from launcher.decide.outcome.startup import clock_offset
+from launcher.decide.runplan.container import NodeContainerFacts, command_for, for_host
+from launcher.decide.runplan.facts import NodeFacts, Route
+from launcher.decide.runplan.plan import RunRequest, expand_home
 from launcher.errors import DtrainError, PreflightFailed, RemoteCommandError
 from launcher.job.remote import read_json_line, start_program
 from launcher.models import Host
@@ -69,7 +69,7 @@ class NodeProbes:
         self._timeout = timeout
         self._procs: dict[str, Process] = {}
         # per node: its clock's offset to the launcher's and the +/- of that (half the
-        # facts' round trip), as doctor's clock check measures it (decide/startup.py)
+        # facts' round trip), as doctor's clock check measures it (decide/outcome/startup.py)
         self.clock: dict[str, tuple[float, float]] = {}
 
     async def facts(self, conns: Mapping[str, Connection], targets: Sequence[str]
@@ -142,7 +142,7 @@ class NodeProbes:
     async def in_image(self, hosts: Sequence[Host], facts: Mapping[str, NodeFacts],
                        grace: float) -> dict[str, NodeFacts]:
         """--image: the probe again, inside each node's image (the runtime's command
-        decided as the job's, decide/container.py), so python, torch, NCCL, /dev/infiniband,
+        decided as the job's, decide/runplan/container.py), so python, torch, NCCL, /dev/infiniband,
         memlock and /dev/shm are the container's; the host's runtime facts are kept. A node
         whose image cannot run it is named (PreflightFailed)."""
         req = self._req

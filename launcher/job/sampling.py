@@ -23,8 +23,8 @@ from typing import Any
 
 from launcher import defaults
 from launcher.aio import cleanup
-from launcher.decide.liveness import LOST as LIVENESS_LOST
-from launcher.decide.liveness import RECONNECT, Silence, sampler_verdict
+from launcher.decide.outcome.liveness import LOST as LIVENESS_LOST
+from launcher.decide.outcome.liveness import RECONNECT, Silence, sampler_verdict
 from launcher.errors import DtrainError
 from launcher.job import events
 from launcher.job.orchestrate import connect_one
@@ -238,7 +238,7 @@ async def _watch(conn: Connection, params: SamplerParams, on_sample: SampleSink,
         on_sample(host, msg)
 
     sampler = NodeSampler(conn, params, sample, python=python)
-    # the node's silence in the launcher's own running time (decide/liveness.py)
+    # the node's silence in the launcher's own running time (decide/outcome/liveness.py)
     silence = Silence(0.0, time.monotonic())
     interval = min(1.0, policy.lost_after / 2)
     async with asyncio.TaskGroup() as tg:

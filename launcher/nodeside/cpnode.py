@@ -386,7 +386,7 @@ def walk_tree(root):
 
 
 def is_temp(name):
-    """A dtrain cp temp name (decide/copyplan.py has the twin)."""
+    """A dtrain cp temp name (decide/copies/copyplan.py has the twin)."""
     base = name.rsplit("/", 1)[-1]
     return base.startswith(".dtrain-cp-") and base.endswith(".tmp")
 

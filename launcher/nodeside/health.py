@@ -2,7 +2,7 @@
 
 Shipped like the probe (nodeside/wire.py: the bootstrap runs it as __main__ with its spec,
 JSON, in ``DTRAIN_SPEC``); standard library only, Python >= 3.8. It judges nothing: it
-prints one JSON line of raw readings, ``decide/health.py`` turns them into findings.
+prints one JSON line of raw readings, ``decide/fabric/health.py`` turns them into findings.
 
 Spec: ``{"interval": s, "dcgm": 0|1|2|3}``. Readings:
 
@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-# twin of launcher/decide/health.py GPU_FIELDS (tests/test_health.py checks they agree)
+# twin of launcher/decide/fabric/health.py GPU_FIELDS (tests/test_health.py checks they agree)
 GPU_FIELDS = ("index", "ecc.errors.uncorrected.volatile.total", "remapped_rows.pending",
               "remapped_rows.failure", "retired_pages.pending",
               "clocks_event_reasons.hw_slowdown", "temperature.gpu")

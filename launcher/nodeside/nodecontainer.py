@@ -20,7 +20,7 @@ from launcher.nodeside.nodecommon import (
 
 
 class Container:
-    """The job inside a container image (launcher/decide/container.py decided the words):
+    """The job inside a container image (launcher/decide/runplan/container.py decided the words):
     the environment goes by name (``-e NAME``, values from the runtime's own environment) or
     in a private 0600 file, never as values in argv; stop and removal go by name."""
 

@@ -54,7 +54,7 @@ MAX_FLIGHT = 8 * 1024 * 1024  # one flight recorder dump shipped back
 
 # NCCL's own account of the fabric (docs/fabric.md): its INIT and NET lines in one file per
 # process in our private directory, only when nobody set NCCL_DEBUG; the lines that tell the
-# transport are shipped as ``nccl`` messages (decide/nccl_account.py reads them)
+# transport are shipped as ``nccl`` messages (decide/fabric/nccl_account.py reads them)
 NCCL_KEEP = (b"NCCL version", b"NET/IB", b"NET/Socket", b"Using network", b" via ",
              b"set by environment", b"Init COMPLETE", b"GPU Direct RDMA", b"NCCL WARN",
              b"Bootstrap")

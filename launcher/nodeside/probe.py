@@ -190,7 +190,7 @@ def read_fabric(sys_: System) -> "Json | None":
     """GPU 0's NVLink fabric as nvidia-smi says it (the values are the machine's), only on
     a machine with IMEX (``IMEX_MARKS``): {state, status, cluster_uuid, clique_id}, raw
     text; None elsewhere or when nvidia-smi cannot say (an older driver refuses the fields).
-    What counts as a domain is the launcher's decision (decide/placement.nvlink_domain)."""
+    What counts as a domain is the launcher's decision (decide/runplan/placement.nvlink_domain)."""
     if not any(os.path.exists(sys_.path(p)) for p in IMEX_MARKS):
         return None
     res = sys_.run(["nvidia-smi", "--query-gpu=" + FABRIC_FIELDS, "--format=csv,noheader",
@@ -364,10 +364,10 @@ def collect_facts(params: Json, sys_: System | None = None) -> Json:
     return out
 
 
-CONTAINER_RUNTIMES = ("podman", "docker", "enroot", "apptainer")  # decide/container.py's
+CONTAINER_RUNTIMES = ("podman", "docker", "enroot", "apptainer")  # decide/runplan/container.py's
 def in_image(op: Json) -> Json:
     """``{"op": "in_image", "argv", "input", "timeout"}``: the probe run inside the image
-    (the runtime's command decided by the launcher, decide/container.py), so the plan's
+    (the runtime's command decided by the launcher, decide/runplan/container.py), so the plan's
     facts are the container's: its facts JSON, or why it gave none."""
     argv = op.get("argv")
     steps = [c for c in (op.get("prepare") or []) if isinstance(c, list)]

@@ -115,7 +115,7 @@ def flight_defaults(env, directory, names="current"):
     return add
 
 
-ATTEMPT_ENV = "DTRAIN_ATTEMPT"  # dtrain run --restarts: 1, 2, ... (decide/restarts.py)
+ATTEMPT_ENV = "DTRAIN_ATTEMPT"  # dtrain run --restarts: 1, 2, ... (decide/outcome/restarts.py)
 
 
 def rank_argv(argv, sock_path):

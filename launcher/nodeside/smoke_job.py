@@ -28,7 +28,7 @@ import sys
 import time
 
 MARK = "DTRAIN-SMOKE "
-PAIR_FAILED_EXIT = 3  # decide/smoke.py's
+PAIR_FAILED_EXIT = 3  # decide/fabric/smoke.py's
 
 
 def emit(kind, **fields):
@@ -135,7 +135,7 @@ def schedule(n):
 
 
 def log_rounds(n):
-    """decide/smoke.py log_rounds, here too (a node program imports nothing of dtrain):
+    """decide/fabric/smoke.py log_rounds, here too (a node program imports nothing of dtrain):
     tests/test_smoke_pairs.py checks both give the same rounds."""
     if n < 2:
         return []
@@ -185,7 +185,7 @@ def pair_test(torch, dist, device, facts, rank, cfg):
     ``pair_passes`` passes over the whole schedule; the best time counts (noise only ever
     adds time, and a burst of load on a shared node hits one pass; a slow link stays slow).
     Both leaders report their time: a send completes once the kernel has buffered it, so
-    only the side that receives over a slow direction is sure to see it (decide/smoke.py
+    only the side that receives over a slow direction is sure to see it (decide/fabric/smoke.py
     keeps the slower)."""
     leaders = {}
     for f in facts:
@@ -200,7 +200,7 @@ def pair_test(torch, dist, device, facts, rank, cfg):
 
     limit = datetime.timedelta(seconds=float(cfg["pair_timeout"]))
     rounds = schedule(len(order))
-    if cfg.get("pairs"):  # smoke --pairs: the launcher's O(log n) rounds (decide/smoke.py)
+    if cfg.get("pairs"):  # smoke --pairs: the launcher's O(log n) rounds (decide/fabric/smoke.py)
         rounds = log_rounds(len(order))
     for _ in range(max(1, cfg["pair_passes"])):
         for rnd in rounds:
@@ -258,7 +258,7 @@ def main():
     pairs = pair_test(torch, dist, device, all_facts, rank, cfg)
     if rank == 0:
         emit("sweep", backend=backend, world=world, rows=rows)
-    emit("pairs", rank=rank, rows=pairs)  # each end its own view (decide/smoke.py)
+    emit("pairs", rank=rank, rows=pairs)  # each end its own view (decide/fabric/smoke.py)
     barrier(dist, device)
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -105,10 +105,10 @@ from launcher.nodeside.warmclient import WarmStart, agent_main
 AGENT_GRACE = 3.0
 # run mode, no stop under way, every rank here ended: a job root (torchrun) stopped this long
 # (state T: SIGSTOP/SIGTSTP from someone) can never end; the supervisor stops the job and
-# says so in these words (decide/failures.py agent_stopped reads them: the verdict's hang)
+# says so in these words (decide/outcome/failures.py agent_stopped reads them: the verdict's hang)
 AGENT_STOPPED_S = 5.0
 AGENT_STOPPED_REASON = "torchrun stopped (state T) for %d s after its ranks ended"
-# why a supervisor stopped its job when the launcher went silent (decide/failures.py
+# why a supervisor stopped its job when the launcher went silent (decide/outcome/failures.py
 # launcher_silent reads it back: the verdict is a lost node, exit 255)
 LAUNCHER_SILENT_REASON = "no heartbeat from the launcher for %g s"
 
@@ -124,7 +124,7 @@ class Supervisor:
         self.watched = {}  # fd -> (kind, data, socket or None): what the main loop reads
         self.grace = float(spec.get("grace", 10))
         # how long without a line from the launcher before the job is torn down as orphaned:
-        # the launcher sends more than its own --heartbeat-timeout (decide/liveness.py)
+        # the launcher sends more than its own --heartbeat-timeout (decide/outcome/liveness.py)
         self.hb_timeout = float(spec.get("launcher_timeout", spec.get("heartbeat_timeout", 30)))
         self.hb_interval = float(spec.get("heartbeat_interval", 2))
         self.last_hb = now()
@@ -311,7 +311,7 @@ class Supervisor:
             self.watch(listener.fileno(), "listen", None, listener)
             env[SHIM_ENV] = path
             # TORCH_ELASTIC_SHUTDOWN_TIMEOUT (past the grace) comes in the spec's env: the
-            # launcher's plan decides it (decide/plan.shutdown_timeout), --dry-run shows it
+            # launcher's plan decides it (decide/runplan/plan.shutdown_timeout), --dry-run shows it
             self.evidence.evidence_env(env)
             env[TMPDIR_ENV] = env.get("TMPDIR", "")
             env["TMPDIR"] = self.tmpdir

@@ -60,7 +60,7 @@ def replay(
     """Print a run's archived output; returns the exit code (0, or 130 on Ctrl-C in --follow).
     ``fold``: repeated stderr lines of many ranks folded into one, as the live console
     folds them (fold.StderrFolder over each line's recorded arrival time): `dtrain attach`.
-    ``hosts``: the host labels to show (decide.filters.select_hosts), ``host``: an
+    ``hosts``: the host labels to show (decide.copies.filters.select_hosts), ``host``: an
     expression of them taken as it is.
     ``attempt``: only that attempt's lines (--restarts; a line without the field is 1)."""
     meta = read_meta(run_dir)

@@ -11,7 +11,7 @@ One module per engine (docs/architecture.md):
 - ``command``: every node through its engine, the exit code; ``view``: what cp prints.
 
 The decisions (what to send, skip, delete; which files go down which chain) are pure and
-live in ``launcher.decide.copyplan`` and ``launcher.decide.broadcast``.
+live in ``launcher.decide.copies.copyplan`` and ``launcher.decide.copies.broadcast``.
 """
 
 from __future__ import annotations

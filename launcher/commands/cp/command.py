@@ -16,7 +16,7 @@ from launcher.commands.cp.shared import Copy, Target
 from launcher.commands.cp.stream import NodeFiles, StreamPush
 from launcher.commands.cp.view import CopyView
 from launcher.commands.entry import INTERRUPTED, run_command
-from launcher.decide import copyplan as cpl
+from launcher.decide.copies import copyplan as cpl
 from launcher.errors import ConnectError, DtrainError, RemoteCommandError
 from launcher.models import CopyResult, Host
 from launcher.output import render

@@ -2,7 +2,7 @@
 
 Every node's engine hands its large files over (``Broadcaster.want``, through
 ``shared.hand_off``) or leaves; once every node has answered for a source, the files that
-enough nodes want go down a chain (``decide.broadcast`` plans it; ``nodeside/cpnode.py``'s
+enough nodes want go down a chain (``decide.copies.broadcast`` plans it; ``nodeside/cpnode.py``'s
 ``relay`` mode receives, forwards and writes), the rest are handed back for a direct send.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 from launcher.aio import cleanup
 from launcher.commands.cp.request import CHUNK, CLEANUP_S, CopyRequest
 from launcher.commands.cp.view import CopyView
-from launcher.decide import broadcast as bc
-from launcher.decide import copyplan as cpl
-from launcher.decide.copyplan import Entry
+from launcher.decide.copies import broadcast as bc
+from launcher.decide.copies import copyplan as cpl
+from launcher.decide.copies.copyplan import Entry
 from launcher.errors import DtrainError
 from launcher.job.remote import read_json_line, start_program
 from launcher.output import render

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from launcher import defaults
 from launcher.commands.cp.view import CopyView
-from launcher.decide import broadcast as bc
-from launcher.decide import copyplan as cpl
-from launcher.decide.copyplan import DIR, LINK, Entry
+from launcher.decide.copies import broadcast as bc
+from launcher.decide.copies import copyplan as cpl
+from launcher.decide.copies.copyplan import DIR, LINK, Entry
 from launcher.errors import TransferError, UsageError
 from launcher.job.remote import run_program
 from launcher.models import Host

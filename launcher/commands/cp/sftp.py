@@ -1,7 +1,7 @@
 """The SFTP engine: pull, and the push where dtrain's node program cannot start.
 
 One SFTP session on the node's SSH connection (``Connection.files()``): DEST laid out per
-node (``decide.copyplan.layout``), the tree at the destination listed (``walk``),
+node (``decide.copies.copyplan.layout``), the tree at the destination listed (``walk``),
 ``plan_sync`` decides, and the ``Syncer`` carries it out: stale temps removed, extras
 deleted (``--delete``), directories made, files written to a temp name and renamed over the
 final one, symlinks likewise. Pull is the same machinery the other way round, each node's
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from launcher.aio import cleanup
 from launcher.commands.cp.request import CHUNK, CLEANUP_S, FILES_IN_FLIGHT, Sums, walk
 from launcher.commands.cp.shared import Copy, Target, hand_off
-from launcher.decide import copyplan as cpl
-from launcher.decide.copyplan import DIR, LINK, Entry, SyncPlan
+from launcher.decide.copies import copyplan as cpl
+from launcher.decide.copies.copyplan import DIR, LINK, Entry, SyncPlan
 from launcher.errors import DtrainError, TransferError
 from launcher.models import CopyResult
 from launcher.transports.base import Connection, FileStat, FileSystem

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from launcher.commands.cp.relay import Broadcaster, Want
 from launcher.commands.cp.request import CopyRequest, Source, SourceData
 from launcher.commands.cp.view import CopyView
-from launcher.decide import copyplan as cpl
-from launcher.decide.copyplan import Entry, SyncPlan
+from launcher.decide.copies import copyplan as cpl
+from launcher.decide.copies.copyplan import Entry, SyncPlan
 from launcher.models import CopyResult
 from launcher.output import render
 from launcher.transports.base import Connection

@@ -25,8 +25,8 @@ from launcher.aio import cancel_and_wait, cleanup
 from launcher.commands.cp.relay import RELAY_IDLE_S, RELAY_START_S
 from launcher.commands.cp.request import CLEANUP_S, Source
 from launcher.commands.cp.shared import Copy, Target, hand_off
-from launcher.decide import copyplan as cpl
-from launcher.decide.copyplan import Entry, SyncPlan
+from launcher.decide.copies import copyplan as cpl
+from launcher.decide.copies.copyplan import Entry, SyncPlan
 from launcher.errors import ConnectError, RemoteCommandError
 from launcher.job.remote import MAX_LINE, read_json_line, start_program
 from launcher.transports.base import Connection, Process
@@ -240,7 +240,7 @@ class StreamPush:
         """This node's plan for one source, and its tree as plan_sync saw it.
 
         The node compares its tree with the source's rows and answers only where it
-        differs (decide/copyplan.py "the node-side diff"): a re-push of an unchanged tree
+        differs (decide/copies/copyplan.py "the node-side diff"): a re-push of an unchanged tree
         moves a few bytes back, not a row per file, and every node that matched shares
         one plan. ``--checksum`` lists the tree (its compare reads every mtime).
         """

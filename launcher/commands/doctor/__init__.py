@@ -5,8 +5,8 @@ usually had a cause visible in seconds (a node without torch, an odd torch versi
 that is DOWN, a firewall, memlock limited). The doctor shows *all* such causes at once, per
 node, instead of the first one ``dtrain run`` trips over.
 
-Shape (docs/doctor.md): the checks are pure and live in ``launcher.decide.checks`` and
-``launcher.decide.fabric_checks``; ``gather`` here does all the I/O; ``report`` evaluates and
+Shape (docs/doctor.md): the checks are pure and live in ``launcher.decide.fabric.checks`` and
+``launcher.decide.fabric.fabric_checks``; ``gather`` here does all the I/O; ``report`` evaluates and
 prints. This module re-exports the whole doctor API under one name.
 """
 
@@ -26,7 +26,7 @@ from launcher.commands.doctor.report import (
     report,
     summary,
 )
-from launcher.decide.checks import (
+from launcher.decide.fabric.checks import (
     CHECKS,
     FAIL,
     FAST_CHECKS,
@@ -53,7 +53,7 @@ from launcher.decide.checks import (
     failures,
     fast_checks,
 )
-from launcher.decide.fabric_checks import (
+from launcher.decide.fabric.fabric_checks import (
     check_hca,
     check_master,
     check_master_port,

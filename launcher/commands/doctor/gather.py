@@ -14,10 +14,10 @@ from typing import Any
 
 from launcher import defaults
 from launcher.aio import CLOSE_S, cleanup, cleanup_now
-from launcher.decide.checks import Gathered, MasterPick, PortProbe
-from launcher.decide.container import ContainerRequest, for_host
-from launcher.decide.fabric_checks import master_candidates, pick_master
-from launcher.decide.facts import NodeFacts
+from launcher.decide.fabric.checks import Gathered, MasterPick, PortProbe
+from launcher.decide.fabric.fabric_checks import master_candidates, pick_master
+from launcher.decide.runplan.container import ContainerRequest, for_host
+from launcher.decide.runplan.facts import NodeFacts
 from launcher.errors import DtrainError, PreflightFailed
 from launcher.models import Host
 from launcher.output import render

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from launcher.decide.checks import (
+from launcher.decide.fabric.checks import (
     FAIL,
     OK,
     SKIP,
@@ -32,7 +32,7 @@ from launcher.decide.checks import (
     check_torch,
     fold_by_message,
 )
-from launcher.decide.fabric_checks import (
+from launcher.decide.fabric.fabric_checks import (
     check_hca,
     check_master,
     check_master_port,
@@ -70,7 +70,7 @@ def evaluate(g: Gathered) -> list[CheckResult]:
             + check_memlock(facts) + check_gpudirect(facts, sockets) + check_shm(facts)
             + check_limits(facts) + check_clock(facts, g.timing))
     if g.images:  # --image: which nodes lack it (docs/containers.md)
-        from launcher.decide.container import image_rows
+        from launcher.decide.runplan.container import image_rows
 
         rows += [CheckResult(h, "image", OK if ok else FAIL, detail) for h, ok, detail in
                  image_rows({h: r for h, r in g.images.items() if h in facts},

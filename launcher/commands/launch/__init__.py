@@ -25,8 +25,8 @@ from launcher.commands.launch.recorder import (
     with_ledger,
 )
 from launcher.commands.launch.result import NO_PAYLOAD, Payload, RunResult, Word, run_extra
-from launcher.decide.plan import LaunchPlan, RunRequest
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.runplan.plan import LaunchPlan, RunRequest
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.job.prepare import Prepared
 
 if TYPE_CHECKING:

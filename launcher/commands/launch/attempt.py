@@ -18,13 +18,11 @@ from launcher.commands.launch.recorder import RunRecorder
 from launcher.commands.launch.result import NO_PAYLOAD, Payload, RunResult
 from launcher.commands.run_sampling import RunSampling, alongside
 from launcher.commands.startup import StartupClock
-from launcher.decide.failures import ErrorKeeper
-from launcher.decide.flight import flight_names
-from launcher.decide.nccl_account import wants_account
-from launcher.decide.outcomes import Failure, JobOutcome
-from launcher.decide.plan import LaunchPlan, RunRequest
-from launcher.decide.runoptions import RunOptions
-from launcher.decide.verdict import (
+from launcher.decide.fabric.nccl_account import wants_account
+from launcher.decide.outcome.failures import ErrorKeeper
+from launcher.decide.outcome.flight import flight_names
+from launcher.decide.outcome.outcomes import Failure, JobOutcome
+from launcher.decide.outcome.verdict import (
     TailKeeper,
     failure_lines,
     failure_reason,
@@ -33,6 +31,8 @@ from launcher.decide.verdict import (
     summary_lines,
     verdict,
 )
+from launcher.decide.runplan.plan import LaunchPlan, RunRequest
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.exitcodes import EXIT_FABRIC
 from launcher.hosts.hostfile import fold
 from launcher.job.fabric import FabricWatch

@@ -1,5 +1,5 @@
 """The job's observers made here: the live status line on a terminal (``NodeBoard``), the
-failure evidence (``Evidence``, around decide/failures.ErrorKeeper) and the run's hang
+failure evidence (``Evidence``, around decide/outcome/failures.ErrorKeeper) and the run's hang
 watch (``hang_watch``: job/hangwatch.py's, recorded through the run's recorder)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from launcher.commands.launch.pipeline import RunPipeline
 from launcher.commands.launch.recorder import RunRecorder
-from launcher.decide.failures import ErrorKeeper
-from launcher.decide.hang import ProgressWatch, compile_progress
-from launcher.decide.plan import LaunchPlan
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.outcome.failures import ErrorKeeper
+from launcher.decide.outcome.hang import ProgressWatch, compile_progress
+from launcher.decide.runplan.plan import LaunchPlan
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.job.events import Exit, Hello, Observer, RankExit, Stopping
 from launcher.job.hangwatch import HangWatch
 from launcher.job.orchestrate import Job, JobState
@@ -58,7 +58,7 @@ class NodeBoard(Observer):
 
 
 class Evidence(Observer):
-    """decide/failures.py's ErrorKeeper (below job/), fed as an observer: each rank's stderr
+    """decide/outcome/failures.py's ErrorKeeper (below job/), fed as an observer: each rank's stderr
     lines and the node's evidence of its death."""
 
     def __init__(self, keeper: ErrorKeeper) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from launcher.decide.verdict import TailKeeper
+from launcher.decide.outcome.verdict import TailKeeper
 from launcher.job.events import Observer, Observers, RankExit
 from launcher.models import Host, OutputLine
 from launcher.output.fold import ExitBarrierNoise, ShutdownChatter

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from launcher import __version__
 from launcher.commands.launch.result import RunResult, Word
-from launcher.decide.liveness import launcher_timeout
-from launcher.decide.plan import LaunchPlan, RunRequest, plan_json
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.outcome.liveness import launcher_timeout
+from launcher.decide.runplan.plan import LaunchPlan, RunRequest, plan_json
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.exitcodes import EXIT_INTERRUPTED
 from launcher.job.hangwatch import HangWatch
 from launcher.job.orchestrate import JobState
@@ -134,7 +134,7 @@ def start_meta(archive: RunArchive, req: RunRequest, opts: RunOptions, plan: Lau
                                      "host": socket.gethostname(),
                                      "detached": detacher is not None,
                                      "heartbeat_timeout": opts.limits.heartbeat_timeout,
-                                     # how long its nodes wait for it (decide/liveness.py)
+                                     # how long its nodes wait for it (decide/outcome/liveness.py)
                                      "launcher_timeout":
                                          launcher_timeout(opts.limits.heartbeat_timeout),
                                      "grace": opts.limits.grace}})

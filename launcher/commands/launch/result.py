@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.decide.failures import FailureReason
-from launcher.decide.hang import Hang
-from launcher.decide.outcomes import JobOutcome
-from launcher.decide.verdict import TailKeeper, Verdict
+from launcher.decide.outcome.failures import FailureReason
+from launcher.decide.outcome.hang import Hang
+from launcher.decide.outcome.outcomes import JobOutcome
+from launcher.decide.outcome.verdict import TailKeeper, Verdict
 from launcher.models import OutputLine
 from launcher.runrecord import Attempt, NodeResult, RootCause
 
@@ -42,7 +42,7 @@ class RunResult:
     goes on from it)."""
 
     verdict: Verdict  # the exit code (``code``), the outcome, the root cause
-    outcome: JobOutcome  # how the job ended, node by node (decide/outcomes.py)
+    outcome: JobOutcome  # how the job ended, node by node (decide/outcome/outcomes.py)
     run_id: str
     world_size: int
     master: str  # ADDR:PORT
@@ -52,7 +52,7 @@ class RunResult:
     tails: TailKeeper  # each rank's last stderr lines
     failure: FailureReason | None = None  # why the root-cause rank died
     hangs: list[Hang] = field(default_factory=list)  # dicts only at the output's edge
-    progressed: bool = False  # a progress line was seen (--restarts: decide.restarts)
+    progressed: bool = False  # a progress line was seen (--restarts: decide.outcome.restarts)
     fabric: dict[str, Any] | None = None  # NCCL's account (docs/fabric.md), None: none
     # meta.json's torch_versions and nccl_versions as the attempt started: "torch"/"nccl" ->
     # host -> version (None: unknown)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from launcher.decide.goodput import Ledger
+from launcher.decide.outcome.goodput import Ledger
 from launcher.errors import UsageError
 from launcher.output.archive import META, OUTPUT
 from launcher.output.rundir import has_entry, open_regular, open_run_dir
@@ -162,7 +162,8 @@ def read_stacks(dirfd: int, run_dir: Path,
 
 
 def goodput_ledger(meta: Mapping[str, Any]) -> Ledger:
-    """The ledger (decide/goodput.py) with the run's own progress and checkpoint patterns."""
+    """The ledger (decide/outcome/goodput.py) with the run's own progress and checkpoint
+    patterns."""
     policy = meta.get("hang_policy")
     progress = policy.get("progress") if isinstance(policy, Mapping) else None
     ckpt = meta.get("checkpoint_pattern")

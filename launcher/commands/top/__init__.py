@@ -20,8 +20,8 @@ from launcher.commands.entry import INTERRUPTED, Ended, run_command
 from launcher.commands.top.model import TopState
 from launcher.commands.top.runwatch import RunWatch
 from launcher.commands.top.view import ViewOptions, plain
-from launcher.decide.hang import compile_progress
-from launcher.decide.stragglers import StragglerSettings
+from launcher.decide.outcome.hang import compile_progress
+from launcher.decide.outcome.stragglers import StragglerSettings
 from launcher.exitcodes import EXIT_UNREACHABLE
 from launcher.hosts.hostfile import filter_hosts, with_user
 from launcher.job.sampling import OK, FollowPolicy, SamplerParams, follow

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
-from launcher.decide.stragglers import StragglerDetector, StragglerSettings
+from launcher.decide.outcome.stragglers import StragglerDetector, StragglerSettings
 from launcher.job.events import sample_cpu
 from launcher.job.sampling import CONNECTING, OK
 from launcher.output.samplelog import sample_fields

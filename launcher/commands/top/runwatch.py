@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from launcher.decide.hang import compile_progress
-from launcher.decide.steprate import StepRate
+from launcher.decide.outcome.hang import compile_progress
+from launcher.decide.outcome.steprate import StepRate
 from launcher.job.events import sample_cpu
 from launcher.models import Host
 from launcher.output.archive import read_meta

@@ -1,6 +1,6 @@
 """The report's goodput section (docs/goodput.md): one band per cause on the run's time axis
 and the ledger as a table (per attempt and in total); with --compare, the two ledgers side by
-side. It draws meta.json's ``goodput`` object (decide/goodput.py made it); nothing is
+side. It draws meta.json's ``goodput`` object (decide/outcome/goodput.py made it); nothing is
 computed here."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ COLOURS = {"startup": "#9aa5b1", "productive": "#2e9e4f", "lost": "#d9822b",
            "detection": "#e0a800", "restart": "#a8323e", "backoff": "#6b6b6b",
            "winddown": "#b5b5b5"}
 BAND_H = 14
-# where start-up went (decide/startup.py's PARTS, and the time a missing instant left unsplit)
+# where start-up went (decide/outcome/startup.py's PARTS, and the time a missing instant left
+# unsplit)
 PARTS = ("connect_probe", "agent_start", "rendezvous", "rank_start", "script", "unsplit")
 PART_LABELS = {"connect_probe": "connect, probe", "agent_start": "torchrun agent start",
                "rendezvous": "rendezvous", "rank_start": "rank process start",

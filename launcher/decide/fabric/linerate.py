@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launcher.decide.facts import NodeFacts
+from launcher.decide.runplan.facts import NodeFacts
 
 DEFAULT_LINE_FRACTION = 0.8
 

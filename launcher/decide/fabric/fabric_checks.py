@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from launcher.decide.checks import (
+from launcher.decide.fabric.checks import (
     FAIL,
     OK,
     SKIP,
@@ -19,9 +19,14 @@ from launcher.decide.checks import (
     _reference,
     _sock_if,
 )
-from launcher.decide.facts import NodeFacts
-from launcher.decide.netenv import SocketChoice, choose_master, pick_master_addr, socket_choice
-from launcher.decide.rdma import ETHERNET, HcaChoice, check_gid_index, plan_gids
+from launcher.decide.fabric.rdma import ETHERNET, HcaChoice, check_gid_index, plan_gids
+from launcher.decide.runplan.facts import NodeFacts
+from launcher.decide.runplan.netenv import (
+    SocketChoice,
+    choose_master,
+    pick_master_addr,
+    socket_choice,
+)
 from launcher.errors import PreflightFailed
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.decide.failures import (
+from launcher.decide.outcome.failures import (
     ErrorKeeper,
     FailureReason,
     agent_signal,
@@ -21,8 +21,8 @@ from launcher.decide.failures import (
     launcher_silent,
     supervisor_signal,
 )
-from launcher.decide.outcomes import JobOutcome, RankEnd
-from launcher.decide.plan import LaunchPlan
+from launcher.decide.outcome.outcomes import JobOutcome, RankEnd
+from launcher.decide.runplan.plan import LaunchPlan
 from launcher.exitcodes import (
     EXIT_FABRIC,
     EXIT_HANG,
@@ -447,7 +447,7 @@ def root_cause_json(outcome: JobOutcome, v: Verdict, tails: TailKeeper) -> RootC
 
 
 def failure_reason(outcome: JobOutcome, v: Verdict, keeper: ErrorKeeper) -> FailureReason | None:
-    """Why the root-cause rank died (decide.failures), when the root cause is a rank."""
+    """Why the root-cause rank died (decide.outcome.failures), when the root cause is a rank."""
     if v.root_kind != "rank" or v.root_host is None or v.root_rank is None:
         return None
     node = outcome.nodes.get(v.root_host)

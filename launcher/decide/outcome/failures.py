@@ -21,7 +21,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from launcher.decide.stacks import SHIM_NAME, Frame, RankStack, parse_faulthandler, user_threads
+from launcher.decide.outcome.stacks import (
+    SHIM_NAME,
+    Frame,
+    RankStack,
+    parse_faulthandler,
+    user_threads,
+)
 from launcher.models import OutputLine
 
 NODE, PROCESS, USER, UNKNOWN = "node", "process", "user", "unknown"
@@ -60,14 +66,14 @@ APP_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "G
 
 
 # exceptions that fail the same way on every run: the code or its environment (the restart
-# policy, decide/restarts.py, stops on them; any other exception is restarted once after
+# policy, decide/outcome/restarts.py, stops on them; any other exception is restarted once after
 # progress, and stops when the next attempt fails the same way at the same place)
 DETERMINISTIC = ("SyntaxError", "IndentationError", "TabError", "ImportError",
                  "ModuleNotFoundError", "NameError")
 
 
 def exception_advice(kind: str) -> str:
-    """What an exception of this type means for a rerun, in the words decide/restarts.py
+    """What an exception of this type means for a rerun, in the words decide/outcome/restarts.py
     acts on."""
     if kind.rsplit(".", 1)[-1] in DETERMINISTIC:
         return f"an error in the script: a {kind} fails the same way on every run"

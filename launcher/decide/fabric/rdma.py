@@ -17,7 +17,7 @@ import ipaddress
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from launcher.decide.facts import Gid, Iface, RdmaPort
+from launcher.decide.runplan.facts import Gid, Iface, RdmaPort
 
 INFINIBAND = "InfiniBand"
 ETHERNET = "Ethernet"

@@ -13,7 +13,7 @@ cause, hangs' ``FailureReason``, whether any rank made progress, which nodes wer
   that did not start, a GPU Xid of the hardware catalogue, the hang culprit named again
   after a restart while its stack stands outside the script's code (in a collective, in
   native code, no Python stack at all). The node is fenced (never used again by this run,
-  and remembered, tier ``isolate``: ``decide.lemons``), unless it is the run's last usable
+  and remembered, tier ``isolate``: ``decide.outcome.lemons``), unless it is the run's last usable
   node.
 * ``process``: anything else (a signal from outside, a native crash, a peer's connection
   closed, an exit code without a story, an OOM kill of the training process, a hang in
@@ -35,11 +35,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from launcher.decide import lemons as lm
-from launcher.decide.failures import DETERMINISTIC, NODE_XIDS, FailureReason
-from launcher.decide.incidents import Recall
-from launcher.decide.lemons import Lemon
-from launcher.decide.placement import Place, spare_for
+from launcher.decide.outcome import lemons as lm
+from launcher.decide.outcome.failures import DETERMINISTIC, NODE_XIDS, FailureReason
+from launcher.decide.outcome.incidents import Recall
+from launcher.decide.outcome.lemons import Lemon
+from launcher.decide.runplan.placement import Place, spare_for
 from launcher.errors import UsageError
 from launcher.hosts.hostfile import fold
 
@@ -83,12 +83,12 @@ class AttemptEnd:
     root_kind: str | None  # the verdict's: rank, node, lost, start, hang, interrupted, timeout
     host: str | None = None
     rank: int | None = None
-    reason: FailureReason | None = None  # why the root-cause rank died (decide.failures)
+    reason: FailureReason | None = None  # why the root-cause rank died (decide.outcome.failures)
     progressed: bool = False  # a progress line was seen during the attempt
     lost: tuple[str, ...] = ()  # every node lost (heartbeat, connection) in the attempt
     error: str | None = None  # the root cause's own words (a lost node's, a hang's)
     stderr: tuple[str, ...] = ()  # the root-cause rank's last stderr lines
-    # a hang's culprit (decide.stacks.Culprit): where it stands (script, collective,
+    # a hang's culprit (decide.outcome.stacks.Culprit): where it stands (script, collective,
     # native; None: not known) and its place
     where: str | None = None
     place: str | None = None
@@ -187,7 +187,7 @@ def classify(end: AttemptEnd, before: Sequence[Fault] = ()) -> Fault:
     return Fault(PROCESS, why, signature=sig)
 
 
-OUTSIDE = ("collective", "native")  # decide.stacks: a culprit not in the script's code
+OUTSIDE = ("collective", "native")  # decide.outcome.stacks: a culprit not in the script's code
 
 
 def _hang(end: AttemptEnd, before: Sequence[Fault]) -> Fault:
@@ -244,7 +244,7 @@ class Gang:
 def next_gang(active: Sequence[str], spares: Sequence[str], fenced: Sequence[str],
               count: NodeCount, places: Mapping[str, Place] | None = None) -> Gang:
     """Fenced nodes out; each replaced, in its place, by a spare (``places``: one from its
-    NVLink domain, switch or segment first, decide/placement.py; else the first); without
+    NVLink domain, switch or segment first, decide/runplan/placement.py; else the first); without
     a spare the run shrinks down to ``count.min``, below it the run stops."""
     out = set(fenced)
     pool = [s for s in spares if s not in out]
@@ -318,7 +318,7 @@ class FirstGang:
 def choose_gang(labels: Sequence[str], policy: RestartPolicy, lemons: Mapping[str, Lemon],
                 now: float) -> FirstGang:
     """(the first attempt's hosts, the node count, the spares) of every run: the hosts on
-    the lemon list (``lemons``: those in force, ``decide.lemons.current``) left out while
+    the lemon list (``lemons``: those in force, ``decide.outcome.lemons.current``) left out while
     enough remain, else used with a warning; ``--nnodes MAX`` hosts; the rest spares."""
     if policy.count is not None and policy.count.min > len(labels):
         raise UsageError(f"--nnodes {policy.count}: only {len(labels)} host(s) given "
@@ -362,7 +362,7 @@ def decide(end: AttemptEnd, before: Sequence[Fault], attempt: int, policy: Resta
            places: Mapping[str, Place] | None = None, history: Recall | None = None
            ) -> Decision:
     """The whole decision after attempt ``attempt`` ended; ``history``: what the incidents
-    of earlier runs say of this failure (decide/incidents.py ``recall``)."""
+    of earlier runs say of this failure (decide/outcome/incidents.py ``recall``)."""
     fault = classify(end, before)
     if fault.kind == FINAL:
         return Decision(False, "", fault)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher import defaults
-from launcher.decide.container import (
+from launcher.decide.runplan.container import (
     ContainerCommand,
     ContainerRequest,
     NodeContainerFacts,
@@ -19,9 +19,9 @@ from launcher.decide.container import (
     for_host,
     image_problems,
 )
-from launcher.decide.devices import DeviceSelection
-from launcher.decide.facts import NodeFacts
-from launcher.decide.netenv import (
+from launcher.decide.runplan.devices import DeviceSelection
+from launcher.decide.runplan.facts import NodeFacts
+from launcher.decide.runplan.netenv import (
     UNBUFFERED,
     EnvDecision,
     EnvVar,
@@ -29,7 +29,7 @@ from launcher.decide.netenv import (
     merge_env,
     user_layer,
 )
-from launcher.decide.runoptions import RunOptions
+from launcher.decide.runplan.runoptions import RunOptions
 from launcher.errors import PreflightFailed, UsageError
 from launcher.hosts.hostfile import fold
 from launcher.models import Host
@@ -64,7 +64,7 @@ class RunRequest:
     run_id: str = "dtrain"
     restarts: int = 0  # dtrain run --restarts N: relaunches of the whole gang
     attempt: int = 1  # which attempt this plan is for (DTRAIN_ATTEMPT with --restarts)
-    # DeepSpeed's --include host:0,1 / --exclude host:2 (decide/devices.py)
+    # DeepSpeed's --include host:0,1 / --exclude host:2 (decide/runplan/devices.py)
     devices: DeviceSelection = field(default_factory=DeviceSelection)
     container: ContainerRequest | None = None  # --image (docs/containers.md)
 
@@ -310,8 +310,8 @@ def node_added(env: Mapping[str, str], torch_version: str | None) -> tuple[EnvVa
     its real environment, which only it knows (a variable its shell exports wins there);
     this is what they give for the plan's. ``TORCHELASTIC_RESTART_COUNT`` is raised there
     by the attempt number under --restarts (docs/restarts.md)."""
-    from launcher.decide.flight import flight_names
-    from launcher.decide.nccl_account import wants_account
+    from launcher.decide.fabric.nccl_account import wants_account
+    from launcher.decide.outcome.flight import flight_names
     from launcher.nodeside.nodeevidence import nccl_defaults
     from launcher.nodeside.rankshim import flight_defaults
 
@@ -333,7 +333,7 @@ def node_added(env: Mapping[str, str], torch_version: str | None) -> tuple[EnvVa
 
 def container_for(req: RunRequest, opts: RunOptions, host: Host, facts: NodeFacts
                   ) -> ContainerCommand | None:
-    """``--image``: this node's runtime command (decide/container.py), from its facts."""
+    """``--image``: this node's runtime command (decide/runplan/container.py), from its facts."""
     ctr = for_host(req.container, host.image)
     if ctr is None or facts.container is None or facts.container.runtime is None:
         return None

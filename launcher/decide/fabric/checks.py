@@ -14,11 +14,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from launcher.decide.container import ContainerRequest
-from launcher.decide.facts import UNLIMITED, NodeFacts
-from launcher.decide.netenv import SocketChoice
-from launcher.decide.rdma import HcaChoice, select_hcas
-from launcher.decide.startup import clock_offset
+from launcher.decide.fabric.rdma import HcaChoice, select_hcas
+from launcher.decide.outcome.startup import clock_offset
+from launcher.decide.runplan.container import ContainerRequest
+from launcher.decide.runplan.facts import UNLIMITED, NodeFacts
+from launcher.decide.runplan.netenv import SocketChoice
 from launcher.hosts.hostfile import fold
 from launcher.models import Host
 

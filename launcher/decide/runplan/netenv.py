@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.decide.facts import Iface, NodeFacts, Route
-from launcher.decide.rdma import HcaChoice, check_gid_index, plan_gids, select_hcas
+from launcher.decide.fabric.rdma import HcaChoice, check_gid_index, plan_gids, select_hcas
+from launcher.decide.runplan.facts import Iface, NodeFacts, Route
 from launcher.errors import ConfigError, PreflightFailed
 from launcher.hosts.envfile import name_problem
 from launcher.text.redact import redact_value

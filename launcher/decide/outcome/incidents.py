@@ -2,7 +2,7 @@
 (issue 53, docs/incidents.md).
 
 An ``Incident`` is one failure dtrain explained at the end of a failed attempt of `dtrain
-run`: its fingerprint (``decide.fingerprint``) and, beside it, the node whose own rank
+run`: its fingerprint (``decide.outcome.fingerprint``) and, beside it, the node whose own rank
 failed, the run, the attempt, the time, the script, the commit and the versions. The store
 (``job/incidents.py``) keeps at most ``MAX_RECORDS`` of them, none older than
 ``MAX_AGE_S``, in a document ``{"incidents_version": 2, "incidents": [...]}`` (version 1,
@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.decide.failures import FailureReason
-from launcher.decide.fingerprint import Fingerprint, of_failure, of_hang
+from launcher.decide.outcome.failures import FailureReason
+from launcher.decide.outcome.fingerprint import Fingerprint, of_failure, of_hang
 
 VERSION = 2  # 2: each record's ``seconds`` (the time it cost); 1 had none
 READS = (1, 2)  # the versions this dtrain reads
@@ -45,11 +45,12 @@ CODE_NODES = 2
 MACHINE_PRINTS = 2
 ISOLATE_PRINTS = 3
 CODE_KINDS = ("exception", "segfault", "abort", "oom", "exit", "hang-script")
-# the restart fault (decide.restarts.classify) an incident must have had to count against
+# the restart fault (decide.outcome.restarts.classify) an incident must have had to count against
 # its node
 MACHINE_FAULTS = ("process",)
 SUSPECT, ISOLATE = "suspect", "isolate"
-# the goodput ledger's causes (decide/goodput.py) an incident is charged with, of the attempt
+# the goodput ledger's causes (decide/outcome/goodput.py) an incident is charged with, of the
+# attempt
 # it ended: its steps done again, the time until dtrain noticed (a hang's too), the stop and
 # decision, the start-up the attempt had spent, and a failed last attempt's tail (the
 # ledger's winddown: its noticing and stop, unsplit without --restarts)
@@ -66,7 +67,7 @@ class Incident:
 
     fingerprint: str
     label: str
-    kind: str  # the print's kind (decide.fingerprint); a hang in the script: hang-script
+    kind: str  # the print's kind (decide.outcome.fingerprint); a hang in the script: hang-script
     fault: str  # the restart fault it was classified as alone: user, process, node
     host: str
     run_id: str
@@ -331,7 +332,7 @@ def explained(*, reason: FailureReason | None, stderr: Sequence[str], code: int 
     """(the node the failure counts against, the incident's kind, its print) of an
     attempt's root cause; None when dtrain explained nothing. The node is the failed rank's
     own (``reason.host``: the verdict's root cause, from that node's own report) or the
-    hang culprit's (named on its own stack, decide/stacks.py): never a node that some
+    hang culprit's (named on its own stack, decide/outcome/stacks.py): never a node that some
     output line names."""
     if root_kind == "hang":
         if not host:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import defaults
-from launcher.decide.hang import HangPolicy
-from launcher.decide.restarts import RestartPolicy
-from launcher.decide.stragglers import StragglerSettings
+from launcher.decide.outcome.hang import HangPolicy
+from launcher.decide.outcome.restarts import RestartPolicy
+from launcher.decide.outcome.stragglers import StragglerSettings
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Watching:
     restart: RestartPolicy = RestartPolicy()  # --restarts, --nnodes (docs/restarts.md)
     sample_interval: float = 10.0  # --sample-interval: samples.jsonl every S s (0: off)
     stragglers: StragglerSettings = field(default_factory=StragglerSettings)
-    # NCCL's account (decide/nccl_account.py, docs/fabric.md): --require-fabric rdma|gdr|any
+    # NCCL's account (decide/fabric/nccl_account.py, docs/fabric.md): --require-fabric rdma|gdr|any
     require_fabric: str | None = None
     checkpoint: str | None = None  # --checkpoint REGEX: the save lines (docs/goodput.md)
     notify: str | None = None  # --notify URL|COMMAND (job/notify.py)

@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.decide import startup
-from launcher.decide.hang import DEFAULT_PROGRESS
-from launcher.decide.steprate import STEP_NUMBER
+from launcher.decide.outcome import startup
+from launcher.decide.outcome.hang import DEFAULT_PROGRESS
+from launcher.decide.outcome.steprate import STEP_NUMBER
 
 SCHEMA = 1
 CAUSES = ("startup", "productive", "lost", "checkpoint_save", "checkpoint_restore", "hang",
@@ -70,7 +70,7 @@ class AttemptLedger:
     resumed_at: int | None  # the step this attempt began at (its first step number)
     highest: int | None  # the highest step it reached
     lost_steps: int | None
-    # the start-up's parts, per node (decide/startup.py); None: no node instants recorded
+    # the start-up's parts, per node (decide/outcome/startup.py); None: no node instants recorded
     startup_split: dict[str, Any] | None = None
 
 
@@ -86,7 +86,7 @@ class GoodputLedger:
     segments: tuple[tuple[float, float, str, int], ...]  # (from, to, cause, attempt)
     notes: tuple[str, ...]
     step_time: dict[str, dict[str, float]]  # {"ranks": {r: s}, "nodes": {host: s}}
-    startup_split: dict[str, float | None] | None = None  # the run's (decide/startup.total)
+    startup_split: dict[str, float | None] | None = None  # the run's (decide/outcome/startup.total)
 
     def json(self) -> dict[str, Any]:
         """meta.json's and --json's ``goodput`` (docs/goodput.md, schema version 1)."""
@@ -396,7 +396,7 @@ def compile_checkpoint(pattern: str) -> re.Pattern[str]:
 
 
 def _startup_records(meta: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
-    """meta.json ``startup[]``: each attempt's node instants (decide/startup.py)."""
+    """meta.json ``startup[]``: each attempt's node instants (decide/outcome/startup.py)."""
     raw = meta.get("startup")
     out: dict[int, Mapping[str, Any]] = {}
     for rec in raw if isinstance(raw, list) else []:

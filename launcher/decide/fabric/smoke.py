@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.decide.facts import NodeFacts
-from launcher.decide.linerate import LineRate, below_line
+from launcher.decide.fabric.linerate import LineRate, below_line
+from launcher.decide.runplan.facts import NodeFacts
 from launcher.errors import UsageError
 from launcher.exitcodes import EXIT_FAILED, EXIT_OK
 from launcher.text.words import count

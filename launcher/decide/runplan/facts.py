@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from launcher.decide.container import ContainerFacts
+from launcher.decide.runplan.container import ContainerFacts
 
 UNLIMITED = -1  # RLIM_INFINITY as the probe writes it
 LOOPBACK_TYPE = 772  # ARPHRD_LOOPBACK in /sys/class/net/*/type
@@ -284,9 +284,10 @@ class NodeFacts:
     errors: Mapping[str, str] = field(default_factory=dict)  # probe sections that failed
     container: ContainerFacts | None = None  # --image: the node's runtime and image
     # nvidia-smi's NVLink fabric on an IMEX machine (nodeside/probe.read_fabric), raw text:
-    # state, status, cluster_uuid, clique_id; empty elsewhere (decide/placement.nvlink_domain)
+    # state, status, cluster_uuid, clique_id; empty elsewhere
+    # (decide/runplan/placement.nvlink_domain)
     fabric: Mapping[str, str] = field(default_factory=dict)
-    # other users' dtrain runs on the node (decide/sharing.py); ``others_hidden``: /proc's
+    # other users' dtrain runs on the node (decide/runplan/sharing.py); ``others_hidden``: /proc's
     # hidepid option there, when it hides them; ``others_seen``: False with an old probe
     others: tuple[OtherRun, ...] = ()
     others_hidden: str | None = None

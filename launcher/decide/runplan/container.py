@@ -231,7 +231,7 @@ class ContainerCommand:
 
 @dataclass(frozen=True)
 class NodeContainerFacts:
-    """The node facts the runtime's words depend on (from ``decide.facts.NodeFacts``)."""
+    """The node facts the runtime's words depend on (from ``decide.runplan.facts.NodeFacts``)."""
 
     gpus: int = 0
     rdma: bool = False  # the node has HCAs (RDMA ports)

@@ -2,9 +2,9 @@
 node, rank, run or time (issue 53, docs/incidents.md).
 
 It is made only from facts dtrain already has: the failure's kind and evidence
-(``decide.failures.FailureReason``), the root-cause rank's last stderr lines (its
+(``decide.outcome.failures.FailureReason``), the root-cause rank's last stderr lines (its
 traceback), and for a hang the culprit's place and where its stack stood
-(``decide.stacks``). What goes in, by kind:
+(``decide.outcome.stacks``). What goes in, by kind:
 
 * ``exception``: the exception's type, its message masked, and its innermost frame of the
   user's code (the last frame of the last traceback outside site-packages, the standard
@@ -34,8 +34,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from launcher.decide.failures import FailureReason, python_exception
-from launcher.decide.stacks import SHIM_NAME, Frame
+from launcher.decide.outcome.failures import FailureReason, python_exception
+from launcher.decide.outcome.stacks import SHIM_NAME, Frame
 
 SHORT = 12
 _PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
@@ -69,7 +69,7 @@ class Fingerprint:
 
     digest: str
     label: str
-    kind: str  # the failure's kind (decide.failures), "hang" for a hang
+    kind: str  # the failure's kind (decide.outcome.failures), "hang" for a hang
     parts: tuple[str, ...]
 
 

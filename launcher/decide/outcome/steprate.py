@@ -14,12 +14,12 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from launcher.decide.hang import DEFAULT_PROGRESS
+from launcher.decide.outcome.hang import DEFAULT_PROGRESS
 
 STEP_NUMBER = re.compile(r"(?i)(?:(?<![a-z])(?:global_step|step|iteration|iter|batch)['\"]?"
                          r"\s*[:=#]?\s*(\d{1,15})(?!\d))|(?:(\d{1,15})/\d+\s*\[)")
 WINDOW_S = 30.0
-PROGRESS = DEFAULT_PROGRESS  # the pattern hang detection uses (decide/hang.py)
+PROGRESS = DEFAULT_PROGRESS  # the pattern hang detection uses (decide/outcome/hang.py)
 
 
 @dataclass

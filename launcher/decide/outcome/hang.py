@@ -9,7 +9,7 @@ silence, not declared hung for printing the wrong words.
 
 Times are the launcher's arrival times (OutputLine.t); the clock is passed in, so the rules
 are unit-tested without waiting. The stall is counted in the launcher's own running time, as
-a node's silence is (decide/liveness.py): the hang watch's tick knows when it was due, and a
+a node's silence is (decide/outcome/liveness.py): the hang watch's tick knows when it was due, and a
 late tick means the launcher itself was not running (SIGSTOP, a starved loop), a stretch
 that is not the ranks' stall; and what the ranks printed meanwhile may still be unread when
 that late tick runs, so a late tick declares a hang only past one more tick. docs/hangs.md.
@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from launcher.decide.liveness import Silence
-from launcher.decide.stacks import Culprit, Folded
+from launcher.decide.outcome.liveness import Silence
+from launcher.decide.outcome.stacks import Culprit, Folded
 from launcher.errors import UsageError
 from launcher.models import OutputLine
 from launcher.runrecord import HangCulprit, HangRecord
@@ -89,7 +89,7 @@ class ProgressWatch:
         self.last: float = start  # the job's last progress
         self.last_text: str | None = None
         self.last_rank: int | None = None
-        # the launcher's own stalls since the baseline (decide/liveness.py; timeout 0: it
+        # the launcher's own stalls since the baseline (decide/outcome/liveness.py; timeout 0: it
         # only measures), and the margin of the last look (one tick when it came late)
         self._own = Silence(0.0, start)
         self.margin = 0.0
@@ -179,7 +179,7 @@ def hang_due(watch: ProgressWatch, now: float, policy: HangPolicy, *, all_alive:
 @dataclass(frozen=True)
 class Hang:
     """One hang the watch declared (job/hangwatch.py): when, how long the stall, the likely
-    culprit from the stacks (decide/stacks.py), and what was done. meta.json's ``hangs[]``
+    culprit from the stacks (decide/outcome/stacks.py), and what was done. meta.json's ``hangs[]``
     is its ``json()``, written only at that edge; the restart policy reads the culprit."""
 
     t: float

@@ -2,7 +2,7 @@
 and the job's outcome that holds them.
 
 ``job/`` fills them in (``job/node.NodeSession`` a node's outcome, ``job/orchestrate.Job``
-the failures and the job's outcome); ``decide/verdict.py`` judges them, the hang watch
+the failures and the job's outcome); ``decide/outcome/verdict.py`` judges them, the hang watch
 declares a hang as a ``Failure``, and ``commands/restarts.attempt_end`` reads them for the
 restart decision. No I/O, no asyncio: every layer from ``decide/`` up may hold them.
 """
@@ -34,7 +34,7 @@ class RankEnd:
     t: float | None = None  # when it ended (the node's clock)
     pid: int | None = None
     script: float | None = None  # the hand-over to the user's script (node clock)
-    evidence: Mapping[str, Any] | None = None  # decide/failures.py reads it
+    evidence: Mapping[str, Any] | None = None  # decide/outcome/failures.py reads it
 
     @property
     def failed(self) -> bool:

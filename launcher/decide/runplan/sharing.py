@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.decide.facts import NodeFacts, OtherRun
+from launcher.decide.runplan.facts import NodeFacts, OtherRun
 from launcher.errors import PreflightFailed
 from launcher.text.words import count
 

@@ -1,6 +1,6 @@
 """Pure: the lemon list's records, which of them hold now, and which hosts a run skips.
 
-A node fenced by a run (``decide.restarts``) is remembered in the per-user state directory
+A node fenced by a run (``decide.outcome.restarts``) is remembered in the per-user state directory
 (``job/lemons.py`` keeps the file): which node, why, which run, when, until when, its tier
 and how often it was named. Two tiers (docs/restarts.md):
 

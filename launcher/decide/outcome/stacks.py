@@ -14,7 +14,7 @@ The culprit comes from the wavefront, never from a vote (docs/hangs.md): a rank 
 inside a collective is a victim; the culprits are the ranks that have not reached the
 collective the others wait in, however many or few they are. Each rank's dump is its own
 node's claim, and a rank is named only on its own word: its own stack stands outside every
-collective and its own flight recorder (``decide.flight``) shows no collective entered and
+collective and its own flight recorder (``decide.outcome.flight``) shows no collective entered and
 not completed. Another rank's report (a higher sequence number, another op, another place)
 is never evidence against a rank; it may only clear it: a rank whose own record shows the
 collective the waiting ranks wait in completed is not behind it. A rank that waits by its
@@ -37,7 +37,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from launcher.decide.flight import RankFlight
+from launcher.decide.outcome.flight import RankFlight
 from launcher.text.words import rank_ranges
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
