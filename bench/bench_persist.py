@@ -264,12 +264,15 @@ def main() -> int:
                 print(f"{s.case}: {tool}'s hops (ms), median [min, max] of {len(runs)}")
                 key = s.case if tool == "dtrain warm" else f"{s.case}, {tool}"
                 hops[key] = {}
-                for name in runs[0].extra["hops"]:
-                    v = [r.extra["hops"].get(name, float("nan")) for r in runs]
+                names = [n for r in runs for n in r.extra["hops"]]
+                for name in sorted(set(names), key=names.index):
+                    # a run the resident did not serve (retired: the code changed) has no
+                    # "sent"/"forked": each hop over the runs that passed it
+                    v = [r.extra["hops"][name] for r in runs if name in r.extra["hops"]]
                     hops[key][name] = {"median ms": round(statistics.median(v), 1),
                                           "min ms": min(v), "max ms": max(v), "runs": len(v)}
                     print(f"  {name:<28} {statistics.median(v):7.1f} "
-                          f"[{min(v):.1f}, {max(v):.1f}]")
+                          f"[{min(v):.1f}, {max(v):.1f}] of {len(v)}")
     save_json(args.json, {**provenance(), "bench": "persist", "machine": machine(),
                           "revision": revision(), "client": client,
                           "rows": ratio_rows(series_list, ref="dtrain warm"), "hops": hops,
