@@ -242,6 +242,9 @@ def main() -> int:
     starts = start_cost(client_py)
     client = {"python": client_py, "dtrain": client_bin, "venv": bool(args.client_python),
               "start_ms": starts}
+    if args.client_python:  # this box's own interpreter, for the site python column
+        client["site_python"] = sys.executable
+        client["site_start_ms"] = start_cost(sys.executable)
     print(f"machine: {machine()}\n{revision()}\nclient: {client_bin} ({client_py}: "
           + ", ".join(f"{n} {v:.1f} ms" for n, v in starts.items()) + ", medians of 15)\n")
     print(wall_table(series_list, ref="dtrain warm",
@@ -275,7 +278,7 @@ def main() -> int:
                           f"[{min(v):.1f}, {max(v):.1f}] of {len(v)}")
     save_json(args.json, {**provenance(), "bench": "persist", "machine": machine(),
                           "revision": revision(), "client": client,
-                          "rows": ratio_rows(series_list, ref="dtrain warm"), "hops": hops,
+                          "rows": rows(series_list), "hops": hops,
                           "memory_mb": {str(k): v[1] for k, v in memory.items()},
                           "resident_memory_mb": {str(k): v[1] for k, v in
                                                  memory_resident.items()},
@@ -329,6 +332,16 @@ def cp_case(env_: Env, args: object, base: dict[str, str], cp_env: dict[str, str
     for n in env_.nodes(k):
         shutil.rmtree(n.home / REMOTE_DIR, ignore_errors=True)
     return s
+
+
+def rows(series_list: list[Series]) -> list[dict[str, object]]:
+    """The results file's ratio rows: against ``dtrain warm``, and with ``--client-python``
+    also against ``dtrain warm, site python`` (its own ratios to pdsh and ControlPersist)."""
+    out = ratio_rows(series_list, ref="dtrain warm")
+    if any(SITE in s.runs for s in series_list):
+        out += [r for r in ratio_rows(series_list, ref=SITE)
+                if r["tool"] in ("pdsh", "pdsh ControlPersist")]
+    return out
 
 
 def hop_spans(stderr: str) -> dict[str, float]:
