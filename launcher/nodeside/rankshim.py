@@ -16,6 +16,7 @@ import struct
 import sys
 
 from launcher.nodeside.nodecommon import (
+    DIR_PLACEHOLDER,
     _prctl,
     hostname,
     now,
@@ -62,6 +63,33 @@ RANK_TITLE = b"dtrain rank "
 # torchrun's comm: torch names its agent's main thread so once torchrun's run() starts
 # (torch.multiprocessing._set_thread_name); the same name from the first instant, not two
 AGENT_COMM = "pt_elastic"
+
+
+def job_argv(spec, tmpdir):
+    """The job's command line from the spec (and, in run mode, our private directory ``tmpdir``:
+    the rank shim's path put in, torchrun made to run isolated): (argv, the shim's path as
+    bytes, or None)."""
+    if spec.get("shell") is not None:
+        # in an image the login shell of the host may not exist: its /bin/sh
+        shell = "/bin/sh" if spec.get("container") else os.environ.get("SHELL") or "/bin/sh"
+        command = spec["shell"]
+        # one argument starting with '-' is a command, not an option of the shell:
+        # '--' ends the options of sh, bash, dash, zsh, ksh and fish; csh and tcsh
+        # take the next word as the command anyway, so a space keeps it from looking
+        # like an option there
+        if os.path.basename(shell) in ("csh", "tcsh"):
+            return [shell, "-c", " " + command if command.startswith("-") else command], None
+        return [shell, "-c", "--", command], None
+    argv = list(spec["argv"])
+    if not tmpdir:
+        return argv, None
+    shim = os.path.join(tmpdir, "dtrain_shim.py")
+    argv = [shim if a == SHIM_PLACEHOLDER else a.replace(DIR_PLACEHOLDER, tmpdir) for a in argv]
+    for i in range(1, len(argv) - 1):
+        if argv[i:i + 2] == ["-m", "torch.distributed.run"]:
+            argv[i:i + 2] = ["-c", TORCHRUN_ISOLATED]
+            break
+    return argv, shim.encode()
 
 
 def agent_title():

@@ -55,7 +55,6 @@ if False:  # for mypy only: typing is not imported on the nodes
 
 from launcher.nodeside.nodecommon import (
     CHUNK,
-    DIR_PLACEHOLDER,
     ERR,
     MAGIC,
     OUT,
@@ -91,9 +90,8 @@ from launcher.nodeside.rankshim import (
     ARM_ENV,
     RANK_TITLE,
     SHIM_ENV,
-    SHIM_PLACEHOLDER,
     TMPDIR_ENV,
-    TORCHRUN_ISOLATED,
+    job_argv,
     rank_main,
     shim_main,
 )
@@ -258,31 +256,6 @@ class Supervisor:
                 self.on_control_line(line)
 
     # -- job --------------------------------------------------------------------------------
-    def job_argv(self):
-        spec = self.spec
-        if spec.get("shell") is not None:
-            # in an image the login shell of the host may not exist: its /bin/sh
-            shell = "/bin/sh" if spec.get("container") else os.environ.get("SHELL") or "/bin/sh"
-            command = spec["shell"]
-            # one argument starting with '-' is a command, not an option of the shell:
-            # '--' ends the options of sh, bash, dash, zsh, ksh and fish; csh and tcsh
-            # take the next word as the command anyway, so a space keeps it from looking
-            # like an option there
-            if os.path.basename(shell) in ("csh", "tcsh"):
-                return [shell, "-c", " " + command if command.startswith("-") else command]
-            return [shell, "-c", "--", command]
-        argv = list(spec["argv"])
-        if self.tmpdir:
-            shim = os.path.join(self.tmpdir, "dtrain_shim.py")
-            self.shim_path = shim.encode()
-            argv = [shim if a == SHIM_PLACEHOLDER else a.replace(DIR_PLACEHOLDER, self.tmpdir)
-                    for a in argv]
-            for i in range(1, len(argv) - 1):
-                if argv[i:i + 2] == ["-m", "torch.distributed.run"]:
-                    argv[i:i + 2] = ["-c", TORCHRUN_ISOLATED]
-                    break
-        return argv
-
     def start(self):
         env = dict(os.environ)
         env.update(self.spec.get("env") or {})
@@ -315,7 +288,7 @@ class Supervisor:
             self.evidence.evidence_env(env)
             env[TMPDIR_ENV] = env.get("TMPDIR", "")
             env["TMPDIR"] = self.tmpdir
-        argv = self.job_argv()
+        argv, self.shim_path = job_argv(self.spec, self.tmpdir)
         self.warm.start(env, argv)  # when the spec asks (warm.py): before torchrun, beside it
         try:
             if ctr:
