@@ -234,6 +234,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "launcher", "connections", "close"],
                        env=env_.env(XDG_RUNTIME_DIR=str(runtime_site)), capture_output=True)
         shutil.rmtree(runtime_site, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
         for sock in control.glob("*"):
             subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"],
                            capture_output=True)
