@@ -196,7 +196,10 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-MODES = {"cold": ["--no-preload"], "warm": ["--preload", "torch"], "": [], "torchrun": []}
+MODES = {"cold": ["--no-preload"], "warm": ["--preload", "torch"], "": [], "torchrun": [],
+         "session": ["--preload", "torch"]}
+# what a mode sets in dtrain's environment: the node session (docs/warm-start.md), asked for
+MODE_ENV = {"session": {"DTRAIN_KEEP_WARM": "1"}}
 
 
 def by_mode(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -246,7 +249,8 @@ def _wall(job: Watched, t: float) -> float:
 
 
 def one_run(cluster: tc.Cluster, nodes: int, nproc: int, first: int, kill_after: int,
-            steps: int, archive: Path, extra: list[str] | None = None) -> dict[str, Any]:
+            steps: int, archive: Path, extra: list[str] | None = None,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
     run_id = f"bench-recovery-{uuid.uuid4().hex[:6]}"
     last = first + nodes - 1
     ck = Path(tempfile.mkdtemp(prefix="ck-", dir=cluster.shared_dir))
@@ -257,7 +261,8 @@ def one_run(cluster: tc.Cluster, nodes: int, nproc: int, first: int, kill_after:
             "--archive-dir", str(archive), "--run-id", run_id, "--no-color",
             "--restarts", "1", "--start-timeout", "600", "--sample-interval", "0",
             *(extra or []), *script_args(ck, steps)]
-    job = Watched(argv, cluster.client_env(PYTHONUNBUFFERED="1", XDG_STATE_HOME=state))
+    job = Watched(argv, cluster.client_env(PYTHONUNBUFFERED="1", XDG_STATE_HOME=state,
+                                           **(env or {})))
     victim = nodes * nproc - 1  # the last node's last rank
     killed: dict[str, Any] = {"rank": victim, "host": f"node{last}"}
     if job.wait_line(rf"\br0: step {kill_after}\b", 600):
@@ -457,7 +462,7 @@ def main() -> int:
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",")] if args.modes else [""]
     if any(m not in MODES or not m and args.modes for m in modes):
-        log(f"--modes: cold, warm and/or torchrun, not {args.modes!r}")
+        log(f"--modes: cold, warm, session and/or torchrun, not {args.modes!r}")
         return 2
     cluster = tc.load()
     need = args.first_node + args.nodes - 1
@@ -478,7 +483,7 @@ def main() -> int:
             else:
                 res = one_run(cluster, args.nodes, args.nproc_per_node, args.first_node,
                               args.kill_after, args.steps, archive,
-                              MODES[mode] + shlex.split(args.run_args))
+                              MODES[mode] + shlex.split(args.run_args), MODE_ENV.get(mode))
             res["mode"] = mode
             log(f"  kill -> every rank at its first line: {res.get('kill_to_first_line_s')} s")
             if not res.get("ok"):

@@ -251,6 +251,12 @@ ALLOWED_RAW = {  # module -> why it may open or check unix sockets without launc
     "launcher/nodeside/warm.py": "a node program: the warm process's socket in the "
                                  "supervisor's private directory (0700) and the rank shim's "
                                  "side of it, each peer's uid checked (SO_PEERCRED)",
+    "launcher/nodeside/warmclient.py": "a node program: the clients of that socket (the rank "
+                                       "shim, the supervisor's agent starter), the peer's uid "
+                                       "checked (SO_PEERCRED)",
+    "launcher/nodeside/nodesession.py": "a node program: the node session's socket in this "
+                                        "user's directory (0700, lstat-checked), each peer's "
+                                        "uid checked (SO_PEERCRED) on both ends",
 }
 UNIX_SOCKET = re.compile(r"socket\.AF_UNIX|open_unix_connection\(|start_unix_server\(|"
                          r"socket\.SO_PEERCRED")

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher import defaults
+
+if TYPE_CHECKING:
+    from launcher.decide.runplan.plan import RunRequest
+    from launcher.decide.runplan.runoptions import RunOptions
 from launcher.decide.outcome.liveness import Silence, launcher_timeout
 from launcher.decide.outcome.outcomes import NodeOutcome
 from launcher.errors import ConnectError
@@ -54,6 +59,9 @@ class JobSpec:
     # the warm start: the modules besides torch the node's warm interpreter imports; None:
     # every rank starts cold (nodeside/warm.py, docs/warm-start.md)
     warm: tuple[str, ...] | None = None
+    # the node session of a --restarts run (nodeside/nodesession.py): key (the run's id),
+    # last (no attempt follows), linger (seconds it waits for the next); None: none
+    session: Mapping[str, object] | None = None
 
     def wire(self) -> dict[str, object]:
         return {
@@ -67,7 +75,22 @@ class JobSpec:
             **({"container": dict(self.container)} if self.container else {}),
             **({"nccl_account": True} if self.nccl_account else {}),
             **({"warm": {"preload": list(self.warm)}} if self.warm is not None else {}),
+            **({"session": dict(self.session)} if self.session else {}),
         }
+
+
+KEEP_WARM_ENV = "DTRAIN_KEEP_WARM"  # "1": the node session, for now only when asked
+SESSION_LINGER_S = 120.0  # how long a node session waits for the next attempt
+
+
+def node_session(req: RunRequest, opts: RunOptions) -> dict[str, object] | None:
+    """The node session that keeps each node's warm process from one attempt of a warm
+    --restarts run to the next (nodeside/nodesession.py, docs/warm-start.md); None: none."""
+    budget = opts.watch.restart.restarts
+    if os.environ.get(KEEP_WARM_ENV) != "1" or opts.preload is None or budget <= 0 \
+            or not req.run_id:
+        return None
+    return {"key": req.run_id, "last": req.attempt > budget, "linger": SESSION_LINGER_S}
 
 
 class NodeSession:

@@ -59,10 +59,17 @@ def zombie_status(pid, started=None, wait=0.2):
         time.sleep(0.002)
 
 
+# processes of the tree that no signal_tree, kill_all or "is the tree empty" may count: the
+# warm process a node session keeps between attempts (nodesession.py); their descendants are
+# the tree's as any other's (prune permitting)
+SPARED = set()  # type: set[int]
+
+
 def descendants(root_pid, prune=None):
     """Every live process descending from root_pid as (pid, start time), via /proc ppid links.
 
-    ``prune(pid)`` true: that process is listed, its own descendants are not.
+    ``prune(pid)`` true: that process is listed, its own descendants are not. A process in
+    SPARED is never listed; its descendants are, unless ``prune`` says no.
     """
     children = {}  # type: dict[int, list[tuple[int, int]]]
     for name in os.listdir("/proc"):
@@ -75,7 +82,8 @@ def descendants(root_pid, prune=None):
     found, todo = [], [root_pid]
     while todo:
         for child in children.get(todo.pop(), ()):
-            found.append(child)
+            if child[0] not in SPARED:
+                found.append(child)
             if prune is None or not prune(child[0]):
                 todo.append(child[0])
     return found

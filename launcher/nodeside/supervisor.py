@@ -85,6 +85,7 @@ from launcher.nodeside.nodeprocs import (
     start_error,
     zombie_status,
 )
+from launcher.nodeside.nodesession import session_main
 from launcher.nodeside.nodetitle import set_title
 from launcher.nodeside.rankshim import (
     ARM_ENV,
@@ -213,7 +214,7 @@ class Supervisor:
     def watchdog(self):
         """Independent of the main loop: a blocked stdout write must not stop the kill."""
         empty_since = None
-        while True:
+        while not self.done:  # (a node session's next attempt has a watchdog of its own)
             time.sleep(0.1)
             if self.hb_timeout > 0 and self.orphaned is None \
                     and now() - self.last_hb > self.hb_timeout:
@@ -247,11 +248,12 @@ class Supervisor:
                 continue
             except OSError:
                 chunk = b""
-            if not chunk:
-                self.launcher_gone("launcher connection closed (stdin EOF)")
+            if not chunk or self.done:
+                if not self.done:
+                    self.launcher_gone("launcher connection closed (stdin EOF)")
                 return
             buf += chunk
-            while b"\n" in buf:
+            while b"\n" in buf and not self.done:  # (after it, the next attempt's stdin)
                 line, buf = buf.split(b"\n", 1)
                 self.on_control_line(line)
 
@@ -656,7 +658,12 @@ def main():
                 break
             line += c
         spec = line
-    sup = Supervisor(load_spec(spec), source)
+    spec = load_spec(spec)
+    if spec.get("session"):  # --restarts with the warm process kept: nodesession.py
+        code = session_main(spec, source, Supervisor)
+        if code is not None:
+            os._exit(code)
+    sup = Supervisor(spec, source)
     set_title(sup.title(), "dtrain-sup")
     code = sup.run()
     # Every frame is out (os.write, unbuffered) and the private files are gone: leave now.

@@ -20,7 +20,7 @@ import os
 import struct
 import sys
 
-from launcher.nodeside.nodeprocs import TEARDOWN_SIGNALS, _exec_child, spawn
+from launcher.nodeside.nodeprocs import SPARED, TEARDOWN_SIGNALS, _exec_child, spawn
 from launcher.nodeside.warm import (
     MAX_REQUEST,
     NOTE_ENV,
@@ -156,6 +156,11 @@ class WarmStart:
         self.proc = None
         self.handoff = None  # a forked agent's starter is the job until it hands over (a pipe)
         self.reaped_early = None  # type: dict[int, int] | None  # the agent may end first
+        # in a node session (nodesession.py): (its directory, the warm process it kept from
+        # the attempt before: (pid, socket path, what it was started for), or None)
+        self.session = None  # type: tuple[str, tuple[int, str, str] | None] | None
+        self.path = None  # where it listens
+        self.made_for = None  # the python and --preload it was started with
 
     def start(self, env, argv):
         """Start the warm process when the spec asks (``warm``) and the job is torchrun
@@ -169,10 +174,18 @@ class WarmStart:
                 or len(argv) < 3 or argv[1] != "-c" or "torch.distributed.run" not in argv[2] \
                 or env.get("DTRAIN_STACKS") == "0" or not self.sup.shim_path:
             return
+        made_for = "%s %s" % (argv[0], ",".join(str(m) for m in spec.get("preload") or ()))
+        home, kept = self.session if self.session is not None else (self.sup.tmpdir, None)
+        if kept is not None and kept[2] == made_for and _alive(kept[0]):
+            self.pid, self.path, self.made_for = kept  # the session's, from the attempt before
+            env[WARM_SOCK_ENV] = self.path
+            return
+        if kept is not None:  # started for another python or --preload, or gone
+            _kill(kept[0])
         import socket
         import subprocess
 
-        path = os.path.join(self.sup.tmpdir, "warm.sock")
+        path = os.path.join(home, "warm.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         log = None
         try:
@@ -188,13 +201,15 @@ class WarmStart:
                 wenv["OMP_NUM_THREADS"] = "1"
             wenv.update({WARM_FD_ENV: str(listener.fileno()), PRELOAD_ENV: ",".join(preload)})
             wenv[PAD_ENV] = "x" * PAD_BYTES  # last: its room follows the others
-            log = os.open(os.path.join(self.sup.tmpdir, "warm.log"),
+            log = os.open(os.path.join(home, "warm.log"),
                           os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             self.proc = subprocess.Popen(
                 [argv[0], "-u", self.sup.shim_path.decode(), " " * TITLE_ROOM],
                 env=wenv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 pass_fds=(listener.fileno(),), start_new_session=True)
-            self.pid = self.proc.pid
+            self.pid, self.path, self.made_for = self.proc.pid, path, made_for
+            if self.session is not None:
+                SPARED.add(self.pid)  # the attempt's KILLs leave it to the next attempt
             env[WARM_SOCK_ENV] = path
         except (OSError, ValueError):
             pass
@@ -202,6 +217,13 @@ class WarmStart:
             listener.close()
             if log is not None:
                 os.close(log)
+
+    def kept(self):
+        """What a node session keeps for its next attempt: (pid, socket path, what it was
+        started for) of a warm process still there, or None."""
+        if self.session is None or self.pid is None or not _alive(self.pid):
+            return None
+        return self.pid, self.path, self.made_for
 
     def pruned(self, pid):
         """What the supervisor's TERM leaves the descendants of: a rank shim (it forwards
@@ -238,6 +260,23 @@ class WarmStart:
         self.sup.job = agent
         if agent in early:
             self.sup.job_status = early[agent]
+
+
+def _alive(pid):
+    """The warm process is still there (not a zombie, not another process's pid: its title)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().startswith(b"dtrain warm ")
+    except OSError:
+        return False
+
+
+def _kill(pid):
+    SPARED.discard(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _nproc(argv):

@@ -113,7 +113,7 @@ BOOTSTRAP = (
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "supervisor": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "warm",
                    "warmclient", "rankshim",
-                   "kernlog", "nodeevidence", "nodecontainer", "supervisor"),
+                   "kernlog", "nodeevidence", "nodecontainer", "nodesession", "supervisor"),
     "probe": ("nodetitle", "probenet", "runscan", "probe"),
     "sampler": ("nodetitle", "nodemessages", "nodecommon", "nodeprocs", "sampler"),
     "cpnode": ("nodetitle", "nodecommon", "cpnode"),

@@ -37,7 +37,7 @@ from launcher.exitcodes import EXIT_FABRIC
 from launcher.hosts.hostfile import fold
 from launcher.job.fabric import FabricWatch
 from launcher.job.hangwatch import HangWatch
-from launcher.job.node import JobSpec
+from launcher.job.node import JobSpec, node_session
 from launcher.job.nodemsg import rank_owners
 from launcher.job.orchestrate import Job, JobState, LineRouter, NodeLaunch, Policy
 from launcher.job.prepare import Prepared
@@ -138,7 +138,7 @@ class Attempt:
                            flight_recorder=flight_names(torch_versions.get(node.host.label)),
                            container=node.container.wire() if node.container else None,
                            nccl_account=wants_account(v.name for v in node.env),
-                           warm=self.opts.preload)
+                           warm=self.opts.preload, session=node_session(req, self.opts))
             probes = self.prep.pre.probes  # the probe there becomes the supervisor: same
             #                     python (the plan's is host.python or req.python, as the
             #                     probe's), workdir and setup
