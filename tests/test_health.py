@@ -108,7 +108,7 @@ def test_node_collector_fields_match():
     import ast
     from pathlib import Path
 
-    src = Path(h.__file__).parents[1] / "nodeside" / "health.py"
+    src = Path(h.__file__).parents[2] / "nodeside" / "health.py"
     tree = ast.parse(src.read_text())
     fields = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                   and getattr(n.targets[0], "id", "") == "GPU_FIELDS")
