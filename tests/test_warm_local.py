@@ -279,3 +279,32 @@ def test_the_agent_is_forked_and_becomes_the_supervisors_child(
     else:
         assert said["warm"] is False
         assert result["agent"] is None and said["pid"] == result["starter"]
+
+
+def test_the_node_sessions_directory_is_the_users_alone(tmp_path: Path) -> None:
+    """nodesession.session_dir: made 0700 when missing; refused (None) when what is there is
+    a symbolic link, not a directory, another user's, or open to others; never changed."""
+    from launcher.nodeside import nodesession
+
+    uid = os.getuid()
+    made = nodesession.session_dir(str(tmp_path), uid)
+    assert made == str(tmp_path / f"dtrain-{uid}")
+    assert os.stat(made).st_mode & 0o777 == 0o700
+    assert nodesession.session_dir(str(tmp_path), uid) == made  # ours: used again
+    os.chmod(made, 0o755)
+    assert nodesession.session_dir(str(tmp_path), uid) is None  # others may read it
+    assert os.stat(made).st_mode & 0o777 == 0o755  # left as it was
+    other = tmp_path / "other"
+    other.mkdir()
+    for name, make in (("link", lambda p: p.symlink_to(other)),
+                       ("file", lambda p: p.write_text(""))):
+        base = tmp_path / name
+        base.mkdir()
+        make(base / f"dtrain-{uid}")
+        assert nodesession.session_dir(str(base), uid) is None, name
+    assert nodesession.session_dir(str(tmp_path), uid + 1) is None  # someone else's uid
+    # one socket per run and host: a /tmp that several nodes share keeps them apart
+    a = nodesession.session_path(made, "run-1", "node1")
+    assert a != nodesession.session_path(made, "run-1", "node2")
+    assert a != nodesession.session_path(made, "run-2", "node1")
+    assert len(a.encode()) < 100  # an AF_UNIX path
