@@ -494,7 +494,7 @@ def main() -> int:
            "commit": subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO,
                                     capture_output=True, text=True).stdout.strip(),
            "date": time.strftime("%Y-%m-%d"),
-           "command": " ".join(["python", "bench/bench_recovery.py", *sys.argv[1:]]),
+           "command": shlex.join(["python", "bench/bench_recovery.py", *sys.argv[1:]]),
            "rows": rows(runs), "runs": runs,
            **({"by_mode": modes_doc} if args.modes else {}),
            **({"kill_to_first_line_vs_torchrun": vs_torchrun(modes_doc)}
