@@ -2,7 +2,8 @@
 
     python bench/bench_recovery.py [--nodes 8] [--nproc-per-node 2] [--first-node 1]
                                    [--kill-after 5] [--steps 30] [--json FILE]
-                                   [--modes cold,warm,torchrun] [--run-args "ARGS"] [--reps N]
+                                   [--modes cold,warm,session,torchrun] [--run-args "ARGS"]
+                                   [--reps N]
 
 One `dtrain run --restarts 1` of examples/train_ckpt.py (a tiny DDP model over gloo, a
 checkpoint every 5 steps in the cluster's shared directory) on N nodes of the real-sshd
@@ -20,7 +21,9 @@ run's own meta.json ``goodput``: numbers, never assertions. The nodes must exist
 ``--modes cold,warm,torchrun`` (issue 52 steps 2 and 3, docs/warm-start.md) runs each
 repetition once per mode, interleaved and rotated (cold, warm, torchrun; then warm, torchrun,
 cold; ...): ``cold`` adds ``--no-preload`` (every rank a fresh interpreter), ``warm`` adds
-``--preload torch`` (ranks forked from the node's warm interpreter); ``--run-args`` adds its
+``--preload torch`` (ranks forked from the node's warm interpreter), ``session`` the same with
+``DTRAIN_KEEP_WARM=1`` in dtrain's environment (the node session keeps the warm process from
+one attempt to the next); ``--run-args`` adds its
 words (shlex) to every dtrain run. ``torchrun`` is no dtrain at all: torchrun's own in-place
 restart of the same job, started by the bench on every node over plain ``ssh`` (the
 cluster's ssh config, one session per node): ``--nnodes N --nproc-per-node P --max-restarts
@@ -455,7 +458,7 @@ def main() -> int:
     parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--kill-after", type=int, default=5, metavar="STEP")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--modes", default="", metavar="cold,warm,torchrun",
+    parser.add_argument("--modes", default="", metavar="cold,warm,session,torchrun",
                         help="run each repetition once per mode, interleaved and rotated")
     parser.add_argument("--run-args", default="", metavar="ARGS",
                         help="more `dtrain run` words for every dtrain run (shlex)")
