@@ -167,6 +167,10 @@ def test_a_detached_run_puts_the_url_on_no_command_line(tmp_path: Path) -> None:
     meta = tmp_path / "runs" / "det" / "meta.json"
     wait_for(meta, "running")
     during = cmdlines()
+    deadline = time.monotonic() + 60  # "running" is the nodes' hello; the rank comes after
+    while not any(b"s.py" in c for c in during.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        during = cmdlines()
     # the detached launcher, titled with its run (docs/runs.md)
     assert any(c.startswith(b"dtrain run det ") for c in during.values())
     assert any(b"s.py" in c for c in during.values())  # the rank is up
