@@ -359,7 +359,8 @@ def tour_dir(cluster, tmp_path: Path):
         f"exec {shlex.quote(sys.executable)} -m launcher \"$@\"\n")
     (bin_dir / "dtrain").chmod(0o755)
     home = tmp_path / "home"
-    shutil.copytree(Path(cluster.client_env()["HOME"]), home, symlinks=True)
+    shutil.copytree(Path(cluster.client_env()["HOME"]), home, symlinks=True,
+                    ignore=shutil.ignore_patterns("*.sock"))  # a killed run's socket
     ssh = home / ".ssh"
     shutil.copy(ssh / "id_ed25519", ssh / "id_ed25519_dtrain")
     shutil.copy(ssh / "id_ed25519.pub", ssh / "id_ed25519_dtrain.pub")

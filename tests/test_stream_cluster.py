@@ -97,8 +97,10 @@ def test_torchrun_s_exit_barrier_trace_after_success_is_one_line_per_node(cluste
     from tests.util import REPO
 
     run_id = new_id("barrier")
+    # --no-preload: the race's sitecustomize patches an agent it knows by its command line,
+    # which a cold agent has; a forked one ran no sitecustomize of its own (docs/warm-start.md)
     job = Dtrain(cluster, run_args(
-        cluster, tmp_path, run_id, "tests/workloads/tick.py", hosts="node[1-3]",
+        cluster, tmp_path, run_id, "tests/workloads/tick.py", "--no-preload", hosts="node[1-3]",
         env={"TICK_S": "0.2", "TICK_N": "3", "DTRAIN_BARRIER_RACE": "1",
              "PYTHONPATH": str(REPO / "tests" / "workloads" / "barrier_race")}))
     assert job.wait(120) == 0, job.output
